@@ -1,0 +1,805 @@
+#!/usr/bin/env python3
+"""The local service stack without Docker: Kafka (KRaft), MariaDB, PostgreSQL and Spark on 127.0.0.1.
+
+Usage (with the project's virtualenv python, see the Makefile)::
+
+    stack.py up [--kafka-cluster] [--spark-cluster] [--only kafka,mariadb,...]
+    stack.py down | status | clean [--all] | env | kill SERVICE | start SERVICE
+
+Every service runs as a child process in its own session, with a pid file, a log file and a data
+directory under ``$EO_STACK_HOME`` (default ``/var/tmp/exactly-once-stack``, outside the checkout so the
+``postgres`` user can reach it and every clone reuses the same running stack). ``up`` is idempotent: a
+service that answers its readiness round trip is reused. Readiness is always a real round trip, never a
+sleep. The settings below are the single source for docker/compose.yaml as well (a test compares them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+HOME = Path(os.environ.get("EO_STACK_HOME", "/var/tmp/exactly-once-stack"))
+HOST = "127.0.0.1"
+PYTHON = sys.executable
+
+# ---------------------------------------------------------------------------------------------- ports
+KAFKA_PORT, KAFKA_CONTROLLER_PORT = 19092, 19093
+KAFKA_CLUSTER_PORTS = (19192, 19193, 19194)
+KAFKA_CLUSTER_CONTROLLER_PORTS = (19292, 19293, 19294)
+MARIADB_PORT = 13306
+POSTGRES_PORT = 15432
+SPARK_MASTER_PORT, SPARK_MASTER_UI_PORT, SPARK_WORKER_UI_PORT = 17077, 18080, 18081
+
+# ---------------------------------------------------------------- local development credentials only
+DB_USER = "eo"
+DB_PASSWORD = "eo-local-dev-only"
+DB_NAME = "eo"
+
+# ---------------------------------------------------------------------------------- memory budgets
+# 2 cores / 24 GiB shared by everything: each service gets a small, explicit budget.
+KAFKA_HEAP = "512m"
+KAFKA_CLUSTER_NODE_HEAP = "320m"
+SPARK_DAEMON_MEMORY = "256m"
+SPARK_WORKER_MEMORY = "2g"
+
+# ------------------------------------------------------------------------------------ Kafka settings
+# Defaults assume 3 brokers and make transactions hang on one node (reference NOTES §2).
+KAFKA_SINGLE_NODE_SETTINGS = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+    "default.replication.factor": "1",
+    "min.insync.replicas": "1",
+}
+# The fault-test cluster: replication factor 3 and min ISR 2, so one broker may die without loss.
+KAFKA_CLUSTER_SETTINGS = {
+    **KAFKA_SINGLE_NODE_SETTINGS,
+    "offsets.topic.replication.factor": "3",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+    "share.coordinator.state.topic.replication.factor": "3",
+    "share.coordinator.state.topic.min.isr": "2",
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
+    "unclean.leader.election.enable": "false",
+}
+
+# ---------------------------------------------------------------------------------- MariaDB settings
+# What the binlog capture needs (reference NOTES §4); preflight checks refuse anything else.
+MARIADB_SETTINGS = {
+    "server_id": "1",
+    "log_bin": "binlog",
+    "binlog_format": "ROW",
+    "binlog_row_image": "FULL",
+    "binlog_row_metadata": "FULL",
+    "binlog_expire_logs_seconds": "604800",
+    "innodb_buffer_pool_size": "256M",
+    "innodb_log_file_size": "64M",
+    "max_connections": "200",
+    "max_allowed_packet": "64M",
+    "character_set_server": "utf8mb4",
+    "collation_server": "utf8mb4_unicode_ci",
+    "skip_name_resolve": "ON",
+}
+
+# ------------------------------------------------------------------------------- PostgreSQL settings
+POSTGRES_SETTINGS = {
+    "shared_buffers": "128MB",
+    "max_connections": "100",
+    "max_prepared_transactions": "20",
+    "fsync": "on",
+    "synchronous_commit": "on",
+}
+
+
+def log(message: str, *args: object) -> None:
+    print(f"[stack] {message % args if args else message}", flush=True)
+
+
+# ----------------------------------------------------------------------------------- process control
+@dataclass
+class Process:
+    """A service process: pid file, log file, and how it is stopped gracefully."""
+
+    name: str
+    stop_signal: int = signal.SIGTERM
+
+    @property
+    def pidfile(self) -> Path:
+        return HOME / "run" / f"{self.name}.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return HOME / "logs" / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        """Return the pid if the process is alive (zombies count as dead and are reaped)."""
+        try:
+            pid = int(self.pidfile.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def start(self, cmd: list[str], env: dict | None = None, user: str | None = None, cwd: Path | None = None) -> int:
+        """Start ``cmd`` detached in its own session; its output goes to the log file."""
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        self.logfile.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.logfile, "ab") as out:
+            out.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=True,
+                user=user,
+            )
+        self.pidfile.write_text(str(proc.pid))
+        return proc.pid
+
+    def stop(self, timeout: float = 60) -> None:
+        """Stop gracefully, then with SIGKILL after ``timeout`` seconds."""
+        pid = self.pid()
+        if pid is None:
+            self.pidfile.unlink(missing_ok=True)
+            return
+        _signal_group(pid, self.stop_signal)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.2)
+        if _alive(pid):
+            log("%s did not stop in %.0fs; SIGKILL", self.name, timeout)
+            _signal_group(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.1)
+        self.pidfile.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once (fault injection)."""
+        pid = self.pid()
+        if pid is not None:
+            _signal_group(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.05)
+        self.pidfile.unlink(missing_ok=True)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    if state == "Z":
+        try:  # reap it if it is our child; harmless otherwise
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        return False
+    return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        os.kill(pid, sig)
+
+
+def wait_ready(proc: Process, check: Callable[[], object], timeout: float) -> object:
+    """Repeat ``check`` (a real round trip) until it succeeds; fail with the log tail otherwise."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        if proc.pid() is None:
+            raise RuntimeError(f"{proc.name} exited during start-up. Log {proc.logfile}:\n{proc.log_tail()}")
+        try:
+            return check()
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+            last_error = exc
+            time.sleep(0.5)
+    raise RuntimeError(
+        f"{proc.name} not ready after {timeout:.0f}s (last error: {last_error!r}). "
+        f"Log {proc.logfile}:\n{proc.log_tail()}"
+    )
+
+
+def run(cmd: list[str], user: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True, user=user, **kwargs)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- Kafka
+def kafka_version() -> str:
+    match = re.search(r"<kafka.version>([^<]+)</kafka.version>", (HERE / "kafka" / "pom.xml").read_text())
+    assert match, "docker/local/kafka/pom.xml must define <kafka.version>"
+    return match.group(1)
+
+
+def kafka_libs() -> Path:
+    """Resolve the broker jars from Maven Central once (``mvn dependency:copy-dependencies``)."""
+    libs = HOME / "kafka" / f"libs-{kafka_version()}"
+    done = libs / ".resolved"
+    if done.exists():
+        return libs
+    log("resolving Kafka %s jars from Maven Central into %s", kafka_version(), libs)
+    libs.mkdir(parents=True, exist_ok=True)
+    run(
+        ["mvn", "-q", "-B", "-f", str(HERE / "kafka" / "pom.xml"), "dependency:copy-dependencies",
+         f"-DoutputDirectory={libs}", "-DincludeScope=runtime"]
+    )
+    done.touch()
+    return libs
+
+
+def _cluster_id() -> str:
+    path = HOME / "kafka" / "cluster-id"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+    return path.read_text().strip()
+
+
+@dataclass(frozen=True)
+class KafkaNode:
+    """One combined broker+controller node of a KRaft quorum."""
+
+    name: str
+    node_id: int
+    port: int
+    controller_port: int
+    voters: str
+    settings: dict
+    heap: str
+
+    @property
+    def directory(self) -> Path:
+        return HOME / "kafka" / self.name
+
+    @property
+    def process(self) -> Process:
+        return Process(self.name)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def properties(self) -> str:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters,
+            "listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.directory / "data"),
+            **self.settings,
+        }
+        return "".join(f"{key}={value}\n" for key, value in props.items())
+
+    def start(self) -> None:
+        if self.process.pid() is not None:
+            return
+        libs = kafka_libs()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        config = self.directory / "server.properties"
+        config.write_text(self.properties())
+        log4j = self.directory / "log4j2.properties"
+        log4j.write_text(
+            "status = warn\n"
+            "appender.out.type = Console\nappender.out.name = OUT\n"
+            "appender.out.layout.type = PatternLayout\nappender.out.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\nrootLogger.appenderRef.out.ref = OUT\n"
+            "logger.kafka.name = kafka\nlogger.kafka.level = INFO\n"
+            "logger.state.name = state.change.logger\nlogger.state.level = WARN\n"
+        )
+        classpath = f"{libs}/*"
+        if not (self.directory / "data" / "meta.properties").exists():
+            run(["java", "-cp", classpath, "kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+                 "-c", str(config), "-g"])
+        self.process.start(
+            ["java", f"-Xms{self.heap}", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+             f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath, "kafka.Kafka", str(config)]
+        )
+
+
+def kafka_single() -> list[KafkaNode]:
+    return [
+        KafkaNode("kafka", 1, KAFKA_PORT, KAFKA_CONTROLLER_PORT, f"1@{HOST}:{KAFKA_CONTROLLER_PORT}",
+                  KAFKA_SINGLE_NODE_SETTINGS, KAFKA_HEAP)
+    ]
+
+
+def kafka_cluster() -> list[KafkaNode]:
+    voters = ",".join(f"{i + 1}@{HOST}:{port}" for i, port in enumerate(KAFKA_CLUSTER_CONTROLLER_PORTS))
+    return [
+        KafkaNode(f"kafka-cluster-{i + 1}", i + 1, port, cport, voters, KAFKA_CLUSTER_SETTINGS,
+                  KAFKA_CLUSTER_NODE_HEAP)
+        for i, (port, cport) in enumerate(zip(KAFKA_CLUSTER_PORTS, KAFKA_CLUSTER_CONTROLLER_PORTS))
+    ]
+
+
+def kafka_round_trip(bootstrap: str, replication_factor: int = 1) -> str:
+    """Create a topic, commit a transaction and read it back with a read_committed consumer."""
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = "__eo_readiness"
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+    future = admin.create_topics([NewTopic(topic, 1, replication_factor)], operation_timeout=10)[topic]
+    try:
+        future.result(timeout=15)
+    except KafkaException as exc:
+        if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+            raise
+    token = uuid.uuid4().hex
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"eo-readiness-{bootstrap}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    delivered: list = []
+    producer.produce(topic, token.encode(), on_delivery=lambda err, msg: delivered.append((err, msg)))
+    producer.commit_transaction(30)
+    err, msg = delivered[0]
+    if err is not None:
+        raise RuntimeError(f"readiness record not delivered: {err}")
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "eo-readiness", "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+    })
+    try:
+        consumer.assign([TopicPartition(topic, 0, msg.offset())])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            record = consumer.poll(1)
+            if record is not None and record.error() is None and record.value() == token.encode():
+                return f"transaction committed and read back at offset {record.offset()}"
+        raise RuntimeError("committed readiness record not visible to a read_committed consumer")
+    finally:
+        consumer.close()
+
+
+def start_kafka(nodes: list[KafkaNode], timeout: float = 120) -> None:
+    for node in nodes:
+        node.start()
+    rf = 3 if len(nodes) == 3 else 1
+    for node in nodes:
+        detail = wait_ready(node.process, lambda n=node: kafka_round_trip(n.bootstrap, rf), timeout)
+        log("%s ready on %s: %s", node.name, node.bootstrap, detail)
+
+
+# -------------------------------------------------------------------------------------------- MariaDB
+MARIADB = Process("mariadb")
+
+
+def _mariadb_dir() -> Path:
+    return HOME / "mariadb"
+
+
+def _mariadb_socket() -> str:
+    return str(_mariadb_dir() / "mariadb.sock")
+
+
+def _mariadb_cnf() -> Path:
+    directory = _mariadb_dir()
+    cnf = directory / "my.cnf"
+    lines = [
+        "[mariadbd]",
+        f"datadir={directory / 'data'}",
+        f"socket={_mariadb_socket()}",
+        f"pid-file={directory / 'mariadbd.pid'}",
+        f"port={MARIADB_PORT}",
+        f"bind-address={HOST}",
+        f"log_error={HOME / 'logs' / 'mariadb.err'}",
+        "user=root",
+        *(f"{key}={value}" for key, value in MARIADB_SETTINGS.items()),
+        "",
+    ]
+    directory.mkdir(parents=True, exist_ok=True)
+    cnf.write_text("\n".join(lines))
+    return cnf
+
+
+def mariadb_round_trip() -> str:
+    """Open a consistent snapshot and read its exact binlog position as the stack's user."""
+    import MySQLdb
+
+    conn = MySQLdb.connect(host=HOST, port=MARIADB_PORT, user=DB_USER, password=DB_PASSWORD,
+                           database=DB_NAME, connect_timeout=5)
+    try:
+        cur = conn.cursor()
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        status = dict(cur.fetchall())
+        conn.rollback()
+    finally:
+        conn.close()
+    if not status.get("Binlog_snapshot_file"):
+        raise RuntimeError(f"no binlog snapshot position: {status}")
+    return f"snapshot at {status['Binlog_snapshot_file']}:{status['Binlog_snapshot_position']}"
+
+
+def _mariadb_bootstrap() -> None:
+    """Create the stack's user and database (as root over the socket); idempotent."""
+    import MySQLdb
+
+    conn = MySQLdb.connect(unix_socket=_mariadb_socket(), user="root", connect_timeout=5)
+    try:
+        cur = conn.cursor()
+        cur.execute(f"CREATE DATABASE IF NOT EXISTS `{DB_NAME}` CHARACTER SET utf8mb4")
+        cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (DB_USER, DB_PASSWORD))
+        # A full-power development user: tests create restricted users from it for privilege checks.
+        cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO `{DB_USER}`@'%' WITH GRANT OPTION")
+    finally:
+        conn.close()
+
+
+def start_mariadb(timeout: float = 90) -> None:
+    if MARIADB.pid() is None:
+        cnf = _mariadb_cnf()
+        (HOME / "logs").mkdir(parents=True, exist_ok=True)
+        if not (_mariadb_dir() / "data" / "mysql").exists():
+            log("initialising MariaDB datadir %s", _mariadb_dir() / "data")
+            run(["mariadb-install-db", f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
+                 "--skip-test-db"])
+        MARIADB.start([_mariadbd(), f"--defaults-file={cnf}"])
+        wait_ready(MARIADB, _mariadb_bootstrap, timeout)
+    log("mariadb ready on %s:%s: %s", HOST, MARIADB_PORT, wait_ready(MARIADB, mariadb_round_trip, timeout))
+
+
+def _mariadbd() -> str:
+    for candidate in ("mariadbd", "/usr/sbin/mariadbd", "mysqld", "/usr/sbin/mysqld"):
+        if shutil.which(candidate):
+            return shutil.which(candidate)
+    raise RuntimeError("mariadbd not found: install the Debian package mariadb-server (make setup does).")
+
+
+# ----------------------------------------------------------------------------------------- PostgreSQL
+POSTGRES = Process("postgres", stop_signal=signal.SIGINT)  # SIGINT = fast shutdown, no waiting for clients
+
+
+def _postgres_bin(tool: str) -> str:
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{tool}"), key=lambda p: int(p.parts[-3]))
+    if not candidates:
+        raise RuntimeError(f"{tool} not found under /usr/lib/postgresql: install the Debian package postgresql.")
+    return str(candidates[-1])
+
+
+def postgres_round_trip() -> str:
+    import psycopg2
+
+    conn = psycopg2.connect(host=HOST, port=POSTGRES_PORT, user=DB_USER, password=DB_PASSWORD,
+                            dbname=DB_NAME, connect_timeout=5)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT version()")
+            return cur.fetchone()[0].split(",")[0]
+    finally:
+        conn.close()
+
+
+def start_postgres(timeout: float = 60) -> None:
+    directory = HOME / "postgres"
+    data = directory / "data"
+    if POSTGRES.pid() is None:
+        if not (data / "PG_VERSION").exists():
+            log("initialising PostgreSQL datadir %s", data)
+            directory.mkdir(parents=True, exist_ok=True)
+            shutil.chown(directory, "postgres", "postgres")
+            run([_postgres_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
+                 "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8"], user="postgres")
+        settings = [arg for key, value in POSTGRES_SETTINGS.items() for arg in ("-c", f"{key}={value}")]
+        POSTGRES.start(
+            [_postgres_bin("postgres"), "-D", str(data), "-c", f"port={POSTGRES_PORT}",
+             "-c", f"listen_addresses={HOST}", "-c", f"unix_socket_directories={directory}", *settings],
+            user="postgres",
+        )
+        wait_ready(POSTGRES, lambda: _postgres_bootstrap(directory), timeout)
+    log("postgres ready on %s:%s: %s", HOST, POSTGRES_PORT, wait_ready(POSTGRES, postgres_round_trip, timeout))
+
+
+def _postgres_bootstrap(socket_dir: Path) -> None:
+    def psql(sql: str) -> str:
+        return run(["psql", "-h", str(socket_dir), "-p", str(POSTGRES_PORT), "-U", "postgres", "-d", "postgres",
+                    "-tAc", sql]).stdout.strip()
+
+    if psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{DB_USER}'") != "1":
+        psql(f"CREATE ROLE {DB_USER} LOGIN CREATEDB PASSWORD '{DB_PASSWORD}'")
+    if psql(f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'") != "1":
+        psql(f"CREATE DATABASE {DB_NAME} OWNER {DB_USER}")
+
+
+# ---------------------------------------------------------------------------------------------- Spark
+SPARK_MASTER = Process("spark-master")
+SPARK_WORKER = Process("spark-worker")
+SPARK_MASTER_URL = f"spark://{HOST}:{SPARK_MASTER_PORT}"
+
+
+def spark_env() -> dict[str, str]:
+    return {
+        "SPARK_LOCAL_IP": HOST,
+        "SPARK_DAEMON_MEMORY": SPARK_DAEMON_MEMORY,
+        "PYSPARK_PYTHON": PYTHON,
+        "PYSPARK_DRIVER_PYTHON": PYTHON,
+        "SPARK_LOG_DIR": str(HOME / "logs"),
+    }
+
+
+_JAR_VERSION = re.compile(r"-\d[\w.\-]*\.jar$")
+
+
+def _artifact(jar: Path) -> str:
+    """Return a jar file's artifact id (``kafka-clients-3.9.2.jar`` -> ``kafka-clients``)."""
+    return _JAR_VERSION.sub("", jar.name)
+
+
+def spark_jars() -> list[Path]:
+    """Resolve the Spark connectors once with Maven and return the jars Spark does not ship itself.
+
+    Maven rather than ``spark.jars.packages``/Ivy: the registry reachable here lacks
+    spark-token-provider-kafka-0-10 after 4.0.0, which only a Maven version pin can work around
+    (docker/local/spark/pom.xml), and jars already in pyspark/jars (hadoop-client, log4j, ...) must win.
+    """
+    import pyspark
+    from exactly_once_provider.spark_packages import DELTA_CONNECTOR, SPARK_VERSION
+
+    delta_version = DELTA_CONNECTOR.rsplit(":", 1)[1]
+    target = HOME / "spark" / f"jars-{SPARK_VERSION}-delta-{delta_version}"
+    done = target / ".resolved"
+    if not done.exists():
+        log("resolving Spark connectors (Kafka %s, Delta %s) from Maven Central into %s",
+            SPARK_VERSION, delta_version, target)
+        shutil.rmtree(target, ignore_errors=True)
+        run(["mvn", "-q", "-B", "-f", str(HERE / "spark" / "pom.xml"), "dependency:copy-dependencies",
+             f"-DoutputDirectory={target}", "-DincludeScope=runtime", f"-Dspark.version={SPARK_VERSION}",
+             f"-Ddelta.version={delta_version}"])
+        shipped = {_artifact(jar) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+        for jar in target.glob("*.jar"):
+            if _artifact(jar) in shipped:
+                jar.unlink()
+        done.touch()
+    return sorted(target.glob("*.jar"))
+
+
+def spark_conf() -> dict[str, str]:
+    """Return the Spark settings that load the connectors from the stack's pre-resolved jars."""
+    return {"spark.jars": ",".join(str(jar) for jar in spark_jars())}
+
+
+def _require(condition: bool, message: str) -> bool:
+    if not condition:
+        raise RuntimeError(message)
+    return True
+
+
+def _spark_master_state() -> dict:
+    with urllib.request.urlopen(f"http://{HOST}:{SPARK_MASTER_UI_PORT}/json/", timeout=5) as response:
+        return json.load(response)
+
+
+def start_spark_cluster(timeout: float = 90) -> None:
+    spark_class = str(Path(PYTHON).parent / "spark-class")
+    if SPARK_MASTER.pid() is None:
+        SPARK_MASTER.start(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
+             "--port", str(SPARK_MASTER_PORT), "--webui-port", str(SPARK_MASTER_UI_PORT)],
+            env=spark_env(),
+        )
+    wait_ready(SPARK_MASTER, lambda: _require(_spark_master_state()["status"] == "ALIVE", "master not ALIVE"), timeout)
+    if SPARK_WORKER.pid() is None:
+        work = HOME / "spark" / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        SPARK_WORKER.start(
+            [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", HOST, "--cores", "2",
+             "--memory", SPARK_WORKER_MEMORY, "--webui-port", str(SPARK_WORKER_UI_PORT),
+             "--work-dir", str(work), SPARK_MASTER_URL],
+            env=spark_env(),
+        )
+    wait_ready(SPARK_WORKER, lambda: _require(_spark_master_state()["aliveworkers"] >= 1, "no alive worker"), timeout)
+    log("spark standalone ready: master %s, UI http://%s:%s", SPARK_MASTER_URL, HOST, SPARK_MASTER_UI_PORT)
+
+
+# ------------------------------------------------------------------------------------ the whole stack
+def connection_env() -> dict[str, str]:
+    """Return ``AIRFLOW_CONN_*`` variables (JSON form) that point Airflow at this stack."""
+    return {
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
+            {"conn_type": "kafka", "extra": {"bootstrap.servers": f"{HOST}:{KAFKA_PORT}"}}),
+        "AIRFLOW_CONN_KAFKA_CLUSTER": json.dumps(
+            {"conn_type": "kafka",
+             "extra": {"bootstrap.servers": ",".join(f"{HOST}:{p}" for p in KAFKA_CLUSTER_PORTS)}}),
+        "AIRFLOW_CONN_MYSQL_DEFAULT": json.dumps(
+            {"conn_type": "mysql", "host": HOST, "port": MARIADB_PORT, "login": DB_USER,
+             "password": DB_PASSWORD, "schema": DB_NAME}),
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(
+            {"conn_type": "postgres", "host": HOST, "port": POSTGRES_PORT, "login": DB_USER,
+             "password": DB_PASSWORD, "schema": DB_NAME}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
+            {"conn_type": "spark", "host": f"spark://{HOST}", "port": SPARK_MASTER_PORT,
+             "extra": {"deploy-mode": "cluster"}}),
+    }
+
+
+def all_processes() -> list[Process]:
+    nodes = kafka_single() + kafka_cluster()
+    return [n.process for n in nodes] + [MARIADB, POSTGRES, SPARK_MASTER, SPARK_WORKER]
+
+
+SERVICES = ("kafka", "mariadb", "postgres")
+
+
+def up(only: tuple[str, ...] = SERVICES, cluster: bool = False, spark_cluster: bool = False) -> None:
+    """Start the requested services (reusing running ones) and wait for their readiness round trips."""
+    HOME.mkdir(parents=True, exist_ok=True)
+    HOME.chmod(0o755)
+    started = time.monotonic()
+    # Start every process first, then wait: the services boot in parallel.
+    if "kafka" in only:
+        for node in kafka_single():
+            node.start()
+    if "mariadb" in only:
+        start_mariadb()
+    if "postgres" in only:
+        start_postgres()
+    if "kafka" in only:
+        start_kafka(kafka_single())
+    if cluster:
+        start_kafka(kafka_cluster())
+    spark_jars()
+    if spark_cluster:
+        start_spark_cluster()
+    log("stack up in %.1fs (home %s)", time.monotonic() - started, HOME)
+
+
+def down(include_clusters: bool = True) -> None:
+    procs = [SPARK_WORKER, SPARK_MASTER, POSTGRES, MARIADB] + [n.process for n in kafka_single()]
+    if include_clusters:
+        procs += [n.process for n in kafka_cluster()]
+    for proc in procs:
+        if proc.pid() is not None:
+            log("stopping %s", proc.name)
+            proc.stop()
+
+
+def status() -> int:
+    checks: dict[str, Callable[[], object]] = {
+        "kafka": lambda: kafka_round_trip(f"{HOST}:{KAFKA_PORT}"),
+        "mariadb": mariadb_round_trip,
+        "postgres": postgres_round_trip,
+        "spark-master": lambda: f"{_spark_master_state()['aliveworkers']} alive worker(s)",
+    }
+    for node in kafka_cluster():
+        checks[node.name] = lambda n=node: kafka_round_trip(n.bootstrap, 3)
+    print(f"{'service':<18} {'pid':>8}  state")
+    down_count = 0
+    for proc in all_processes():
+        pid = proc.pid()
+        state = "down"
+        if pid is not None and proc.name in checks:
+            try:
+                state = f"ready - {checks[proc.name]()}"
+            except Exception as exc:  # noqa: BLE001
+                state = f"NOT READY - {exc!r}"[:120]
+                down_count += 1
+        elif pid is not None:
+            state = "running"
+        print(f"{proc.name:<18} {pid or '-':>8}  {state}")
+    return 1 if down_count else 0
+
+
+def clean(everything: bool = False) -> None:
+    """Stop everything and delete data; ``everything`` also deletes the jar caches."""
+    down()
+    for sub in ("mariadb", "postgres", "spark", "run", "logs"):
+        shutil.rmtree(HOME / sub, ignore_errors=True)
+    for node in kafka_single() + kafka_cluster():
+        shutil.rmtree(node.directory, ignore_errors=True)
+    (HOME / "kafka" / "cluster-id").unlink(missing_ok=True)
+    if everything:
+        shutil.rmtree(HOME, ignore_errors=True)
+    log("cleaned %s%s", HOME, " (including jar caches)" if everything else "")
+
+
+def process_by_name(name: str) -> Process:
+    for proc in all_processes():
+        if proc.name == name:
+            return proc
+    raise SystemExit(f"unknown service {name!r}; one of {[p.name for p in all_processes()]}")
+
+
+def start_by_name(name: str) -> None:
+    """Start one service again (after ``kill``, in fault tests) and wait until it is ready."""
+    for node in kafka_single():
+        if node.name == name:
+            return start_kafka([node])
+    cluster = kafka_cluster()
+    for node in cluster:
+        if node.name == name:
+            node.start()
+            # one node of three answers its round trip only with a quorum, which the others provide
+            return log("%s ready: %s", name, wait_ready(node.process, lambda: kafka_round_trip(node.bootstrap, 3), 120))
+    starters = {"mariadb": start_mariadb, "postgres": start_postgres,
+                "spark-master": start_spark_cluster, "spark-worker": start_spark_cluster}
+    if name not in starters:
+        raise SystemExit(f"unknown service {name!r}")
+    starters[name]()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stack", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start the stack (idempotent)")
+    p_up.add_argument("--only", default=",".join(SERVICES), help="comma-separated subset of " + ",".join(SERVICES))
+    p_up.add_argument("--kafka-cluster", action="store_true", help="also start the 3-broker cluster (RF 3, min ISR 2)")
+    p_up.add_argument("--spark-cluster", action="store_true", help="also start a Spark standalone master + worker")
+    sub.add_parser("down", help="stop every service")
+    sub.add_parser("status", help="round-trip every running service")
+    p_clean = sub.add_parser("clean", help="stop and delete data")
+    p_clean.add_argument("--all", action="store_true", help="also delete the jar caches")
+    sub.add_parser("env", help="print AIRFLOW_CONN_* exports for this stack")
+    p_kill = sub.add_parser("kill", help="SIGKILL one service (fault injection)")
+    p_kill.add_argument("service")
+    p_start = sub.add_parser("start", help="start one service again and wait until ready")
+    p_start.add_argument("service")
+    args = parser.parse_args(argv)
+
+    if args.command == "up":
+        only = tuple(s for s in args.only.split(",") if s)
+        unknown = set(only) - set(SERVICES)
+        if unknown:
+            parser.error(f"unknown services {sorted(unknown)}; choose from {SERVICES}")
+        up(only, cluster=args.kafka_cluster, spark_cluster=args.spark_cluster)
+    elif args.command == "down":
+        down()
+    elif args.command == "status":
+        return status()
+    elif args.command == "clean":
+        clean(args.all)
+    elif args.command == "env":
+        for key, value in connection_env().items():
+            print(f"export {key}='{value}'")
+    elif args.command == "kill":
+        process_by_name(args.service).kill()
+    elif args.command == "start":
+        start_by_name(args.service)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

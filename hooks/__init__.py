@@ -1,0 +1,1 @@
+"""Hooks of the exactly-once provider: MySQL/MariaDB source, Kafka transactional producer."""

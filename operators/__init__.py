@@ -1,0 +1,1 @@
+"""Operators and sensors of the exactly-once provider."""

@@ -1,0 +1,1 @@
+"""Airflow UI plugin and operator extra links of the exactly-once provider."""
