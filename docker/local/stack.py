@@ -163,20 +163,7 @@ class Process:
 
     def stop(self, timeout: float = 60) -> None:
         """Stop gracefully, then with SIGKILL after ``timeout`` seconds."""
-        pid = self.pid()
-        if pid is None:
-            self.pidfile.unlink(missing_ok=True)
-            return
-        _signal_group(pid, self.stop_signal)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.2)
-        if _alive(pid):
-            log("%s did not stop in %.0fs; SIGKILL", self.name, timeout)
-            _signal_group(pid, signal.SIGKILL)
-            while _alive(pid):
-                time.sleep(0.1)
-        self.pidfile.unlink(missing_ok=True)
+        stop_all([self], timeout)
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once (fault injection)."""
@@ -192,6 +179,28 @@ class Process:
             return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return "(no log)"
+
+
+def stop_all(processes: list[Process], timeout: float = 60) -> None:
+    """Signal every process at once, then wait; SIGKILL whatever is left after ``timeout`` seconds.
+
+    All at once matters for the KRaft cluster: a node stopped last waits for a quorum that is gone.
+    """
+    running = {proc: pid for proc in processes if (pid := proc.pid()) is not None}
+    for proc, pid in running.items():
+        log("stopping %s", proc.name)
+        _signal_group(pid, proc.stop_signal)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(pid) for pid in running.values()):
+        time.sleep(0.2)
+    for proc, pid in running.items():
+        if _alive(pid):
+            log("%s did not stop in %.0fs; SIGKILL", proc.name, timeout)
+            _signal_group(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.1)
+    for proc in processes:
+        proc.pidfile.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -691,10 +700,7 @@ def down(include_clusters: bool = True) -> None:
     procs = [SPARK_WORKER, SPARK_MASTER, POSTGRES, MARIADB] + [n.process for n in kafka_single()]
     if include_clusters:
         procs += [n.process for n in kafka_cluster()]
-    for proc in procs:
-        if proc.pid() is not None:
-            log("stopping %s", proc.name)
-            proc.stop()
+    stop_all(procs)
 
 
 def status() -> int:

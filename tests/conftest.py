@@ -1,0 +1,114 @@
+"""Session fixtures: the real local stack, Airflow connections and a throwaway AIRFLOW_HOME.
+
+Unit tests use none of these. Integration tests request ``stack``, which brings the services up if they
+are down (reusing a running stack) and FAILS the test when a service cannot be reached: nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_stack_module():
+    spec = importlib.util.spec_from_file_location("eo_local_stack", REPO / "docker" / "local" / "stack.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+STACK = _load_stack_module()
+
+
+def pytest_collection_modifyitems(items):
+    """Mark tests by folder so ``-m unit`` / ``-m integration`` / ``-m faults`` select them."""
+    for item in items:
+        parts = Path(item.fspath).relative_to(REPO / "tests").parts
+        if parts[0] in ("unit", "integration", "faults"):
+            item.add_marker(getattr(pytest.mark, parts[0]))
+
+
+@pytest.fixture(scope="session")
+def stack():
+    """The running local stack (Kafka, MariaDB, PostgreSQL; Spark connector jars resolved)."""
+    STACK.up()
+    return STACK
+
+
+@pytest.fixture(scope="session")
+def airflow_connections(stack):
+    """Point Airflow connections (``AIRFLOW_CONN_*``) at the stack for this whole session."""
+    env = stack.connection_env()
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    yield env
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def airflow_home(tmp_path_factory, airflow_connections):
+    """A migrated SQLite AIRFLOW_HOME with dags/ as DAG folder; returns the env for ``airflow`` CLI calls."""
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+    }
+    migrate = subprocess.run([_airflow(), "db", "migrate"], env=env, capture_output=True, text=True)
+    assert migrate.returncode == 0, f"airflow db migrate failed:\n{migrate.stdout}\n{migrate.stderr}"
+    return env
+
+
+def _airflow() -> str:
+    return str(Path(sys.executable).parent / "airflow")
+
+
+@pytest.fixture(scope="session")
+def airflow_cli(airflow_home):
+    """Run an ``airflow`` CLI command in the session's AIRFLOW_HOME; returns the CompletedProcess."""
+
+    def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([_airflow(), *args], env=airflow_home, capture_output=True, text=True,
+                              timeout=timeout)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def spark(stack):
+    """A local[2] SparkSession with the Kafka and Delta connectors from the stack's resolved jars."""
+    from pyspark.sql import SparkSession
+
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its __del__ logs after pytest closed capture
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("eo-tests")
+        .config("spark.driver.memory", "1g")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    )
+    for key, value in stack.spark_conf().items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    yield session
+    session.stop()

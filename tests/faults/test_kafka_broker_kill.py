@@ -1,0 +1,27 @@
+"""The harness can SIGKILL and restart the broker; an open transaction of the killed epoch never shows."""
+
+from __future__ import annotations
+
+from tests.kafka_support import new_topic, produce_transaction, read_all, transactional_producer
+
+
+def test_broker_sigkill_mid_transaction_then_restart(stack):
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap)
+    transactional_id = f"fault-{topic}"
+
+    producer = transactional_producer(bootstrap, transactional_id)
+    produce_transaction(producer, topic, [b"committed-1"], commit=True)
+    producer.begin_transaction()
+    producer.produce(topic, b"in-flight")
+    producer.flush(30)
+
+    stack.process_by_name("kafka").kill()
+    assert stack.process_by_name("kafka").pid() is None
+    stack.start_by_name("kafka")
+
+    # A new producer with the same transactional.id fences the old epoch and aborts its open transaction.
+    restarted = transactional_producer(bootstrap, transactional_id)
+    produce_transaction(restarted, topic, [b"committed-2"], commit=True)
+    assert read_all(bootstrap, topic) == [b"committed-1", b"committed-2"]
+    assert b"in-flight" in read_all(bootstrap, topic, "read_uncommitted")

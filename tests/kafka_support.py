@@ -1,0 +1,73 @@
+"""Small helpers for tests that talk to the real broker: fresh topics, transactional writes, full reads."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+def new_topic(bootstrap: str, partitions: int = 1, replication_factor: int = 1, prefix: str = "t") -> str:
+    """Create a uniquely named topic and return its name."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, replication_factor)])[name].result(timeout=30)
+    return name
+
+
+def transactional_producer(bootstrap: str, transactional_id: str | None = None) -> Producer:
+    producer = Producer({
+        "bootstrap.servers": bootstrap,
+        "transactional.id": transactional_id or f"test-{uuid.uuid4().hex[:10]}",
+    })
+    producer.init_transactions(60)
+    return producer
+
+
+def produce_transaction(producer: Producer, topic: str, values: list[bytes], commit: bool) -> None:
+    """Write ``values`` in one transaction, then commit it or abort it."""
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(topic, value)
+    producer.flush(30)
+    if commit:
+        producer.commit_transaction(60)
+    else:
+        producer.abort_transaction(60)
+
+
+def read_all(bootstrap: str, topic: str, isolation_level: str = "read_committed", partitions: int = 1,
+             idle_seconds: float = 3.0) -> list[bytes]:
+    """Read every record the given isolation level exposes, until the end offsets are reached."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+        "isolation.level": isolation_level,
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+    })
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        values: list[bytes] = []
+        at_end: set[int] = set()
+        deadline = time.monotonic() + 60
+        last_progress = time.monotonic()
+        while len(at_end) < partitions and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                if time.monotonic() - last_progress > idle_seconds and at_end:
+                    break
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+                    continue
+                raise RuntimeError(message.error())
+            values.append(message.value())
+            last_progress = time.monotonic()
+        assert len(at_end) == partitions, f"did not reach the end of {topic} in time"
+        return values
+    finally:
+        consumer.close()

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import pytest
+
+from exactly_once_provider.positions import BinlogPosition
+
+
+def test_positions_order_across_log_rotation():
+    assert BinlogPosition("binlog.000009", 900) < BinlogPosition("binlog.000010", 4)
+    assert BinlogPosition("binlog.000010", 4) < BinlogPosition("binlog.000010", 5)
+    assert BinlogPosition("binlog.000010", 5) >= BinlogPosition("binlog.000010", 5)
+    assert max([BinlogPosition("b.000002", 1), BinlogPosition("b.000010", 1)]).file == "b.000010"
+
+
+@pytest.mark.parametrize("file,pos", [("binlog", 4), ("binlog.000001", -1)])
+def test_invalid_positions_are_refused(file, pos):
+    with pytest.raises(ValueError):
+        BinlogPosition(file, pos)
+
+
+def test_str_is_file_colon_offset():
+    assert str(BinlogPosition("binlog.000003", 1234)) == "binlog.000003:1234"
