@@ -37,12 +37,16 @@ HOST = "127.0.0.1"
 PYTHON = sys.executable
 
 # ---------------------------------------------------------------------------------------------- ports
-KAFKA_PORT, KAFKA_CONTROLLER_PORT = 19092, 19093
-KAFKA_CLUSTER_PORTS = (19192, 19193, 19194)
-KAFKA_CLUSTER_CONTROLLER_PORTS = (19292, 19293, 19294)
-MARIADB_PORT = 13306
-POSTGRES_PORT = 15432
-SPARK_MASTER_PORT, SPARK_MASTER_UI_PORT, SPARK_WORKER_UI_PORT = 17077, 18080, 18081
+# Non-default ports; EO_STACK_PORT_OFFSET shifts them all, so a second stack (own EO_STACK_HOME) can run
+# beside the first, e.g. for a parallel checkout or when a port is taken.
+PORT_OFFSET = int(os.environ.get("EO_STACK_PORT_OFFSET", "0"))
+KAFKA_PORT, KAFKA_CONTROLLER_PORT = 19092 + PORT_OFFSET, 19093 + PORT_OFFSET
+KAFKA_CLUSTER_PORTS = tuple(port + PORT_OFFSET for port in (19192, 19193, 19194))
+KAFKA_CLUSTER_CONTROLLER_PORTS = tuple(port + PORT_OFFSET for port in (19292, 19293, 19294))
+MARIADB_PORT = 13306 + PORT_OFFSET
+POSTGRES_PORT = 15432 + PORT_OFFSET
+SPARK_MASTER_PORT = 17077 + PORT_OFFSET
+SPARK_MASTER_UI_PORT, SPARK_WORKER_UI_PORT = 18080 + PORT_OFFSET, 18081 + PORT_OFFSET
 
 # ---------------------------------------------------------------- local development credentials only
 DB_USER = "eo"

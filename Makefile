@@ -1,0 +1,39 @@
+# The README's two commands are `make demo` and `make test`; .ci/run calls `make test`.
+# Everything else here is a building block of those two.
+PY := .venv/bin/python
+STACK := $(PY) docker/local/stack.py
+PYTEST_ARGS ?=
+
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints
+
+setup:  ## system packages + .venv (idempotent)
+	bash docker/local/setup.sh
+
+stack-up: setup  ## start Kafka, MariaDB, PostgreSQL (reuses running ones); resolves the Spark connector jars
+	@t0=$$(date +%s); $(STACK) up; echo "[make] stack up: $$(( $$(date +%s) - t0 ))s"
+
+stack-down:
+	$(STACK) down
+
+stack-status:
+	$(STACK) status
+
+stack-clean:
+	$(STACK) clean
+
+demo: stack-up  ## the end-to-end demo on the local stack
+	bash docker/local/demo.sh
+
+test: stack-up  ## the whole default suite: unit + integration + quick faults (not soak)
+	@t0=$$(date +%s); $(PY) -m pytest -m "not soak" --durations=15 $(PYTEST_ARGS); rc=$$?; \
+	  echo "[make] test suite: $$(( $$(date +%s) - t0 ))s"; exit $$rc
+
+test-unit: setup  ## no services needed
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+faults: stack-up  ## the kill -9 fault matrix
+	$(PY) -m pytest tests/faults $(PYTEST_ARGS)
+
+constraints: setup  ## re-pin constraints.txt from the current .venv
+	(echo "# Exact versions tested together (uv pip freeze of .venv). Regenerate: make constraints"; \
+	  .venv/bin/uv pip freeze -p $(PY) | grep -v -i "airflow-provider-exactly-once") > constraints.txt
