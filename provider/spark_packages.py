@@ -1,7 +1,8 @@
 """Maven coordinates of the Spark connectors the jobs need, kept in one place.
 
-The submit operator passes them as ``--packages``; the local stack resolves them once at set-up into
-its Ivy cache (``spark.jars.ivy``) so runs never depend on a cold cache.
+Against a complete Maven repository they go to ``--packages``. The local stack resolves the same
+versions once with Maven (docker/local/spark/pom.xml, see the README's "Version choices") and passes
+the jars as ``spark.jars``, so runs never depend on a cold cache.
 """
 
 from __future__ import annotations
