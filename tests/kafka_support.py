@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -9,10 +10,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
+# librdkafka's own log lines (connection retries while a broker is down) go to logging, which pytest captures.
+QUIET = {"logger": logging.getLogger("tests.rdkafka")}
+
+
 def new_topic(bootstrap: str, partitions: int = 1, replication_factor: int = 1, prefix: str = "t") -> str:
     """Create a uniquely named topic and return its name."""
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
     admin.create_topics([NewTopic(name, partitions, replication_factor)])[name].result(timeout=30)
     return name
 
@@ -21,6 +26,7 @@ def transactional_producer(bootstrap: str, transactional_id: str | None = None) 
     producer = Producer({
         "bootstrap.servers": bootstrap,
         "transactional.id": transactional_id or f"test-{uuid.uuid4().hex[:10]}",
+        **QUIET,
     })
     producer.init_transactions(60)
     return producer
@@ -47,6 +53,7 @@ def read_all(bootstrap: str, topic: str, isolation_level: str = "read_committed"
         "isolation.level": isolation_level,
         "enable.auto.commit": False,
         "enable.partition.eof": True,
+        **QUIET,
     })
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])

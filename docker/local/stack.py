@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import os
 import re
 import shutil
@@ -122,7 +123,7 @@ def log(message: str, *args: object) -> None:
 
 
 # ----------------------------------------------------------------------------------- process control
-@dataclass
+@dataclass(frozen=True)
 class Process:
     """A service process: pid file, log file, and how it is stopped gracefully."""
 
@@ -374,7 +375,8 @@ def kafka_round_trip(bootstrap: str, replication_factor: int = 1) -> str:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = "__eo_readiness"
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+    quiet = {"logger": logging.getLogger("stack.rdkafka")}  # librdkafka's retries go to logging, not stderr
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, **quiet})
     future = admin.create_topics([NewTopic(topic, 1, replication_factor)], operation_timeout=10)[topic]
     try:
         future.result(timeout=15)
@@ -382,7 +384,7 @@ def kafka_round_trip(bootstrap: str, replication_factor: int = 1) -> str:
         if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
             raise
     token = uuid.uuid4().hex
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"eo-readiness-{bootstrap}"})
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"eo-readiness-{bootstrap}", **quiet})
     producer.init_transactions(30)
     producer.begin_transaction()
     delivered: list = []
@@ -393,7 +395,7 @@ def kafka_round_trip(bootstrap: str, replication_factor: int = 1) -> str:
         raise RuntimeError(f"readiness record not delivered: {err}")
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": "eo-readiness", "isolation.level": "read_committed",
-        "enable.auto.commit": False,
+        "enable.auto.commit": False, **quiet,
     })
     try:
         consumer.assign([TopicPartition(topic, 0, msg.offset())])

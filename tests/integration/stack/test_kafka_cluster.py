@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from tests.kafka_support import new_topic, produce_transaction, read_all, transactional_producer
+from tests.kafka_support import QUIET, new_topic, produce_transaction, read_all, transactional_producer
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def test_cluster_survives_one_broker_sigkill(stack, cluster):
     bootstrap = ",".join(node.bootstrap for node in cluster)
     topic = new_topic(bootstrap, replication_factor=3)
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
     config = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
     (future,) = config.values()
     assert future.result()["min.insync.replicas"].value == "2"
