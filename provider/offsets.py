@@ -169,7 +169,16 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
             if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    config = admin.describe_configs([resource])[resource].result(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            config = admin.describe_configs([resource])[resource].result(timeout=timeout)
+            break
+        except KafkaException as err:
+            # A topic just created may not be known to the broker's metadata cache yet.
+            if err.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     policy = config["cleanup.policy"].value
     if "compact" not in policy or "delete" in policy:
         raise ValueError(

@@ -36,5 +36,10 @@ def get_provider_info() -> dict:
                 ],
             }
         ],
-        "operators": [],
+        "operators": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["exactly_once_provider.operators.kafka_produce"],
+            }
+        ],
     }
