@@ -77,6 +77,7 @@ def test_producer_sigkill_then_restart_holds_every_record_exactly_once(stack, ai
     _assert_exactly_once(bootstrap, topic)
 
 
+@pytest.mark.slow
 def test_broker_sigkill_during_a_transaction_loses_and_duplicates_nothing(stack, airflow_connections, tmp_path):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", "broker-kill"

@@ -34,6 +34,13 @@ def _messages(*values: str) -> list[Message]:
     return [Message(value.encode(), key=value.encode()) for value in values]
 
 
+def _leave_open(writer, topic: str, value: bytes, key: bytes | None = None) -> None:
+    """Begin a transaction on the writer's producer, send one record, and leave it open."""
+    writer.producer.begin_transaction()
+    writer.producer.produce(topic, value, key=key)
+    writer.producer.flush(10)
+
+
 def test_committed_batch_and_its_offset_are_visible_together(bootstrap):
     topic, ledger = new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
     writer = _hook("p1", ledger).open_writer()
@@ -55,9 +62,7 @@ def test_aborted_batch_is_invisible_with_its_offset(bootstrap):
     topic, ledger = new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
     writer = _hook("p1", ledger).open_writer()
     writer.write_batch(topic, _messages("kept"), offset=1)
-    writer.producer.begin_transaction()
-    writer.producer.produce(topic, b"dropped")
-    writer.producer.flush(10)
+    _leave_open(writer, topic, b"dropped")
     writer.producer.abort_transaction(30)
     writer.write_batch(topic, _messages("kept-2"), offset=2)
 
@@ -70,9 +75,7 @@ def test_older_writer_is_fenced_and_its_open_transaction_never_visible(bootstrap
     topic, ledger = new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
     old = _hook("p1", ledger).open_writer()
     old.write_batch(topic, _messages("first"), offset=1)
-    old.producer.begin_transaction()
-    old.producer.produce(topic, b"zombie")
-    old.producer.flush(10)
+    _leave_open(old, topic, b"zombie")
 
     new = _hook("p1", ledger).open_writer()  # same pipeline + partition -> same id -> fences `old`
     assert new.last_committed.offset == 1
@@ -83,6 +86,7 @@ def test_older_writer_is_fenced_and_its_open_transaction_never_visible(bootstrap
     new.write_batch(topic, _messages("second"), offset=2)
 
     assert read_all(bootstrap, topic) == [b"first", b"second"]
+    assert b"zombie" in read_all(bootstrap, topic, "read_uncommitted")  # it reached the log, aborted
     assert read_committed_offset({"bootstrap.servers": bootstrap}, "p1", "0", ledger).offset == 2
 
 
@@ -92,9 +96,7 @@ def test_ledger_read_waits_for_another_pipelines_open_transaction(bootstrap):
     other = _hook("other", ledger).open_writer()
     mine = _hook("mine", ledger).open_writer()
     mine.write_batch(topic, _messages("m1"), offset=1)
-    other.producer.begin_transaction()
-    other.producer.produce(ledger, b"{}", key=b"other/0")  # left open on the ledger partition
-    other.producer.flush(10)
+    _leave_open(other, ledger, b"{}", key=b"other/0")  # an open transaction on the ledger partition
     mine.write_batch(topic, _messages("m2"), offset=2)  # committed behind the open transaction
     ender = threading.Timer(3.0, other.producer.abort_transaction, args=(30,))
     ender.start()
