@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
@@ -213,6 +214,11 @@ class TransactionalProducerHook(KafkaBaseHook):
 
     def _get_client(self, config: dict[str, Any]) -> Producer:
         return Producer(config)
+
+    @cached_property
+    def get_conn(self) -> Producer:
+        """Return a producer configured for the delivery mode (not initialised: use :meth:`open_writer`)."""
+        return self._get_client(self.build_producer_config())
 
     def open_writer(self, ensure_topic: bool = True) -> PipelineWriter:
         """
@@ -416,7 +422,11 @@ class PipelineWriter:
 
     def _flush(self, deliveries: _Deliveries) -> None:
         deadline = time.monotonic() + self.transaction_timeout_s + 30
-        while self.producer.flush(1.0) > 0:
+        while self.producer.flush(0.5) > 0:
+            if deliveries.errors:
+                # The batch has failed: stop waiting for the rest (it would sit until transaction.timeout.ms);
+                # aborting purges what is still queued.
+                break
             if time.monotonic() > deadline:
                 raise _Recreate(f"records still undelivered after {self.transaction_timeout_s + 30:.0f}s")
         self._check_deliveries(deliveries)

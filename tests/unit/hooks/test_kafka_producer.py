@@ -43,6 +43,10 @@ def test_exactly_once_config_adds_transactional_id_on_top_of_the_connection(kafk
     assert config["transactional.id"] == "eo-txn/orders/p0"
     assert config["enable.idempotence"] is True and config["acks"] == "all"
     assert (config["client.id"], config["linger.ms"], config["batch.size"]) == ("mine", 20, 262144)
+    # get_conn (the provider's entry point) builds the same configuration, not the bare connection's.
+    built = {}
+    hook._get_client = lambda config: built.update(config) or "producer"
+    assert hook.get_conn == "producer" and built == config
 
 
 def test_connection_that_contradicts_the_mode_is_refused(kafka_conn):
