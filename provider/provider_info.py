@@ -30,8 +30,16 @@ def get_provider_info() -> dict:
         "hooks": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["exactly_once_provider.hooks.mysql_source"],
+                "python-modules": [
+                    "exactly_once_provider.hooks.mysql_source",
+                    "exactly_once_provider.hooks.kafka_producer",
+                ],
             }
         ],
-        "operators": [],
+        "operators": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["exactly_once_provider.operators.kafka_produce"],
+            }
+        ],
     }

@@ -6,8 +6,12 @@ import logging
 import time
 import uuid
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+
+# librdkafka's own log lines (connection retries while a broker is down) go to logging, which pytest captures.
+QUIET = {"logger": logging.getLogger("tests.rdkafka")}
 
 
 # librdkafka's own log lines (connection retries while a broker is down) go to logging, which pytest captures.
@@ -19,7 +23,18 @@ def new_topic(bootstrap: str, partitions: int = 1, replication_factor: int = 1, 
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"
     admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
     admin.create_topics([NewTopic(name, partitions, replication_factor)])[name].result(timeout=30)
-    return name
+    # create_topics returns once the controller has the topic; a broker answering describe_configs may not
+    # know it yet (UNKNOWN_TOPIC_OR_PART, seen on the 3-broker cluster). Wait until it does.
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.describe_configs([resource])[resource].result(timeout=30)
+            return name
+        except KafkaException as err:
+            if err.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def transactional_producer(bootstrap: str, transactional_id: str | None = None) -> Producer:

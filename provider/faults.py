@@ -1,0 +1,39 @@
+"""Named fault points for the kill -9 tests: the process dies (or pauses) at a step chosen by env var.
+
+``EO_FAULT_AT="<step>[:<n>]"`` acts the n-th time (default: the first) ``fault_point(step)`` is reached.
+``EO_FAULT_ACTION`` is ``kill`` (SIGKILL itself, the default) or ``pause:<seconds>``; a pause first writes
+the step name to the file named by ``EO_FAULT_FILE`` so a test knows where the process stands.
+Unset in production, so each call costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+
+_reached: Counter[str] = Counter()
+
+
+def fault_point(step: str) -> None:
+    """Die or pause here if the environment asks for it (tests only)."""
+    spec = os.environ.get("EO_FAULT_AT")
+    if not spec:
+        return
+    name, _, nth = spec.partition(":")
+    if name != step:
+        return
+    _reached[step] += 1
+    if _reached[step] != int(nth or 1):
+        return
+    action = os.environ.get("EO_FAULT_ACTION", "kill")
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action.startswith("pause:"):
+        if os.environ.get("EO_FAULT_FILE"):
+            with open(os.environ["EO_FAULT_FILE"], "w") as handle:
+                handle.write(step)
+        time.sleep(float(action.split(":", 1)[1]))
+    else:
+        raise ValueError(f"EO_FAULT_ACTION={action!r}: use 'kill' or 'pause:<seconds>'.")

@@ -1,0 +1,187 @@
+"""Transactional id derivation, config building and librdkafka's error contract (with a fake producer)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from exactly_once_provider.hooks import kafka_producer
+from exactly_once_provider.hooks.kafka_producer import (
+    Message,
+    PipelineWriter,
+    ProducerFencedError,
+    TransactionalProducerHook,
+    TransactionPolicy,
+    transactional_id_for,
+)
+
+
+def test_transactional_id_depends_only_on_pipeline_and_partition():
+    assert transactional_id_for("orders", "p0") == "eo-txn/orders/p0" == transactional_id_for("orders", "p0")
+    assert transactional_id_for("orders", "p1") != transactional_id_for("orders", "p0")
+    with pytest.raises(ValueError, match="source_partition"):
+        transactional_id_for("orders", "p/0")
+
+
+@pytest.fixture
+def kafka_conn(monkeypatch):
+    def set_extra(**extra):
+        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
+            {"conn_type": "kafka", "extra": {"bootstrap.servers": "127.0.0.1:1", **extra}}))
+    set_extra()
+    return set_extra
+
+
+def test_exactly_once_config_adds_transactional_id_on_top_of_the_connection(kafka_conn):
+    kafka_conn(**{"client.id": "mine"})
+    hook = TransactionalProducerHook(pipeline="orders", source_partition="p0", delivery_mode="exactly_once",
+                                     producer_config={"linger.ms": 20, "batch.size": 262144})
+    config = hook.build_producer_config()
+    assert config["transactional.id"] == "eo-txn/orders/p0"
+    assert config["enable.idempotence"] is True and config["acks"] == "all"
+    assert (config["client.id"], config["linger.ms"], config["batch.size"]) == ("mine", 20, 262144)
+    # get_conn (the provider's entry point) builds the same configuration, not the bare connection's.
+    built = {}
+    hook._get_client = lambda config: built.update(config) or "producer"
+    assert hook.get_conn == "producer" and built == config
+
+
+def test_connection_that_contradicts_the_mode_is_refused(kafka_conn):
+    kafka_conn(**{"enable.idempotence": False})
+    hook = TransactionalProducerHook(pipeline="orders", delivery_mode="exactly_once")
+    with pytest.raises(ValueError, match="enable.idempotence.*contradicts delivery_mode"):
+        hook.build_producer_config()
+    kafka_conn(**{"transactional.id": "x"})
+    with pytest.raises(ValueError, match="transactional.id"):
+        TransactionalProducerHook(pipeline="orders", delivery_mode="at_least_once").build_producer_config()
+
+
+@pytest.mark.parametrize("mode", [None, "", "exactly-once", "best_effort"])
+def test_delivery_mode_must_be_chosen_explicitly(kafka_conn, mode):
+    with pytest.raises(ValueError, match="choose 'exactly_once'.*'at_least_once'"):
+        TransactionalProducerHook(pipeline="orders", delivery_mode=mode).build_producer_config()
+
+
+def test_policy_refuses_tiny_transactions_unless_allowed():
+    with pytest.raises(ValueError, match="too small"):
+        TransactionPolicy(max_records=10).validate()
+    with pytest.raises(ValueError, match="commit_interval_ms >= 100"):
+        TransactionPolicy(commit_interval_ms=20).validate()
+    assert TransactionPolicy(max_records=10, allow_small_transactions=True).validate().max_records == 10
+
+
+class FakeProducer:
+    """Records calls; ``failures`` maps a method name to errors raised on its next calls."""
+
+    def __init__(self, failures: dict[str, list[KafkaError]] | None = None) -> None:
+        self.failures = failures or {}
+        self.calls: list[str] = []
+        self.produced: list[tuple[str, bytes]] = []
+        self._pending: list = []
+
+    def _maybe_fail(self, name: str) -> None:
+        self.calls.append(name)
+        if self.failures.get(name):
+            raise KafkaException(self.failures[name].pop(0))
+
+    def init_transactions(self, timeout):
+        self._maybe_fail("init_transactions")
+
+    def begin_transaction(self):
+        self._maybe_fail("begin_transaction")
+
+    def commit_transaction(self, timeout):
+        self._maybe_fail("commit_transaction")
+
+    def abort_transaction(self, timeout):
+        self._maybe_fail("abort_transaction")
+
+    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        self.produced.append((topic, value))
+        self._pending.append((topic, on_delivery))
+
+    def flush(self, timeout=None):
+        for index, (topic, callback) in enumerate(self._pending):
+            if callback is not None:
+                callback(None, _Delivered(topic, index))
+        self._pending = []
+        return 0
+
+
+class _Delivered:
+    def __init__(self, topic, offset):
+        self._topic, self._offset = topic, offset
+
+    def topic(self):
+        return self._topic
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return self._offset
+
+
+def _writer(producer: FakeProducer) -> PipelineWriter:
+    writer = PipelineWriter(producer_factory=lambda: producer, client_config={}, pipeline="p", source_partition="0",
+                            delivery_mode="exactly_once", transactional_id="eo-txn/p/0", offsets_topic="ledger",
+                            batch_markers=False, log=logging.getLogger("test"), transaction_timeout_s=5)
+    writer.producer = producer
+    return writer
+
+
+def _data(producer: FakeProducer) -> list[bytes]:
+    return [value for topic, value in producer.produced if topic == "data"]
+
+
+def test_retriable_commit_error_repeats_the_commit_only(monkeypatch):
+    monkeypatch.setattr(kafka_producer.time, "sleep", lambda s: None)
+    producer = FakeProducer({"commit_transaction": [KafkaError(KafkaError._TIMED_OUT, "t", retriable=True)]})
+    committed = _writer(producer).write_batch("data", [Message(b"a"), Message(b"b")], offset=2)
+    assert producer.calls == ["begin_transaction", "commit_transaction", "commit_transaction"]
+    assert _data(producer) == [b"a", b"b"] and committed.offset == 2
+
+
+def test_abortable_commit_error_aborts_and_replays_the_whole_batch():
+    producer = FakeProducer({"commit_transaction": [KafkaError(KafkaError._STATE, "a", txn_requires_abort=True)]})
+    writer = _writer(producer)
+    committed = writer.write_batch("data", [Message(b"a"), Message(b"b")], offset=2)
+    assert producer.calls == ["begin_transaction", "commit_transaction", "abort_transaction",
+                              "begin_transaction", "commit_transaction"]
+    assert _data(producer) == [b"a", b"b", b"a", b"b"]  # the aborted copy is invisible to read_committed
+    assert writer.last_committed == committed and committed.sequence == 1
+
+
+def test_fenced_producer_stops_instead_of_taking_the_id_back():
+    producer = FakeProducer({"commit_transaction": [KafkaError(KafkaError._FENCED, "fenced", fatal=True)]})
+    with pytest.raises(ProducerFencedError, match="newer writer"):
+        _writer(producer).write_batch("data", [Message(b"a")], offset=1)
+    assert "abort_transaction" not in producer.calls
+
+
+def test_other_fatal_error_recreates_and_skips_a_batch_the_ledger_shows_committed(monkeypatch):
+    first = FakeProducer({"commit_transaction": [KafkaError(KafkaError._FATAL, "boom", fatal=True)]})
+    second = FakeProducer()
+    writer = _writer(first)
+    writer._producer_factory = lambda: second
+    seen = {}
+
+    def ledger_after_recreate(config, pipeline, source_partition, topic, timeout):
+        # The commit reached the broker before the producer died: the ledger shows the batch.
+        return seen["committed"]
+
+    real_write_once = writer._write_once
+
+    def remember(topic, messages, committed, consumer, consumer_offsets):
+        seen["committed"] = committed
+        return real_write_once(topic, messages, committed, consumer, consumer_offsets)
+
+    monkeypatch.setattr(writer, "_write_once", remember)
+    monkeypatch.setattr(kafka_producer, "read_committed_offset", ledger_after_recreate)
+    committed = writer.write_batch("data", [Message(b"a")], offset=1)
+    assert committed.sequence == 1
+    assert second.calls == ["init_transactions"]  # fenced the old epoch; nothing produced again
+    assert second.produced == []
