@@ -161,12 +161,16 @@ class ConnectionSettings:
     database: str
     connect_timeout: int = 10
 
-    def connect(self) -> MySQLdb.connections.Connection:
-        """Open a UTC, utf8mb4 connection with autocommit on."""
+    def connect(self, conv: dict | None = None) -> MySQLdb.connections.Connection:
+        """Open a UTC, utf8mb4 connection with autocommit on.
+
+        :param conv: MySQLdb type conversions replacing the defaults (e.g. keep some types as bytes).
+        """
+        extra = {"conv": conv} if conv is not None else {}
         return MySQLdb.connect(
             host=self.host, port=self.port, user=self.user, password=self.password, database=self.database,
             charset="utf8mb4", init_command="SET time_zone = '+00:00'", connect_timeout=self.connect_timeout,
-            autocommit=True,
+            autocommit=True, **extra,
         )
 
 

@@ -1,7 +1,7 @@
 """Run a full load as a Spark application: ``spark-submit -m``-style or ``python -m exactly_once_provider.full_load``.
 
 The source connection comes from Airflow's connection lookup (``AIRFLOW_CONN_<ID>`` or a secrets backend).
-Prints the published handoff as one JSON line.
+Prints the published handoff as one line: ``full-load-result: {json}``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+
+RESULT_PREFIX = "full-load-result: "
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                               fetch_rows=args.fetch_rows, full_reload=args.full_reload)
     result = run_full_load(spark, MySqlSourceHook(mysql_conn_id=args.mysql_conn_id), request)
     h = result.handoff
-    print(json.dumps({"rows": h.rows, "table_version": h.table_version, "chunks_read": result.chunks_read,
+    print(RESULT_PREFIX + json.dumps({"rows": h.rows, "table_version": h.table_version, "chunks_read": result.chunks_read,
                       "chunks_resumed": result.chunks_resumed, "seconds": round(result.seconds, 3),
                       "min_position": str(h.min_position), "load_id": h.load_id}), flush=True)
     spark.stop()

@@ -19,7 +19,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_type
 from pyspark.sql.types import StructField, StructType
 
-from exactly_once_provider.full_load.columns import Column, arrow_type, to_arrays
+from exactly_once_provider.full_load.columns import Column, arrow_type, raw_conversions, to_arrays
 from exactly_once_provider.full_load.plan import chunk_from_json
 from exactly_once_provider.hooks.mysql_snapshot import ConnectionSettings, read_chunk
 
@@ -72,7 +72,7 @@ class MySqlChunkReader(DataSourceReader):
         schema = arrow_schema(columns)
         chunk = chunk_from_json(json.loads(partition.value))
         settings = ConnectionSettings(**json.loads(o["connection"]), password=o.get("password", ""))
-        conn = settings.connect()
+        conn = settings.connect(conv=raw_conversions())
         try:
             position, batches = read_chunk(
                 conn, o["is_mariadb"] == "true", o["schema"], o["table"], [c.name for c in columns],
@@ -84,7 +84,7 @@ class MySqlChunkReader(DataSourceReader):
                 n = len(batch)
                 meta = [pa.array([chunk.index] * n, pa.int32()), pa.array([False] * n), pa.nulls(n, pa.string()),
                         pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())]
-                yield pa.RecordBatch.from_arrays(to_arrays(columns, batch) + meta, schema=schema)
+                yield pa.RecordBatch.from_arrays(to_arrays(columns, batch, raw=True) + meta, schema=schema)
             marker = [pa.nulls(1, arrow_type(c)) for c in columns] + [
                 pa.array([chunk.index], pa.int32()), pa.array([True]), pa.array([position.file]),
                 pa.array([position.pos], pa.int64()), pa.array([rows], pa.int64())]

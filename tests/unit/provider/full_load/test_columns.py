@@ -39,3 +39,20 @@ def test_values_convert_exactly():
     assert arrays[1].to_pylist() == [decimal.Decimal(2**64 - 1), None]
     assert arrays[2].to_pylist()[0] == dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
     assert arrays[3].to_pylist() == ["1.50", None]
+
+
+def test_raw_server_text_is_parsed_by_arrow_exactly():
+    columns = [col("decimal", "decimal(12,2)", 12, 2), col("datetime", "datetime(6)"), col("timestamp"), col("date")]
+    rows = [(b"-4800.01", b"2024-10-27 02:30:00.123456", b"2024-03-31 02:00:00", b"2024-02-29"),
+            (None, None, None, None)]
+    arrays = to_arrays(columns, rows, raw=True)
+    assert arrays[0].to_pylist() == [decimal.Decimal("-4800.01"), None]
+    assert arrays[1].to_pylist() == [dt.datetime(2024, 10, 27, 2, 30, 0, 123456), None]
+    assert arrays[2].type == pa.timestamp("us", tz="UTC")
+    assert arrays[2].to_pylist()[0] == dt.datetime(2024, 3, 31, 2, tzinfo=dt.timezone.utc)
+    assert arrays[3].to_pylist() == [dt.date(2024, 2, 29), None]
+
+
+def test_zero_date_is_refused_with_the_column_name():
+    with pytest.raises(ValueError, match="'c' .*zero dates"):
+        to_arrays([col("date")], [(b"0000-00-00",)], raw=True)
