@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-full-load
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -33,6 +33,9 @@ test-unit: setup  ## no services needed
 
 faults: stack-up  ## the kill -9 fault matrix
 	$(PY) -m pytest tests/faults $(PYTEST_ARGS)
+
+bench-full-load: stack-up  ## benchmark (not a test): full load rows/s vs mysqldump on the same table
+	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) tests/bench/full_load.py
 
 constraints: setup  ## re-pin constraints.txt from the current .venv
 	(echo "# Exact versions tested together (uv pip freeze of .venv). Regenerate: make constraints"; \

@@ -11,10 +11,13 @@ from typing import Any
 import MySQLdb
 from airflow.sdk import BaseHook
 
+from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks import mysql_preflight as preflight
+from exactly_once_provider.hooks.mysql_identifiers import quote_table
 from exactly_once_provider.hooks.mysql_snapshot import ConnectionSettings, begin_snapshot
 from exactly_once_provider.positions import BinlogPosition
 
+_DB_ACCESS_DENIED = 1044
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
 
 
@@ -144,7 +147,17 @@ class MySqlSourceHook(BaseHook):
         :param expected_rows_per_second: planned load speed, for the binlog retention check.
         :param require_replication: also require REPLICATION SLAVE for the capture that follows the load.
         """
-        with self._cursor() as cur:
+        try:
+            conn = self.get_conn()
+        except MySQLdb.OperationalError as error:
+            if error.args and error.args[0] == _DB_ACCESS_DENIED:
+                raise SourceConfigurationError(
+                    f"The user may not use the connection's database ({error.args[1]}): GRANT SELECT ON "
+                    f"{quote_table(schema, table)} TO the connection's user."
+                ) from None
+            raise
+        try:
+            cur = conn.cursor()
             cur.execute("SELECT VERSION()")
             info = parse_server_version(cur.fetchone()[0])
             settings = preflight.server_variables(cur)
@@ -154,6 +167,8 @@ class MySqlSourceHook(BaseHook):
             key = preflight.resolve_chunk_key(cur, schema, table, chunk_key)
             preflight.check_retention(settings, estimated_rows, expected_rows_per_second)
             return Preflight(info, key, estimated_rows)
+        finally:
+            conn.close()
     @contextmanager
     def _cursor(self) -> Iterator[Any]:
         conn = self.get_conn()

@@ -30,7 +30,7 @@ def _command(stack, table, sink):
             "--conf", "spark.driver.memory=1g"]
 
 
-def test_sigkill_mid_load_then_rerun_resumes_at_unfinished_chunks(stack, airflow_connections, tmp_path):
+def test_sigkill_mid_load_then_rerun_resumes_at_unfinished_chunks(stack, airflow_connections, spark, tmp_path):
     table = unique_name("fl_kill")
     conn = connect(stack)
     cur = conn.cursor()
@@ -75,13 +75,6 @@ def test_sigkill_mid_load_then_rerun_resumes_at_unfinished_chunks(stack, airflow
     for index, entry in before.items():  # finished chunks were not read again
         assert after[index] == entry
     assert [version for version, _ in delta_commit.commits(sink)] == [0]
-
-    from pyspark.sql import SparkSession  # read the sink in this process
-
-    spark = (SparkSession.builder.master("local[1]").config("spark.jars", stack.spark_conf()["spark.jars"])
-             .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-             .getOrCreate())
     assert_same_rows(sink_rows(spark, sink, ["id", "v"]), source_rows(stack, table, ["id", "v"]), ["id", "v"])
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()

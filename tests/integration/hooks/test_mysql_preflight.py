@@ -88,14 +88,22 @@ def test_missing_table_and_hostile_name(stack, airflow_connections):
         MySqlSourceHook().preflight(stack.DB_NAME, "x`; DROP TABLE mysql.user; --")
 
 
-def test_user_without_select_is_told_to_grant_it(stack, airflow_connections, table, restricted_user):
+def test_user_without_select_is_told_to_grant_it(stack, airflow_connections, table, admin, restricted_user):
     hook = restricted_user(f"INSERT ON `{stack.DB_NAME}`.`{table}`", "BINLOG MONITOR ON *.*",
                            "REPLICATION SLAVE ON *.*")
     with pytest.raises(SourceConfigurationError, match=r"cannot read .* GRANT SELECT ON"):
         hook.preflight(stack.DB_NAME, table)
     invisible = restricted_user("BINLOG MONITOR ON *.*")
-    with pytest.raises(SourceConfigurationError, match=r"not found, or the user has no privilege.*GRANT SELECT"):
+    with pytest.raises(SourceConfigurationError, match=r"may not use the connection.s database.*GRANT SELECT ON"):
         invisible.preflight(stack.DB_NAME, table)
+    other = unique_name("pf_other")
+    admin.execute(f"CREATE TABLE `{other}` (id INT PRIMARY KEY)")
+    try:
+        other_table_only = restricted_user(f"SELECT ON `{stack.DB_NAME}`.`{other}`", "BINLOG MONITOR ON *.*")
+        with pytest.raises(SourceConfigurationError, match=r"was not found, or the user has no privilege.*GRANT SELECT"):
+            other_table_only.preflight(stack.DB_NAME, table)
+    finally:
+        admin.execute(f"DROP TABLE `{other}`")
 
 
 def test_user_without_binlog_monitor_is_told_to_grant_it(stack, airflow_connections, table, restricted_user):
