@@ -34,7 +34,7 @@ test-unit: setup  ## no services needed
 faults: stack-up  ## the kill -9 fault matrix
 	$(PY) -m pytest tests/faults $(PYTEST_ARGS)
 
-bench-full-load: stack-up  ## benchmark (not a test): full load rows/s vs mysqldump on the same table
+bench-full-load: stack-up  ## benchmark (not a test): full load rows/s vs mysqldump on the same table (BENCH_ROWS)
 	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) tests/bench/full_load.py
 
 constraints: setup  ## re-pin constraints.txt from the current .venv

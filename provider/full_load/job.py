@@ -25,7 +25,7 @@ from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.full_load import handoff
 from exactly_once_provider.full_load.columns import META_COLUMNS, Column, table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
-from exactly_once_provider.full_load.spark_source import FORMAT, MySqlChunkDataSource, chunk_read_options
+from exactly_once_provider.full_load.spark_source import FORMAT, MySqlChunkDataSource, chunk_read_options, spark_schema
 from exactly_once_provider.full_load.staging import Staging
 from exactly_once_provider.hooks.mysql_snapshot import plan_chunks
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
@@ -134,6 +134,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
         log.info("full load: removed wave %s left unfinished by an earlier run", orphan)
     spark.dataSource.register(MySqlChunkDataSource)
     settings = hook.connection_settings()
+    staged_schema = spark_schema([Column(**c) for c in columns])
     pending = [c for c in manifest["chunks"] if str(c["index"]) not in manifest["done"]]
     total, read_rows = len(manifest["chunks"]), 0
     size = max(1, request.chunks_per_job)
@@ -143,7 +144,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
                                      [Column(**c) for c in columns], checked.key.columns, wave, request.fetch_rows)
         path = staging.wave_path(wave_id)
         spark.read.format(FORMAT).options(**options).load().write.mode("errorifexists").parquet(path)
-        markers = (spark.read.parquet(path).where("_eo_marker")
+        markers = (spark.read.schema(staged_schema).parquet(path).where("_eo_marker")
                    .select("_eo_chunk", "_eo_binlog_file", "_eo_binlog_pos", "_eo_rows").collect())
         found = sorted(m[0] for m in markers)
         if found != sorted(c["index"] for c in wave):
@@ -186,8 +187,14 @@ def _publish(spark, request: FullLoadRequest, manifest: dict) -> tuple[int, dict
     body = handoff.marker(manifest["load_id"], manifest["schema"], manifest["table"], tuple(manifest["key"]),
                           chunks)
     waves = sorted({request.staging().wave_path(d["wave"]) for d in done.values()})
-    staged = spark.read.parquet(*waves)
+    staged = spark.read.schema(spark_schema([Column(**c) for c in manifest["columns"]])).parquet(*waves)
     data = staged.where("NOT _eo_marker").drop(*META_COLUMNS)
+    staged_rows = staged.where("NOT _eo_marker").count()
+    if staged_rows != body[handoff.MARKER_KEY]["rows"]:
+        raise delta_commit.CommitMarkerError(
+            f"Staged chunks hold {staged_rows} rows but their markers count {body[handoff.MARKER_KEY]['rows']}: "
+            f"the staging area {request.staging().root} is damaged; rerun with full_reload=True."
+        )
     version = delta_commit.commit_with_marker(data, request.sink_path, body, f"eo-full-load-{manifest['load_id']}",
                                               1, mode="overwrite")
     return version, body

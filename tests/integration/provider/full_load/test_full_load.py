@@ -140,3 +140,19 @@ def test_rerun_is_a_no_op_and_a_crash_after_the_commit_does_not_commit_twice(sta
     assert reloaded.handoff.table_version == 1 and reloaded.handoff.load_id != first.handoff.load_id
     assert sink_rows(spark, sink, ["id", "v"]) == source_rows(stack, table, ["id", "v"])
     assert read_handoff(sink).load_id == reloaded.handoff.load_id
+
+
+def test_damaged_staging_is_refused_at_publish(stack, spark, db, tmp_path):
+    table = db("fl_damage", "(id INT PRIMARY KEY)", "INSERT INTO {t} VALUES (%s)", [(i,) for i in range(90)])
+    sink = str(tmp_path / "sink")
+    request = FullLoadRequest(schema="eo", table=table, sink_path=sink, chunk_rows=30, chunks_per_job=4)
+    run_full_load(spark, MySqlSourceHook(), request)
+    staging = request.staging()
+    manifest = staging.load()
+    manifest["published"] = None
+    staging.save(manifest)
+    # The largest part file holds data rows (the empty last chunk's file holds only its marker).
+    part = max((staging.root / "waves").rglob("part-*.parquet"), key=lambda p: p.stat().st_size)
+    part.unlink()  # staged rows lost after their chunk was recorded as done
+    with pytest.raises(delta_commit.CommitMarkerError, match="staging area .* is damaged"):
+        run_full_load(spark, MySqlSourceHook(), request)
