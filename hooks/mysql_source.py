@@ -12,8 +12,12 @@ import MySQLdb
 from airflow.sdk import BaseHook
 
 from exactly_once_provider.errors import SourceConfigurationError
+from exactly_once_provider.hooks import mysql_preflight as preflight
+from exactly_once_provider.hooks.mysql_identifiers import quote_table
+from exactly_once_provider.hooks.mysql_snapshot import ConnectionSettings, begin_snapshot
 from exactly_once_provider.positions import BinlogPosition
 
+_DB_ACCESS_DENIED = 1044
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
 
 
@@ -51,6 +55,15 @@ class Snapshot:
     position: BinlogPosition
 
 
+@dataclass(frozen=True)
+class Preflight:
+    """What the preflight checks found: the server, the key to chunk by, the estimated row count."""
+
+    server: ServerInfo
+    key: preflight.ChunkKey
+    estimated_rows: int
+
+
 class MySqlSourceHook(BaseHook):
     """
     Read a MySQL or MariaDB server as the source of an exactly-once pipeline.
@@ -71,22 +84,19 @@ class MySqlSourceHook(BaseHook):
         super().__init__(**kwargs)
         self.mysql_conn_id = mysql_conn_id
 
-    def get_conn(self) -> MySQLdb.connections.Connection:
-        """Open a new connection with UTC session time and utf8mb4."""
+    def connection_settings(self) -> ConnectionSettings:
+        """Return what is needed to open a connection, e.g. on a Spark executor (never log it)."""
         conn = self.get_connection(self.mysql_conn_id)
         if not conn.host:
             raise ValueError(f"Connection {self.mysql_conn_id!r} has no host; set the MySQL server's host.")
-        return MySQLdb.connect(
-            host=conn.host,
-            port=int(conn.port or 3306),
-            user=conn.login or "",
-            password=conn.password or "",
-            database=conn.schema or "",
-            charset="utf8mb4",
-            init_command="SET time_zone = '+00:00'",
-            connect_timeout=int(conn.extra_dejson.get("connect_timeout", 10)),
-            autocommit=True,
+        return ConnectionSettings(
+            host=conn.host, port=int(conn.port or 3306), user=conn.login or "", password=conn.password or "",
+            database=conn.schema or "", connect_timeout=int(conn.extra_dejson.get("connect_timeout", 10)),
         )
+
+    def get_conn(self) -> MySQLdb.connections.Connection:
+        """Open a new connection with UTC session time and utf8mb4."""
+        return self.connection_settings().connect()
 
     def server_info(self) -> ServerInfo:
         """Return the flavor and version of the source server."""
@@ -109,36 +119,56 @@ class MySqlSourceHook(BaseHook):
         """
         Open a lock-free consistent snapshot and yield it with its exact binlog position.
 
-        On MariaDB, ``binlog_snapshot_file``/``binlog_snapshot_position`` are the position that matches the
+        On MariaDB (no lock), ``binlog_snapshot_file``/``binlog_snapshot_position`` are the position that matches the
         read view of ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` exactly: every transaction committed
-        before it is visible in the snapshot, none after it is.
+        before it is visible in the snapshot, none after it is. On MySQL 8 a brief global read lock makes
+        the position exact (see :mod:`exactly_once_provider.hooks.mysql_snapshot`).
         """
         conn = self.get_conn()
         try:
             cur = conn.cursor()
             cur.execute("SELECT VERSION()")
             info = parse_server_version(cur.fetchone()[0])
-            if not info.is_mariadb:
-                raise SourceConfigurationError(
-                    f"Server {info.version_string} is MySQL: an exact lock-free snapshot position needs "
-                    "MariaDB's binlog_snapshot_* status; the MySQL 8 locking path is not available yet."
-                )
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-            status = {name.lower(): value for name, value in cur.fetchall()}
-            file = status.get("binlog_snapshot_file") or ""
-            if not file:
-                raise SourceConfigurationError(
-                    "The server has no binary log (binlog_snapshot_file is empty): start it with log_bin "
-                    "enabled, binlog_format=ROW, binlog_row_image=FULL, binlog_row_metadata=FULL."
-                )
-            position = BinlogPosition(file, int(status["binlog_snapshot_position"]))
+            position = begin_snapshot(cur, info.is_mariadb)
             yield Snapshot(cursor=cur, position=position)
             conn.rollback()
         finally:
             conn.close()
 
+    def preflight(
+        self, schema: str, table: str, chunk_key: tuple[str, ...] | None = None,
+        expected_rows_per_second: float = 20_000, require_replication: bool = True,
+    ) -> Preflight:
+        """Check the server and table are fit for an exactly-once full load; raise what to change if not.
+
+        :param schema: the database name.
+        :param table: the table name.
+        :param chunk_key: columns of a unique NOT NULL index to use instead of the primary key.
+        :param expected_rows_per_second: planned load speed, for the binlog retention check.
+        :param require_replication: also require REPLICATION SLAVE for the capture that follows the load.
+        """
+        try:
+            conn = self.get_conn()
+        except MySQLdb.OperationalError as error:
+            if error.args and error.args[0] == _DB_ACCESS_DENIED:
+                raise SourceConfigurationError(
+                    f"The user may not use the connection's database ({error.args[1]}): GRANT SELECT ON "
+                    f"{quote_table(schema, table)} TO the connection's user."
+                ) from None
+            raise
+        try:
+            cur = conn.cursor()
+            cur.execute("SELECT VERSION()")
+            info = parse_server_version(cur.fetchone()[0])
+            settings = preflight.server_variables(cur)
+            preflight.check_binlog_settings(settings)
+            estimated_rows = preflight.check_table_readable(cur, schema, table)
+            preflight.check_privileges(cur, info.is_mariadb, require_replication)
+            key = preflight.resolve_chunk_key(cur, schema, table, chunk_key)
+            preflight.check_retention(settings, estimated_rows, expected_rows_per_second)
+            return Preflight(info, key, estimated_rows)
+        finally:
+            conn.close()
     @contextmanager
     def _cursor(self) -> Iterator[Any]:
         conn = self.get_conn()

@@ -39,7 +39,10 @@ def get_provider_info() -> dict:
         "operators": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["exactly_once_provider.operators.kafka_produce"],
+                "python-modules": [
+                    "exactly_once_provider.operators.kafka_produce",
+                    "exactly_once_provider.operators.full_load",
+                ],
             }
         ],
     }

@@ -28,6 +28,9 @@ def test_regular_install_maps_the_card_folders_into_one_package(tmp_path):
     assert (target / "exactly_once_provider" / "provider_info.py").is_file()
     for sub in SUBPACKAGES:
         assert (target / "exactly_once_provider" / sub / "__init__.py").is_file()
+    for nested in (REPO / "provider").glob("*/__init__.py"):  # sub-packages of provider/ must be listed too
+        for module in nested.parent.glob("*.py"):
+            assert (target / "exactly_once_provider" / nested.parent.name / module.name).is_file(), module
     for stray in ("hooks", "operators", "plugins", "provider", "dags", "tests", "docker"):
         assert not (target / stray).exists(), f"{stray}/ must not be installed as a top-level module"
 

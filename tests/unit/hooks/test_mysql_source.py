@@ -8,6 +8,7 @@ from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks import mysql_source
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook, parse_server_version
 from exactly_once_provider.positions import BinlogPosition
+from tests.unit.hooks.fake_db import FakeConnection, FakeCursor
 
 
 @pytest.mark.parametrize(
@@ -27,39 +28,6 @@ def test_parse_server_version(version, flavor, parsed):
 def test_unparseable_version_is_a_clear_error():
     with pytest.raises(ValueError, match="Cannot parse server version"):
         parse_server_version("garbage")
-
-
-class FakeCursor:
-    def __init__(self, answers: dict[str, list[tuple]]):
-        self.answers = answers
-        self.statements: list[str] = []
-        self._last: list[tuple] = []
-
-    def execute(self, sql, args=None):
-        self.statements.append(sql)
-        self._last = next((rows for prefix, rows in self.answers.items() if sql.startswith(prefix)), [])
-
-    def fetchone(self):
-        return self._last[0]
-
-    def fetchall(self):
-        return self._last
-
-
-class FakeConnection:
-    def __init__(self, cursor: FakeCursor):
-        self._cursor = cursor
-        self.closed = False
-        self.rolled_back = False
-
-    def cursor(self):
-        return self._cursor
-
-    def rollback(self):
-        self.rolled_back = True
-
-    def close(self):
-        self.closed = True
 
 
 def _hook_with(monkeypatch, answers):
@@ -96,12 +64,14 @@ def test_snapshot_without_binlog_says_to_enable_log_bin(monkeypatch):
     assert connection.closed
 
 
-def test_mysql_snapshot_is_refused_with_a_reason(monkeypatch):
-    hook, cursor, _ = _hook_with(monkeypatch, {"SELECT VERSION()": [("8.4.3",)]})
-    with pytest.raises(SourceConfigurationError, match="MySQL"):
-        with hook.consistent_snapshot():
-            pass
-    assert not any(s.startswith("START TRANSACTION") for s in cursor.statements)
+def test_mysql_snapshot_takes_the_brief_lock_path(monkeypatch):
+    """MySQL has no binlog_snapshot_* status: the hook uses FTWRL (details in test_mysql_snapshot.py)."""
+    hook, cursor, _ = _hook_with(monkeypatch, {"SELECT VERSION()": [("8.4.3",)],
+                                               "SHOW BINARY LOG STATUS": [("binlog.000002", 157, "", "", "")]})
+    with hook.consistent_snapshot() as snapshot:
+        assert snapshot.position == BinlogPosition("binlog.000002", 157)
+    assert "FLUSH TABLES WITH READ LOCK" in cursor.statements
+    assert cursor.statements[-1] == "UNLOCK TABLES"
 
 
 def test_missing_host_is_a_clear_error(monkeypatch):

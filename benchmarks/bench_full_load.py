@@ -1,0 +1,110 @@
+"""Benchmark (not a test): full load rows/s, single stream and parallel chunks, vs mysqldump of the same table.
+
+Run: ``make bench-full-load`` (BENCH_ROWS=1000000 by default). Uses the local stack's MariaDB and Spark
+local[2]; the table is created once with MariaDB's sequence engine and reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.conftest import STACK as stack  # noqa: E402
+
+TABLE = "bench_full_load"
+
+
+def _prepare(rows: int) -> None:
+    import MySQLdb
+
+    conn = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER,
+                           password=stack.DB_PASSWORD, database=stack.DB_NAME, autocommit=True)
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE IF NOT EXISTS `{TABLE}` (id BIGINT PRIMARY KEY, a INT NOT NULL, b VARCHAR(32) NOT NULL,"
+                " c DECIMAL(12,2) NOT NULL, d DATETIME NOT NULL)")
+    cur.execute(f"SELECT COUNT(*) FROM `{TABLE}`")
+    if cur.fetchone()[0] != rows:
+        cur.execute(f"TRUNCATE `{TABLE}`")
+        for start in range(0, rows, 250_000):
+            end = min(rows, start + 250_000)
+            cur.execute(f"INSERT INTO `{TABLE}` SELECT seq, seq % 1000, CONCAT('name-', seq), seq / 100, "
+                        f"'2024-01-01' + INTERVAL seq SECOND FROM seq_{start + 1}_to_{end}")
+    conn.close()
+
+
+def _mysqldump(workdir: Path) -> float:
+    dump = shutil.which("mariadb-dump") or shutil.which("mysqldump")
+    env = {**os.environ, "MYSQL_PWD": stack.DB_PASSWORD}
+    started = time.monotonic()
+    with open(workdir / "dump.sql", "wb") as out:
+        subprocess.run([dump, "--single-transaction", "--quick", "--skip-lock-tables", "-h", stack.HOST,
+                        "-P", str(stack.MARIADB_PORT), "-u", stack.DB_USER, stack.DB_NAME, TABLE],
+                       env=env, stdout=out, check=True)
+    return time.monotonic() - started
+
+
+def _spark():
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master("local[2]").config("spark.driver.memory", "1g")
+               .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+               .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    for key, value in stack.spark_conf().items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _load(spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int) -> tuple[float, int]:
+    from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
+    from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+
+    request = FullLoadRequest(schema=stack.DB_NAME, table=TABLE, sink_path=str(workdir / name),
+                              chunk_rows=chunk_rows, chunks_per_job=chunks_per_job, expected_rows_per_second=1000)
+    started = time.monotonic()
+    result = run_full_load(spark, MySqlSourceHook(), request, progress=lambda p: None)
+    return time.monotonic() - started, result.handoff.rows
+
+
+def main() -> int:
+    rows = int(os.environ.get("BENCH_ROWS", "1000000"))
+    logging.basicConfig(level=logging.WARNING)
+    stack.up(only=("mariadb",))
+    os.environ.update(stack.connection_env())
+    _prepare(rows)
+    spark = _spark()
+    spark.sparkContext.setLogLevel("ERROR")
+    workdir = Path(tempfile.mkdtemp(prefix="eo-bench-"))
+    try:
+        _load(spark, workdir, "warmup", rows, 1)  # JVM, Python workers, Delta classes warm for both runs
+        dump_s = _mysqldump(workdir)
+        single_s, single_rows = _load(spark, workdir, "single", rows + 1, 1)
+        parallel_chunks = 8
+        parallel_s, parallel_rows = _load(spark, workdir, "parallel", -(-rows // parallel_chunks), parallel_chunks)
+    finally:
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert single_rows == parallel_rows == rows, (single_rows, parallel_rows, rows)
+    print(f"\nfull load benchmark: {rows} rows (id BIGINT PK, INT, VARCHAR(32), DECIMAL(12,2), DATETIME), "
+          f"Spark local[2], MariaDB on the same 2-core machine")
+    print(f"{'method':<46} {'seconds':>8} {'rows/s':>10} {'vs mysqldump':>13}")
+    base = rows / dump_s
+    for label, seconds in (("mysqldump --single-transaction --quick (file)", dump_s),
+                           ("full load -> Delta, 1 chunk (single stream)", single_s),
+                           (f"full load -> Delta, {parallel_chunks} chunks (parallel, local[2])", parallel_s)):
+        print(f"{label:<46} {seconds:>8.1f} {rows / seconds:>10.0f} {rows / seconds / base:>12.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

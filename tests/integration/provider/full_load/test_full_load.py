@@ -1,0 +1,158 @@
+"""Full load on the real MariaDB + Spark + Delta, writers stopped: sink == source row by row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exactly_once_provider import delta_commit
+from exactly_once_provider.full_load.handoff import read_handoff
+from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
+from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from tests.mysql_support import assert_same_rows, connect, sink_rows, source_rows, unique_name
+
+ALL_TYPES = """(
+  id INT NOT NULL PRIMARY KEY, d DECIMAL(12,3), big_d DECIMAL(50,10), dt DATETIME(6), ts TIMESTAMP(6) NULL,
+  dd DATE, t TIME(6), j JSON, b BLOB, vb VARBINARY(16), u BIGINT UNSIGNED, ui INT UNSIGNED, ti TINYINT,
+  s VARCHAR(64) CHARACTER SET utf8mb4, tx TEXT, f FLOAT, db DOUBLE, e ENUM('a','b'), y YEAR, bt BIT(8)
+)"""
+
+
+def _all_types_rows(n: int) -> list[tuple]:
+    rows = []
+    for i in range(1, n + 1):
+        rows.append((
+            i, f"{i}.125", f"{i}1234567890123456789.0123456789", f"2024-10-27 0{i % 4}:30:00.{i:06d}",
+            f"2024-03-31 02:{i % 60:02d}:00.5", "2024-02-29", f"-{i % 800}:01:02.5" if i % 2 else "12:00:00",
+            json.dumps({"i": i, "s": "ü😀", "a": [1, None]}), bytes([i % 256, 0, 255]) * 3, b"\x00`'\"",
+            2**64 - i, 2**32 - i, -128 + i % 256, f"ȧ😀 {i} ' \" ` ;", "x" * (i % 300), 0.5, i / 7,
+            "ab"[i % 2], 1901 + i % 254, bytes([i % 256]),
+        ))
+    rows.append((n + 1,) + (None,) * 19)  # every nullable column NULL
+    return rows
+
+
+def _load(spark, tmp_path, table, **kwargs):
+    sink = str(tmp_path / "sink")
+    request = FullLoadRequest(schema="eo", table=table, sink_path=sink, **{"chunks_per_job": 4, **kwargs})
+    return sink, run_full_load(spark, MySqlSourceHook(), request)
+
+
+@pytest.fixture
+def db(stack, airflow_connections):
+    conn = connect(stack)
+    created: list[str] = []
+
+    def create(prefix: str, ddl: str, insert: str | None = None, rows: list[tuple] = ()) -> str:
+        name = unique_name(prefix)
+        cur = conn.cursor()
+        cur.execute(f"CREATE TABLE `{name.replace('`', '``')}` {ddl}")
+        created.append(name)
+        if rows:
+            cur.executemany(insert.format(t=f"`{name.replace('`', '``')}`"), rows)
+        return name
+
+    yield create
+    for name in created:
+        conn.cursor().execute(f"DROP TABLE IF EXISTS `{name.replace('`', '``')}`")
+    conn.close()
+
+
+COLUMNS = ["id", "d", "big_d", "dt", "ts", "dd", "t", "j", "b", "vb", "u", "ui", "ti", "s", "tx", "f", "db", "e", "y",
+           "bt"]
+
+
+def test_all_column_types_integer_key(stack, spark, db, tmp_path):
+    table = db("fl_types", ALL_TYPES, "INSERT INTO {t} VALUES (" + ", ".join(["%s"] * 20) + ")", _all_types_rows(2999))
+    sink, result = _load(spark, tmp_path, table, chunk_rows=700)
+    expected = source_rows(stack, table, COLUMNS)
+    assert sum(expected.values()) == 3000
+    assert_same_rows(sink_rows(spark, sink, COLUMNS), expected, COLUMNS)
+    h = result.handoff
+    assert [c.rows for c in h.chunks] == [700, 700, 700, 700, 200] and h.rows == 3000
+    assert read_handoff(sink) == h  # the capture reads exactly what the load published
+
+
+def test_composite_key_chunks_split_inside_a_leading_value(stack, spark, db, tmp_path):
+    rows = [(a, f"k{b:04d}", a * b) for a in range(3) for b in range(400)]  # 1200 rows, 3 leading values
+    table = db("fl_comp", "(a INT NOT NULL, b VARCHAR(10) NOT NULL, v INT, PRIMARY KEY (a, b))",
+               "INSERT INTO {t} VALUES (%s, %s, %s)", rows)
+    sink, result = _load(spark, tmp_path, table, chunk_rows=250)
+    assert sink_rows(spark, sink, ["a", "b", "v"]) == source_rows(stack, table, ["a", "b", "v"])
+    assert [c.rows for c in result.handoff.chunks] == [250, 250, 250, 250, 200]
+    assert result.handoff.chunks[0].chunk.upper == (0, "k0249")  # a boundary in the middle of a=0
+
+
+def test_string_key_with_utf8mb4_and_case_insensitive_collation(stack, spark, db, tmp_path):
+    rows = [(f"{p}{i:05d}ü😀", i) for i in range(300) for p in ("A", "b", "Ç", "😀", "z'`;")]
+    table = db("fl_str", "(k VARCHAR(40) CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci NOT NULL PRIMARY KEY, v INT)",
+               "INSERT INTO {t} VALUES (%s, %s)", rows)
+    sink, result = _load(spark, tmp_path, table, chunk_rows=333)
+    assert sink_rows(spark, sink, ["k", "v"]) == source_rows(stack, table, ["k", "v"])
+    assert sum(c.rows for c in result.handoff.chunks) == 1500 and len(result.handoff.chunks) == 5
+
+
+def test_skewed_key_gives_chunks_even_by_rows(stack, spark, db, tmp_path):
+    ids = list(range(1, 1001)) + [10**12 + i for i in range(300)] + [2**62 + i for i in range(5)]
+    table = db("fl_skew", "(id BIGINT NOT NULL PRIMARY KEY, v VARCHAR(8))", "INSERT INTO {t} VALUES (%s, %s)",
+               [(i, str(i % 97)) for i in ids])
+    sink, result = _load(spark, tmp_path, table, chunk_rows=400)
+    assert sink_rows(spark, sink, ["id", "v"]) == source_rows(stack, table, ["id", "v"])
+    assert [c.rows for c in result.handoff.chunks] == [400, 400, 400, 105]
+
+
+def test_hostile_table_name_and_explicit_unique_chunk_key(stack, spark, db, tmp_path):
+    table = db("fl_x`; DROP TABLE eo.nothing; -- '\"", "(code CHAR(6) NOT NULL, v INT, UNIQUE KEY uk (code))",
+               "INSERT INTO {t} VALUES (%s, %s)", [(f"c{i:05d}", i) for i in range(500)])
+    sink, result = _load(spark, tmp_path, table, chunk_rows=200, chunk_key=("code",))
+    assert sink_rows(spark, sink, ["code", "v"]) == source_rows(stack, table, ["code", "v"])
+    assert result.handoff.key == ("code",) and result.handoff.table == table
+
+
+def test_empty_table_publishes_an_empty_table_with_a_position(stack, spark, db, tmp_path):
+    table = db("fl_empty", "(id INT PRIMARY KEY)")
+    sink, result = _load(spark, tmp_path, table, chunk_rows=10)
+    assert spark.read.format("delta").load(sink).count() == 0
+    assert len(result.handoff.chunks) == 1 and result.handoff.min_position.file.startswith("binlog.")
+
+
+def test_rerun_is_a_no_op_and_a_crash_after_the_commit_does_not_commit_twice(stack, spark, db, tmp_path):
+    table = db("fl_rerun", "(id INT PRIMARY KEY, v INT)", "INSERT INTO {t} VALUES (%s, %s)",
+               [(i, i) for i in range(100)])
+    sink, first = _load(spark, tmp_path, table, chunk_rows=40)
+    _, again = _load(spark, tmp_path, table, chunk_rows=40)
+    assert again.already_published and again.handoff == first.handoff
+    # Simulate a crash between the Delta commit and the manifest update: the retry must not commit again.
+    staging = FullLoadRequest(schema="eo", table=table, sink_path=sink).staging()
+    manifest = staging.load()
+    manifest["published"] = None
+    staging.save(manifest)
+    _, retried = _load(spark, tmp_path, table, chunk_rows=40)
+    assert retried.handoff.table_version == first.handoff.table_version == 0
+    assert [v for v, _ in delta_commit.commits(sink)] == [0]
+    assert spark.read.format("delta").load(sink).count() == 100
+    # A deliberate full reload: a new snapshot replaces the table in one new commit.
+    conn = connect(stack)
+    conn.cursor().execute(f"DELETE FROM `{table}` WHERE id >= 50")
+    conn.close()
+    _, reloaded = _load(spark, tmp_path, table, chunk_rows=40, full_reload=True)
+    assert reloaded.handoff.table_version == 1 and reloaded.handoff.load_id != first.handoff.load_id
+    assert sink_rows(spark, sink, ["id", "v"]) == source_rows(stack, table, ["id", "v"])
+    assert read_handoff(sink).load_id == reloaded.handoff.load_id
+
+
+def test_damaged_staging_is_refused_at_publish(stack, spark, db, tmp_path):
+    table = db("fl_damage", "(id INT PRIMARY KEY)", "INSERT INTO {t} VALUES (%s)", [(i,) for i in range(90)])
+    sink = str(tmp_path / "sink")
+    request = FullLoadRequest(schema="eo", table=table, sink_path=sink, chunk_rows=30, chunks_per_job=4)
+    run_full_load(spark, MySqlSourceHook(), request)
+    staging = request.staging()
+    manifest = staging.load()
+    manifest["published"] = None
+    staging.save(manifest)
+    # The largest part file holds data rows (the empty last chunk's file holds only its marker).
+    part = max((staging.root / "waves").rglob("part-*.parquet"), key=lambda p: p.stat().st_size)
+    part.unlink()  # staged rows lost after their chunk was recorded as done
+    with pytest.raises(delta_commit.CommitMarkerError, match="staging area .* is damaged"):
+        run_full_load(spark, MySqlSourceHook(), request)

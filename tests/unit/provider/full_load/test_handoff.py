@@ -1,0 +1,49 @@
+"""The handoff marker: built from chunk positions, parsed back, and the capture's drop rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exactly_once_provider.full_load import handoff
+from exactly_once_provider.positions import BinlogPosition
+
+CHUNKS = [
+    {"index": 1, "lower": [100], "upper": None, "file": "binlog.000002", "pos": 10, "rows": 5},
+    {"index": 0, "lower": None, "upper": [100], "file": "binlog.000001", "pos": 900, "rows": 100},
+]
+
+
+def test_marker_round_trip_and_min_max():
+    marker = json.loads(json.dumps(handoff.marker("L1", "eo", "t", ("id",), CHUNKS)))
+    body = marker["eo_full_load"]
+    assert body["min_position"] == {"file": "binlog.000001", "pos": 900}
+    assert body["max_position"] == {"file": "binlog.000002", "pos": 10}
+    assert [c["index"] for c in body["chunks"]] == [0, 1] and body["rows"] == 105
+    parsed = handoff.parse(4, marker)
+    assert parsed.min_position == BinlogPosition("binlog.000001", 900)
+    assert parsed.max_position == BinlogPosition("binlog.000002", 10)
+    assert (parsed.table_version, parsed.rows, parsed.key) == (4, 105, ("id",))
+
+
+def test_already_loaded_uses_the_position_of_the_chunk_holding_the_key():
+    h = handoff.parse(0, handoff.marker("L1", "eo", "t", ("id",), CHUNKS))
+    assert h.chunk_for((100,)).chunk.index == 0 and h.chunk_for((101,)).chunk.index == 1
+    # key 5 was snapshotted at binlog.000001:900; key 500 at binlog.000002:10
+    assert h.already_loaded((5,), BinlogPosition("binlog.000001", 900))
+    assert not h.already_loaded((5,), BinlogPosition("binlog.000001", 901))
+    assert h.already_loaded((500,), BinlogPosition("binlog.000001", 5000))
+    assert not h.already_loaded((500,), BinlogPosition("binlog.000002", 11))
+
+
+def test_unknown_format_is_refused():
+    marker = handoff.marker("L1", "eo", "t", ("id",), CHUNKS)
+    marker["eo_full_load"]["format"] = 99
+    with pytest.raises(ValueError, match="Unknown full-load handoff format"):
+        handoff.parse(0, marker)
+
+
+def test_missing_handoff_says_to_run_the_load(tmp_path):
+    with pytest.raises(LookupError, match="run the full load"):
+        handoff.read_handoff(str(tmp_path / "nothing"))
