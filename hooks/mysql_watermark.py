@@ -9,7 +9,10 @@ snapshot, and ``upper`` is the minimum of:
   ``trx_started``, converted from the SYSTEM zone it is shown in to the session zone) minus one second: ``trx_started`` has second precision and is
   stamped when InnoDB starts the transaction, a moment after the first statement's NOW(). A transaction
   that commits after the read writes cursor values at or after its start, so none of them can fall below
-  ``upper``. The guard cannot tell which tables a transaction touches, so any open writer holds the window.
+  ``upper``. The guard cannot tell which tables a transaction touches, so any open writer holds the window,
+  InnoDB's own background transactions included (thread id 0: persistent statistics after DDL or bulk
+  changes; seen on MariaDB 10.11). That only delays the window; ignoring thread 0 would also ignore XA
+  transactions recovered in PREPARED state, which can still commit old cursor values.
 
 The guard is read BEFORE the snapshot starts (and again inside it; the minimum counts): a transaction that
 is not committed when the snapshot starts was either open at the first read (so it bounds ``upper``) or

@@ -33,13 +33,17 @@ def get_provider_info() -> dict:
                 "python-modules": [
                     "exactly_once_provider.hooks.mysql_source",
                     "exactly_once_provider.hooks.kafka_producer",
+                    "exactly_once_provider.hooks.mysql_watermark",
                 ],
             }
         ],
         "operators": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["exactly_once_provider.operators.kafka_produce"],
+                "python-modules": [
+                    "exactly_once_provider.operators.kafka_produce",
+                    "exactly_once_provider.operators.watermark_extract",
+                ],
             }
         ],
     }
