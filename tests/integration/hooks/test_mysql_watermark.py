@@ -103,3 +103,27 @@ def test_identifiers_with_backticks_are_quoted(conn):
     spec = preflight(conn, name, "up` at", "timestamp")
     window = read_window(conn, spec, None, fixed_upper=datetime(2100, 1, 1), log=logging.getLogger("test"))
     assert [row["i`d"] for row in window.rows] == [1, 2], window
+
+
+def test_without_the_process_privilege_the_log_says_the_guard_is_off_and_the_lag_bounds_the_window(conn, stack, caplog):
+    name = table(conn, "id INT PRIMARY KEY, u TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (u)")
+    user = f"np_{uuid.uuid4().hex[:6]}"
+    cur = conn.cursor()
+    cur.execute(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'np-pass'")
+    cur.execute(f"GRANT SELECT ON {quote_identifier(stack.DB_NAME)}.* TO '{user}'@'%'")
+    limited = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=user, password="np-pass",
+                              database=stack.DB_NAME, autocommit=True, init_command="SET time_zone = '+00:00'")
+    other = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
+                            database=stack.DB_NAME, autocommit=True)
+    try:
+        other.cursor().execute("BEGIN")
+        other.cursor().execute(f"INSERT INTO {name} (id) VALUES (1)")  # an open writer the guard cannot see
+        spec = preflight(limited, name, "u", "timestamp")
+        with caplog.at_level(logging.WARNING):
+            window = read_window(limited, spec, None, safety_lag=2.5, log=logging.getLogger("test"))
+        assert "Cannot read information_schema.innodb_trx" in caplog.text and "Grant PROCESS" in caplog.text
+        assert (window.upper_reason, window.guard) == ("safety_lag", "not readable (no PROCESS privilege); safety lag only")
+    finally:
+        other.close()
+        limited.close()
+        cur.execute(f"DROP USER '{user}'@'%'")
