@@ -33,7 +33,6 @@ def get_provider_info() -> dict:
                 "python-modules": [
                     "exactly_once_provider.hooks.mysql_source",
                     "exactly_once_provider.hooks.kafka_producer",
-                    "exactly_once_provider.hooks.mysql_watermark",
                 ],
             }
         ],
