@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-watermark
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -36,6 +36,9 @@ faults: stack-up  ## the kill -9 fault matrix
 
 bench-producer: stack-up  ## exactly_once vs at_least_once vs sync send on the local broker (prints a table)
 	$(PY) benchmarks/bench_producer.py $(BENCH_ARGS)
+
+bench-watermark: stack-up  ## one watermark window end to end vs a bare SELECT of the same rows (prints a table)
+	$(PY) benchmarks/bench_watermark.py $(BENCH_ARGS)
 
 constraints: setup  ## re-pin constraints.txt from the current .venv
 	(echo "# Exact versions tested together (uv pip freeze of .venv). Regenerate: make constraints"; \
