@@ -16,7 +16,12 @@ snapshot, and ``upper`` is the minimum of:
 
 The guard is read BEFORE the snapshot starts (and again inside it; the minimum counts): a transaction that
 is not committed when the snapshot starts was either open at the first read (so it bounds ``upper``) or
-started after it, with cursor values after the database time of that read, which is above ``upper``.
+started after it, with cursor values after the database time of that read, which is above ``upper``
+(NOW() is fixed when a statement starts, and InnoDB starts the transaction when that statement first
+locks an InnoDB table; the one-second margin, and ``safety_lag`` for transactions not yet started, cover
+that gap). Known limit, not handled yet: a first statement that waits longer than that before InnoDB
+starts its transaction (e.g. on a metadata lock behind DDL) can write a NOW() below ``upper``;
+``information_schema.PROCESSLIST.TIME_MS`` of running statements would bound that case too.
 ``upper`` is truncated to the column's fractional precision, so a row stored with a truncated NOW() in the
 same second lands in the next window, never below a bound already read.
 
