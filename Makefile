@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -39,6 +39,9 @@ bench-producer: stack-up  ## exactly_once vs at_least_once vs sync send on the l
 
 bench-full-load: stack-up  ## full load rows/s vs mysqldump on the same table (BENCH_ROWS, default 1M)
 	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_full_load.py
+
+bench-watermark: stack-up  ## one watermark window end to end vs a bare SELECT of the same rows (prints a table)
+	$(PY) benchmarks/bench_watermark.py $(BENCH_ARGS)
 
 constraints: setup  ## re-pin constraints.txt from the current .venv
 	(echo "# Exact versions tested together (uv pip freeze of .venv). Regenerate: make constraints"; \

@@ -42,6 +42,7 @@ def get_provider_info() -> dict:
                 "python-modules": [
                     "exactly_once_provider.operators.kafka_produce",
                     "exactly_once_provider.operators.full_load",
+                    "exactly_once_provider.operators.watermark_extract",
                 ],
             }
         ],
