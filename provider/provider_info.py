@@ -33,5 +33,10 @@ def get_provider_info() -> dict:
                 "python-modules": ["exactly_once_provider.hooks.mysql_source"],
             }
         ],
-        "operators": [],
+        "operators": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["exactly_once_provider.operators.spark_stream"],
+            }
+        ],
     }

@@ -1,0 +1,211 @@
+"""Streaming job: Kafka (read_committed) -> Delta table | PostgreSQL table | Parquet files, exactly once.
+
+Submitted as a file (``spark-submit .../kafka_to_sink.py --pipeline ...``); see ``--help``.
+
+Where the guarantees live:
+
+* progress is committed by the SINK, in the same atomic step as the rows (:meth:`commit` of
+  ``sink_delta``/``sink_postgres``/``sink_files``), as a :class:`~.batch.BatchCommit`;
+* a replayed batch (same checkpoint id and batch id, e.g. after a crash between the sink commit and the
+  checkpoint commit) is recognised by the sink and skipped: :func:`process_batch`;
+* rows below the sink's committed offsets are dropped before writing, so a checkpoint that lags the sink can
+  never write a row twice: :func:`process_batch`;
+* at start, a checkpoint that does not match the sink (missing, behind or ahead) is set aside and the query
+  starts from the sink's offsets: :func:`reconcile_start`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from exactly_once_provider.spark_jobs.batch import (
+    BatchCommit, Offsets, checkpoint_id, checkpoint_positions, fault_point, wal_offsets,
+)
+
+log = logging.getLogger("exactly_once_provider.kafka_to_sink")
+SELECT = ("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
+          "CAST(key AS STRING) AS record_key", "CAST(value AS STRING) AS record_value")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kafka_to_sink", description=__doc__.splitlines()[0])
+    parser.add_argument("--pipeline", required=True, help="stable pipeline name (part of every sink commit)")
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--topics", required=True, help="comma-separated topic names")
+    parser.add_argument("--checkpoint", required=True, help="this pipeline's checkpoint directory")
+    parser.add_argument("--sink", required=True, choices=("delta", "postgres", "files"))
+    parser.add_argument("--path", help="Delta table or files sink directory")
+    parser.add_argument("--table", help="PostgreSQL table (connection from the libpq PG* environment)")
+    parser.add_argument("--trigger", default="available-now", choices=("available-now", "processing-time"))
+    parser.add_argument("--interval", default="10 seconds", help="processing-time trigger interval")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    parser.add_argument("--delivery", default="exactly-once", choices=("exactly-once", "at-least-once"),
+                        help="at-least-once = plain append, no sink-side progress (benchmark baseline only)")
+    args = parser.parse_args(argv)
+    if args.sink in ("delta", "files") and not args.path:
+        parser.error(f"--sink {args.sink} needs --path")
+    if args.sink == "postgres" and not args.table:
+        parser.error("--sink postgres needs --table")
+    return args
+
+
+def make_sink(args: argparse.Namespace):
+    if args.sink == "delta":
+        from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
+        return DeltaSink(args.path, args.pipeline)
+    if args.sink == "postgres":
+        from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
+        sink = PostgresSink(args.table, args.pipeline)
+        sink.ensure_tables()
+        return sink
+    from exactly_once_provider.spark_jobs.sink_files import FilesSink
+    sink = FilesSink(args.path, args.pipeline)
+    removed = sink.remove_orphans()
+    if removed:
+        log.warning("files sink: removed %d unpublished batch director(y/ies) left by a crash: %s",
+                    len(removed), removed)
+    return sink
+
+
+def topic_partitions(bootstrap: str, topics: list[str]) -> dict[str, list[int]]:
+    """Return every partition of ``topics`` (startingOffsets JSON must name all of them)."""
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    result = {}
+    for topic in topics:
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None:
+            raise ValueError(f"Kafka topic {topic!r} does not exist on {bootstrap}.")
+        result[topic] = sorted(info.partitions)
+    return result
+
+
+def reconcile_start(checkpoint: str, sink_offsets: Offsets | None, partitions: dict[str, list[int]]) -> str:
+    """Return ``startingOffsets`` for the query; set aside a checkpoint that disagrees with the sink.
+
+    The checkpoint is kept when the sink holds exactly the end of its last committed batch (normal restart)
+    or of its last planned batch (crash after the sink commit, before the checkpoint commit: Spark replays
+    that batch and the sink skips it). Anything else means the checkpoint is missing, behind or ahead of the
+    sink, and the sink wins. ``startingOffsets`` only applies to a query without a checkpoint.
+    """
+    path = Path(checkpoint.removeprefix("file://"))
+    if path.exists():
+        committed, planned = checkpoint_positions(checkpoint)
+        if sink_offsets in (committed, planned) and not (sink_offsets is None and committed is not None):
+            log.info("checkpoint %s agrees with the sink (%s): resuming from it", checkpoint, sink_offsets)
+            return "earliest"
+        aside = path.with_name(f"{path.name}.stale-{int(time.time())}")
+        log.warning("checkpoint %s (committed %s, planned %s) disagrees with the sink (%s): moved to %s; "
+                    "starting from the sink's offsets", checkpoint, committed, planned, sink_offsets, aside)
+        shutil.move(str(path), str(aside))
+    if sink_offsets is None:
+        return "earliest"
+    start = {t: {str(p): sink_offsets.get(t, {}).get(p, -2) for p in parts} for t, parts in partitions.items()}
+    log.info("starting from the sink's committed offsets %s", start)
+    return json.dumps(start)
+
+
+def _not_yet_committed(df, offsets: Offsets):
+    """Keep only rows at or after the sink's committed offsets (guards a checkpoint that lags the sink)."""
+    from pyspark.sql import functions as F
+
+    done = None
+    for topic, parts in offsets.items():
+        for partition, offset in parts.items():
+            cond = (F.col("kafka_topic") == topic) & (F.col("kafka_partition") == partition) \
+                & (F.col("kafka_offset") < offset)
+            done = cond if done is None else done | cond
+    return df if done is None else df.filter(~done)
+
+
+def _covered(end: Offsets, committed: Offsets) -> bool:
+    return all(committed.get(t, {}).get(p, -1) >= o for t, parts in end.items() for p, o in parts.items())
+
+
+def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exactly_once: bool) -> None:
+    """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline)."""
+    started = time.monotonic()
+    if not exactly_once:
+        sink.append(df)
+        log.info("batch %d appended (at-least-once) in %.1fs", batch_id, time.monotonic() - started)
+        return
+    end = wal_offsets(checkpoint, batch_id)
+    commit = BatchCommit(pipeline, checkpoint_id(checkpoint), batch_id, end)
+    previous = sink.committed()
+    if previous is not None:
+        if previous.checkpoint_id == commit.checkpoint_id and previous.batch_id >= batch_id:
+            log.info("batch %d already committed to the %s sink (replay after a crash): skipped",
+                     batch_id, sink.kind)
+            return
+        if _covered(end, previous.offsets):
+            log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, previous.offsets)
+            return
+        df = _not_yet_committed(df, previous.offsets)
+    fault_point("before_sink_commit", batch_id)
+    written = sink.commit(df, commit)
+    fault_point("after_sink_commit", batch_id)
+    state = sink.committed()
+    log.info("batch %d %s to the %s sink in %.1fs: offsets %s, %d rows in total", batch_id,
+             "committed" if written else "was already committed", sink.kind, time.monotonic() - started,
+             json.dumps(commit.to_json()["offsets"]), state.rows_total if state else 0)
+
+
+def build_session(args: argparse.Namespace):
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"eo-{args.pipeline}")
+    if args.sink == "delta":
+        builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    return builder.getOrCreate()
+
+
+def run(args: argparse.Namespace) -> None:
+    topics = [t.strip() for t in args.topics.split(",") if t.strip()]
+    exactly_once = args.delivery == "exactly-once"
+    sink = make_sink(args)
+    starting = "earliest"
+    if exactly_once:
+        previous = sink.committed()
+        starting = reconcile_start(args.checkpoint, previous.offsets if previous else None,
+                                   topic_partitions(args.bootstrap_servers, topics))
+    spark = build_session(args)
+    reader = (spark.readStream.format("kafka")
+              .option("kafka.bootstrap.servers", args.bootstrap_servers)
+              .option("subscribe", ",".join(topics))
+              .option("kafka.isolation.level", "read_committed")
+              .option("startingOffsets", starting)
+              .option("failOnDataLoss", "true"))
+    if args.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
+    frame = reader.load().selectExpr(*SELECT)
+    writer = (frame.writeStream.queryName(args.pipeline)
+              .option("checkpointLocation", args.checkpoint)
+              .foreachBatch(lambda df, batch_id: process_batch(sink, args.pipeline, args.checkpoint, df,
+                                                               batch_id, exactly_once)))
+    if args.trigger == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=args.interval)
+    query = writer.start()
+    query.awaitTermination()
+    state = sink.committed() if exactly_once else None
+    print("EO_RESULT " + json.dumps(state.to_json() if state else None), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stdout)
+    run(parse_args(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
