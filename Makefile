@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-spark-sinks
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -33,6 +33,9 @@ test-unit: setup  ## no services needed
 
 faults: stack-up  ## the kill -9 fault matrix
 	$(PY) -m pytest tests/faults $(PYTEST_ARGS)
+
+bench-spark-sinks: stack-up  ## Kafka -> Spark -> sink: exactly-once vs at-least-once job, rows/s and ratio per sink
+	$(PY) benchmarks/bench_spark_sinks.py $(BENCH_ARGS)
 
 constraints: setup  ## re-pin constraints.txt from the current .venv
 	(echo "# Exact versions tested together (uv pip freeze of .venv). Regenerate: make constraints"; \

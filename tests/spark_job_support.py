@@ -118,3 +118,81 @@ def result_line(stdout: str) -> dict | None:
     lines = [line for line in stdout.splitlines() if line.startswith("EO_RESULT ")]
     assert lines, f"the job printed no EO_RESULT line:\n{stdout[-3000:]}"
     return json.loads(lines[-1].removeprefix("EO_RESULT "))
+
+
+# ------------------------------------------------------------------------------------------- sink reads
+def delta_rows(path: str) -> list[tuple]:
+    """Read a Delta table's live files (add minus remove actions in its JSON log) with pyarrow, no Spark."""
+    live: dict[str, bool] = {}
+    for file in sorted((Path(path) / "_delta_log").glob("[0-9]*.json")):
+        for line in file.read_text().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "add" in action:
+                live[action["add"]["path"]] = True
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    return _arrow_rows([str(Path(path) / name) for name in live])
+
+
+def _arrow_rows(files: list[str]) -> list[tuple]:
+    import pyarrow.parquet as pq
+
+    rows: list[tuple] = []
+    for file in files:
+        table = pq.read_table(file, columns=["kafka_partition", "kafka_offset", "record_key", "record_value"])
+        rows += list(zip(*(table.column(i).to_pylist() for i in range(4))))
+    return rows
+
+
+def files_rows(root: str) -> list[tuple]:
+    from exactly_once_provider.spark_jobs.sink_files import published_files
+
+    return _arrow_rows(published_files(root))
+
+
+def postgres_rows(stack, table: str) -> list[tuple]:
+    import psycopg2
+
+    conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
+                            password=stack.DB_PASSWORD)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT kafka_partition, kafka_offset, record_key, record_value FROM {table}")
+            return cur.fetchall()
+    finally:
+        conn.close()
+
+
+def sink_rows(stack, sink: str, target: str) -> list[tuple]:
+    if sink == "delta":
+        return delta_rows(target)
+    if sink == "files":
+        return files_rows(target)
+    return postgres_rows(stack, target)
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eo-watermarks", **QUIET})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
+    finally:
+        consumer.close()
+
+
+def assert_exactly(rows: list[tuple], committed: list[tuple[str, str]]) -> None:
+    """The sink holds every committed record once and nothing else (aborted records absent), row by row."""
+    from collections import Counter
+
+    got = Counter((key, value) for _, _, key, value in rows)
+    want = Counter(committed)
+    duplicates = {k: n for k, n in got.items() if n > 1}
+    assert not duplicates, f"{len(duplicates)} records written more than once, e.g. {list(duplicates.items())[:3]}"
+    missing, extra = want - got, got - want
+    assert not missing and not extra, (
+        f"{len(missing)} committed records missing (e.g. {list(missing)[:3]}), "
+        f"{len(extra)} unexpected records (e.g. {list(extra)[:3]})")
+    assert all(json.loads(value)["committed"] for _, _, _, value in rows), "an aborted record reached the sink"
+    positions = [(p, o) for p, o, _, _ in rows]
+    assert len(set(positions)) == len(positions), "a Kafka (partition, offset) is in the sink twice"
