@@ -53,6 +53,11 @@ class SparkKafkaToSinkOperator(BaseOperator):
     :param trigger: ``available-now`` (process what is there, then stop) or ``processing-time``.
     :param interval: processing-time trigger interval, e.g. ``"30 seconds"``.
     :param max_offsets_per_trigger: cap on records per micro-batch.
+    :param mode: ``append`` (records) or ``cdc`` (apply changes by key; newer source version wins; deletes
+        kept as tombstones). ``cdc`` needs the ``delta`` or ``postgres`` sink.
+    :param key_field: CDC: JSON field of the record value holding the primary key.
+    :param version_field: CDC: JSON field holding the change's source version (e.g. its binlog position).
+    :param op_field: CDC: JSON field holding the operation (``d`` or ``delete`` deletes).
     :param delivery: ``exactly-once``; ``at-least-once`` is a plain append without sink-side progress (a
         benchmark baseline, never a fallback).
     :param packages: Maven coordinates for ``--packages``; default :data:`~exactly_once_provider.spark_packages.SPARK_PACKAGES`
@@ -67,7 +72,7 @@ class SparkKafkaToSinkOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "pipeline", "topics", "sink", "checkpoint_location", "sink_path", "sink_table", "trigger", "interval",
-        "max_offsets_per_trigger", "conf",
+        "max_offsets_per_trigger", "mode", "conf",
     )
     ui_color = "#e8f4d9"
 
@@ -86,6 +91,10 @@ class SparkKafkaToSinkOperator(BaseOperator):
         trigger: str = "available-now",
         interval: str = "30 seconds",
         max_offsets_per_trigger: int | None = None,
+        mode: str = "append",
+        key_field: str = "pk",
+        version_field: str = "version",
+        op_field: str = "op",
         delivery: str = "exactly-once",
         packages: Sequence[str] | None = None,
         jars: Sequence[str] | None = None,
@@ -108,6 +117,10 @@ class SparkKafkaToSinkOperator(BaseOperator):
         self.trigger = trigger
         self.interval = interval
         self.max_offsets_per_trigger = max_offsets_per_trigger
+        self.mode = mode
+        self.key_field = key_field
+        self.version_field = version_field
+        self.op_field = op_field
         self.delivery = delivery
         self.packages = packages
         self.jars = jars
@@ -135,6 +148,10 @@ class SparkKafkaToSinkOperator(BaseOperator):
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}.")
         if self.delivery not in DELIVERIES:
             raise ValueError(f"delivery must be one of {DELIVERIES}, got {self.delivery!r}.")
+        if self.mode not in ("append", "cdc"):
+            raise ValueError(f"mode must be 'append' or 'cdc', got {self.mode!r}.")
+        if self.mode == "cdc" and self.sink == "files":
+            raise ValueError("mode='cdc' needs sink='delta' or 'postgres': the files sink only appends.")
         if not self.checkpoint_location:
             raise ValueError("checkpoint_location is required: one checkpoint directory per pipeline.")
         return topics
@@ -176,7 +193,8 @@ class SparkKafkaToSinkOperator(BaseOperator):
     def _application_args(self, topics: list[str], bootstrap: str) -> list[str]:
         args = ["--pipeline", self.pipeline, "--bootstrap-servers", bootstrap, "--topics", ",".join(topics),
                 "--checkpoint", self.checkpoint_location, "--sink", self.sink, "--trigger", self.trigger,
-                "--interval", self.interval, "--delivery", self.delivery]
+                "--interval", self.interval, "--delivery", self.delivery, "--mode", self.mode,
+                "--key-field", self.key_field, "--version-field", self.version_field, "--op-field", self.op_field]
         args += ["--table", self.sink_table] if self.sink == "postgres" else ["--path", self.sink_path]
         if self.max_offsets_per_trigger:
             args += ["--max-offsets-per-trigger", str(int(self.max_offsets_per_trigger))]

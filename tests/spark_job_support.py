@@ -53,9 +53,9 @@ def produce_plain(bootstrap: str, topic: str, count: int, partitions: int = 1) -
 
 
 def job_args(stack, pipeline: str, topic: str, checkpoint: Path, sink: str, target: str,
-             max_offsets: int | None = None, delivery: str = "exactly-once") -> list[str]:
+             max_offsets: int | None = None, delivery: str = "exactly-once", mode: str = "append") -> list[str]:
     args = ["--pipeline", pipeline, "--bootstrap-servers", f"{stack.HOST}:{stack.KAFKA_PORT}", "--topics", topic,
-            "--checkpoint", str(checkpoint), "--sink", sink, "--delivery", delivery]
+            "--checkpoint", str(checkpoint), "--sink", sink, "--delivery", delivery, "--mode", mode]
     args += ["--table", target] if sink == "postgres" else ["--path", target]
     if max_offsets:
         args += ["--max-offsets-per-trigger", str(max_offsets)]
@@ -121,8 +121,8 @@ def result_line(stdout: str) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------------- sink reads
-def delta_rows(path: str) -> list[tuple]:
-    """Read a Delta table's live files (add minus remove actions in its JSON log) with pyarrow, no Spark."""
+def delta_live_files(path: str) -> list[str]:
+    """Return a Delta table's live files (add minus remove actions of its JSON log), read without Spark."""
     live: dict[str, bool] = {}
     for file in sorted((Path(path) / "_delta_log").glob("[0-9]*.json")):
         for line in file.read_text().splitlines():
@@ -131,23 +131,27 @@ def delta_rows(path: str) -> list[tuple]:
                 live[action["add"]["path"]] = True
             elif "remove" in action:
                 live.pop(action["remove"]["path"], None)
-    return _arrow_rows([str(Path(path) / name) for name in live])
+    return [str(Path(path) / name) for name in live]
 
 
-def _arrow_rows(files: list[str]) -> list[tuple]:
+def delta_rows(path: str) -> list[tuple]:
+    return arrow_rows(delta_live_files(path))
+
+
+def arrow_rows(files: list[str], columns=("kafka_partition", "kafka_offset", "record_key", "record_value")) -> list[tuple]:
     import pyarrow.parquet as pq
 
     rows: list[tuple] = []
     for file in files:
-        table = pq.read_table(file, columns=["kafka_partition", "kafka_offset", "record_key", "record_value"])
-        rows += list(zip(*(table.column(i).to_pylist() for i in range(4))))
+        table = pq.read_table(file, columns=list(columns))
+        rows += list(zip(*(table.column(i).to_pylist() for i in range(len(columns)))))
     return rows
 
 
 def files_rows(root: str) -> list[tuple]:
     from exactly_once_provider.spark_jobs.sink_files import published_files
 
-    return _arrow_rows(published_files(root))
+    return arrow_rows(published_files(root))
 
 
 def postgres_rows(stack, table: str) -> list[tuple]:

@@ -45,6 +45,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trigger", default="available-now", choices=("available-now", "processing-time"))
     parser.add_argument("--interval", default="10 seconds", help="processing-time trigger interval")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    parser.add_argument("--mode", default="append", choices=("append", "cdc"),
+                        help="append records, or apply CDC changes by primary key (newer source version wins)")
+    parser.add_argument("--key-field", default="pk", help="CDC: JSON field of the record value holding the key")
+    parser.add_argument("--version-field", default="version", help="CDC: JSON field holding the source version")
+    parser.add_argument("--op-field", default="op", help="CDC: JSON field holding the operation ('d' = delete)")
     parser.add_argument("--delivery", default="exactly-once", choices=("exactly-once", "at-least-once"),
                         help="at-least-once = plain append, no sink-side progress (benchmark baseline only)")
     args = parser.parse_args(argv)
@@ -52,16 +57,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--sink {args.sink} needs --path")
     if args.sink == "postgres" and not args.table:
         parser.error("--sink postgres needs --table")
+    if args.mode == "cdc" and args.sink == "files":
+        parser.error("--mode cdc needs a sink that can update rows (delta or postgres); files only append")
     return args
 
 
 def make_sink(args: argparse.Namespace):
     if args.sink == "delta":
         from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
-        return DeltaSink(args.path, args.pipeline)
+        return DeltaSink(args.path, args.pipeline, args.mode)
     if args.sink == "postgres":
         from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
-        sink = PostgresSink(args.table, args.pipeline)
+        sink = PostgresSink(args.table, args.pipeline, mode=args.mode)
         sink.ensure_tables()
         return sink
     from exactly_once_provider.spark_jobs.sink_files import FilesSink
@@ -125,15 +132,44 @@ def _not_yet_committed(df, offsets: Offsets):
     return df if done is None else df.filter(~done)
 
 
+def cdc_changes(df, key_field: str, version_field: str, op_field: str):
+    """Turn records into the newest change per key of this batch: ``pk, source_version, deleted, ...``.
+
+    A record without the key or the version is bad input: the batch fails before anything is committed.
+    """
+    from pyspark.sql import functions as F
+
+    parsed = df.select(
+        F.get_json_object("record_value", f"$.{key_field}").alias("pk"),
+        F.get_json_object("record_value", f"$.{version_field}").cast("bigint").alias("source_version"),
+        F.coalesce(F.get_json_object("record_value", f"$.{op_field}").isin("d", "delete"), F.lit(False))
+        .alias("deleted"),
+        "record_value", "kafka_topic", "kafka_partition", "kafka_offset")
+    bad = parsed.filter(F.col("pk").isNull() | F.col("source_version").isNull()).select(
+        "kafka_topic", "kafka_partition", "kafka_offset").limit(3).collect()
+    if bad:
+        raise ValueError(f"CDC records without '{key_field}' or a numeric '{version_field}' in their JSON value, "
+                         f"e.g. at {[tuple(r) for r in bad]}; fix the producer or the --key-field/--version-field.")
+    cols = parsed.columns
+    return (parsed.groupBy("pk")
+            .agg(F.max_by(F.struct(*cols), F.struct("source_version", "kafka_offset")).alias("c"))
+            .select("c.*"))
+
+
 def _covered(end: Offsets, committed: Offsets) -> bool:
     return all(committed.get(t, {}).get(p, -1) >= o for t, parts in end.items() for p, o in parts.items())
 
 
-def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exactly_once: bool) -> None:
-    """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline)."""
+def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exactly_once: bool,
+                  to_changes=None) -> None:
+    """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline).
+
+    ``to_changes`` turns the batch's records into CDC changes (``--mode cdc``); None appends records.
+    """
     started = time.monotonic()
+    changes = to_changes or (lambda frame: frame)
     if not exactly_once:
-        sink.append(df)
+        sink.append(changes(df))
         log.info("batch %d appended (at-least-once) in %.1fs", batch_id, time.monotonic() - started)
         return
     end = wal_offsets(checkpoint, batch_id)
@@ -148,6 +184,7 @@ def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exact
             log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, previous.offsets)
             return
         df = _not_yet_committed(df, previous.offsets)
+    df = changes(df)
     fault_point("before_sink_commit", batch_id)
     written = sink.commit(df, commit)
     fault_point("after_sink_commit", batch_id)
@@ -191,10 +228,14 @@ def run(args: argparse.Namespace) -> None:
     if args.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
     frame = reader.load().selectExpr(*SELECT)
+    to_changes = None
+    if args.mode == "cdc":
+        def to_changes(df):
+            return cdc_changes(df, args.key_field, args.version_field, args.op_field)
     writer = (frame.writeStream.queryName(args.pipeline)
               .option("checkpointLocation", args.checkpoint)
               .foreachBatch(lambda df, batch_id: process_batch(sink, args.pipeline, args.checkpoint, df,
-                                                               batch_id, exactly_once)))
+                                                               batch_id, exactly_once, to_changes)))
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:

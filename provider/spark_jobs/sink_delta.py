@@ -4,6 +4,11 @@ The commit goes through :func:`exactly_once_provider.delta_commit.commit_with_ma
 ``txnAppId = "<pipeline>:<checkpoint id>"`` and ``txnVersion = <batch id>``: a replayed batch is recognised
 by Delta (and by the marker lookup before it) and skipped. The marker lives under the key
 ``eo_stream:<pipeline>`` in ``commitInfo.userMetadata``; it is read back without Spark.
+
+CDC mode (``mode="cdc"``) MERGEs each batch's newest change per key through
+:func:`~exactly_once_provider.delta_commit.merge_with_marker` (same txn id and marker): a change applies only
+if its ``source_version`` is newer than the row's. Deletes are kept as tombstones (``deleted = true``) so an
+older change replayed after the delete cannot bring the row back; readers filter ``NOT deleted``.
 """
 
 from __future__ import annotations
@@ -19,13 +24,15 @@ class DeltaSink:
 
     :param path: the Delta table's location (local path or ``file://``).
     :param pipeline: the pipeline's stable name.
+    :param mode: ``append`` (records) or ``cdc`` (changes by ``pk``, newer ``source_version`` wins).
     """
 
     kind = "delta"
 
-    def __init__(self, path: str, pipeline: str) -> None:
+    def __init__(self, path: str, pipeline: str, mode: str = "append") -> None:
         self.path = path
         self.pipeline = pipeline
+        self.mode = mode
         self.key = f"eo_stream:{pipeline}"
 
     def committed(self) -> BatchCommit | None:
@@ -38,7 +45,9 @@ class DeltaSink:
             info = actions.get("commitInfo", {})
             raw = info.get("userMetadata")
             if raw and self.key in json.loads(raw):
-                rows += int(info.get("operationMetrics", {}).get("numOutputRows", 0))
+                metrics = info.get("operationMetrics", {})
+                rows += int(metrics.get("numOutputRows", metrics.get("numSourceRows", 0))
+                            if info.get("operation") != "MERGE" else metrics.get("numSourceRows", 0))
         data = dict(found[1][self.key], rows_total=rows)
         return BatchCommit.from_json(data)
 
@@ -47,8 +56,15 @@ class DeltaSink:
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
         if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
             return False
-        delta_commit.commit_with_marker(df, self.path, {self.key: commit.to_json()}, app_id, commit.batch_id,
-                                        mode="append")
+        marker = {self.key: commit.to_json()}
+        if self.mode == "append":
+            delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="append")
+            return True
+        if next(delta_commit.commits(self.path), None) is None:
+            # MERGE needs a table: create it empty (no marker; a crash here is harmless, the next try reuses it).
+            df.limit(0).write.format("delta").mode("append").save(self.path)
+        delta_commit.merge_with_marker(df, self.path, "t.pk = s.pk", marker, app_id, commit.batch_id,
+                                       update_when="s.source_version > t.source_version")
         return True
 
     def append(self, df) -> None:

@@ -11,6 +11,11 @@ Offsets table (one row per pipeline and Kafka partition)::
                       checkpoint_id text, batch_id bigint, rows_total bigint, committed_at timestamptz,
                       PRIMARY KEY (pipeline, topic, kafka_partition))
 
+CDC mode (``mode="cdc"``) copies the batch's newest change per key into a temporary table and upserts it
+into ``table`` (primary key ``pk``) only where the change's ``source_version`` is newer than the row's, in the
+same transaction. Deletes are kept as tombstones (``deleted = true``) so an older change replayed after the
+delete cannot bring the row back; readers filter ``NOT deleted``.
+
 Connection settings come from the libpq environment (``PGHOST``, ``PGPORT``, ``PGDATABASE``, ``PGUSER``,
 ``PGPASSWORD``) that the submit operator fills from the Airflow connection, so no credential is on a
 command line or in a log line.
@@ -27,6 +32,7 @@ from exactly_once_provider.spark_jobs.batch import BatchCommit
 
 OFFSETS_TABLE = "eo_stream_offsets"
 COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "record_key", "record_value")
+CDC_COLUMNS = ("pk", "source_version", "deleted", "record_value", "kafka_topic", "kafka_partition", "kafka_offset")
 
 _DDL_OFFSETS = f"""
 CREATE TABLE IF NOT EXISTS {OFFSETS_TABLE} (
@@ -43,14 +49,17 @@ class PostgresSink:
     :param table: target table, optionally ``schema.table``; created if missing.
     :param pipeline: the pipeline's stable name.
     :param connect_kwargs: psycopg2 connection arguments; empty = the libpq ``PG*`` environment (the job).
+    :param mode: ``append`` (records) or ``cdc`` (changes by ``pk``, newer ``source_version`` wins).
     """
 
     kind = "postgres"
 
-    def __init__(self, table: str, pipeline: str, connect_kwargs: dict | None = None) -> None:
+    def __init__(self, table: str, pipeline: str, connect_kwargs: dict | None = None, mode: str = "append") -> None:
         self.table = sql.Identifier(*table.split("."))
         self.pipeline = pipeline
         self.connect_kwargs = connect_kwargs or {}
+        self.mode = mode
+        self.columns = CDC_COLUMNS if mode == "cdc" else COLUMNS
 
     def _connect(self):
         return psycopg2.connect(**self.connect_kwargs)
@@ -58,9 +67,15 @@ class PostgresSink:
     def ensure_tables(self) -> None:
         with self._connect() as conn, conn.cursor() as cur:
             cur.execute(_DDL_OFFSETS)
-            cur.execute(sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (kafka_topic text NOT NULL, kafka_partition integer NOT NULL,"
-                " kafka_offset bigint NOT NULL, record_key text, record_value text)").format(self.table))
+            if self.mode == "cdc":
+                cur.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (pk text PRIMARY KEY, source_version bigint NOT NULL,"
+                    " deleted boolean NOT NULL, record_value text, kafka_topic text NOT NULL,"
+                    " kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL)").format(self.table))
+            else:
+                cur.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (kafka_topic text NOT NULL, kafka_partition integer NOT NULL,"
+                    " kafka_offset bigint NOT NULL, record_key text, record_value text)").format(self.table))
         conn.close()
 
     @staticmethod
@@ -90,7 +105,7 @@ class PostgresSink:
             conn.close()
 
     def _copy(self, cur, df) -> int:
-        table = df.select(*COLUMNS).toArrow()
+        table = df.select(*self.columns).toArrow()
         if table.num_rows == 0:
             return 0
         import pyarrow.csv as pacsv
@@ -98,8 +113,19 @@ class PostgresSink:
         buffer = io.BytesIO()
         pacsv.write_csv(table, buffer, pacsv.WriteOptions(include_header=False))
         buffer.seek(0)
-        cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
-            self.table, sql.SQL(", ").join(map(sql.Identifier, COLUMNS))).as_string(cur), buffer)
+        target = self.table
+        if self.mode == "cdc":
+            target = sql.Identifier("eo_changes")
+            cur.execute(sql.SQL("CREATE TEMP TABLE eo_changes (LIKE {}) ON COMMIT DROP").format(self.table))
+        columns = sql.SQL(", ").join(map(sql.Identifier, self.columns))
+        cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(target, columns).as_string(cur),
+                        buffer)
+        if self.mode == "cdc":
+            updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+                                         for c in self.columns if c != "pk")
+            cur.execute(sql.SQL(
+                "INSERT INTO {t} ({c}) SELECT {c} FROM eo_changes ON CONFLICT (pk) DO UPDATE SET {u}"
+                " WHERE {t}.source_version < EXCLUDED.source_version").format(t=self.table, c=columns, u=updates))
         return table.num_rows
 
     def commit(self, df, commit: BatchCommit) -> bool:

@@ -40,6 +40,8 @@ def _op(**kwargs):
     ({"pipeline": "bad name"}, "pipeline must be"),
     ({"trigger": "once"}, "trigger must be one of"),
     ({"delivery": "maybe"}, "delivery must be one of"),
+    ({"mode": "upsert"}, "mode must be"),
+    ({"mode": "cdc", "sink": "files"}, "files sink only appends"),
 ])
 def test_bad_input_is_a_value_error_naming_the_setting(connections, kwargs, message):
     with pytest.raises(ValueError, match=message):
