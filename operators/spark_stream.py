@@ -227,6 +227,11 @@ class SparkKafkaToSinkOperator(BaseOperator):
         # The driver runs on this machine (local or client mode), so it can use this interpreter, which has
         # the package and its dependencies (psycopg2, confluent-kafka) installed.
         env = {"PYSPARK_DRIVER_PYTHON": sys.executable, **self.env_vars}
+        # pyspark (a dependency of this package) puts spark-submit next to the interpreter; the worker's PATH
+        # may not include that directory when Airflow runs from a virtualenv without activating it.
+        bin_dir = Path(sys.executable).parent
+        if (bin_dir / "spark-submit").exists() and "PATH" not in env:
+            env["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
         if self.sink == "postgres":
             env.update(self._postgres_env())
         conf = {"spark.sql.shuffle.partitions": "2", **self.conf}
