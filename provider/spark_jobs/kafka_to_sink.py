@@ -216,7 +216,9 @@ def run(args: argparse.Namespace) -> None:
     starting = "earliest"
     if exactly_once:
         previous = sink.committed()
-        starting = reconcile_start(args.checkpoint, previous.offsets if previous else None,
+        # Only the topics this run reads: a sink may still hold positions of topics the pipeline dropped.
+        sink_offsets = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
+        starting = reconcile_start(args.checkpoint, sink_offsets or None,
                                    topic_partitions(args.bootstrap_servers, topics))
     spark = build_session(args)
     reader = (spark.readStream.format("kafka")

@@ -81,14 +81,14 @@ class PostgresSink:
     @staticmethod
     def _read_state(cur, pipeline: str) -> BatchCommit | None:
         cur.execute(f"SELECT topic, kafka_partition, next_offset, checkpoint_id, batch_id, rows_total"
-                    f" FROM {OFFSETS_TABLE} WHERE pipeline = %s", (pipeline,))
+                    f" FROM {OFFSETS_TABLE} WHERE pipeline = %s ORDER BY committed_at DESC", (pipeline,))
         rows = cur.fetchall()
         if not rows:
             return None
         offsets: dict[str, dict[int, int]] = {}
         for topic, partition, offset, *_ in rows:
             offsets.setdefault(topic, {})[partition] = offset
-        # All rows of a pipeline are written by the same transaction: any row gives the batch identity.
+        # Rows of topics the pipeline no longer reads keep their old batch; the newest commit is the identity.
         _, _, _, checkpoint_id, batch_id, rows_total = rows[0]
         return BatchCommit(pipeline, checkpoint_id, batch_id, offsets, rows_total)
 

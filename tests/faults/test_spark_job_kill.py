@@ -19,7 +19,6 @@ from tests.integration.spark_jobs.test_kafka_to_sink import SINKS, sink_state, t
 from tests.kafka_support import new_topic
 
 pytestmark = pytest.mark.slow
-PIPELINE = "fault-pipeline"
 
 
 def killed(result) -> bool:
@@ -32,21 +31,22 @@ def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack,
     topic = new_topic(bootstrap, partitions=2)
     target = target_for(sink, tmp_path, topic)
     checkpoint = tmp_path / "checkpoint"
-    args = jobs.job_args(stack, PIPELINE, topic, checkpoint, sink, target, max_offsets=60)
+    pipeline = f"fault-{topic}"  # the PostgreSQL offsets table is shared by every test run: unique names
+    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, target, max_offsets=60)
     log = tmp_path / "job.log"
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=9, per_transaction=40, partitions=2)
 
     # 1. Killed between the sink commit of batch 1 and the checkpoint commit of batch 1.
     run = jobs.run_job(stack, args, {FAULT_ENV: "after_sink_commit:1"}, log_file=log)
     assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
-    assert sink_state(stack, sink, target, PIPELINE).batch_id == 1
+    assert sink_state(stack, sink, target, pipeline).batch_id == 1
     assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
 
     # 2. Restart: batch 1 is replayed by Spark and skipped by the sink; killed before the sink commit of batch 3.
     run = jobs.run_job(stack, args, {FAULT_ENV: "before_sink_commit:3"}, log_file=log)
     assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
     assert re.search(r"batch 1 already committed to the \w+ sink \(replay after a crash\): skipped", run.stdout)
-    assert sink_state(stack, sink, target, PIPELINE).batch_id == 2
+    assert sink_state(stack, sink, target, pipeline).batch_id == 2
 
     # 3. External SIGKILL of the whole driver process group at a random instant after the next commit.
     run_log = tmp_path / "run3.log"

@@ -40,7 +40,7 @@ def test_local_submit_returns_sink_state_and_a_retry_is_a_no_op(stack, airflow_c
     topic = new_topic(bootstrap, partitions=2)
     table = f"eo_op_{topic.replace('-', '_')}"
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=5, per_transaction=30, partitions=2)
-    op = _operator(stack, tmp_path, pipeline="op-local", topics=[topic], sink="postgres", sink_table=table,
+    op = _operator(stack, tmp_path, pipeline=f"op-{topic}", topics=[topic], sink="postgres", sink_table=table,
                    max_offsets_per_trigger=100)
 
     state = op.execute({})

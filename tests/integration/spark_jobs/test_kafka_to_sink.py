@@ -40,7 +40,8 @@ def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack
     topic = new_topic(bootstrap, partitions=2)
     target = target_for(sink, tmp_path, topic)
     checkpoint = tmp_path / "checkpoint"
-    args = jobs.job_args(stack, "it-pipeline", topic, checkpoint, sink, target, max_offsets=120)
+    pipeline = f"it-{topic}"  # the PostgreSQL offsets table is shared by every test run: unique names
+    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, target, max_offsets=120)
     log = tmp_path / "job.log"
 
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=6, per_transaction=40, partitions=2)
@@ -68,5 +69,5 @@ def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack
     third = jobs.run_job(stack, args, log_file=log)
     assert third.returncode == 0, third.stderr[-4000:]
     assert jobs.result_line(third.stdout) == state2
-    assert sink_state(stack, sink, target, "it-pipeline").to_json() == state2
+    assert sink_state(stack, sink, target, pipeline).to_json() == state2
     jobs.assert_exactly(jobs.sink_rows(stack, sink, target), committed)

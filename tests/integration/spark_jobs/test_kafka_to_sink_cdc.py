@@ -74,7 +74,7 @@ def test_cdc_apply_keeps_the_newest_committed_change_per_key(stack, tmp_path, si
     target = f"eo_cdc_{topic.replace('-', '_')}" if sink == "postgres" else str(tmp_path / "delta-cdc")
     expected = produce_changes(bootstrap, topic)
     assert any(deleted for _, deleted, _ in expected.values()), "the input should contain deletes"
-    args = jobs.job_args(stack, "cdc-pipeline", topic, tmp_path / "checkpoint", sink, target, max_offsets=70,
+    args = jobs.job_args(stack, f"cdc-{topic}", topic, tmp_path / "checkpoint", sink, target, max_offsets=70,
                          mode="cdc")
 
     killed = jobs.run_job(stack, args, {FAULT_ENV: "after_sink_commit:1"})
