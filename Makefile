@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -42,6 +42,9 @@ bench-full-load: stack-up  ## full load rows/s vs mysqldump on the same table (B
 
 bench-watermark: stack-up  ## one watermark window end to end vs a bare SELECT of the same rows (prints a table)
 	$(PY) benchmarks/bench_watermark.py $(BENCH_ARGS)
+
+bench-spark-sinks: stack-up  ## Kafka -> Spark -> sink: exactly-once vs at-least-once job, rows/s and ratio per sink
+	$(PY) benchmarks/bench_spark_sinks.py $(BENCH_ARGS)
 
 constraints: setup  ## re-pin constraints.txt from the current .venv
 	(echo "# Exact versions tested together (uv pip freeze of .venv). Regenerate: make constraints"; \

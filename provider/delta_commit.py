@@ -104,3 +104,52 @@ def commit_with_marker(df: Any, path: str, marker: dict, app_id: str, version: i
     if done is None:
         raise CommitMarkerError(f"Delta write to {path} finished but no commit records txn ({app_id}, {version}).")
     return done
+
+
+_TXN_CONFS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
+              "spark.databricks.delta.commitInfo.userMetadata")
+
+
+def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str, version: int,
+                      update_when: str | None = None, delete_when: str | None = None) -> int:
+    """MERGE ``source`` into the Delta table at ``path`` as one commit carrying ``marker``; return its version.
+
+    The MERGE counterpart of :func:`commit_with_marker` (added for the streaming CDC apply): Delta takes the
+    ``(txnAppId, txnVersion)`` of a DML statement from the session confs
+    ``spark.databricks.delta.write.txnAppId/txnVersion`` and the marker from
+    ``spark.databricks.delta.commitInfo.userMetadata``; they are set for this statement only. Idempotent per
+    ``(app_id, version)`` like :func:`commit_with_marker`. Matched rows are updated (or deleted when
+    ``delete_when`` holds) only if ``update_when`` holds; unmatched rows are inserted.
+
+    :param source: the Spark DataFrame of changes (at most one row per key).
+    :param path: the Delta table's location; it must exist.
+    :param on: the join condition between ``t`` (target) and ``s`` (source), e.g. ``"t.pk = s.pk"``.
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    :param app_id: stable id of the writer (Delta ``txnAppId``).
+    :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param update_when: extra condition for matched rows, e.g. ``"s.v > t.v"``.
+    :param delete_when: condition (on matched rows that pass ``update_when``) to delete instead of update.
+    """
+    from delta.tables import DeltaTable
+
+    done = find_commit(path, app_id, version)
+    if done is not None:
+        return done
+    spark = source.sparkSession
+    values = (app_id, str(version), json.dumps(marker, sort_keys=True))
+    for key, value in zip(_TXN_CONFS, values):
+        spark.conf.set(key, value)
+    try:
+        merge = DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
+        if delete_when:
+            cond = f"({update_when}) AND ({delete_when})" if update_when else delete_when
+            merge = merge.whenMatchedDelete(condition=cond)
+        merge = merge.whenMatchedUpdateAll(condition=update_when).whenNotMatchedInsertAll()
+        merge.execute()
+    finally:
+        for key in _TXN_CONFS:
+            spark.conf.unset(key)
+    done = find_commit(path, app_id, version)
+    if done is None:
+        raise CommitMarkerError(f"Delta MERGE into {path} finished but no commit records txn ({app_id}, {version}).")
+    return done

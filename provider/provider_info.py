@@ -43,6 +43,7 @@ def get_provider_info() -> dict:
                     "exactly_once_provider.operators.kafka_produce",
                     "exactly_once_provider.operators.full_load",
                     "exactly_once_provider.operators.watermark_extract",
+                    "exactly_once_provider.operators.spark_stream",
                 ],
             }
         ],

@@ -1,0 +1,128 @@
+"""Benchmark: the exactly-once Kafka -> sink job vs the same job appending at-least-once, per sink.
+
+Not a test. One run produces N records once (transactions of 10 000) and runs, per sink, both delivery
+modes of the packaged job with spark-submit (local[2], driver 1g) on that same topic, ``--repeat`` times in
+ABBA order (the first run of a pair is often the slower one on a busy machine); it prints rows/s of every
+run (rows in the sink / query time, JVM start-up excluded) and, per sink, the best of each mode and the
+ratio exactly-once / at-least-once.
+
+    make bench-spark-sinks                       # 1 000 000 records
+    .venv/bin/python benchmarks/bench_spark_sinks.py --records 200000 --sinks files
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.conftest import STACK as stack  # noqa: E402  (the local stack module, not a fixture)
+from tests import spark_job_support as jobs  # noqa: E402
+from tests.kafka_support import new_topic, transactional_producer  # noqa: E402
+
+
+def produce(bootstrap: str, topic: str, records: int, partitions: int, per_transaction: int = 10_000) -> None:
+    producer = transactional_producer(bootstrap)
+    payload = b'{"n":%d,"payload":"abcdefghijklmnopqrstuvwxyz0123456789","committed":true}'
+    for start in range(0, records, per_transaction):
+        producer.begin_transaction()
+        for i in range(start, min(start + per_transaction, records)):
+            while True:
+                try:
+                    producer.produce(topic, payload % i, b"k%d" % i, partition=i % partitions)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.commit_transaction(120)
+
+
+def sink_row_count(sink: str, target: str) -> int:
+    if sink == "postgres":
+        import psycopg2
+
+        with psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME,
+                              user=stack.DB_USER, password=stack.DB_PASSWORD) as conn, conn.cursor() as cur:
+            cur.execute(f"SELECT count(*) FROM {target}")
+            return cur.fetchone()[0]
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(f).num_rows for f in Path(target).rglob("*.parquet"))
+
+
+PG_TABLES: list[str] = []
+
+
+def drop_postgres_tables() -> None:
+    import psycopg2
+
+    with psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME,
+                          user=stack.DB_USER, password=stack.DB_PASSWORD) as conn, conn.cursor() as cur:
+        for table in PG_TABLES:
+            cur.execute(f"DROP TABLE IF EXISTS {table}")
+            cur.execute("DELETE FROM eo_stream_offsets WHERE pipeline = %s", (f"bench-{table}",))
+
+
+def run_once(sink: str, delivery: str, topic: str, work: Path, batch: int, run: int) -> tuple[int, float]:
+    name = f"{sink}_{delivery.replace('-', '_')}_{run}_{topic.replace('-', '_')}"
+    target = name if sink == "postgres" else str(work / name)
+    if sink == "postgres":
+        PG_TABLES.append(name)
+    args = jobs.job_args(stack, f"bench-{name}", topic, work / f"cp-{name}", sink, target, max_offsets=batch,
+                         delivery=delivery)
+    result = jobs.run_job(stack, args, timeout=1800)
+    if result.returncode != 0:
+        raise SystemExit(f"{sink} {delivery} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    seconds = float(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("EO_TIMING ")))
+    rows = sink_row_count(sink, target)
+    return rows, seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--sinks", default="delta,postgres,files")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per mode, in ABBA order")
+    args = parser.parse_args()
+    stack.up()
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=args.partitions, prefix="bench")
+    t0 = time.monotonic()
+    produce(bootstrap, topic, args.records, args.partitions)
+    print(f"produced {args.records} records to {topic} in {time.monotonic() - t0:.1f}s", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="eo-bench-"))
+    table = []
+    try:
+        for sink in (s.strip() for s in args.sinks.split(",")):
+            measured: dict[str, list[float]] = {"exactly-once": [], "at-least-once": []}
+            for run in range(args.repeat):
+                order = ("exactly-once", "at-least-once") if run % 2 == 0 else ("at-least-once", "exactly-once")
+                for delivery in order:
+                    rows, seconds = run_once(sink, delivery, topic, work, args.batch, run)
+                    if rows != args.records:
+                        raise SystemExit(f"{sink} {delivery}: {rows} rows in the sink, expected {args.records}")
+                    measured[delivery].append(rows / seconds)
+                    print(f"  {sink:<8} {delivery:<13} run {run}: {rows} rows in {seconds:6.1f}s"
+                          f" = {rows / seconds:9.0f} rows/s", flush=True)
+            table.append((sink, max(measured["exactly-once"]), max(measured["at-least-once"])))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if PG_TABLES:
+            drop_postgres_tables()
+    print(f"\nKafka -> sink, {args.records} records, {args.partitions} partitions, batches of {args.batch},"
+          f" local[2], driver 1g, best of {args.repeat} runs per mode")
+    print(f"| sink | exactly-once rows/s | at-least-once rows/s | ratio |\n|---|---|---|---|")
+    for sink, eo, alo in table:
+        print(f"| {sink} | {eo:,.0f} | {alo:,.0f} | {eo / alo:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Submit the packaged Kafka -> sink streaming job through the Spark provider's SparkSubmitHook.
+
+Where the guarantees live: not here. The job commits each micro-batch and its Kafka offsets in the sink
+(:mod:`exactly_once_provider.spark_jobs.kafka_to_sink`), so a retry or a rerun simply submits the job again:
+it continues from what the sink holds. XCom only mirrors the sink's committed state, read back after the run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+import exactly_once_provider
+from exactly_once_provider.spark_packages import SPARK_PACKAGES
+
+SINKS = ("delta", "postgres", "files")
+TRIGGERS = ("available-now", "processing-time")
+DELIVERIES = ("exactly-once", "at-least-once")
+
+
+def package_zip(directory: str) -> str:
+    """Zip the installed ``exactly_once_provider`` sources (``.py`` only) for ``--py-files``; return the path."""
+    root = Path(exactly_once_provider.__file__).parent
+    target = Path(directory) / "exactly_once_provider.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(root.rglob("*.py")):
+            archive.write(path, Path("exactly_once_provider") / path.relative_to(root))
+    return str(target)
+
+
+class SparkKafkaToSinkOperator(BaseOperator):
+    """Run the exactly-once Kafka -> sink Spark job once (availableNow) or as a long stream (processing time).
+
+    :param pipeline: stable pipeline name; part of every sink commit. Never derive it from the run or try.
+    :param topics: Kafka topics to read (read_committed).
+    :param sink: ``delta``, ``postgres`` or ``files``.
+    :param checkpoint_location: this pipeline's Spark checkpoint directory.
+    :param sink_path: the Delta table or files sink directory (``delta`` / ``files``).
+    :param sink_table: the PostgreSQL table (``postgres``); the offsets table ``eo_stream_offsets`` sits next to it.
+    :param kafka_conn_id: Kafka connection; its Extra must hold ``bootstrap.servers``.
+    :param postgres_conn_id: PostgreSQL connection (``postgres`` sink); its credentials reach the driver
+        through the libpq environment only, never the command line.
+    :param spark_conn_id: Spark connection (``local[*]``, ``spark://host:port``...). It must exist.
+    :param trigger: ``available-now`` (process what is there, then stop) or ``processing-time``.
+    :param interval: processing-time trigger interval, e.g. ``"30 seconds"``.
+    :param max_offsets_per_trigger: cap on records per micro-batch.
+    :param mode: ``append`` (records) or ``cdc`` (apply changes by key; newer source version wins; deletes
+        kept as tombstones). ``cdc`` needs the ``delta`` or ``postgres`` sink.
+    :param key_field: CDC: JSON field of the record value holding the primary key.
+    :param version_field: CDC: JSON field holding the change's source version (e.g. its binlog position).
+    :param op_field: CDC: JSON field holding the operation (``d`` or ``delete`` deletes).
+    :param delivery: ``exactly-once``; ``at-least-once`` is a plain append without sink-side progress (a
+        benchmark baseline, never a fallback).
+    :param packages: Maven coordinates for ``--packages``; default :data:`~exactly_once_provider.spark_packages.SPARK_PACKAGES`
+        unless ``jars`` or ``conf["spark.jars"]`` provides the connectors.
+    :param jars: connector jar paths for ``--jars``.
+    :param conf: extra Spark configuration.
+    :param deploy_mode: overrides the connection's ``deploy-mode``; ``client`` is needed on a standalone
+        master (Spark refuses Python applications in standalone cluster mode).
+    :param driver_memory: driver memory.
+    :param env_vars: extra environment for the driver (e.g. ``PYSPARK_PYTHON``).
+    """
+
+    template_fields: Sequence[str] = (
+        "pipeline", "topics", "sink", "checkpoint_location", "sink_path", "sink_table", "trigger", "interval",
+        "max_offsets_per_trigger", "mode", "conf",
+    )
+    ui_color = "#e8f4d9"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        topics: str | Sequence[str],
+        sink: str,
+        checkpoint_location: str,
+        sink_path: str | None = None,
+        sink_table: str | None = None,
+        kafka_conn_id: str = "kafka_default",
+        postgres_conn_id: str = "postgres_default",
+        spark_conn_id: str = "spark_default",
+        trigger: str = "available-now",
+        interval: str = "30 seconds",
+        max_offsets_per_trigger: int | None = None,
+        mode: str = "append",
+        key_field: str = "pk",
+        version_field: str = "version",
+        op_field: str = "op",
+        delivery: str = "exactly-once",
+        packages: Sequence[str] | None = None,
+        jars: Sequence[str] | None = None,
+        conf: dict[str, Any] | None = None,
+        deploy_mode: str | None = None,
+        driver_memory: str = "1g",
+        env_vars: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.topics = topics
+        self.sink = sink
+        self.checkpoint_location = checkpoint_location
+        self.sink_path = sink_path
+        self.sink_table = sink_table
+        self.kafka_conn_id = kafka_conn_id
+        self.postgres_conn_id = postgres_conn_id
+        self.spark_conn_id = spark_conn_id
+        self.trigger = trigger
+        self.interval = interval
+        self.max_offsets_per_trigger = max_offsets_per_trigger
+        self.mode = mode
+        self.key_field = key_field
+        self.version_field = version_field
+        self.op_field = op_field
+        self.delivery = delivery
+        self.packages = packages
+        self.jars = jars
+        self.conf = conf or {}
+        self.deploy_mode = deploy_mode
+        self.driver_memory = driver_memory
+        self.env_vars = env_vars or {}
+        self._hook = None
+
+    # ------------------------------------------------------------------------------------------ checks
+    def _validate(self) -> list[str]:
+        topics = [self.topics] if isinstance(self.topics, str) else list(self.topics)
+        topics = [t.strip() for item in topics for t in item.split(",") if t.strip()]
+        if not self.pipeline or not str(self.pipeline).replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"pipeline must be a non-empty name of letters, digits, '-' and '_', got {self.pipeline!r}.")
+        if not topics:
+            raise ValueError("topics is empty: name at least one Kafka topic.")
+        if self.sink not in SINKS:
+            raise ValueError(f"sink must be one of {SINKS}, got {self.sink!r}.")
+        if self.sink in ("delta", "files") and not self.sink_path:
+            raise ValueError(f"sink={self.sink!r} needs sink_path (the table or directory to write).")
+        if self.sink == "postgres" and not self.sink_table:
+            raise ValueError("sink='postgres' needs sink_table.")
+        if self.trigger not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}.")
+        if self.delivery not in DELIVERIES:
+            raise ValueError(f"delivery must be one of {DELIVERIES}, got {self.delivery!r}.")
+        if self.mode not in ("append", "cdc"):
+            raise ValueError(f"mode must be 'append' or 'cdc', got {self.mode!r}.")
+        if self.mode == "cdc" and self.sink == "files":
+            raise ValueError("mode='cdc' needs sink='delta' or 'postgres': the files sink only appends.")
+        if not self.checkpoint_location:
+            raise ValueError("checkpoint_location is required: one checkpoint directory per pipeline.")
+        return topics
+
+    def _spark_connection(self):
+        try:
+            conn = BaseHook.get_connection(self.spark_conn_id)
+        except Exception as err:  # the provider's hook would silently fall back to yarn: refuse instead
+            raise AirflowException(
+                f"Spark connection {self.spark_conn_id!r} is not defined; create it (host local[*] or "
+                f"spark://host:port) instead of relying on the Spark provider's fallback to yarn.") from err
+        master = conn.host or ""
+        if conn.port and "://" in master:
+            master = f"{master}:{conn.port}"
+        mode = self.deploy_mode or conn.extra_dejson.get("deploy-mode")
+        if master.startswith("spark://") and mode == "cluster":
+            raise ValueError(
+                f"Spark connection {self.spark_conn_id!r} asks for cluster deploy mode on a standalone master; "
+                "Spark refuses Python applications there ('Cluster deploy mode is currently not supported for "
+                "python applications on standalone clusters', SparkSubmit). Pass deploy_mode='client'.")
+        return conn
+
+    def _bootstrap_servers(self) -> str:
+        extra = BaseHook.get_connection(self.kafka_conn_id).extra_dejson
+        servers = extra.get("bootstrap.servers")
+        if not servers:
+            raise ValueError(f"Kafka connection {self.kafka_conn_id!r} has no 'bootstrap.servers' in its Extra.")
+        return servers
+
+    def _postgres_env(self) -> dict[str, str]:
+        conn = BaseHook.get_connection(self.postgres_conn_id)
+        env = {"PGHOST": conn.host or "", "PGPORT": str(conn.port or 5432), "PGDATABASE": conn.schema or "",
+               "PGUSER": conn.login or ""}
+        if conn.password:
+            env["PGPASSWORD"] = conn.password
+        return env
+
+    # ------------------------------------------------------------------------------------------ run
+    def _application_args(self, topics: list[str], bootstrap: str) -> list[str]:
+        args = ["--pipeline", self.pipeline, "--bootstrap-servers", bootstrap, "--topics", ",".join(topics),
+                "--checkpoint", self.checkpoint_location, "--sink", self.sink, "--trigger", self.trigger,
+                "--interval", self.interval, "--delivery", self.delivery, "--mode", self.mode,
+                "--key-field", self.key_field, "--version-field", self.version_field, "--op-field", self.op_field]
+        args += ["--table", self.sink_table] if self.sink == "postgres" else ["--path", self.sink_path]
+        if self.max_offsets_per_trigger:
+            args += ["--max-offsets-per-trigger", str(int(self.max_offsets_per_trigger))]
+        return args
+
+    def sink_state(self) -> dict | None:
+        """Read the pipeline's committed state back from the sink (the source of truth), without Spark."""
+        if self.sink == "delta":
+            from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
+            state = DeltaSink(self.sink_path, self.pipeline).committed()
+        elif self.sink == "files":
+            from exactly_once_provider.spark_jobs.sink_files import FilesSink
+            state = FilesSink(self.sink_path, self.pipeline).committed()
+        else:
+            from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
+            env = self._postgres_env()
+            kwargs = {"host": env["PGHOST"], "port": env["PGPORT"], "dbname": env["PGDATABASE"],
+                      "user": env["PGUSER"], "password": env.get("PGPASSWORD")}
+            state = PostgresSink(self.sink_table, self.pipeline, kwargs).committed()
+        return state.to_json() if state else None
+
+    def execute(self, context: Any) -> dict | None:
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        from exactly_once_provider.spark_jobs import kafka_to_sink
+
+        topics = self._validate()
+        self._spark_connection()
+        bootstrap = self._bootstrap_servers()
+        # The driver runs on this machine (local or client mode), so it can use this interpreter, which has
+        # the package and its dependencies (psycopg2, confluent-kafka) installed.
+        env = {"PYSPARK_DRIVER_PYTHON": sys.executable, **self.env_vars}
+        # pyspark (a dependency of this package) puts spark-submit next to the interpreter; the worker's PATH
+        # may not include that directory when Airflow runs from a virtualenv without activating it.
+        bin_dir = Path(sys.executable).parent
+        if (bin_dir / "spark-submit").exists() and "PATH" not in env:
+            env["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
+        if self.sink == "postgres":
+            env.update(self._postgres_env())
+        conf = {"spark.sql.shuffle.partitions": "2", **self.conf}
+        jars = ",".join(self.jars) if self.jars else None
+        packages = self.packages
+        if packages is None and not jars and "spark.jars" not in conf:
+            packages = SPARK_PACKAGES
+        before = self.sink_state() if self.delivery == "exactly-once" else None
+        with tempfile.TemporaryDirectory(prefix="eo-spark-") as tmp:
+            self._hook = SparkSubmitHook(
+                conn_id=self.spark_conn_id, conf=conf, py_files=package_zip(tmp), jars=jars,
+                packages=",".join(packages) if packages else None, name=f"eo-{self.pipeline}",
+                application_args=self._application_args(topics, bootstrap), env_vars=env,
+                driver_memory=self.driver_memory, deploy_mode=self.deploy_mode,
+            )
+            # Own process group: on_kill stops spark-submit, the driver JVM and the Python driver together.
+            self._hook.submit(kafka_to_sink.__file__, start_new_session=True)
+        if self.delivery != "exactly-once":
+            return None
+        after = self.sink_state()
+        self.log.info("pipeline %s: sink %s committed batch %s of checkpoint %s, %s rows in total (%s before "
+                      "this run); offsets %s", self.pipeline, self.sink, after and after["batch_id"],
+                      after and after["checkpoint_id"], after and after["rows_total"],
+                      before["rows_total"] if before else 0, after and after["offsets"])
+        if after is not None:
+            after["rows_this_run"] = after["rows_total"] - (before["rows_total"] if before else 0)
+        return after
+
+    def on_kill(self) -> None:
+        if self._hook is None:
+            return
+        process = self._hook._submit_sp
+        self._hook.on_kill()
+        if process is not None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -1,0 +1,117 @@
+"""What one micro-batch commits, and where it is read from: the checkpoint's write-ahead log.
+
+A batch is identified by ``(pipeline, checkpoint id, batch id)``. The checkpoint id is the streaming query's
+id from ``<checkpoint>/metadata``: stable across restarts of one checkpoint, new when the checkpoint is
+deleted, so batch ids that restart at 0 under a new checkpoint never collide with committed ones.
+
+The batch's Kafka end offsets come from ``<checkpoint>/offsets/<batch id>``, which Spark writes BEFORE the
+batch runs, so they are exact even when the batch's last records are transaction markers (read_committed
+skips them, and ``max(offset) + 1`` of the rows would lag behind).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# {topic: {partition (int): next offset to read}}
+Offsets = dict[str, dict[int, int]]
+
+
+@dataclass(frozen=True)
+class BatchCommit:
+    """The progress marker a sink commits atomically with a batch's rows.
+
+    :param pipeline: the pipeline's stable name.
+    :param checkpoint_id: the streaming query id of the checkpoint that produced the batch.
+    :param batch_id: Spark's micro-batch id within that checkpoint.
+    :param offsets: Kafka end offsets (exclusive) of the batch: where the next batch starts.
+    :param rows_total: rows in the sink from this pipeline after the commit (this batch included).
+    """
+
+    pipeline: str
+    checkpoint_id: str
+    batch_id: int
+    offsets: Offsets
+    rows_total: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "pipeline": self.pipeline, "checkpoint_id": self.checkpoint_id, "batch_id": self.batch_id,
+            "offsets": offsets_to_json(self.offsets), "rows_total": self.rows_total, **self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> BatchCommit:
+        known = {"pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total"}
+        return cls(data["pipeline"], data["checkpoint_id"], int(data["batch_id"]),
+                   offsets_from_json(data["offsets"]), int(data.get("rows_total", 0)),
+                   {k: v for k, v in data.items() if k not in known})
+
+
+def offsets_to_json(offsets: Offsets) -> dict:
+    return {topic: {str(p): int(o) for p, o in sorted(parts.items())} for topic, parts in sorted(offsets.items())}
+
+
+def offsets_from_json(data: dict) -> Offsets:
+    return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in data.items()}
+
+
+def _local(path: str) -> Path:
+    return Path(path.removeprefix("file://"))
+
+
+def checkpoint_id(checkpoint: str) -> str:
+    """Return the streaming query id stored in ``<checkpoint>/metadata`` (written when the query starts)."""
+    return json.loads((_local(checkpoint) / "metadata").read_text().splitlines()[0])["id"]
+
+
+def _log_entries(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(f.name) for f in directory.iterdir() if f.name.isdigit())
+
+
+def wal_offsets(checkpoint: str, batch_id: int) -> Offsets:
+    """Return the end offsets Spark planned for ``batch_id`` (its offsets-log entry; one Kafka source).
+
+    :param checkpoint: the query's checkpoint location (local path or ``file://``).
+    :param batch_id: the micro-batch id.
+    """
+    entry = _local(checkpoint) / "offsets" / str(batch_id)
+    lines = entry.read_text().splitlines()
+    # line 0: log version, line 1: batch metadata, then one line per source.
+    sources = [line for line in lines[2:] if line.strip()]
+    if len(sources) != 1:
+        raise ValueError(f"{entry}: expected exactly one Kafka source, found {len(sources)}.")
+    return offsets_from_json(json.loads(sources[0]))
+
+
+def checkpoint_positions(checkpoint: str) -> tuple[Offsets | None, Offsets | None]:
+    """Return ``(end offsets of the last committed batch, end offsets of the last planned batch)``.
+
+    Either is None when the checkpoint has no such batch (missing checkpoint: ``(None, None)``).
+    """
+    root = _local(checkpoint)
+    planned = _log_entries(root / "offsets")
+    committed = _log_entries(root / "commits")
+    last_committed = wal_offsets(checkpoint, committed[-1]) if committed else None
+    last_planned = wal_offsets(checkpoint, planned[-1]) if planned else None
+    return last_committed, last_planned
+
+
+FAULT_ENV = "EO_FAULT_KILL_AT"
+
+
+def fault_point(step: str, batch_id: int) -> None:
+    """Die like a SIGKILLed driver when ``EO_FAULT_KILL_AT=<step>:<batch id>`` names this point (tests only).
+
+    The whole process group gets SIGKILL, i.e. the JVM driver and spark-submit too, with no cleanup.
+    """
+    wanted = os.environ.get(FAULT_ENV, "")
+    if wanted and wanted == f"{step}:{batch_id}":
+        os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -1,0 +1,262 @@
+"""Streaming job: Kafka (read_committed) -> Delta table | PostgreSQL table | Parquet files, exactly once.
+
+Submitted as a file (``spark-submit .../kafka_to_sink.py --pipeline ...``); see ``--help``.
+
+Where the guarantees live:
+
+* progress is committed by the SINK, in the same atomic step as the rows (:meth:`commit` of
+  ``sink_delta``/``sink_postgres``/``sink_files``), as a :class:`~.batch.BatchCommit`;
+* a replayed batch (same checkpoint id and batch id, e.g. after a crash between the sink commit and the
+  checkpoint commit) is recognised by the sink and skipped: :func:`process_batch`;
+* rows below the sink's committed offsets are dropped before writing, so a checkpoint that lags the sink can
+  never write a row twice: :func:`process_batch`;
+* at start, a checkpoint that does not match the sink (missing, behind or ahead) is set aside and the query
+  starts from the sink's offsets: :func:`reconcile_start`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from exactly_once_provider.spark_jobs.batch import (
+    BatchCommit, Offsets, checkpoint_id, checkpoint_positions, fault_point, wal_offsets,
+)
+
+log = logging.getLogger("exactly_once_provider.kafka_to_sink")
+SELECT = ("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
+          "CAST(key AS STRING) AS record_key", "CAST(value AS STRING) AS record_value")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kafka_to_sink", description=__doc__.splitlines()[0])
+    parser.add_argument("--pipeline", required=True, help="stable pipeline name (part of every sink commit)")
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--topics", required=True, help="comma-separated topic names")
+    parser.add_argument("--checkpoint", required=True, help="this pipeline's checkpoint directory")
+    parser.add_argument("--sink", required=True, choices=("delta", "postgres", "files"))
+    parser.add_argument("--path", help="Delta table or files sink directory")
+    parser.add_argument("--table", help="PostgreSQL table (connection from the libpq PG* environment)")
+    parser.add_argument("--trigger", default="available-now", choices=("available-now", "processing-time"))
+    parser.add_argument("--interval", default="10 seconds", help="processing-time trigger interval")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    parser.add_argument("--mode", default="append", choices=("append", "cdc"),
+                        help="append records, or apply CDC changes by primary key (newer source version wins)")
+    parser.add_argument("--key-field", default="pk", help="CDC: JSON field of the record value holding the key")
+    parser.add_argument("--version-field", default="version", help="CDC: JSON field holding the source version")
+    parser.add_argument("--op-field", default="op", help="CDC: JSON field holding the operation ('d' = delete)")
+    parser.add_argument("--delivery", default="exactly-once", choices=("exactly-once", "at-least-once"),
+                        help="at-least-once = plain append, no sink-side progress (benchmark baseline only)")
+    args = parser.parse_args(argv)
+    if args.sink in ("delta", "files") and not args.path:
+        parser.error(f"--sink {args.sink} needs --path")
+    if args.sink == "postgres" and not args.table:
+        parser.error("--sink postgres needs --table")
+    if args.mode == "cdc" and args.sink == "files":
+        parser.error("--mode cdc needs a sink that can update rows (delta or postgres); files only append")
+    return args
+
+
+def make_sink(args: argparse.Namespace):
+    if args.sink == "delta":
+        from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
+        return DeltaSink(args.path, args.pipeline, args.mode)
+    if args.sink == "postgres":
+        from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
+        sink = PostgresSink(args.table, args.pipeline, mode=args.mode)
+        sink.ensure_tables()
+        return sink
+    from exactly_once_provider.spark_jobs.sink_files import FilesSink
+    sink = FilesSink(args.path, args.pipeline)
+    removed = sink.remove_orphans()
+    if removed:
+        log.warning("files sink: removed %d unpublished batch director(y/ies) left by a crash: %s",
+                    len(removed), removed)
+    return sink
+
+
+def topic_partitions(bootstrap: str, topics: list[str]) -> dict[str, list[int]]:
+    """Return every partition of ``topics`` (startingOffsets JSON must name all of them)."""
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    result = {}
+    for topic in topics:
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None:
+            raise ValueError(f"Kafka topic {topic!r} does not exist on {bootstrap}.")
+        result[topic] = sorted(info.partitions)
+    return result
+
+
+def reconcile_start(checkpoint: str, sink_offsets: Offsets | None, partitions: dict[str, list[int]]) -> str:
+    """Return ``startingOffsets`` for the query; set aside a checkpoint that disagrees with the sink.
+
+    The checkpoint is kept when the sink holds exactly the end of its last committed batch (normal restart)
+    or of its last planned batch (crash after the sink commit, before the checkpoint commit: Spark replays
+    that batch and the sink skips it). Anything else means the checkpoint is missing, behind or ahead of the
+    sink, and the sink wins. ``startingOffsets`` only applies to a query without a checkpoint.
+    """
+    path = Path(checkpoint.removeprefix("file://"))
+    if path.exists():
+        committed, planned = checkpoint_positions(checkpoint)
+        if sink_offsets in (committed, planned) and not (sink_offsets is None and committed is not None):
+            log.info("checkpoint %s agrees with the sink (%s): resuming from it", checkpoint, sink_offsets)
+            return "earliest"
+        aside = path.with_name(f"{path.name}.stale-{int(time.time())}")
+        log.warning("checkpoint %s (committed %s, planned %s) disagrees with the sink (%s): moved to %s; "
+                    "starting from the sink's offsets", checkpoint, committed, planned, sink_offsets, aside)
+        shutil.move(str(path), str(aside))
+    if sink_offsets is None:
+        return "earliest"
+    start = {t: {str(p): sink_offsets.get(t, {}).get(p, -2) for p in parts} for t, parts in partitions.items()}
+    log.info("starting from the sink's committed offsets %s", start)
+    return json.dumps(start)
+
+
+def _not_yet_committed(df, offsets: Offsets):
+    """Keep only rows at or after the sink's committed offsets (guards a checkpoint that lags the sink)."""
+    from pyspark.sql import functions as F
+
+    done = None
+    for topic, parts in offsets.items():
+        for partition, offset in parts.items():
+            cond = (F.col("kafka_topic") == topic) & (F.col("kafka_partition") == partition) \
+                & (F.col("kafka_offset") < offset)
+            done = cond if done is None else done | cond
+    return df if done is None else df.filter(~done)
+
+
+def cdc_changes(df, key_field: str, version_field: str, op_field: str):
+    """Turn records into the newest change per key of this batch: ``pk, source_version, deleted, ...``.
+
+    A record without the key or the version is bad input: the batch fails before anything is committed.
+    """
+    from pyspark.sql import functions as F
+
+    parsed = df.select(
+        F.get_json_object("record_value", f"$.{key_field}").alias("pk"),
+        F.get_json_object("record_value", f"$.{version_field}").cast("bigint").alias("source_version"),
+        F.coalesce(F.get_json_object("record_value", f"$.{op_field}").isin("d", "delete"), F.lit(False))
+        .alias("deleted"),
+        "record_value", "kafka_topic", "kafka_partition", "kafka_offset")
+    bad = parsed.filter(F.col("pk").isNull() | F.col("source_version").isNull()).select(
+        "kafka_topic", "kafka_partition", "kafka_offset").limit(3).collect()
+    if bad:
+        raise ValueError(f"CDC records without '{key_field}' or a numeric '{version_field}' in their JSON value, "
+                         f"e.g. at {[tuple(r) for r in bad]}; fix the producer or the --key-field/--version-field.")
+    cols = parsed.columns
+    return (parsed.groupBy("pk")
+            .agg(F.max_by(F.struct(*cols), F.struct("source_version", "kafka_offset")).alias("c"))
+            .select("c.*"))
+
+
+def _covered(end: Offsets, committed: Offsets) -> bool:
+    return all(committed.get(t, {}).get(p, -1) >= o for t, parts in end.items() for p, o in parts.items())
+
+
+def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exactly_once: bool,
+                  to_changes=None) -> None:
+    """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline).
+
+    ``to_changes`` turns the batch's records into CDC changes (``--mode cdc``); None appends records.
+    """
+    started = time.monotonic()
+    changes = to_changes or (lambda frame: frame)
+    if not exactly_once:
+        sink.append(changes(df))
+        log.info("batch %d appended (at-least-once) in %.1fs", batch_id, time.monotonic() - started)
+        return
+    end = wal_offsets(checkpoint, batch_id)
+    commit = BatchCommit(pipeline, checkpoint_id(checkpoint), batch_id, end)
+    previous = sink.committed()
+    if previous is not None:
+        if previous.checkpoint_id == commit.checkpoint_id and previous.batch_id >= batch_id:
+            log.info("batch %d already committed to the %s sink (replay after a crash): skipped",
+                     batch_id, sink.kind)
+            return
+        if _covered(end, previous.offsets):
+            log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, previous.offsets)
+            return
+        df = _not_yet_committed(df, previous.offsets)
+    df = changes(df)
+    fault_point("before_sink_commit", batch_id)
+    written = sink.commit(df, commit)
+    fault_point("after_sink_commit", batch_id)
+    state = sink.committed()
+    log.info("batch %d %s to the %s sink in %.1fs: offsets %s, %d rows in total", batch_id,
+             "committed" if written else "was already committed", sink.kind, time.monotonic() - started,
+             json.dumps(commit.to_json()["offsets"]), state.rows_total if state else 0)
+
+
+def build_session(args: argparse.Namespace):
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"eo-{args.pipeline}")
+    if args.sink == "delta":
+        builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    spark = builder.getOrCreate()
+    if args.sink == "delta" and spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is None:
+        # Delta rebuilds the table state (for the txn ids) with 50 tasks by default: far too many for a small
+        # driver; follow the shuffle partitions unless the user set it.
+        spark.conf.set("spark.databricks.delta.snapshotPartitions", spark.conf.get("spark.sql.shuffle.partitions"))
+    return spark
+
+
+def run(args: argparse.Namespace) -> None:
+    topics = [t.strip() for t in args.topics.split(",") if t.strip()]
+    exactly_once = args.delivery == "exactly-once"
+    sink = make_sink(args)
+    starting = "earliest"
+    if exactly_once:
+        previous = sink.committed()
+        # Only the topics this run reads: a sink may still hold positions of topics the pipeline dropped.
+        sink_offsets = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
+        starting = reconcile_start(args.checkpoint, sink_offsets or None,
+                                   topic_partitions(args.bootstrap_servers, topics))
+    spark = build_session(args)
+    reader = (spark.readStream.format("kafka")
+              .option("kafka.bootstrap.servers", args.bootstrap_servers)
+              .option("subscribe", ",".join(topics))
+              .option("kafka.isolation.level", "read_committed")
+              .option("startingOffsets", starting)
+              .option("failOnDataLoss", "true"))
+    if args.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
+    frame = reader.load().selectExpr(*SELECT)
+    to_changes = None
+    if args.mode == "cdc":
+        def to_changes(df):
+            return cdc_changes(df, args.key_field, args.version_field, args.op_field)
+    writer = (frame.writeStream.queryName(args.pipeline)
+              .option("checkpointLocation", args.checkpoint)
+              .foreachBatch(lambda df, batch_id: process_batch(sink, args.pipeline, args.checkpoint, df,
+                                                               batch_id, exactly_once, to_changes)))
+    if args.trigger == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=args.interval)
+    started = time.monotonic()
+    query = writer.start()
+    query.awaitTermination()
+    # Processing time without JVM start-up: what the benchmark compares between delivery modes.
+    print(f"EO_TIMING {time.monotonic() - started:.3f}", flush=True)
+    state = sink.committed() if exactly_once else None
+    print("EO_RESULT " + json.dumps(state.to_json() if state else None), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stdout)
+    run(parse_args(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

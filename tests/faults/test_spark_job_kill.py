@@ -1,0 +1,67 @@
+"""SIGKILL the streaming job's driver mid-batch, several times, per sink: the restarts end in the exact result.
+
+Kill points: right after the sink commit of batch 1 and before Spark's checkpoint commit of it (the replay must
+be recognised and skipped), right before the sink commit of batch 3, and at a random instant of a running job
+(an external SIGKILL of the whole process group). A last run finishes the input; the sink must then hold every
+committed record exactly once and no aborted one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from exactly_once_provider.spark_jobs.batch import FAULT_ENV
+from tests import spark_job_support as jobs
+from tests.integration.spark_jobs.test_kafka_to_sink import SINKS, sink_state, target_for
+from tests.kafka_support import new_topic
+
+pytestmark = pytest.mark.slow
+
+
+def killed(result) -> bool:
+    return result.returncode in (-9, 137)
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack, tmp_path, sink):
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=2)
+    target = target_for(sink, tmp_path, topic)
+    checkpoint = tmp_path / "checkpoint"
+    pipeline = f"fault-{topic}"  # the PostgreSQL offsets table is shared by every test run: unique names
+    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, target, max_offsets=60)
+    log = tmp_path / "job.log"
+    committed = jobs.produce_interleaved(bootstrap, topic, transactions=9, per_transaction=40, partitions=2)
+
+    # 1. Killed between the sink commit of batch 1 and the checkpoint commit of batch 1.
+    run = jobs.run_job(stack, args, {FAULT_ENV: "after_sink_commit:1"}, log_file=log)
+    assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
+    assert sink_state(stack, sink, target, pipeline).batch_id == 1
+    assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
+
+    # 2. Restart: batch 1 is replayed by Spark and skipped by the sink; killed before the sink commit of batch 3.
+    run = jobs.run_job(stack, args, {FAULT_ENV: "before_sink_commit:3"}, log_file=log)
+    assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
+    assert re.search(r"batch 1 already committed to the \w+ sink \(replay after a crash\): skipped", run.stdout)
+    assert sink_state(stack, sink, target, pipeline).batch_id == 2
+
+    # 3. External SIGKILL of the whole driver process group at a random instant after the next commit.
+    run_log = tmp_path / "run3.log"
+    proc = jobs.start_job(stack, args, run_log)
+    jobs.wait_for_log(run_log, "batch 3 committed")
+    time.sleep(0.7)
+    jobs.sigkill_group(proc)
+    assert proc.returncode in (-9, 137)
+    partial = jobs.sink_rows(stack, sink, target)
+    assert len(partial) < len(committed), "the kill came too late to interrupt the job"
+
+    # 4. The last run finishes: exactly the committed input, offsets at the topic's end.
+    final = jobs.run_job(stack, args, log_file=log)
+    assert final.returncode == 0, final.stderr[-4000:]
+    state = jobs.result_line(final.stdout)
+    assert state["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(bootstrap, topic, 2).items()}}
+    assert state["rows_total"] == len(committed)
+    jobs.assert_exactly(jobs.sink_rows(stack, sink, target), committed)

@@ -1,0 +1,141 @@
+"""SparkKafkaToSinkOperator submits the packaged job through SparkSubmitHook on local[*] and on a standalone
+master + worker; XCom carries the sink's committed offsets and row counts; retries are no-ops; on_kill stops
+the whole driver process group and the next run still ends exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import AirflowException
+
+from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from tests import spark_job_support as jobs
+from tests.kafka_support import new_topic
+
+
+def _operator(stack, tmp_path, **kwargs) -> SparkKafkaToSinkOperator:
+    defaults = {
+        "task_id": "stream", "checkpoint_location": str(tmp_path / "checkpoint"),
+        "conf": {"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
+        "env_vars": {"PYSPARK_PYTHON": sys.executable},
+    }
+    return SparkKafkaToSinkOperator(**{**defaults, **kwargs})
+
+
+def _end(bootstrap: str, topic: str) -> dict:
+    return {topic: {str(p): o for p, o in jobs.end_offsets(bootstrap, topic, 2).items()}}
+
+
+def test_local_submit_returns_sink_state_and_a_retry_is_a_no_op(stack, airflow_connections, tmp_path):
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=2)
+    table = f"eo_op_{topic.replace('-', '_')}"
+    committed = jobs.produce_interleaved(bootstrap, topic, transactions=5, per_transaction=30, partitions=2)
+    op = _operator(stack, tmp_path, pipeline=f"op-{topic}", topics=[topic], sink="postgres", sink_table=table,
+                   max_offsets_per_trigger=100)
+
+    state = op.execute({})
+    assert state["offsets"] == _end(bootstrap, topic)
+    assert state["rows_total"] == state["rows_this_run"] == len(committed)
+    jobs.assert_exactly(jobs.postgres_rows(stack, table), committed)
+
+    retry = op.execute({})  # an Airflow retry / clear: the job continues from the sink -> nothing new
+    assert retry["rows_this_run"] == 0
+    assert {k: v for k, v in retry.items() if k != "rows_this_run"} == \
+        {k: v for k, v in state.items() if k != "rows_this_run"}
+    jobs.assert_exactly(jobs.postgres_rows(stack, table), committed)
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    return True
+            except ProcessLookupError:
+                continue
+    return False
+
+
+def test_on_kill_stops_the_running_stream_and_the_next_run_is_exact(stack, airflow_connections, tmp_path):
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=2)
+    target = str(tmp_path / "files-sink")
+    committed = jobs.produce_interleaved(bootstrap, topic, transactions=4, per_transaction=30, partitions=2)
+    op = _operator(stack, tmp_path, pipeline="op-kill", topics=topic, sink="files", sink_path=target,
+                   trigger="processing-time", interval="1 second", max_offsets_per_trigger=40)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = op.execute({})
+        except BaseException as err:  # noqa: BLE001 - the killed submit must surface as an error
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 240
+    while op.sink_state() is None and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.5)
+    assert op.sink_state() is not None, f"the stream committed nothing: {outcome}"
+    pgid = op._hook._submit_sp.pid
+    op.on_kill()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert isinstance(outcome.get("error"), AirflowException), outcome
+    deadline = time.monotonic() + 30
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _group_alive(pgid), "a process of the killed job's group is still running"
+
+    more = jobs.produce_interleaved(bootstrap, topic, transactions=2, per_transaction=30, partitions=2, tag="m")
+    again = _operator(stack, tmp_path, pipeline="op-kill", topics=topic, sink="files", sink_path=target)
+    state = again.execute({})
+    assert state["offsets"] == _end(bootstrap, topic)
+    jobs.assert_exactly(jobs.files_rows(target), committed + more)
+
+
+@pytest.mark.slow
+def test_standalone_master_and_worker_client_mode(stack, airflow_connections, tmp_path):
+    stack.start_spark_cluster()
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=2)
+    target = str(tmp_path / "delta-sink")
+    committed = jobs.produce_interleaved(bootstrap, topic, transactions=5, per_transaction=30, partitions=2)
+
+    # The stack's spark_standalone connection asks for cluster mode: the operator refuses it for Python...
+    refused = _operator(stack, tmp_path, pipeline="op-standalone", topics=topic, sink="delta", sink_path=target,
+                        spark_conn_id="spark_standalone")
+    with pytest.raises(ValueError, match="deploy_mode='client'"):
+        refused.execute({})
+    # ... because Spark itself refuses it (evidence from the real spark-submit, not from our code).
+    job = tmp_path / "noop.py"
+    job.write_text("print('never runs')\n")
+    spark_submit = subprocess.run(
+        [jobs.SPARK_SUBMIT, "--master", stack.SPARK_MASTER_URL, "--deploy-mode", "cluster", str(job)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **stack.spark_env()})
+    assert spark_submit.returncode != 0
+    assert "Cluster deploy mode is currently not supported for python applications on standalone clusters" in \
+        spark_submit.stdout + spark_submit.stderr
+
+    op = _operator(stack, tmp_path, pipeline="op-standalone", topics=topic, sink="delta", sink_path=target,
+                   spark_conn_id="spark_standalone", deploy_mode="client", max_offsets_per_trigger=100,
+                   conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false",
+                         "spark.executor.memory": "512m", "spark.cores.max": "1"})
+    state = op.execute({})
+    assert state["offsets"] == _end(bootstrap, topic)
+    assert state["rows_total"] == len(committed)
+    jobs.assert_exactly(jobs.delta_rows(target), committed)
+    # The executors ran on the standalone worker: the master lists the finished application.
+    with urllib.request.urlopen(f"http://{stack.HOST}:{stack.SPARK_MASTER_UI_PORT}/json/", timeout=10) as response:
+        apps = json.load(response)["completedapps"]
+    assert any(app["name"] == "eo-op-standalone" for app in apps), [app["name"] for app in apps]

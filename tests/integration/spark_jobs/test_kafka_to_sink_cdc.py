@@ -1,0 +1,90 @@
+"""CDC apply: the job MERGEs changes by key into Delta / PostgreSQL, a change applies only if its source version
+is newer, deletes are applied (tombstones), aborted transactions are ignored, and a driver killed between the
+sink commit and the checkpoint commit changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import psycopg2
+import pytest
+
+from exactly_once_provider.spark_jobs.batch import FAULT_ENV
+from tests import spark_job_support as jobs
+from tests.kafka_support import new_topic, transactional_producer
+
+KEYS = 25
+
+
+def produce_changes(bootstrap: str, topic: str) -> dict[str, tuple[int, bool, str]]:
+    """Write changes in transactions (every third aborted); return the expected state per key."""
+    rng = random.Random(7)
+    producer = transactional_producer(bootstrap)
+    expected: dict[str, tuple[int, bool, str]] = {}
+    version = 0
+    for txn in range(12):
+        commit = txn % 3 != 1
+        changes = []
+        for _ in range(20):
+            version += 1
+            key = f"k{rng.randrange(KEYS)}"
+            op = "d" if rng.random() < 0.15 else "u"
+            changes.append({"pk": key, "version": version, "op": op, "txn": txn, "committed": commit})
+        if txn == 9:  # a late, OLDER change for a key: must not overwrite the newer state
+            changes.append({"pk": "k1", "version": 1, "op": "u", "txn": txn, "late": True, "committed": commit})
+        producer.begin_transaction()
+        for change in changes:
+            value = json.dumps(change)
+            producer.produce(topic, value.encode(), change["pk"].encode(), partition=hash(change["pk"]) % 2)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(60)
+            for change in changes:
+                key, v = change["pk"], change["version"]
+                if key not in expected or expected[key][0] < v:
+                    expected[key] = (v, change["op"] == "d", json.dumps(change))
+        else:
+            producer.abort_transaction(60)
+    return expected
+
+
+def sink_state(stack, sink: str, target: str) -> dict[str, tuple[int, bool, str]]:
+    if sink == "postgres":
+        conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME,
+                                user=stack.DB_USER, password=stack.DB_PASSWORD)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT pk, source_version, deleted, record_value FROM {target}")
+                rows = cur.fetchall()
+        finally:
+            conn.close()
+    else:
+        rows = jobs.arrow_rows(jobs.delta_live_files(target), ("pk", "source_version", "deleted", "record_value"))
+    keys = [row[0] for row in rows]
+    assert len(keys) == len(set(keys)), "a key is in the sink twice"
+    return {pk: (version, deleted, value) for pk, version, deleted, value in rows}
+
+
+@pytest.mark.parametrize("sink", ("delta", "postgres"))
+def test_cdc_apply_keeps_the_newest_committed_change_per_key(stack, tmp_path, sink):
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=2)
+    target = f"eo_cdc_{topic.replace('-', '_')}" if sink == "postgres" else str(tmp_path / "delta-cdc")
+    expected = produce_changes(bootstrap, topic)
+    assert any(deleted for _, deleted, _ in expected.values()), "the input should contain deletes"
+    args = jobs.job_args(stack, f"cdc-{topic}", topic, tmp_path / "checkpoint", sink, target, max_offsets=70,
+                         mode="cdc")
+
+    killed = jobs.run_job(stack, args, {FAULT_ENV: "after_sink_commit:1"})
+    assert killed.returncode in (-9, 137), killed.stdout[-3000:]
+    final = jobs.run_job(stack, args)
+    assert final.returncode == 0, final.stderr[-4000:]
+    assert "batch 1 already committed" in final.stdout
+    state = jobs.result_line(final.stdout)
+    assert state["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(bootstrap, topic, 2).items()}}
+
+    got = sink_state(stack, sink, target)
+    assert got == expected
+    assert got["k1"][0] > 1 and "late" not in got["k1"][2], "an older change overwrote a newer one"

@@ -1,0 +1,202 @@
+"""Helpers for tests of the packaged Spark jobs: interleaved committed/aborted input, spark-submit runs, sink reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from exactly_once_provider.spark_jobs import kafka_to_sink
+from tests.kafka_support import QUIET, transactional_producer
+
+SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
+JOB = kafka_to_sink.__file__
+
+
+def produce_interleaved(bootstrap: str, topic: str, transactions: int, per_transaction: int,
+                        partitions: int = 1, abort_every: int = 3, tag: str = "r") -> list[tuple[str, str]]:
+    """Write ``transactions`` transactions (every ``abort_every``-th aborted); return committed (key, value)."""
+    producer = transactional_producer(bootstrap)
+    committed: list[tuple[str, str]] = []
+    for txn in range(transactions):
+        commit = txn % abort_every != 1
+        rows = [(f"{tag}{txn}-{i}", json.dumps({"txn": txn, "i": i, "committed": commit}))
+                for i in range(per_transaction)]
+        producer.begin_transaction()
+        for n, (key, value) in enumerate(rows):
+            producer.produce(topic, value.encode(), key.encode(), partition=n % partitions)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(60)
+            committed += rows
+        else:
+            producer.abort_transaction(60)
+    return committed
+
+
+def produce_plain(bootstrap: str, topic: str, count: int, partitions: int = 1) -> None:
+    """Write ``count`` small non-transactional records fast (benchmark input)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000,
+                         "compression.type": "lz4", **QUIET})
+    for i in range(count):
+        producer.produce(topic, b'{"n":%d,"payload":"abcdefghijklmnopqrstuvwxyz"}' % i, b"k%d" % i,
+                         partition=i % partitions)
+        if i % 100000 == 0:
+            producer.poll(0)
+    producer.flush(120)
+
+
+def job_args(stack, pipeline: str, topic: str, checkpoint: Path, sink: str, target: str,
+             max_offsets: int | None = None, delivery: str = "exactly-once", mode: str = "append") -> list[str]:
+    args = ["--pipeline", pipeline, "--bootstrap-servers", f"{stack.HOST}:{stack.KAFKA_PORT}", "--topics", topic,
+            "--checkpoint", str(checkpoint), "--sink", sink, "--delivery", delivery, "--mode", mode]
+    args += ["--table", target] if sink == "postgres" else ["--path", target]
+    if max_offsets:
+        args += ["--max-offsets-per-trigger", str(max_offsets)]
+    return args
+
+
+def pg_env(stack) -> dict[str, str]:
+    return {"PGHOST": stack.HOST, "PGPORT": str(stack.POSTGRES_PORT), "PGDATABASE": stack.DB_NAME,
+            "PGUSER": stack.DB_USER, "PGPASSWORD": stack.DB_PASSWORD}
+
+
+def submit_command(stack, args: list[str], master: str = "local[2]") -> list[str]:
+    return [SPARK_SUBMIT, "--master", master, "--driver-memory", "1g",
+            "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false",
+            "--conf", f"spark.jars={stack.spark_conf()['spark.jars']}", JOB, *args]
+
+
+def submit_env(stack, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **stack.spark_env(), **pg_env(stack), **(extra or {})}
+    env.pop("SPARK_LOG_DIR", None)
+    return env
+
+
+def run_job(stack, args: list[str], extra_env: dict[str, str] | None = None, timeout: float = 300,
+            log_file: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the job to its end with spark-submit (its own process group, like a driver on a worker)."""
+    result = subprocess.run(submit_command(stack, args), env=submit_env(stack, extra_env), capture_output=True,
+                            text=True, timeout=timeout, start_new_session=True)
+    if log_file is not None:
+        with open(log_file, "a") as handle:
+            handle.write(result.stdout + result.stderr)
+    return result
+
+
+def start_job(stack, args: list[str], log_file: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    handle = open(log_file, "a")
+    return subprocess.Popen(submit_command(stack, args), env=submit_env(stack, extra_env), stdout=handle,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def sigkill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the job's whole process group (spark-submit, the driver JVM and the Python driver)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def wait_for_log(log_file: Path, needle: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log_file.exists() and needle in log_file.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{needle!r} did not appear in {log_file} within {timeout}s")
+
+
+def result_line(stdout: str) -> dict | None:
+    lines = [line for line in stdout.splitlines() if line.startswith("EO_RESULT ")]
+    assert lines, f"the job printed no EO_RESULT line:\n{stdout[-3000:]}"
+    return json.loads(lines[-1].removeprefix("EO_RESULT "))
+
+
+# ------------------------------------------------------------------------------------------- sink reads
+def delta_live_files(path: str) -> list[str]:
+    """Return a Delta table's live files (add minus remove actions of its JSON log), read without Spark."""
+    live: dict[str, bool] = {}
+    for file in sorted((Path(path) / "_delta_log").glob("[0-9]*.json")):
+        for line in file.read_text().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "add" in action:
+                live[action["add"]["path"]] = True
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    return [str(Path(path) / name) for name in live]
+
+
+def delta_rows(path: str) -> list[tuple]:
+    return arrow_rows(delta_live_files(path))
+
+
+def arrow_rows(files: list[str], columns=("kafka_partition", "kafka_offset", "record_key", "record_value")) -> list[tuple]:
+    import pyarrow.parquet as pq
+
+    rows: list[tuple] = []
+    for file in files:
+        table = pq.read_table(file, columns=list(columns))
+        rows += list(zip(*(table.column(i).to_pylist() for i in range(len(columns)))))
+    return rows
+
+
+def files_rows(root: str) -> list[tuple]:
+    from exactly_once_provider.spark_jobs.sink_files import published_files
+
+    return arrow_rows(published_files(root))
+
+
+def postgres_rows(stack, table: str) -> list[tuple]:
+    import psycopg2
+
+    conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
+                            password=stack.DB_PASSWORD)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT kafka_partition, kafka_offset, record_key, record_value FROM {table}")
+            return cur.fetchall()
+    finally:
+        conn.close()
+
+
+def sink_rows(stack, sink: str, target: str) -> list[tuple]:
+    if sink == "delta":
+        return delta_rows(target)
+    if sink == "files":
+        return files_rows(target)
+    return postgres_rows(stack, target)
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eo-watermarks", **QUIET})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
+    finally:
+        consumer.close()
+
+
+def assert_exactly(rows: list[tuple], committed: list[tuple[str, str]]) -> None:
+    """The sink holds every committed record once and nothing else (aborted records absent), row by row."""
+    from collections import Counter
+
+    got = Counter((key, value) for _, _, key, value in rows)
+    want = Counter(committed)
+    duplicates = {k: n for k, n in got.items() if n > 1}
+    assert not duplicates, f"{len(duplicates)} records written more than once, e.g. {list(duplicates.items())[:3]}"
+    missing, extra = want - got, got - want
+    assert not missing and not extra, (
+        f"{len(missing)} committed records missing (e.g. {list(missing)[:3]}), "
+        f"{len(extra)} unexpected records (e.g. {list(extra)[:3]})")
+    assert all(json.loads(value)["committed"] for _, _, _, value in rows), "an aborted record reached the sink"
+    positions = [(p, o) for p, o, _, _ in rows]
+    assert len(set(positions)) == len(positions), "a Kafka (partition, offset) is in the sink twice"

@@ -1,0 +1,106 @@
+"""SparkKafkaToSinkOperator: input validation, connection checks and the spark-submit command it builds."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import pytest
+from airflow.sdk.exceptions import AirflowException
+
+from exactly_once_provider.operators import spark_stream
+from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.spark_jobs import kafka_to_sink
+from exactly_once_provider.spark_packages import SPARK_PACKAGES
+
+
+@pytest.fixture
+def connections(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka",
+                                                                 "extra": {"bootstrap.servers": "k:9092"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps(
+        {"conn_type": "spark", "host": "spark://h", "port": 7077, "extra": {"deploy-mode": "cluster"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_POSTGRES_DEFAULT", json.dumps(
+        {"conn_type": "postgres", "host": "db", "port": 5433, "login": "u", "password": "s3cret", "schema": "d"}))
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_MISSING", raising=False)
+
+
+def _op(**kwargs):
+    base = {"task_id": "t", "pipeline": "p1", "topics": "a, b", "sink": "delta", "sink_path": "/tmp/x",
+            "checkpoint_location": "/tmp/cp"}
+    return SparkKafkaToSinkOperator(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sink": "kafka"}, "sink must be one of"),
+    ({"sink_path": None}, "needs sink_path"),
+    ({"sink": "postgres"}, "needs sink_table"),
+    ({"topics": " , "}, "topics is empty"),
+    ({"pipeline": "bad name"}, "pipeline must be"),
+    ({"trigger": "once"}, "trigger must be one of"),
+    ({"delivery": "maybe"}, "delivery must be one of"),
+    ({"mode": "upsert"}, "mode must be"),
+    ({"mode": "cdc", "sink": "files"}, "files sink only appends"),
+])
+def test_bad_input_is_a_value_error_naming_the_setting(connections, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _op(**kwargs).execute({})
+
+
+def test_missing_spark_connection_is_an_error_not_yarn(connections):
+    with pytest.raises(AirflowException, match="'spark_missing' is not defined"):
+        _op(spark_conn_id="spark_missing").execute({})
+
+
+def test_standalone_cluster_mode_is_refused_for_the_python_job(connections):
+    with pytest.raises(ValueError, match="deploy_mode='client'"):
+        _op(spark_conn_id="spark_cluster").execute({})
+
+
+class _FakeHook:
+    created: list[dict] = []
+
+    def __init__(self, **kwargs):
+        _FakeHook.created.append(kwargs)
+        self._submit_sp = None
+
+    def submit(self, application, **kwargs):
+        _FakeHook.created[-1].update(application=application, popen=kwargs)
+
+
+def _submitted(monkeypatch, op) -> dict:
+    import airflow.providers.apache.spark.hooks.spark_submit as hook_module
+
+    _FakeHook.created = []
+    monkeypatch.setattr(hook_module, "SparkSubmitHook", _FakeHook)
+    monkeypatch.setattr(op, "sink_state", lambda: None)
+    op.execute({})
+    return _FakeHook.created[-1]
+
+
+def test_command_ships_the_package_and_defaults_to_the_connector_packages(connections, monkeypatch):
+    call = _submitted(monkeypatch, _op(spark_conn_id="spark_cluster", deploy_mode="client"))
+    assert call["application"] == kafka_to_sink.__file__
+    assert call["packages"] == ",".join(SPARK_PACKAGES) and call["jars"] is None
+    assert call["deploy_mode"] == "client" and call["popen"] == {"start_new_session": True}
+    args = call["application_args"]
+    assert args[args.index("--topics") + 1] == "a,b"
+    assert args[args.index("--bootstrap-servers") + 1] == "k:9092"
+    assert args[args.index("--path") + 1] == "/tmp/x"
+
+
+def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_environment(connections, monkeypatch):
+    call = _submitted(monkeypatch, _op(sink="postgres", sink_table="s.t", conf={"spark.jars": "/j/a.jar"}))
+    assert call["packages"] is None and call["conf"]["spark.jars"] == "/j/a.jar"
+    assert call["env_vars"]["PGPASSWORD"] == "s3cret" and call["env_vars"]["PGHOST"] == "db"
+    assert "s3cret" not in " ".join(call["application_args"])
+    assert _submitted(monkeypatch, _op(jars=["/j/b.jar"]))["jars"] == "/j/b.jar"
+
+
+def test_package_zip_holds_the_job_and_its_imports(tmp_path):
+    with zipfile.ZipFile(spark_stream.package_zip(str(tmp_path))) as archive:
+        names = set(archive.namelist())
+    for module in ("__init__.py", "delta_commit.py", "spark_jobs/kafka_to_sink.py", "spark_jobs/batch.py",
+                   "spark_jobs/sink_postgres.py", "spark_jobs/sink_files.py", "spark_jobs/sink_delta.py"):
+        assert f"exactly_once_provider/{module}" in names
