@@ -12,7 +12,6 @@ ceiling for reference (it records no offset at all). Usage: ``make bench-produce
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import statistics
@@ -24,12 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _stack():
-    spec = importlib.util.spec_from_file_location("eo_local_stack", REPO / "docker" / "local" / "stack.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO))
 
 
 def run_writer(mode: str, topic: str, count: int, size: int, interval_ms: int) -> float:
@@ -84,7 +78,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    stack = _stack()
+    from tests.conftest import STACK as stack  # the one loader of docker/local/stack.py
+
     stack.up(only=("kafka",))
     os.environ.update(stack.connection_env())
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"

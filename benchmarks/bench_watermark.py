@@ -10,7 +10,6 @@ Usage: ``make bench-watermark`` or ``python benchmarks/bench_watermark.py [--row
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import statistics
@@ -22,12 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _stack():
-    spec = importlib.util.spec_from_file_location("eo_local_stack", REPO / "docker" / "local" / "stack.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO))
 
 
 def main() -> int:
@@ -36,7 +30,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    stack = _stack()
+    from tests.conftest import STACK as stack  # the one loader of docker/local/stack.py
+
     stack.up()
     os.environ.update(stack.connection_env())
     import MySQLdb
