@@ -112,3 +112,24 @@ def spark(stack):
     session = builder.getOrCreate()
     yield session
     session.stop()
+
+
+@pytest.fixture
+def fault_outcome(request):
+    """Record a fault scenario's oracle figures (rows, lost, duplicated) for the matrix table.
+
+    Every test in tests/faults calls it once with what its oracle counted. ``make faults-matrix`` sets
+    ``EO_FAULT_REPORT`` to a JSON-lines file and prints scenario x runs x rows x lost x duplicated x result;
+    without it the call only logs. The test still asserts lost == duplicated == 0 itself.
+    """
+    import json
+
+    def record(*, rows: int, lost: int, duplicated: int, scenario: str | None = None) -> None:
+        line = {"scenario": scenario or request.node.name, "rows": rows, "lost": lost, "duplicated": duplicated}
+        logging.getLogger("eo.faults").info("fault outcome %s", line)
+        path = os.environ.get("EO_FAULT_REPORT")
+        if path:
+            with open(path, "a", encoding="utf-8") as report:
+                report.write(json.dumps(line) + "\n")
+
+    return record
