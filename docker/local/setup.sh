@@ -12,7 +12,8 @@ timed() { local name=$1; shift; local t0=$SECONDS; "$@"; step "$name: $((SECONDS
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-APT_PACKAGES=(mariadb-server mariadb-client libmariadb-dev pkg-config postgresql postgresql-client)
+# chromium + chromium-driver: the UI plugin's browser test (headless).
+APT_PACKAGES=(mariadb-server mariadb-client libmariadb-dev pkg-config postgresql postgresql-client chromium chromium-driver)
 
 system_packages() {
   local missing=()
