@@ -18,6 +18,7 @@ from exactly_once_provider.hooks.kafka_producer import (
     TransactionPolicy,
 )
 from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES
+from exactly_once_provider.plugins.links import PipelineStatusLink
 
 PROGRESS_EVERY_S = 10.0
 
@@ -81,6 +82,7 @@ class TransactionalProduceOperator(BaseOperator):
         "source_partition", "kafka_config_id", "offsets_topic", "batch_id", "batch_version",
     )
     ui_color = "#e8f4ea"
+    operator_extra_links = (PipelineStatusLink(),)
 
     def __init__(self, *, topic: str, pipeline: str, delivery_mode: str, producer_function: str | Callable,
                  producer_function_args: Sequence[Any] | None = None,

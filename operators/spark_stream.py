@@ -20,6 +20,7 @@ from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 import exactly_once_provider
+from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink, push_link, watch_spark_ui
 from exactly_once_provider.spark_packages import SPARK_PACKAGES
 
 SINKS = ("delta", "postgres", "files")
@@ -75,6 +76,7 @@ class SparkKafkaToSinkOperator(BaseOperator):
         "max_offsets_per_trigger", "mode", "conf",
     )
     ui_color = "#e8f4d9"
+    operator_extra_links = (PipelineStatusLink(), SparkUILink())
 
     def __init__(
         self,
@@ -129,6 +131,7 @@ class SparkKafkaToSinkOperator(BaseOperator):
         self.driver_memory = driver_memory
         self.env_vars = env_vars or {}
         self._hook = None
+        self.spark_ui_url: str | None = None
 
     # ------------------------------------------------------------------------------------------ checks
     def _validate(self) -> list[str]:
@@ -248,7 +251,8 @@ class SparkKafkaToSinkOperator(BaseOperator):
                 driver_memory=self.driver_memory, deploy_mode=self.deploy_mode,
             )
             # Own process group: on_kill stops spark-submit, the driver JVM and the Python driver together.
-            self._hook.submit(kafka_to_sink.__file__, start_new_session=True)
+            with watch_spark_ui(self._hook, lambda url: self._show_spark_ui(context, url)):
+                self._hook.submit(kafka_to_sink.__file__, start_new_session=True)
         if self.delivery != "exactly-once":
             return None
         after = self.sink_state()
@@ -259,6 +263,15 @@ class SparkKafkaToSinkOperator(BaseOperator):
         if after is not None:
             after["rows_this_run"] = after["rows_total"] - (before["rows_total"] if before else 0)
         return after
+
+    def _show_spark_ui(self, context: Any, url: str) -> None:
+        """Publish the Spark UI link as soon as the driver starts (a stream may run for days)."""
+        self.spark_ui_url = url
+        self.log.info("Spark UI of pipeline %s: %s", self.pipeline, url)
+        try:
+            push_link(context, SparkUILink(), url)
+        except Exception:  # a link must never stop the job; Airflow stores it again when the task ends
+            self.log.warning("Could not publish the Spark UI link yet", exc_info=True)
 
     def on_kill(self) -> None:
         if self._hook is None:

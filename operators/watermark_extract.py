@@ -20,6 +20,7 @@ from exactly_once_provider.hooks.mysql_watermark import (
     row_message,
 )
 from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC
+from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.windows import (
     BATCH_HEADER,
     WatermarkState,
@@ -69,6 +70,7 @@ class WatermarkExtractOperator(BaseOperator):
         "mysql_conn_id", "kafka_config_id", "offsets_topic",
     )
     ui_color = "#f4eee8"
+    operator_extra_links = (PipelineStatusLink(),)
 
     def __init__(self, *, table: str, cursor_column: str, cursor_kind: str, topic: str, pipeline: str,
                  source_partition: str | None = None, batch_id: str | None = None,

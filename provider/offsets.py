@@ -205,12 +205,61 @@ def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source
     :param timeout: seconds before giving up; should exceed the producers' ``transaction.timeout.ms``.
     """
     key = ledger_key(pipeline, source_partition)
-    targets = _high_watermarks(consumer_config, topic)
+    latest = _latest_values(consumer_config, topic, timeout, key.__eq__)
+    return CommittedOffset.from_value(latest[key]) if key in latest else None
+
+
+def read_ledger(consumer_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TOPIC,
+                timeout: float = 120) -> dict[str, CommittedOffset | ValueError]:
+    """
+    Return the last committed record of every key of the offsets topic (for display and discovery).
+
+    Reads like :func:`read_committed_offset`. A record this provider cannot parse (newer schema version, not
+    JSON) is returned as its ``ValueError`` instead of hiding the key.
+
+    :param consumer_config: confluent-kafka configuration (at least ``bootstrap.servers``).
+    :param topic: the offsets topic.
+    :param timeout: seconds before giving up.
+    """
+    result: dict[str, CommittedOffset | ValueError] = {}
+    for key, value in _latest_values(consumer_config, topic, timeout, lambda _: True).items():
+        try:
+            result[key.decode()] = CommittedOffset.from_value(value)
+        except ValueError as err:
+            result[key.decode(errors="replace")] = err
+    return result
+
+
+def topic_end_offsets(config: dict[str, Any], topic: str) -> dict[int, int]:
+    """
+    Return the end offset (high watermark, open transactions included) of every partition of ``topic``.
+
+    :param config: confluent-kafka configuration (at least ``bootstrap.servers``).
+    :param topic: the topic; ``ValueError`` if it does not exist.
+    """
+    consumer = _consumer(config, "read_uncommitted")
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise ValueError(f"Topic {topic!r} does not exist.")
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                for p in sorted(metadata.partitions)}
+    finally:
+        consumer.close()
+
+
+def _latest_values(consumer_config: dict[str, Any], topic: str, timeout: float,
+                   wanted: Any) -> dict[bytes, bytes]:
+    """Return the latest committed value of each key for which ``wanted(key)`` holds (see read_committed_offset)."""
+    try:
+        targets = topic_end_offsets(consumer_config, topic)
+    except ValueError as err:
+        raise ValueError(f"Offsets topic {topic!r} does not exist; create it with ensure_offsets_topic().") from err
     consumer = _consumer(consumer_config, "read_committed")
     try:
         pending = {p for p, high in targets.items() if high > 0}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
-        latest: CommittedOffset | None = None
+        latest: dict[bytes, bytes] = {}
         deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
@@ -228,8 +277,8 @@ def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source
                 raise KafkaException(message.error())
             if message.offset() + 1 >= targets[message.partition()]:
                 pending.discard(message.partition())
-            if message.key() == key and message.value() is not None:
-                latest = CommittedOffset.from_value(message.value())
+            if message.key() is not None and message.value() is not None and wanted(message.key()):
+                latest[message.key()] = message.value()
         return latest
     finally:
         consumer.close()
@@ -243,19 +292,6 @@ def _consumer(config: dict[str, Any], isolation_level: str) -> Consumer:
         "enable.auto.commit": False,
         "enable.partition.eof": True,
     })
-
-
-def _high_watermarks(config: dict[str, Any], topic: str) -> dict[int, int]:
-    """Return the end offset of every partition of ``topic``, open transactions included."""
-    consumer = _consumer(config, "read_uncommitted")
-    try:
-        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise ValueError(f"Offsets topic {topic!r} does not exist; create it with ensure_offsets_topic().")
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-                for p in sorted(metadata.partitions)}
-    finally:
-        consumer.close()
 
 
 def _admin_only(config: dict[str, Any]) -> dict[str, Any]:

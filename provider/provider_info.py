@@ -47,4 +47,9 @@ def get_provider_info() -> dict:
                 ],
             }
         ],
+        # The UI plugin itself registers through the ``airflow.plugins`` entry point (setup.cfg) only.
+        "extra-links": [
+            "exactly_once_provider.plugins.links.PipelineStatusLink",
+            "exactly_once_provider.plugins.links.SparkUILink",
+        ],
     }

@@ -1,0 +1,68 @@
+"""The status page's FastAPI app, mounted by the Airflow API server under :data:`URL_PREFIX`.
+
+Authentication: Airflow mounts plugin apps with ``app.mount()``, which inherits none of the core API's
+dependencies, so every route here declares Airflow's own check itself:
+``requires_access_view(AccessView.PLUGINS)`` resolves the user from the ``Authorization: Bearer`` header or
+the UI's ``_token`` session cookie through the configured auth manager, then asks the auth manager whether
+that user may see plugin views. An anonymous browser is sent to the auth manager's login page and comes back
+after logging in; an API client without a token gets 401.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+URL_PREFIX = "/exactly-once"
+
+
+def _require_viewer() -> Any:
+    from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+    from airflow.api_fastapi.core_api.security import requires_access_view
+
+    return Depends(requires_access_view(AccessView.PLUGINS))
+
+
+def _overview():
+    from exactly_once_provider.plugins.discovery import serialized_dags
+    from exactly_once_provider.plugins.status import read_overview
+
+    return read_overview(serialized_dags())
+
+
+def _to_json(overview) -> dict[str, Any]:
+    return {
+        "read_at": overview.read_at, "errors": overview.errors, "notes": overview.notes, "unresolved": overview.unresolved,
+        "pipelines": [{
+            "name": s.spec.name, "state": s.state, "lag": s.lag, "dag_ids": sorted(s.spec.dag_ids),
+            "found_in": sorted(s.spec.found_in),
+            "sections": {sec.slug: {"rows": sec.rows, "error": sec.error} for sec in s.sections},
+        } for s in overview.pipelines],
+    }
+
+
+def create_app() -> FastAPI:
+    """Build the app (routes are synchronous: the readers block on Kafka, PostgreSQL and files)."""
+    app = FastAPI(title="Exactly-once pipelines", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def login_first(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 401 and "text/html" in request.headers.get("accept", ""):
+            from airflow.api_fastapi.app import get_auth_manager
+
+            return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)), status_code=303)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+    @app.get("/", response_class=HTMLResponse, dependencies=[_require_viewer()])
+    def page(pipeline: str | None = None) -> str:
+        from exactly_once_provider.plugins.page import render_page
+
+        return render_page(_overview(), only=pipeline)
+
+    @app.get("/api/pipelines", dependencies=[_require_viewer()])
+    def pipelines() -> dict[str, Any]:
+        return _to_json(_overview())
+
+    return app

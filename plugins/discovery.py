@@ -1,0 +1,172 @@
+"""Which pipelines the status page shows, and where each one keeps its truth.
+
+A pipeline is found in three places, merged by its name:
+
+1. the DAGs: every task of this provider's operators in the serialized DAGs (the metadata DB copy the
+   API server already reads) names its pipeline, topics, offsets topic and sink. Templated values of the
+   form ``{{ params.x }}`` are rendered with the DAG's Param defaults; a value that needs a run (e.g.
+   ``{{ ds }}``) cannot be known before the run and is listed as unresolved instead of guessed;
+2. the offsets ledger: every ``<pipeline>/<source_partition>`` key of the offsets topics the DAGs name
+   (the default ``eo-offsets`` always), so a pipeline produced from outside Airflow still shows up;
+3. the PostgreSQL offsets table ``eo_stream_offsets``: every pipeline that committed there.
+
+The DAGs are the only place that says where a Delta table or files sink lives, so those sinks show up
+once a DAG names them. A full load (which has no pipeline name) is attached to the pipelines of its DAG,
+or shown under the DAG id when the DAG has no other pipeline task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jinja2 import StrictUndefined, TemplateError
+from jinja2.sandbox import SandboxedEnvironment
+
+from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC
+
+PRODUCERS = {"TransactionalProduceOperator", "WatermarkExtractOperator", "BinlogCaptureOperator"}
+STREAMS = {"SparkKafkaToSinkOperator"}
+FULL_LOADS = {"MySqlFullLoadOperator"}
+MODULE_PREFIX = "exactly_once_provider."
+_JINJA = SandboxedEnvironment(undefined=StrictUndefined)
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """Where a streaming job commits: ``kind`` is delta/postgres/files, ``location`` a path or table."""
+
+    kind: str
+    location: str
+    conn_id: str | None = None
+
+
+@dataclass
+class PipelineSpec:
+    """Everything known about one pipeline before reading the live systems."""
+
+    name: str
+    dag_ids: set[str] = field(default_factory=set)
+    topics: set[str] = field(default_factory=set)
+    offsets_topics: set[str] = field(default_factory=set)
+    kafka_conn_ids: set[str] = field(default_factory=set)
+    sinks: set[SinkSpec] = field(default_factory=set)
+    full_loads: set[str] = field(default_factory=set)  # Delta paths holding full-load handoff commits
+    found_in: set[str] = field(default_factory=set)  # "dag", "ledger", "postgres"
+
+
+@dataclass
+class Discovery:
+    """The pipelines by name, and the task arguments that could not be resolved (shown, not guessed)."""
+
+    pipelines: dict[str, PipelineSpec] = field(default_factory=dict)
+    unresolved: list[str] = field(default_factory=list)
+
+    def pipeline(self, name: str, found_in: str) -> PipelineSpec:
+        spec = self.pipelines.setdefault(name, PipelineSpec(name))
+        spec.found_in.add(found_in)
+        return spec
+
+    def offsets_topics(self) -> set[str]:
+        """Return the offsets topics to scan: the default one and every one a DAG names."""
+        return {DEFAULT_OFFSETS_TOPIC}.union(*(p.offsets_topics for p in self.pipelines.values()))
+
+
+def render(value: Any, params: Mapping[str, Any]) -> Any:
+    """
+    Return ``value`` with ``{{ params.* }}`` templates rendered from the DAG's Param defaults.
+
+    :param value: a task argument as serialized (a string may hold a Jinja template).
+    :param params: the DAG's Param defaults.
+    :raises ValueError: the template needs more than the Param defaults (a run's context).
+    """
+    if not isinstance(value, str) or "{" not in value:
+        return value
+    try:
+        return _JINJA.from_string(value).render(params=dict(params))
+    except TemplateError as err:
+        raise ValueError(f"{value!r} is known only when a run renders it ({err})") from err
+
+
+def _topics(value: Any) -> set[str]:
+    items = [value] if isinstance(value, str) else list(value or ())
+    return {t.strip() for item in items for t in str(item).split(",") if t.strip()}
+
+
+def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
+    """
+    Add the pipelines the tasks of ``dags`` declare (serialized or parsed DAG objects).
+
+    :param found: the discovery to extend.
+    :param dags: DAG objects with ``dag_id``, ``params`` and ``tasks``.
+    """
+    for dag in dags:
+        params = {key: dag.params[key] for key in dag.params}
+        names: set[str] = set()
+        loads: set[str] = set()
+        for task in dag.tasks:
+            kind = task.task_type
+            if kind not in PRODUCERS | STREAMS | FULL_LOADS or not str(
+                    getattr(task, "_task_module", MODULE_PREFIX)).startswith(MODULE_PREFIX):
+                continue
+            try:
+                if kind in FULL_LOADS:
+                    loads.add(render(task.sink_path, params))
+                    continue
+                spec = found.pipeline(render(task.pipeline, params), "dag")
+                spec.dag_ids.add(dag.dag_id)
+                names.add(spec.name)
+                if kind in STREAMS:
+                    spec.topics |= _topics(render(task.topics, params))
+                    location = task.sink_table if task.sink == "postgres" else task.sink_path
+                    spec.sinks.add(SinkSpec(render(task.sink, params), render(location, params),
+                                            getattr(task, "postgres_conn_id", None)))
+                    spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))
+                else:
+                    spec.topics.add(render(task.topic, params))
+                    spec.offsets_topics.add(render(getattr(task, "offsets_topic", DEFAULT_OFFSETS_TOPIC), params))
+                    spec.kafka_conn_ids.add(render(getattr(task, "kafka_config_id", "kafka_default"), params))
+            except ValueError as err:
+                found.unresolved.append(f"{dag.dag_id}.{task.task_id}: {err}")
+        for name in names or ({dag.dag_id} if loads else set()):
+            spec = found.pipeline(name, "dag")
+            spec.dag_ids.add(dag.dag_id)
+            spec.full_loads |= loads
+    return found
+
+
+def add_ledger_keys(found: Discovery, keys: Iterable[str], offsets_topic: str) -> Discovery:
+    """
+    Add the pipelines of offsets-ledger keys ``"<pipeline>/<source_partition>"``.
+
+    :param found: the discovery to extend.
+    :param keys: the ledger keys read from ``offsets_topic``.
+    :param offsets_topic: the topic they come from.
+    """
+    for key in keys:
+        pipeline = key.split("/", 1)[0]
+        found.pipeline(pipeline, "ledger").offsets_topics.add(offsets_topic)
+    return found
+
+
+def add_postgres_pipelines(found: Discovery, pipelines: Iterable[str], conn_id: str) -> Discovery:
+    """
+    Add the pipelines that committed into the PostgreSQL offsets table of connection ``conn_id``.
+
+    :param found: the discovery to extend.
+    :param pipelines: pipeline names read from ``eo_stream_offsets``.
+    :param conn_id: the PostgreSQL connection they were read through.
+    """
+    for name in pipelines:
+        spec = found.pipeline(name, "postgres")
+        if not any(s.kind == "postgres" for s in spec.sinks):
+            spec.sinks.add(SinkSpec("postgres", "", conn_id))
+    return found
+
+
+def serialized_dags() -> list[Any]:
+    """Return the latest serialized version of every DAG in the metadata DB (what the API server shows)."""
+    from airflow.models.serialized_dag import SerializedDagModel
+
+    return list(SerializedDagModel.read_all_dags().values())

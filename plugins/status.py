@@ -1,0 +1,304 @@
+"""Read where each pipeline stands, live, from the systems that hold the truth (never from a cache).
+
+Every figure comes through the product's own readers: the offsets ledger
+(:func:`~exactly_once_provider.offsets.read_ledger`), topic end offsets
+(:func:`~exactly_once_provider.offsets.topic_end_offsets`), the sinks' ``committed()`` (Delta log marker,
+PostgreSQL offsets table, files manifest), watermark windows (:mod:`~exactly_once_provider.windows`) and
+full-load handoff records (:mod:`~exactly_once_provider.full_load.handoff`). A reader that fails shows its
+error in its section; nothing is left out silently.
+
+Consumer lag is per Kafka partition: the topic's end offset minus the next offset the sink committed. Both
+count Kafka offsets (transaction markers included), so a caught-up pipeline shows 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from exactly_once_provider import delta_commit
+from exactly_once_provider.offsets import CommittedOffset, read_ledger, topic_end_offsets
+from exactly_once_provider.plugins.discovery import (
+    Discovery, PipelineSpec, SinkSpec, add_dags, add_ledger_keys, add_postgres_pipelines,
+)
+
+OK, BEHIND, EMPTY, ERROR = "ok", "behind", "empty", "error"
+
+
+@dataclass
+class Section:
+    """One table of the page: column names, rows, and the error that stopped its reader (if any)."""
+
+    slug: str
+    title: str
+    columns: tuple[str, ...]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    note: str | None = None
+
+
+@dataclass
+class PipelineStatus:
+    """The page's view of one pipeline."""
+
+    spec: PipelineSpec
+    sections: list[Section]
+    lag: int | None = None
+
+    @property
+    def state(self) -> str:
+        """``error`` if a reader failed, ``behind`` if lag > 0, ``empty`` if nothing committed, else ``ok``."""
+        if any(s.error for s in self.sections):
+            return ERROR
+        if self.lag:
+            return BEHIND
+        return OK if any(s.rows for s in self.sections) else EMPTY
+
+
+@dataclass
+class Overview:
+    """Everything the page shows, and when it was read."""
+
+    pipelines: list[PipelineStatus]
+    unresolved: list[str]
+    errors: list[str]
+    notes: list[str]
+    read_at: str
+
+
+class Connections:
+    """Client settings from Airflow connections, built once per page read (credentials never leave here)."""
+
+    def __init__(self) -> None:
+        self._kafka: dict[str, dict] = {}
+
+    def kafka(self, conn_id: str) -> dict[str, Any]:
+        if conn_id not in self._kafka:
+            from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
+
+            hook = TransactionalProducerHook(conn_id, pipeline="eo-status", delivery_mode="at_least_once")
+            self._kafka[conn_id] = hook.client_config()
+        return self._kafka[conn_id]
+
+    @staticmethod
+    def postgres(conn_id: str) -> dict[str, Any]:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(conn_id)
+        return {"host": conn.host, "port": conn.port or 5432, "dbname": conn.schema, "user": conn.login,
+                "password": conn.password, "connect_timeout": 10}
+
+
+def _guard(section: Section, read: Callable[[], None]) -> Section:
+    try:
+        read()
+    except Exception as err:  # shown on the page in red: a reader that fails must be seen, not hidden
+        section.error = f"{type(err).__name__}: {err}"
+    return section
+
+
+def _offset_text(offset: Any) -> str:
+    if isinstance(offset, dict) and offset.get("kind") == "watermark":
+        return f"watermark next lower = {offset.get('next_lower')}"
+    return json.dumps(offset, sort_keys=True)
+
+
+def ledger_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | ValueError]) -> Section:
+    """Return the committed source offsets of ``spec`` from the read ledger (one row per source partition)."""
+    section = Section("ledger", "Committed source offset (offsets ledger)",
+                      ("source partition", "offset", "batch", "version", "records", "sequence", "mode",
+                       "committed at"))
+    for key, record in sorted(ledger.items()):
+        pipeline, _, partition = key.partition("/")
+        if pipeline != spec.name:
+            continue
+        if isinstance(record, ValueError):
+            section.error = f"{key}: {record}"
+            continue
+        section.rows.append({
+            "source partition": partition, "offset": _offset_text(record.offset), "batch": record.batch_id,
+            "version": record.batch_version, "records": record.records, "sequence": record.sequence,
+            "mode": record.delivery_mode, "committed at": record.committed_at})
+    return section
+
+
+def windows_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | ValueError]) -> Section:
+    """Return the settlement windows the watermark ledger records (newest first), with their versions."""
+    section = Section("windows", "Settlement windows", ("source partition", "batch", "version", "lower", "upper", "bound by",
+                                             "rows", "checksum", "published at"))
+    for key, record in sorted(ledger.items()):
+        if not key.startswith(f"{spec.name}/") or not isinstance(record, CommittedOffset):
+            continue
+        offset = record.offset
+        if not (isinstance(offset, dict) and offset.get("kind") == "watermark"):
+            continue
+        for window in reversed(list(offset.get("history", {}).values())):
+            section.rows.append({
+                "source partition": record.source_partition, "batch": window["batch_id"],
+                "version": window["batch_version"], "lower": window["lower"], "upper": window["upper"],
+                "bound by": window["upper_reason"], "rows": window["rows"],
+                "checksum": window["checksum"][:19], "published at": window["published_at"]})
+    return section
+
+
+def sink_commit(sink: SinkSpec, pipeline: str, connections: Connections) -> dict[str, Any] | None:
+    """Return the last commit of ``pipeline`` in ``sink`` as a page row (None before the first commit)."""
+    if sink.kind == "delta":
+        from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
+
+        committed = DeltaSink(sink.location, pipeline).committed()
+        found = delta_commit.latest_marker(sink.location, f"eo_stream:{pipeline}")
+        where = f"Delta version {found[0]}" if found else ""
+    elif sink.kind == "files":
+        from exactly_once_provider.spark_jobs.sink_files import FilesSink, latest_manifest
+
+        committed = FilesSink(sink.location, pipeline).committed()
+        manifest = latest_manifest(sink.location)
+        where = f"manifest {manifest['sequence']}, {len(manifest['files'])} files" if manifest else ""
+    elif sink.kind == "postgres":
+        from exactly_once_provider.spark_jobs.sink_postgres import OFFSETS_TABLE, PostgresSink
+
+        committed = PostgresSink(sink.location or OFFSETS_TABLE, pipeline,
+                                 connections.postgres(sink.conn_id or "postgres_default")).committed()
+        where = f"{OFFSETS_TABLE} ({sink.conn_id or 'postgres_default'})"
+    else:
+        raise ValueError(f"Unknown sink kind {sink.kind!r}")
+    if committed is None:
+        return None
+    return {"sink": sink.kind, "location": sink.location or "(offsets table only)", "commit": where,
+            "checkpoint": committed.checkpoint_id, "batch id": committed.batch_id,
+            "rows in sink": committed.rows_total, "next offsets": committed.offsets}
+
+
+def sinks_section(spec: PipelineSpec, connections: Connections) -> Section:
+    """Return the last sink commit of each sink of ``spec``."""
+    section = Section("sink", "Last sink commit", ("sink", "location", "commit", "checkpoint", "batch id", "rows in sink",
+                                           "next offsets"))
+
+    def read() -> None:
+        errors = []
+        for sink in sorted(spec.sinks, key=lambda s: (s.kind, s.location)):
+            try:
+                row = sink_commit(sink, spec.name, connections)
+            except Exception as err:
+                errors.append(f"{sink.kind} {sink.location}: {type(err).__name__}: {err}")
+                continue
+            section.rows.append(row or {"sink": sink.kind, "location": sink.location, "commit": "no commit yet"})
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+    return _guard(section, read)
+
+
+def lag_section(spec: PipelineSpec, sink_rows: list[dict[str, Any]], connections: Connections) -> tuple[Section, int]:
+    """Return end offsets and lag per topic partition (lag against the least advanced sink), and total lag."""
+    section = Section("lag", "Kafka end offsets and consumer lag", ("topic", "partition", "end offset", "sink next offset",
+                                                             "lag"))
+    committed: dict[str, dict[str, int]] = {}
+    for row in sink_rows:
+        for topic, parts in (row.get("next offsets") or {}).items():
+            for partition, offset in parts.items():
+                previous = committed.setdefault(topic, {}).get(str(partition))
+                committed[topic][str(partition)] = offset if previous is None else min(previous, offset)
+    total = 0
+    topics = sorted(spec.topics | set(committed))
+
+    def read() -> None:
+        nonlocal total
+        config = connections.kafka(sorted(spec.kafka_conn_ids)[0] if spec.kafka_conn_ids else "kafka_default")
+        for topic in topics:
+            try:
+                ends = topic_end_offsets(config, topic)
+            except ValueError:  # named by a DAG that has not produced yet: nothing to lag behind
+                section.rows.append({"topic": topic, "partition": "—", "end offset": "topic not created yet"})
+                continue
+            for partition, end in ends.items():
+                sink_next = committed.get(topic, {}).get(str(partition))
+                lag = None if sink_next is None else end - sink_next
+                total += lag or 0
+                section.rows.append({"topic": topic, "partition": partition, "end offset": end,
+                                     "sink next offset": "—" if sink_next is None else sink_next,
+                                     "lag": "—" if lag is None else lag})
+
+    _guard(section, read)
+    if not spec.sinks:
+        section.note = "No streaming job of this pipeline is declared in a DAG: lag is not known."
+    return section, total
+
+
+def full_loads_section(spec: PipelineSpec) -> Section:
+    """Return every full load published into the pipeline's full-load tables (newest first)."""
+    from exactly_once_provider.full_load import handoff
+
+    section = Section("full_loads", "Full loads and reloads (handoff records)", ("table", "Delta version", "load id", "rows",
+                                                                   "chunks", "snapshot from", "snapshot to",
+                                                                   "published at"))
+
+    def read() -> None:
+        for path in sorted(spec.full_loads):
+            for version, actions in delta_commit.commits(path):
+                info = actions.get("commitInfo", {})
+                marker = json.loads(info.get("userMetadata") or "{}")
+                if handoff.MARKER_KEY not in marker:
+                    continue
+                h = handoff.parse(version, marker)
+                published = info.get("timestamp")
+                section.rows.append({
+                    "table": f"{h.schema}.{h.table}", "Delta version": version, "load id": h.load_id,
+                    "rows": h.rows, "chunks": len(h.chunks), "snapshot from": str(h.min_position),
+                    "snapshot to": str(h.max_position),
+                    "published at": datetime.fromtimestamp(published / 1000, timezone.utc).isoformat()
+                    if published else ""})
+
+    return _guard(section, read)
+
+
+def read_overview(dags: list[Any], connections: Connections | None = None) -> Overview:
+    """
+    Discover the pipelines and read each one's state from the live systems.
+
+    :param dags: serialized (or parsed) DAGs to discover pipelines from.
+    :param connections: client settings; default: Airflow connections.
+    """
+    connections = connections or Connections()
+    found = add_dags(Discovery(), dags)
+    errors: list[str] = []
+    notes: list[str] = []
+    ledger: dict[str, CommittedOffset | ValueError] = {}
+    conn_ids = {c for p in found.pipelines.values() for c in p.kafka_conn_ids} or {"kafka_default"}
+    for conn_id in sorted(conn_ids):
+        for topic in sorted(found.offsets_topics()):
+            try:
+                records = read_ledger(connections.kafka(conn_id), topic, timeout=30)
+            except ValueError:  # the topic is created by the first exactly-once commit
+                notes.append(f"offsets ledger {topic!r} via {conn_id!r} does not exist yet (nothing committed)")
+                continue
+            except Exception as err:
+                errors.append(f"offsets ledger {topic!r} via {conn_id!r}: {type(err).__name__}: {err}")
+                continue
+            ledger.update(records)
+            add_ledger_keys(found, records, topic)
+    try:
+        from exactly_once_provider.spark_jobs.sink_postgres import OFFSETS_TABLE
+
+        import psycopg2
+
+        with psycopg2.connect(**connections.postgres("postgres_default")) as conn, conn.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s)", (OFFSETS_TABLE,))
+            if cur.fetchone()[0] is not None:
+                cur.execute(f"SELECT DISTINCT pipeline FROM {OFFSETS_TABLE}")
+                add_postgres_pipelines(found, [r[0] for r in cur.fetchall()], "postgres_default")
+        conn.close()
+    except Exception as err:
+        errors.append(f"PostgreSQL offsets table via 'postgres_default': {type(err).__name__}: {err}")
+    statuses = []
+    for name in sorted(found.pipelines):
+        spec = found.pipelines[name]
+        sinks = sinks_section(spec, connections)
+        lag, total = lag_section(spec, sinks.rows, connections)
+        sections = [ledger_section(spec, ledger), lag, sinks, windows_section(spec, ledger), full_loads_section(spec)]
+        statuses.append(PipelineStatus(spec, sections, total))
+    return Overview(statuses, found.unresolved, errors, notes, datetime.now(timezone.utc).isoformat(timespec="seconds"))
