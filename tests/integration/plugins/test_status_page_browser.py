@@ -1,0 +1,342 @@
+"""The status page in a real Airflow API server, logged in through headless Chromium, against live data.
+
+Demo-like data: a produce task commits records and offsets through the ledger; the committed records
+(read back with read_committed) are committed by the product's PostgreSQL sink with their Kafka end offsets;
+more records arrive after that (so the pipeline lags); a watermark window is published and re-extracted
+(version 2). Each figure on the page is then compared with what the test reads itself from Kafka,
+PostgreSQL and MariaDB. The screenshot goes to ``$EO_ARTIFACTS`` (default ``artifacts/``).
+
+Budget: no Spark session here (a cold one costs 40-60 s on the shared 2-core box): the batch reaches
+``PostgresSink.commit`` as Arrow, which is what the sink takes from Spark (``df.select(...).toArrow()``).
+The Delta and files sinks and the full-load records are read by the same page code from their own
+commit logs; tests/unit/plugins covers those sections, the sinks' own tests cover the writes.
+The API server starts (and serializes the DAGs) while the data is prepared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import MySQLdb
+import psycopg2
+import pyarrow as pa
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ready_
+from selenium.webdriver.support.ui import WebDriverWait
+
+from exactly_once_provider.offsets import read_committed_offset
+from exactly_once_provider.operators.kafka_produce import SourceRecord, TransactionalProduceOperator
+from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
+from exactly_once_provider.plugins.links import PipelineStatusLink
+from exactly_once_provider.spark_jobs.batch import BatchCommit
+from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
+from tests.kafka_support import new_topic
+
+REPO = Path(__file__).resolve().parents[3]
+CHROMEDRIVER = "/usr/bin/chromedriver"
+USER, PASSWORD = "operator", "eo-browser-test"
+
+DAG_FILE = '''
+import pendulum
+from airflow.sdk import DAG, Param
+from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
+from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
+
+with DAG("ui_stream", schedule=None, start_date=pendulum.datetime(2026, 1, 1), params={"pipeline": Param(%(p)r)}):
+    TransactionalProduceOperator(task_id="produce", topic=%(topic)r, pipeline="{{ params.pipeline }}",
+                                 delivery_mode="exactly_once", producer_function="builtins.iter",
+                                 offsets_topic=%(ledger)r)
+    SparkKafkaToSinkOperator(task_id="to_postgres", pipeline="{{ params.pipeline }}", topics=%(topic)r,
+                             sink="postgres", sink_table=%(pg_table)r, checkpoint_location="/tmp/unused")
+
+with DAG("ui_settle", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+    WatermarkExtractOperator(task_id="extract", table=%(table)r, cursor_column="updated_at", cursor_kind="timestamp",
+                             topic=%(wm_topic)r, pipeline=%(p_wm)r, offsets_topic=%(ledger)r)
+'''
+
+
+class ArrowBatch:
+    """A committed batch as the sink receives it from Spark: ``select(columns).toArrow()``."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    def select(self, *columns: str) -> ArrowBatch:
+        return ArrowBatch(self.table.select(list(columns)))
+
+    def toArrow(self) -> pa.Table:  # noqa: N802 - Spark's name
+        return self.table
+
+
+def _numbers(resume_after, count):
+    for n in range((resume_after or 0) + 1, count + 1):
+        yield SourceRecord(offset=n, key=f"k{n % 7}", value=json.dumps({"n": n}))
+
+
+def _consumer(bootstrap: str) -> Consumer:
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex[:8]}",
+                     "isolation.level": "read_committed", "enable.auto.commit": False,
+                     "enable.partition.eof": True})
+
+
+def _end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    consumer = _consumer(bootstrap)
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
+    finally:
+        consumer.close()
+
+
+def _committed_batch(bootstrap: str, topic: str, ends: dict[int, int]) -> pa.Table:
+    """Read the topic's committed records up to ``ends`` (read_committed), as the sink's columns."""
+    consumer = _consumer(bootstrap)
+    rows = []
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        pending, deadline = {p for p, end in ends.items() if end > 0}, time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                if message.offset() >= ends[message.partition()]:
+                    pending.discard(message.partition())
+                continue
+            if message.offset() + 1 >= ends[message.partition()]:
+                pending.discard(message.partition())
+            rows.append((topic, message.partition(), message.offset(), message.key().decode(),
+                         message.value().decode()))
+    finally:
+        consumer.close()
+    assert not pending, f"partitions {pending} not read to {ends}"
+    return pa.table(list(zip(*rows)), names=["kafka_topic", "kafka_partition", "kafka_offset", "record_key",
+                                             "record_value"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def names(stack):
+    tag = uuid.uuid4().hex[:6]
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    return {"p": f"ui_orders_{tag}", "p_wm": f"ui_settle_{tag}", "bootstrap": bootstrap,
+            "topic": new_topic(bootstrap, partitions=2, prefix="ui"), "wm_topic": new_topic(bootstrap, prefix="uiwm"),
+            "ledger": f"eo-offsets-ui-{tag}", "pg_table": f"ui_orders_{tag}", "table": f"ui_src_{tag}"}
+
+
+@pytest.fixture
+def api_server(names, airflow_home, tmp_path):
+    """A real Airflow API server (simple auth manager, one viewer) serving the demo DAGs; starts in background."""
+    home = tmp_path / "airflow"
+    home.mkdir()
+    shutil.copy(Path(airflow_home["AIRFLOW_HOME"]) / "airflow.db", home / "airflow.db")  # already migrated
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "ui_demo.py").write_text(DAG_FILE % names)
+    (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
+    port = _free_port()
+    env = {**airflow_home, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+           "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+           "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
+    airflow = shlex.quote(str(Path(sys.executable).parent / "airflow"))
+    log_path = tmp_path / "api-server.log"
+    log = open(log_path, "w")
+    # The DAGs reach the metadata DB the way the dag processor puts them there, then the server starts.
+    server = subprocess.Popen(
+        ["sh", "-c", f"{airflow} dags reserialize && exec {airflow} api-server --host 127.0.0.1 --port {port} "
+                     "--workers 1"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> str:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, log_path.read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=2)
+                return url
+            except OSError:
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.5)
+
+    try:
+        yield ready, env
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(30)
+        log.close()
+
+
+@pytest.fixture
+def demo(names, api_server, stack, airflow_connections):
+    """Produce through the ledger, commit a batch into the PostgreSQL sink, then lag; publish a window twice."""
+    d = names
+
+    def produce(count):
+        return TransactionalProduceOperator(
+            task_id="produce", topic=d["topic"], pipeline=d["p"], delivery_mode="exactly_once",
+            producer_function=_numbers, producer_function_kwargs={"count": count}, offsets_topic=d["ledger"],
+            max_records_per_transaction=200, commit_interval_ms=100_000).execute({})
+
+    produce(600)
+    ends = _end_offsets(d["bootstrap"], d["topic"], 2)
+    sink = PostgresSink(d["pg_table"], d["p"], {"host": stack.HOST, "port": stack.POSTGRES_PORT,
+                                                "dbname": stack.DB_NAME, "user": stack.DB_USER,
+                                                "password": stack.DB_PASSWORD})
+    sink.ensure_tables()
+    batch = _committed_batch(d["bootstrap"], d["topic"], ends)
+    assert sink.commit(ArrowBatch(batch), BatchCommit(d["p"], "ui-ckpt", 0, {d["topic"]: ends}))
+    produce(750)  # 150 more records after the sink commit: the pipeline now lags
+
+    with MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
+                         database=stack.DB_NAME, autocommit=True) as conn:
+        cur = conn.cursor()
+        cur.execute(f"CREATE TABLE {d['table']} (id BIGINT PRIMARY KEY, amount INT NOT NULL, updated_at "
+                    "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (updated_at))")
+        cur.executemany(f"INSERT INTO {d['table']} (id, amount, updated_at) VALUES (%s, %s, %s)",
+                        [(i, i * 10, "2026-11-19 10:00:00") for i in range(1, 41)])
+    for reextract in (False, True):
+        WatermarkExtractOperator(task_id="extract", table=d["table"], cursor_column="updated_at",
+                                 cursor_kind="timestamp", topic=d["wm_topic"], pipeline=d["p_wm"],
+                                 offsets_topic=d["ledger"], batch_id="2026-11-20",
+                                 interval_end="2026-11-20T00:00:00+00:00", reextract=reextract,
+                                 safety_lag=0).execute({})
+    return d
+
+
+@pytest.fixture
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1500,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(120)
+    yield driver
+    driver.quit()
+
+
+def _screenshot(driver, name: str, full: bool = True) -> Path:
+    folder = Path(os.environ.get("EO_ARTIFACTS") or REPO / "artifacts")
+    folder.mkdir(parents=True, exist_ok=True)
+    if full:
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(1500, min(max(height + 40, 800), 6000))
+    else:
+        driver.set_window_size(1500, 1000)
+    path = folder / name
+    driver.save_screenshot(str(path))
+    return path
+
+
+def _cells(driver, pipeline: str, section: str, column: str) -> list[str]:
+    css = f'td[data-pipeline="{pipeline}"][data-section="{section}"][data-column="{column}"]'
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+
+
+def test_status_page_shows_the_live_figures_after_logging_in(demo, api_server, browser, stack, monkeypatch):
+    ready, env = api_server
+    url = ready()
+    anonymous = urllib.request.Request(f"{url}/exactly-once/api/pipelines")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(anonymous, timeout=30)
+    assert refused.value.code == 401  # behind Airflow's authentication
+
+    browser.get(f"{url}/exactly-once/")
+    wait = WebDriverWait(browser, 60)
+    wait.until(ready_.presence_of_element_located((By.CSS_SELECTOR, "input[type=password]")))
+    assert "/auth/login" in browser.current_url
+    browser.find_element(By.CSS_SELECTOR, "input[name=username], input[type=text]").send_keys(USER)
+    browser.find_element(By.CSS_SELECTOR, "input[type=password]").send_keys(PASSWORD)
+    browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    p, p_wm = demo["p"], demo["p_wm"]
+    wait.until(ready_.presence_of_element_located((By.CSS_SELECTOR, f'div.card[data-pipeline="{p}"]')))
+    shot = _screenshot(browser, "exactly_once_status_page.png")
+    assert shot.stat().st_size > 10_000
+
+    # Ledger: the committed offset, sequence and records, read independently.
+    committed = read_committed_offset({"bootstrap.servers": demo["bootstrap"]}, p, "0", demo["ledger"])
+    assert committed.offset == 750
+    assert _cells(browser, p, "ledger", "offset") == ["750"]
+    assert _cells(browser, p, "ledger", "sequence") == [str(committed.sequence)]
+    assert _cells(browser, p, "ledger", "records") == [str(committed.records)]
+
+    # The PostgreSQL sink's commit and the lag behind it, read with plain SQL and a Kafka client.
+    with psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
+                          password=stack.DB_PASSWORD) as conn, conn.cursor() as cur:
+        cur.execute("SELECT kafka_partition, next_offset, batch_id FROM eo_stream_offsets WHERE pipeline = %s "
+                    "ORDER BY kafka_partition", (p,))
+        sink_rows = cur.fetchall()
+        cur.execute(f"SELECT count(*) FROM {demo['pg_table']}")
+        sink_count = cur.fetchone()[0]
+    conn.close()
+    assert sink_count == 600
+    assert _cells(browser, p, "sink", "batch id") == [str(sink_rows[0][2])]
+    assert _cells(browser, p, "sink", "rows in sink") == ["600"]
+    ends = _end_offsets(demo["bootstrap"], demo["topic"], 2)
+    assert _cells(browser, p, "lag", "end offset") == [str(ends[0]), str(ends[1])]
+    lags = [ends[partition] - next_offset for partition, next_offset, _ in sink_rows]
+    assert sum(lags) >= 150  # 150 records (and their transaction markers) arrived after the commit
+    assert _cells(browser, p, "lag", "lag") == [str(lag) for lag in lags]
+    assert _cells(browser, p, "summary", "lag") == [str(sum(lags))]
+    card = browser.find_element(By.CSS_SELECTOR, f'div.card[data-pipeline="{p}"]')
+    assert card.get_attribute("data-state") == "behind"
+
+    # The settlement window: batch 2026-11-20 re-extracted as version 2, with the source's row count.
+    with MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
+                         database=stack.DB_NAME) as conn:
+        cur = conn.cursor()
+        cur.execute(f"SELECT count(*) FROM {demo['table']}")
+        source_rows = cur.fetchone()[0]
+    assert _cells(browser, p_wm, "windows", "batch") == ["2026-11-20"]
+    assert _cells(browser, p_wm, "windows", "version") == ["2"]
+    assert _cells(browser, p_wm, "windows", "rows") == [str(source_rows)] == ["40"]
+    assert _cells(browser, p_wm, "ledger", "version") == ["2"]
+
+    # The operators' extra link (computed where the task runs, with the same [api] base_url) opens this page
+    # filtered to the pipeline.
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", env["AIRFLOW__API__BASE_URL"])
+    link = PipelineStatusLink().get_link(SparkKafkaToSinkOperator(
+        task_id="t", pipeline=p, topics=demo["topic"], sink="postgres", sink_table=demo["pg_table"],
+        checkpoint_location="/tmp/unused"), ti_key=None)
+    assert link == f"{url}/exactly-once/?pipeline={p}"
+    browser.get(link)
+    assert [c.get_attribute("data-pipeline") for c in browser.find_elements(By.CSS_SELECTOR, "div.card")] == [p]
+
+    # Inside the Airflow UI: the navigation entry frames the same page.
+    browser.get(f"{url}/plugin/exactly-once")
+    frame = wait.until(ready_.presence_of_element_located((By.CSS_SELECTOR, "iframe")))
+    browser.switch_to.frame(frame)
+    wait.until(ready_.presence_of_element_located((By.CSS_SELECTOR, f'div.card[data-pipeline="{p}"]')))
+    browser.switch_to.default_content()
+    _screenshot(browser, "exactly_once_in_airflow_ui.png", full=False)
