@@ -25,10 +25,10 @@ h1{font-size:20px;margin:0 0 4px} .meta{color:#5b6675;margin-bottom:14px}
 .card h2{font-size:17px;margin:0;display:inline-block} .found{color:#5b6675;font-size:12px;margin-left:8px}
 .badge{display:inline-block;padding:1px 9px;border-radius:10px;font-weight:600;font-size:12px;color:var(--c);background:var(--b);margin-left:8px}
 h3{font-size:13px;margin:12px 0 4px;color:#33404f;text-transform:uppercase;letter-spacing:.03em}
-table.t{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
+table.t{border-collapse:collapse;min-width:60%;font-variant-numeric:tabular-nums}
 table.t th{background:#f1f3f6;font-weight:600;text-align:left;padding:4px 8px;border-bottom:1px solid #d5dae0;white-space:nowrap}
 table.t td{padding:4px 8px;border-bottom:1px solid #eef0f3;vertical-align:top;word-break:break-word}
-td.num{text-align:right;white-space:nowrap} td.lagbad{color:#8a5a00;font-weight:700} td.lagok{color:#1f7a3a;font-weight:700}
+table.t td.num,table.t th.num,.summary td.num{text-align:right;white-space:nowrap} td.lagbad{color:#8a5a00;font-weight:700} td.lagok{color:#1f7a3a;font-weight:700}
 .err{color:#b42318;background:#fde8e7;padding:4px 8px;border-radius:4px;margin:4px 0}
 .muted{color:#7a8594;font-size:12px;margin-top:8px} .note{color:#5b6675;font-size:12px}
 """
@@ -46,7 +46,9 @@ def _section(pipeline: str, section: Section) -> str:
         parts.append(f'<div class="err" data-pipeline="{escape(pipeline)}" data-section="{section.slug}" '
                      f'data-error="1">could not read: {escape(section.error)}</div>')
     if section.rows:
-        head = "".join(f"<th>{escape(c)}</th>" for c in section.columns)
+        numeric = {c for c in section.columns if all(isinstance(r.get(c), int) and not isinstance(r.get(c), bool)
+                                                     for r in section.rows)}
+        head = "".join(f'<th{" class=num" if c in numeric else ""}>{escape(c)}</th>' for c in section.columns)
         body = []
         for row in section.rows:
             cells = []

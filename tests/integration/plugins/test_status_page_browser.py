@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shlex
 import shutil
 import signal
 import socket
@@ -164,36 +163,47 @@ def api_server(names, airflow_home, tmp_path):
            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
-    airflow = shlex.quote(str(Path(sys.executable).parent / "airflow"))
-    log_path = tmp_path / "api-server.log"
-    log = open(log_path, "w")
-    # The DAGs reach the metadata DB the way the dag processor puts them there, then the server starts.
-    server = subprocess.Popen(
-        ["sh", "-c", f"{airflow} dags reserialize && exec {airflow} api-server --host 127.0.0.1 --port {port} "
-                     "--workers 1"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("reserialize", "api-server")}
+    # The DAGs reach the metadata DB the way the dag processor puts them there; the server needs them only when
+    # the page is read, so both start together (each Airflow start-up costs tens of seconds on a loaded box).
+    processes = {
+        "reserialize": subprocess.Popen([airflow, "dags", "reserialize"], env=env, stdout=logs["reserialize"],
+                                        stderr=subprocess.STDOUT, start_new_session=True),
+        "api-server": subprocess.Popen([airflow, "api-server", "--host", "127.0.0.1", "--port", str(port),
+                                        "--workers", "1"], env=env, stdout=logs["api-server"],
+                                       stderr=subprocess.STDOUT, start_new_session=True),
+    }
     url = f"http://127.0.0.1:{port}"
 
+    def log_tail(name: str) -> str:
+        return (tmp_path / f"{name}.log").read_text()[-3000:]
+
     def ready() -> str:
+        assert processes["reserialize"].wait(300) == 0, log_tail("reserialize")
         deadline = time.monotonic() + 180
         while True:
-            assert server.poll() is None, log_path.read_text()[-3000:]
+            assert processes["api-server"].poll() is None, log_tail("api-server")
             try:
                 urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=2)
                 return url
             except OSError:
-                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, log_tail("api-server")
                 time.sleep(0.5)
 
     try:
         yield ready, env
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(30)
-        log.close()
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(30)
+        for log in logs.values():
+            log.close()
 
 
 @pytest.fixture

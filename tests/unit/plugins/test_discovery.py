@@ -1,0 +1,75 @@
+"""Pipeline discovery from serialized DAGs, ledger keys and the PostgreSQL offsets table."""
+
+from __future__ import annotations
+
+import pendulum
+import pytest
+from airflow.sdk import DAG, Param
+from airflow.serialization.serialized_objects import DagSerialization
+
+from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
+from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
+from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
+from exactly_once_provider.plugins.discovery import (
+    Discovery, SinkSpec, add_dags, add_ledger_keys, add_postgres_pipelines, render,
+)
+
+START = pendulum.datetime(2026, 1, 1)
+
+
+def _serialized(dag):
+    """Round-trip through Airflow's serialization: what the API server reads from the metadata DB."""
+    return DagSerialization.from_dict(DagSerialization.to_dict(dag))
+
+
+def _dags():
+    with DAG("stream", schedule=None, start_date=START, params={"pipeline": Param("orders"), "ledger": "eo-l"}) as one:
+        TransactionalProduceOperator(task_id="produce", topic="orders-t", pipeline="{{ params.pipeline }}",
+                                     delivery_mode="exactly_once", producer_function="builtins.iter",
+                                     offsets_topic="{{ params.ledger }}")
+        SparkKafkaToSinkOperator(task_id="to_delta", pipeline="{{ params.pipeline }}", topics="orders-t, more",
+                                 sink="delta", sink_path="/lake/orders", checkpoint_location="/ck")
+        MySqlFullLoadOperator(task_id="load", table="orders", sink_path="/lake/orders_full")
+    with DAG("settle", schedule=None, start_date=START) as two:
+        WatermarkExtractOperator(task_id="extract", table="t", cursor_column="c", cursor_kind="id", topic="s-t",
+                                 pipeline="settle-{{ ds }}")
+        SparkKafkaToSinkOperator(task_id="to_pg", pipeline="settle_pg", topics="s-t", sink="postgres",
+                                 sink_table="public.settled", checkpoint_location="/ck2")
+    with DAG("history_only", schedule=None, start_date=START) as three:
+        MySqlFullLoadOperator(task_id="load", table="customers", sink_path="/lake/customers")
+    return [_serialized(d) for d in (one, two, three)]
+
+
+def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_listed():
+    found = add_dags(Discovery(), _dags())
+
+    assert set(found.pipelines) == {"orders", "settle_pg", "history_only"}
+    orders = found.pipelines["orders"]
+    assert orders.topics == {"orders-t", "more"}
+    assert orders.offsets_topics == {"eo-l"}
+    assert orders.sinks == {SinkSpec("delta", "/lake/orders", None)}
+    assert orders.full_loads == {"/lake/orders_full"}
+    assert orders.dag_ids == {"stream"} and orders.found_in == {"dag"}
+    assert found.pipelines["settle_pg"].sinks == {SinkSpec("postgres", "public.settled", None)}
+    assert found.pipelines["history_only"].full_loads == {"/lake/customers"}
+    assert len(found.unresolved) == 1 and found.unresolved[0].startswith("settle.extract: 'settle-{{ ds }}'")
+    assert found.offsets_topics() == {"eo-offsets", "eo-l"}
+
+
+def test_ledger_keys_and_postgres_rows_add_pipelines_no_dag_names():
+    found = add_dags(Discovery(), _dags())
+    add_ledger_keys(found, ["orders/0", "external/db1.users"], "eo-offsets")
+    add_postgres_pipelines(found, ["settle_pg", "pg_only"], "postgres_default")
+
+    assert found.pipelines["orders"].found_in == {"dag", "ledger"}
+    assert found.pipelines["external"].offsets_topics == {"eo-offsets"}
+    assert found.pipelines["settle_pg"].sinks == {SinkSpec("postgres", "public.settled", None)}  # not twice
+    assert found.pipelines["pg_only"].sinks == {SinkSpec("postgres", "", "postgres_default")}
+
+
+def test_render_refuses_what_only_a_run_knows():
+    assert render("{{ params.p }}-x", {"p": "a"}) == "a-x"
+    assert render(5, {}) == 5
+    with pytest.raises(ValueError, match="known only when a run renders it"):
+        render("{{ ds }}", {})

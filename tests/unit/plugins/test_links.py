@@ -1,0 +1,85 @@
+"""Operator extra links, their registration, and the plugin's registration through the entry point."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+
+from airflow.plugins_manager import AirflowPlugin
+
+from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
+from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
+from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
+from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink, push_link, watch_spark_ui
+from exactly_once_provider.provider_info import get_provider_info
+
+
+def _stream(**kwargs):
+    return SparkKafkaToSinkOperator(task_id="t", pipeline="orders cdc", topics="t", sink="delta", sink_path="/x",
+                                    checkpoint_location="/c", **kwargs)
+
+
+def test_pipeline_link_points_at_the_status_page_of_the_rendered_pipeline(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example/")
+    assert PipelineStatusLink().get_link(_stream(), ti_key=None) == \
+        "https://airflow.example/exactly-once/?pipeline=orders%20cdc"
+    monkeypatch.delenv("AIRFLOW__API__BASE_URL")
+    assert PipelineStatusLink().get_link(_stream(), ti_key=None).startswith("/exactly-once/?pipeline=")
+    assert PipelineStatusLink().get_link(object(), ti_key=None) == ""
+
+
+def test_every_pipeline_operator_has_the_status_link_and_the_stream_has_the_spark_ui():
+    for operator in (TransactionalProduceOperator, WatermarkExtractOperator, SparkKafkaToSinkOperator):
+        assert "Pipeline status" in [link.name for link in operator.operator_extra_links], operator
+    assert [link.name for link in SparkKafkaToSinkOperator.operator_extra_links] == ["Pipeline status", "Spark UI"]
+    assert not MySqlFullLoadOperator.operator_extra_links  # no pipeline name to link to
+    for path in get_provider_info()["extra-links"]:
+        module, name = path.rsplit(".", 1)
+        assert getattr(importlib.import_module(module), name)().name
+
+
+class _Hook:
+    def __init__(self):
+        self.seen = []
+
+    def _process_spark_submit_log(self, lines):
+        self.seen = list(lines)
+
+
+class _TI:
+    def __init__(self):
+        self.pushed = {}
+
+    def xcom_push(self, key, value):
+        self.pushed[key] = value
+
+
+def test_spark_ui_address_is_taken_from_the_submit_output_and_pushed_at_once():
+    hook, found = _Hook(), []
+    lines = ["INFO Utils: started", "INFO SparkUI: Bound SparkUI to 0.0.0.0, and started at http://h1:4041",
+             "INFO SparkUI: Bound SparkUI to 0.0.0.0, and started at http://h2:4042"]
+    with watch_spark_ui(hook, found.append):
+        hook._process_spark_submit_log(iter(lines))
+    assert hook.seen == lines  # the hook still gets every line
+    assert found == ["http://h1:4041"]
+    assert hook._process_spark_submit_log.__func__ is _Hook._process_spark_submit_log  # restored
+
+    operator, ti = _stream(), _TI()
+    operator._show_spark_ui({"ti": ti}, "http://h1:4041")
+    assert ti.pushed == {SparkUILink().xcom_key: "http://h1:4041"}
+    assert SparkUILink().get_link(operator, ti_key=None) == "http://h1:4041"
+    assert SparkUILink().get_link(_stream(), ti_key=None) == ""
+    assert push_link({}, SparkUILink(), "http://x") is False
+
+
+def test_plugin_is_registered_through_the_airflow_plugins_entry_point():
+    (entry,) = [e for e in importlib.metadata.entry_points(group="airflow.plugins") if e.name == "exactly_once"]
+    plugin = entry.load()
+    assert issubclass(plugin, AirflowPlugin) and plugin.name == "exactly_once"
+    (app,) = plugin.fastapi_apps
+    assert app["url_prefix"] == "/exactly-once"
+    assert {r.path for r in app["app"].routes} >= {"/", "/api/pipelines"}
+    (view,) = plugin.external_views
+    assert view["href"] == "exactly-once/" and view["destination"] == "nav"
+    assert "plugins" not in get_provider_info()  # registered once: the entry point
