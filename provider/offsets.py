@@ -35,12 +35,14 @@ import json
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from exactly_once_provider.topic_reader import read_until
 
 OFFSETS_SCHEMA_VERSION = 1
 DEFAULT_OFFSETS_TOPIC = "eo-offsets"
@@ -249,7 +251,7 @@ def topic_end_offsets(config: dict[str, Any], topic: str) -> dict[int, int]:
 
 
 def _latest_values(consumer_config: dict[str, Any], topic: str, timeout: float,
-                   wanted: Any) -> dict[bytes, bytes]:
+                   wanted: Callable[[bytes], bool]) -> dict[bytes, bytes]:
     """Return the latest committed value of each key for which ``wanted(key)`` holds (see read_committed_offset)."""
     try:
         targets = topic_end_offsets(consumer_config, topic)
@@ -257,26 +259,10 @@ def _latest_values(consumer_config: dict[str, Any], topic: str, timeout: float,
         raise ValueError(f"Offsets topic {topic!r} does not exist; create it with ensure_offsets_topic().") from err
     consumer = _consumer(consumer_config, "read_committed")
     try:
-        pending = {p for p, high in targets.items() if high > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
         latest: dict[bytes, bytes] = {}
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"Reading offsets topic {topic!r} did not reach offsets {targets} within {timeout}s: a "
-                    "transaction stays open on it. It ends at the producer's transaction.timeout.ms.")
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    if message.offset() >= targets[message.partition()]:
-                        pending.discard(message.partition())
-                    continue
-                raise KafkaException(message.error())
-            if message.offset() + 1 >= targets[message.partition()]:
-                pending.discard(message.partition())
+        for message in read_until(consumer, topic, {p: OFFSET_BEGINNING for p in targets}, targets, timeout,
+                                  "A transaction stays open on it; it ends at the producer's "
+                                  "transaction.timeout.ms."):
             if message.key() is not None and message.value() is not None and wanted(message.key()):
                 latest[message.key()] = message.value()
         return latest
