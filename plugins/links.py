@@ -57,12 +57,16 @@ def watch_spark_ui(hook: Any, found: Callable[[str], None]) -> Iterator[None]:
     Tap the spark-submit output of ``hook`` (a ``SparkSubmitHook``) while it submits; call ``found(url)`` once
     with the driver's Spark UI address as soon as the driver logs it.
 
-    The hook reads the output in ``_process_spark_submit_log(lines)``; the tap passes every line on to it.
+    The hook reads the output in ``_process_spark_submit_log(lines)``; the tap passes every line on to it. A
+    hook without that method (another provider version) is left alone: the job runs, the link stays empty.
 
     :param hook: the submit hook, before ``submit()``.
     :param found: called with the UI address (e.g. to store it and push the link while the job runs).
     """
-    process = hook._process_spark_submit_log
+    process = getattr(hook, "_process_spark_submit_log", None)
+    if process is None:
+        yield
+        return
 
     def scan(lines: Iterable[Any]) -> Iterator[Any]:
         seen = False

@@ -71,6 +71,8 @@ def test_spark_ui_address_is_taken_from_the_submit_output_and_pushed_at_once():
     assert SparkUILink().get_link(operator, ti_key=None) == "http://h1:4041"
     assert SparkUILink().get_link(_stream(), ti_key=None) == ""
     assert push_link({}, SparkUILink(), "http://x") is False
+    with watch_spark_ui(object(), found.append):  # a hook without the output method is left alone
+        pass
 
 
 def test_plugin_is_registered_through_the_airflow_plugins_entry_point():
