@@ -185,6 +185,30 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
         consumer.close()
 
 
+def wait_for_committed_end(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> None:
+    """Wait until read_committed consumers see the end of every partition (LSO == high watermark).
+
+    ``commit_transaction`` returns before the broker has written the commit markers into the data
+    partitions; until then a read_committed reader (Spark's ``availableNow`` target) stops short.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    def ends(isolation: str) -> dict[int, int]:  # ListOffsets(latest) answers the LSO to read_committed
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eo-lso", "isolation.level": isolation,
+                             **QUIET})
+        try:
+            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
+                    for p in range(partitions)}
+        finally:
+            consumer.close()
+
+    deadline = time.monotonic() + timeout
+    while (stable := ends("read_committed")) != (high := ends("read_uncommitted")):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic}: read_committed end {stable} never reached the high watermark {high}")
+        time.sleep(0.2)
+
+
 def assert_exactly(rows: list[tuple], committed: list[tuple[str, str]]) -> None:
     """The sink holds every committed record once and nothing else (aborted records absent), row by row."""
     from collections import Counter
