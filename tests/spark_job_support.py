@@ -154,14 +154,15 @@ def files_rows(root: str) -> list[tuple]:
     return arrow_rows(published_files(root))
 
 
-def postgres_rows(stack, table: str) -> list[tuple]:
+def postgres_rows(stack, table: str,
+                  columns=("kafka_partition", "kafka_offset", "record_key", "record_value")) -> list[tuple]:
     import psycopg2
 
     conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
                             password=stack.DB_PASSWORD)
     try:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT kafka_partition, kafka_offset, record_key, record_value FROM {table}")
+            cur.execute(f"SELECT {', '.join(columns)} FROM {table}")
             return cur.fetchall()
     finally:
         conn.close()

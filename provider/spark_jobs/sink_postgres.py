@@ -169,15 +169,21 @@ class PostgresSink:
                 raise poison.refuse(found, "text with a NUL character (PostgreSQL text cannot store it)", self.kind,
                                     None, state.offsets if state else None)
 
+    def _lock(self, cur, commit: BatchCommit) -> tuple[bool, BatchCommit | None]:
+        """Take the pipeline's transaction lock; return (batch already committed?, the committed state)."""
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
+        previous = self._read_state(cur, self.pipeline)
+        done = previous is not None and previous.checkpoint_id == commit.checkpoint_id \
+            and previous.batch_id >= commit.batch_id
+        return done, previous
+
     def commit(self, df, commit: BatchCommit) -> bool:
         """Write rows + offsets in one transaction; return False if the batch was already committed."""
         conn = self._connect()
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
-                previous = self._read_state(cur, self.pipeline)
-                if previous and previous.checkpoint_id == commit.checkpoint_id \
-                        and previous.batch_id >= commit.batch_id:
+                done, previous = self._lock(cur, commit)
+                if done:
                     conn.rollback()
                     return False
                 rows = self._copy(cur, df)
@@ -221,10 +227,8 @@ class PostgresSink:
         conn = self._connect()
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
-                previous = self._read_state(cur, self.pipeline)
-                if previous and previous.checkpoint_id == commit.checkpoint_id \
-                        and previous.batch_id >= commit.batch_id:
+                done, previous = self._lock(cur, commit)
+                if done:
                     conn.rollback()
                     return False
                 cur.execute(f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s"

@@ -19,7 +19,6 @@ import shutil
 import uuid
 from collections import Counter
 
-import psycopg2
 import pytest
 
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
@@ -68,14 +67,7 @@ def window_rows(stack, sink: str, target: str) -> list[tuple]:
     if sink == "files":
         from exactly_once_provider.spark_jobs.sink_files import published_files
         return jobs.arrow_rows(published_files(target), columns)
-    conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                            password=stack.DB_PASSWORD)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT {', '.join(columns)} FROM {target}")
-            return cur.fetchall()
-    finally:
-        conn.close()
+    return jobs.postgres_rows(stack, target, columns)
 
 
 def assert_windows(rows: list[tuple], source: Counter, versions: dict[str, int]) -> None:
