@@ -8,7 +8,7 @@ lost and the second window is re-extracted: the restarted job takes its start fr
 window only, and a rerun with nothing new changes nothing.
 
 The job runs in this process on the session's local[2] SparkSession (same code path as spark-submit, without
-a JVM start per run); the kill scenarios of window mode use spark-submit (tests/faults).
+a JVM start per run); the kill scenario of window mode uses spark-submit (tests/faults/test_spark_job_kill.py, matrix).
 """
 
 from __future__ import annotations
