@@ -86,7 +86,8 @@ def run_job(args: list[str], capsys) -> dict | None:
     return jobs.result_line(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("sink", ("delta", "postgres", "files"))
+# Delta and PostgreSQL run in the default suite; files (same planning, cheapest sink) in the matrix.
+@pytest.mark.parametrize("sink", ("delta", "postgres", pytest.param("files", marks=pytest.mark.matrix)))
 def test_window_versions_replace_whole_windows_across_a_lost_checkpoint(
         stack, airflow_connections, spark, tmp_path, monkeypatch, capsys, caplog, sink):
     for key, value in jobs.pg_env(stack).items():
