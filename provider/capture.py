@@ -215,7 +215,11 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
     try:
         for item in reader.transactions(resume, until, blocking=request.mode == "continuous"):
             if isinstance(item, SchemaChange):
-                _schema_change(item, request, handoff, stats, progress_log)
+                stop = _schema_change(item, request, stats, progress_log)
+                if stop is not None:
+                    stats.rows += len(batch)
+                    commit()  # everything before the statement; the position stays before it
+                    raise stop
                 position, gtid = item.end, item.gtid or gtid
             elif isinstance(item, SourceTransaction):
                 if item.rows:
@@ -247,22 +251,23 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
     return CaptureResult(position, gtid, stats, resume, first_run)
 
 
-def _schema_change(change: SchemaChange, request: CaptureRequest, handoff: HandoffFilter, stats: CaptureStats,
-                   progress_log: Any) -> None:
+def _schema_change(change: SchemaChange, request: CaptureRequest, stats: CaptureStats,
+                   progress_log: Any) -> AirflowException | None:
+    """Log a DDL on a captured table; return the error to stop with if the stream cannot follow it."""
     names = ", ".join(f"{s}.{t}" for s, t in change.tables)
     covered = all(
         (s, t) in request.handoffs and change.end <= request.handoffs[(s, t)].min_position for s, t in change.tables)
     if covered:
         progress_log.info("DDL at %s on %s is before the full load's snapshot; skipped: %s", change.end, names,
                           change.query[:200])
-        return
+        return None
     if change.kind == "alter":
         stats.schema_changes.append(f"{change.end}: {change.query[:200]}")
         progress_log.warning("Schema change at %s on %s: %s. Following records carry a new schema_version "
                              "(column names come from the binlog's row metadata).", change.end, names,
                              change.query[:200])
-        return
-    raise AirflowException(
+        return None
+    return AirflowException(
         f"{change.query[:200]!r} at {change.end} changes or removes rows of captured table(s) {names} without row "
         "events, so the stream alone can no longer rebuild them. Everything before it is committed. Run a full "
         "reload of these tables (trigger with full_reload=true): the capture continues past this statement once "
