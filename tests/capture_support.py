@@ -144,6 +144,27 @@ def main_row(values: dict) -> tuple:
             stamp(values["ts"]), stamp(values["dt"]))
 
 
+def full_load_rows(sink: str) -> dict:
+    """Read a full load's Delta table (one overwrite commit) with pyarrow: ``{pk json: row}`` (no Spark job)."""
+    import urllib.parse
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    commits = sorted(Path(sink, "_delta_log").glob("*.json"))
+    assert [c.stem for c in commits] == ["0" * 20], f"expected one publish commit, found {commits}"
+    files = [urllib.parse.unquote(json.loads(line)["add"]["path"]) for line in commits[0].read_text().splitlines()
+             if '"add"' in line]
+    rows = {}
+    for name in files:
+        for row in pq.read_table(Path(sink, name)).to_pylist():
+            for column in ("ts", "dt"):
+                if row[column] is not None and row[column].tzinfo is not None:
+                    row[column] = row[column].astimezone(dt.timezone.utc).replace(tzinfo=None)
+            rows[json.dumps({"id": row["id"]})] = row
+    return rows
+
+
 def replay(base: dict, records: list[dict]) -> dict:
     """Apply change records (by version) onto ``{pk: row}``; return the result."""
     state = dict(base)

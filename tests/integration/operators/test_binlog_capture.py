@@ -13,7 +13,6 @@ import time
 
 import pytest
 from airflow.sdk.exceptions import AirflowException
-from pyspark.sql import functions as F
 
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
@@ -22,6 +21,7 @@ from tests.capture_support import (
     Writer,
     check_transactions,
     create_tables,
+    full_load_rows,
     gtid_at,
     gtid_seq,
     main_row,
@@ -39,24 +39,17 @@ def _binlog_end(cur) -> str:
     return f"{file}:{pos}"
 
 
-def _full_load_rows(spark, sink: str) -> dict:
-    stamp = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"  # the session time zone is UTC
-    frame = spark.read.format("delta").load(sink).select(
-        "id", "grp", "amount", "note", F.date_format("ts", stamp).alias("ts"), F.date_format("dt", stamp).alias("dt"))
-    return {json.dumps({"id": r["id"]}): r.asDict() for r in frame.collect()}
-
-
 def test_full_load_mid_writer_then_capture_replays_to_the_source(stack, spark, airflow_connections, tmp_path, caplog,
                                                                  capfd):
     main, side = unique_name("cap_main"), unique_name("cap_side")
     pipeline = unique_name("cap")
-    spark.conf.set("spark.databricks.delta.snapshotPartitions", "2")  # Delta's default 50 tasks dominate
+    spark.conf.set("spark.databricks.delta.snapshotPartitions", "2")  # Delta's default of 50 tasks dominates
     conn = connect(stack)
     cur = conn.cursor()
     create_tables(cur, main, side)
     side_start = _binlog_end(cur)  # the side table has no full load: captured from its creation (empty)
-    seed(cur, main, 2000)
-    writer = Writer(stack, main, side, seeded=2000, pause=0.03)
+    seed(cur, main, 1200)
+    writer = Writer(stack, main, side, seeded=1200, pause=0.03)
     long_conn = connect(stack)
     long_cur = long_conn.cursor()
     try:
@@ -67,10 +60,8 @@ def test_full_load_mid_writer_then_capture_replays_to_the_source(stack, spark, a
         long_cur.execute(f"UPDATE `{main}` SET note = 'long', amount = amount + 100 WHERE id < 5")
         long_cur.execute(f"INSERT INTO `{main}` VALUES (5000000, 0, 0.01, 'long', NULL, NULL)")
         sink = str(tmp_path / "main")
-        t0 = time.monotonic()
-        MySqlFullLoadOperator(task_id="load", table=main, sink_path=sink, chunk_rows=600, chunks_per_job=8,
+        MySqlFullLoadOperator(task_id="load", table=main, sink_path=sink, chunk_rows=300, chunks_per_job=8,
                               spark_conf=stack.spark_conf()).execute({})
-        print(f"TIMING full load {time.monotonic() - t0:.1f}s")
         long_cur.execute("COMMIT")
         long_cur.execute("SELECT @@last_gtid")
         writer.committed.append((long_cur.fetchone()[0], 6, "long"))
@@ -97,13 +88,12 @@ def test_full_load_mid_writer_then_capture_replays_to_the_source(stack, spark, a
     logged = caplog.text + out + err  # the task logger writes through structlog
     assert "rows/s" in logged and "behind the binlog end" in logged and stack.DB_PASSWORD not in logged
 
-    print(f"TIMING captures done {time.monotonic() - t0:.1f}s")
     main_records = topic_records(stack, first["topics"][f"{stack.DB_NAME}.{main}"])
     side_records = topic_records(stack, first["topics"][f"{stack.DB_NAME}.{side}"])
     assert len(main_records) + len(side_records) == first["rows"] + second["rows"]
 
     # Replay: full load + changes by version == source, row by row.
-    replayed = replay(_full_load_rows(spark, sink), main_records)
+    replayed = replay(full_load_rows(sink), main_records)
     expected = {json.dumps({"id": r["id"]}): main_row(r) for r in source_table(stack, main)}
     assert {k: main_row(v) for k, v in replayed.items()} == expected
     replayed_side = replay({}, side_records)
@@ -111,7 +101,6 @@ def test_full_load_mid_writer_then_capture_replays_to_the_source(stack, spark, a
         json.dumps({"id": r["id"]}): (r["id"], r["main_id"], r["qty"]) for r in source_table(stack, side)}
     assert any(r["qty"] > 2**31 for r in source_table(stack, side)), "unsigned values above INT range are covered"
 
-    print(f"TIMING replay done {time.monotonic() - t0:.1f}s")
     # Every committed source transaction exactly once; rolled-back ones never.
     filtered_up_to = gtid_at(stack, handoff.max_position)
     counts = check_transactions(main_records + side_records, writer.committed, writer.rolled_back,
