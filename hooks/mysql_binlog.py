@@ -54,6 +54,7 @@ from exactly_once_provider.positions import BinlogPosition
 _ER_MASTER_FATAL_READING_BINLOG = 1236
 _CONNECTION_ERRORS = (pymysql.err.OperationalError, pymysql.err.InterfaceError, ConnectionError, OSError)
 _EMPTY_SET = "empty set"  # python-mysql-replication's NONE_SOURCE for a SET holding no member
+_OUT_OF_RANGE = "out of date"  # its NONE_SOURCE prefix for zero dates ("out of date range", "... datetime ...")
 _MARIADB_GTID_STANDALONE = 1  # a group of one event (DDL) with no COMMIT/XID after it
 _ROLLBACK = re.compile(r"ROLLBACK\s*(?:WORK\s*)?;?\s*$")  # not "ROLLBACK TO SAVEPOINT"
 TableName = tuple[str, str]
@@ -187,10 +188,15 @@ class TableShape:
             value = row[name]
             if value is not None:
                 row[name] = convert(value)
-        if self.empty_sets and none_sources:
-            for name in self.empty_sets:
-                if none_sources.get(name) == _EMPTY_SET:
+        if none_sources:
+            for name, why in none_sources.items():
+                if why == _EMPTY_SET and name in self.empty_sets:
                     row[name] = []
+                elif why.startswith(_OUT_OF_RANGE):
+                    raise AirflowException(
+                        f"Column {name!r} of {self.schema}.{self.table} holds a zero or invalid date ({why}), which "
+                        "has no date value: the capture refuses to turn it into NULL. Fix the row in the source "
+                        "(and set sql_mode NO_ZERO_DATE,NO_ZERO_IN_DATE), then run a full reload of the table.")
         return row
 
     def key_of(self, values: dict[str, Any]) -> tuple:

@@ -97,6 +97,11 @@ def test_empty_set_is_an_empty_array_and_null_stays_null():
     assert shape.convert({"id": 1, "s": None}, {"s": "null"}) == {"id": 1, "s": None}
 
 
+def test_a_zero_date_is_an_error_not_a_null():
+    with pytest.raises(AirflowException, match="zero or invalid date"):
+        _shape().convert({"id": 1, "s": None}, {"s": "out of datetime2 range"})
+
+
 def test_a_missing_key_column_is_a_clear_error():
     with pytest.raises(AirflowException, match="dropped or renamed"):
         _shape().key_of({"s": 1})
