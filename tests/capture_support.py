@@ -38,8 +38,9 @@ class Writer(threading.Thread):
     """
 
     def __init__(self, stack, main: str, side: str, seeded: int, reserved: int = 10, seed_value: int = 7,
-                 pause: float = 0.005) -> None:
+                 pause: float = 0.005, tag_prefix: str = "w") -> None:
         super().__init__(daemon=True)
+        self.tag_prefix = tag_prefix
         self.stack, self.main, self.side, self.pause = stack, main, side, pause
         self.rnd = random.Random(seed_value)
         self.live = set(range(reserved, seeded))
@@ -57,7 +58,7 @@ class Writer(threading.Thread):
             n = 0
             while not self.stop.is_set():
                 n += 1
-                self.transaction(cur, f"w{n}")
+                self.transaction(cur, f"{self.tag_prefix}{n}")
                 time.sleep(self.pause)
             conn.close()
         except BaseException as err:  # noqa: BLE001 - reported by the test
