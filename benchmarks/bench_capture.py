@@ -78,7 +78,6 @@ def main() -> int:
     def capture() -> float:
         op = BinlogCaptureOperator(task_id="bench", tables=[table], pipeline=f"bench-cap-{uuid.uuid4().hex[:6]}",
                                    start_position=f"{start_file}:{start_pos}", progress_interval=3600)
-        op.log.setLevel(logging.WARNING)
         result = op.execute({})
         assert result["rows"] == changes, (result["rows"], changes)
         return result["rows"] / result["seconds"]

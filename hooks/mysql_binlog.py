@@ -182,8 +182,8 @@ class TableShape:
     key_fixes: tuple[Callable[[Any], Any] | None, ...]
 
     def convert(self, values: dict[str, Any], none_sources: dict[str, str]) -> dict[str, Any]:
-        """Return the row as JSON-safe values (a new dict)."""
-        row = dict(values)
+        """Return the row with JSON-safe values (converted in place: the decoded row is not used again)."""
+        row = values
         for name, convert in self.converters:
             value = row[name]
             if value is not None:
@@ -588,22 +588,26 @@ class BinlogReader:
 
 
 def _row_changes(event: Any, shape: TableShape, file: str, event_start: int) -> Iterator[RowChange]:
+    # Keys first: convert() rewrites the decoded values in place.
     if isinstance(event, WriteRowsEvent):
         for index, row in enumerate(event.rows):
             values = row["values"]
-            yield RowChange(shape, "c", None, shape.convert(values, row["none_sources"]), None, shape.key_of(values),
-                            file, event_start, index)
+            key = shape.key_of(values)
+            yield RowChange(shape, "c", None, shape.convert(values, row["none_sources"]), None, key, file,
+                            event_start, index)
     elif isinstance(event, DeleteRowsEvent):
         for index, row in enumerate(event.rows):
             values = row["values"]
-            yield RowChange(shape, "d", shape.convert(values, row["none_sources"]), None, shape.key_of(values), None,
-                            file, event_start, index)
+            key = shape.key_of(values)
+            yield RowChange(shape, "d", shape.convert(values, row["none_sources"]), None, key, None, file,
+                            event_start, index)
     else:
         for index, row in enumerate(event.rows):
             before, after = row["before_values"], row["after_values"]
+            key_before, key_after = shape.key_of(before), shape.key_of(after)
             yield RowChange(shape, "u", shape.convert(before, row["before_none_sources"]),
-                            shape.convert(after, row["after_none_sources"]), shape.key_of(before),
-                            shape.key_of(after), file, event_start, index)
+                            shape.convert(after, row["after_none_sources"]), key_before, key_after, file,
+                            event_start, index)
 
 
 __all__ = ["BinlogReader", "Idle", "MySqlBinlogHook", "PurgedPositionError", "RowChange", "SchemaChange",
