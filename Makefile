@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -58,3 +58,6 @@ bench-spark-sinks: stack-up  ## Kafka -> Spark -> sink: exactly-once vs at-least
 constraints: setup  ## re-pin constraints.txt from the current .venv
 	(echo "# Exact versions tested together (uv pip freeze of .venv). Regenerate: make constraints"; \
 	  .venv/bin/uv pip freeze -p $(PY) | grep -v -i "airflow-provider-exactly-once") > constraints.txt
+
+bench-capture: stack-up  ## binlog capture into Kafka (exactly_once) vs the raw python-mysql-replication read of the same binlog
+	$(PY) benchmarks/bench_capture.py $(BENCH_ARGS)
