@@ -145,6 +145,7 @@ def _purge_to(cur, keep: str, gone: str) -> None:
     raise AssertionError(f"{gone} could not be purged")
 
 
+@pytest.mark.exclusive  # purges binlogs other tests' positions may still need, and ends their dump threads
 def test_a_purged_start_position_asks_for_a_full_reload(stack, airflow_connections):
     conn = connect(stack)
     cur = conn.cursor()
