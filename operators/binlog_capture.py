@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly_once_provider.capture import MODES, CaptureRequest, parse_position, run_capture
 from exactly_once_provider.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
+from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook, TransactionPolicy
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook, replica_server_id
@@ -56,6 +57,7 @@ class BinlogCaptureOperator(BaseOperator):
         "source_partition", "mysql_conn_id", "kafka_config_id", "offsets_topic",
     )
     ui_color = "#e8f0f4"
+    operator_extra_links = (PipelineStatusLink(),)
 
     def __init__(self, *, tables: Sequence[str] | str, pipeline: str,
                  full_load_paths: Mapping[str, str] | None = None, start_position: str | None = None,

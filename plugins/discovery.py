@@ -3,7 +3,8 @@
 A pipeline is found in three places, merged by its name:
 
 1. the DAGs: every task of this provider's operators in the serialized DAGs (the metadata DB copy the
-   API server already reads) names its pipeline, topics, offsets topic and sink. Templated values of the
+   API server already reads) names its pipeline, topics, offsets topic and sink (a binlog capture also
+   names its tables' full loads). Templated values of the
    form ``{{ params.x }}`` are rendered with the DAG's Param defaults; a value that needs a run (e.g.
    ``{{ ds }}``) cannot be known before the run and is listed as unresolved instead of guessed;
 2. the offsets ledger: every ``<pipeline>/<source_partition>`` key of the offsets topics the DAGs name
@@ -94,6 +95,23 @@ def _topics(value: Any) -> set[str]:
     return {t.strip() for item in items for t in str(item).split(",") if t.strip()}
 
 
+def _capture_topics(task: Any, pipeline: str, params: Mapping[str, Any]) -> set[str]:
+    """Return the topics of a binlog capture task: one per ``schema.table`` (a bare table needs the connection)."""
+    from exactly_once_provider.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
+
+    tables = render(task.tables, params)
+    names = [tables] if isinstance(tables, str) else list(tables or ())
+    template = render(getattr(task, "topic_template", DEFAULT_TOPIC_TEMPLATE), params)
+    topics = set()
+    for name in (n.strip() for item in names for n in str(item).split(",") if n.strip()):
+        schema, _, table = name.rpartition(".")
+        if not schema:
+            raise ValueError(f"table {name!r} takes its schema from the MySQL connection: name it schema.table "
+                             "for its topic to be shown")
+        topics.add(topic_for(template, pipeline, schema, table))
+    return topics
+
+
 def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
     """
     Add the pipelines the tasks of ``dags`` declare (serialized or parsed DAG objects).
@@ -123,6 +141,11 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
                     spec.sinks.add(SinkSpec(render(task.sink, params), render(location, params),
                                             getattr(task, "postgres_conn_id", None)))
                     spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))
+                elif kind == "BinlogCaptureOperator":
+                    spec.topics |= _capture_topics(task, spec.name, params)
+                    spec.full_loads |= {render(path, params) for path in (task.full_load_paths or {}).values()}
+                    spec.offsets_topics.add(render(getattr(task, "offsets_topic", DEFAULT_OFFSETS_TOPIC), params))
+                    spec.kafka_conn_ids.add(render(getattr(task, "kafka_config_id", "kafka_default"), params))
                 else:
                     spec.topics.add(render(task.topic, params))
                     spec.offsets_topics.add(render(getattr(task, "offsets_topic", DEFAULT_OFFSETS_TOPIC), params))

@@ -16,8 +16,9 @@ from airflow.sdk import BaseOperatorLink
 
 from exactly_once_provider.plugins.app import URL_PREFIX
 
-# Spark's driver logs "Bound SparkUI to 0.0.0.0, and started at http://host:4040" (SparkUI.scala).
-_SPARK_UI = re.compile(r"SparkUI.*started at (https?://\S+)")
+# The packaged job logs "Spark UI at http://host:4040" (spark_jobs/kafka_to_sink.py); a driver whose log4j level
+# is INFO also logs "Bound SparkUI to 0.0.0.0, and started at http://host:4040" (SparkUI.scala).
+_SPARK_UI = re.compile(r"(?:Spark UI at|SparkUI.*started at) (https?://\S+)")
 
 
 def pipeline_page_url(pipeline: str) -> str:

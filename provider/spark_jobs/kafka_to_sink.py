@@ -278,6 +278,8 @@ def build_session(args: argparse.Namespace):
         builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
     spark = builder.getOrCreate()
+    # The submit operator turns this line into the task's "Spark UI" extra link (plugins/links.py).
+    log.info("Spark UI at %s", spark.sparkContext.uiWebUrl)
     if args.sink == "delta" and spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is None:
         # Delta rebuilds the table state (for the txn ids) with 50 tasks by default: far too many for a small
         # driver; follow the shuffle partitions unless the user set it.

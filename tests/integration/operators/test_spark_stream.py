@@ -18,6 +18,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.plugins.links import SparkUILink
 from tests import spark_job_support as jobs
 from tests.kafka_support import new_topic
 
@@ -72,12 +73,18 @@ def test_on_kill_stops_the_running_stream_and_the_next_run_is_exact(stack, airfl
     target = str(tmp_path / "files-sink")
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=4, per_transaction=30, partitions=2)
     op = _operator(stack, tmp_path, pipeline="op-kill", topics=topic, sink="files", sink_path=target,
-                   trigger="processing-time", interval="1 second", max_offsets_per_trigger=40)
+                   trigger="processing-time", interval="1 second", max_offsets_per_trigger=40,
+                   conf={"spark.jars": stack.spark_conf()["spark.jars"]})  # Spark UI on: its extra link is checked
     outcome: dict = {}
+    links: dict = {}
+
+    class _TaskInstance:
+        def xcom_push(self, key, value):
+            links[key] = value
 
     def run() -> None:
         try:
-            outcome["result"] = op.execute({})
+            outcome["result"] = op.execute({"ti": _TaskInstance()})
         except BaseException as err:  # noqa: BLE001 - the killed submit must surface as an error
             outcome["error"] = err
 
@@ -87,6 +94,10 @@ def test_on_kill_stops_the_running_stream_and_the_next_run_is_exact(stack, airfl
     while op.sink_state() is None and time.monotonic() < deadline and thread.is_alive():
         time.sleep(0.5)
     assert op.sink_state() is not None, f"the stream committed nothing: {outcome}"
+    # The Spark UI extra link is published while the stream runs (not only when the task ends), and answers.
+    assert links == {SparkUILink().xcom_key: op.spark_ui_url}
+    with urllib.request.urlopen(f"{op.spark_ui_url}/jobs/", timeout=30) as page:
+        assert b"Spark Jobs" in page.read()
     pgid = op._hook._submit_sp.pid
     op.on_kill()
     thread.join(60)

@@ -7,6 +7,7 @@ import pytest
 from airflow.sdk import DAG, Param
 from airflow.serialization.serialized_objects import DagSerialization
 
+from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
@@ -38,13 +39,17 @@ def _dags():
                                  sink_table="public.settled", checkpoint_location="/ck2")
     with DAG("history_only", schedule=None, start_date=START) as three:
         MySqlFullLoadOperator(task_id="load", table="customers", sink_path="/lake/customers")
-    return [_serialized(d) for d in (one, two, three)]
+    with DAG("cdc", schedule=None, start_date=START) as four:
+        BinlogCaptureOperator(task_id="capture", tables=["eo.orders", "eo.items"], pipeline="shop_cdc",
+                              full_load_paths={"eo.orders": "/lake/orders_full"}, offsets_topic="eo-cdc")
+        BinlogCaptureOperator(task_id="capture_bare", tables="users", pipeline="users_cdc")
+    return [_serialized(d) for d in (one, two, three, four)]
 
 
 def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_listed():
     found = add_dags(Discovery(), _dags())
 
-    assert set(found.pipelines) == {"orders", "settle_pg", "history_only"}
+    assert set(found.pipelines) == {"orders", "settle_pg", "history_only", "shop_cdc", "users_cdc"}
     orders = found.pipelines["orders"]
     assert orders.topics == {"orders-t", "more"}
     assert orders.offsets_topics == {"eo-l"}
@@ -53,8 +58,12 @@ def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_
     assert orders.dag_ids == {"stream"} and orders.found_in == {"dag"}
     assert found.pipelines["settle_pg"].sinks == {SinkSpec("postgres", "public.settled", None)}
     assert found.pipelines["history_only"].full_loads == {"/lake/customers"}
-    assert len(found.unresolved) == 1 and found.unresolved[0].startswith("settle.extract: 'settle-{{ ds }}'")
-    assert found.offsets_topics() == {"eo-offsets", "eo-l"}
+    cdc = found.pipelines["shop_cdc"]
+    assert cdc.topics == {"shop_cdc.eo.orders", "shop_cdc.eo.items"} and cdc.offsets_topics == {"eo-cdc"}
+    assert cdc.full_loads == {"/lake/orders_full"}
+    assert [u.split(":")[0] for u in found.unresolved] == ["settle.extract", "cdc.capture_bare"]
+    assert found.unresolved[0].startswith("settle.extract: 'settle-{{ ds }}'")
+    assert found.offsets_topics() == {"eo-offsets", "eo-l", "eo-cdc"}
 
 
 def test_ledger_keys_and_postgres_rows_add_pipelines_no_dag_names():

@@ -7,6 +7,7 @@ import importlib.metadata
 
 from airflow.plugins_manager import AirflowPlugin
 
+from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
@@ -30,7 +31,8 @@ def test_pipeline_link_points_at_the_status_page_of_the_rendered_pipeline(monkey
 
 
 def test_every_pipeline_operator_has_the_status_link_and_the_stream_has_the_spark_ui():
-    for operator in (TransactionalProduceOperator, WatermarkExtractOperator, SparkKafkaToSinkOperator):
+    for operator in (TransactionalProduceOperator, WatermarkExtractOperator, SparkKafkaToSinkOperator,
+                     BinlogCaptureOperator):
         assert "Pipeline status" in [link.name for link in operator.operator_extra_links], operator
     assert [link.name for link in SparkKafkaToSinkOperator.operator_extra_links] == ["Pipeline status", "Spark UI"]
     assert not MySqlFullLoadOperator.operator_extra_links  # no pipeline name to link to
@@ -57,7 +59,8 @@ class _TI:
 
 def test_spark_ui_address_is_taken_from_the_submit_output_and_pushed_at_once():
     hook, found = _Hook(), []
-    lines = ["INFO Utils: started", "INFO SparkUI: Bound SparkUI to 0.0.0.0, and started at http://h1:4041",
+    lines = ["INFO Utils: started", "2026-11-21 INFO exactly_once_provider.kafka_to_sink: Spark UI at None",
+             "2026-11-21 INFO exactly_once_provider.kafka_to_sink: Spark UI at http://h1:4041",
              "INFO SparkUI: Bound SparkUI to 0.0.0.0, and started at http://h2:4042"]
     with watch_spark_ui(hook, found.append):
         hook._process_spark_submit_log(iter(lines))
