@@ -231,7 +231,7 @@ def table_shape(event: TableMapEvent, key: tuple[str, ...]) -> TableShape:
 
 
 # ----------------------------------------------------------------------------------------- transactions
-@dataclass
+@dataclass(slots=True)
 class RowChange:
     """One changed row of a captured table: JSON-safe images, key, and where it sits in the binlog."""
 
