@@ -152,6 +152,7 @@ def sink_commit(sink: SinkSpec, pipeline: str, connections: Connections) -> dict
         committed = DeltaSink(sink.location, pipeline).committed()
         found = delta_commit.latest_marker(sink.location, f"eo_stream:{pipeline}")
         where = f"Delta version {found[0]}" if found else ""
+        manifest = None
     elif sink.kind == "files":
         from exactly_once_provider.spark_jobs.sink_files import FilesSink, latest_manifest
 
@@ -164,13 +165,28 @@ def sink_commit(sink: SinkSpec, pipeline: str, connections: Connections) -> dict
         committed = PostgresSink(sink.location or OFFSETS_TABLE, pipeline,
                                  connections.postgres(sink.conn_id or "postgres_default")).committed()
         where = f"{OFFSETS_TABLE} ({sink.conn_id or 'postgres_default'})"
+        manifest = None
     else:
         raise ValueError(f"Unknown sink kind {sink.kind!r}")
     if committed is None:
         return None
+    windows = committed.extra.get("windows")
+    if windows is None and sink.kind == "files" and manifest:
+        windows = manifest.get("windows")
     return {"sink": sink.kind, "location": sink.location or "(offsets table only)", "commit": where,
             "checkpoint": committed.checkpoint_id, "batch id": committed.batch_id,
-            "rows in sink": committed.rows_total, "next offsets": committed.offsets}
+            "rows in sink": committed.rows_total, "next offsets": committed.offsets, "_windows": windows or {}}
+
+
+def sink_windows_section(sink_rows: list[dict[str, Any]]) -> Section:
+    """Return the settlement windows each sink holds (window mode): the version that won and its rows."""
+    section = Section("sink_windows", "Settlement windows applied in the sink (window mode)",
+                      ("sink", "location", "window", "version", "rows"))
+    for row in sink_rows:
+        for window, state in sorted((row.get("_windows") or {}).items(), reverse=True):
+            section.rows.append({"sink": row["sink"], "location": row["location"], "window": window,
+                                 "version": int(state["version"]), "rows": int(state.get("rows", 0))})
+    return section
 
 
 def sinks_section(spec: PipelineSpec, connections: Connections) -> Section:
@@ -299,6 +315,7 @@ def read_overview(dags: list[Any], connections: Connections | None = None) -> Ov
         spec = found.pipelines[name]
         sinks = sinks_section(spec, connections)
         lag, total = lag_section(spec, sinks.rows, connections)
-        sections = [ledger_section(spec, ledger), lag, sinks, windows_section(spec, ledger), full_loads_section(spec)]
+        sections = [ledger_section(spec, ledger), lag, sinks, windows_section(spec, ledger),
+                    sink_windows_section(sinks.rows), full_loads_section(spec)]
         statuses.append(PipelineStatus(spec, sections, total))
     return Overview(statuses, found.unresolved, errors, notes, datetime.now(timezone.utc).isoformat(timespec="seconds"))

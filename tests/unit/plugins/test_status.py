@@ -10,7 +10,7 @@ from exactly_once_provider.offsets import new_committed_offset
 from exactly_once_provider.plugins.discovery import PipelineSpec, SinkSpec
 from exactly_once_provider.plugins.status import (
     BEHIND, EMPTY, ERROR, OK, PipelineStatus, Section, full_loads_section, ledger_section, sink_commit,
-    windows_section,
+    sink_windows_section, windows_section,
 )
 
 
@@ -90,3 +90,17 @@ def test_state_is_error_then_behind_then_empty_or_ok():
     assert PipelineStatus(spec, [row], lag=3).state == BEHIND
     assert PipelineStatus(spec, [row], lag=0).state == OK
     assert PipelineStatus(spec, [Section("sink", "sink", ())], lag=0).state == EMPTY
+
+
+def test_window_mode_sink_commits_show_the_version_each_window_settled_at(tmp_path):
+    delta = tmp_path / "settled"
+    windows = {"settle/orders/2026-11-19": {"version": 1, "rows": 10},
+               "settle/orders/2026-11-20": {"version": 2, "rows": 12}}
+    marker = {"pipeline": "p", "checkpoint_id": "ck", "batch_id": 4, "offsets": {"t": {"0": 90}}, "rows_total": 22,
+              "windows": windows}
+    _delta_commit(delta, 0, {"eo_stream:p": marker}, rows=22)
+
+    row = sink_commit(SinkSpec("delta", str(delta)), "p", connections=None)
+    section = sink_windows_section([row])
+    assert [(r["window"], r["version"], r["rows"]) for r in section.rows] == [
+        ("settle/orders/2026-11-20", 2, 12), ("settle/orders/2026-11-19", 1, 10)]
