@@ -44,7 +44,15 @@ def get_provider_info() -> dict:
                     "exactly_once_provider.operators.full_load",
                     "exactly_once_provider.operators.watermark_extract",
                     "exactly_once_provider.operators.spark_stream",
+                    "exactly_once_provider.operators.reconcile",
+                    "exactly_once_provider.operators.backpressure",
                 ],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["exactly_once_provider.triggers.consumer_lag"],
             }
         ],
     }
