@@ -31,4 +31,9 @@ def spark_session(spark_conn_id: str, app_name: str, spark_conf: dict[str, str] 
                .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
     for key, value in (spark_conf or {}).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is None:
+        # Delta rebuilds a table's state with 50 tasks by default: far too many for a small driver; follow
+        # the shuffle partitions unless the user set it.
+        spark.conf.set("spark.databricks.delta.snapshotPartitions", spark.conf.get("spark.sql.shuffle.partitions"))
+    return spark

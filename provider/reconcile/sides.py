@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from exactly_once_provider import delta_commit
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.reconcile.canonical import MARIADB, POSTGRES, SPARK, Dialect
 from exactly_once_provider.reconcile.engine import Ranges
@@ -166,8 +167,10 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -
     cols = _with_key(key, columns)
 
     def pinned(path: str):
-        version = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"]
-        return spark.read.format("delta").option("versionAsOf", version).load(path)
+        latest = next(delta_commit.commits(path), None)  # read from the log's JSON, no Spark job
+        if latest is None:
+            raise ValueError(f"{path} is not a Delta table (no _delta_log commits): check the sink path.")
+        return spark.read.format("delta").option("versionAsOf", latest[0]).load(path)
 
     def plain(frame):
         parts = [SPARK.canonical(q(c.name), c) for c in cols]
