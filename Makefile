@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-reconcile
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -49,3 +49,6 @@ bench-spark-sinks: stack-up  ## Kafka -> Spark -> sink: exactly-once vs at-least
 constraints: setup  ## re-pin constraints.txt from the current .venv
 	(echo "# Exact versions tested together (uv pip freeze of .venv). Regenerate: make constraints"; \
 	  .venv/bin/uv pip freeze -p $(PY) | grep -v -i "airflow-provider-exactly-once") > constraints.txt
+
+bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and planted differences vs COUNT(*) on both sides
+	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_reconcile.py $(BENCH_ARGS)

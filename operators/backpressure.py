@@ -42,6 +42,7 @@ class ConsumerLagSensor(BaseSensorOperator):
     :param consumer_group: a consumer group instead of a sink.
     :param kafka_config_id: the ``kafka`` connection.
     :param postgres_conn_id: the ``postgres`` connection (``postgres`` sink).
+    :param missing_topics_ok: a topic the producer has not created yet has no lag (first run of a pipeline).
     :param deferrable: wait in the triggerer.
     """
 
@@ -50,12 +51,13 @@ class ConsumerLagSensor(BaseSensorOperator):
     def __init__(self, *, topics: str | Sequence[str], max_lag: int | str, sink: str | None = None,
                  sink_location: str | None = None, sink_pipeline: str | None = None,
                  consumer_group: str | None = None, kafka_config_id: str = "kafka_default",
-                 postgres_conn_id: str = "postgres_default", deferrable: bool = True, **kwargs: Any) -> None:
+                 postgres_conn_id: str = "postgres_default", missing_topics_ok: bool = False,
+                 deferrable: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", 10)
         super().__init__(**kwargs)
         self.topics, self.max_lag, self.sink, self.sink_location = topics, max_lag, sink, sink_location
         self.sink_pipeline, self.consumer_group, self.kafka_config_id = sink_pipeline, consumer_group, kafka_config_id
-        self.postgres_conn_id, self.deferrable = postgres_conn_id, deferrable
+        self.postgres_conn_id, self.deferrable, self.missing_topics_ok = postgres_conn_id, deferrable, missing_topics_ok
 
     def _checked(self) -> tuple[list[str], int]:
         topics = [self.topics] if isinstance(self.topics, str) else list(self.topics)
@@ -81,7 +83,7 @@ class ConsumerLagSensor(BaseSensorOperator):
             connect = {"host": pg.host, "port": pg.port or 5432, "dbname": pg.schema, "user": pg.login,
                        "password": pg.password}
         return measure_lag(_bootstrap(self.kafka_config_id), topics, self.sink, self.sink_location,
-                           self.sink_pipeline, self.consumer_group, connect)
+                           self.sink_pipeline, self.consumer_group, connect, self.missing_topics_ok)
 
     def poke(self, context: Any) -> bool:
         topics, max_lag = self._checked()
@@ -98,7 +100,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         self.defer(
             trigger=ConsumerLagTrigger(_bootstrap(self.kafka_config_id), topics, max_lag, self.sink,
                                        self.sink_location, self.sink_pipeline, self.consumer_group,
-                                       self.postgres_conn_id, float(self.poke_interval)),
+                                       self.postgres_conn_id, float(self.poke_interval), self.missing_topics_ok),
             method_name="execute_complete", timeout=timedelta(seconds=self.timeout) if self.timeout else None)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:

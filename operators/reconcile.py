@@ -45,9 +45,12 @@ class ReconcileOperator(BaseOperator):
     :param sink_json_path: dotted path to the row inside that JSON, e.g. ``"after"`` or ``"row"``.
     :param sink_key_json_paths: dotted JSON paths tried in order for the key (e.g. ``["after.id", "before.id"]``).
     :param sink_deleted_column: tombstone column (rows where it is true are absent).
+    :param sink_binary_encoding: how JSON records carry binary values: ``hex`` (watermark) or ``base64`` (binlog).
     :param base_path: Delta CDC: the full-load table the changes table applies on top of.
+    :param sink_version_column: Delta CDC with ``base_path``: the changes' source version column; a change older
+        than its chunk's snapshot (left from before a full reload) does not replace the full-load row.
     :param capture_pipeline: CDC: the capture's pipeline name in the offsets ledger (enables the common position).
-    :param capture_source_partition: CDC: the capture's source partition in the ledger; default ``table``.
+    :param capture_source_partition: CDC: the capture's source partition in the ledger (the capture's default).
     :param topics: CDC: the data topics the sink applies (their stable end offsets must be applied).
     :param sink_pipeline: CDC: the Spark job's pipeline name whose sink-committed offsets are checked.
     :param full_load_path: CDC before the first capture: the full-load table whose smallest chunk position
@@ -76,8 +79,9 @@ class ReconcileOperator(BaseOperator):
         key_column: str | None = None, columns: Sequence[str] | None = None, source_filter: str | None = None,
         sink_filter: str | None = None, sink_key_column: str | None = None, sink_json_column: str | None = None,
         sink_json_path: str | None = None, sink_key_json_paths: Sequence[str] | None = None,
-        sink_deleted_column: str | None = None, base_path: str | None = None,
-        capture_pipeline: str | None = None, capture_source_partition: str | None = None,
+        sink_deleted_column: str | None = None, sink_binary_encoding: str = "hex", base_path: str | None = None,
+        sink_version_column: str | None = None,
+        capture_pipeline: str | None = None, capture_source_partition: str = "binlog",
         topics: Sequence[str] | None = None, sink_pipeline: str | None = None, full_load_path: str | None = None,
         fail_on_mismatch: bool | str = True, store_result: bool = True, fanout: int = 16,
         max_segments: int = 256, leaf_width: int = 16, mysql_conn_id: str = "mysql_default",
@@ -90,6 +94,7 @@ class ReconcileOperator(BaseOperator):
         self.key_column, self.columns, self.source_filter, self.sink_filter = key_column, columns, source_filter, sink_filter
         self.sink_key_column, self.sink_json_column, self.sink_json_path = sink_key_column, sink_json_column, sink_json_path
         self.sink_key_json_paths, self.sink_deleted_column, self.base_path = sink_key_json_paths, sink_deleted_column, base_path
+        self.sink_binary_encoding, self.sink_version_column = sink_binary_encoding, sink_version_column
         self.capture_pipeline, self.capture_source_partition = capture_pipeline, capture_source_partition
         self.topics, self.sink_pipeline, self.full_load_path = topics, sink_pipeline, full_load_path
         self.fail_on_mismatch, self.store_result = fail_on_mismatch, store_result
@@ -104,7 +109,8 @@ class ReconcileOperator(BaseOperator):
         spec = sides.SinkSpec(
             kind=self.sink, location=location or "", key_column=self.sink_key_column, json_column=self.sink_json_column,
             json_path=split(self.sink_json_path), deleted_column=self.sink_deleted_column, filter=self.sink_filter,
-            base_path=self.base_path, key_json_paths=tuple(split(p) for p in self.sink_key_json_paths or ()))
+            base_path=self.base_path, key_json_paths=tuple(split(p) for p in self.sink_key_json_paths or ()),
+            binary_encoding=self.sink_binary_encoding, version_column=self.sink_version_column)
         spec.validate()
         if self.capture_pipeline and not (self.topics and self.sink_pipeline):
             raise ValueError("capture_pipeline (CDC common position) also needs topics and sink_pipeline: the "
@@ -231,7 +237,7 @@ class ReconcileOperator(BaseOperator):
         kafka = BaseHook.get_connection(self.kafka_config_id).extra_dejson
         if "bootstrap.servers" not in kafka:
             raise ValueError(f"Kafka connection {self.kafka_config_id!r} has no 'bootstrap.servers' in its Extra.")
-        committed = read_committed_offset(kafka, self.capture_pipeline, self.capture_source_partition or table,
+        committed = read_committed_offset(kafka, self.capture_pipeline, self.capture_source_partition,
                                           self.offsets_topic)
         if committed is None:
             path = self.full_load_path or self.base_path

@@ -19,12 +19,14 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 Offsets = dict[str, dict[int, int]]
 
 
-def stable_end_offsets(client_config: dict[str, Any], topics: list[str], timeout: float = 30) -> Offsets:
+def stable_end_offsets(client_config: dict[str, Any], topics: list[str], timeout: float = 30,
+                       missing_ok: bool = False) -> Offsets:
     """Return the read_committed end offset (LSO) of every partition of ``topics``.
 
     :param client_config: confluent-kafka settings (at least ``bootstrap.servers``).
     :param topics: the topics.
     :param timeout: seconds to wait for the broker.
+    :param missing_ok: a topic that does not exist yet has no offsets (nothing to read) instead of an error.
     """
     admin = AdminClient({k: v for k, v in client_config.items() if k == "bootstrap.servers"
                          or k.startswith(("security.", "sasl.", "ssl."))})
@@ -33,9 +35,13 @@ def stable_end_offsets(client_config: dict[str, Any], topics: list[str], timeout
     for topic in topics:
         info = metadata.get(topic)
         if info is None or info.error is not None:
+            if missing_ok:
+                continue
             raise ValueError(f"Kafka topic {topic!r} does not exist; check the pipeline's topics.")
         for partition in info.partitions:
             request[TopicPartition(topic, partition)] = OffsetSpec.latest()
+    if not request:
+        return {}
     futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
     result: Offsets = {}
     for tp, future in futures.items():

@@ -69,8 +69,12 @@ class Dialect:
             return '"' + identifier.replace('"', '""') + '"'
         return "`" + identifier.replace("`", "``") + "`"  # Spark SQL
 
-    def canonical(self, expr: str, column: Column, from_text: bool = False) -> str:
-        """Return the canonical text of ``expr`` (a column, or its text when ``from_text``, e.g. JSON)."""
+    def canonical(self, expr: str, column: Column, from_text: bool = False, binary_encoding: str = "hex") -> str:
+        """Return the canonical text of ``expr`` (a column, or its text when ``from_text``, e.g. JSON).
+
+        ``binary_encoding`` says how JSON text carries binary values: ``hex`` (watermark records) or
+        ``base64`` (binlog change records).
+        """
         kind = kind_of(column)
         scale = column.scale or 0
         m, p, s = self.name == "mariadb", self.name == "postgres", self.name == "spark"
@@ -98,8 +102,10 @@ class Dialect:
                 return f"to_char(({expr})::date, 'YYYY-MM-DD')"
             return f"date_format(CAST({expr} AS DATE), 'yyyy-MM-dd')"
         if kind == "binary":
-            if from_text:  # JSON carries binary as hex text already (the producers' encoding)
+            if from_text and binary_encoding == "hex":
                 return f"lower({expr})"
+            if from_text:  # base64 text (the binlog capture's change records)
+                return f"encode(decode({expr}, 'base64'), 'hex')" if p else f"lower(hex(unbase64({expr})))"
             if m:
                 return f"LOWER(HEX({expr}))"
             if p:

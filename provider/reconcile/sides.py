@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from exactly_once_provider import delta_commit
+from exactly_once_provider.full_load import handoff
 from exactly_once_provider.full_load.columns import Column
+from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.reconcile.canonical import MARIADB, POSTGRES, SPARK, Dialect
 from exactly_once_provider.reconcile.engine import Ranges
 
@@ -39,6 +41,9 @@ class SinkSpec:
     :param base_path: Delta CDC only: the full-load Delta table the changes table applies on top of.
     :param key_json_paths: record-shaped sinks: JSON paths tried in order for the key (deletes carry only a
         ``before`` image); default ``json_path`` + key column.
+    :param binary_encoding: how the JSON carries binary values: ``hex`` or ``base64``.
+    :param version_column: Delta CDC with ``base_path``: the change's source version column (the CDC apply's
+        ``source_version``); a change older than its chunk's snapshot does not replace the full-load row.
     """
 
     kind: str
@@ -50,12 +55,16 @@ class SinkSpec:
     filter: str | None = None
     base_path: str | None = None
     key_json_paths: tuple[tuple[str, ...], ...] = ()
+    binary_encoding: str = "hex"
+    version_column: str | None = None
 
     def validate(self) -> None:
         if self.kind not in SINK_KINDS:
             raise ValueError(f"sink kind must be one of {SINK_KINDS}, got {self.kind!r}.")
         if not self.location:
             raise ValueError("The sink needs a location: the Delta table path or the PostgreSQL table.")
+        if self.binary_encoding not in ("hex", "base64"):
+            raise ValueError(f"binary_encoding must be 'hex' or 'base64', got {self.binary_encoding!r}.")
         if self.base_path and (self.kind != "delta" or not self.json_column):
             raise ValueError("base_path (CDC changes on top of a full load) needs a delta sink with json_column.")
 
@@ -126,7 +135,7 @@ def postgres_side(cursor: Any, spec: SinkSpec, key: Column, columns: list[Column
                                            for p in key_paths) + ")"
         if len(key_paths) == 1:
             key_expr = key_expr[len("COALESCE("):-1]
-        parts = [POSTGRES.canonical(raw(c.name), c, from_text=True) for c in _with_key(key, columns)]
+        parts = [POSTGRES.canonical(raw(c.name), c, True, spec.binary_encoding) for c in _with_key(key, columns)]
     else:
         key_expr = q(spec.key_column or key.name)
         parts = [POSTGRES.canonical(q(c.name), c) for c in _with_key(key, columns)]
@@ -166,11 +175,13 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -
     q = SPARK.quote
     cols = _with_key(key, columns)
 
-    def pinned(path: str):
-        latest = next(delta_commit.commits(path), None)  # read from the log's JSON, no Spark job
-        if latest is None:
-            raise ValueError(f"{path} is not a Delta table (no _delta_log commits): check the sink path.")
-        return spark.read.format("delta").option("versionAsOf", latest[0]).load(path)
+    def pinned(path: str, version: int | None = None):
+        if version is None:
+            latest = next(delta_commit.commits(path), None)  # read from the log's JSON, no Spark job
+            if latest is None:
+                raise ValueError(f"{path} is not a Delta table (no _delta_log commits): check the sink path.")
+            version = latest[0]
+        return spark.read.format("delta").option("versionAsOf", version).load(path)
 
     def plain(frame):
         parts = [SPARK.canonical(q(c.name), c) for c in cols]
@@ -191,21 +202,49 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -
     key_paths = spec.key_json_paths or ((*spec.json_path, key.name),)
     key_expr = "COALESCE(" + ", ".join(f"CAST(get_json_object({json}, '{path_of(*p)}') AS BIGINT)"
                                        for p in key_paths) + ")"
-    parts = [SPARK.canonical(f"get_json_object({json}, '{path_of(*spec.json_path, c.name)}')", c, from_text=True)
-             for c in cols]
+    parts = [SPARK.canonical(f"get_json_object({json}, '{path_of(*spec.json_path, c.name)}')", c, True,
+                             spec.binary_encoding) for c in cols]
+    if spec.base_path and next(delta_commit.commits(spec.location), None) is None:
+        # No change applied yet (the apply creates its table with its first batch): the full load is the table.
+        loaded = handoff.read_handoff(spec.base_path)
+        return SparkSide(plain(pinned(spec.base_path, loaded.table_version)))
     changes = pinned(spec.location)
     if spec.filter:
         changes = changes.where(spec.filter)
     deleted = F.col(spec.deleted_column) if spec.deleted_column else F.lit(False)
-    keyed = changes.select(F.expr(key_expr).alias("k"), deleted.alias("eo_deleted"),
+    version = F.col(spec.version_column) if spec.version_column else F.lit(None)
+    keyed = changes.select(F.expr(key_expr).alias("k"), deleted.alias("eo_deleted"), version.alias("eo_version"),
                            F.expr(SPARK.row_hash(parts)).alias("h"))
-    live = keyed.where("NOT eo_deleted").select("k", "h")
     if not spec.base_path:
-        return SparkSide(live)
+        return SparkSide(keyed.where("NOT eo_deleted").select("k", "h"))
     # The effective table: a key's newest change (kept by the CDC apply, tombstones included) replaces its
-    # full-load row; keys never changed since the load keep their full-load row.
-    base = plain(pinned(spec.base_path))
-    return SparkSide(base.join(keyed.select("k"), "k", "left_anti").unionByName(live))
+    # full-load row if the change is after the snapshot of the key's chunk; an older change (left from before a
+    # full reload) is already in the snapshot, which wins. Keys never changed keep their full-load row.
+    loaded = handoff.read_handoff(spec.base_path)
+    newer = keyed.where(f"eo_version >= {snapshot_versions(loaded, 'k')}") if spec.version_column else keyed
+    base = plain(pinned(spec.base_path, loaded.table_version))
+    return SparkSide(base.join(newer.select("k"), "k", "left_anti")
+                     .unionByName(newer.where("NOT eo_deleted").select("k", "h")))
+
+
+def version_of(position: BinlogPosition) -> int:
+    """Return the change-record version at ``position``: ``file_index * 2**32 + offset``.
+
+    The binlog capture's ``version`` of a row change is ``file_index * 2**32 + event_start + row``
+    (:mod:`exactly_once_provider.change_record`), so a change is in a snapshot taken at position ``S`` exactly
+    when its version is below ``version_of(S)``: its event ends at or before ``S``.
+    """
+    index, offset = position.sort_key
+    return (index << 32) + offset
+
+
+def snapshot_versions(loaded: handoff.Handoff, key: str) -> str:
+    """Return a Spark SQL expression: the snapshot version of the full-load chunk holding integer ``key``."""
+    chunks = sorted(loaded.chunks, key=lambda c: c.chunk.index)
+    cases = [f"WHEN {key} <= {int(c.chunk.upper[0])} THEN {version_of(c.position)}"
+             for c in chunks[:-1] if c.chunk.upper is not None]
+    last = version_of(chunks[-1].position)
+    return f"(CASE {' '.join(cases)} ELSE {last} END)" if cases else str(last)
 
 
 def _with_key(key: Column, columns: list[Column]) -> list[Column]:

@@ -18,7 +18,9 @@ import pytest
 from exactly_once_provider import delta_commit
 from exactly_once_provider.full_load import handoff
 from exactly_once_provider.operators.reconcile import ReconcileOperator, ReconciliationMismatch
+from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.reconcile.results import latest_results
+from exactly_once_provider.reconcile.sides import version_of
 from tests.mysql_support import connect
 
 ROWS = 5_000
@@ -131,13 +133,18 @@ def test_cdc_view_compares_at_the_common_position_without_stopping_writers(stack
     base_frame = spark.createDataFrame([(i, Decimal(i), "EUR") for i in range(1, 1001)],
                                        "id int, amount decimal(10,2), currency string")
     delta_commit.commit_with_marker(base_frame, base, marker, "eo-full-load-load-1", 1)
-    # Changes the "capture" applied: an update of 5, a delete of 6, an insert of 1001 (all before P moves).
+    # Changes the "capture" applied after P (versions above the snapshot's), and one change from before the
+    # snapshot (left from before a full reload): the snapshot already has its successor, so the base row wins.
     cur.execute(f"UPDATE {table} SET amount = 55 WHERE id = 5")
     cur.execute(f"DELETE FROM {table} WHERE id = 6")
     cur.execute(f"INSERT INTO {table} VALUES (1001, 1001, 'USD')")
-    changes = [("5", 2, False, json.dumps({"op": "u", "after": {"id": 5, "amount": "55.00", "currency": "EUR"}})),
-               ("6", 3, True, json.dumps({"op": "d", "before": {"id": 6, "amount": "6.00", "currency": "EUR"}})),
-               ("1001", 4, False, json.dumps({"op": "c", "after": {"id": 1001, "amount": 1001, "currency": "USD"}}))]
+    after = version_of(BinlogPosition(file, pos)) + 1
+    changes = [("5", after, False, json.dumps({"op": "u", "after": {"id": 5, "amount": "55.00", "currency": "EUR"}})),
+               ("6", after + 1, True, json.dumps({"op": "d", "before": {"id": 6, "amount": "6.00", "currency": "EUR"}})),
+               ("1001", after + 2, False, json.dumps({"op": "c", "after": {"id": 1001, "amount": 1001,
+                                                                           "currency": "USD"}})),
+               ("8", after - 100, False, json.dumps({"op": "u", "after": {"id": 8, "amount": "0.00",
+                                                                          "currency": "EUR"}}))]
     changes_path = str(tmp_path / "changes")
     spark.createDataFrame(changes, "pk string, source_version long, deleted boolean, record_value string") \
         .write.format("delta").save(changes_path)
@@ -146,8 +153,10 @@ def test_cdc_view_compares_at_the_common_position_without_stopping_writers(stack
     conn.close()
     op = _operator(table, sink="delta", sink_path=changes_path, base_path=base, sink_json_column="record_value",
                    sink_json_path="after", sink_key_json_paths=["after.id", "before.id"],
-                   sink_deleted_column="deleted", full_load_path=base, fail_on_mismatch=False)
+                   sink_deleted_column="deleted", sink_version_column="source_version", full_load_path=base,
+                   fail_on_mismatch=False)
     result = op.execute({})
     kinds = {d["key"]: d["kind"] for d in result["differences"]}
-    assert kinds == {7: "in_flight"}, result  # 5, 6, 1001 match through the changes; 7 changed after P
+    # 5, 6, 1001 match through the changes, 8 through the base row; 7 changed after P: in flight.
+    assert kinds == {7: "in_flight"}, result
     assert result["clean"] and result["position"]["in_flight_keys"] == 4
