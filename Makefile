@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-reconcile
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-reconcile test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -25,7 +25,7 @@ demo: stack-up  ## the end-to-end demo on the local stack
 	bash docker/local/demo.sh
 
 test: stack-up  ## the whole default suite: unit + integration + one representative per fault scenario
-	@t0=$$(date +%s); $(PY) -m pytest -m "not soak and not matrix" --durations=15 $(PYTEST_ARGS); rc=$$?; \
+	@t0=$$(date +%s); $(PY) -m pytest -m "not soak and not matrix and not e2e" --durations=15 $(PYTEST_ARGS); rc=$$?; \
 	  echo "[make] test suite: $$(( $$(date +%s) - t0 ))s"; exit $$rc
 
 test-unit: setup  ## no services needed
@@ -52,3 +52,6 @@ constraints: setup  ## re-pin constraints.txt from the current .venv
 
 bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and planted differences vs COUNT(*) on both sides
 	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_reconcile.py $(BENCH_ARGS)
+
+test-templates: stack-up  ## the DAG templates end to end (airflow dags test, real stack, several Spark runs each)
+	$(PY) -m pytest -m e2e --durations=15 tests/integration/dags $(PYTEST_ARGS)

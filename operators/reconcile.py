@@ -154,7 +154,7 @@ class ReconcileOperator(BaseOperator):
             key, columns = self._columns(cur, schema, table)
         captured = self._captured_position(table) if self.capture_pipeline or self.full_load_path else None
         pg_conn = None
-        spark = None
+        spark = sink_side = None
         try:
             # The sink is pinned BEFORE the source snapshot opens (position rule step 3 -> 4).
             if spec.kind == "postgres":
@@ -204,6 +204,8 @@ class ReconcileOperator(BaseOperator):
         finally:
             if pg_conn is not None:
                 pg_conn.close()
+            if spark is not None and sink_side is not None:
+                sink_side.close()
         summary = {"name": self.name, "result_id": result_id, **report.summary(),
                    "position": common.to_json() if common else None,
                    "differences": [d.__dict__ for d in report.differences[:100]]}

@@ -145,12 +145,21 @@ def postgres_side(cursor: Any, spec: SinkSpec, key: Column, columns: list[Column
 
 
 class SparkSide:
-    """A Delta sink side: a DataFrame of ``(k bigint, h decimal)`` read at one table version."""
+    """A Delta sink side: a DataFrame of ``(k bigint, h decimal)`` read at one table version.
+
+    The first query (the full pass) caches the ``(k, h)`` pairs (16-24 bytes a row, spilling to disk), so the
+    bisection levels and key fetches read the cache instead of scanning the table again.
+    """
 
     label = "sink"
 
     def __init__(self, frame: Any) -> None:
-        self.frame = frame
+        from pyspark import StorageLevel
+
+        self.frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+
+    def close(self) -> None:
+        self.frame.unpersist()
 
     def key_bounds(self) -> tuple[int | None, int | None]:
         lo, hi = self.frame.selectExpr("min(k)", "max(k)").first()

@@ -103,18 +103,18 @@ def test_postgres_sink_names_each_planted_difference(stack, airflow_connections,
 
 def test_delta_sink_finds_a_changed_row_and_a_duplicate(stack, airflow_connections, spark, source, tmp_path):
     table, rows = source
+    sink_rows = [r[:7] + (bytearray(r[7]), r[8]) for r in rows]
+    sink_rows[998] = sink_rows[998][:2] + ("GBP",) + sink_rows[998][3:]  # key 999: changed currency
+    sink_rows.append(sink_rows[3455])  # key 3456 twice
     frame = spark.createDataFrame(
-        [r[:7] + (bytearray(r[7]), r[8]) for r in rows],
-        "id long, amount decimal(12,2), currency string, note string, created timestamp_ntz, updated timestamp,"
-        " day date, blob_col binary, big long")
+        sink_rows, "id long, amount decimal(12,2), currency string, note string, created timestamp_ntz,"
+                   " updated timestamp, day date, blob_col binary, big long")
     path = str(tmp_path / "delta")
     frame.write.format("delta").save(path)
-    clean = _operator(table, sink="delta", sink_path=path, spark_conf=stack.spark_conf()).execute({})
-    assert clean["clean"] and clean["sink_rows"] == ROWS and clean["full_scans"] <= 3, clean
-    spark.sql(f"UPDATE delta.`{path}` SET currency = 'GBP' WHERE id = 999")
-    frame.where("id = 3456").write.format("delta").mode("append").save(path)
-    found = _operator(table, sink="delta", sink_path=path, fail_on_mismatch=False).execute({})
+    found = _operator(table, sink="delta", sink_path=path, fail_on_mismatch=False,
+                      spark_conf=stack.spark_conf()).execute({})
     assert [(d["key"], d["kind"]) for d in found["differences"]] == [(999, "changed"), (3456, "duplicate")]
+    assert found["sink_rows"] == ROWS + 1 and found["full_scans"] <= 3, found
 
 
 def test_cdc_view_compares_at_the_common_position_without_stopping_writers(stack, airflow_connections, spark,
