@@ -364,9 +364,14 @@ class PipelineWriter:
     def _write_once(self, topic: str, messages: Sequence[Message], committed: CommittedOffset, consumer: Any,
                     consumer_offsets: Sequence[TopicPartition] | None) -> None:
         producer = self.producer
-        deliveries = _Deliveries()
+        deliveries, ledger = _Deliveries(), _Deliveries()
+        ledger_record = Message(committed.to_value(), key=committed.key)
         if self.transactional:
             self._classify("begin_transaction", producer.begin_transaction)
+            # Inside a transaction the order does not matter (all or nothing), so the ledger record goes
+            # first: its partition joins the transaction together with the data partitions instead of
+            # costing one more AddPartitionsToTxn round trip right before the commit.
+            self._produce(self.offsets_topic, ledger_record, ledger)
         partitions = self._topic_partitions(topic) if self.batch_markers else []
         for partition in partitions:
             self._produce(topic, Message(marker_value("begin", committed), headers={MARKER_HEADER: b"begin"}),
@@ -386,13 +391,14 @@ class PipelineWriter:
         if consumer is not None:
             self._classify("send_offsets_to_transaction", self.producer.send_offsets_to_transaction,
                            list(consumer_offsets), consumer.consumer_group_metadata(), self.transaction_timeout_s)
-        ledger = _Deliveries()
-        self._produce(self.offsets_topic, Message(committed.to_value(), key=committed.key), ledger)
         if self.transactional:
             fault_point("before_commit")
             # The commit: data, markers, consumer offsets and the ledger record become visible together.
             self._retry("commit_transaction", producer.commit_transaction, self.transaction_timeout_s)
         else:
+            # Without a transaction the ledger record must follow the delivered data: written first, a crash
+            # between the two would skip data that never arrived.
+            self._produce(self.offsets_topic, ledger_record, ledger)
             self._flush(ledger)
         self._check_deliveries(ledger)
         fault_point("after_commit")

@@ -41,6 +41,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from exactly_once_provider.topic_reader import read_until
 
 OFFSETS_SCHEMA_VERSION = 1
 DEFAULT_OFFSETS_TOPIC = "eo-offsets"
@@ -208,26 +209,10 @@ def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source
     targets = _high_watermarks(consumer_config, topic)
     consumer = _consumer(consumer_config, "read_committed")
     try:
-        pending = {p for p, high in targets.items() if high > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
         latest: CommittedOffset | None = None
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"Reading offsets topic {topic!r} did not reach offsets {targets} within {timeout}s: a "
-                    "transaction stays open on it. It ends at the producer's transaction.timeout.ms.")
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    if message.offset() >= targets[message.partition()]:
-                        pending.discard(message.partition())
-                    continue
-                raise KafkaException(message.error())
-            if message.offset() + 1 >= targets[message.partition()]:
-                pending.discard(message.partition())
+        for message in read_until(consumer, topic, {p: OFFSET_BEGINNING for p in targets}, targets, timeout,
+                                  "A transaction stays open on it; it ends at the producer's "
+                                  "transaction.timeout.ms."):
             if message.key() == key and message.value() is not None:
                 latest = CommittedOffset.from_value(message.value())
         return latest

@@ -28,15 +28,15 @@ TIMESTAMP columns, the data zone for DATETIME columns); id cursors as integers. 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from exactly_once_provider.offsets import MARKER_HEADER, CommittedOffset
+from exactly_once_provider.topic_reader import read_until
 
 WATERMARK_VERSION = 1
 # Every data record of a window carries this header, so its batch is found even in a topic shared with others.
@@ -154,26 +154,10 @@ def locate_batch(consumer_config: dict[str, Any], topic: str, pipeline: str, sou
             since_ms = int((datetime.fromisoformat(published_at).timestamp() - 60) * 1000)
             found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions], 30)
             starts = {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition] for tp in found}
-        pending = {p for p in partitions if ends[p] > 0 and starts[p] != ends[p]}
-        consumer.assign([TopicPartition(topic, p, starts[p]) for p in pending])
         result: dict[str, dict] = {}
         wanted = batch_header(pipeline, source_partition, batch_id, batch_version)
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Reading {topic!r} to offsets {ends} took over {timeout}s.")
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    if message.offset() >= ends[message.partition()]:
-                        pending.discard(message.partition())
-                    continue
-                raise KafkaException(message.error())
+        for message in read_until(consumer, topic, starts, ends, timeout):
             partition = message.partition()
-            if message.offset() + 1 >= ends[partition]:
-                pending.discard(partition)
             headers = dict(message.headers() or {})
             marker = headers.get(MARKER_HEADER)
             if marker is not None:
