@@ -15,6 +15,7 @@ import pendulum
 from eo_templates.history_stream import history_stream_dag
 
 DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
+RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
 
 dag = history_stream_dag(
@@ -22,7 +23,7 @@ dag = history_stream_dag(
     schema=os.environ.get("EO_SHOP_SCHEMA", "eo"),
     table="orders",
     key_column="id",
-    pipeline="shop-orders",
+    pipeline=f"shop-orders{RUN}",
     full_load_path=f"{DATA}/stream/orders",
     changes_path=f"{DATA}/stream/orders_changes",
     checkpoint_location=f"{DATA}/stream/checkpoint",

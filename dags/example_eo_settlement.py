@@ -15,6 +15,7 @@ import pendulum
 from eo_templates.settlement import settlement_dag
 
 DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
+RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
 
 dag = settlement_dag(
@@ -23,8 +24,8 @@ dag = settlement_dag(
     cursor_column="updated_at",
     group_by=["currency"],
     sum_columns=["amount"],
-    pipeline="shop-settlement",
-    topic="eo-shop-payments",
+    pipeline=f"shop-settlement{RUN}",
+    topic=f"eo-shop-payments{RUN}",
     sink_path=f"{DATA}/settlement/payments_windows",
     checkpoint_location=f"{DATA}/settlement/checkpoint",
     report_table="eo_settlement_payments",
