@@ -87,7 +87,7 @@ def test_history_then_stream_with_full_reload_under_writes(airflow_home, stack, 
     thread.start()
     try:
         first = dag.test()
-        assert "full_load" in first and "CLEAN" in first, first[-4000:]
+        assert "rows as Delta version" in first and "CLEAN" in first, first[-4000:]
         assert "reconciliation" in dag.test()  # an increment: continues from committed offsets
         before = read_handoff(full_load).load_id
         reload = dag.test(conf={"full_reload": True})
