@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-reconcile test-templates
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -24,8 +24,17 @@ stack-clean:
 demo: stack-up  ## the end-to-end demo on the local stack
 	bash docker/local/demo.sh
 
+# The default suite in two parts: everything that shares the services peacefully on TEST_WORKERS pytest workers
+# (most tests wait on Kafka, Spark or Airflow, so two workers use the 2 cores better than one), then the
+# `exclusive` tests (they kill shared services or change server globals) alone. PYTEST_ARGS runs just those args.
+TEST_WORKERS ?= 2
+DEFAULT_SUITE := not soak and not matrix and not e2e
 test: stack-up  ## the whole default suite: unit + integration + one representative per fault scenario
-	@t0=$$(date +%s); $(PY) -m pytest -m "not soak and not matrix and not e2e" --durations=15 $(PYTEST_ARGS); rc=$$?; \
+	@t0=$$(date +%s); \
+	if [ -n "$(PYTEST_ARGS)" ]; then $(PY) -m pytest -m "$(DEFAULT_SUITE)" $(PYTEST_ARGS); rc=$$?; else \
+	  $(PY) -m pytest -m "$(DEFAULT_SUITE) and not exclusive" -n $(TEST_WORKERS) --dist loadfile --durations=15; rc=$$?; \
+	  echo "[make] parallel part: $$(( $$(date +%s) - t0 ))s"; \
+	  $(PY) -m pytest -m "$(DEFAULT_SUITE) and exclusive" --durations=10; rc2=$$?; [ $$rc -ne 0 ] || rc=$$rc2; fi; \
 	  echo "[make] test suite: $$(( $$(date +%s) - t0 ))s"; exit $$rc
 
 test-unit: setup  ## no services needed
@@ -49,6 +58,9 @@ bench-spark-sinks: stack-up  ## Kafka -> Spark -> sink: exactly-once vs at-least
 constraints: setup  ## re-pin constraints.txt from the current .venv
 	(echo "# Exact versions tested together (uv pip freeze of .venv). Regenerate: make constraints"; \
 	  .venv/bin/uv pip freeze -p $(PY) | grep -v -i "airflow-provider-exactly-once") > constraints.txt
+
+bench-capture: stack-up  ## binlog capture into Kafka (exactly_once) vs the raw python-mysql-replication read of the same binlog
+	$(PY) benchmarks/bench_capture.py $(BENCH_ARGS)
 
 bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and planted differences vs COUNT(*) on both sides
 	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_reconcile.py $(BENCH_ARGS)

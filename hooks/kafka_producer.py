@@ -100,11 +100,12 @@ class TransactionPolicy:
 
 @dataclass(frozen=True)
 class Message:
-    """One data record to produce."""
+    """One data record to produce; ``topic`` overrides the batch's topic (one transaction, several topics)."""
 
     value: bytes | None
     key: bytes | None = None
     headers: dict[str, bytes] | None = None
+    topic: str | None = None
 
 
 class ProducerFencedError(AirflowException):
@@ -378,7 +379,7 @@ class PipelineWriter:
                           None, partition)
         half = len(messages) // 2
         for index, message in enumerate(messages):
-            self._produce(topic, message, deliveries)
+            self._produce(message.topic or topic, message, deliveries)
             if index == half:
                 fault_point("mid_produce")
         self._flush(deliveries)

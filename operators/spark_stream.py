@@ -25,6 +25,7 @@ from exactly_once_provider.spark_packages import SPARK_PACKAGES
 SINKS = ("delta", "postgres", "files")
 TRIGGERS = ("available-now", "processing-time")
 DELIVERIES = ("exactly-once", "at-least-once")
+MODES = ("append", "cdc", "window")
 
 
 def package_zip(directory: str) -> str:
@@ -53,8 +54,20 @@ class SparkKafkaToSinkOperator(BaseOperator):
     :param trigger: ``available-now`` (process what is there, then stop) or ``processing-time``.
     :param interval: processing-time trigger interval, e.g. ``"30 seconds"``.
     :param max_offsets_per_trigger: cap on records per micro-batch.
-    :param mode: ``append`` (records) or ``cdc`` (apply changes by key; newer source version wins; deletes
-        kept as tombstones). ``cdc`` needs the ``delta`` or ``postgres`` sink.
+    :param mode: ``append`` (records), ``cdc`` (apply changes by key; newer source version wins; deletes
+        kept as tombstones; needs the ``delta`` or ``postgres`` sink) or ``window`` (settlement batches of
+        :class:`~exactly_once_provider.operators.watermark_extract.WatermarkExtractOperator`, all sinks).
+        In ``window`` mode each batch, framed by begin/end markers, REPLACES its window's output in ONE
+        atomic sink commit together with the offsets; a re-extracted version supersedes the older one and an
+        older version never wins; a batch whose end marker was not read yet is never published (it is read
+        again whole by the next micro-batch or run). The window is ``<pipeline>/<source_partition>/<batch_id>``
+        of the extract task; rows carry ``window_id``, ``window_version``, ``kafka_topic``,
+        ``kafka_partition``, ``kafka_offset``, ``record_key``, ``record_value`` (the JSON row). Where the
+        versions live: Delta: the commit marker (``windows``), replaced with ``replaceWhere``; PostgreSQL:
+        table ``eo_stream_windows`` next to ``sink_table``, same transaction; files: the manifest, one
+        directory per window version under ``windows/``. A settlement DAG runs the extract task, then this
+        operator with ``mode="window"``, ``trigger="available-now"`` on the extract's topic; XCom returns the
+        sink state including ``windows`` (id -> version, rows). Window mode needs ``delivery="exactly-once"``.
     :param key_field: CDC: JSON field of the record value holding the primary key.
     :param version_field: CDC: JSON field holding the change's source version (e.g. its binlog position).
     :param op_field: CDC: JSON field holding the operation (``d`` or ``delete`` deletes).
@@ -148,8 +161,10 @@ class SparkKafkaToSinkOperator(BaseOperator):
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}.")
         if self.delivery not in DELIVERIES:
             raise ValueError(f"delivery must be one of {DELIVERIES}, got {self.delivery!r}.")
-        if self.mode not in ("append", "cdc"):
-            raise ValueError(f"mode must be 'append' or 'cdc', got {self.mode!r}.")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}.")
+        if self.mode == "window" and self.delivery != "exactly-once":
+            raise ValueError("mode='window' replaces windows by version: it needs delivery='exactly-once'.")
         if self.mode == "cdc" and self.sink == "files":
             raise ValueError("mode='cdc' needs sink='delta' or 'postgres': the files sink only appends.")
         if not self.checkpoint_location:

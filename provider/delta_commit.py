@@ -13,6 +13,8 @@ a capture process can read them; this reads local/mounted paths only.
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,25 @@ class CommitMarkerError(AirflowException):
     """Raise when a Delta commit and its marker disagree."""
 
 
+_COMMIT = re.compile(r"^\d{20}\.json$")
+_CHECKPOINT = re.compile(r"^\d{20}\.checkpoint(\.[^/]+)?\.(parquet|json)$")
+
+
 def _log_dir(path: str) -> Path:
     return Path(path.removeprefix("file://")) / "_delta_log"
+
+
+def _read_commit(file: Path) -> dict[str, Any]:
+    actions: dict[str, Any] = {"txn": []}
+    for line in file.read_text().splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            actions["commitInfo"] = action["commitInfo"]
+        elif "txn" in action:
+            actions["txn"].append(action["txn"])
+    return actions
 
 
 def commits(path: str) -> Iterator[tuple[int, dict]]:
@@ -36,31 +55,67 @@ def commits(path: str) -> Iterator[tuple[int, dict]]:
     :param path: the Delta table's location (local path or ``file://`` URI).
     """
     log_dir = _log_dir(path)
-    files = sorted(log_dir.glob("[0-9]*.json"), reverse=True) if log_dir.is_dir() else []
-    for file in files:
-        actions: dict[str, Any] = {"txn": []}
-        for line in file.read_text().splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
-            if "commitInfo" in action:
-                actions["commitInfo"] = action["commitInfo"]
-            elif "txn" in action:
-                actions["txn"].append(action["txn"])
-        yield int(file.stem), actions
+    names = os.listdir(log_dir) if log_dir.is_dir() else []
+    for version in sorted((int(n[:20]) for n in names if _COMMIT.match(n)), reverse=True):
+        yield version, _read_commit(log_dir / f"{version:020d}.json")
 
 
 def find_commit(path: str, app_id: str, version: int) -> int | None:
     """Return the table version that committed ``(app_id, version)``, or None if none did.
 
+    Cheap on long logs: only the JSON commits after the newest Delta checkpoint are parsed (newest first; a
+    streaming writer finds its own last commit in the first file). Older commits are looked at only when
+    the checkpoint's ``txn`` state (Delta keeps the newest version per app id there) says the pair is
+    already committed, i.e. on a replay. Like Delta itself, which skips a write whose ``txnVersion`` is at
+    or below the app's newest one, every such version counts as committed: when its own commit file was
+    cleaned up by log retention, the checkpoint version is returned.
+
     :param path: the Delta table's location.
     :param app_id: the writer's stable application id.
     :param version: the writer's monotonically increasing version for that app id.
     """
-    for table_version, actions in commits(path):
-        if any(t.get("appId") == app_id and int(t.get("version", -1)) == version for t in actions["txn"]):
+    log_dir = _log_dir(path)
+    if not log_dir.is_dir():
+        return None
+    names = os.listdir(log_dir)
+    versions = sorted((int(n[:20]) for n in names if _COMMIT.match(n)), reverse=True)
+    checkpoint = max((int(n[:20]) for n in names if _CHECKPOINT.match(n)), default=None)
+
+    def matches(table_version: int) -> bool:
+        return any(t.get("appId") == app_id and int(t.get("version", -1)) == version
+                   for t in _read_commit(log_dir / f"{table_version:020d}.json")["txn"])
+
+    for table_version in versions:
+        if checkpoint is not None and table_version <= checkpoint:
+            break
+        if matches(table_version):
             return table_version
-    return None
+    if checkpoint is None:
+        return None
+    newest = _checkpoint_txn(log_dir, checkpoint, names).get(app_id)
+    if newest is None or newest < version:
+        return None
+    return next((v for v in versions if v <= checkpoint and matches(v)), checkpoint)
+
+
+def _checkpoint_txn(log_dir: Path, checkpoint: int, names: list[str]) -> dict[str, int]:
+    """Return app id -> newest txn version recorded in the checkpoint of table version ``checkpoint``."""
+    newest: dict[str, int] = {}
+    prefix = f"{checkpoint:020d}.checkpoint"
+    for name in sorted(n for n in names if n.startswith(prefix)):
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            schema = pq.read_schema(log_dir / name)
+            if "txn" not in schema.names:
+                continue
+            txns = pq.read_table(log_dir / name, columns=["txn"]).column("txn").to_pylist()
+        else:  # a V2 checkpoint's JSON top-level file (txn actions are never in sidecars)
+            txns = _read_commit(log_dir / name)["txn"]
+        for txn in txns:
+            if txn and txn.get("appId") is not None:
+                newest[txn["appId"]] = max(newest.get(txn["appId"], -1), int(txn["version"]))
+    return newest
 
 
 def latest_marker(path: str, key: str) -> tuple[int, dict] | None:
@@ -78,7 +133,8 @@ def latest_marker(path: str, key: str) -> tuple[int, dict] | None:
     return None
 
 
-def commit_with_marker(df: Any, path: str, marker: dict, app_id: str, version: int, mode: str = "overwrite") -> int:
+def commit_with_marker(df: Any, path: str, marker: dict, app_id: str, version: int, mode: str = "overwrite",
+                       replace_where: str | None = None) -> int:
     """Write ``df`` to the Delta table at ``path`` as one commit carrying ``marker``; return the table version.
 
     Idempotent per ``(app_id, version)``: if that pair is already committed nothing is written.
@@ -89,15 +145,21 @@ def commit_with_marker(df: Any, path: str, marker: dict, app_id: str, version: i
     :param app_id: stable id of the writer (Delta ``txnAppId``).
     :param version: the writer's version for this commit (Delta ``txnVersion``).
     :param mode: ``overwrite`` (atomic replace of the table) or ``append``.
+    :param replace_where: with ``overwrite``: replace only the rows matching this predicate (Delta
+        ``replaceWhere``; every row of ``df`` must match it), in the same single commit.
     """
     if mode not in ("overwrite", "append"):
         raise ValueError(f"mode must be 'overwrite' or 'append', got {mode!r}.")
+    if replace_where and mode != "overwrite":
+        raise ValueError("replace_where needs mode='overwrite'.")
     done = find_commit(path, app_id, version)
     if done is not None:
         return done
     writer = (df.write.format("delta").mode(mode).option("txnAppId", app_id).option("txnVersion", version)
               .option("userMetadata", json.dumps(marker, sort_keys=True)))
-    if mode == "overwrite":
+    if replace_where:
+        writer = writer.option("replaceWhere", replace_where)
+    elif mode == "overwrite":
         writer = writer.option("overwriteSchema", "true")
     writer.save(path)
     done = find_commit(path, app_id, version)

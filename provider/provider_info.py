@@ -33,6 +33,7 @@ def get_provider_info() -> dict:
                 "python-modules": [
                     "exactly_once_provider.hooks.mysql_source",
                     "exactly_once_provider.hooks.kafka_producer",
+                    "exactly_once_provider.hooks.mysql_binlog",
                 ],
             }
         ],
@@ -46,6 +47,7 @@ def get_provider_info() -> dict:
                     "exactly_once_provider.operators.spark_stream",
                     "exactly_once_provider.operators.reconcile",
                     "exactly_once_provider.operators.backpressure",
+                    "exactly_once_provider.operators.binlog_capture",
                 ],
             }
         ],

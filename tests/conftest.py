@@ -30,11 +30,17 @@ STACK = _load_stack_module()
 
 
 def pytest_collection_modifyitems(items):
-    """Mark tests by folder so ``-m unit`` / ``-m integration`` / ``-m faults`` select them."""
+    """Mark tests by folder so ``-m unit`` / ``-m integration`` / ``-m faults`` select them.
+
+    Fault scenarios kill and restart the shared services, so they are also ``exclusive``: ``make test`` runs
+    the rest on two workers and the exclusive tests afterwards, alone.
+    """
     for item in items:
         parts = Path(item.fspath).relative_to(REPO / "tests").parts
         if parts[0] in ("unit", "integration", "faults"):
             item.add_marker(getattr(pytest.mark, parts[0]))
+        if parts[0] == "faults":
+            item.add_marker(pytest.mark.exclusive)
 
 
 @pytest.fixture(scope="session")

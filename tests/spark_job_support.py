@@ -154,14 +154,15 @@ def files_rows(root: str) -> list[tuple]:
     return arrow_rows(published_files(root))
 
 
-def postgres_rows(stack, table: str) -> list[tuple]:
+def postgres_rows(stack, table: str,
+                  columns=("kafka_partition", "kafka_offset", "record_key", "record_value")) -> list[tuple]:
     import psycopg2
 
     conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
                             password=stack.DB_PASSWORD)
     try:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT kafka_partition, kafka_offset, record_key, record_value FROM {table}")
+            cur.execute(f"SELECT {', '.join(columns)} FROM {table}")
             return cur.fetchall()
     finally:
         conn.close()
@@ -183,6 +184,30 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
     finally:
         consumer.close()
+
+
+def wait_for_committed_end(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> None:
+    """Wait until read_committed consumers see the end of every partition (LSO == high watermark).
+
+    ``commit_transaction`` returns before the broker has written the commit markers into the data
+    partitions; until then a read_committed reader (Spark's ``availableNow`` target) stops short.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    def ends(isolation: str) -> dict[int, int]:  # ListOffsets(latest) answers the LSO to read_committed
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eo-lso", "isolation.level": isolation,
+                             **QUIET})
+        try:
+            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
+                    for p in range(partitions)}
+        finally:
+            consumer.close()
+
+    deadline = time.monotonic() + timeout
+    while (stable := ends("read_committed")) != (high := ends("read_uncommitted")):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic}: read_committed end {stable} never reached the high watermark {high}")
+        time.sleep(0.2)
 
 
 def assert_exactly(rows: list[tuple], committed: list[tuple[str, str]]) -> None:

@@ -11,7 +11,9 @@ Where the guarantees live:
 * rows below the sink's committed offsets are dropped before writing, so a checkpoint that lags the sink can
   never write a row twice: :func:`process_batch`;
 * at start, a checkpoint that does not match the sink (missing, behind or ahead) is set aside and the query
-  starts from the sink's offsets: :func:`reconcile_start`.
+  starts from the sink's offsets: :func:`reconcile_start`;
+* window mode (settlement batches replace their window whole, newer versions win, incomplete batches wait):
+  :func:`process_window_batch` and :mod:`~exactly_once_provider.spark_jobs.settlement`.
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ import logging
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+from exactly_once_provider.spark_jobs import poison
 from exactly_once_provider.spark_jobs.batch import (
     BatchCommit, Offsets, checkpoint_id, checkpoint_positions, fault_point, wal_offsets,
 )
 
 log = logging.getLogger("exactly_once_provider.kafka_to_sink")
 SELECT = ("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
-          "CAST(key AS STRING) AS record_key", "CAST(value AS STRING) AS record_value")
+          f"{poison.KEY_TEXT} AS record_key", f"{poison.VALUE_TEXT} AS record_value")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -45,8 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trigger", default="available-now", choices=("available-now", "processing-time"))
     parser.add_argument("--interval", default="10 seconds", help="processing-time trigger interval")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
-    parser.add_argument("--mode", default="append", choices=("append", "cdc"),
-                        help="append records, or apply CDC changes by primary key (newer source version wins)")
+    parser.add_argument("--mode", default="append", choices=("append", "cdc", "window"),
+                        help="append records, apply CDC changes by primary key (newer source version wins), or "
+                             "replace settlement windows whole (newer batch version wins)")
     parser.add_argument("--key-field", default="pk", help="CDC: JSON field of the record value holding the key")
     parser.add_argument("--version-field", default="version", help="CDC: JSON field holding the source version")
     parser.add_argument("--op-field", default="op", help="CDC: JSON field holding the operation ('d' = delete)")
@@ -59,6 +64,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--sink postgres needs --table")
     if args.mode == "cdc" and args.sink == "files":
         parser.error("--mode cdc needs a sink that can update rows (delta or postgres); files only append")
+    if args.mode == "window" and args.delivery != "exactly-once":
+        parser.error("--mode window replaces windows by version and needs --delivery exactly-once")
     return args
 
 
@@ -160,8 +167,23 @@ def _covered(end: Offsets, committed: Offsets) -> bool:
     return all(committed.get(t, {}).get(p, -1) >= o for t, parts in end.items() for p, o in parts.items())
 
 
+@contextmanager
+def _stop_at_poison(sink, spark, bootstrap: str | None, previous: BatchCommit | None, end: Offsets, batch_id: int):
+    """Turn Spark's ``validate_utf8`` failure inside a batch into a clear error naming the records."""
+    try:
+        yield
+    except poison.PoisonRecordError:
+        raise
+    except Exception as err:
+        if not poison.is_invalid_utf8(err) or bootstrap is None:
+            raise
+        start = previous.offsets if previous else {}
+        found = poison.locate(spark, bootstrap, start, end)
+        raise poison.refuse(found, "key or value is not valid UTF-8", sink.kind, batch_id, start) from err
+
+
 def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exactly_once: bool,
-                  to_changes=None) -> None:
+                  to_changes=None, bootstrap: str | None = None) -> None:
     """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline).
 
     ``to_changes`` turns the batch's records into CDC changes (``--mode cdc``); None appends records.
@@ -184,14 +206,68 @@ def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exact
             log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, previous.offsets)
             return
         df = _not_yet_committed(df, previous.offsets)
-    df = changes(df)
-    fault_point("before_sink_commit", batch_id)
-    written = sink.commit(df, commit)
+    with _stop_at_poison(sink, df.sparkSession, bootstrap, previous, end, batch_id):
+        df = changes(df)
+        fault_point("before_sink_commit", batch_id)
+        written = sink.commit(df, commit)
     fault_point("after_sink_commit", batch_id)
     state = sink.committed()
     log.info("batch %d %s to the %s sink in %.1fs: offsets %s, %d rows in total", batch_id,
              "committed" if written else "was already committed", sink.kind, time.monotonic() - started,
              json.dumps(commit.to_json()["offsets"]), state.rows_total if state else 0)
+
+
+def process_window_batch(sink, pipeline: str, checkpoint: str, bootstrap: str, spark, batch_id: int) -> None:
+    """Settle the window versions completed by this micro-batch (window mode; see ``settlement``).
+
+    The records are read again from Kafka from the sink's committed offsets to the micro-batch's end, so a
+    batch cut by an earlier micro-batch is read whole; the streaming DataFrame itself is never scanned.
+    """
+    from exactly_once_provider.spark_jobs import settlement
+
+    started = time.monotonic()
+    end = wal_offsets(checkpoint, batch_id)
+    commit_id = checkpoint_id(checkpoint)
+    previous = sink.committed()
+    if previous is not None and previous.checkpoint_id == commit_id and previous.batch_id >= batch_id:
+        log.info("batch %d already committed to the %s sink (replay after a crash): skipped", batch_id, sink.kind)
+        return
+    start = previous.offsets if previous else {}
+    if _covered(end, start):
+        log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, start)
+        return
+    records = settlement.read_range(spark, bootstrap, start, end).persist()
+    try:
+        with _stop_at_poison(sink, spark, bootstrap, previous, end, batch_id):
+            markers, counts, unframed = settlement.scan(records)
+        if unframed:
+            raise settlement.WindowIntegrityError(
+                f"records outside any settlement batch (no {settlement.BATCH_HEADER} header, no marker) at "
+                f"{unframed} (topic, partition, offset): window mode reads topics written only by "
+                "WatermarkExtractOperator. Nothing was committed past offsets " + json.dumps(
+                    {t: {str(p): o for p, o in parts.items()} for t, parts in start.items()}) + ".")
+        published = sink.published_windows()
+        plan = settlement.plan_windows(markers, counts, start, end, published)
+        for label in plan.incomplete:
+            log.info("window %s is incomplete in this read (no end marker yet): not published, read again "
+                     "from its begin marker next time", label)
+        for label in plan.stale:
+            log.info("window %s is not newer than the published version: skipped", label)
+        if not plan.publish and plan.carry == start:
+            log.info("batch %d: nothing to settle (%d markers read)", batch_id, len(markers))
+            return
+        commit = BatchCommit(pipeline, commit_id, batch_id, plan.carry)
+        fault_point("before_sink_commit", batch_id)
+        written = sink.commit_windows(settlement.window_rows(records, plan.publish), plan.publish, plan.rows, commit)
+        fault_point("after_sink_commit", batch_id)
+    finally:
+        records.unpersist()
+    for window, version in sorted(plan.publish.items()):
+        log.info("window %s v%d published (%d rows, replacing v%s)", window, version, plan.rows[window],
+                 published.get(window, "-"))
+    log.info("batch %d %s to the %s sink in %.1fs: offsets %s", batch_id,
+             "committed" if written else "was already committed", sink.kind, time.monotonic() - started,
+             json.dumps(commit.to_json()["offsets"]))
 
 
 def build_session(args: argparse.Namespace):
@@ -234,10 +310,16 @@ def run(args: argparse.Namespace) -> None:
     if args.mode == "cdc":
         def to_changes(df):
             return cdc_changes(df, args.key_field, args.version_field, args.op_field)
+    def each_batch(df, batch_id: int) -> None:
+        if args.mode == "window":
+            process_window_batch(sink, args.pipeline, args.checkpoint, args.bootstrap_servers, spark, batch_id)
+        else:
+            process_batch(sink, args.pipeline, args.checkpoint, df, batch_id, exactly_once, to_changes,
+                          args.bootstrap_servers)
+
     writer = (frame.writeStream.queryName(args.pipeline)
               .option("checkpointLocation", args.checkpoint)
-              .foreachBatch(lambda df, batch_id: process_batch(sink, args.pipeline, args.checkpoint, df,
-                                                               batch_id, exactly_once, to_changes)))
+              .foreachBatch(each_batch))
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:

@@ -9,6 +9,13 @@ CDC mode (``mode="cdc"``) MERGEs each batch's newest change per key through
 :func:`~exactly_once_provider.delta_commit.merge_with_marker` (same txn id and marker): a change applies only
 if its ``source_version`` is newer than the row's. Deletes are kept as tombstones (``deleted = true``) so an
 older change replayed after the delete cannot bring the row back; readers filter ``NOT deleted``.
+
+Window mode (``mode="window"``, :mod:`~exactly_once_provider.spark_jobs.settlement`) replaces the rows of the
+published windows with ``replaceWhere window_id IN (...)`` in the same single commit (same txn id); the
+marker carries the cumulative ``windows`` map (window id -> version, rows) the version check reads.
+
+The marker also carries ``rows_before`` (this pipeline's rows before the commit), so :meth:`committed`
+reads ONE commit file (the newest with the marker) instead of summing the whole log.
 """
 
 from __future__ import annotations
@@ -17,6 +24,17 @@ import json
 
 from exactly_once_provider import delta_commit
 from exactly_once_provider.spark_jobs.batch import BatchCommit
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _output_rows(info: dict) -> int:
+    metrics = info.get("operationMetrics", {})
+    if info.get("operation") == "MERGE":
+        return int(metrics.get("numSourceRows", 0))
+    return int(metrics.get("numOutputRows", metrics.get("numSourceRows", 0)))
 
 
 class DeltaSink:
@@ -35,28 +53,49 @@ class DeltaSink:
         self.mode = mode
         self.key = f"eo_stream:{pipeline}"
 
-    def committed(self) -> BatchCommit | None:
-        """Return the newest batch this pipeline committed, with ``rows_total`` summed from the Delta log."""
-        found = delta_commit.latest_marker(self.path, self.key)
-        if found is None:
-            return None
-        rows = 0
+    def _latest(self) -> tuple[dict, dict] | None:
+        """Return ``(marker body, commitInfo)`` of the newest commit carrying this pipeline's marker."""
         for _, actions in delta_commit.commits(self.path):
             info = actions.get("commitInfo", {})
             raw = info.get("userMetadata")
-            if raw and self.key in json.loads(raw):
-                metrics = info.get("operationMetrics", {})
-                rows += int(metrics.get("numOutputRows", metrics.get("numSourceRows", 0))
-                            if info.get("operation") != "MERGE" else metrics.get("numSourceRows", 0))
-        data = dict(found[1][self.key], rows_total=rows)
-        return BatchCommit.from_json(data)
+            if raw:
+                marker = json.loads(raw)
+                if isinstance(marker, dict) and self.key in marker:
+                    return marker[self.key], info
+        return None
+
+    def committed(self) -> BatchCommit | None:
+        """Return the newest batch this pipeline committed, with ``rows_total`` (read from one commit)."""
+        found = self._latest()
+        if found is None:
+            return None
+        body, info = found
+        if "windows" in body:  # window mode: the marker holds the table's state
+            return BatchCommit.from_json(body)
+        if "rows_before" in body:
+            rows = int(body["rows_before"]) + _output_rows(info)
+        else:  # markers written before rows_before existed: sum the log once
+            rows = 0
+            for _, actions in delta_commit.commits(self.path):
+                raw = actions.get("commitInfo", {}).get("userMetadata")
+                if raw and self.key in json.loads(raw):
+                    rows += _output_rows(actions["commitInfo"])
+        extra = {k: v for k, v in body.items() if k != "rows_before"}
+        return BatchCommit.from_json(dict(extra, rows_total=rows))
+
+    def published_windows(self) -> dict[str, int]:
+        """Return window id -> version published in the table (window mode)."""
+        found = self._latest()
+        windows = found[0].get("windows", {}) if found else {}
+        return {w: int(v["version"]) for w, v in windows.items()}
 
     def commit(self, df, commit: BatchCommit) -> bool:
         """Write the batch and its marker in one Delta commit; return False if it was already committed."""
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
         if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
             return False
-        marker = {self.key: commit.to_json()}
+        previous = self.committed()
+        marker = {self.key: dict(commit.to_json(), rows_before=previous.rows_total if previous else 0)}
         if self.mode == "append":
             delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="append")
             return True
@@ -65,6 +104,36 @@ class DeltaSink:
             df.limit(0).write.format("delta").mode("append").save(self.path)
         delta_commit.merge_with_marker(df, self.path, "t.pk = s.pk", marker, app_id, commit.batch_id,
                                        update_when="s.source_version > t.source_version")
+        return True
+
+    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit) -> bool:
+        """Replace the rows of ``windows`` by ``df`` and commit the offsets in ONE Delta commit.
+
+        :param df: the rows of the published window versions (window-mode columns).
+        :param windows: window id -> version published by this commit (may be empty: offsets only).
+        :param rows: window id -> rows of that version.
+        :param commit: the batch identity and the offsets the next read starts from.
+        :return: False if the batch was already committed.
+        """
+        app_id = f"{self.pipeline}:{commit.checkpoint_id}"
+        if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
+            return False
+        previous = self._latest()
+        state = dict(previous[0].get("windows", {})) if previous else {}
+        for window, version in windows.items():
+            held = state.get(window, {}).get("version", 0)
+            if version <= held:
+                raise ValueError(f"window {window} v{version} is not newer than the table's v{held}: "
+                                 "another writer publishes this pipeline; run one job per pipeline.")
+            state[window] = {"version": version, "rows": rows[window]}
+        body = dict(commit.to_json(), rows_total=sum(w["rows"] for w in state.values()), windows=state)
+        marker = {self.key: body}
+        if windows:
+            where = "window_id IN ({})".format(", ".join(_sql_string(w) for w in sorted(windows)))
+            delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="overwrite",
+                                            replace_where=where)
+        else:  # nothing to publish, the offsets move on (e.g. past stale versions): an empty commit
+            delta_commit.commit_with_marker(df.limit(0), self.path, marker, app_id, commit.batch_id, mode="append")
         return True
 
     def append(self, df) -> None:

@@ -13,12 +13,19 @@ its final name (``link`` fails if the name exists, so two writers can never both
 the directory is fsynced. Readers list ``_manifests``, take the highest sequence and read exactly the files it
 lists: a crash leaves at most unreferenced directories (orphans), which readers never see and
 :meth:`FilesSink.remove_orphans` deletes when the job starts.
+
+Window mode (:meth:`FilesSink.commit_windows`) stages each published window version in its own directory,
+renames it to ``windows/<window slug>/<checkpoint id>-<batch id>-<nonce>/`` and publishes one manifest whose
+``windows`` map gives each window its version, rows and files (``files`` stays the flat list of everything
+published): a new version replaces the window's entry, the superseded directory becomes an orphan.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -50,6 +57,12 @@ def published_files(root: str) -> list[str]:
     return [str(base / f["path"]) for f in manifest["files"]] if manifest else []
 
 
+def _slug(window_id: str) -> str:
+    """Return a directory name for a window id (readable part + hash: ids may hold '/', ':' or '+')."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", window_id)[-80:]
+    return f"{readable}-{hashlib.sha256(window_id.encode()).hexdigest()[:12]}"
+
+
 class FilesSink:
     """Append a pipeline's batches as Parquet files under ``root`` (one pipeline per root).
 
@@ -76,41 +89,35 @@ class FilesSink:
     def remove_orphans(self) -> list[str]:
         """Delete staged and data directories no published manifest references; return what was removed."""
         manifest = latest_manifest(str(self.root))
-        referenced = {Path(f["path"]).parts[1] for f in manifest["files"]} if manifest else set()
+        referenced = {str(Path(f["path"]).parent) for f in manifest["files"]} if manifest else set()
         removed = []
         shutil.rmtree(self.root / "_staging", ignore_errors=True)
-        data = self.root / "data"
-        if data.is_dir() and manifest is not None:
-            for child in data.iterdir():
-                if child.name not in referenced:
-                    shutil.rmtree(child)
-                    removed.append(child.name)
+        if manifest is None:
+            return removed
+        batches = list((self.root / "data").glob("*")) + list((self.root / "windows").glob("*/*"))
+        for child in batches:
+            relative = str(child.relative_to(self.root))
+            if child.is_dir() and relative not in referenced:
+                shutil.rmtree(child)
+                removed.append(relative)
         return removed
 
-    def commit(self, df, commit: BatchCommit) -> bool:
-        """Stage, rename and publish the batch; return False if this batch is already published."""
+    def _stage(self, df, name: str, destination: Path) -> list[dict]:
+        """Write ``df`` to a staging directory and rename it to ``destination``; return its files."""
         import pyarrow.parquet as pq
 
-        previous = latest_manifest(str(self.root))
-        if previous and previous["checkpoint_id"] == commit.checkpoint_id \
-                and previous["batch_id"] >= commit.batch_id:
-            return False
-        name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
         staged = self.root / "_staging" / name
         df.write.mode("errorifexists").parquet(str(staged))
-        published = self.root / "data" / name
-        published.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(staged, published)
-        _fsync_dir(published.parent)
-        files = [{"path": f"data/{name}/{part.name}", "rows": pq.read_metadata(part).num_rows}
-                 for part in sorted(published.glob("part-*.parquet"))]
-        rows = sum(f["rows"] for f in files)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staged, destination)
+        _fsync_dir(destination.parent)
+        return [{"path": str(part.relative_to(self.root)), "rows": pq.read_metadata(part).num_rows}
+                for part in sorted(destination.glob("part-*.parquet"))]
+
+    def _publish(self, previous: dict | None, name: str, fields: dict) -> None:
+        """Write the next manifest; its hard link to the final name is the commit point."""
         sequence = previous["sequence"] + 1 if previous else 0
-        manifest = {
-            "format": MANIFEST_FORMAT, "sequence": sequence, **commit.to_json(),
-            "rows_total": (previous["rows_total"] if previous else 0) + rows,
-            "files": (previous["files"] if previous else []) + files,
-        }
+        manifest = {"format": MANIFEST_FORMAT, "sequence": sequence, **fields}
         manifests = self.root / "_manifests"
         manifests.mkdir(parents=True, exist_ok=True)
         tmp = manifests / f".{name}.tmp"
@@ -123,6 +130,59 @@ class FilesSink:
         finally:
             tmp.unlink()
         _fsync_dir(manifests)
+
+    @staticmethod
+    def _already(previous: dict | None, commit: BatchCommit) -> bool:
+        return bool(previous) and previous["checkpoint_id"] == commit.checkpoint_id \
+            and previous["batch_id"] >= commit.batch_id
+
+    def commit(self, df, commit: BatchCommit) -> bool:
+        """Stage, rename and publish the batch; return False if this batch is already published."""
+        previous = latest_manifest(str(self.root))
+        if self._already(previous, commit):
+            return False
+        name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
+        files = self._stage(df, name, self.root / "data" / name)
+        self._publish(previous, name, {
+            **commit.to_json(),
+            "rows_total": (previous["rows_total"] if previous else 0) + sum(f["rows"] for f in files),
+            "files": (previous["files"] if previous else []) + files,
+        })
+        return True
+
+    def published_windows(self) -> dict[str, int]:
+        """Return window id -> version published under ``root`` (window mode)."""
+        manifest = latest_manifest(str(self.root))
+        return {w: int(v["version"]) for w, v in (manifest or {}).get("windows", {}).items()}
+
+    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit) -> bool:
+        """Stage each window version, rename it into ``windows/``, publish versions + offsets in one manifest.
+
+        :param df: the rows of the published window versions (window-mode columns).
+        :param windows: window id -> version published by this commit (may be empty: offsets only).
+        :param rows: window id -> rows of that version.
+        :param commit: the batch identity and the offsets the next read starts from.
+        :return: False if the batch was already committed.
+        """
+        from pyspark.sql import functions as F
+
+        previous = latest_manifest(str(self.root))
+        if self._already(previous, commit):
+            return False
+        name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
+        state = dict((previous or {}).get("windows", {}))
+        for window, version in sorted(windows.items()):
+            held = state.get(window, {}).get("version", 0)
+            if version <= held:
+                raise ValueError(f"window {window} v{version} is not newer than the published v{held}: "
+                                 "another writer publishes this pipeline; run one job per pipeline.")
+            files = self._stage(df.filter(F.col("window_id") == window).coalesce(1), f"{name}-{_slug(window)}",
+                                self.root / "windows" / _slug(window) / name)
+            state[window] = {"version": version, "rows": rows[window], "files": files}
+        self._publish(previous, name, {
+            **commit.to_json(), "rows_total": sum(w["rows"] for w in state.values()), "windows": state,
+            "files": [f for w in state.values() for f in w["files"]],
+        })
         return True
 
     def append(self, df) -> None:

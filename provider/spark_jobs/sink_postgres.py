@@ -28,11 +28,14 @@ import io
 import psycopg2
 from psycopg2 import sql
 
+from exactly_once_provider.spark_jobs import poison
 from exactly_once_provider.spark_jobs.batch import BatchCommit
+from exactly_once_provider.spark_jobs.settlement import WINDOW_COLUMNS
 
 OFFSETS_TABLE = "eo_stream_offsets"
 COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "record_key", "record_value")
 CDC_COLUMNS = ("pk", "source_version", "deleted", "record_value", "kafka_topic", "kafka_partition", "kafka_offset")
+WINDOWS_TABLE = "eo_stream_windows"
 
 _DDL_OFFSETS = f"""
 CREATE TABLE IF NOT EXISTS {OFFSETS_TABLE} (
@@ -40,6 +43,11 @@ CREATE TABLE IF NOT EXISTS {OFFSETS_TABLE} (
     next_offset bigint NOT NULL, checkpoint_id text NOT NULL, batch_id bigint NOT NULL,
     rows_total bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (pipeline, topic, kafka_partition))
+"""
+_DDL_WINDOWS = f"""
+CREATE TABLE IF NOT EXISTS {WINDOWS_TABLE} (
+    pipeline text NOT NULL, window_id text NOT NULL, version bigint NOT NULL, rows bigint NOT NULL,
+    committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, window_id))
 """
 
 
@@ -49,7 +57,8 @@ class PostgresSink:
     :param table: target table, optionally ``schema.table``; created if missing.
     :param pipeline: the pipeline's stable name.
     :param connect_kwargs: psycopg2 connection arguments; empty = the libpq ``PG*`` environment (the job).
-    :param mode: ``append`` (records) or ``cdc`` (changes by ``pk``, newer ``source_version`` wins).
+    :param mode: ``append`` (records), ``cdc`` (changes by ``pk``, newer ``source_version`` wins) or ``window``
+        (settlement windows replaced whole; versions in ``eo_stream_windows``, same transaction).
     """
 
     kind = "postgres"
@@ -59,7 +68,7 @@ class PostgresSink:
         self.pipeline = pipeline
         self.connect_kwargs = connect_kwargs or {}
         self.mode = mode
-        self.columns = CDC_COLUMNS if mode == "cdc" else COLUMNS
+        self.columns = {"cdc": CDC_COLUMNS, "window": WINDOW_COLUMNS}.get(mode, COLUMNS)
 
     def _connect(self):
         return psycopg2.connect(**self.connect_kwargs)
@@ -67,7 +76,15 @@ class PostgresSink:
     def ensure_tables(self) -> None:
         with self._connect() as conn, conn.cursor() as cur:
             cur.execute(_DDL_OFFSETS)
-            if self.mode == "cdc":
+            if self.mode == "window":
+                cur.execute(_DDL_WINDOWS)
+                cur.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (window_id text NOT NULL, window_version bigint NOT NULL,"
+                    " kafka_topic text NOT NULL, kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL,"
+                    " record_key text, record_value text)").format(self.table))
+                index = sql.Identifier(f"{self.table.strings[-1]}_window_id_idx"[:63])
+                cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (window_id)").format(index, self.table))
+            elif self.mode == "cdc":
                 cur.execute(sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} (pk text PRIMARY KEY, source_version bigint NOT NULL,"
                     " deleted boolean NOT NULL, record_value text, kafka_topic text NOT NULL,"
@@ -100,7 +117,15 @@ class PostgresSink:
                 cur.execute("SELECT to_regclass(%s)", (OFFSETS_TABLE,))
                 if cur.fetchone()[0] is None:
                     return None
-                return self._read_state(cur, self.pipeline)
+                state = self._read_state(cur, self.pipeline)
+                cur.execute("SELECT to_regclass(%s)", (WINDOWS_TABLE,))
+                if state is not None and cur.fetchone()[0] is not None:
+                    cur.execute(f"SELECT window_id, version, rows FROM {WINDOWS_TABLE} WHERE pipeline = %s",
+                                (self.pipeline,))
+                    windows = {w: {"version": v, "rows": n} for w, v, n in cur.fetchall()}
+                    if windows:
+                        state.extra["windows"] = windows
+                return state
         finally:
             conn.close()
 
@@ -108,6 +133,7 @@ class PostgresSink:
         table = df.select(*self.columns).toArrow()
         if table.num_rows == 0:
             return 0
+        self._refuse_nul(table)
         import pyarrow.csv as pacsv
 
         buffer = io.BytesIO()
@@ -128,30 +154,101 @@ class PostgresSink:
                 " WHERE {t}.source_version < EXCLUDED.source_version").format(t=self.table, c=columns, u=updates))
         return table.num_rows
 
+    def _refuse_nul(self, table) -> None:
+        """PostgreSQL text cannot hold NUL: stop before the COPY, naming the records (nothing committed)."""
+        import pyarrow.compute as pc
+
+        for column in ("record_key", "record_value"):
+            if column not in table.column_names:
+                continue
+            bad = table.filter(pc.fill_null(pc.match_substring(table[column], "\x00"), False))
+            if bad.num_rows:
+                found = [(r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], column, "")
+                         for r in bad.slice(0, 5).to_pylist()]
+                state = self.committed()
+                raise poison.refuse(found, "text with a NUL character (PostgreSQL text cannot store it)", self.kind,
+                                    None, state.offsets if state else None)
+
+    def _lock(self, cur, commit: BatchCommit) -> tuple[bool, BatchCommit | None]:
+        """Take the pipeline's transaction lock; return (batch already committed?, the committed state)."""
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
+        previous = self._read_state(cur, self.pipeline)
+        done = previous is not None and previous.checkpoint_id == commit.checkpoint_id \
+            and previous.batch_id >= commit.batch_id
+        return done, previous
+
     def commit(self, df, commit: BatchCommit) -> bool:
         """Write rows + offsets in one transaction; return False if the batch was already committed."""
         conn = self._connect()
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
-                previous = self._read_state(cur, self.pipeline)
-                if previous and previous.checkpoint_id == commit.checkpoint_id \
-                        and previous.batch_id >= commit.batch_id:
+                done, previous = self._lock(cur, commit)
+                if done:
                     conn.rollback()
                     return False
                 rows = self._copy(cur, df)
-                total = (previous.rows_total if previous else 0) + rows
-                for topic, parts in commit.offsets.items():
-                    for partition, offset in parts.items():
-                        cur.execute(
-                            f"INSERT INTO {OFFSETS_TABLE} (pipeline, topic, kafka_partition, next_offset,"
-                            " checkpoint_id, batch_id, rows_total) VALUES (%s, %s, %s, %s, %s, %s, %s)"
-                            " ON CONFLICT (pipeline, topic, kafka_partition) DO UPDATE SET"
-                            " next_offset = EXCLUDED.next_offset, checkpoint_id = EXCLUDED.checkpoint_id,"
-                            " batch_id = EXCLUDED.batch_id, rows_total = EXCLUDED.rows_total,"
-                            " committed_at = now()",
-                            (self.pipeline, topic, partition, offset, commit.checkpoint_id, commit.batch_id,
-                             total))
+                self._write_offsets(cur, commit, (previous.rows_total if previous else 0) + rows)
+            conn.commit()
+            return True
+        finally:
+            conn.close()
+
+    def _write_offsets(self, cur, commit: BatchCommit, rows_total: int) -> None:
+        for topic, parts in commit.offsets.items():
+            for partition, offset in parts.items():
+                cur.execute(
+                    f"INSERT INTO {OFFSETS_TABLE} (pipeline, topic, kafka_partition, next_offset,"
+                    " checkpoint_id, batch_id, rows_total) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (pipeline, topic, kafka_partition) DO UPDATE SET"
+                    " next_offset = EXCLUDED.next_offset, checkpoint_id = EXCLUDED.checkpoint_id,"
+                    " batch_id = EXCLUDED.batch_id, rows_total = EXCLUDED.rows_total,"
+                    " committed_at = now()",
+                    (self.pipeline, topic, partition, offset, commit.checkpoint_id, commit.batch_id, rows_total))
+
+    def published_windows(self) -> dict[str, int]:
+        """Return window id -> version published in the table (window mode)."""
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s", (self.pipeline,))
+                return dict(cur.fetchall())
+        finally:
+            conn.close()
+
+    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit) -> bool:
+        """Delete the rows of ``windows``, insert ``df``, record the versions and the offsets: ONE transaction.
+
+        :param df: the rows of the published window versions (window-mode columns).
+        :param windows: window id -> version published by this commit (may be empty: offsets only).
+        :param rows: window id -> rows of that version.
+        :param commit: the batch identity and the offsets the next read starts from.
+        :return: False if the batch was already committed.
+        """
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                done, previous = self._lock(cur, commit)
+                if done:
+                    conn.rollback()
+                    return False
+                cur.execute(f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s"
+                            " AND window_id = ANY(%s)", (self.pipeline, list(windows)))
+                for window, held in cur.fetchall():
+                    if windows[window] <= held:
+                        raise ValueError(f"window {window} v{windows[window]} is not newer than the table's "
+                                         f"v{held}: another writer publishes this pipeline; run one job per pipeline.")
+                if windows:
+                    cur.execute(sql.SQL("DELETE FROM {} WHERE window_id = ANY(%s)").format(self.table),
+                                (list(windows),))
+                    self._copy(cur, df)
+                for window, version in windows.items():
+                    cur.execute(
+                        f"INSERT INTO {WINDOWS_TABLE} (pipeline, window_id, version, rows) VALUES (%s, %s, %s, %s)"
+                        " ON CONFLICT (pipeline, window_id) DO UPDATE SET version = EXCLUDED.version,"
+                        " rows = EXCLUDED.rows, committed_at = now()", (self.pipeline, window, version, rows[window]))
+                cur.execute(f"SELECT coalesce(sum(rows), 0) FROM {WINDOWS_TABLE} WHERE pipeline = %s",
+                            (self.pipeline,))
+                self._write_offsets(cur, commit, int(cur.fetchone()[0]))
             conn.commit()
             return True
         finally:

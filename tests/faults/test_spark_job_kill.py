@@ -66,3 +66,36 @@ def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack,
     assert state["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(bootstrap, topic, 2).items()}}
     assert state["rows_total"] == len(committed)
     jobs.assert_exactly(jobs.sink_rows(stack, sink, target), committed)
+
+
+@pytest.mark.matrix
+def test_window_mode_driver_killed_between_sink_and_checkpoint_commit_settles_each_window_once(
+        stack, airflow_connections, tmp_path, fault_outcome):
+    """Window mode, Delta: SIGKILL right after the sink commit of batch 1, restart: one copy per window, v2 wins."""
+    from tests.integration.spark_jobs.test_kafka_to_sink_window import Source, assert_windows, window_rows
+
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=2)
+    source = Source(stack, topic, f"ledger-{topic}")
+    target = str(tmp_path / "delta-sink")
+    args = jobs.job_args(stack, f"winfault-{topic}", topic, tmp_path / "checkpoint", "delta", target, max_offsets=10,
+                         mode="window")
+    source.insert("d1", 6)
+    source.extract("d1")
+    source.insert("d2", 4)
+    source.extract("d2")
+    source.update("d1", 2)
+    source.extract("d1", reextract=True)
+    jobs.wait_for_committed_end(bootstrap, topic, 2)
+
+    run = jobs.run_job(stack, args, {FAULT_ENV: "after_sink_commit:1"})
+    assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
+    final = jobs.run_job(stack, args)
+    assert final.returncode == 0, final.stderr[-4000:]
+    # batch 1 committed a carry (a window cut by the read), so the checkpoint disagrees and is set aside
+    assert re.search(r"batch 1 already committed|disagrees with the sink", final.stdout), final.stdout[-3000:]
+    rows = window_rows(stack, "delta", target)
+    expected = source.rows()
+    fault_outcome(rows=len(rows), lost=max(0, sum(expected.values()) - len(rows)),
+                  duplicated=max(0, len(rows) - sum(expected.values())))
+    assert_windows(rows, expected, {f"settle/{source.table}/d1": 2, f"settle/{source.table}/d2": 1})

@@ -125,6 +125,7 @@ def test_user_without_replication_slave_is_told_to_grant_it(stack, airflow_conne
     ("binlog_row_metadata", "MINIMAL", r"binlog_row_metadata=MINIMAL .*SET GLOBAL binlog_row_metadata='FULL'"),
     ("binlog_expire_logs_seconds", "7200", r"Binlog retention is 7200s .*at least"),
 ])
+@pytest.mark.exclusive  # other tests' sessions would pick up the bad global while it is set
 def test_bad_global_settings_on_the_real_server(stack, airflow_connections, table, admin, name, bad, message):
     """Switches one global of this stack's own MariaDB for the duration of the check, then restores it."""
     admin.execute(f"SELECT @@GLOBAL.{name}")

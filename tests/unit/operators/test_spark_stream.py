@@ -42,6 +42,7 @@ def _op(**kwargs):
     ({"delivery": "maybe"}, "delivery must be one of"),
     ({"mode": "upsert"}, "mode must be"),
     ({"mode": "cdc", "sink": "files"}, "files sink only appends"),
+    ({"mode": "window", "delivery": "at-least-once"}, "needs delivery='exactly-once'"),
 ])
 def test_bad_input_is_a_value_error_naming_the_setting(connections, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -104,3 +105,8 @@ def test_package_zip_holds_the_job_and_its_imports(tmp_path):
     for module in ("__init__.py", "delta_commit.py", "spark_jobs/kafka_to_sink.py", "spark_jobs/batch.py",
                    "spark_jobs/sink_postgres.py", "spark_jobs/sink_files.py", "spark_jobs/sink_delta.py"):
         assert f"exactly_once_provider/{module}" in names
+
+
+def test_window_mode_is_passed_to_the_job(connections, monkeypatch):
+    args = _submitted(monkeypatch, _op(mode="window", sink="files"))["application_args"]
+    assert args[args.index("--mode") + 1] == "window"

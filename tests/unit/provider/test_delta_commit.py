@@ -25,3 +25,23 @@ def test_newest_matching_marker_and_transaction(tmp_path):
     assert delta_commit.find_commit(str(tmp_path), "app2", 7) == 1
     assert delta_commit.find_commit(str(tmp_path), "app2", 8) is None
     assert delta_commit.latest_marker(str(tmp_path / "missing"), "x") is None
+
+
+def test_find_commit_reads_the_checkpoint_txn_state_instead_of_the_whole_log(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    for version in range(12):
+        _commit(log, version, None, ("stream", version))
+    txn = pa.array([{"appId": "stream", "version": 10, "lastUpdated": 0}, None],
+                   pa.struct([("appId", pa.string()), ("version", pa.int64()), ("lastUpdated", pa.int64())]))
+    pq.write_table(pa.table({"txn": txn}), log / f"{10:020d}.checkpoint.parquet")
+    assert delta_commit.find_commit(str(tmp_path), "stream", 11) == 11  # newest JSON, after the checkpoint
+    assert delta_commit.find_commit(str(tmp_path), "stream", 12) is None
+    assert delta_commit.find_commit(str(tmp_path), "other", 1) is None  # not in the checkpoint: no log scan
+    assert delta_commit.find_commit(str(tmp_path), "stream", 3) == 3  # a replay: the older commit is found
+    for version in range(10):  # log retention removed the old JSON commits
+        (log / f"{version:020d}.json").unlink()
+    assert delta_commit.find_commit(str(tmp_path), "stream", 3) == 10

@@ -49,7 +49,7 @@ def test_orphans_of_a_crash_are_invisible_then_removed(tmp_path):
     _Frame([9]).parquet(str(tmp_path / "data" / "c1-1-dead"))      # renamed, manifest never written
     _Frame([8]).parquet(str(tmp_path / "_staging" / "c1-1-beef"))  # staged only
     assert _read(tmp_path) == [1]
-    assert sink.remove_orphans() == ["c1-1-dead"]
+    assert sink.remove_orphans() == ["data/c1-1-dead"]
     assert not (tmp_path / "_staging").exists()
     assert _read(tmp_path) == [1]
 

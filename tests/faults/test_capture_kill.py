@@ -1,0 +1,154 @@
+"""SIGKILL the binlog capture (a real subprocess) at random points and at named fault points, restart it each
+time, while a writer keeps committing; and restart MariaDB under a running capture.
+
+Oracle: replaying the topics equals the source tables row by row; every committed source transaction's
+changes are in the topics exactly once (by GTID and index in the transaction); no rolled-back change is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.capture_support import Writer, check_transactions, create_tables, main_row, replay, seed, source_table, \
+    topic_records
+from tests.mysql_support import connect, unique_name
+
+RUNNER = """
+import json, sys
+from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
+result = BinlogCaptureOperator(task_id="capture", **json.loads(sys.argv[1])).execute({})
+print("RESULT " + json.dumps(result), flush=True)
+"""
+
+
+def _capture(args: dict, fault: str | None = None, kill_after: float | None = None,
+             timeout: float = 240) -> tuple[str, dict | None]:
+    """Run one capture process; return how it ended (``ok``, ``fault``, ``killed``) and its XCom result."""
+    env = {**os.environ, "EO_FAULT_AT": fault or ""}
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(args)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        if kill_after is not None:
+            try:
+                proc.wait(kill_after)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode == -signal.SIGKILL:
+        return ("fault" if fault else "killed"), None
+    assert proc.returncode == 0, out[-4000:]
+    (line,) = [x for x in out.splitlines() if x.startswith("RESULT ")]
+    return "ok", json.loads(line.removeprefix("RESULT "))
+
+
+def _setup(stack):
+    main, side = unique_name("kill_main"), unique_name("kill_side")
+    conn = connect(stack)
+    cur = conn.cursor()
+    create_tables(cur, main, side)
+    cur.execute("SHOW MASTER STATUS")
+    file, pos = cur.fetchone()[:2]
+    seed(cur, main, 300)  # captured as inserts: both tables are captured from their creation
+    args = {"tables": [main, side], "pipeline": unique_name("kill"), "start_position": f"{file}:{pos}",
+            "max_records": 100, "commit_interval_ms": 100}
+    return conn, main, side, args
+
+
+def _verify(stack, fault_outcome, main, side, args, writer, extra_committed=()) -> None:
+    _, final = _capture({**args, "mode": "bounded"})  # catch up, no fault
+    main_records = topic_records(stack, final["topics"][f"{stack.DB_NAME}.{main}"])
+    side_records = topic_records(stack, final["topics"][f"{stack.DB_NAME}.{side}"])
+    assert {k: main_row(v) for k, v in replay({}, main_records).items()} == {
+        json.dumps({"id": r["id"]}): main_row(r) for r in source_table(stack, main)}
+    assert {k: (v["id"], v["main_id"], v["qty"]) for k, v in replay({}, side_records).items()} == {
+        json.dumps({"id": r["id"]}): (r["id"], r["main_id"], r["qty"]) for r in source_table(stack, side)}
+    counts = check_transactions(main_records + side_records, [*writer.committed, *extra_committed],
+                                writer.rolled_back, 0, {main, side})
+    fault_outcome(rows=counts["records"], lost=counts["lost"], duplicated=counts["duplicated"])
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    assert len(writer.committed) > 20
+
+
+def _kill_loop(stack, fault_outcome, plan: list[str], seed_value: int) -> None:
+    conn, main, side, args = _setup(stack)
+    writer = Writer(stack, main, side, seeded=300, reserved=0, seed_value=seed_value, pause=0.02)
+    rnd = random.Random(seed_value)
+    outcomes = []
+    writer.start()
+    try:
+        for step in plan:
+            if step == "random":
+                how, _ = _capture({**args, "mode": "continuous", "max_runtime": 60}, kill_after=rnd.uniform(3, 8))
+            else:  # a named fault point: the process SIGKILLs itself the n-th time it gets there
+                how, _ = _capture({**args, "mode": "continuous", "max_runtime": 60},
+                                  fault=f"{step}:{rnd.randint(1, 3)}")
+            outcomes.append((step, how))
+    finally:
+        writer.stop.set()
+        writer.join(30)
+    assert writer.error is None, writer.error
+    assert all(how in ("killed", "fault") for _, how in outcomes), outcomes
+    _verify(stack, fault_outcome, main, side, args, writer)
+    conn.cursor().execute(f"DROP TABLE `{main}`, `{side}`")
+    conn.close()
+
+
+def test_capture_sigkilled_between_produce_and_commit_and_right_after_commit(stack, airflow_connections,
+                                                                            fault_outcome):
+    _kill_loop(stack, fault_outcome, ["before_commit", "after_commit"], seed_value=11)
+
+
+@pytest.mark.matrix
+@pytest.mark.slow
+def test_capture_sigkilled_twelve_times(stack, airflow_connections, fault_outcome):
+    plan = ["random", "before_commit", "random", "after_commit", "mid_produce", "random", "before_commit",
+            "random", "after_commit", "random", "produced", "random"]
+    _kill_loop(stack, fault_outcome, plan, seed_value=23)
+
+
+@pytest.mark.matrix
+@pytest.mark.slow
+def test_mariadb_restarted_under_a_running_capture(stack, airflow_connections, fault_outcome):
+    import threading
+
+    conn, main, side, args = _setup(stack)
+    writer = Writer(stack, main, side, seeded=300, reserved=0, seed_value=5, pause=0.02)
+    writer.start()
+    result: dict = {}
+    capture = threading.Thread(target=lambda: result.update(
+        dict([_capture({**args, "mode": "continuous", "max_runtime": 45}, timeout=300)])))
+    capture.start()
+    time.sleep(8)
+    writer.stop.set()  # the writer's in-doubt commits would have no GTID to check; stop it first
+    writer.join(30)
+    mariadb = stack.process_by_name("mariadb")
+    mariadb.kill()
+    time.sleep(2)
+    stack.start_by_name("mariadb")
+    restarted = Writer(stack, main, side, seeded=0, reserved=0, seed_value=6, pause=0.02, tag_prefix="r")
+    restarted.live, restarted.next_id = set(writer.live), writer.next_id + 100_000
+    restarted.side_ids = list(writer.side_ids)
+    restarted.start()
+    time.sleep(5)
+    restarted.stop.set()
+    restarted.join(30)
+    capture.join(300)
+    assert writer.error is None and restarted.error is None, (writer.error, restarted.error)
+    assert "ok" in result, result  # the capture rode out the restart and finished on its own
+    writer.rolled_back += restarted.rolled_back
+    _verify(stack, fault_outcome, main, side, args, writer, extra_committed=restarted.committed)
+    conn = connect(stack)
+    conn.cursor().execute(f"DROP TABLE `{main}`, `{side}`")
+    conn.close()

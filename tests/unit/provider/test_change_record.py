@@ -1,0 +1,73 @@
+"""The change record format: fields, key, version order, key-changing updates, topic names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exactly_once_provider.change_record import FORMAT, parse, records_of, topic_for, version_of
+from exactly_once_provider.hooks.mysql_binlog import RowChange, SourceTransaction, TableShape
+from exactly_once_provider.positions import BinlogPosition
+
+SHAPE = TableShape("eo", "orders", ("id", "v"), "abc123", (), frozenset(), ("id",), (None,))
+TOPICS = {("eo", "orders"): "p.eo.orders"}
+
+
+def txn(*rows):
+    return SourceTransaction("0-1-77", 1, BinlogPosition("binlog.000003", 100), BinlogPosition("binlog.000003", 900),
+                             1763694000, list(rows))
+
+
+def row(op, before, after, index=0, pos=400):
+    key = lambda image: None if image is None else (image["id"],)  # noqa: E731
+    return RowChange(SHAPE, op, before, after, key(before), key(after), "binlog.000003", pos, index)
+
+
+def test_record_fields_match_the_documented_format():
+    (record,) = records_of(txn(row("u", {"id": 5, "v": 1}, {"id": 5, "v": 2})), TOPICS)
+    value = parse(record.value)
+    assert record.topic == "p.eo.orders" and record.key == b'{"id":5}' and record.key_values == (5,)
+    assert value == {
+        "format": FORMAT, "op": "u", "pk": {"id": 5}, "before": {"id": 5, "v": 1}, "after": {"id": 5, "v": 2},
+        "version": (3 << 32) + 400,
+        "source": {"server_id": 1, "file": "binlog.000003", "pos": 400, "row": 0, "gtid": "0-1-77",
+                   "commit_file": "binlog.000003", "commit_pos": 900, "txn_row": 0, "txn_rows": 1,
+                   "schema": "eo", "table": "orders"},
+        "commit_ts": "2025-11-21T03:00:00Z", "schema_version": "abc123"}
+
+
+def test_spark_cdc_mode_fields_pk_version_op_are_present_and_version_fits_bigint():
+    (record,) = records_of(txn(row("d", {"id": 5, "v": 1}, None)), TOPICS)
+    value = json.loads(record.value)
+    assert value["op"] == "d" and value["pk"] == {"id": 5} and value["after"] is None
+    assert version_of("binlog.999999", 2**32 - 2, 1) < 2**63
+
+
+def test_versions_increase_with_binlog_order():
+    order = [("binlog.000009", 4000, 0), ("binlog.000009", 4000, 1), ("binlog.000009", 4100, 0),
+             ("binlog.000010", 4, 0)]
+    versions = [version_of(*o) for o in order]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+
+
+def test_an_update_of_the_key_is_a_delete_and_a_create():
+    records = list(records_of(txn(row("u", {"id": 1, "v": 0}, {"id": 2, "v": 0}), row("c", None, {"id": 3, "v": 0},
+                                                                                       index=1)), TOPICS))
+    values = [parse(r.value) for r in records]
+    assert [(v["op"], v["pk"]["id"], v["source"]["txn_row"], v["source"]["txn_rows"]) for v in values] == [
+        ("d", 1, 0, 3), ("c", 2, 1, 3), ("c", 3, 2, 3)]
+    assert [r.key_values for r in records] == [(1,), (2,), (3,)]
+
+
+def test_topic_template():
+    assert topic_for("{pipeline}.{schema}.{table}", "p", "eo", "t_1") == "p.eo.t_1"
+    with pytest.raises(ValueError, match="unknown placeholder"):
+        topic_for("{db}.{table}", "p", "eo", "t")
+    with pytest.raises(ValueError, match="not a valid Kafka topic"):
+        topic_for("{schema}/{table}", "p", "eo", "t")
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="format"):
+        parse(b'{"format": 2}')
