@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import pendulum
-from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param
+from airflow.sdk import DAG, Asset, BaseHook, CronDataIntervalTimetable, Param, task
 
 from exactly_once_provider.hooks.mysql_identifiers import quote_identifier
 from exactly_once_provider.operators.reconcile import ReconcileOperator
@@ -49,6 +49,7 @@ def settlement_dag(
     timezone: str = "UTC",
     catchup: bool = False,
     safety_lag: float = 5.0,
+    topic_partitions: int = 1,
     reconcile_columns: Sequence[str] | None = None,
     mysql_conn_id: str = "mysql_default",
     kafka_config_id: str = "kafka_default",
@@ -76,6 +77,7 @@ def settlement_dag(
     :param timezone: the zone the cron is read in (an explicit zone, never the server's).
     :param catchup: create runs for past intervals.
     :param safety_lag: seconds the window stays behind the database clock.
+    :param topic_partitions: partitions of the topic when the DAG creates it.
     :param reconcile_columns: columns compared by the reconciliation; default every source column.
     :param mysql_conn_id: the source ``mysql`` connection.
     :param kafka_config_id: the ``kafka`` connection.
@@ -107,6 +109,31 @@ def settlement_dag(
         },
         doc_md=__doc__,
     ) as dag:
+        @task
+        def ensure_topic() -> str:
+            """Create the windows' topic if it is missing (the extract writes batch markers to every partition)."""
+            import time
+
+            from confluent_kafka import KafkaError, KafkaException
+            from confluent_kafka.admin import AdminClient, NewTopic
+
+            servers = BaseHook.get_connection(kafka_config_id).extra_dejson.get("bootstrap.servers")
+            if not servers:
+                raise ValueError(f"Kafka connection {kafka_config_id!r} has no 'bootstrap.servers' in its Extra.")
+            admin = AdminClient({"bootstrap.servers": servers})
+            if topic not in admin.list_topics(timeout=30).topics:
+                try:
+                    admin.create_topics([NewTopic(topic, topic_partitions, -1)])[topic].result(timeout=30)
+                except KafkaException as err:
+                    if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        raise
+            deadline = time.monotonic() + 30  # a new topic reaches every broker's metadata a moment later
+            while admin.list_topics(topic, timeout=30).topics[topic].error is not None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Topic {topic!r} was created but is not available after 30s.")
+                time.sleep(0.2)
+            return topic
+
         extract = WatermarkExtractOperator(
             task_id="extract_window", table=table, cursor_column=cursor_column, cursor_kind="timestamp",
             topic=topic, pipeline=pipeline, interval_end="{{ params.window_end or data_interval_end or '' }}",
@@ -132,5 +159,5 @@ def settlement_dag(
             source_table=table, group_by=group_by, sum_columns=sum_columns, mysql_conn_id=mysql_conn_id,
             postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id, spark_conf=spark_conf,
             outlets=[report_asset])
-        extract >> load >> reconcile >> report
+        ensure_topic() >> extract >> load >> reconcile >> report
     return dag

@@ -23,7 +23,7 @@ def _dag(**overrides):
 def test_tasks_timetable_params_and_assets():
     dag = _dag()
     assert [t.task_id for t in dag.topological_sort()] == [
-        "extract_window", "load_window", "reconcile_window", "settlement_report"]
+        "ensure_topic", "extract_window", "load_window", "reconcile_window", "settlement_report"]
     timetable = dag.timetable
     assert type(timetable).__name__ == "CronDataIntervalTimetable"
     assert (timetable.expression, str(timetable.timezone)) == ("0 2 * * *", "Asia/Shanghai")
@@ -32,6 +32,7 @@ def test_tasks_timetable_params_and_assets():
     outlets = {o.uri for t in dag.tasks for o in t.outlets}
     assert outlets == {"file:///data/w", "eo://postgres/postgres_default/r"}
     assert all(t.retries == 2 for t in dag.tasks) and dag.max_active_runs == 1
+    assert dag.get_task("extract_window").upstream_task_ids == {"ensure_topic"}
     load = dag.get_task("load_window")
     assert (load.mode, load.trigger) == ("window", "available-now")
 
