@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -28,7 +28,7 @@ demo: stack-up  ## the end-to-end demo on the local stack
 # (most tests wait on Kafka, Spark or Airflow, so two workers use the 2 cores better than one), then the
 # `exclusive` tests (they kill shared services or change server globals) alone. PYTEST_ARGS runs just those args.
 TEST_WORKERS ?= 2
-DEFAULT_SUITE := not soak and not matrix
+DEFAULT_SUITE := not soak and not matrix and not e2e
 test: stack-up  ## the whole default suite: unit + integration + one representative per fault scenario
 	@t0=$$(date +%s); \
 	if [ -n "$(PYTEST_ARGS)" ]; then $(PY) -m pytest -m "$(DEFAULT_SUITE)" $(PYTEST_ARGS); rc=$$?; else \
@@ -61,3 +61,9 @@ constraints: setup  ## re-pin constraints.txt from the current .venv
 
 bench-capture: stack-up  ## binlog capture into Kafka (exactly_once) vs the raw python-mysql-replication read of the same binlog
 	$(PY) benchmarks/bench_capture.py $(BENCH_ARGS)
+
+bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and planted differences vs COUNT(*) on both sides
+	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_reconcile.py $(BENCH_ARGS)
+
+test-templates: stack-up  ## the DAG templates end to end (airflow dags test, real stack, several Spark runs each)
+	$(PY) -m pytest -m e2e --durations=15 tests/integration/dags $(PYTEST_ARGS)

@@ -106,9 +106,13 @@ class MySqlSourceHook(BaseHook):
 
     def binary_logs(self) -> list[str]:
         """Return the names of the binlog files the server still keeps (``SHOW BINARY LOGS``)."""
+        return [name for name, _ in self.binary_log_sizes()]
+
+    def binary_log_sizes(self) -> list[tuple[str, int]]:
+        """Return ``(file name, size in bytes)`` of every binlog file the server still keeps, oldest first."""
         with self._cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
-            return [row[0] for row in cur.fetchall()]
+            return [(row[0], int(row[1])) for row in cur.fetchall()]
 
     def is_retained(self, position: BinlogPosition) -> bool:
         """Return whether the binlog file of ``position`` has not been purged yet."""

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk import BaseOperator
 
 from exactly_once_provider.full_load.job import FullLoadRequest, Progress, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.spark_session import spark_session
 
 
 class MySqlFullLoadOperator(BaseOperator):
@@ -89,20 +88,4 @@ class MySqlFullLoadOperator(BaseOperator):
                       p.chunks_total, p.rows, p.rows_per_second)
 
     def _spark(self):
-        from pyspark.sql import SparkSession
-
-        conn = BaseHook.get_connection(self.spark_conn_id)
-        master = conn.host or ""
-        if master.startswith("spark://") and conn.port:
-            master = f"{master}:{conn.port}"
-        if not master:
-            raise ValueError(f"Spark connection {self.spark_conn_id!r} has no host (e.g. local[2], spark://host).")
-        # Python workers must run this environment's interpreter (reference NOTES §3).
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = (SparkSession.builder.master(master).appName(f"eo-full-load-{self.table}")
-                   .config("spark.sql.session.timeZone", "UTC")
-                   .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
-        for key, value in self.spark_conf.items():
-            builder = builder.config(key, value)
-        return builder.getOrCreate()
+        return spark_session(self.spark_conn_id, f"eo-full-load-{self.table}", self.spark_conf)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 _BINLOG_INDEX = re.compile(r"\.(\d+)$")
 
@@ -46,3 +47,23 @@ class BinlogPosition:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.pos}"
+
+
+def position_from_offset(offset: Any) -> BinlogPosition:
+    """Return the binlog position stored in a capture's offsets-ledger ``offset``.
+
+    Accepts ``{"file": f, "pos": p}`` (also ``log_file``/``log_pos``, ``binlog_file``/``binlog_pos``, or
+    nested under ``"position"``) and ``"file:pos"``.
+
+    :param offset: the ``offset`` field of the ledger record.
+    """
+    if isinstance(offset, str) and ":" in offset:
+        file, _, pos = offset.rpartition(":")
+        return BinlogPosition(file, int(pos))
+    if isinstance(offset, dict):
+        if isinstance(offset.get("position"), (dict, str)):
+            return position_from_offset(offset["position"])
+        for file_key, pos_key in (("file", "pos"), ("log_file", "log_pos"), ("binlog_file", "binlog_pos")):
+            if file_key in offset and pos_key in offset:
+                return BinlogPosition(str(offset[file_key]), int(offset[pos_key]))
+    raise ValueError(f"The capture's ledger offset {offset!r} holds no binlog position (file and pos).")

@@ -45,6 +45,8 @@ def get_provider_info() -> dict:
                     "exactly_once_provider.operators.full_load",
                     "exactly_once_provider.operators.watermark_extract",
                     "exactly_once_provider.operators.spark_stream",
+                    "exactly_once_provider.operators.reconcile",
+                    "exactly_once_provider.operators.backpressure",
                     "exactly_once_provider.operators.binlog_capture",
                 ],
             }
@@ -53,5 +55,11 @@ def get_provider_info() -> dict:
         "extra-links": [
             "exactly_once_provider.plugins.links.PipelineStatusLink",
             "exactly_once_provider.plugins.links.SparkUILink",
+        ],
+        "triggers": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["exactly_once_provider.triggers.consumer_lag"],
+            }
         ],
     }

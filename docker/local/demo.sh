@@ -1,31 +1,76 @@
 #!/usr/bin/env bash
-# The demo on the local stack (`make demo` starts the stack first): runs the example DAGs with
-# `airflow dags test` and prints how to open the Airflow UI. It grows with the DAG templates.
+# The demo on the local stack (`make demo` starts the stack first), all through `airflow dags test`:
+#   1. a demo shop database (orders, payments, refunds; five currencies) and a live writer;
+#   2. the history -> stream template on `orders`: the full load while the writer runs, then increments;
+#   3. the settlement template on `payments`: one nightly window, then a UI-style rerun with {"reextract": true};
+#   4. the writer stops, a last increment, and the reconciliation table (source vs sink, missing, duplicates).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PY=.venv/bin/python
+PY=$PWD/.venv/bin/python
+AIRFLOW=$PWD/.venv/bin/airflow
 STACK_HOME=${EO_STACK_HOME:-/var/tmp/exactly-once-stack}
 
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$STACK_HOME/airflow-demo}
 export AIRFLOW__CORE__DAGS_FOLDER=$PWD/dags
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export PYSPARK_PYTHON=$PY
 eval "$($PY docker/local/stack.py env)"
+# Each demo run gets its own pipelines, topics and data directory, so a second demo starts clean.
+export EO_DEMO_RUN=-$(date -u +%m%d%H%M%S)
+export EO_DATA_DIR=$STACK_HOME/demo-data/run$EO_DEMO_RUN
+export EO_SPARK_JARS=$($PY -c "import sys; sys.path.insert(0, 'docker/local'); import stack; print(stack.spark_conf()['spark.jars'])")
+mkdir -p "$EO_DATA_DIR"
+LOGS=$EO_DATA_DIR/logs
+mkdir -p "$LOGS"
 
-echo "[demo] Airflow home: $AIRFLOW_HOME"
-.venv/bin/airflow db migrate >/dev/null
-.venv/bin/airflow providers get airflow-provider-exactly-once
-echo "[demo] running the smoke DAG against the stack's MariaDB"
-log=$AIRFLOW_HOME/demo-eo_smoke.log
-.venv/bin/airflow dags test eo_smoke >"$log" 2>&1 || { tail -40 "$log"; echo "[demo] eo_smoke FAILED (log: $log)"; exit 1; }
-grep -E "^(Snapshot position|Binlog file)" "$log"
-grep -q "DagRun Finished: dag_id=eo_smoke.*state=success" "$log" || { echo "[demo] eo_smoke did not succeed (log: $log)"; exit 1; }
-echo "[demo] eo_smoke: success (full log: $log)"
-$PY docker/local/stack.py status
+step() { echo; echo "[demo] $*"; }
+run_dag() {  # run_dag NAME LOG_TAG [dags test args...]: fail with the log's tail, else print its summary lines
+  local dag=$1 tag=$2; shift 2
+  local log=$LOGS/$tag.log t0=$SECONDS
+  if ! "$AIRFLOW" dags test "$dag" "$@" >"$log" 2>&1 || ! grep -q "state=success" "$log"; then
+    tail -60 "$log"; echo "[demo] $dag ($tag) FAILED - full log: $log"; exit 1
+  fi
+  grep -hE "published .* rows as Delta|committed position|rows produced|rows dropped|committed batch|Window .* (committed|already)|reconciliation .*: (CLEAN|MISMATCH)|settlement report of" "$log" \
+    | sed -E 's/^.*\] //; s/ \[airflow.*$//' | cut -c1-160 | sed 's/^/    /' || true
+  echo "    $dag ($tag): success in $((SECONDS - t0))s (log: $log)"
+}
+
+echo "[demo] Airflow home: $AIRFLOW_HOME; data: $EO_DATA_DIR"
+"$AIRFLOW" db migrate >/dev/null
+"$AIRFLOW" providers get airflow-provider-exactly-once
+
+step "1/4 demo shop database and a live writer"
+$PY docker/local/demo_shop.py seed --orders ${EO_DEMO_ORDERS:-20000}
+$PY docker/local/demo_shop.py writer --rate 20 >"$LOGS/writer.log" 2>&1 &
+WRITER=$!
+trap 'kill $WRITER 2>/dev/null || true' EXIT
+sleep 2
+
+step "2/4 history -> stream on orders: full load while the writer runs, then increments"
+run_dag eo_history_stream first-run-full-load
+for i in 1 2; do
+  sleep 5
+  run_dag eo_history_stream increment-$i
+done
+
+step "3/4 settlement of payments: the window that ended at the last 02:00 Asia/Shanghai, then a UI-style rerun"
+END=$($PY -c "import pendulum; n = pendulum.now('Asia/Shanghai'); e = n.start_of('day').add(hours=2); e = e if e <= n else e.subtract(days=1); print(e.in_tz('UTC').isoformat())")
+run_dag eo_settlement window "$END"
+run_dag eo_settlement rerun-reextract "$END" --conf '{"reextract": true}'
+
+step "4/4 the writer stops; a last increment reconciles the whole table"
+kill $WRITER; wait $WRITER || true
+cat "$LOGS/writer.log"
+run_dag eo_history_stream final-increment
+
+step "reconciliation (latest per pipeline; CDC compared at the common position)"
+$PY docker/local/demo_shop.py report
 
 cat <<MSG
 
 [demo] To browse it in the Airflow UI:
     export AIRFLOW_HOME=$AIRFLOW_HOME AIRFLOW__CORE__DAGS_FOLDER=$PWD/dags AIRFLOW__CORE__LOAD_EXAMPLES=False
+    export EO_DEMO_RUN=$EO_DEMO_RUN EO_DATA_DIR=$EO_DATA_DIR EO_SPARK_JARS=\$($PY -c "import sys; sys.path.insert(0, 'docker/local'); import stack; print(stack.spark_conf()['spark.jars'])")
     eval "\$($PY docker/local/stack.py env)"
     .venv/bin/airflow standalone      # then open http://localhost:8080 (it prints the admin password)
 MSG

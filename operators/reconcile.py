@@ -1,0 +1,264 @@
+"""Operator: reconcile a source table with its sink by key range; store the result; fail on a mismatch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from exactly_once_provider.full_load.columns import Column, table_columns
+from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.positions import position_from_offset
+from exactly_once_provider.reconcile import engine, position, results, sides
+from exactly_once_provider.reconcile.canonical import INTEGER_TYPES, kind_of
+
+
+class ReconciliationMismatch(AirflowException):
+    """Raise when the sink differs from the source (the report names the differing keys)."""
+
+
+class ReconcileOperator(BaseOperator):
+    """
+    Compare a MySQL/MariaDB table with its sink by key range (counts + checksums), bisecting to the keys.
+
+    Costs one full scan per side when nothing differs (see :mod:`exactly_once_provider.reconcile.engine`).
+    For a CDC pipeline (``capture_pipeline`` set) the comparison runs at a common position without stopping
+    anything: keys changed at the source after the position the sink reached are reported as in flight, not
+    as mismatches (the rule: :mod:`exactly_once_provider.reconcile.position`). The result is logged as a
+    table, stored in the PostgreSQL table ``eo_reconciliation`` (:mod:`~exactly_once_provider.reconcile.results`)
+    and returned (XCom mirrors it for display).
+
+    :param name: the reconciliation's name in the result table (usually the pipeline).
+    :param table: the source table, ``table`` or ``schema.table``.
+    :param sink: ``delta`` or ``postgres``.
+    :param sink_path: the Delta table (``delta``).
+    :param sink_table: the PostgreSQL table (``postgres``).
+    :param key_column: the integer key; default: the table's single-column primary key.
+    :param columns: the columns to compare; default: every source column.
+    :param source_filter: SQL predicate (MariaDB) selecting the source rows to compare, e.g. a window.
+    :param sink_filter: SQL predicate in the sink's dialect selecting the sink rows, e.g. a batch.
+    :param sink_key_column: the sink's key column of a plain table; default ``key_column``.
+    :param sink_json_column: the sink column holding each row as JSON (CDC/window records).
+    :param sink_json_path: dotted path to the row inside that JSON, e.g. ``"after"`` or ``"row"``.
+    :param sink_key_json_paths: dotted JSON paths tried in order for the key (e.g. ``["after.id", "before.id"]``).
+    :param sink_deleted_column: tombstone column (rows where it is true are absent).
+    :param sink_binary_encoding: how JSON records carry binary values: ``hex`` (watermark) or ``base64`` (binlog).
+    :param base_path: Delta CDC: the full-load table the changes table applies on top of.
+    :param sink_version_column: Delta CDC with ``base_path``: the changes' source version column; a change older
+        than its chunk's snapshot (left from before a full reload) does not replace the full-load row.
+    :param capture_pipeline: CDC: the capture's pipeline name in the offsets ledger (enables the common position).
+    :param capture_source_partition: CDC: the capture's source partition in the ledger (the capture's default).
+    :param topics: CDC: the data topics the sink applies (their stable end offsets must be applied).
+    :param sink_pipeline: CDC: the Spark job's pipeline name whose sink-committed offsets are checked.
+    :param full_load_path: CDC before the first capture: the full-load table whose smallest chunk position
+        is the captured position; default ``base_path``.
+    :param fail_on_mismatch: fail the task when a real mismatch is found (in-flight keys never fail it).
+    :param store_result: insert the result row into PostgreSQL (``postgres_conn_id``).
+    :param fanout: sub-segments per bisection step.
+    :param max_segments: segments of the first, full-table pass.
+    :param leaf_width: key width compared key by key.
+    :param mysql_conn_id: the source ``mysql`` connection.
+    :param postgres_conn_id: the ``postgres`` connection (PostgreSQL sink and the result table).
+    :param spark_conn_id: the ``spark`` connection (Delta sink).
+    :param kafka_config_id: the ``kafka`` connection (CDC).
+    :param offsets_topic: the offsets ledger topic (CDC).
+    :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the Delta connector).
+    """
+
+    template_fields: Sequence[str] = (
+        "name", "table", "sink_path", "sink_table", "source_filter", "sink_filter", "base_path",
+        "capture_pipeline", "sink_pipeline", "fail_on_mismatch",
+    )
+    ui_color = "#e8eef4"
+
+    def __init__(
+        self, *, name: str, table: str, sink: str, sink_path: str | None = None, sink_table: str | None = None,
+        key_column: str | None = None, columns: Sequence[str] | None = None, source_filter: str | None = None,
+        sink_filter: str | None = None, sink_key_column: str | None = None, sink_json_column: str | None = None,
+        sink_json_path: str | None = None, sink_key_json_paths: Sequence[str] | None = None,
+        sink_deleted_column: str | None = None, sink_binary_encoding: str = "hex", base_path: str | None = None,
+        sink_version_column: str | None = None,
+        capture_pipeline: str | None = None, capture_source_partition: str = "binlog",
+        topics: Sequence[str] | None = None, sink_pipeline: str | None = None, full_load_path: str | None = None,
+        fail_on_mismatch: bool | str = True, store_result: bool = True, fanout: int = 16,
+        max_segments: int = 256, leaf_width: int = 16, mysql_conn_id: str = "mysql_default",
+        postgres_conn_id: str = "postgres_default", spark_conn_id: str = "spark_default",
+        kafka_config_id: str = "kafka_default", offsets_topic: str = "eo-offsets",
+        spark_conf: dict[str, str] | None = None, **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.name, self.table, self.sink, self.sink_path, self.sink_table = name, table, sink, sink_path, sink_table
+        self.key_column, self.columns, self.source_filter, self.sink_filter = key_column, columns, source_filter, sink_filter
+        self.sink_key_column, self.sink_json_column, self.sink_json_path = sink_key_column, sink_json_column, sink_json_path
+        self.sink_key_json_paths, self.sink_deleted_column, self.base_path = sink_key_json_paths, sink_deleted_column, base_path
+        self.sink_binary_encoding, self.sink_version_column = sink_binary_encoding, sink_version_column
+        self.capture_pipeline, self.capture_source_partition = capture_pipeline, capture_source_partition
+        self.topics, self.sink_pipeline, self.full_load_path = topics, sink_pipeline, full_load_path
+        self.fail_on_mismatch, self.store_result = fail_on_mismatch, store_result
+        self.fanout, self.max_segments, self.leaf_width = fanout, max_segments, leaf_width
+        self.mysql_conn_id, self.postgres_conn_id, self.spark_conn_id = mysql_conn_id, postgres_conn_id, spark_conn_id
+        self.kafka_config_id, self.offsets_topic, self.spark_conf = kafka_config_id, offsets_topic, spark_conf or {}
+
+    # ------------------------------------------------------------------------------------------ checks
+    def _sink_spec(self) -> sides.SinkSpec:
+        location = self.sink_path if self.sink == "delta" else self.sink_table
+        split = (lambda p: tuple(part for part in (p or "").split(".") if part))
+        spec = sides.SinkSpec(
+            kind=self.sink, location=location or "", key_column=self.sink_key_column, json_column=self.sink_json_column,
+            json_path=split(self.sink_json_path), deleted_column=self.sink_deleted_column, filter=self.sink_filter,
+            base_path=self.base_path, key_json_paths=tuple(split(p) for p in self.sink_key_json_paths or ()),
+            binary_encoding=self.sink_binary_encoding, version_column=self.sink_version_column)
+        spec.validate()
+        if self.capture_pipeline and not (self.topics and self.sink_pipeline):
+            raise ValueError("capture_pipeline (CDC common position) also needs topics and sink_pipeline: the "
+                             "sink must have applied everything the capture committed before comparing.")
+        return spec
+
+    def _columns(self, cur: Any, schema: str, table: str) -> tuple[Column, list[Column]]:
+        found = table_columns(cur, schema, table)
+        by_name = {c.name: c for c in found}
+        key_name = self.key_column
+        if key_name is None:
+            cur.execute("SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND "
+                        "TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX", (schema, table))
+            primary = [r[0] for r in cur.fetchall()]
+            if len(primary) != 1:
+                raise ValueError(f"{schema}.{table} has primary key {primary or 'none'}; reconciliation bisects one "
+                                 "integer key: pass key_column (a unique integer column).")
+            key_name = primary[0]
+        if key_name not in by_name or by_name[key_name].data_type not in INTEGER_TYPES:
+            raise ValueError(f"key_column {key_name!r} must be an integer column of {schema}.{table}.")
+        wanted = list(self.columns) if self.columns else [c.name for c in found]
+        unknown = [n for n in wanted if n not in by_name]
+        if unknown:
+            raise ValueError(f"columns {unknown} are not in {schema}.{table} (it has {list(by_name)}).")
+        chosen = [by_name[n] for n in wanted]
+        for column in chosen:
+            kind_of(column)  # refuses types without one canonical text, naming the column
+        return by_name[key_name], chosen
+
+    # ------------------------------------------------------------------------------------------ run
+    def execute(self, context: Any) -> dict:
+        spec = self._sink_spec()
+        fail = str(self.fail_on_mismatch).strip().lower() in ("true", "1", "yes")
+        started_at = datetime.now(timezone.utc)
+        source_hook = MySqlSourceHook(self.mysql_conn_id)
+        schema, _, table = self.table.rpartition(".")
+        schema = schema or source_hook.get_connection(self.mysql_conn_id).schema
+        if not schema:
+            raise ValueError(f"table={self.table!r} has no schema and connection {self.mysql_conn_id!r} has none.")
+        with source_hook._cursor() as cur:
+            key, columns = self._columns(cur, schema, table)
+        captured = self._captured_position(table) if self.capture_pipeline or self.full_load_path else None
+        pg_conn = None
+        spark = sink_side = None
+        try:
+            # The sink is pinned BEFORE the source snapshot opens (position rule step 3 -> 4).
+            if spec.kind == "postgres":
+                pg_conn = self._postgres()
+                pg_conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+                pg_cur = pg_conn.cursor()
+                sink_side = sides.postgres_side(pg_cur, spec, key, columns)
+                pg_cur.execute("SELECT 1")  # the transaction's snapshot is taken by its first statement
+            else:
+                from exactly_once_provider.spark_session import spark_session
+
+                spark = spark_session(self.spark_conn_id, f"eo-reconcile-{self.name}", self.spark_conf)
+                sink_side = sides.delta_side(spark, spec, key, columns)
+            with source_hook.consistent_snapshot() as snapshot:
+                common = None
+                if captured is not None:
+                    keys, changes = position.keys_changed_between(
+                        self._replication_settings(source_hook), schema, table, key.name, captured, snapshot.position)
+                    common = position.CommonPosition(captured, snapshot.position, keys, changes)
+                    self.log.info("Common position: captured %s, source snapshot %s; %d changes of %d keys in between "
+                                  "are in flight", captured, snapshot.position, changes, len(keys))
+                source = sides.source_side(snapshot.cursor, schema, table, key, columns, self.source_filter)
+                report = engine.reconcile(source, sink_side, fanout=self.fanout, max_segments=self.max_segments,
+                                          leaf_width=self.leaf_width,
+                                          in_flight_keys=common.in_flight_keys if common else ())
+            finished_at = datetime.now(timezone.utc)
+            self.log.info("\n%s", engine.summary_table(report, f"reconciliation {self.name} ({schema}.{table} vs "
+                                                                f"{spec.kind} {spec.location})"))
+            for q in report.queries:
+                self.log.info("query %-6s %-8s full_scan=%s ranges=%d rows=%d %.2fs", q.side, q.kind, q.full_scan,
+                              q.ranges, q.rows, q.seconds)
+            result_id = None
+            if self.store_result:
+                store = pg_conn if pg_conn is not None else self._postgres()
+                if store is pg_conn:
+                    pg_conn.rollback()
+                    pg_conn.set_session(isolation_level="READ COMMITTED", readonly=False)
+                try:
+                    ti = context.get("ti")
+                    result_id = results.store_result(
+                        store, self.name, report, started_at, finished_at, common.to_json() if common else None,
+                        {"dag_id": getattr(ti, "dag_id", None), "run_id": getattr(ti, "run_id", None),
+                         "task_id": getattr(ti, "task_id", None), "try_number": getattr(ti, "try_number", None)})
+                finally:
+                    if store is not pg_conn:
+                        store.close()
+        finally:
+            if pg_conn is not None:
+                pg_conn.close()
+            if spark is not None and sink_side is not None:
+                sink_side.close()
+        summary = {"name": self.name, "result_id": result_id, **report.summary(),
+                   "position": common.to_json() if common else None,
+                   "differences": [d.__dict__ for d in report.differences[:100]]}
+        if not report.clean and fail:
+            keys = ", ".join(f"{d.key} ({d.kind})" for d in report.differences if d.kind in engine.MISMATCH_KINDS)
+            raise ReconciliationMismatch(
+                f"Sink differs from {schema}.{table}: {report.mismatches} key(s): {keys[:2000]}. The result is "
+                f"stored as {results.RESULT_TABLE} id {result_id}; rerun the load (or set fail_on_mismatch=False).")
+        return summary
+
+    def _postgres(self):
+        import psycopg2
+
+        conn = BaseHook.get_connection(self.postgres_conn_id)
+        return psycopg2.connect(host=conn.host, port=conn.port or 5432, dbname=conn.schema or None,
+                                user=conn.login or None, password=conn.password or None)
+
+    def _replication_settings(self, hook: MySqlSourceHook) -> dict[str, Any]:
+        s = hook.connection_settings()
+        return {"host": s.host, "port": s.port, "user": s.user, "passwd": s.password}
+
+    def _captured_position(self, table: str):
+        """Return ``P``: the capture's committed position, after checking the sink applied all of it."""
+        from exactly_once_provider import lag
+        from exactly_once_provider.offsets import read_committed_offset
+
+        if not self.capture_pipeline:
+            from exactly_once_provider.full_load.handoff import read_handoff
+
+            return read_handoff(self.full_load_path).min_position
+        kafka = BaseHook.get_connection(self.kafka_config_id).extra_dejson
+        if "bootstrap.servers" not in kafka:
+            raise ValueError(f"Kafka connection {self.kafka_config_id!r} has no 'bootstrap.servers' in its Extra.")
+        committed = read_committed_offset(kafka, self.capture_pipeline, self.capture_source_partition,
+                                          self.offsets_topic)
+        if committed is None:
+            path = self.full_load_path or self.base_path
+            if not path:
+                raise AirflowException(f"Capture {self.capture_pipeline!r} never committed; pass full_load_path.")
+            from exactly_once_provider.full_load.handoff import read_handoff
+
+            return read_handoff(path).min_position
+        captured = position_from_offset(committed.offset)
+        end = lag.stable_end_offsets(kafka, list(self.topics))
+        location = self.sink_path if self.sink == "delta" else self.sink_table
+        connect = None
+        if self.sink == "postgres":
+            pg = BaseHook.get_connection(self.postgres_conn_id)
+            connect = {"host": pg.host, "port": pg.port or 5432, "dbname": pg.schema, "user": pg.login,
+                       "password": pg.password}
+        behind = lag.Lag(end, lag.sink_offsets(self.sink, location, self.sink_pipeline, connect))
+        if behind.total:
+            raise AirflowException(
+                f"The sink has not applied everything the capture committed (lag {behind.describe()}); run the "
+                "apply first. Comparing now would report changes still in Kafka as mismatches.")
+        return captured

@@ -1,0 +1,122 @@
+"""Operator: the settlement report of one window (rows and sums per group), replaced atomically in PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseHook, BaseOperator
+
+from exactly_once_provider.full_load.columns import table_columns
+from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+
+
+class SettlementReportOperator(BaseOperator):
+    """
+    Summarise one settled window of a window-mode Delta sink into a PostgreSQL report table.
+
+    Reads the window's rows (``window_id``; the newest version is the only one the sink keeps) from the JSON
+    ``record_value`` (``row`` object of the watermark records), groups them by ``group_by`` and writes per group
+    the row count and the sum of each ``sum_columns`` column. The window's report rows are deleted and
+    inserted in ONE PostgreSQL transaction, so a rerun or a re-extract replaces them: one copy per window.
+
+    Report table (created if missing): ``window_id text, window_version int, <group_by> text, rows bigint,
+    <column>_sum numeric, reported_at timestamptz``, primary key ``(window_id, <group_by>)``.
+
+    :param window_id: the window (``<pipeline>/<source_partition>/<batch_id>``).
+    :param sink_path: the window-mode Delta table.
+    :param report_table: the PostgreSQL report table.
+    :param source_table: the source table (``schema.table`` or ``table``), for the sum columns' scales.
+    :param group_by: columns to group by, e.g. ``["currency"]``.
+    :param sum_columns: numeric columns to sum, e.g. ``["amount"]``.
+    :param mysql_conn_id: the source ``mysql`` connection (column types only).
+    :param postgres_conn_id: the ``postgres`` connection of the report table.
+    :param spark_conn_id: the ``spark`` connection.
+    :param spark_conf: extra Spark settings.
+    """
+
+    template_fields: Sequence[str] = ("window_id", "sink_path", "report_table")
+
+    def __init__(self, *, window_id: str, sink_path: str, report_table: str, source_table: str,
+                 group_by: Sequence[str], sum_columns: Sequence[str], mysql_conn_id: str = "mysql_default",
+                 postgres_conn_id: str = "postgres_default", spark_conn_id: str = "spark_default",
+                 spark_conf: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.window_id, self.sink_path, self.report_table, self.source_table = window_id, sink_path, report_table, source_table
+        self.group_by, self.sum_columns = list(group_by), list(sum_columns)
+        self.mysql_conn_id, self.postgres_conn_id = mysql_conn_id, postgres_conn_id
+        self.spark_conn_id, self.spark_conf = spark_conn_id, spark_conf or {}
+
+    def _scales(self) -> dict[str, int]:
+        hook = MySqlSourceHook(self.mysql_conn_id)
+        schema, _, table = self.source_table.rpartition(".")
+        schema = schema or hook.get_connection(self.mysql_conn_id).schema
+        with hook._cursor() as cur:
+            columns = {c.name: c for c in table_columns(cur, schema, table)}
+        missing = [c for c in (*self.group_by, *self.sum_columns) if c not in columns]
+        if missing:
+            raise ValueError(f"Columns {missing} are not in {schema}.{table} (it has {list(columns)}).")
+        numeric = ("decimal", "tinyint", "smallint", "mediumint", "int", "bigint")
+        wrong = [c for c in self.sum_columns if columns[c].data_type not in numeric]
+        if wrong:
+            raise ValueError(f"sum_columns {wrong} are not DECIMAL or integer columns: sums must be exact.")
+        return {c: int(columns[c].scale or 0) for c in self.sum_columns}
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pyspark.sql import functions as F
+
+        from exactly_once_provider.spark_session import spark_session
+
+        if not self.window_id or not self.group_by:
+            raise ValueError("window_id and group_by must be non-empty.")
+        scales = self._scales()
+        spark = spark_session(self.spark_conn_id, "eo-settlement-report", self.spark_conf)
+        rows = spark.read.format("delta").load(self.sink_path).where(F.col("window_id") == self.window_id)
+        groups = [F.get_json_object("record_value", f"$.row.{c}").alias(c) for c in self.group_by]
+        sums = [F.sum(F.get_json_object("record_value", f"$.row.{c}").cast(f"decimal(38,{scales[c]})")).alias(c)
+                for c in self.sum_columns]
+        result = (rows.groupBy(*groups).agg(F.count(F.lit(1)).alias("eo_rows"), F.max("window_version").alias("v"),
+                                            *sums).collect())
+        if not result:
+            self.log.warning("Window %s has no rows in %s: the report is empty.", self.window_id, self.sink_path)
+        written = self._replace([r.asDict() for r in result])
+        header = [*self.group_by, "rows", *(f"{c}_sum" for c in self.sum_columns)]
+        self.log.info("settlement report of %s (version %s):\n%s", self.window_id, written["window_version"],
+                      "\n".join("  " + "  ".join(f"{str(v):>14}" for v in line)
+                                for line in [header] + written["lines"]))
+        return written
+
+    def _replace(self, groups: list[dict]) -> dict[str, Any]:
+        import psycopg2
+        from psycopg2 import sql
+
+        conn_info = BaseHook.get_connection(self.postgres_conn_id)
+        conn = psycopg2.connect(host=conn_info.host, port=conn_info.port or 5432, dbname=conn_info.schema,
+                                user=conn_info.login, password=conn_info.password)
+        table = sql.Identifier(*self.report_table.split("."))
+        group_cols = [sql.Identifier(c) for c in self.group_by]
+        sum_cols = [sql.Identifier(f"{c}_sum") for c in self.sum_columns]
+        version = max((g["v"] for g in groups), default=0)
+        lines = []
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {t} (window_id text NOT NULL, window_version int NOT NULL, {g},"
+                    " rows bigint NOT NULL, {s}, reported_at timestamptz NOT NULL DEFAULT now(),"
+                    " PRIMARY KEY (window_id, {k}))").format(
+                    t=table, g=sql.SQL(", ").join(sql.SQL("{} text").format(c) for c in group_cols),
+                    s=sql.SQL(", ").join(sql.SQL("{} numeric").format(c) for c in sum_cols),
+                    k=sql.SQL(", ").join(group_cols)))
+                # One transaction: the window's previous report disappears exactly when the new one appears.
+                cur.execute(sql.SQL("DELETE FROM {} WHERE window_id = %s").format(table), (self.window_id,))
+                for g in sorted(groups, key=lambda g: [str(g[c]) for c in self.group_by]):
+                    values = [g[c] for c in self.group_by] + [g["eo_rows"]] + [g[c] for c in self.sum_columns]
+                    cur.execute(sql.SQL("INSERT INTO {t} (window_id, window_version, {c}) VALUES (%s, %s, {p})").format(
+                        t=table, c=sql.SQL(", ").join(group_cols + [sql.Identifier("rows")] + sum_cols),
+                        p=sql.SQL(", ").join(sql.Placeholder() * len(values))), [self.window_id, version, *values])
+                    lines.append(values)
+        finally:
+            conn.close()
+        return {"window_id": self.window_id, "window_version": version, "groups": len(lines),
+                "rows": sum(int(line[len(self.group_by)]) for line in lines),
+                "lines": [[str(v) for v in line] for line in lines]}

@@ -1,0 +1,134 @@
+"""One canonical text per value, rendered identically by MariaDB, PostgreSQL and Spark SQL.
+
+A row's hash is ``md5`` over its columns' canonical texts joined by the unit separator (``chr(31)``), cut
+to its first 15 hex digits (60 bits) so that sums of hashes stay exact on all three engines (DECIMAL in
+MariaDB, numeric in PostgreSQL, decimal(38,0) in Spark). The canonical form is chosen by the SOURCE column
+type, so a sink that stores a value differently (a JSON string, a Spark timestamp) is cast to it first:
+
+==================  ======================================================
+source type         canonical text
+==================  ======================================================
+integers, YEAR      decimal digits (``-12``)
+DECIMAL(p, s)       fixed scale ``s`` (``12.50``)
+DATETIME/TIMESTAMP  ``YYYY-MM-DD HH:MM:SS.ffffff`` (UTC for TIMESTAMP)
+DATE                ``YYYY-MM-DD``
+BLOB/BINARY/BIT     lower-case hex
+text, ENUM, SET     the text itself
+NULL                ``\\N`` (so ``(NULL, 'a')`` and ``('a', NULL)`` differ)
+==================  ======================================================
+
+FLOAT/DOUBLE, JSON and TIME columns are refused: their text forms differ between engines (list the other
+columns in ``columns`` to compare without them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exactly_once_provider.full_load.columns import Column
+
+INTEGER_TYPES = {"tinyint", "smallint", "mediumint", "int", "bigint", "year"}
+DECIMAL_TYPES = {"decimal", "numeric"}
+TIME_TYPES = {"datetime", "timestamp"}
+BINARY_TYPES = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "bit"}
+TEXT_TYPES = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"}
+NULL_TEXT = "\\N"
+HASH_HEX_DIGITS = 15
+
+
+def kind_of(column: Column) -> str:
+    """Return the canonical kind of a source column, or raise ``ValueError`` for one that cannot be compared."""
+    t = column.data_type
+    if t in INTEGER_TYPES:
+        return "integer"
+    if t in DECIMAL_TYPES:
+        return "decimal"
+    if t in TIME_TYPES:
+        return "datetime"
+    if t == "date":
+        return "date"
+    if t in BINARY_TYPES:
+        return "binary"
+    if t in TEXT_TYPES:
+        return "text"
+    raise ValueError(
+        f"Column {column.name!r} has type {column.column_type}, whose text form differs between MariaDB, "
+        "PostgreSQL and Spark (FLOAT/DOUBLE/JSON/TIME); leave it out of `columns` to reconcile the others.")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one engine renders a column's canonical text and the row hash."""
+
+    name: str
+
+    def quote(self, identifier: str) -> str:
+        if self.name == "mariadb":
+            return "`" + identifier.replace("`", "``") + "`"
+        if self.name == "postgres":
+            return '"' + identifier.replace('"', '""') + '"'
+        return "`" + identifier.replace("`", "``") + "`"  # Spark SQL
+
+    def canonical(self, expr: str, column: Column, from_text: bool = False, binary_encoding: str = "hex") -> str:
+        """Return the canonical text of ``expr`` (a column, or its text when ``from_text``, e.g. JSON).
+
+        ``binary_encoding`` says how JSON text carries binary values: ``hex`` (watermark records) or
+        ``base64`` (binlog change records).
+        """
+        kind = kind_of(column)
+        scale = column.scale or 0
+        m, p, s = self.name == "mariadb", self.name == "postgres", self.name == "spark"
+        if kind == "integer":
+            if p:
+                value = f"({expr})::numeric(20,0)" if from_text else expr
+                return f"({value})::text"
+            return f"CAST(CAST({expr} AS DECIMAL(20,0)) AS {'CHAR' if m else 'STRING'})"
+        if kind == "decimal":
+            if p:
+                return f"(({expr})::numeric(65,{scale}))::text"
+            return f"CAST(CAST({expr} AS DECIMAL({65 if m else 38},{scale})) AS {'CHAR' if m else 'STRING'})"
+        if kind == "datetime":
+            if m:
+                return f"DATE_FORMAT({expr}, '%Y-%m-%d %H:%i:%s.%f')"
+            if p:
+                value = f"({expr})::timestamp" if from_text else expr
+                return f"to_char({value}, 'YYYY-MM-DD HH24:MI:SS.US')"
+            value = f"CAST({expr} AS TIMESTAMP)" if from_text else expr
+            return f"date_format({value}, 'yyyy-MM-dd HH:mm:ss.SSSSSS')"
+        if kind == "date":
+            if m:
+                return f"DATE_FORMAT({expr}, '%Y-%m-%d')"
+            if p:
+                return f"to_char(({expr})::date, 'YYYY-MM-DD')"
+            return f"date_format(CAST({expr} AS DATE), 'yyyy-MM-dd')"
+        if kind == "binary":
+            if from_text and binary_encoding == "hex":
+                return f"lower({expr})"
+            if from_text:  # base64 text (the binlog capture's change records)
+                return f"encode(decode({expr}, 'base64'), 'hex')" if p else f"lower(hex(unbase64({expr})))"
+            if m:
+                return f"LOWER(HEX({expr}))"
+            if p:
+                return f"encode({expr}, 'hex')"
+            return f"lower(hex({expr}))"
+        return f"CAST({expr} AS {'CHAR' if m else 'TEXT' if p else 'STRING'})" if not from_text else expr
+
+    def row_text(self, parts: list[str]) -> str:
+        """Join canonical texts (NULL -> ``\\N``) with the unit separator."""
+        sep = "CHAR(31)" if self.name == "mariadb" else "chr(31)"
+        null = "'\\\\N'" if self.name in ("mariadb", "spark") else "'\\N'"
+        return f"CONCAT_WS({sep}, {', '.join(f'COALESCE({part}, {null})' for part in parts)})"
+
+    def row_hash(self, parts: list[str]) -> str:
+        """Return the 60-bit integer hash of a row (exact when summed)."""
+        text = self.row_text(parts)
+        if self.name == "mariadb":
+            return f"CAST(CONV(LEFT(MD5({text}), {HASH_HEX_DIGITS}), 16, 10) AS UNSIGNED)"
+        if self.name == "postgres":
+            return f"(('x' || left(md5({text}), {HASH_HEX_DIGITS}))::bit({HASH_HEX_DIGITS * 4})::bigint)"
+        return f"CAST(conv(substring(md5(CAST({text} AS BINARY)), 1, {HASH_HEX_DIGITS}), 16, 10) AS DECIMAL(20,0))"
+
+
+MARIADB = Dialect("mariadb")
+POSTGRES = Dialect("postgres")
+SPARK = Dialect("spark")

@@ -1,0 +1,98 @@
+"""Trigger: wait in the triggerer until a pipeline's consumer lag is at or below a threshold."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from exactly_once_provider.lag import Lag, group_offsets, sink_offsets, stable_end_offsets
+
+
+def measure_lag(bootstrap_servers: str, topics: list[str], sink: str | None = None, sink_location: str | None = None,
+                sink_pipeline: str | None = None, consumer_group: str | None = None,
+                postgres_connect: dict | None = None, missing_topics_ok: bool = False) -> Lag:
+    """Return the lag of a sink (read from the sink's own commits) or of a consumer group.
+
+    :param bootstrap_servers: the Kafka bootstrap servers.
+    :param topics: the topics the reader consumes.
+    :param sink: ``delta``, ``postgres`` or ``files`` (with ``sink_location`` and ``sink_pipeline``).
+    :param sink_location: the sink's path or table.
+    :param sink_pipeline: the Spark job's pipeline name.
+    :param consumer_group: a consumer group instead of a sink.
+    :param postgres_connect: psycopg2 connection arguments for a ``postgres`` sink.
+    :param missing_topics_ok: a topic not created yet (the first run, before the producer) has no lag.
+    """
+    config = {"bootstrap.servers": bootstrap_servers}
+    end = stable_end_offsets(config, topics, missing_ok=missing_topics_ok)
+    if not end:
+        return Lag({}, {})
+    if consumer_group:
+        committed = group_offsets(config, consumer_group, topics)
+    else:
+        committed = sink_offsets(sink or "", sink_location or "", sink_pipeline or "", postgres_connect)
+    return Lag(end, committed)
+
+
+class ConsumerLagTrigger(BaseTrigger):
+    """Fire once the lag (records in ``topics`` not yet committed by the reader) is ``<= max_lag``.
+
+    Lag counts offsets between the reader's committed position and the stable end (LSO), so transaction
+    markers count too: a threshold of a few records per transaction is "caught up".
+
+    :param bootstrap_servers: the Kafka bootstrap servers (no credentials are serialised).
+    :param topics: the topics.
+    :param max_lag: fire when the total lag is at or below this.
+    :param sink: ``delta``, ``postgres`` or ``files``; or None with ``consumer_group``.
+    :param sink_location: the sink's path or table.
+    :param sink_pipeline: the Spark job's pipeline name.
+    :param consumer_group: a consumer group instead of a sink.
+    :param postgres_conn_id: ``postgres`` sink: the connection, resolved in the triggerer.
+    :param poll_interval: seconds between measurements.
+    :param missing_topics_ok: a topic not created yet has no lag.
+    """
+
+    def __init__(self, bootstrap_servers: str, topics: list[str], max_lag: int, sink: str | None = None,
+                 sink_location: str | None = None, sink_pipeline: str | None = None,
+                 consumer_group: str | None = None, postgres_conn_id: str | None = None,
+                 poll_interval: float = 10.0, missing_topics_ok: bool = False) -> None:
+        super().__init__()
+        self.bootstrap_servers, self.topics, self.max_lag = bootstrap_servers, list(topics), int(max_lag)
+        self.sink, self.sink_location, self.sink_pipeline = sink, sink_location, sink_pipeline
+        self.consumer_group, self.postgres_conn_id, self.poll_interval = consumer_group, postgres_conn_id, poll_interval
+        self.missing_topics_ok = missing_topics_ok
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "bootstrap_servers": self.bootstrap_servers, "topics": self.topics, "max_lag": self.max_lag,
+            "sink": self.sink, "sink_location": self.sink_location, "sink_pipeline": self.sink_pipeline,
+            "consumer_group": self.consumer_group, "postgres_conn_id": self.postgres_conn_id,
+            "poll_interval": self.poll_interval, "missing_topics_ok": self.missing_topics_ok})
+
+    async def _postgres_connect(self) -> dict | None:
+        if self.sink != "postgres":
+            return None
+        from airflow.sdk import BaseHook
+        from asgiref.sync import sync_to_async
+
+        conn = await sync_to_async(BaseHook.get_connection)(self.postgres_conn_id or "postgres_default")
+        return {"host": conn.host, "port": conn.port or 5432, "dbname": conn.schema, "user": conn.login,
+                "password": conn.password}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        connect = await self._postgres_connect()
+        started = time.monotonic()
+        while True:
+            lag = await asyncio.to_thread(measure_lag, self.bootstrap_servers, self.topics, self.sink,
+                                          self.sink_location, self.sink_pipeline, self.consumer_group, connect,
+                                          self.missing_topics_ok)
+            if lag.total <= self.max_lag:
+                yield TriggerEvent({"status": "ok", "lag": lag.total, "detail": lag.describe(),
+                                    "waited_seconds": round(time.monotonic() - started, 1)})
+                return
+            self.log.info("lag %d > %d (%s); checking again in %ss", lag.total, self.max_lag, lag.describe(),
+                          self.poll_interval)
+            await asyncio.sleep(self.poll_interval)
