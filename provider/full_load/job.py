@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from exactly_once_provider import delta_commit
 from exactly_once_provider.errors import SourceConfigurationError
+from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load import handoff
 from exactly_once_provider.full_load.columns import META_COLUMNS, Column, table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
@@ -155,7 +156,9 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
             read_rows += int(rows)
         staging.save(manifest)  # the chunk progress marker, after Spark committed the wave's files
         progress(Progress(len(manifest["done"]), total, read_rows, time.monotonic() - started))
+    fault_point("full_load_before_publish")  # every chunk staged, nothing visible yet
     version, body = _publish(spark, request, manifest)
+    fault_point("full_load_published")  # the Delta commit exists, the manifest does not know it yet
     manifest["published"] = {"table_version": version, "marker": body}
     staging.save(manifest)
     return FullLoadResult(handoff.parse(version, body), len(pending), resumed, time.monotonic() - started)
