@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.fault_support import check
 from tests.kafka_support import new_topic, produce_transaction, read_all, transactional_producer
 
 
+# Matrix only: the default suite's broker bounce is test_producer_kill's (the operator, with its ledger).
+@pytest.mark.matrix
 def test_broker_sigkill_mid_transaction_then_restart(stack, fault_outcome):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap)
