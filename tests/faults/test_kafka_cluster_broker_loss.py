@@ -18,19 +18,12 @@ from confluent_kafka.admin import AdminClient
 
 from exactly_once_provider.offsets import read_committed_offset
 from tests.faults.test_producer_kill import PARTITIONS, RECORDS, _assert_exactly_once, _start
+from tests.integration.stack.test_kafka_cluster import cluster  # noqa: F401 - a module fixture: started, stopped
 from tests.kafka_support import QUIET, new_topic, read_all
 
 # Matrix only: three more brokers cost the default suite too much; its representative of a broker lost under a
 # transaction is tests/integration/stack/test_kafka_cluster.py (and test_producer_kill's single-broker bounce).
 pytestmark = [pytest.mark.slow, pytest.mark.matrix]
-
-
-@pytest.fixture(scope="module")
-def cluster(stack):
-    nodes = stack.kafka_cluster()
-    stack.start_kafka(nodes)
-    yield nodes
-    stack.stop_all([node.process for node in nodes])  # only these tests use it: give its memory back
 
 
 def _leader(bootstrap: str, topic: str, partition: int) -> int:

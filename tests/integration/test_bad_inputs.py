@@ -16,31 +16,23 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 
-import MySQLdb
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from exactly_once_provider.hooks.mysql_identifiers import quote_table
 from exactly_once_provider.offsets import read_committed_offset
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.kafka_produce import SourceRecord, TransactionalProduceOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 from tests.kafka_support import QUIET, new_topic, read_all
-from tests.mysql_support import connect
+from tests.integration.hooks.test_mysql_preflight import admin  # noqa: F401 - a fixture
+from tests.mysql_support import load_time_zone
 
 HOSTILE_TABLE = "q'u\"o`te;--"
 # Delta refuses ' ,;{}()\n\t=' in column names (without column mapping): quotes and backticks it takes.
 KEY, VALUE, CURSOR = "k`e'y\"", "va`l'ue\"", "up`d'at\""
-
-
-@pytest.fixture
-def admin(stack):
-    conn = connect(stack)
-    yield conn.cursor()
-    conn.close()
 
 
 @pytest.fixture
@@ -89,7 +81,7 @@ def test_a_column_name_delta_cannot_store_is_refused_before_any_chunk_is_read(st
     admin.execute(f"INSERT INTO {table} VALUES (1, 10), (2, 20)")
     try:
         sink = tmp_path / "sink"
-        with pytest.raises(ValueError, match=r"net amount; EUR.*Delta"):
+        with pytest.raises(ValueError, match=r"net amount; EUR.*Delta table cannot hold.*rename"):
             MySqlFullLoadOperator(task_id="load", table=table, sink_path=str(sink),
                                   spark_conf=stack.spark_conf()).execute({})
         assert not (sink / "_delta_log").exists()
@@ -103,7 +95,9 @@ AMBIGUOUS = ["2026-10-25 01:59:59.999999", "2026-10-25 02:00:00", "2026-10-25 02
 
 
 def test_dst_ambiguous_datetime_values_are_loaded_and_extracted_unchanged(stack, spark, bootstrap, admin, tmp_path,
-                                                                          caplog):
+                                                                          capfd):
+    """DATETIME has no zone: the repeated and the skipped hour of Europe/Berlin go through verbatim, with a warning."""
+    load_time_zone(admin, "Europe/Berlin", stack.DB_NAME)
     table = f"dst_{uuid.uuid4().hex[:6]}"
     admin.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, at DATETIME(6) NOT NULL, KEY (at))")
     admin.executemany(f"INSERT INTO {table} VALUES (%s, %s)", list(enumerate(AMBIGUOUS, 1)))
@@ -116,11 +110,13 @@ def test_dst_ambiguous_datetime_values_are_loaded_and_extracted_unchanged(stack,
             i: datetime.fromisoformat(text).strftime("%Y-%m-%d %H:%M:%S.%f") for i, text in enumerate(AMBIGUOUS, 1)}
 
         topic, ledger = new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
-        with caplog.at_level(logging.WARNING):
-            window = WatermarkExtractOperator(
-                task_id="extract", table=table, cursor_column="at", cursor_kind="timestamp", topic=topic,
-                pipeline="bad-inputs", offsets_topic=ledger, safety_lag=0, batch_id="dst",
-                datetime_time_zone="+01:00").execute({})
+        capfd.readouterr()
+        window = WatermarkExtractOperator(
+            task_id="extract", table=table, cursor_column="at", cursor_kind="timestamp", topic=topic,
+            pipeline="bad-inputs", offsets_topic=ledger, safety_lag=0, batch_id="dst",
+            datetime_time_zone="Europe/Berlin").execute({})
+        log = "".join(capfd.readouterr())  # the operator's task log (structlog, printed)
+        assert "observes daylight saving time" in log and "Use a TIMESTAMP column" in log, log[-3000:]
         assert window["rows"] == len(AMBIGUOUS)
         assert sorted(r["cursor"] for r in _published(bootstrap, topic)) == sorted(
             datetime.fromisoformat(t).strftime("%Y-%m-%d %H:%M:%S.%f") for t in AMBIGUOUS)
@@ -178,10 +174,10 @@ def test_a_window_larger_than_the_topic_allows_fails_clearly_and_commits_nothing
     admin.executemany(f"INSERT INTO {table} (id, payload) VALUES (%s, %s)",
                       [(1, "small"), (2, "x" * 20_000), (3, "small too")])
     topic, ledger = f"small-{uuid.uuid4().hex[:8]}", f"ledger-{uuid.uuid4().hex[:8]}"
-    AdminClient({"bootstrap.servers": bootstrap, **QUIET}).create_topics(
-        [NewTopic(topic, 1, 1, config={"max.message.bytes": "8192"})])[topic].result(30)
+    kafka_admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})  # kept alive until the topic exists
+    kafka_admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "8192"})])[topic].result(30)
     try:
-        with pytest.raises(Exception, match=r"(?s)MSG_SIZE_TOO_LARGE.*max\.message\.bytes") as error:
+        with pytest.raises(Exception, match=r"(?s)TOO_LARGE.*max\.message\.bytes") as error:
             WatermarkExtractOperator(task_id="w", table=table, cursor_column="u", cursor_kind="timestamp",
                                      topic=topic, pipeline="big", offsets_topic=ledger, safety_lag=0,
                                      batch_id="w1", producer_config={"batch.size": 4096}).execute({})
