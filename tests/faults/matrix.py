@@ -123,17 +123,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=int(os.environ.get("RUNS") or 3))
     parser.add_argument("--report", type=Path, help="the JSON-lines outcome file (default: a new temp file)")
+    parser.add_argument("--table-only", action="store_true",
+                        help="print the table of an earlier run from --report and its -run<N>.xml files")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.table_only and not args.report:
+        parser.error("--table-only needs --report")
     report = args.report or Path(tempfile.mkdtemp(prefix="eo-faults-matrix-")) / "outcomes.jsonl"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.unlink(missing_ok=True)
     started = time.monotonic()
-    results = [run_once(index, report, args.pytest_args) for index in range(1, args.runs + 1)]
+    if args.table_only:
+        results = [junit_results(xml) for xml in sorted(report.parent.glob(f"{report.stem}-run*.xml"))]
+    else:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.unlink(missing_ok=True)
+        results = [run_once(index, report, args.pytest_args) for index in range(1, args.runs + 1)]
     scenarios = collect(results, report)
-    print(f"\nFault matrix: {args.runs} run(s), {len(scenarios)} scenarios, "
+    print(f"\nFault matrix: {len(results)} run(s), {len(scenarios)} scenarios, "
           f"{(time.monotonic() - started) / 60:.1f} min; outcomes in {report}\n")
     print(table(scenarios))
     failed = {nodeid: s for nodeid, s in scenarios.items() if not s.ok}
