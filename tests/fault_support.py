@@ -66,9 +66,10 @@ class ConcurrentWriter:
     """
     A writer thread on a MariaDB table ``(id BIGINT PK, v INT, s VARCHAR, ...)`` while a scenario runs.
 
-    Inserts new ids, updates and (unless ``deletes=False``: cursors cannot see them) deletes existing ones, and every few operations holds a transaction open for
-    a while (``long_every``), so snapshots and windows meet open transactions. ``stop()`` joins the thread and
-    returns the number of committed operations; any error of the thread fails the test.
+    Inserts new ids, updates and (unless ``deletes=False``: cursors cannot see them) deletes existing ones, and
+    every ``long_every`` operations holds a transaction open for ``long_seconds``, so snapshots and windows meet
+    open transactions. ``stop()`` joins the thread and returns the number of committed operations; any error
+    of the thread fails the test.
     """
 
     def __init__(self, stack, table: str, first_new_id: int, existing: int, seed: int = 1,

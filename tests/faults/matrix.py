@@ -50,6 +50,8 @@ def junit_results(path: Path) -> list[tuple[str, str, float, str | None]]:
     """Return (nodeid, name, seconds, failure message or None) for every test case of a JUnit XML file."""
     results = []
     for case in ElementTree.parse(path).getroot().iter("testcase"):
+        if not case.get("name") or not case.get("classname"):
+            continue  # an interrupted session's placeholder entry
         module = case.get("classname", "").replace(".", "/")
         nodeid = f"{module}.py::{case.get('name')}"
         problem = next((case.find(tag) for tag in ("failure", "error", "skipped") if case.find(tag) is not None), None)

@@ -48,7 +48,8 @@ def test_settlement_task_killed_before_its_commit_then_retried_publishes_every_v
     cur = conn.cursor()
     cur.execute(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, v INT NOT NULL, s VARCHAR(8) NOT NULL, updated_at "
                 "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))")
-    cur.executemany(f"INSERT INTO `{table}` (id, v, s) VALUES (%s, %s, 'init')", [(i, i) for i in range(1, INITIAL + 1)])
+    cur.executemany(f"INSERT INTO `{table}` (id, v, s) VALUES (%s, %s, 'init')",
+                    [(i, i) for i in range(1, INITIAL + 1)])
     conf = {"table": table, "topic": topic, "pipeline": pipeline, "safety_lag": 0.5, "reextract": False}
     # An interval that ends in the future: the window's upper bound is the DB clock minus the lag (or an open
     # transaction's start), so the writer's rows fall on both sides of it.
@@ -85,7 +86,8 @@ def test_settlement_task_killed_before_its_commit_then_retried_publishes_every_v
                 "WHERE updated_at < %s", (upper,))
     source = [tuple(row) for row in cur.fetchall()]
     in_window = {row[0] for row in source}
-    published = [(r["row"]["id"], r["row"]["v"], r["row"]["s"], r["cursor"]) for r in data if r["row"]["id"] in in_window]
+    published = [(r["row"]["id"], r["row"]["v"], r["row"]["s"], r["cursor"])
+                 for r in data if r["row"]["id"] in in_window]
     check(fault_outcome, source, published, "rows", duplicated_versions=len(versions) - len(set(versions)))
     assert len(source) > INITIAL, "the window should hold the seed rows and some of the writer's"
     cur.execute(f"DROP TABLE `{table}`")

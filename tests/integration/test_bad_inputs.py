@@ -8,7 +8,8 @@ allows through the hook and the produce operator (tests/integration/hooks/test_k
 tests/integration/operators/test_kafka_produce.py); a missing Spark connection of the streaming operator
 (tests/unit/operators/test_spark_stream.py). This module fills the gaps: hostile identifiers end to end
 through the full load and the watermark extract, DST-ambiguous DATETIME values, missing or wrong connection
-ids of every operator, windows and records above the broker limits, and credentials in log lines.
+ids of every operator, windows and records above the broker limits, and credentials in log lines (one full
+load carries the hostile names, the DST values and the distinctive password: the default suite's time).
 """
 
 from __future__ import annotations
@@ -60,11 +61,34 @@ def _published(bootstrap: str, topic: str) -> list[dict]:
     return [v for v in (json.loads(r) for r in read_all(bootstrap, topic)) if "marker" not in v]
 
 
-# ------------------------------------------------------------------------------ hostile identifiers, DST
-def test_hostile_names_and_dst_ambiguous_datetimes_go_through_the_full_load_and_the_watermark_extract(
-        stack, spark, bootstrap, admin, tmp_path):
-    """Quotes, backticks and semicolons in table and column names; DATETIME values of the repeated and the
-    skipped hour (no zone: they must arrive verbatim). One full load and one window, both row by row."""
+# ---------------------------------------------------------------- hostile identifiers, DST, credentials
+def _distinctive_user(stack, admin, monkeypatch, bootstrap, table: str) -> tuple[str, str]:
+    """Create a MariaDB user with a distinctive password; connections cred_mysql, cred_wrong, cred_kafka."""
+    user, password = f"cred_{uuid.uuid4().hex[:6]}", f"Pw-{uuid.uuid4().hex}-secret"
+    admin.execute("CREATE USER %s@'%%' IDENTIFIED BY %s", (user, password))
+    for grant in (f"SELECT ON {_id(stack.DB_NAME)}.{_id(table)}", "BINLOG MONITOR ON *.*", "REPLICATION SLAVE ON *.*",
+                  "PROCESS ON *.*"):
+        admin.execute(f"GRANT {grant} TO `{user}`@'%'")
+    good = {"conn_type": "mysql", "host": stack.HOST, "port": stack.MARIADB_PORT, "login": user,
+            "password": password, "schema": stack.DB_NAME}
+    monkeypatch.setenv("AIRFLOW_CONN_CRED_MYSQL", json.dumps(good))
+    monkeypatch.setenv("AIRFLOW_CONN_CRED_WRONG", json.dumps({**good, "password": password + "-wrong"}))
+    monkeypatch.setenv("AIRFLOW_CONN_CRED_KAFKA", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap, "sasl.username": user,
+                                         "sasl.password": password}}))
+    return user, password
+
+
+def test_hostile_names_dst_datetimes_and_a_secret_password_through_the_full_load_and_the_watermark_extract(
+        stack, spark, bootstrap, admin, tmp_path, caplog, capfd, monkeypatch):
+    """
+    One end-to-end run (one full load: the default suite's time) of three bad inputs:
+
+    * quotes, backticks and semicolons in the table and column names;
+    * DATETIME values of the repeated and the skipped hour (no zone: they must arrive verbatim);
+    * a connection user with a distinctive password (and a wrong one): no log record, stdout/stderr line (the
+      Spark JVM's included) or exception text may hold it.
+    """
     table = f"{HOSTILE_TABLE}{uuid.uuid4().hex[:6]}"
     admin.execute(f"CREATE TABLE {_id(table)} ({_id(KEY)} INT PRIMARY KEY, {_id(VALUE)} VARCHAR(40) NOT NULL, "
                   f"{_id(WHEN)} DATETIME(6) NOT NULL, {_id(CURSOR)} TIMESTAMP(6) NOT NULL "
@@ -72,24 +96,44 @@ def test_hostile_names_and_dst_ambiguous_datetimes_go_through_the_full_load_and_
     rows = [(i, f"v;'`\"{i}", when) for i, when in enumerate(AMBIGUOUS, 1)]
     _insert_an_hour_ago(admin, f"INSERT INTO {_id(table)} ({_id(KEY)}, {_id(VALUE)}, {_id(WHEN)}) "
                                "VALUES (%s, %s, %s)", rows)
+    user, password = _distinctive_user(stack, admin, monkeypatch, bootstrap, table)
     try:
-        sink = str(tmp_path / "sink")
-        result = MySqlFullLoadOperator(task_id="load", table=table, sink_path=sink, chunk_rows=2, chunks_per_job=4,
-                                       spark_conf=stack.spark_conf()).execute({})
+        capfd.readouterr()
+        with caplog.at_level(logging.DEBUG):
+            sink = str(tmp_path / "sink")
+            result = MySqlFullLoadOperator(task_id="load", table=table, sink_path=sink, chunk_rows=2,
+                                           chunks_per_job=4, mysql_conn_id="cred_mysql",
+                                           spark_conf=stack.spark_conf()).execute({})
+            topic, ledger = new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
+            window = WatermarkExtractOperator(
+                task_id="extract", table=table, source_partition="hostile", cursor_column=CURSOR,
+                cursor_kind="timestamp", topic=topic, pipeline="bad-inputs", offsets_topic=ledger, safety_lag=0,
+                batch_id="w1", mysql_conn_id="cred_mysql", kafka_config_id="cred_kafka").execute({})
+            errors = []
+            for run in (lambda: MySqlFullLoadOperator(task_id="load2", table=table, sink_path=str(tmp_path / "s2"),
+                                                      mysql_conn_id="cred_wrong").execute({}),
+                        lambda: _extract(mysql="cred_wrong").execute({})):
+                with pytest.raises(Exception) as error:
+                    run()
+                errors.append(f"{error.value!r} {error.value}")
+                logging.getLogger("test").exception("expected failure", exc_info=error.value)
+        out, err = capfd.readouterr()
+
         assert result["rows"] == len(rows) and len(result["chunks"]) >= 2
         loaded = sorted((r[KEY], r[VALUE], r[WHEN].strftime("%Y-%m-%d %H:%M:%S.%f"))
                         for r in spark.read.format("delta").load(sink).collect())
         assert loaded == rows
-
-        topic, ledger = new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
-        window = WatermarkExtractOperator(
-            task_id="extract", table=table, source_partition="hostile", cursor_column=CURSOR,
-            cursor_kind="timestamp", topic=topic, pipeline="bad-inputs", offsets_topic=ledger, safety_lag=0,
-            batch_id="w1").execute({})
         assert window["rows"] == len(rows)
         published = sorted((r["row"][KEY], r["row"][VALUE], r["row"][WHEN]) for r in _published(bootstrap, topic))
         assert published == rows
+
+        captured = {"log records": caplog.text, "stdout": out, "stderr": err, "exceptions": "\n".join(errors)}
+        assert len(caplog.text) > 1000 and len(out + err) > 1000, "nothing was captured: the check would be empty"
+        assert "Access denied" in captured["exceptions"]
+        leaked = [name for name, text in captured.items() if password in text]
+        assert not leaked, f"the password appears in: {leaked}"
     finally:
+        admin.execute(f"DROP USER `{user}`@'%'")
         admin.execute(f"DROP TABLE {_id(table)}")
 
 
@@ -204,49 +248,3 @@ def test_a_record_above_the_producer_limit_fails_the_task_clearly_and_commits_no
                                      producer_function=source, offsets_topic=ledger).execute({})
     assert read_all(bootstrap, topic) == []
     assert read_committed_offset({"bootstrap.servers": bootstrap}, "big", "0", ledger) is None
-
-
-# ------------------------------------------------------------------------------ credentials
-def test_credentials_never_reach_a_log_line(stack, spark, admin, bootstrap, tmp_path, caplog, capfd, monkeypatch):
-    """Operators run with a distinctive password (and fail with a wrong one); no captured line holds it."""
-    user, password = f"cred_{uuid.uuid4().hex[:6]}", f"Pw-{uuid.uuid4().hex}-secret"
-    table = f"cred_{uuid.uuid4().hex[:6]}"
-    admin.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, u TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), "
-                  "KEY (u))")
-    _insert_an_hour_ago(admin, f"INSERT INTO {table} (id) VALUES (%s)", [(1,), (2,), (3,)])
-    admin.execute("CREATE USER %s@'%%' IDENTIFIED BY %s", (user, password))
-    for grant in (f"SELECT ON `{stack.DB_NAME}`.`{table}`", "BINLOG MONITOR ON *.*", "REPLICATION SLAVE ON *.*",
-                  "PROCESS ON *.*"):
-        admin.execute(f"GRANT {grant} TO `{user}`@'%'")
-    good = {"conn_type": "mysql", "host": stack.HOST, "port": stack.MARIADB_PORT, "login": user,
-            "password": password, "schema": stack.DB_NAME}
-    monkeypatch.setenv("AIRFLOW_CONN_CRED_MYSQL", json.dumps(good))
-    monkeypatch.setenv("AIRFLOW_CONN_CRED_WRONG", json.dumps({**good, "password": password + "-wrong"}))
-    monkeypatch.setenv("AIRFLOW_CONN_CRED_KAFKA", json.dumps(
-        {"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap, "sasl.username": user,
-                                         "sasl.password": password}}))
-    try:
-        with caplog.at_level(logging.DEBUG):
-            MySqlFullLoadOperator(task_id="load", table=table, sink_path=str(tmp_path / "sink"),
-                                  mysql_conn_id="cred_mysql", spark_conf=stack.spark_conf()).execute({})
-            topic = new_topic(bootstrap)
-            WatermarkExtractOperator(task_id="w", table=table, cursor_column="u", cursor_kind="timestamp",
-                                     topic=topic, pipeline="cred", offsets_topic=f"ledger-{uuid.uuid4().hex[:8]}",
-                                     safety_lag=0, batch_id="w1", mysql_conn_id="cred_mysql",
-                                     kafka_config_id="cred_kafka").execute({})
-            errors = []
-            for run in (lambda: MySqlFullLoadOperator(task_id="load2", table=table, sink_path=str(tmp_path / "s2"),
-                                                      mysql_conn_id="cred_wrong").execute({}),
-                        lambda: _extract(mysql="cred_wrong").execute({})):
-                with pytest.raises(Exception) as error:
-                    run()
-                errors.append(f"{error.value!r} {error.value}")
-                logging.getLogger("test").exception("expected failure", exc_info=error.value)
-        out, err = capfd.readouterr()
-        captured = {"log records": caplog.text, "stdout": out, "stderr": err, "exceptions": "\n".join(errors)}
-        assert len(caplog.text) > 1000 and "Access denied" in captured["exceptions"]
-        leaked = [name for name, text in captured.items() if password in text]
-        assert not leaked, f"the password appears in: {leaked}"
-    finally:
-        admin.execute(f"DROP USER `{user}`@'%'")
-        admin.execute(f"DROP TABLE {table}")
