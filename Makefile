@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile test-templates
+.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -40,8 +40,12 @@ test: stack-up  ## the whole default suite: unit + integration + one representat
 test-unit: setup  ## no services needed
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
-faults: stack-up  ## the kill -9 fault matrix
-	$(PY) -m pytest tests/faults $(PYTEST_ARGS)
+faults: stack-up  ## the kill -9 fault scenarios once each (the default suite's representatives)
+	$(PY) -m pytest tests/faults -m "not soak and not matrix" --durations=0 $(PYTEST_ARGS)
+
+RUNS ?= 3
+faults-matrix: stack-up  ## every fault scenario and variant RUNS times (default 3); prints the matrix table
+	$(PY) tests/faults/matrix.py --runs $(RUNS) -- $(PYTEST_ARGS)
 
 bench-producer: stack-up  ## exactly_once vs at_least_once vs sync send on the local broker (prints a table)
 	$(PY) benchmarks/bench_producer.py $(BENCH_ARGS)

@@ -190,6 +190,14 @@ class TransactionalProducerHook(KafkaBaseHook):
         """Return the connection's confluent-kafka settings (no producer additions)."""
         return self._build_config()
 
+    def _build_config(self) -> dict[str, Any]:
+        try:
+            return super()._build_config()
+        except ValueError as err:  # the provider's message does not say which connection is wrong
+            raise ValueError(
+                f"Kafka connection {self.kafka_config_id!r} cannot be used: {err} Put the brokers into its Extra "
+                'JSON, e.g. {"bootstrap.servers": "host:9092"}, or pass the id of a kafka connection.') from None
+
     def build_producer_config(self) -> dict[str, Any]:
         """Return the producer configuration for the delivery mode, refusing contradicting settings."""
         if self.delivery_mode not in DELIVERY_MODES:
@@ -292,8 +300,13 @@ class PipelineWriter:
     def close(self, timeout: float = 30) -> None:
         """Flush and drop the producer (an open transaction is aborted by the broker or the next writer)."""
         if self.producer is not None:
-            self.producer.flush(timeout)
-            self.producer = None
+            producer, self.producer = self.producer, None
+            try:
+                producer.flush(timeout)
+            except KafkaException as exc:
+                # A fenced or failed producer raises its fatal error again here. Closing runs in `finally`
+                # blocks: raising would replace the error that explains the failure (e.g. "was fenced").
+                self.log.warning("Producer closed after a fatal error: %s", exc.args[0])
 
     def write_batch(self, topic: str, messages: Sequence[Message], offset: Any, batch_id: str | None = None,
                     batch_version: int = 1, consumer: Any = None,
@@ -427,7 +440,7 @@ class PipelineWriter:
                 self._abort_quietly()
                 raise DeliveryError(
                     f"Cannot produce a record of {len(message.value or b'')} bytes to {topic!r}: {error.str()} "
-                    f"({error.name()}). Nothing of this batch is committed.") from None
+                    f"({error.name()}). Nothing of this batch is committed.{_advice(error)}") from None
 
     def _flush(self, deliveries: _Deliveries) -> None:
         deadline = time.monotonic() + self.transaction_timeout_s + 30
@@ -454,7 +467,8 @@ class PipelineWriter:
             f"{len(deliveries.errors)} record(s) of {self.pipeline}/{self.source_partition} were not delivered, "
             f"first: {error.str()} ({error.name()}). "
             + ("The transaction was aborted; nothing of this batch is visible."
-               if self.transactional else "at_least_once mode: the batch will be produced again on retry."))
+               if self.transactional else "at_least_once mode: the batch will be produced again on retry.")
+            + _advice(error))
 
     def _abort(self) -> bool:
         """Abort the open transaction; return False if the producer must be recreated instead."""
@@ -511,6 +525,16 @@ class PipelineWriter:
                 f"took over ({error.str()}). Its open transaction is aborted and never visible; this attempt "
                 "stops so the two writers do not fight. Make sure only one task writes this source partition.")
         return _Recreate(error)
+
+
+def _advice(error: KafkaError) -> str:
+    """Return what to change for a delivery error the user can fix, or an empty string."""
+    if error.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE):
+        return (" A record (or a record batch) is larger than the topic's max.message.bytes or the producer's "
+                "message.max.bytes allows: raise the topic's max.message.bytes (and the broker's "
+                "message.max.bytes / replica.fetch.max.bytes), keep producer_config batch.size below it, or "
+                "make the records smaller.")
+    return ""
 
 
 class _Retry(Exception):

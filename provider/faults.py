@@ -2,7 +2,8 @@
 
 ``EO_FAULT_AT="<step>[:<n>]"`` acts the n-th time (default: the first) ``fault_point(step)`` is reached.
 ``EO_FAULT_ACTION`` is ``kill`` (SIGKILL itself, the default) or ``pause:<seconds>``; a pause first writes
-the step name to the file named by ``EO_FAULT_FILE`` so a test knows where the process stands.
+the step name to the file named by ``EO_FAULT_FILE`` so a test knows where the process stands, and ends
+early when the test deletes that file (e.g. after it killed a broker or started a zombie's successor).
 Unset in production, so each call costs one dictionary lookup.
 """
 
@@ -31,9 +32,12 @@ def fault_point(step: str) -> None:
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action.startswith("pause:"):
-        if os.environ.get("EO_FAULT_FILE"):
-            with open(os.environ["EO_FAULT_FILE"], "w") as handle:
+        marker = os.environ.get("EO_FAULT_FILE")
+        if marker:
+            with open(marker, "w") as handle:
                 handle.write(step)
-        time.sleep(float(action.split(":", 1)[1]))
+        deadline = time.monotonic() + float(action.split(":", 1)[1])
+        while time.monotonic() < deadline and (not marker or os.path.exists(marker)):
+            time.sleep(0.05)
     else:
         raise ValueError(f"EO_FAULT_ACTION={action!r}: use 'kill' or 'pause:<seconds>'.")

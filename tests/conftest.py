@@ -131,7 +131,8 @@ def fault_outcome(request):
     import json
 
     def record(*, rows: int, lost: int, duplicated: int, scenario: str | None = None) -> None:
-        line = {"scenario": scenario or request.node.name, "rows": rows, "lost": lost, "duplicated": duplicated}
+        line = {"scenario": scenario or request.node.name, "nodeid": request.node.nodeid, "rows": rows,
+                "lost": lost, "duplicated": duplicated, "run": os.environ.get("EO_FAULT_RUN")}
         logging.getLogger("eo.faults").info("fault outcome %s", line)
         path = os.environ.get("EO_FAULT_REPORT")
         if path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import subprocess
 import uuid
 from collections import Counter
 
@@ -14,6 +15,21 @@ def connect(stack, **kwargs):
     return MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=kwargs.pop("user", stack.DB_USER),
                            password=kwargs.pop("password", stack.DB_PASSWORD), database=stack.DB_NAME,
                            autocommit=True, charset="utf8mb4", init_command="SET time_zone = '+00:00'", **kwargs)
+
+
+def load_time_zone(cur, zone: str, database: str) -> None:
+    """Load one zone into the server's time zone tables if missing (a fresh MariaDB has none)."""
+    cur.execute("SELECT COUNT(*) FROM mysql.time_zone_name WHERE Name = %s", (zone,))
+    if cur.fetchone()[0]:
+        return
+    sql = subprocess.run(["mariadb-tzinfo-to-sql", f"/usr/share/zoneinfo/{zone}", zone], check=True,
+                         capture_output=True, text=True).stdout
+    cur.execute("USE mysql")
+    for statement in sql.split(";\n"):
+        if statement.strip():
+            cur.execute(statement)
+    cur.execute("UNLOCK TABLES")
+    cur.execute(f"USE `{database.replace('`', '``')}`")
 
 
 def unique_name(prefix: str) -> str:

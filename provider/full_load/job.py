@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 
 from exactly_once_provider import delta_commit
 from exactly_once_provider.errors import SourceConfigurationError
+from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load import handoff
 from exactly_once_provider.full_load.columns import META_COLUMNS, Column, table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
 from exactly_once_provider.full_load.spark_source import FORMAT, MySqlChunkDataSource, chunk_read_options, spark_schema
 from exactly_once_provider.full_load.staging import Staging
+from exactly_once_provider.hooks.mysql_identifiers import quote_table
 from exactly_once_provider.hooks.mysql_snapshot import plan_chunks
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 
@@ -120,6 +122,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
                              request.require_replication)
     with hook._cursor() as cur:
         columns = [c.to_json() for c in table_columns(cur, request.schema, request.table)]
+        _check_column_names(request.schema, request.table, [c["name"] for c in columns])
         if manifest is None:
             chunks = plan_chunks(cur, request.schema, request.table, checked.key.columns, request.chunk_rows)
             manifest = {"format": MANIFEST_FORMAT, "load_id": uuid.uuid4().hex, "schema": request.schema,
@@ -155,10 +158,26 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
             read_rows += int(rows)
         staging.save(manifest)  # the chunk progress marker, after Spark committed the wave's files
         progress(Progress(len(manifest["done"]), total, read_rows, time.monotonic() - started))
+    fault_point("full_load_before_publish")  # every chunk staged, nothing visible yet
     version, body = _publish(spark, request, manifest)
+    fault_point("full_load_published")  # the Delta commit exists, the manifest does not know it yet
     manifest["published"] = {"table_version": version, "marker": body}
     staging.save(manifest)
     return FullLoadResult(handoff.parse(version, body), len(pending), resumed, time.monotonic() - started)
+
+
+# Delta refuses these characters in column names (unless the table uses column mapping, which this load's
+# plain overwrite does not set up). Checked before any chunk is read, not after the whole table was staged.
+DELTA_INVALID_NAME_CHARACTERS = " ,;{}()\n\t="
+
+
+def _check_column_names(schema: str, table: str, names: list[str]) -> None:
+    bad = [name for name in names if any(ch in DELTA_INVALID_NAME_CHARACTERS for ch in name)]
+    if bad:
+        raise SourceConfigurationError(
+            f"Columns {bad} of {quote_table(schema, table)} contain characters a Delta table cannot hold in a "
+            f"column name (any of {DELTA_INVALID_NAME_CHARACTERS!r}): rename them in the source "
+            "(ALTER TABLE ... RENAME COLUMN) before the full load.")
 
 
 def _check_resumable(hook: MySqlSourceHook, request: FullLoadRequest, manifest: dict, columns: list[dict],

@@ -121,8 +121,10 @@ def test_user_without_replication_slave_is_told_to_grant_it(stack, airflow_conne
 
 @pytest.mark.parametrize("name,bad,message", [
     ("binlog_format", "MIXED", r"binlog_format=MIXED .*SET GLOBAL binlog_format='ROW'"),
+    ("binlog_format", "STATEMENT", r"binlog_format=STATEMENT .*SET GLOBAL binlog_format='ROW'"),
     ("binlog_row_image", "MINIMAL", r"binlog_row_image=MINIMAL .*SET GLOBAL binlog_row_image='FULL'"),
     ("binlog_row_metadata", "MINIMAL", r"binlog_row_metadata=MINIMAL .*SET GLOBAL binlog_row_metadata='FULL'"),
+    ("binlog_row_metadata", "NO_LOG", r"binlog_row_metadata=NO_LOG .*SET GLOBAL binlog_row_metadata='FULL'"),
     ("binlog_expire_logs_seconds", "7200", r"Binlog retention is 7200s .*at least"),
 ])
 @pytest.mark.exclusive  # other tests' sessions would pick up the bad global while it is set

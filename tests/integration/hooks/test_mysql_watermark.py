@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
 import uuid
 from datetime import datetime
 
@@ -13,6 +12,7 @@ import pytest
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks.mysql_identifiers import quote_identifier
 from exactly_once_provider.hooks.mysql_watermark import preflight, read_window
+from tests.mysql_support import load_time_zone
 
 
 @pytest.fixture
@@ -79,16 +79,7 @@ def test_datetime_in_a_zone_with_daylight_saving_warns_and_an_unknown_zone_says_
     with pytest.raises(SourceConfigurationError, match="does not know time zone 'Mars/Olympus'.*tzinfo"):
         preflight(conn, name, "u", "timestamp", datetime_time_zone="Mars/Olympus")
     cur = conn.cursor()
-    cur.execute("SELECT COUNT(*) FROM mysql.time_zone_name WHERE Name = 'Europe/Berlin'")
-    if cur.fetchone()[0] == 0:  # load one zone into the test server's time zone tables
-        sql = subprocess.run(["mariadb-tzinfo-to-sql", "/usr/share/zoneinfo/Europe/Berlin", "Europe/Berlin"],
-                             check=True, capture_output=True, text=True).stdout
-        cur.execute("USE mysql")
-        for statement in sql.split(";\n"):
-            if statement.strip():
-                cur.execute(statement)
-        cur.execute("UNLOCK TABLES")
-        cur.execute(f"USE {quote_identifier(stack.DB_NAME)}")
+    load_time_zone(cur, "Europe/Berlin", stack.DB_NAME)
     spec = preflight(conn, name, "u", "timestamp", datetime_time_zone="Europe/Berlin")
     assert len(spec.warnings) == 1 and "observes daylight saving time" in spec.warnings[0]
     assert "Use a TIMESTAMP column" in spec.warnings[0]

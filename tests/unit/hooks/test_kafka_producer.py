@@ -162,6 +162,25 @@ def test_fenced_producer_stops_instead_of_taking_the_id_back():
     assert "abort_transaction" not in producer.calls
 
 
+def test_closing_a_fenced_producer_keeps_the_fenced_error(caplog):
+    """close() runs in `finally`: the fatal error flush() raises again must not replace the fenced error."""
+    fenced = KafkaError(KafkaError._FENCED, "fenced", fatal=True)
+    producer = FakeProducer()
+
+    def commit_transaction(timeout):  # from now on the producer is fenced: flush() raises it too
+        producer.flush = lambda timeout=None: (_ for _ in ()).throw(KafkaException(fenced))
+        raise KafkaException(fenced)
+
+    producer.commit_transaction = commit_transaction
+    writer = _writer(producer)
+    with pytest.raises(ProducerFencedError, match="newer writer"):
+        try:
+            writer.write_batch("data", [Message(b"a")], offset=1)
+        finally:
+            writer.close()
+    assert writer.producer is None and "closed after a fatal error" in caplog.text
+
+
 def test_other_fatal_error_recreates_and_skips_a_batch_the_ledger_shows_committed(monkeypatch):
     first = FakeProducer({"commit_transaction": [KafkaError(KafkaError._FATAL, "boom", fatal=True)]})
     second = FakeProducer()

@@ -1,0 +1,155 @@
+"""The full fault matrix: every tests/faults scenario, matrix variants included, N times; prints one table.
+
+Usage (``make faults-matrix RUNS=3``)::
+
+    python tests/faults/matrix.py [--runs N] [--report FILE] [-- extra pytest args, e.g. -k zombie]
+
+Each run is one pytest session over tests/faults (``-m "not soak"``: the ``matrix`` variants are included).
+Every fault test reports what its oracle counted through the ``fault_outcome`` fixture into the JSON-lines
+file named by ``EO_FAULT_REPORT``; pass/fail comes from pytest's JUnit XML. The table has one line per
+scenario: runs, rows checked per run, lost and duplicated summed over the runs, passes, mean seconds.
+The exit status is non-zero if any run of any scenario failed or counted a lost or duplicated row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Scenario:
+    """What the runs of one test (one parametrisation) produced."""
+
+    runs: int = 0
+    passed: int = 0
+    seconds: float = 0.0
+    rows: list[int] = field(default_factory=list)
+    lost: int = 0
+    duplicated: int = 0
+    reported: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.passed == self.runs and self.reported == self.runs and self.lost == self.duplicated == 0
+
+
+def junit_results(path: Path) -> list[tuple[str, str, float, str | None]]:
+    """Return (nodeid, name, seconds, failure message or None) for every test case of a JUnit XML file."""
+    results = []
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        if not case.get("name") or not case.get("classname"):
+            continue  # an interrupted session's placeholder entry
+        module = case.get("classname", "").replace(".", "/")
+        nodeid = f"{module}.py::{case.get('name')}"
+        problem = next((case.find(tag) for tag in ("failure", "error", "skipped") if case.find(tag) is not None), None)
+        message = None if problem is None else f"{problem.tag}: {(problem.get('message') or '')[:200]}"
+        results.append((nodeid, case.get("name"), float(case.get("time") or 0), message))
+    return results
+
+
+def run_once(index: int, report: Path, pytest_args: list[str]) -> list[tuple[str, str, float, str | None]]:
+    """Run the fault suite once; return its JUnit results."""
+    junit = report.with_name(f"{report.stem}-run{index}.xml")
+    command = [sys.executable, "-m", "pytest", "tests/faults", "-m", "not soak", "-p", "no:cacheprovider", "-q",
+               f"--junitxml={junit}", *pytest_args]
+    env = {**os.environ, "EO_FAULT_REPORT": str(report), "EO_FAULT_RUN": str(index)}
+    started = time.monotonic()
+    print(f"[faults-matrix] run {index}: {' '.join(command[2:])}", flush=True)
+    completed = subprocess.run(command, cwd=REPO, env=env)
+    print(f"[faults-matrix] run {index} ended with exit code {completed.returncode} after "
+          f"{time.monotonic() - started:.0f}s", flush=True)
+    if not junit.exists():
+        raise SystemExit(f"pytest wrote no {junit}: the run could not start (exit code {completed.returncode})")
+    return junit_results(junit)
+
+
+def collect(results_per_run: list[list[tuple[str, str, float, str | None]]], report: Path) -> dict[str, Scenario]:
+    """Join the pytest results with the oracle lines of the report file."""
+    scenarios: dict[str, Scenario] = defaultdict(Scenario)
+    names: dict[str, str] = {}
+    for results in results_per_run:
+        for nodeid, name, seconds, failure in results:
+            scenario = scenarios[nodeid]
+            names[name] = nodeid
+            scenario.runs += 1
+            scenario.seconds += seconds
+            if failure is None:
+                scenario.passed += 1
+            else:
+                scenario.failures.append(failure)
+    lines = report.read_text().splitlines() if report.exists() else []
+    for line in lines:
+        outcome = json.loads(line)
+        nodeid = outcome.get("nodeid") or names.get(outcome["scenario"], outcome["scenario"])
+        scenario = scenarios[nodeid]
+        scenario.reported += 1
+        scenario.rows.append(int(outcome["rows"]))
+        scenario.lost += int(outcome["lost"])
+        scenario.duplicated += int(outcome["duplicated"])
+    return dict(scenarios)
+
+
+def table(scenarios: dict[str, Scenario]) -> str:
+    """Return the matrix as a Markdown table (it goes into the README as printed)."""
+    lines = ["| scenario | runs | rows per run | lost | duplicated | result | mean s |",
+             "|---|---:|---:|---:|---:|---|---:|"]
+    for nodeid in sorted(scenarios):
+        s = scenarios[nodeid]
+        rows = "-" if not s.rows else (str(s.rows[0]) if min(s.rows) == max(s.rows) else f"{min(s.rows)}-{max(s.rows)}")
+        if s.ok:
+            result = f"pass {s.passed}/{s.runs}"
+        elif s.passed == s.runs and s.reported != s.runs:
+            result = f"NO ORACLE ({s.reported}/{s.runs} reported)"
+        else:
+            result = f"FAIL {s.runs - s.passed}/{s.runs}"
+        name = nodeid.removeprefix("tests/faults/")
+        lines.append(f"| {name} | {s.runs} | {rows} | {s.lost} | {s.duplicated} | {result} | "
+                     f"{s.seconds / max(s.runs, 1):.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=int(os.environ.get("RUNS") or 3))
+    parser.add_argument("--report", type=Path, help="the JSON-lines outcome file (default: a new temp file)")
+    parser.add_argument("--table-only", action="store_true",
+                        help="print the table of an earlier run from --report and its -run<N>.xml files")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if args.table_only and not args.report:
+        parser.error("--table-only needs --report")
+    report = args.report or Path(tempfile.mkdtemp(prefix="eo-faults-matrix-")) / "outcomes.jsonl"
+    started = time.monotonic()
+    if args.table_only:
+        results = [junit_results(xml) for xml in sorted(report.parent.glob(f"{report.stem}-run*.xml"))]
+    else:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.unlink(missing_ok=True)
+        results = [run_once(index, report, args.pytest_args) for index in range(1, args.runs + 1)]
+    scenarios = collect(results, report)
+    print(f"\nFault matrix: {len(results)} run(s), {len(scenarios)} scenarios, "
+          f"{(time.monotonic() - started) / 60:.1f} min; outcomes in {report}\n")
+    print(table(scenarios))
+    failed = {nodeid: s for nodeid, s in scenarios.items() if not s.ok}
+    for nodeid, s in sorted(failed.items()):
+        print(f"\n{nodeid}: " + "; ".join(s.failures[:3] or ["no fault_outcome line / lost or duplicated rows"]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
