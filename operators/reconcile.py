@@ -71,6 +71,7 @@ class ReconcileOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "name", "table", "sink_path", "sink_table", "source_filter", "sink_filter", "base_path",
         "capture_pipeline", "sink_pipeline", "fail_on_mismatch",
+        "postgres_conn_id",  # templated, and serialized with the DAG: the status page finds the results there
     )
     ui_color = "#e8eef4"
 

@@ -30,6 +30,7 @@ from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC
 PRODUCERS = {"TransactionalProduceOperator", "WatermarkExtractOperator", "BinlogCaptureOperator"}
 STREAMS = {"SparkKafkaToSinkOperator"}
 FULL_LOADS = {"MySqlFullLoadOperator"}
+RECONCILERS = {"ReconcileOperator"}
 MODULE_PREFIX = "exactly_once_provider."
 _JINJA = SandboxedEnvironment(undefined=StrictUndefined)
 
@@ -54,6 +55,7 @@ class PipelineSpec:
     kafka_conn_ids: set[str] = field(default_factory=set)
     sinks: set[SinkSpec] = field(default_factory=set)
     full_loads: set[str] = field(default_factory=set)  # Delta paths holding full-load handoff commits
+    result_conn_ids: set[str] = field(default_factory=set)  # PostgreSQL connections holding eo_reconciliation
     found_in: set[str] = field(default_factory=set)  # "dag", "ledger", "postgres"
 
 
@@ -125,12 +127,17 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
         loads: set[str] = set()
         for task in dag.tasks:
             kind = task.task_type
-            if kind not in PRODUCERS | STREAMS | FULL_LOADS or not str(
+            if kind not in PRODUCERS | STREAMS | FULL_LOADS | RECONCILERS or not str(
                     getattr(task, "_task_module", MODULE_PREFIX)).startswith(MODULE_PREFIX):
                 continue
             try:
                 if kind in FULL_LOADS:
                     loads.add(render(task.sink_path, params))
+                    continue
+                if kind in RECONCILERS:  # its result row is named like the pipeline it checks
+                    spec = found.pipeline(render(task.name, params), "dag")
+                    spec.dag_ids.add(dag.dag_id)
+                    spec.result_conn_ids.add(render(getattr(task, "postgres_conn_id", None) or "postgres_default", params))
                     continue
                 spec = found.pipeline(render(task.pipeline, params), "dag")
                 spec.dag_ids.add(dag.dag_id)

@@ -1,7 +1,7 @@
 """Render the status overview as one self-contained HTML page (no build step, no external assets).
 
-Each pipeline is a card: a coloured badge (green ok, amber behind, red error, grey nothing committed yet),
-a one-line summary, then one table per section. Every figure cell carries ``data-pipeline``,
+Each pipeline is a card: a coloured badge (green ok, amber behind, red error or reconciliation mismatch, grey
+nothing committed yet), a one-line summary, then one table per section. Every figure cell carries ``data-pipeline``,
 ``data-section`` and ``data-column`` so a browser test (or a curious operator) can find it.
 """
 
@@ -11,10 +11,13 @@ import json
 from html import escape
 from typing import Any
 
-from exactly_once_provider.plugins.status import BEHIND, EMPTY, ERROR, OK, Overview, PipelineStatus, Section
+from exactly_once_provider.plugins.status import (
+    BEHIND, EMPTY, ERROR, MISMATCH, OK, Overview, PipelineStatus, Section,
+)
 
 COLOURS = {OK: ("#1f7a3a", "#e6f4ea", "ok"), BEHIND: ("#8a5a00", "#fff4d6", "behind"),
-           ERROR: ("#b42318", "#fde8e7", "error"), EMPTY: ("#555", "#eee", "nothing committed")}
+           ERROR: ("#b42318", "#fde8e7", "error"), EMPTY: ("#555", "#eee", "nothing committed"),
+           MISMATCH: ("#b42318", "#fde8e7", "reconciliation mismatch")}
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:16px 20px;color:#1d2530;background:#fafbfc}

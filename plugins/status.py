@@ -25,7 +25,7 @@ from exactly_once_provider.plugins.discovery import (
     Discovery, PipelineSpec, SinkSpec, add_dags, add_ledger_keys, add_postgres_pipelines,
 )
 
-OK, BEHIND, EMPTY, ERROR = "ok", "behind", "empty", "error"
+OK, BEHIND, EMPTY, ERROR, MISMATCH = "ok", "behind", "empty", "error", "mismatch"
 
 
 @dataclass
@@ -50,9 +50,12 @@ class PipelineStatus:
 
     @property
     def state(self) -> str:
-        """``error`` if a reader failed, ``behind`` if lag > 0, ``empty`` if nothing committed, else ``ok``."""
+        """``error`` if a reader failed, ``mismatch`` if the last reconciliation found differences, ``behind`` if
+        lag > 0, ``empty`` if nothing committed, else ``ok``."""
         if any(s.error for s in self.sections):
             return ERROR
+        if any(row.get("result") == "mismatch" for s in self.sections if s.slug == "reconciliation" for row in s.rows):
+            return MISMATCH
         if self.lag:
             return BEHIND
         return OK if any(s.rows for s in self.sections) else EMPTY
@@ -272,6 +275,34 @@ def full_loads_section(spec: PipelineSpec) -> Section:
     return _guard(section, read)
 
 
+def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Section:
+    """Return the last reconciliation result stored for the pipeline (``eo_reconciliation``, by name)."""
+    from exactly_once_provider.reconcile.results import latest_results
+
+    section = Section("reconciliation", "Last reconciliation", (
+        "result", "finished at", "source rows", "sink rows", "missing", "extra", "changed", "duplicate",
+        "in flight", "full scans", "run"))
+
+    def read() -> None:
+        import psycopg2
+
+        for conn_id in sorted(spec.result_conn_ids or {"postgres_default"}):
+            conn = psycopg2.connect(**connections.postgres(conn_id))
+            try:
+                rows = latest_results(conn, spec.name)
+            finally:
+                conn.close()
+            for r in rows:
+                section.rows.append({
+                    "result": r["status"], "finished at": r["finished_at"].isoformat(timespec="seconds"),
+                    "source rows": r["source_rows"], "sink rows": r["sink_rows"], "missing": r["missing"],
+                    "extra": r["extra"], "changed": r["changed"], "duplicate": r["duplicate"],
+                    "in flight": r["in_flight"], "full scans": (r["cost"] or {}).get("full_scans"),
+                    "run": f"{r['dag_id'] or ''} {r['run_id'] or ''}".strip()})
+
+    return _guard(section, read)
+
+
 def read_overview(dags: list[Any], connections: Connections | None = None) -> Overview:
     """
     Discover the pipelines and read each one's state from the live systems.
@@ -315,7 +346,7 @@ def read_overview(dags: list[Any], connections: Connections | None = None) -> Ov
         spec = found.pipelines[name]
         sinks = sinks_section(spec, connections)
         lag, total = lag_section(spec, sinks.rows, connections)
-        sections = [ledger_section(spec, ledger), lag, sinks, windows_section(spec, ledger),
-                    sink_windows_section(sinks.rows), full_loads_section(spec)]
+        sections = [ledger_section(spec, ledger), lag, sinks, reconciliation_section(spec, connections),
+                    windows_section(spec, ledger), sink_windows_section(sinks.rows), full_loads_section(spec)]
         statuses.append(PipelineStatus(spec, sections, total))
     return Overview(statuses, found.unresolved, errors, notes, datetime.now(timezone.utc).isoformat(timespec="seconds"))

@@ -10,6 +10,7 @@ from airflow.serialization.serialized_objects import DagSerialization
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
+from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 from exactly_once_provider.plugins.discovery import (
@@ -32,6 +33,8 @@ def _dags():
         SparkKafkaToSinkOperator(task_id="to_delta", pipeline="{{ params.pipeline }}", topics="orders-t, more",
                                  sink="delta", sink_path="/lake/orders", checkpoint_location="/ck")
         MySqlFullLoadOperator(task_id="load", table="orders", sink_path="/lake/orders_full")
+        ReconcileOperator(task_id="check", name="{{ params.pipeline }}", table="eo.orders", sink="delta",
+                          sink_path="/lake/orders", postgres_conn_id="results_pg")
     with DAG("settle", schedule=None, start_date=START) as two:
         WatermarkExtractOperator(task_id="extract", table="t", cursor_column="c", cursor_kind="id", topic="s-t",
                                  pipeline="settle-{{ ds }}")
@@ -56,6 +59,7 @@ def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_
     assert orders.sinks == {SinkSpec("delta", "/lake/orders", None)}
     assert orders.full_loads == {"/lake/orders_full"}
     assert orders.dag_ids == {"stream"} and orders.found_in == {"dag"}
+    assert orders.result_conn_ids == {"results_pg"}  # where its reconciliation results are stored
     assert found.pipelines["settle_pg"].sinks == {SinkSpec("postgres", "public.settled", None)}
     assert found.pipelines["history_only"].full_loads == {"/lake/customers"}
     cdc = found.pipelines["shop_cdc"]

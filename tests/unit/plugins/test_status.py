@@ -9,7 +9,7 @@ from exactly_once_provider.full_load import handoff
 from exactly_once_provider.offsets import new_committed_offset
 from exactly_once_provider.plugins.discovery import PipelineSpec, SinkSpec
 from exactly_once_provider.plugins.status import (
-    BEHIND, EMPTY, ERROR, OK, PipelineStatus, Section, full_loads_section, ledger_section, sink_commit,
+    BEHIND, EMPTY, ERROR, MISMATCH, OK, PipelineStatus, Section, full_loads_section, ledger_section, sink_commit,
     sink_windows_section, windows_section,
 )
 
@@ -90,6 +90,10 @@ def test_state_is_error_then_behind_then_empty_or_ok():
     assert PipelineStatus(spec, [row], lag=3).state == BEHIND
     assert PipelineStatus(spec, [row], lag=0).state == OK
     assert PipelineStatus(spec, [Section("sink", "sink", ())], lag=0).state == EMPTY
+    mismatch = Section("reconciliation", "Last reconciliation", ("result",), rows=[{"result": "mismatch"}])
+    assert PipelineStatus(spec, [row, mismatch], lag=0).state == MISMATCH
+    clean = Section("reconciliation", "Last reconciliation", ("result",), rows=[{"result": "clean"}])
+    assert PipelineStatus(spec, [row, clean], lag=3).state == BEHIND
 
 
 def test_window_mode_sink_commits_show_the_version_each_window_settled_at(tmp_path):
