@@ -31,7 +31,7 @@ run_dag() {  # run_dag NAME LOG_TAG [dags test args...]: fail with the log's tai
     tail -60 "$log"; echo "[demo] $dag ($tag) FAILED - full log: $log"; exit 1
   fi
   grep -hE "published .* rows as Delta|committed position|rows produced|rows dropped|committed batch|Window .* (committed|already)|reconciliation .*: (CLEAN|MISMATCH)|settlement report of" "$log" \
-    | sed -E 's/^.*\] //; s/ \[airflow.*$//' | cut -c1-160 | sed 's/^/    /' || true
+    | sed -E 's/^[^]]*\] //; s/ \[airflow.*$//' | cut -c1-160 | sed 's/^/    /' || true
   echo "    $dag ($tag): success in $((SECONDS - t0))s (log: $log)"
 }
 
