@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowException
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
+from exactly_once_provider.positions import BinlogPosition
 from tests.capture_support import (
     Writer,
     check_transactions,
@@ -31,6 +32,11 @@ from tests.capture_support import (
     topic_records,
 )
 from tests.mysql_support import connect, unique_name
+
+
+def _position(result: dict) -> BinlogPosition:
+    file, pos = result["committed_position"].rsplit(":", 1)
+    return BinlogPosition(file, int(pos))
 
 
 def _binlog_end(cur) -> str:
@@ -77,12 +83,14 @@ def test_full_load_mid_writer_then_capture_replays_to_the_source(stack, spark, a
         long_conn.close()
     assert writer.error is None, writer.error
     second = BinlogCaptureOperator(**capture).execute({})
-    third = BinlogCaptureOperator(**capture).execute({})  # nothing new: a no-op
+    # Nothing new in the captured tables. Other tests may write other tables meanwhile (the suite runs on two
+    # workers against one server): the position may move past their transactions, never a row may appear.
+    third = BinlogCaptureOperator(**capture).execute({})
 
     handoff = read_handoff(sink)
     assert len(handoff.chunks) >= 4 and handoff.min_position < handoff.max_position, handoff.chunks
     assert first["first_run"] and not second["first_run"] and second["resumed_from"] == first["committed_position"]
-    assert third["rows"] == 0 and third["committed_position"] == second["committed_position"]
+    assert third["rows"] == 0 and _position(third) >= _position(second)
     assert first["dropped_by_handoff"] > 0, "the writer ran during the load: some changes were already loaded"
     out, err = capfd.readouterr()
     logged = caplog.text + out + err  # the task logger writes through structlog
