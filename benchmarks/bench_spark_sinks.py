@@ -3,16 +3,22 @@
 Not a test. One run produces N records once (transactions of 10 000) and runs, per sink, both delivery
 modes of the packaged job with spark-submit (local[2], driver 1g) on that same topic, ``--repeat`` times in
 ABBA order (the first run of a pair is often the slower one on a busy machine); it prints rows/s of every
-run (rows in the sink / query time, JVM start-up excluded) and, per sink, the best of each mode and the
-ratio exactly-once / at-least-once.
+run (rows in the sink / query time, JVM start-up excluded) with its per-batch seconds (the job's own log
+lines: a fixed per-commit cost shows in the small last batch) and, per sink, the median of each mode and
+their ratio exactly-once / at-least-once. Each run's output is deleted once counted, and the topic at the
+end unless ``--keep-topic`` (a 1M-record topic per run filled the shared disk otherwise); ``--topic``
+re-reads a kept topic instead of producing again.
 
     make bench-spark-sinks                       # 1 000 000 records
     .venv/bin/python benchmarks/bench_spark_sinks.py --records 200000 --sinks files
+    make bench-spark-sinks BENCH_ARGS="--sinks delta --repeat 3"
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import statistics
 import shutil
 import sys
 import tempfile
@@ -66,9 +72,22 @@ def drop_postgres_tables() -> None:
         for table in PG_TABLES:
             cur.execute(f"DROP TABLE IF EXISTS {table}")
             cur.execute("DELETE FROM eo_stream_offsets WHERE pipeline = %s", (f"bench-{table}",))
+    PG_TABLES.clear()
 
 
-def run_once(sink: str, delivery: str, topic: str, work: Path, batch: int, run: int) -> tuple[int, float]:
+def delete_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    for future in AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic]).values():
+        future.result(60)
+
+
+# The job's per-batch log line: "batch 3 committed to the delta sink in 4.2s" / "batch 3 appended (...) in 1.1s".
+BATCH_LINE = re.compile(r"\bbatch (\d+) (?:appended|committed|was already committed)\b.*? in ([0-9.]+)s")
+
+
+def run_once(sink: str, delivery: str, topic: str, work: Path, batch: int, run: int
+             ) -> tuple[int, float, list[float]]:
     name = f"{sink}_{delivery.replace('-', '_')}_{run}_{topic.replace('-', '_')}"
     target = name if sink == "postgres" else str(work / name)
     if sink == "postgres":
@@ -79,8 +98,14 @@ def run_once(sink: str, delivery: str, topic: str, work: Path, batch: int, run: 
     if result.returncode != 0:
         raise SystemExit(f"{sink} {delivery} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     seconds = float(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("EO_TIMING ")))
+    batches = [float(m.group(2)) for m in BATCH_LINE.finditer(result.stdout)]
     rows = sink_row_count(sink, target)
-    return rows, seconds
+    if sink == "postgres":
+        drop_postgres_tables()
+    else:
+        shutil.rmtree(target, ignore_errors=True)
+    shutil.rmtree(work / f"cp-{name}", ignore_errors=True)
+    return rows, seconds, batches
 
 
 def main() -> int:
@@ -90,13 +115,17 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--sinks", default="delta,postgres,files")
     parser.add_argument("--repeat", type=int, default=2, help="runs per mode, in ABBA order")
+    parser.add_argument("--topic", help="re-read this existing topic (holding --records committed records)")
+    parser.add_argument("--keep-topic", action="store_true", help="do not delete the topic at the end")
     args = parser.parse_args()
     stack.up()
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    topic = new_topic(bootstrap, partitions=args.partitions, prefix="bench")
-    t0 = time.monotonic()
-    produce(bootstrap, topic, args.records, args.partitions)
-    print(f"produced {args.records} records to {topic} in {time.monotonic() - t0:.1f}s", flush=True)
+    topic = args.topic
+    if topic is None:
+        topic = new_topic(bootstrap, partitions=args.partitions, prefix="bench")
+        t0 = time.monotonic()
+        produce(bootstrap, topic, args.records, args.partitions)
+        print(f"produced {args.records} records to {topic} in {time.monotonic() - t0:.1f}s", flush=True)
     work = Path(tempfile.mkdtemp(prefix="eo-bench-"))
     table = []
     try:
@@ -105,22 +134,27 @@ def main() -> int:
             for run in range(args.repeat):
                 order = ("exactly-once", "at-least-once") if run % 2 == 0 else ("at-least-once", "exactly-once")
                 for delivery in order:
-                    rows, seconds = run_once(sink, delivery, topic, work, args.batch, run)
+                    rows, seconds, batches = run_once(sink, delivery, topic, work, args.batch, run)
                     if rows != args.records:
                         raise SystemExit(f"{sink} {delivery}: {rows} rows in the sink, expected {args.records}")
                     measured[delivery].append(rows / seconds)
                     print(f"  {sink:<8} {delivery:<13} run {run}: {rows} rows in {seconds:6.1f}s"
-                          f" = {rows / seconds:9.0f} rows/s", flush=True)
-            table.append((sink, max(measured["exactly-once"]), max(measured["at-least-once"])))
+                          f" = {rows / seconds:9.0f} rows/s; batches (s): "
+                          + " ".join(f"{b:.1f}" for b in batches), flush=True)
+            table.append((sink, measured["exactly-once"], measured["at-least-once"]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if PG_TABLES:
             drop_postgres_tables()
+        if not args.keep_topic:
+            delete_topic(bootstrap, topic)
     print(f"\nKafka -> sink, {args.records} records, {args.partitions} partitions, batches of {args.batch},"
-          f" local[2], driver 1g, best of {args.repeat} runs per mode")
-    print(f"| sink | exactly-once rows/s | at-least-once rows/s | ratio |\n|---|---|---|---|")
+          f" local[2], driver 1g, median of {args.repeat} runs per mode (every run in brackets)")
+    print("| sink | exactly-once rows/s | at-least-once rows/s | ratio of medians |\n|---|---|---|---|")
     for sink, eo, alo in table:
-        print(f"| {sink} | {eo:,.0f} | {alo:,.0f} | {eo / alo:.2f} |")
+        eo_med, alo_med = statistics.median(eo), statistics.median(alo)
+        print(f"| {sink} | {eo_med:,.0f} ({' / '.join(f'{v:,.0f}' for v in eo)}) |"
+              f" {alo_med:,.0f} ({' / '.join(f'{v:,.0f}' for v in alo)}) | {eo_med / alo_med:.2f} |")
     return 0
 
 
