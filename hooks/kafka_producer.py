@@ -334,7 +334,8 @@ class PipelineWriter:
             # Never flush or drop the producer under a running commit. Normally wait() ran already; here the
             # caller failed on its own, so a failed commit is only logged: the ledger says where to resume.
             self._pending = None
-            batch.thread.join()
+            if batch.thread is not None:
+                batch.thread.join()
             if batch.failure is None:
                 self._committed(batch)
             else:
@@ -395,14 +396,14 @@ class PipelineWriter:
             len(messages), self.transactional_id, self.delivery_mode)
         batch = _Batch(topic, messages, committed, consumer, consumer_offsets, before)
         try:
-            self._start(batch)
+            self._produce_batch(batch)
         except (_AbortAndReplay, _Recreate) as exc:
-            self._settle(batch, exc)
-            return previous
-        batch.thread = threading.Thread(target=self._finish_in_background, args=(batch,),
-                                        name=f"eo-commit-{committed.batch_id}", daemon=True)
+            batch.failure = exc  # wait() aborts and replays it, or recreates the producer
+        else:
+            batch.thread = threading.Thread(target=self._commit_in_background, args=(batch,),
+                                            name=f"eo-commit-{committed.batch_id}", daemon=True)
+            batch.thread.start()
         self._pending = batch
-        batch.thread.start()
         return previous
 
     def wait(self) -> CommittedOffset | None:
@@ -410,16 +411,17 @@ class PipelineWriter:
         batch, self._pending = self._pending, None
         if batch is None:
             return None
-        batch.thread.join()
+        if batch.thread is not None:
+            batch.thread.join()
         if isinstance(batch.failure, (_AbortAndReplay, _Recreate)):
             return self._settle(batch, batch.failure)
         if batch.failure is not None:
             raise batch.failure
         return self._committed(batch)
 
-    def _finish_in_background(self, batch: _Batch) -> None:
+    def _commit_in_background(self, batch: _Batch) -> None:
         try:
-            self._finish(batch)
+            self._commit_batch(batch)
         except BaseException as exc:  # handed to the caller's thread by wait()
             batch.failure = exc
 
@@ -435,8 +437,8 @@ class PipelineWriter:
         while True:
             if failure is None:
                 try:
-                    self._start(batch)
-                    self._finish(batch)
+                    self._produce_batch(batch)
+                    self._commit_batch(batch)
                     return self._committed(batch)
                 except (_AbortAndReplay, _Recreate) as exc:
                     failure = exc
@@ -474,7 +476,7 @@ class PipelineWriter:
                     f"{self.last_committed} while this writer held batch {committed.batch_id}: another writer "
                     "uses the same pipeline and source_partition. Give each writer its own source_partition.")
 
-    def _start(self, batch: _Batch) -> None:
+    def _produce_batch(self, batch: _Batch) -> None:
         """Begin the transaction and hand every record of the batch to librdkafka (the caller's thread)."""
         producer, topic, messages, committed = self.producer, batch.topic, batch.messages, batch.committed
         batch.deliveries, batch.ledger = _Deliveries(), _Deliveries()
@@ -517,7 +519,7 @@ class PipelineWriter:
             reported.update(index for index, message in enumerate(messages) if message.key is None)
         return reported
 
-    def _finish(self, batch: _Batch) -> None:
+    def _commit_batch(self, batch: _Batch) -> None:
         """Wait for the records and commit them with the ledger record (may run in a background thread)."""
         producer, topic, committed, deliveries = self.producer, batch.topic, batch.committed, batch.deliveries
         self._flush(deliveries)
@@ -592,7 +594,7 @@ class PipelineWriter:
             return
         if self.transactional and all(e.code() in PURGED_CODES for e in deliveries.errors):
             # librdkafka purged these records because the transaction failed on a record without a delivery
-            # report; the commit refuses and names the cause (see _finish).
+            # report; the commit refuses and names the cause (see _commit_batch).
             return
         error = next(e for e in deliveries.errors if e.code() not in PURGED_CODES)
         fatal = next((e for e in deliveries.errors if e.fatal()), None)

@@ -194,13 +194,13 @@ def test_other_fatal_error_recreates_and_skips_a_batch_the_ledger_shows_committe
         # The commit reached the broker before the producer died: the ledger shows the batch.
         return seen["committed"]
 
-    real_start = writer._start
+    real_produce_batch = writer._produce_batch
 
     def remember(batch):
         seen["committed"] = batch.committed
-        return real_start(batch)
+        return real_produce_batch(batch)
 
-    monkeypatch.setattr(writer, "_start", remember)
+    monkeypatch.setattr(writer, "_produce_batch", remember)
     monkeypatch.setattr(kafka_producer, "read_committed_offset", ledger_after_recreate)
     committed = writer.write_batch("data", [Message(b"a")], offset=1)
     assert committed.sequence == 1
@@ -296,3 +296,21 @@ def test_commit_failing_on_an_unreported_oversized_record_fails_without_replay()
         writer.write_batch("data", [Message(b"x", key=b"k"), Message(b"y", key=b"k")], offset=2)
     assert producer.calls == ["begin_transaction", "commit_transaction", "abort_transaction"]
     assert writer.last_committed is None
+
+
+def test_batch_failing_while_produced_is_replayed_and_still_returned_by_wait():
+    producer = FakeProducer()
+    failures = [KafkaError(KafkaError._STATE, "a", txn_requires_abort=True)]
+    real_produce = producer.produce
+
+    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        if topic == "data" and failures:
+            raise KafkaException(failures.pop(0))
+        real_produce(topic, value, key, headers, on_delivery, partition)
+
+    producer.produce = produce
+    writer = _writer(producer)
+    assert writer.submit_batch("data", [Message(b"a")], offset=1) is None
+    committed = writer.wait()
+    assert committed.offset == 1 and writer.last_committed == committed
+    assert producer.calls == ["begin_transaction", "abort_transaction", "begin_transaction", "commit_transaction"]
