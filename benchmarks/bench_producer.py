@@ -88,6 +88,8 @@ def main() -> int:
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     logging.getLogger("airflow").setLevel(logging.WARNING)
     sys.path.insert(0, str(REPO))
+    from confluent_kafka.admin import AdminClient
+
     from tests.kafka_support import new_topic
 
     modes = [("at_least_once", 100), ("exactly_once", 100), ("exactly_once", 1000), ("bare async", 0),
@@ -107,6 +109,8 @@ def main() -> int:
                 else:
                     rate = run_writer(mode, topic, count, size, interval)
                 samples[(mode, interval)].append(rate)
+        # A run writes gigabytes (1 KB x 5 modes x repeats): give the disk back, retention would keep it 7 days
+        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(60)
         baseline = statistics.median(samples[("at_least_once", 100)])
         for mode, interval in modes:
             rate = statistics.median(samples[(mode, interval)])
