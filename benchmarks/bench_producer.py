@@ -110,7 +110,8 @@ def main() -> int:
                     rate = run_writer(mode, topic, count, size, interval)
                 samples[(mode, interval)].append(rate)
         # A run writes gigabytes (1 KB x 5 modes x repeats): give the disk back, retention would keep it 7 days
-        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(60)
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the deletion is done
+        admin.delete_topics([topic])[topic].result(60)
         baseline = statistics.median(samples[("at_least_once", 100)])
         for mode, interval in modes:
             rate = statistics.median(samples[(mode, interval)])
