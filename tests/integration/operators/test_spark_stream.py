@@ -151,7 +151,10 @@ def _standalone_conf(stack) -> dict:
             "spark.executor.memory": "512m", "spark.cores.max": "1"}
 
 
+# Client mode on the standalone master is a variant (the operator's client path is the local[*] one); the
+# default suite keeps the cluster-mode run below, the "standalone master + worker, cluster mode".
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_standalone_master_and_worker_client_mode(stack, airflow_connections, tmp_path):
     stack.start_spark_cluster()
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
