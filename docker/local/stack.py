@@ -442,11 +442,13 @@ def _mariadb_cnf() -> Path:
         f"port={MARIADB_PORT}",
         f"bind-address={HOST}",
         f"log_error={HOME / 'logs' / 'mariadb.err'}",
+        # Its own temp dir: install-db's temp tables in a shared /tmp were seen deleted under it by other work.
+        f"tmpdir={directory / 'tmp'}",
         "user=root",
         *(f"{key}={value}" for key, value in MARIADB_SETTINGS.items()),
         "",
     ]
-    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tmp").mkdir(parents=True, exist_ok=True)
     cnf.write_text("\n".join(lines))
     return cnf
 
@@ -491,6 +493,7 @@ def start_mariadb(timeout: float = 90) -> None:
         (HOME / "logs").mkdir(parents=True, exist_ok=True)
         if not (_mariadb_dir() / "data" / "mysql").exists():
             log("initialising MariaDB datadir %s", _mariadb_dir() / "data")
+            shutil.rmtree(_mariadb_dir() / "data", ignore_errors=True)  # what an interrupted install left
             run(["mariadb-install-db", f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
                  "--skip-test-db"])
         MARIADB.start([_mariadbd(), f"--defaults-file={cnf}"])
