@@ -343,7 +343,8 @@ def exit_with_the_jvm() -> None:
     spark-submit's PythonRunner starts the Python driver as its child (and sets ``PYSPARK_GATEWAY_PORT``). A
     driver JVM killed from outside does not take that child with it: in standalone cluster mode the master
     kills the driver JVM by id and the Python process stayed behind on the worker, orphaned. Without its JVM
-    it cannot commit anything new, so leaving at once is the same as a kill at that instant.
+    it cannot start another batch; leaving at once is the same as a SIGKILL at that instant, which every sink
+    survives (an unfinished commit is rolled back or never published).
     """
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         return
@@ -352,7 +353,12 @@ def exit_with_the_jvm() -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1)
-        print(f"EO_JVM_GONE the driver JVM (pid {parent}) is gone: stopping this Python driver", flush=True)
+        # os.write, not print: no lock another thread may hold, and the JVM read this process's output, so
+        # with the JVM gone the pipe is broken.
+        try:
+            os.write(1, f"EO_JVM_GONE the driver JVM (pid {parent}) is gone: stopping this Python driver\n".encode())
+        except OSError:
+            pass
         os._exit(3)
 
     threading.Thread(target=watch, name="eo-exit-with-the-jvm", daemon=True).start()

@@ -11,7 +11,8 @@ from pathlib import Path
 # The "JVM": a parent that starts the Python driver, waits until it watches, writes its pid and exits.
 PARENT = """
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2] + ".ready"])
+# Like PythonRunner, the parent reads the driver's output: once the parent is gone, that pipe is broken.
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2] + ".ready"], stdout=subprocess.PIPE)
 while not os.path.exists(sys.argv[2] + ".ready"):
     time.sleep(0.1)
 open(sys.argv[2], "w").write(str(child.pid))
