@@ -48,6 +48,7 @@ MARIADB_PORT = 13306 + PORT_OFFSET
 POSTGRES_PORT = 15432 + PORT_OFFSET
 SPARK_MASTER_PORT = 17077 + PORT_OFFSET
 SPARK_MASTER_UI_PORT, SPARK_WORKER_UI_PORT = 18080 + PORT_OFFSET, 18081 + PORT_OFFSET
+SPARK_MASTER_REST_PORT = 16066 + PORT_OFFSET
 
 # ---------------------------------------------------------------- local development credentials only
 DB_USER = "eo"
@@ -441,11 +442,13 @@ def _mariadb_cnf() -> Path:
         f"port={MARIADB_PORT}",
         f"bind-address={HOST}",
         f"log_error={HOME / 'logs' / 'mariadb.err'}",
+        # Its own temp dir: the server's temp files stay with the stack (cleaned with it), off a shared /tmp.
+        f"tmpdir={directory / 'tmp'}",
         "user=root",
         *(f"{key}={value}" for key, value in MARIADB_SETTINGS.items()),
         "",
     ]
-    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tmp").mkdir(parents=True, exist_ok=True)
     cnf.write_text("\n".join(lines))
     return cnf
 
@@ -490,6 +493,7 @@ def start_mariadb(timeout: float = 90) -> None:
         (HOME / "logs").mkdir(parents=True, exist_ok=True)
         if not (_mariadb_dir() / "data" / "mysql").exists():
             log("initialising MariaDB datadir %s", _mariadb_dir() / "data")
+            shutil.rmtree(_mariadb_dir() / "data", ignore_errors=True)  # what an interrupted install left
             run(["mariadb-install-db", f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
                  "--skip-test-db"])
         MARIADB.start([_mariadbd(), f"--defaults-file={cnf}"])
@@ -633,7 +637,11 @@ def start_spark_cluster(timeout: float = 90) -> None:
         SPARK_MASTER.start(
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
              "--port", str(SPARK_MASTER_PORT), "--webui-port", str(SPARK_MASTER_UI_PORT)],
-            env=spark_env(),
+            # The REST submission server (off by default, spark.master.rest.enabled) lets cluster-mode drivers be
+            # tracked and killed by id: SparkSubmitHook polls /v1/submissions/status/<driver id>.
+            env={**spark_env(), "SPARK_MASTER_OPTS": f"-Dspark.master.rest.enabled=true "
+                                                     f"-Dspark.master.rest.host={HOST} "
+                                                     f"-Dspark.master.rest.port={SPARK_MASTER_REST_PORT}"},
         )
     wait_ready(SPARK_MASTER, lambda: _require(_spark_master_state()["status"] == "ALIVE", "master not ALIVE"), timeout)
     if SPARK_WORKER.pid() is None:
@@ -667,7 +675,7 @@ def connection_env() -> dict[str, str]:
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
             {"conn_type": "spark", "host": f"spark://{HOST}", "port": SPARK_MASTER_PORT,
-             "extra": {"deploy-mode": "cluster"}}),
+             "extra": {"deploy-mode": "cluster", "rest-port": SPARK_MASTER_REST_PORT}}),
     }
 
 
