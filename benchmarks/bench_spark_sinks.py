@@ -78,7 +78,8 @@ def drop_postgres_tables() -> None:
 def delete_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient
 
-    for future in AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic]).values():
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # keep it alive until the futures resolve
+    for future in admin.delete_topics([topic]).values():
         future.result(60)
 
 
