@@ -61,6 +61,17 @@ def connect_source(stack: Any) -> Any:
     return connect(stack)
 
 
+def delete_topics(stack: Any, topics: Sequence[str]) -> None:
+    """Delete the throwaway topics a benchmark wrote (the broker frees their files a minute later)."""
+    if not topics:
+        return
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"})
+    for future in admin.delete_topics(sorted(set(topics)), operation_timeout=30).values():
+        future.result(60)
+
+
 @dataclass
 class Runs:
     """The rates one candidate reached, run by run: wall clock and the CPU time of this process."""

@@ -54,6 +54,7 @@ def main() -> int:
             batch_id="bench").execute({})["rows"])
         assert rows == count == args.rows, (rows, count)
     cur.execute(f"DROP TABLE {table}")
+    _support.delete_topics(stack, topics)
     _support.print_table(
         f"Watermark window benchmark, {args.rows} rows, median of {args.repeats} interleaved runs",
         ["path", "rows/s", "runs", "ratio to bare select"],
