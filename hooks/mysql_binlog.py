@@ -12,9 +12,10 @@ Built on python-mysql-replication 1.0.x, with its sharp edges handled here (refe
   reader then discards the partial transaction and restarts from the last boundary itself.
 * **Values**: converted to JSON-safe values by per-column converters (:func:`column_converter`) built once per
   table shape (schema version); columns the library already decodes to their JSON value (integers, text in a
-  charset Python knows, ENUM) have none, so a row only pays for the columns that need work. TIMESTAMP arrives as naive UTC; negative TIME values with a fraction are decoded wrongly by the
-  library (the fraction's sign) and fixed here; BINARY(n) arrives without its zero padding; an empty SET
-  arrives as ``None``; BIT arrives as a string of bits. All fixed in :func:`column_converter`.
+  charset Python knows, ENUM) have none, so a row only pays for the columns that need work. TIMESTAMP
+  arrives as naive UTC; negative TIME values with a fraction are decoded wrongly by the library (the
+  fraction's sign) and fixed here; BINARY(n) arrives without its zero padding; an empty SET arrives as
+  ``None``; BIT arrives as a string of bits. All fixed in :func:`column_converter`.
 """
 
 from __future__ import annotations
