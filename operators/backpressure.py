@@ -10,6 +10,7 @@ from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.hooks.postgres_connection import connect_kwargs
 from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
 from exactly_once_provider.positions import position_from_offset
 from exactly_once_provider.retention import headroom
@@ -79,9 +80,7 @@ class ConsumerLagSensor(BaseSensorOperator):
     def _measure(self, topics: list[str]):
         connect = None
         if self.sink == "postgres":
-            pg = BaseHook.get_connection(self.postgres_conn_id)
-            connect = {"host": pg.host, "port": pg.port or 5432, "dbname": pg.schema, "user": pg.login,
-                       "password": pg.password}
+            connect = connect_kwargs(self.postgres_conn_id)
         return measure_lag(_bootstrap(self.kafka_config_id), topics, self.sink, self.sink_location,
                            self.sink_pipeline, self.consumer_group, connect, self.missing_topics_ok)
 

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.hooks.postgres_connection import connect_kwargs
 from exactly_once_provider.positions import position_from_offset
 from exactly_once_provider.reconcile import engine, position, results, sides
 from exactly_once_provider.reconcile.canonical import INTEGER_TYPES, kind_of
@@ -220,9 +221,7 @@ class ReconcileOperator(BaseOperator):
     def _postgres(self):
         import psycopg2
 
-        conn = BaseHook.get_connection(self.postgres_conn_id)
-        return psycopg2.connect(host=conn.host, port=conn.port or 5432, dbname=conn.schema or None,
-                                user=conn.login or None, password=conn.password or None)
+        return psycopg2.connect(**connect_kwargs(self.postgres_conn_id))
 
     def _replication_settings(self, hook: MySqlSourceHook) -> dict[str, Any]:
         s = hook.connection_settings()
@@ -254,9 +253,7 @@ class ReconcileOperator(BaseOperator):
         location = self.sink_path if self.sink == "delta" else self.sink_table
         connect = None
         if self.sink == "postgres":
-            pg = BaseHook.get_connection(self.postgres_conn_id)
-            connect = {"host": pg.host, "port": pg.port or 5432, "dbname": pg.schema, "user": pg.login,
-                       "password": pg.password}
+            connect = connect_kwargs(self.postgres_conn_id)
         behind = lag.Lag(end, lag.sink_offsets(self.sink, location, self.sink_pipeline, connect))
         if behind.total:
             raise AirflowException(

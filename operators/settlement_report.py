@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk import BaseOperator
 
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.hooks.postgres_connection import connect_kwargs
 
 
 class SettlementReportOperator(BaseOperator):
@@ -90,9 +91,7 @@ class SettlementReportOperator(BaseOperator):
         import psycopg2
         from psycopg2 import sql
 
-        conn_info = BaseHook.get_connection(self.postgres_conn_id)
-        conn = psycopg2.connect(host=conn_info.host, port=conn_info.port or 5432, dbname=conn_info.schema,
-                                user=conn_info.login, password=conn_info.password)
+        conn = psycopg2.connect(**connect_kwargs(self.postgres_conn_id))
         table = sql.Identifier(*self.report_table.split("."))
         group_cols = [sql.Identifier(c) for c in self.group_by]
         sum_cols = [sql.Identifier(f"{c}_sum") for c in self.sum_columns]

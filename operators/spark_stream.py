@@ -1,5 +1,11 @@
 """Submit the packaged Kafka -> sink streaming job through the Spark provider's SparkSubmitHook.
 
+On a ``spark://`` standalone master with ``deploy_mode="cluster"`` the Python driver runs on a worker: Spark
+refuses ``.py`` applications in standalone cluster mode, so the operator submits the JVM class that runs every
+Python application, ``org.apache.spark.deploy.PythonRunner`` (primary resource: pyspark's own ``spark-core``
+jar; arguments: the job file, the ``--py-files`` list, the job's arguments). The hook then tracks the driver
+by id through the master's REST server and ``on_kill`` kills it there.
+
 Where the guarantees live: not here. The job commits each micro-batch and its Kafka offsets in the sink
 (:mod:`exactly_once_provider.spark_jobs.kafka_to_sink`), so a retry or a rerun simply submits the job again:
 it continues from what the sink holds. XCom only mirrors the sink's committed state, read back after the run.
@@ -20,6 +26,7 @@ from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 import exactly_once_provider
+from exactly_once_provider.hooks.postgres_connection import libpq_environment
 from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink, push_link, watch_spark_ui
 from exactly_once_provider.spark_packages import SPARK_PACKAGES
 
@@ -27,6 +34,8 @@ SINKS = ("delta", "postgres", "files")
 TRIGGERS = ("available-now", "processing-time")
 DELIVERIES = ("exactly-once", "at-least-once")
 MODES = ("append", "cdc", "window")
+# The JVM entry point spark-submit itself uses for every Python application (client mode included).
+PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"
 
 
 def package_zip(directory: str) -> str:
@@ -37,6 +46,16 @@ def package_zip(directory: str) -> str:
         for path in sorted(root.rglob("*.py")):
             archive.write(path, Path("exactly_once_provider") / path.relative_to(root))
     return str(target)
+
+
+def python_runner_jar() -> str:
+    """Return pyspark's ``spark-core`` jar, which holds :data:`PYTHON_RUNNER` (the cluster-mode primary resource)."""
+    import pyspark
+
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("spark-core_*.jar"))
+    if not jars:
+        raise AirflowException(f"No spark-core jar in {Path(pyspark.__file__).parent / 'jars'}: reinstall pyspark.")
+    return str(jars[0])
 
 
 class SparkKafkaToSinkOperator(BaseOperator):
@@ -78,8 +97,15 @@ class SparkKafkaToSinkOperator(BaseOperator):
         unless ``jars`` or ``conf["spark.jars"]`` provides the connectors.
     :param jars: connector jar paths for ``--jars``.
     :param conf: extra Spark configuration.
-    :param deploy_mode: overrides the connection's ``deploy-mode``; ``client`` is needed on a standalone
-        master (Spark refuses Python applications in standalone cluster mode).
+    :param deploy_mode: overrides the connection's ``deploy-mode``. ``cluster`` on a ``spark://`` standalone
+        master runs the Python driver on a worker: the job is submitted as the JVM application
+        ``org.apache.spark.deploy.PythonRunner`` (Spark refuses ``.py`` applications there), the driver is
+        tracked by id until it ends (the connection's Extra ``rest-port`` must name the master's REST port,
+        ``spark.master.rest.enabled=true`` on the master) and ``on_kill`` kills it. The worker must read the
+        same paths as this machine (the job file, the package zip, the jars: a shared disk or the same
+        install) and run the driver with ``conf["spark.pyspark.driver.python"]`` (default: this interpreter).
+        The driver gets spark-submit's environment (Spark's standalone client forwards it), minus ``AIRFLOW*``
+        variables.
     :param driver_memory: driver memory.
     :param env_vars: extra environment for the driver (e.g. ``PYSPARK_PYTHON``).
     """
@@ -174,7 +200,8 @@ class SparkKafkaToSinkOperator(BaseOperator):
             raise ValueError("checkpoint_location is required: one checkpoint directory per pipeline.")
         return topics
 
-    def _spark_connection(self):
+    def _spark_connection(self) -> bool:
+        """Check the Spark connection exists; return True for cluster deploy mode on a standalone master."""
         try:
             conn = BaseHook.get_connection(self.spark_conn_id)
         except Exception as err:  # the provider's hook would silently fall back to yarn: refuse instead
@@ -185,12 +212,7 @@ class SparkKafkaToSinkOperator(BaseOperator):
         if conn.port and "://" in master:
             master = f"{master}:{conn.port}"
         mode = self.deploy_mode or conn.extra_dejson.get("deploy-mode")
-        if master.startswith("spark://") and mode == "cluster":
-            raise ValueError(
-                f"Spark connection {self.spark_conn_id!r} asks for cluster deploy mode on a standalone master; "
-                "Spark refuses Python applications there ('Cluster deploy mode is currently not supported for "
-                "python applications on standalone clusters', SparkSubmit). Pass deploy_mode='client'.")
-        return conn
+        return master.startswith("spark://") and mode == "cluster"
 
     def _bootstrap_servers(self) -> str:
         extra = BaseHook.get_connection(self.kafka_conn_id).extra_dejson
@@ -198,14 +220,6 @@ class SparkKafkaToSinkOperator(BaseOperator):
         if not servers:
             raise ValueError(f"Kafka connection {self.kafka_conn_id!r} has no 'bootstrap.servers' in its Extra.")
         return servers
-
-    def _postgres_env(self) -> dict[str, str]:
-        conn = BaseHook.get_connection(self.postgres_conn_id)
-        env = {"PGHOST": conn.host or "", "PGPORT": str(conn.port or 5432), "PGDATABASE": conn.schema or "",
-               "PGUSER": conn.login or ""}
-        if conn.password:
-            env["PGPASSWORD"] = conn.password
-        return env
 
     # ------------------------------------------------------------------------------------------ run
     def _application_args(self, topics: list[str], bootstrap: str) -> list[str]:
@@ -227,11 +241,9 @@ class SparkKafkaToSinkOperator(BaseOperator):
             from exactly_once_provider.spark_jobs.sink_files import FilesSink
             state = FilesSink(self.sink_path, self.pipeline).committed()
         else:
+            from exactly_once_provider.hooks.postgres_connection import connect_kwargs
             from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
-            env = self._postgres_env()
-            kwargs = {"host": env["PGHOST"], "port": env["PGPORT"], "dbname": env["PGDATABASE"],
-                      "user": env["PGUSER"], "password": env.get("PGPASSWORD")}
-            state = PostgresSink(self.sink_table, self.pipeline, kwargs).committed()
+            state = PostgresSink(self.sink_table, self.pipeline, connect_kwargs(self.postgres_conn_id)).committed()
         return state.to_json() if state else None
 
     def execute(self, context: Any) -> dict | None:
@@ -240,10 +252,10 @@ class SparkKafkaToSinkOperator(BaseOperator):
         from exactly_once_provider.spark_jobs import kafka_to_sink
 
         topics = self._validate()
-        self._spark_connection()
+        cluster = self._spark_connection()
         bootstrap = self._bootstrap_servers()
-        # The driver runs on this machine (local or client mode), so it can use this interpreter, which has
-        # the package and its dependencies (psycopg2, confluent-kafka) installed.
+        # Local and client mode: the driver runs on this machine and can use this interpreter, which has the
+        # package and its dependencies (psycopg2, confluent-kafka) installed.
         env = {"PYSPARK_DRIVER_PYTHON": sys.executable, **self.env_vars}
         # pyspark (a dependency of this package) puts spark-submit next to the interpreter; the worker's PATH
         # may not include that directory when Airflow runs from a virtualenv without activating it.
@@ -251,7 +263,7 @@ class SparkKafkaToSinkOperator(BaseOperator):
         if (bin_dir / "spark-submit").exists() and "PATH" not in env:
             env["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
         if self.sink == "postgres":
-            env.update(self._postgres_env())
+            env.update(libpq_environment(self.postgres_conn_id))
         conf = {"spark.sql.shuffle.partitions": "2", **self.conf}
         jars = ",".join(self.jars) if self.jars else None
         packages = self.packages
@@ -259,15 +271,35 @@ class SparkKafkaToSinkOperator(BaseOperator):
             packages = SPARK_PACKAGES
         before = self.sink_state() if self.delivery == "exactly-once" else None
         with tempfile.TemporaryDirectory(prefix="eo-spark-") as tmp:
+            py_files = package_zip(tmp)
+            args = self._application_args(topics, bootstrap)
+            if cluster:
+                # The hook rejects env_vars in standalone cluster mode; the environment goes to spark-submit
+                # instead (submit(env=...)), whose standalone client forwards it to the driver. Airflow's own
+                # settings and connections (AIRFLOW_CONN_*, AIRFLOW__*) must not travel to the cluster.
+                submit_env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+                submit_env.update(env)
+                conf.setdefault("spark.pyspark.driver.python", sys.executable)
+                conf.setdefault("spark.submit.pyFiles", py_files)  # executors' Python path, as in client mode
+                application, java_class = python_runner_jar(), PYTHON_RUNNER
+                args = [kafka_to_sink.__file__, py_files, *args]
+                hook_env, py_files = None, None
+            else:
+                submit_env, application, java_class, hook_env = None, kafka_to_sink.__file__, None, env
             self._hook = SparkSubmitHook(
-                conn_id=self.spark_conn_id, conf=conf, py_files=package_zip(tmp), jars=jars,
+                conn_id=self.spark_conn_id, conf=conf, py_files=py_files, jars=jars, java_class=java_class,
                 packages=",".join(packages) if packages else None, name=f"eo-{self.pipeline}",
-                application_args=self._application_args(topics, bootstrap), env_vars=env,
-                driver_memory=self.driver_memory, deploy_mode=self.deploy_mode,
+                application_args=args, env_vars=hook_env, driver_memory=self.driver_memory,
+                deploy_mode=self.deploy_mode,
             )
+            if cluster:
+                self._check_rest_server()
             # Own process group: on_kill stops spark-submit, the driver JVM and the Python driver together.
+            kwargs = {"start_new_session": True, **({"env": submit_env} if submit_env else {})}
             with watch_spark_ui(self._hook, lambda url: self._show_spark_ui(context, url)):
-                self._hook.submit(kafka_to_sink.__file__, start_new_session=True)
+                self._hook.submit(application, **kwargs)
+            if cluster:
+                self._track_driver()
         if self.delivery != "exactly-once":
             return None
         after = self.sink_state()
@@ -278,6 +310,41 @@ class SparkKafkaToSinkOperator(BaseOperator):
         if after is not None:
             after["rows_this_run"] = after["rows_total"] - (before["rows_total"] if before else 0)
         return after
+
+    def _check_rest_server(self) -> None:
+        """Refuse to submit a driver that could be neither tracked nor killed: the master's REST server must answer."""
+        import urllib.error
+        import urllib.request
+
+        endpoint = self._hook._connection["rest_endpoint"]
+        if not endpoint:  # the hook then asks spark-submit --status instead of the REST server
+            return
+        try:
+            with urllib.request.urlopen(f"{endpoint}/v1/submissions/status/eo-probe", timeout=10):
+                pass
+        except urllib.error.HTTPError:
+            pass  # an HTTP answer (even an error) proves the REST server is there
+        except OSError as err:
+            raise AirflowException(
+                f"The standalone master's REST server does not answer at {endpoint} ({err}); cluster deploy mode "
+                "tracks and kills the driver there. Start the master with spark.master.rest.enabled=true and put "
+                f"its spark.master.rest.port in connection {self.spark_conn_id!r}'s Extra as 'rest-port', or "
+                "pass deploy_mode='client'.") from err
+
+    def _track_driver(self) -> None:
+        """Wait for the cluster-mode driver to end (polled through the master's REST server); fail unless FINISHED."""
+        driver = self._hook._driver_id
+        if not driver:
+            raise AirflowException("spark-submit reported no driver id; see its output above.")
+        self.log.info("pipeline %s: driver %s runs on the cluster; tracking it until it ends", self.pipeline, driver)
+        # The same private calls the Spark provider's own SparkSubmitOperator makes for standalone cluster mode.
+        self._hook._start_driver_status_tracking()
+        status = self._hook._driver_status
+        if status != "FINISHED":
+            raise AirflowException(
+                f"Spark driver {driver} of pipeline {self.pipeline} ended {status}; its log is in the worker's "
+                f"work directory (<work-dir>/{driver}/stderr). The sink keeps only whole committed batches.")
+        self.log.info("pipeline %s: driver %s FINISHED", self.pipeline, driver)
 
     def _show_spark_ui(self, context: Any, url: str) -> None:
         """Publish the Spark UI link as soon as the driver starts (a stream may run for days)."""
@@ -292,7 +359,7 @@ class SparkKafkaToSinkOperator(BaseOperator):
         if self._hook is None:
             return
         process = self._hook._submit_sp
-        self._hook.on_kill()
+        self._hook.on_kill()  # cluster mode: kills the driver by id through the master's REST server
         if process is not None:
             try:
                 os.killpg(process.pid, signal.SIGKILL)

@@ -88,11 +88,9 @@ class Connections:
 
     @staticmethod
     def postgres(conn_id: str) -> dict[str, Any]:
-        from airflow.sdk import BaseHook
+        from exactly_once_provider.hooks.postgres_connection import connect_kwargs
 
-        conn = BaseHook.get_connection(conn_id)
-        return {"host": conn.host, "port": conn.port or 5432, "dbname": conn.schema, "user": conn.login,
-                "password": conn.password, "connect_timeout": 10}
+        return connect_kwargs(conn_id, connect_timeout=10)
 
 
 def _guard(section: Section, read: Callable[[], None]) -> Section:

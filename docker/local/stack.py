@@ -48,6 +48,7 @@ MARIADB_PORT = 13306 + PORT_OFFSET
 POSTGRES_PORT = 15432 + PORT_OFFSET
 SPARK_MASTER_PORT = 17077 + PORT_OFFSET
 SPARK_MASTER_UI_PORT, SPARK_WORKER_UI_PORT = 18080 + PORT_OFFSET, 18081 + PORT_OFFSET
+SPARK_MASTER_REST_PORT = 16066 + PORT_OFFSET
 
 # ---------------------------------------------------------------- local development credentials only
 DB_USER = "eo"
@@ -636,7 +637,11 @@ def start_spark_cluster(timeout: float = 90) -> None:
         SPARK_MASTER.start(
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
              "--port", str(SPARK_MASTER_PORT), "--webui-port", str(SPARK_MASTER_UI_PORT)],
-            env=spark_env(),
+            # The REST submission server (off by default, spark.master.rest.enabled) lets cluster-mode drivers be
+            # tracked and killed by id: SparkSubmitHook polls /v1/submissions/status/<driver id>.
+            env={**spark_env(), "SPARK_MASTER_OPTS": f"-Dspark.master.rest.enabled=true "
+                                                     f"-Dspark.master.rest.host={HOST} "
+                                                     f"-Dspark.master.rest.port={SPARK_MASTER_REST_PORT}"},
         )
     wait_ready(SPARK_MASTER, lambda: _require(_spark_master_state()["status"] == "ALIVE", "master not ALIVE"), timeout)
     if SPARK_WORKER.pid() is None:
@@ -670,7 +675,7 @@ def connection_env() -> dict[str, str]:
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
             {"conn_type": "spark", "host": f"spark://{HOST}", "port": SPARK_MASTER_PORT,
-             "extra": {"deploy-mode": "cluster"}}),
+             "extra": {"deploy-mode": "cluster", "rest-port": SPARK_MASTER_REST_PORT}}),
     }
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -335,9 +337,37 @@ def run(args: argparse.Namespace) -> None:
     print("EO_RESULT " + json.dumps(state.to_json() if state else None), flush=True)
 
 
+def exit_with_the_jvm() -> None:
+    """Stop this Python driver as soon as the driver JVM that started it is gone.
+
+    spark-submit's PythonRunner starts the Python driver as its child (and sets ``PYSPARK_GATEWAY_PORT``). A
+    driver JVM killed from outside does not take that child with it: in standalone cluster mode the master
+    kills the driver JVM by id and the Python process stayed behind on the worker, orphaned. Without its JVM
+    it cannot start another batch; leaving at once is the same as a SIGKILL at that instant, which every sink
+    survives (an unfinished commit is rolled back or never published).
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        # os.write, not print: no lock another thread may hold, and the JVM read this process's output, so
+        # with the JVM gone the pipe is broken.
+        try:
+            os.write(1, f"EO_JVM_GONE the driver JVM (pid {parent}) is gone: stopping this Python driver\n".encode())
+        except OSError:
+            pass
+        os._exit(3)
+
+    threading.Thread(target=watch, name="eo-exit-with-the-jvm", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stdout)
+    exit_with_the_jvm()
     run(parse_args(sys.argv[1:] if argv is None else argv))
     return 0
 

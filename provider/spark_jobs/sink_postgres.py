@@ -3,7 +3,8 @@
 The driver (inside ``foreachBatch``) pulls the batch as Arrow, streams it with ``COPY`` and upserts the
 pipeline's rows of the offsets table, then commits. A transaction-scoped advisory lock on the pipeline
 serialises writers, and the replay check runs inside the transaction after the lock, so a zombie driver that
-wakes up after a newer one committed the same batch writes nothing.
+wakes up after a newer one committed the same batch writes nothing. That step lives in ONE place,
+:meth:`PostgresSink._batch_transaction`; ``commit`` (records, CDC) and ``commit_windows`` only write inside it.
 
 Offsets table (one row per pipeline and Kafka partition)::
 
@@ -24,6 +25,10 @@ command line or in a log line.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import psycopg2
 from psycopg2 import sql
@@ -49,6 +54,16 @@ CREATE TABLE IF NOT EXISTS {WINDOWS_TABLE} (
     pipeline text NOT NULL, window_id text NOT NULL, version bigint NOT NULL, rows bigint NOT NULL,
     committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, window_id))
 """
+
+
+@dataclass
+class _Batch:
+    """One batch's open transaction (see :meth:`PostgresSink._batch_transaction`)."""
+
+    cur: Any
+    done: bool  # the sink already holds this batch: write nothing
+    rows_before: int  # the pipeline's rows_total before this batch
+    rows_total: int | None = None  # set by the writer: the pipeline's rows_total after this batch
 
 
 class PostgresSink:
@@ -169,29 +184,42 @@ class PostgresSink:
                 raise poison.refuse(found, "text with a NUL character (PostgreSQL text cannot store it)", self.kind,
                                     None, state.offsets if state else None)
 
-    def _lock(self, cur, commit: BatchCommit) -> tuple[bool, BatchCommit | None]:
-        """Take the pipeline's transaction lock; return (batch already committed?, the committed state)."""
-        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
-        previous = self._read_state(cur, self.pipeline)
-        done = previous is not None and previous.checkpoint_id == commit.checkpoint_id \
-            and previous.batch_id >= commit.batch_id
-        return done, previous
+    @contextmanager
+    def _batch_transaction(self, commit: BatchCommit) -> Iterator[_Batch]:
+        """Open the ONE transaction of a batch: THE exactly-once step of this sink.
 
-    def commit(self, df, commit: BatchCommit) -> bool:
-        """Write rows + offsets in one transaction; return False if the batch was already committed."""
+        Takes the pipeline's transaction-scoped advisory lock, then reads the committed state (after the lock,
+        so a zombie writer sees the newer commit) and yields a :class:`_Batch`. If ``batch.done`` the batch is
+        already committed: the body writes nothing and the transaction rolls back. Otherwise the body writes
+        the rows with ``batch.cur`` and sets ``batch.rows_total``; on leaving, the offsets rows are written and
+        data + offsets commit together. An exception rolls everything back.
+        """
         conn = self._connect()
         try:
             with conn.cursor() as cur:
-                done, previous = self._lock(cur, commit)
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
+                previous = self._read_state(cur, self.pipeline)
+                done = previous is not None and previous.checkpoint_id == commit.checkpoint_id \
+                    and previous.batch_id >= commit.batch_id
+                batch = _Batch(cur, done, previous.rows_total if previous else 0)
+                yield batch
                 if done:
                     conn.rollback()
-                    return False
-                rows = self._copy(cur, df)
-                self._write_offsets(cur, commit, (previous.rows_total if previous else 0) + rows)
+                    return
+                if batch.rows_total is None:
+                    raise RuntimeError("a batch transaction must set rows_total before it commits")
+                self._write_offsets(cur, commit, batch.rows_total)
             conn.commit()
-            return True
         finally:
             conn.close()
+
+    def commit(self, df, commit: BatchCommit) -> bool:
+        """Write rows + offsets in one transaction; return False if the batch was already committed."""
+        with self._batch_transaction(commit) as batch:
+            if batch.done:
+                return False
+            batch.rows_total = batch.rows_before + self._copy(batch.cur, df)
+        return True
 
     def _write_offsets(self, cur, commit: BatchCommit, rows_total: int) -> None:
         for topic, parts in commit.offsets.items():
@@ -224,35 +252,29 @@ class PostgresSink:
         :param commit: the batch identity and the offsets the next read starts from.
         :return: False if the batch was already committed.
         """
-        conn = self._connect()
-        try:
-            with conn.cursor() as cur:
-                done, previous = self._lock(cur, commit)
-                if done:
-                    conn.rollback()
-                    return False
-                cur.execute(f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s"
-                            " AND window_id = ANY(%s)", (self.pipeline, list(windows)))
-                for window, held in cur.fetchall():
-                    if windows[window] <= held:
-                        raise ValueError(f"window {window} v{windows[window]} is not newer than the table's "
-                                         f"v{held}: another writer publishes this pipeline; run one job per pipeline.")
-                if windows:
-                    cur.execute(sql.SQL("DELETE FROM {} WHERE window_id = ANY(%s)").format(self.table),
-                                (list(windows),))
-                    self._copy(cur, df)
-                for window, version in windows.items():
-                    cur.execute(
-                        f"INSERT INTO {WINDOWS_TABLE} (pipeline, window_id, version, rows) VALUES (%s, %s, %s, %s)"
-                        " ON CONFLICT (pipeline, window_id) DO UPDATE SET version = EXCLUDED.version,"
-                        " rows = EXCLUDED.rows, committed_at = now()", (self.pipeline, window, version, rows[window]))
-                cur.execute(f"SELECT coalesce(sum(rows), 0) FROM {WINDOWS_TABLE} WHERE pipeline = %s",
-                            (self.pipeline,))
-                self._write_offsets(cur, commit, int(cur.fetchone()[0]))
-            conn.commit()
-            return True
-        finally:
-            conn.close()
+        with self._batch_transaction(commit) as batch:
+            if batch.done:
+                return False
+            cur = batch.cur
+            cur.execute(f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s"
+                        " AND window_id = ANY(%s)", (self.pipeline, list(windows)))
+            for window, held in cur.fetchall():
+                if windows[window] <= held:
+                    raise ValueError(f"window {window} v{windows[window]} is not newer than the table's "
+                                     f"v{held}: another writer publishes this pipeline; run one job per pipeline.")
+            if windows:
+                cur.execute(sql.SQL("DELETE FROM {} WHERE window_id = ANY(%s)").format(self.table),
+                            (list(windows),))
+                self._copy(cur, df)
+            for window, version in windows.items():
+                cur.execute(
+                    f"INSERT INTO {WINDOWS_TABLE} (pipeline, window_id, version, rows) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT (pipeline, window_id) DO UPDATE SET version = EXCLUDED.version,"
+                    " rows = EXCLUDED.rows, committed_at = now()", (self.pipeline, window, version, rows[window]))
+            cur.execute(f"SELECT coalesce(sum(rows), 0) FROM {WINDOWS_TABLE} WHERE pipeline = %s",
+                        (self.pipeline,))
+            batch.rows_total = int(cur.fetchone()[0])
+        return True
 
     def append(self, df) -> None:
         """At-least-once baseline: the same COPY, committed without any offsets bookkeeping."""

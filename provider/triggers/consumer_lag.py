@@ -75,12 +75,11 @@ class ConsumerLagTrigger(BaseTrigger):
     async def _postgres_connect(self) -> dict | None:
         if self.sink != "postgres":
             return None
-        from airflow.sdk import BaseHook
         from asgiref.sync import sync_to_async
 
-        conn = await sync_to_async(BaseHook.get_connection)(self.postgres_conn_id or "postgres_default")
-        return {"host": conn.host, "port": conn.port or 5432, "dbname": conn.schema, "user": conn.login,
-                "password": conn.password}
+        from exactly_once_provider.hooks.postgres_connection import connect_kwargs
+
+        return await sync_to_async(connect_kwargs)(self.postgres_conn_id or "postgres_default")
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         connect = await self._postgres_connect()

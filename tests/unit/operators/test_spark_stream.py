@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import zipfile
 
 import pytest
@@ -21,6 +22,10 @@ def connections(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps(
         {"conn_type": "spark", "host": "spark://h", "port": 7077, "extra": {"deploy-mode": "cluster"}}))
+    # Port 1 on loopback: nothing listens, so the REST server check fails at once.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_NO_REST", json.dumps(
+        {"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077,
+         "extra": {"deploy-mode": "cluster", "rest-port": 1}}))
     monkeypatch.setenv("AIRFLOW_CONN_POSTGRES_DEFAULT", json.dumps(
         {"conn_type": "postgres", "host": "db", "port": 5433, "login": "u", "password": "s3cret", "schema": "d"}))
     monkeypatch.delenv("AIRFLOW_CONN_SPARK_MISSING", raising=False)
@@ -54,20 +59,28 @@ def test_missing_spark_connection_is_an_error_not_yarn(connections):
         _op(spark_conn_id="spark_missing").execute({})
 
 
-def test_standalone_cluster_mode_is_refused_for_the_python_job(connections):
-    with pytest.raises(ValueError, match="deploy_mode='client'"):
-        _op(spark_conn_id="spark_cluster").execute({})
+def test_cluster_mode_without_the_masters_rest_server_is_refused_before_submitting(connections):
+    with pytest.raises(AirflowException, match="spark.master.rest.enabled=true .* 'rest-port'"):
+        _op(spark_conn_id="spark_no_rest").execute({})
 
 
 class _FakeHook:
     created: list[dict] = []
+    driver_status = "FINISHED"
 
     def __init__(self, **kwargs):
         _FakeHook.created.append(kwargs)
         self._submit_sp = None
+        self._connection = {"rest_endpoint": None}  # no REST probe in unit tests
+        self._driver_id = self._driver_status = None
 
     def submit(self, application, **kwargs):
         _FakeHook.created[-1].update(application=application, popen=kwargs)
+        self._driver_id = "driver-20260101000000-0000"
+
+    def _start_driver_status_tracking(self):
+        _FakeHook.created[-1]["tracked"] = self._driver_id
+        self._driver_status = _FakeHook.driver_status
 
 
 def _submitted(monkeypatch, op) -> dict:
@@ -97,6 +110,30 @@ def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_envir
     assert call["env_vars"]["PGPASSWORD"] == "s3cret" and call["env_vars"]["PGHOST"] == "db"
     assert "s3cret" not in " ".join(call["application_args"])
     assert _submitted(monkeypatch, _op(jars=["/j/b.jar"]))["jars"] == "/j/b.jar"
+
+
+def test_standalone_cluster_mode_submits_python_runner_and_tracks_the_driver(connections, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", "never-leaves-airflow")
+    call = _submitted(monkeypatch, _op(spark_conn_id="spark_cluster", sink="postgres", sink_table="s.t"))
+    assert call["application"] == spark_stream.python_runner_jar() and "spark-core_" in call["application"]
+    assert call["java_class"] == "org.apache.spark.deploy.PythonRunner"
+    job, py_files, *args = call["application_args"]
+    assert job == kafka_to_sink.__file__ and py_files.endswith("exactly_once_provider.zip")
+    assert args[args.index("--topics") + 1] == "a,b" and args[args.index("--table") + 1] == "s.t"
+    assert call["py_files"] is None and call["env_vars"] is None  # the hook refuses env_vars in this mode
+    assert call["conf"]["spark.submit.pyFiles"] == py_files
+    assert call["conf"]["spark.pyspark.driver.python"] == sys.executable
+    env = call["popen"]["env"]
+    assert call["popen"]["start_new_session"] and env["PGPASSWORD"] == "s3cret" and env["PGHOST"] == "db"
+    assert not [name for name in env if name.startswith("AIRFLOW")]
+    assert "s3cret" not in " ".join(call["application_args"]) + json.dumps(call["conf"])
+    assert call["tracked"] == "driver-20260101000000-0000"
+
+
+def test_cluster_mode_driver_that_does_not_finish_fails_the_task(connections, monkeypatch):
+    monkeypatch.setattr(_FakeHook, "driver_status", "FAILED")
+    with pytest.raises(AirflowException, match="driver-20260101000000-0000 of pipeline p1 ended FAILED"):
+        _submitted(monkeypatch, _op(spark_conn_id="spark_cluster"))
 
 
 def test_package_zip_holds_the_job_and_its_imports(tmp_path):
