@@ -13,11 +13,16 @@ librdkafka's transactional error contract, as applied here:
 * any other fatal or indefinite error -> close the producer, create a new one (``init_transactions``
   aborts what was open), re-read the ledger, and replay the batch only if the ledger shows it missing.
 * a non-retriable delivery error (e.g. a record larger than the broker allows) -> abort and fail.
+
+:meth:`PipelineWriter.submit_batch` lets a batch's commit round trip run in a background thread while the
+caller builds the next batch (the thread waits in librdkafka with the GIL released); the next call waits for
+it first, and only then does ``last_committed`` move. :meth:`PipelineWriter.write_batch` is the same, waiting.
 """
 
 from __future__ import annotations
 
 import reprlib
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -50,6 +55,12 @@ MODE_SETTINGS = {
 }
 MIN_COMMIT_INTERVAL_MS = 100
 MIN_RECORDS_PER_TRANSACTION = 100
+# Delivery errors of records librdkafka dropped because their transaction failed (not the cause).
+PURGED_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+# Record errors a replay cannot fix: the batch fails with a DeliveryError instead of being replayed.
+UNDELIVERABLE_CODES = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TOPIC_EXCEPTION})
 
 
 def transactional_id_for(pipeline: str, source_partition: str) -> str:
@@ -142,6 +153,24 @@ class _Deliveries:
             return
         self.per_partition[(msg.topic(), msg.partition())] += 1
         self.last_offsets[(msg.topic(), msg.partition())] = msg.offset()
+
+
+@dataclass
+class _Batch:
+    """One batch on its way: what a replay needs, and the outcome of its background commit."""
+
+    topic: str
+    messages: Sequence[Message]
+    committed: CommittedOffset
+    consumer: Any
+    consumer_offsets: Sequence[TopicPartition] | None
+    before: CommittedOffset | None
+    deliveries: _Deliveries = field(default_factory=_Deliveries)
+    ledger: _Deliveries = field(default_factory=_Deliveries)
+    ledger_record: Message | None = None
+    partitions: list[int] = field(default_factory=list)
+    thread: threading.Thread | None = None
+    failure: BaseException | None = None
 
 
 class TransactionalProducerHook(KafkaBaseHook):
@@ -277,6 +306,7 @@ class PipelineWriter:
         self.last_committed: CommittedOffset | None = None
         self.partition_offsets: dict[tuple[str, int], int] = {}
         self._partitions: dict[str, list[int]] = {}
+        self._pending: _Batch | None = None
 
     @property
     def transactional(self) -> bool:
@@ -299,6 +329,17 @@ class PipelineWriter:
 
     def close(self, timeout: float = 30) -> None:
         """Flush and drop the producer (an open transaction is aborted by the broker or the next writer)."""
+        batch = self._pending
+        if batch is not None and batch.thread is not threading.current_thread():
+            # Never flush or drop the producer under a running commit. Normally wait() ran already; here the
+            # caller failed on its own, so a failed commit is only logged: the ledger says where to resume.
+            self._pending = None
+            if batch.thread is not None:
+                batch.thread.join()
+            if batch.failure is None:
+                self._committed(batch)
+            else:
+                self.log.warning("Batch %s was not committed: %s", batch.committed.batch_id, batch.failure)
         if self.producer is not None:
             producer, self.producer = self.producer, None
             try:
@@ -325,35 +366,95 @@ class PipelineWriter:
         :param consumer: for consume-transform-produce: the input consumer (its group metadata).
         :param consumer_offsets: the input offsets to commit with this transaction (next offset to read).
         """
+        self.submit_batch(topic, messages, offset, batch_id, batch_version, consumer, consumer_offsets)
+        return self.wait()
+
+    def submit_batch(self, topic: str, messages: Sequence[Message], offset: Any, batch_id: str | None = None,
+                     batch_version: int = 1, consumer: Any = None,
+                     consumer_offsets: Sequence[TopicPartition] | None = None) -> CommittedOffset | None:
+        """
+        Produce a batch like :meth:`write_batch`, but return while its commit is still on its way.
+
+        The commit (exactly_once: ``commit_transaction``; at_least_once: the final flush and the ledger
+        record) finishes in a background thread, so the caller can build the next batch meanwhile. The next
+        ``submit_batch``, :meth:`write_batch` or :meth:`wait` waits for it and raises its error (after the
+        same abort-and-replay or recreate handling as :meth:`write_batch`). Nothing is committed until then:
+        ``last_committed`` and ``partition_offsets`` move only when the commit has returned. Do not modify
+        ``messages`` afterwards (a replay sends them again). Parameters as for :meth:`write_batch`.
+
+        :return: the ledger record of the previous batch, which this call waited for (None if there was none).
+        """
         if (consumer is None) != (consumer_offsets is None):
             raise ValueError("Pass both consumer and consumer_offsets for consume-transform-produce, or neither.")
         if consumer is not None and not self.transactional:
             raise ValueError("send_offsets_to_transaction needs delivery_mode='exactly_once'.")
+        previous = self.wait()
         before = self.last_committed
         sequence = (before.sequence if before else 0) + 1
         committed = new_committed_offset(
             self.pipeline, self.source_partition, offset, sequence, batch_id or str(sequence), batch_version,
             len(messages), self.transactional_id, self.delivery_mode)
+        batch = _Batch(topic, messages, committed, consumer, consumer_offsets, before)
+        try:
+            self._produce_batch(batch)
+        except (_AbortAndReplay, _Recreate) as exc:
+            batch.failure = exc  # wait() aborts and replays it, or recreates the producer
+        else:
+            batch.thread = threading.Thread(target=self._commit_in_background, args=(batch,),
+                                            name=f"eo-commit-{committed.batch_id}", daemon=True)
+            batch.thread.start()
+        self._pending = batch
+        return previous
+
+    def wait(self) -> CommittedOffset | None:
+        """Wait for the batch of the last :meth:`submit_batch`; return its ledger record (None if none)."""
+        batch, self._pending = self._pending, None
+        if batch is None:
+            return None
+        if batch.thread is not None:
+            batch.thread.join()
+        if isinstance(batch.failure, (_AbortAndReplay, _Recreate)):
+            return self._settle(batch, batch.failure)
+        if batch.failure is not None:
+            raise batch.failure
+        return self._committed(batch)
+
+    def _commit_in_background(self, batch: _Batch) -> None:
+        try:
+            self._commit_batch(batch)
+        except BaseException as exc:  # handed to the caller's thread by wait()
+            batch.failure = exc
+
+    def _committed(self, batch: _Batch) -> CommittedOffset:
+        self.last_committed = batch.committed
+        self.partition_offsets.update(batch.deliveries.last_offsets)
+        return batch.committed
+
+    def _settle(self, batch: _Batch, failure: _AbortAndReplay | _Recreate) -> CommittedOffset:
+        """Recover a batch whose write failed: abort and replay it, or recreate the producer (synchronously)."""
+        committed, before = batch.committed, batch.before
         replays = recreates = 0
         while True:
-            try:
-                self._write_once(topic, messages, committed, consumer, consumer_offsets)
-                self.last_committed = committed
-                return committed
-            except _AbortAndReplay as exc:
+            if failure is None:
+                try:
+                    self._produce_batch(batch)
+                    self._commit_batch(batch)
+                    return self._committed(batch)
+                except (_AbortAndReplay, _Recreate) as exc:
+                    failure = exc
+            if isinstance(failure, _AbortAndReplay):
                 replays += 1
                 self.log.warning("Transaction of batch %s must be aborted (%s); replay %d/%d",
-                                 committed.batch_id, exc.error, replays, self.max_replays)
+                                 committed.batch_id, failure.error, replays, self.max_replays)
                 if self._abort():
                     if replays > self.max_replays:
                         raise AirflowException(
                             f"Batch {committed.batch_id} of {self.pipeline}/{self.source_partition} was "
-                            f"aborted {replays} times, last because of {exc.error}; nothing of it is "
+                            f"aborted {replays} times, last because of {failure.error}; nothing of it is "
                             "visible. Check the broker and retry the task.") from None
+                    failure = None
                     continue
-                recreate_error = exc.error
-            except _Recreate as exc:
-                recreate_error = exc.error
+            recreate_error, failure = failure.error, None
             recreates += 1
             if recreates > self.max_recreates:
                 raise AirflowException(
@@ -375,48 +476,83 @@ class PipelineWriter:
                     f"{self.last_committed} while this writer held batch {committed.batch_id}: another writer "
                     "uses the same pipeline and source_partition. Give each writer its own source_partition.")
 
-    def _write_once(self, topic: str, messages: Sequence[Message], committed: CommittedOffset, consumer: Any,
-                    consumer_offsets: Sequence[TopicPartition] | None) -> None:
-        producer = self.producer
-        deliveries, ledger = _Deliveries(), _Deliveries()
-        ledger_record = Message(committed.to_value(), key=committed.key)
+    def _produce_batch(self, batch: _Batch) -> None:
+        """Begin the transaction and hand every record of the batch to librdkafka (the caller's thread)."""
+        producer, topic, messages, committed = self.producer, batch.topic, batch.messages, batch.committed
+        batch.deliveries, batch.ledger = _Deliveries(), _Deliveries()
+        batch.ledger_record = Message(committed.to_value(), key=committed.key)
         if self.transactional:
             self._classify("begin_transaction", producer.begin_transaction)
             # Inside a transaction the order does not matter (all or nothing), so the ledger record goes
             # first: its partition joins the transaction together with the data partitions instead of
             # costing one more AddPartitionsToTxn round trip right before the commit.
-            self._produce(self.offsets_topic, ledger_record, ledger)
-        partitions = self._topic_partitions(topic) if self.batch_markers else []
-        for partition in partitions:
+            self._produce(self.offsets_topic, batch.ledger_record, batch.ledger)
+        batch.partitions = self._topic_partitions(topic) if self.batch_markers else []
+        for partition in batch.partitions:
             self._produce(topic, Message(marker_value("begin", committed), headers={MARKER_HEADER: b"begin"}),
                           None, partition)
+        deliveries, reported = batch.deliveries, self._reported_records(topic, messages, batch.partitions)
         half = len(messages) // 2
         for index, message in enumerate(messages):
-            self._produce(message.topic or topic, message, deliveries)
+            self._produce(message.topic or topic, message,
+                          deliveries if reported is None or index in reported else None)
             if index == half:
                 fault_point("mid_produce")
+
+    def _reported_records(self, topic: str, messages: Sequence[Message], markers: list[int]) -> set[int] | None:
+        """
+        Return the indexes of the records that need a delivery report, or None for all of them.
+
+        A transaction's commit fails if any of its records failed, so exactly_once needs reports only to
+        learn the last offset of every partition written: records of one key land in one partition in
+        produce order, so the last record of each (topic, key) is enough; keyless records are spread by
+        the partitioner, so each gets one. Batch markers count every partition's records, and
+        at_least_once has no commit to fail: there every record is reported.
+        """
+        if not self.transactional or markers:
+            return None
+        # (If the topic gains partitions during the batch, a key may move: partition_offsets, a display
+        # mirror, may then show an older offset for the partition it left. The ledger is unaffected.)
+        last_of_key = {(message.topic or topic, message.key): index for index, message in enumerate(messages)}
+        reported = set(last_of_key.values())
+        if any(key is None for _, key in last_of_key):
+            reported.update(index for index, message in enumerate(messages) if message.key is None)
+        return reported
+
+    def _commit_batch(self, batch: _Batch) -> None:
+        """Wait for the records and commit them with the ledger record (may run in a background thread)."""
+        producer, topic, committed, deliveries = self.producer, batch.topic, batch.committed, batch.deliveries
         self._flush(deliveries)
         fault_point("produced")
-        if partitions:
-            for partition in partitions:
-                count = deliveries.per_partition[(topic, partition)]
-                self._produce(topic, Message(marker_value("end", committed, count), headers={MARKER_HEADER: b"end"}),
-                              None, partition)
-        if consumer is not None:
-            self._classify("send_offsets_to_transaction", self.producer.send_offsets_to_transaction,
-                           list(consumer_offsets), consumer.consumer_group_metadata(), self.transaction_timeout_s)
+        for partition in batch.partitions:
+            count = deliveries.per_partition[(topic, partition)]
+            self._produce(topic, Message(marker_value("end", committed, count), headers={MARKER_HEADER: b"end"}),
+                          None, partition)
+        if batch.consumer is not None:
+            self._classify("send_offsets_to_transaction", producer.send_offsets_to_transaction,
+                           list(batch.consumer_offsets), batch.consumer.consumer_group_metadata(),
+                           self.transaction_timeout_s)
         if self.transactional:
             fault_point("before_commit")
-            # The commit: data, markers, consumer offsets and the ledger record become visible together.
-            self._retry("commit_transaction", producer.commit_transaction, self.transaction_timeout_s)
+            try:
+                # The commit: data, markers, consumer offsets and the ledger record become visible together.
+                self._retry("commit_transaction", producer.commit_transaction, self.transaction_timeout_s)
+            except _AbortAndReplay as exc:
+                self._check_deliveries(deliveries)  # a reported record's error explains the failed commit
+                if exc.error.code() in UNDELIVERABLE_CODES:  # an unreported record failed; a replay cannot help
+                    raise self._undeliverable([exc.error]) from None
+                raise
+            if deliveries.errors:  # librdkafka never commits a transaction with a failed delivery
+                raise AirflowException(
+                    f"Batch {committed.batch_id} of {self.pipeline}/{self.source_partition} was committed although "
+                    f"records failed ({deliveries.errors[0]}); the topic may miss them. Report this as a bug.")
         else:
             # Without a transaction the ledger record must follow the delivered data: written first, a crash
             # between the two would skip data that never arrived.
-            self._produce(self.offsets_topic, ledger_record, ledger)
-            self._flush(ledger)
-        self._check_deliveries(ledger)
+            self._produce(self.offsets_topic, batch.ledger_record, batch.ledger)
+            self._flush(batch.ledger)
+        self._check_deliveries(batch.ledger)
         fault_point("after_commit")
-        self.partition_offsets.update(deliveries.last_offsets)
 
     def _produce(self, topic: str, message: Message, deliveries: _Deliveries | None,
                  partition: int | None = None) -> None:
@@ -456,16 +592,25 @@ class PipelineWriter:
     def _check_deliveries(self, deliveries: _Deliveries) -> None:
         if not deliveries.errors:
             return
-        error = deliveries.errors[0]
+        if self.transactional and all(e.code() in PURGED_CODES for e in deliveries.errors):
+            # librdkafka purged these records because the transaction failed on a record without a delivery
+            # report; the commit refuses and names the cause (see _commit_batch).
+            return
+        error = next(e for e in deliveries.errors if e.code() not in PURGED_CODES)
         fatal = next((e for e in deliveries.errors if e.fatal()), None)
         if fatal is not None:
             raise self._fatal(fatal)
         if self.transactional and all(e.retriable() or e.txn_requires_abort() for e in deliveries.errors):
             raise _AbortAndReplay(error)
+        raise self._undeliverable(deliveries.errors)
+
+    def _undeliverable(self, errors: list[KafkaError]) -> DeliveryError:
+        """Abort the transaction of records that cannot be delivered; return the error to raise."""
         self._abort_quietly()
-        raise DeliveryError(
-            f"{len(deliveries.errors)} record(s) of {self.pipeline}/{self.source_partition} were not delivered, "
-            f"first: {error.str()} ({error.name()}). "
+        error = errors[0]
+        return DeliveryError(
+            f"{len(errors)} record(s) (or record batches) of {self.pipeline}/{self.source_partition} were not "
+            f"delivered, first: {error.str()} ({error.name()}). "
             + ("The transaction was aborted; nothing of this batch is visible."
                if self.transactional else "at_least_once mode: the batch will be produced again on retry.")
             + _advice(error))

@@ -17,7 +17,7 @@ from exactly_once_provider.hooks.kafka_producer import (
     TransactionalProducerHook,
     TransactionPolicy,
 )
-from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES
+from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, CommittedOffset
 from exactly_once_provider.plugins.links import PipelineStatusLink
 
 PROGRESS_EVERY_S = 10.0
@@ -159,13 +159,18 @@ class TransactionalProduceOperator(BaseOperator):
         started = last_report = txn_started = time.monotonic()
         one_batch = self.batch_id is not None
 
+        def count(committed: CommittedOffset | None) -> None:
+            if committed is not None:
+                summary["records"] += committed.records
+                summary["transactions"] += 1
+                summary.update(committed_offset=committed.offset, sequence=committed.sequence,
+                               batch_id=committed.batch_id, batch_version=committed.batch_version)
+
         def commit() -> None:
-            committed = writer.write_batch(self.topic, batch, batch_offset, batch_id=self.batch_id,
-                                           batch_version=self.batch_version)
-            summary["records"] += len(batch)
-            summary["transactions"] += 1
-            summary.update(committed_offset=committed.offset, sequence=committed.sequence,
-                           batch_id=committed.batch_id, batch_version=committed.batch_version)
+            # The commit finishes in the background while the next batch is collected; submit_batch first
+            # waits for the previous one (and raises its error), so what `count` sees is committed.
+            count(writer.submit_batch(self.topic, batch, batch_offset, batch_id=self.batch_id,
+                                      batch_version=self.batch_version))
 
         for item in function(summary["resumed_after"], *self.producer_function_args,
                              **self.producer_function_kwargs):
@@ -184,6 +189,7 @@ class TransactionalProduceOperator(BaseOperator):
                 last_report = now
         if batch:
             commit()
+        count(writer.wait())
         self._report(summary, time.monotonic() - started, writer)
         return summary
 

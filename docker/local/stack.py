@@ -442,7 +442,7 @@ def _mariadb_cnf() -> Path:
         f"port={MARIADB_PORT}",
         f"bind-address={HOST}",
         f"log_error={HOME / 'logs' / 'mariadb.err'}",
-        # Its own temp dir: install-db's temp tables in a shared /tmp were seen deleted under it by other work.
+        # Its own temp dir: the server's temp files stay with the stack (cleaned with it), off a shared /tmp.
         f"tmpdir={directory / 'tmp'}",
         "user=root",
         *(f"{key}={value}" for key, value in MARIADB_SETTINGS.items()),

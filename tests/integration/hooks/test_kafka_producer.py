@@ -184,3 +184,46 @@ def test_at_least_once_mode_uses_no_transaction_and_still_records_the_offset(boo
     assert committed.transactional_id is None and committed.delivery_mode == "at_least_once"
     assert read_all(bootstrap, topic) == [b"x", b"y"]
     assert read_committed_offset({"bootstrap.servers": bootstrap}, "alo", "0", ledger).offset == 2
+
+
+def test_oversized_record_without_a_delivery_report_still_fails_the_batch(bootstrap):
+    """exactly_once reports only each key's last record; a failed earlier one surfaces through the commit."""
+    ledger = f"ledger-{uuid.uuid4().hex[:8]}"
+    topic = f"small-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2048"})])[topic].result(30)
+    writer = _hook("p1", ledger).open_writer()
+    writer.write_batch(topic, _messages("ok"), offset=1)
+
+    batch = [Message(b"before", key=b"k"), Message(b"x" * 10_000, key=b"k"), Message(b"after", key=b"k")]
+    with pytest.raises(DeliveryError, match="not delivered.*TOO_LARGE.*nothing of this batch is visible"):
+        writer.write_batch(topic, batch, offset=4)
+
+    assert read_all(bootstrap, topic) == [b"ok"]
+    assert read_committed_offset({"bootstrap.servers": bootstrap}, "p1", "0", ledger).offset == 1
+
+
+def test_partition_offsets_are_the_last_data_offsets_of_every_partition(bootstrap):
+    """Exact per-partition offsets although exactly_once asks for a delivery report per key only."""
+    topic, ledger = new_topic(bootstrap, partitions=3), f"ledger-{uuid.uuid4().hex[:8]}"
+    writer = _hook("p1", ledger).open_writer()
+    for start in (0, 300):
+        writer.submit_batch(topic, [Message(str(n).encode(), key=f"k{n % 7}".encode()) for n in range(start, start + 300)]
+                            + [Message(b"keyless")], offset=start + 300)
+    writer.wait()
+    writer.close()
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(3)])
+    last: dict[tuple[str, int], int] = {}
+    eof: set[int] = set()
+    while len(eof) < 3:
+        message = consumer.poll(5)
+        assert message is not None, "no end of partition in time"
+        if message.error():
+            eof.add(message.partition())
+            continue
+        last[(topic, message.partition())] = message.offset()
+    consumer.close()
+    assert len(last) == 3 and writer.partition_offsets == last

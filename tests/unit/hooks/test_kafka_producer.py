@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from exactly_once_provider.hooks import kafka_producer
 from exactly_once_provider.hooks.kafka_producer import (
+    DeliveryError,
     Message,
     PipelineWriter,
     ProducerFencedError,
@@ -192,15 +194,123 @@ def test_other_fatal_error_recreates_and_skips_a_batch_the_ledger_shows_committe
         # The commit reached the broker before the producer died: the ledger shows the batch.
         return seen["committed"]
 
-    real_write_once = writer._write_once
+    real_produce_batch = writer._produce_batch
 
-    def remember(topic, messages, committed, consumer, consumer_offsets):
-        seen["committed"] = committed
-        return real_write_once(topic, messages, committed, consumer, consumer_offsets)
+    def remember(batch):
+        seen["committed"] = batch.committed
+        return real_produce_batch(batch)
 
-    monkeypatch.setattr(writer, "_write_once", remember)
+    monkeypatch.setattr(writer, "_produce_batch", remember)
     monkeypatch.setattr(kafka_producer, "read_committed_offset", ledger_after_recreate)
     committed = writer.write_batch("data", [Message(b"a")], offset=1)
     assert committed.sequence == 1
     assert second.calls == ["init_transactions"]  # fenced the old epoch; nothing produced again
     assert second.produced == []
+
+
+def test_submitted_batch_commits_in_the_background_and_wait_returns_it():
+    producer = FakeProducer()
+    writer = _writer(producer)
+    assert writer.submit_batch("data", [Message(b"a", key=b"k")], offset=1) is None
+    first = writer.submit_batch("data", [Message(b"b", key=b"k")], offset=2)  # waits for batch 1 first
+    assert (first.offset, first.sequence) == (1, 1) and writer.last_committed == first
+    second = writer.wait()
+    assert (second.offset, second.sequence) == (2, 2) and writer.last_committed == second
+    assert writer.wait() is None
+    assert producer.calls == ["begin_transaction", "commit_transaction"] * 2
+
+
+def test_background_commit_failure_is_replayed_by_the_next_call():
+    producer = FakeProducer({"commit_transaction": [KafkaError(KafkaError._STATE, "a", txn_requires_abort=True)]})
+    writer = _writer(producer)
+    writer.submit_batch("data", [Message(b"a"), Message(b"b")], offset=2)
+    committed = writer.wait()
+    assert producer.calls == ["begin_transaction", "commit_transaction", "abort_transaction",
+                              "begin_transaction", "commit_transaction"]
+    assert _data(producer) == [b"a", b"b", b"a", b"b"] and writer.last_committed == committed
+
+
+def test_background_fencing_is_raised_by_the_next_submit_and_nothing_moves():
+    producer = FakeProducer({"commit_transaction": [KafkaError(KafkaError._FENCED, "fenced", fatal=True)]})
+    writer = _writer(producer)
+    writer.submit_batch("data", [Message(b"a")], offset=1)
+    with pytest.raises(ProducerFencedError, match="newer writer"):
+        writer.submit_batch("data", [Message(b"b")], offset=2)
+    assert writer.last_committed is None and _data(producer) == [b"a"]  # batch 2 was never produced
+
+
+def test_close_waits_for_a_running_commit():
+    producer = FakeProducer()
+    release = threading.Event()
+    producer.commit_transaction = lambda timeout: (producer.calls.append("commit_transaction"), release.wait(5))
+    writer = _writer(producer)
+    writer.submit_batch("data", [Message(b"a")], offset=1)
+    threading.Timer(0.3, release.set).start()
+    writer.close()
+    assert writer.last_committed.offset == 1 and writer.producer is None
+
+
+def test_exactly_once_reports_only_the_last_record_of_each_key_and_keeps_exact_offsets():
+    producer = FakeProducer()
+    callbacks = []
+    real_produce = producer.produce
+
+    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        if topic == "data":
+            callbacks.append(on_delivery is not None)
+        real_produce(topic, value, key, headers, on_delivery, partition)
+
+    producer.produce = produce
+    writer = _writer(producer)
+    batch = [Message(b"1", key=b"a"), Message(b"2", key=b"b"), Message(b"3", key=b"a"), Message(b"4"),
+             Message(b"5", key=b"b"), Message(b"6")]
+    writer.write_batch("data", batch, offset=6)
+    assert callbacks == [False, False, True, True, True, True]
+    # The fake puts everything into partition 0 at offset = position in the flush (ledger record first).
+    assert writer.partition_offsets == {("data", 0): 6}
+
+
+def test_at_least_once_reports_every_record():
+    producer = FakeProducer()
+    callbacks = []
+    real_produce = producer.produce
+
+    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        if topic == "data":
+            callbacks.append(on_delivery is not None)
+        real_produce(topic, value, key, headers, on_delivery, partition)
+
+    producer.produce = produce
+    writer = _writer(producer)
+    writer.delivery_mode, writer.transactional_id = "at_least_once", None
+    writer.write_batch("data", [Message(b"1", key=b"a"), Message(b"2", key=b"a")], offset=2)
+    assert callbacks == [True, True] and "commit_transaction" not in producer.calls
+
+
+def test_commit_failing_on_an_unreported_oversized_record_fails_without_replay():
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "ProduceRequest failed: Message size too large",
+                           txn_requires_abort=True)
+    producer = FakeProducer({"commit_transaction": [too_large]})
+    writer = _writer(producer)
+    with pytest.raises(DeliveryError, match="not delivered.*MSG_SIZE_TOO_LARGE.*nothing of this batch is visible"):
+        writer.write_batch("data", [Message(b"x", key=b"k"), Message(b"y", key=b"k")], offset=2)
+    assert producer.calls == ["begin_transaction", "commit_transaction", "abort_transaction"]
+    assert writer.last_committed is None
+
+
+def test_batch_failing_while_produced_is_replayed_and_still_returned_by_wait():
+    producer = FakeProducer()
+    failures = [KafkaError(KafkaError._STATE, "a", txn_requires_abort=True)]
+    real_produce = producer.produce
+
+    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        if topic == "data" and failures:
+            raise KafkaException(failures.pop(0))
+        real_produce(topic, value, key, headers, on_delivery, partition)
+
+    producer.produce = produce
+    writer = _writer(producer)
+    assert writer.submit_batch("data", [Message(b"a")], offset=1) is None
+    committed = writer.wait()
+    assert committed.offset == 1 and writer.last_committed == committed
+    assert producer.calls == ["begin_transaction", "abort_transaction", "begin_transaction", "commit_transaction"]
