@@ -215,3 +215,37 @@ def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str
     if done is None:
         raise CommitMarkerError(f"Delta MERGE into {path} finished but no commit records txn ({app_id}, {version}).")
     return done
+
+
+def convert_with_marker(spark: Any, path: str, marker: dict) -> int:
+    """Make the Parquet files in ``path`` a NEW Delta table in one commit carrying ``marker``; return its version.
+
+    The publish of a first full load (added for its speed): the files are adopted where they are with
+    ``CONVERT TO DELTA parquet.`path` NO STATISTICS`` instead of being rewritten, and the one commit that
+    creates the table carries ``marker`` in ``commitInfo.userMetadata`` (from the session conf
+    ``spark.databricks.delta.commitInfo.userMetadata``, set for this statement only). Before it nothing is
+    a Delta table; after it every file is. CONVERT adopts EVERY Parquet file in the directory (not those
+    whose name starts with ``_`` or ``.``): the caller makes sure only its own files are there.
+
+    Unlike :func:`commit_with_marker` the commit has no ``txn`` action (CONVERT takes none), so idempotence
+    is the caller's: Delta refuses to convert a directory that already has a commit, and this raises then;
+    look for your marker with :func:`latest_marker` before calling it again after a crash.
+
+    :param spark: the SparkSession.
+    :param path: the directory holding the Parquet files (local path or ``file://`` URI).
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    """
+    log_dir = _log_dir(path)
+    if log_dir.is_dir() and any(_COMMIT.match(name) for name in os.listdir(log_dir)):
+        raise CommitMarkerError(f"{path} already is a Delta table: CONVERT only creates a new one.")
+    location = str(Path(path.removeprefix("file://")).resolve()).replace("`", "``")
+    metadata = json.dumps(marker, sort_keys=True)
+    spark.conf.set(_TXN_CONFS[2], metadata)
+    try:
+        spark.sql(f"CONVERT TO DELTA parquet.`{location}` NO STATISTICS")
+    finally:
+        spark.conf.unset(_TXN_CONFS[2])
+    newest = next(commits(path), None)
+    if newest is None or newest[1].get("commitInfo", {}).get("userMetadata") != metadata:
+        raise CommitMarkerError(f"CONVERT TO DELTA of {path} finished but its commit does not carry the marker.")
+    return newest[0]

@@ -20,8 +20,6 @@ from MySQLdb.constants import FIELD_TYPE
 
 from exactly_once_provider.hooks.mysql_identifiers import quote_table
 
-# Columns the chunk reader adds; a source column with one of these names is refused.
-META_COLUMNS = ("_eo_chunk", "_eo_marker", "_eo_binlog_file", "_eo_binlog_pos", "_eo_rows")
 _TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "json", "enum", "set"}
 _BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "bit"}
 
@@ -59,9 +57,6 @@ def table_columns(cur: Any, schema: str, table: str) -> list[Column]:
     columns = [Column(str(n), str(d).lower(), str(c), p and int(p), s and int(s)) for n, d, c, p, s in cur.fetchall()]
     if not columns:
         raise ValueError(f"Table {quote_table(schema, table)} has no visible columns; check its name and privileges.")
-    clash = sorted({c.name for c in columns} & set(META_COLUMNS))
-    if clash:
-        raise ValueError(f"Columns {clash} of {quote_table(schema, table)} clash with the loader's own columns.")
     return columns
 
 
