@@ -105,10 +105,7 @@ def _converter(column: Column, target: pa.DataType):
         return lambda v: None if v is None else decimal.Decimal(v)
     if pa.types.is_string(target) and column.data_type == "decimal":
         return lambda v: None if v is None else str(v)
-    if pa.types.is_string(target):
-        return lambda v: v.decode("utf-8") if isinstance(v, bytes) else v
-    if pa.types.is_binary(target):
-        return lambda v: v.encode("utf-8") if isinstance(v, str) else v
+    # Text and binary columns need none: pa.array takes str or bytes for both (UTF-8 checked, str encoded).
     if column.data_type == "timestamp":  # naive UTC from the +00:00 session
         return lambda v: None if v is None else v.replace(tzinfo=dt.timezone.utc)
     return None

@@ -6,14 +6,14 @@ Where the guarantees live:
                      returned every chunk's staged file (fsynced) and snapshot position;
 * the publish     -> ONE Delta commit of all chunks, carrying the handoff positions in the same commit:
                      a new table adopts the staged files without a rewrite
-                     (:func:`exactly_once_provider.delta_commit.convert_with_marker`); an existing table is
+                     (:func:`exactly_once_provider.delta_commit.create_with_files`); an existing table is
                      replaced by rewriting them (:func:`exactly_once_provider.delta_commit.commit_with_marker`);
 * positions       -> read back with :func:`exactly_once_provider.full_load.handoff.read_handoff`.
 
 A crash before the publish leaves the sink's table untouched (no Delta log, or the old one) and a manifest of
 finished chunks; the rerun reads only the unfinished ones. A crash after the Delta commit is harmless: the
-rerun finds its load id in the sink's newest full-load marker (and a rewrite's ``(txnAppId, txnVersion)``
-is skipped by Delta) and does not commit again.
+rerun finds its load id in the sink's newest full-load marker (and both commits carry
+``(eo-full-load-<load_id>, 1)`` as their Delta ``txn``) and does not commit again.
 """
 
 from __future__ import annotations
@@ -233,18 +233,21 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
         return published[0], body  # committed before a crash; the manifest did not know it yet
     staging = request.staging()
     files = _staged_files(staging.data_dir, sink, done, staging.root)
-    adopt = _can_adopt(sink, staging, manifest["load_id"], {e["data"] for e in done.values()})
-    phases["publish_mode"] = "adopt (CONVERT TO DELTA)" if adopt else "rewrite"
+    adopt = _can_adopt(sink, staging, manifest["load_id"])
+    phases["publish_mode"] = "adopt staged files" if adopt else "rewrite into the existing table"
+    app_id = f"eo-full-load-{manifest['load_id']}"
     if adopt:
         os.makedirs(sink, exist_ok=True)
         for name, path in files.items():  # a rename on the same filesystem; a crash leaves some moved: fine
             if path != os.path.join(sink, name):
                 os.replace(path, os.path.join(sink, name))
         _fsync_dir(sink)
-        return delta_commit.convert_with_marker(spark, sink, body), body
+        listed = [{"name": e["data"], "bytes": e["bytes"], "rows": e["rows"]}
+                  for _, e in sorted(done.items(), key=lambda item: int(item[0]))]
+        schema = spark_schema([Column(**c) for c in manifest["columns"]]).json()
+        return delta_commit.create_with_files(sink, schema, listed, body, app_id, 1), body
     staged = spark.read.schema(spark_schema([Column(**c) for c in manifest["columns"]])).parquet(*files.values())
-    version = delta_commit.commit_with_marker(staged, request.sink_path, body,
-                                              f"eo-full-load-{manifest['load_id']}", 1, mode="overwrite")
+    version = delta_commit.commit_with_marker(staged, request.sink_path, body, app_id, 1, mode="overwrite")
     return version, body
 
 
@@ -272,24 +275,22 @@ def _staged_files(data_dir, sink: str, done: dict, root) -> dict[str, str]:
     return files
 
 
-def _can_adopt(sink: str, staging, load_id: str, names: set[str]) -> bool:
-    """Return whether the staged files can become the sink table as they are (a new table, same filesystem).
+def _can_adopt(sink: str, staging, load_id: str) -> bool:
+    """Return whether the staged files can become the sink table as they are: a new table, same filesystem.
 
-    The sink directory must have no Delta log and hold no other Parquet files (CONVERT would adopt them):
-    files an unpublished earlier load moved there (same name pattern, another load id) are deleted first.
+    Files an unpublished earlier load moved into the sink directory (same name pattern, another load id)
+    are deleted: they were never part of a table (there is no Delta log) and never will be.
     """
-    if os.path.isdir(os.path.join(sink, "_delta_log")):
+    if os.path.isdir(os.path.join(sink, "_delta_log")) and any(
+            n.endswith(".json") and not n.startswith(".") for n in os.listdir(os.path.join(sink, "_delta_log"))):
         return False
-    parent = os.path.dirname(os.path.abspath(sink)) if not os.path.isdir(sink) else sink
-    if os.stat(parent).st_dev != os.stat(staging.root).st_dev:
+    existing = sink if os.path.isdir(sink) else os.path.dirname(os.path.abspath(sink))
+    if os.stat(existing).st_dev != os.stat(staging.root).st_dev:
         return False
-    if not os.path.isdir(sink):
-        return True
-    others = [n for n in os.listdir(sink) if n not in names and not n.startswith(("_", "."))]
-    stale = [n for n in others if (m := _STAGED_NAME.match(n)) and m["load"] != load_id]
-    for name in stale:  # never published (no Delta log), and not part of this load
-        os.unlink(os.path.join(sink, name))
-    return len(others) == len(stale)
+    for name in os.listdir(sink) if os.path.isdir(sink) else []:
+        if (m := _STAGED_NAME.match(name)) and m["load"] != load_id:
+            os.unlink(os.path.join(sink, name))
+    return True
 
 
 def _fsync_dir(path: str) -> None:
