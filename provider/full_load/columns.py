@@ -125,8 +125,9 @@ def raw_conversions() -> dict:
     return conversions
 
 
-def _parse(column: Column, values: tuple, target: pa.DataType) -> pa.Array:
-    text = pa.array(values, pa.binary()).cast(pa.string())
+def _parse(column: Column, values: tuple | pa.Array, target: pa.DataType) -> pa.Array:
+    raw = values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+    text = raw.cast(pa.string())
     if pa.types.is_string(target):
         return text
     try:
@@ -147,13 +148,20 @@ def to_arrays(columns: list[Column], rows: list[tuple], raw: bool = False) -> li
     :param rows: the batch of result rows.
     :param raw: rows were read with :func:`raw_conversions` (text for the types Arrow parses).
     """
+    parsed = [raw and c.data_type in _PARSED_IN_ARROW for c in columns]
+    targets = [arrow_type(c) for c in columns]
+    converters = [None if p else _converter(c, t) for c, t, p in zip(columns, targets, parsed)]
+    if rows and all(convert is None for convert in converters):
+        # Arrow reads the row tuples as one struct array in C: no per-column transpose of Python objects.
+        inputs = pa.struct([pa.field(str(i), pa.binary() if p else t) for i, (t, p) in enumerate(zip(targets, parsed))])
+        children = pa.array(rows, type=inputs).flatten()
+        return [_parse(c, a, t) if p else a for c, a, t, p in zip(columns, children, targets, parsed)]
     arrays = []
-    for column, values in zip(columns, zip(*rows) if rows else [()] * len(columns)):
-        target = arrow_type(column)
-        if raw and column.data_type in _PARSED_IN_ARROW:
+    for column, values, target, is_parsed, convert in zip(
+            columns, zip(*rows) if rows else [()] * len(columns), targets, parsed, converters):
+        if is_parsed:
             arrays.append(_parse(column, values, target))
             continue
-        convert = _converter(column, target)
         if convert is not None:
             values = [convert(v) for v in values]
         arrays.append(pa.array(values, type=target))
