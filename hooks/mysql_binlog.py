@@ -28,7 +28,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pymysql
 from airflow.sdk.exceptions import AirflowException
@@ -46,8 +46,12 @@ from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateR
 
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks import mysql_preflight as preflight
+from exactly_once_provider.hooks.mysql_snapshot import ServerChunkLocator, server_ordered_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.positions import BinlogPosition
+
+if TYPE_CHECKING:
+    from exactly_once_provider.full_load.handoff import Handoff
 
 # Server error 1236: "Could not find first log file name in binary log index file" (and other fatal
 # reading errors of the dump thread); the message tells which.
@@ -380,6 +384,28 @@ class MySqlBinlogHook(MySqlSourceHook):
         """Return the primary key columns of a table (for tables captured without a full load)."""
         with self._cursor() as cur:
             return preflight.resolve_chunk_key(cur, schema, table).columns
+
+    def chunk_locators(self, handoffs: dict[TableName, Handoff]) -> dict[TableName, ServerChunkLocator]:
+        """
+        Return a server-side chunk locator for each full-loaded table whose key Python cannot order (collations).
+
+        Close them when the capture ends.
+
+        :param handoffs: the full loads of the captured tables.
+        """
+        locators: dict[TableName, ServerChunkLocator] = {}
+        with self._cursor() as cur:
+            for (schema, table), handoff in handoffs.items():
+                collations = server_ordered_columns(cur, schema, table, handoff.key)
+                if not collations:
+                    continue
+                chunks = sorted(handoff.chunks, key=lambda c: c.chunk.index)
+                locators[(schema, table)] = ServerChunkLocator(
+                    self.connection_settings().connect, handoff.key, collations, [c.chunk.upper for c in chunks[:-1]])
+                self.log.info("Handoff filter of %s.%s: the server orders its key (%s), one cached query per key "
+                              "changed before the last chunk's snapshot", schema, table,
+                              ", ".join(f"{c} {coll}" for c, (_, coll) in collations.items()))
+        return locators
 
     def reader(self, tables: dict[TableName, tuple[str, ...]], server_id: int,
                heartbeat_seconds: float = 1.0, reconnect_timeout: float = 180.0) -> BinlogReader:

@@ -200,3 +200,27 @@ def resolve_chunk_key(cur: Any, schema: str, table: str, chunk_key: tuple[str, .
         "chunk_key naming the columns of a UNIQUE index on NOT NULL columns"
         + (f" (candidates: {sorted(map(list, unique.values()))})." if unique else ".")
     )
+
+
+def check_chunkable_key(cur: Any, schema: str, table: str, key: ChunkKey) -> ChunkKey:
+    """Refuse a chunk key with ENUM or SET columns: the server orders them by member index, not by value.
+
+    Only chunking needs the order (the handoff places each change in the chunk of its key); a capture without
+    a full load may key its records by any unique key.
+
+    :param cur: an open cursor.
+    :param schema: the database name.
+    :param table: the table name.
+    :param key: the resolved chunk key.
+    """
+    cur.execute("SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (schema, table))
+    types = {str(name).lower(): str(data_type).lower() for name, data_type in cur.fetchall()}
+    bad = [c for c in key.columns if types.get(c.lower()) in ("enum", "set")]
+    if bad:
+        raise SourceConfigurationError(
+            f"The chunk key {list(key.columns)} of {quote_table(schema, table)} has ENUM/SET column(s) {bad}: the "
+            "server orders them by member index, so a change could not be matched to the snapshot chunk of its "
+            "key exactly. Use another UNIQUE index of NOT NULL columns as chunk_key (or add a surrogate key)."
+        )
+    return key

@@ -12,7 +12,8 @@ Two ways to open a snapshot whose binlog position matches its read view exactly 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ _OLD_SYNTAX_CODES = {1064, 1295}
 _ACCESS_DENIED = 1227
 # How long the MySQL path waits for FLUSH TABLES WITH READ LOCK before giving up (seconds).
 FTWRL_LOCK_WAIT_TIMEOUT = 60
+_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
 def begin_snapshot(cur: Any, is_mariadb: bool) -> BinlogPosition:
@@ -115,6 +117,88 @@ def range_predicate(columns: Sequence[str], chunk: Chunk) -> tuple[str, list]:
         clauses.append(sql)
         params += values
     return (" AND ".join(clauses) or "TRUE"), params
+
+
+def server_ordered_columns(cur: Any, schema: str, table: str, key: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Return the key columns Python cannot order like the server: ``{column: (charset, collation)}``.
+
+    A character column compares by its collation (case- and accent-insensitive, PAD SPACE, ...) while Python
+    compares ``str`` by code point; only the ``*_nopad_bin`` collations agree with it. Numbers, dates and binary
+    strings compare the same way on both sides.
+
+    :param cur: an open cursor.
+    :param schema: the database name.
+    :param table: the table name.
+    :param key: the chunk key columns.
+    """
+    cur.execute("SELECT COLUMN_NAME, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (schema, table))
+    found = {str(name).lower(): (str(charset), str(collation))
+             for name, charset, collation in cur.fetchall() if collation}
+    return {c: found[c.lower()] for c in key if c.lower() in found and not found[c.lower()][1].endswith("_nopad_bin")}
+
+
+class ServerChunkLocator:
+    """
+    Find the chunk of a plan that holds a key by asking the server, so keys order exactly as the plan was cut.
+
+    The plan's bounds were found by the server in its collation order (:func:`plan_chunks`); comparing them in
+    Python would put a key like ``'B'`` after ``'a'``'s chunk under a case-insensitive collation and give it the
+    wrong snapshot position. One query per key (cached) evaluates the plan's own predicate on a probe row that
+    carries the column's collation.
+
+    :param connect: opens a connection (UTC, autocommit) on first use.
+    :param key: the chunk key columns.
+    :param collations: ``{column: (charset, collation)}`` of the key columns ordered by a collation.
+    :param uppers: the upper bounds of every chunk but the last, in chunk order.
+    """
+
+    CACHE_SIZE = 100_000
+
+    def __init__(self, connect: Callable[[], Any], key: Sequence[str], collations: dict[str, tuple[str, str]],
+                 uppers: Sequence[tuple]) -> None:
+        for charset, collation in collations.values():
+            if not (_NAME.fullmatch(charset) and _NAME.fullmatch(collation)):
+                raise ValueError(f"Unexpected character set or collation name {charset!r}/{collation!r}.")
+        self._connect = connect
+        self._conn: Any = None
+        self._cache: dict[tuple, int] = {}
+        self._uppers = len(uppers)
+        probe = ", ".join(
+            f"CONVERT(%s USING {collations[c][0]}) COLLATE {collations[c][1]} AS {quote_identifier(c)}"
+            if c in collations else f"%s AS {quote_identifier(c)}" for c in key)
+        # The number of upper bounds below the key is the index of its chunk (lower < key <= upper).
+        terms, self._bound_params = [], []
+        for upper in uppers:
+            sql, values = _compare(key, upper, ">")
+            terms.append(f"({sql})")
+            self._bound_params += values
+        self._sql = f"SELECT {' + '.join(terms) or '0'} FROM (SELECT {probe}) AS probe"
+
+    def __call__(self, key_values: tuple) -> int:
+        """Return the index of the chunk holding ``key_values``."""
+        if not self._uppers:
+            return 0
+        index = self._cache.get(key_values)
+        if index is None:
+            if self._conn is None:
+                self._conn = self._connect()
+            cur = self._conn.cursor()
+            try:
+                cur.execute(self._sql, (*self._bound_params, *key_values))
+                index = int(cur.fetchone()[0])
+            finally:
+                cur.close()
+            if len(self._cache) >= self.CACHE_SIZE:
+                self._cache.clear()
+            self._cache[key_values] = index
+        return index
+
+    def close(self) -> None:
+        """Close the connection, if one was opened."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def plan_chunks(cur: Any, schema: str, table: str, key: Sequence[str], chunk_rows: int) -> list[Chunk]:

@@ -169,6 +169,7 @@ class MySqlSourceHook(BaseHook):
             estimated_rows = preflight.check_table_readable(cur, schema, table)
             preflight.check_privileges(cur, info.is_mariadb, require_replication)
             key = preflight.resolve_chunk_key(cur, schema, table, chunk_key)
+            preflight.check_chunkable_key(cur, schema, table, key)
             preflight.check_retention(settings, estimated_rows, expected_rows_per_second)
             return Preflight(info, key, estimated_rows)
         finally:

@@ -118,7 +118,7 @@ class BinlogCaptureOperator(BaseOperator):
             start_position=parse_position(self.start_position) if self.start_position else None, mode=self.mode,
             max_runtime=max_runtime, policy=policy,
             server_id=self.server_id or replica_server_id(f"{self.pipeline}/{self.source_partition}"),
-            progress_interval=self.progress_interval)
+            progress_interval=self.progress_interval, chunk_locators=hook.chunk_locators(handoffs))
         producer = TransactionalProducerHook(
             self.kafka_config_id, pipeline=self.pipeline, source_partition=self.source_partition,
             delivery_mode="exactly_once", offsets_topic=self.offsets_topic, producer_config=self.producer_config)
@@ -129,6 +129,8 @@ class BinlogCaptureOperator(BaseOperator):
             result = run_capture(hook, writer, request, should_stop=self._stop.is_set, progress_log=self.log)
         finally:
             writer.close()
+            for locator in request.chunk_locators.values():
+                locator.close()
         stats = result.stats
         self.log.info("%-34s %s", "committed position", result.position)
         self.log.info("%-34s %s", "resumed from", f"{result.resumed_from}{' (first run)' if result.first_run else ''}")

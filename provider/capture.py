@@ -19,6 +19,7 @@ Ledger offset (JSON)::
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -52,14 +53,23 @@ def parse_position(text: str) -> BinlogPosition:
 
 
 class HandoffFilter:
-    """Drops changes already in a table's full load: at or before the snapshot position of the key's chunk."""
+    """
+    Drops changes already in a table's full load: at or before the snapshot position of the key's chunk.
 
-    def __init__(self, handoffs: dict[TableName, Handoff]) -> None:
+    :param handoffs: the full loads of the tables that have one.
+    :param locators: ``{table: key -> chunk index}`` for keys Python cannot order like the server (string keys
+        under a collation: :class:`~exactly_once_provider.hooks.mysql_snapshot.ServerChunkLocator`); the other
+        tables bisect the chunk bounds in Python.
+    """
+
+    def __init__(self, handoffs: dict[TableName, Handoff],
+                 locators: dict[TableName, Callable[[tuple], int]] | None = None) -> None:
         self._tables = {}
         for name, handoff in handoffs.items():
             chunks = sorted(handoff.chunks, key=lambda c: c.chunk.index)
             uppers = [c.chunk.upper for c in chunks[:-1]]
-            self._tables[name] = (uppers, [c.position for c in chunks], handoff.max_position)
+            locate = (locators or {}).get(name) or functools.partial(bisect.bisect_left, uppers)
+            self._tables[name] = (locate, [c.position for c in chunks], handoff.max_position)
         self.dropped = 0
 
     def active(self, end: BinlogPosition) -> bool:
@@ -71,11 +81,11 @@ class HandoffFilter:
         entry = self._tables.get(table)
         if entry is None:
             return False
-        uppers, positions, highest = entry
+        locate, positions, highest = entry
         if end > highest:
             return False
         # chunk i holds lower_i < key <= upper_i, with lower_i = upper_(i-1): the first upper >= key.
-        return end <= positions[bisect.bisect_left(uppers, key)]
+        return end <= positions[locate(key)]
 
 
 @dataclass
@@ -109,6 +119,8 @@ class CaptureRequest:
     :param server_id: the replica server id of the binlog reader.
     :param progress_interval: seconds between progress lines.
     :param heartbeat_seconds: continuous: how often an idle stream wakes up.
+    :param chunk_locators: ``{table: key -> chunk index}`` where the server orders the key (see
+        :class:`HandoffFilter`).
     """
 
     tables: dict[TableName, tuple[str, ...]]
@@ -121,6 +133,7 @@ class CaptureRequest:
     server_id: int
     progress_interval: float = 10.0
     heartbeat_seconds: float = 1.0
+    chunk_locators: dict[TableName, Callable[[tuple], int]] = field(default_factory=dict)
 
     @property
     def table_names(self) -> list[str]:
@@ -186,7 +199,7 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
     hook.check_capture(resume)
     until = hook.binlog_end() if request.mode == "bounded" else None
     deadline = time.monotonic() + request.max_runtime if request.max_runtime else None
-    handoff = HandoffFilter(request.handoffs)
+    handoff = HandoffFilter(request.handoffs, request.chunk_locators)
     stats = CaptureStats()
     progress_log.info("Capturing %s from %s (%s)%s", ", ".join(request.table_names), resume,
                       "first run: smallest full-load snapshot or start_position" if first_run else "last committed offset",

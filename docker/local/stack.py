@@ -441,11 +441,13 @@ def _mariadb_cnf() -> Path:
         f"port={MARIADB_PORT}",
         f"bind-address={HOST}",
         f"log_error={HOME / 'logs' / 'mariadb.err'}",
+        # Its own temp dir: the server's temp files stay with the stack (cleaned with it), off a shared /tmp.
+        f"tmpdir={directory / 'tmp'}",
         "user=root",
         *(f"{key}={value}" for key, value in MARIADB_SETTINGS.items()),
         "",
     ]
-    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tmp").mkdir(parents=True, exist_ok=True)
     cnf.write_text("\n".join(lines))
     return cnf
 
@@ -490,6 +492,7 @@ def start_mariadb(timeout: float = 90) -> None:
         (HOME / "logs").mkdir(parents=True, exist_ok=True)
         if not (_mariadb_dir() / "data" / "mysql").exists():
             log("initialising MariaDB datadir %s", _mariadb_dir() / "data")
+            shutil.rmtree(_mariadb_dir() / "data", ignore_errors=True)  # what an interrupted install left
             run(["mariadb-install-db", f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
                  "--skip-test-db"])
         MARIADB.start([_mariadbd(), f"--defaults-file={cnf}"])

@@ -63,7 +63,8 @@ class Handoff:
         """Return the chunk whose range holds ``key``.
 
         Compares in Python: exact for integer, binary and date keys; string keys compare by code point,
-        which matches the server only for binary collations (compare in SQL for case-insensitive ones).
+        which matches the server only for ``*_nopad_bin`` collations. The capture asks the server for the
+        others (:class:`~exactly_once_provider.hooks.mysql_snapshot.ServerChunkLocator`).
         """
         for entry in self.chunks:
             c = entry.chunk

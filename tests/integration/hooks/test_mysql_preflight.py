@@ -83,6 +83,18 @@ def test_nullable_or_non_unique_chunk_key_is_refused(stack, airflow_connections,
         MySqlSourceHook().preflight(stack.DB_NAME, table, chunk_key=chunk_key)
 
 
+def test_enum_or_set_chunk_key_is_refused_and_another_unique_key_accepted(stack, airflow_connections, admin):
+    name = unique_name("pf_enum")
+    admin.execute(f"CREATE TABLE `{name}` (state ENUM('new', 'paid', 'gone') NOT NULL, n INT NOT NULL, "
+                  "PRIMARY KEY (state, n), UNIQUE KEY un (n))")
+    try:
+        with pytest.raises(SourceConfigurationError, match=r"ENUM/SET column\(s\) \['state'\].*member index"):
+            MySqlSourceHook().preflight(stack.DB_NAME, name)
+        assert MySqlSourceHook().preflight(stack.DB_NAME, name, chunk_key=("n",)).key.columns == ("n",)
+    finally:
+        admin.execute(f"DROP TABLE `{name}`")
+
+
 def test_missing_table_and_hostile_name(stack, airflow_connections):
     with pytest.raises(SourceConfigurationError, match=r"was not found, or the user has no privilege"):
         MySqlSourceHook().preflight(stack.DB_NAME, "x`; DROP TABLE mysql.user; --")

@@ -69,3 +69,20 @@ def test_parse_position():
     assert parse_position("binlog.000003:4711") == BinlogPosition("binlog.000003", 4711)
     with pytest.raises(ValueError, match="FILE:POS"):
         parse_position("binlog.000003")
+
+
+def test_handoff_asks_the_locator_of_a_table_whose_key_the_server_orders():
+    # Under a case-insensitive collation 'b' sorts with 'B', in chunk 1; by code point it sorts after 'B': chunk 2.
+    handoff = Handoff("load", "eo", "s", ("k",), 3, (
+        ChunkPosition(Chunk(0, None, ("a",)), pos(500), 1),
+        ChunkPosition(Chunk(1, ("a",), ("B",)), pos(300), 1),
+        ChunkPosition(Chunk(2, ("B",), None), pos(200), 1)), 0)
+    asked = []
+
+    def server_order(key):
+        asked.append(key)
+        return 1
+
+    by_server = HandoffFilter({("eo", "s"): handoff}, {("eo", "s"): server_order})
+    assert by_server.already_loaded(("eo", "s"), ("b",), pos(300)) and asked == [("b",)]
+    assert not HandoffFilter({("eo", "s"): handoff}).already_loaded(("eo", "s"), ("b",), pos(300))
