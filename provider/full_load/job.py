@@ -32,7 +32,7 @@ from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load import handoff
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
-from exactly_once_provider.full_load.spark_source import FORMAT, MySqlChunkDataSource, chunk_read_options, spark_schema
+from exactly_once_provider.full_load.spark_source import chunk_read_options, read_chunks, spark_schema
 from exactly_once_provider.full_load.staging import Staging
 from exactly_once_provider.hooks.mysql_identifiers import quote_table
 from exactly_once_provider.hooks.mysql_snapshot import plan_chunks
@@ -142,7 +142,6 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
     resumed = len(manifest["done"])
     for orphan in staging.remove_unlisted_files(manifest):
         log.info("full load: removed staged file %s an unfinished task left behind", orphan)
-    spark.dataSource.register(MySqlChunkDataSource)
     settings = hook.connection_settings()
     pending = [c for c in manifest["chunks"] if str(c["index"]) not in manifest["done"]]
     total, read_rows = len(manifest["chunks"]), 0
@@ -154,7 +153,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
                                      [Column(**c) for c in columns], checked.key.columns, wave, request.fetch_rows,
                                      manifest["load_id"], str(staging.data_dir))
         wave_started = time.monotonic()
-        results = spark.read.format(FORMAT).options(**options).load().collect()
+        results = read_chunks(spark, options)
         phases["read_and_stage"] = phases.get("read_and_stage", 0.0) + time.monotonic() - wave_started
         found = sorted(r["chunk"] for r in results)
         if found != sorted(c["index"] for c in wave):
