@@ -58,6 +58,9 @@ def _spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.master("local[2]").config("spark.driver.memory", "1g")
                .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+               # As the operator's session (provider/spark_session.py) on local[2]: Delta rebuilds a table's
+               # state with spark.sql.shuffle.partitions tasks, not its default 50.
+               .config("spark.sql.shuffle.partitions", "2").config("spark.databricks.delta.snapshotPartitions", "2")
                .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
     for key, value in stack.spark_conf().items():
@@ -65,7 +68,7 @@ def _spark():
     return builder.getOrCreate()
 
 
-def _load(spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int) -> tuple[float, int]:
+def _load(spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int) -> tuple[float, int, dict]:
     from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
     from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 
@@ -73,7 +76,7 @@ def _load(spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int)
                               chunk_rows=chunk_rows, chunks_per_job=chunks_per_job, expected_rows_per_second=1000)
     started = time.monotonic()
     result = run_full_load(spark, MySqlSourceHook(), request, progress=lambda p: None)
-    return time.monotonic() - started, result.handoff.rows
+    return time.monotonic() - started, result.handoff.rows, result.stats.get("phases", {})
 
 
 def main() -> int:
@@ -82,15 +85,18 @@ def main() -> int:
     stack.up(only=("mariadb",))
     os.environ.update(stack.connection_env())
     _prepare(rows)
+    session_started = time.monotonic()
     spark = _spark()
     spark.sparkContext.setLogLevel("ERROR")
+    session_s = time.monotonic() - session_started
     workdir = Path(tempfile.mkdtemp(prefix="eo-bench-"))
     try:
-        _load(spark, workdir, "warmup", rows, 1)  # JVM, Python workers, Delta classes warm for both runs
+        warm_s, _, warm_phases = _load(spark, workdir, "warmup", rows, 1)  # JVM, workers, Delta classes warm
         dump_s = _mysqldump(workdir)
-        single_s, single_rows = _load(spark, workdir, "single", rows + 1, 1)
+        single_s, single_rows, single_phases = _load(spark, workdir, "single", rows + 1, 1)
         parallel_chunks = 8
-        parallel_s, parallel_rows = _load(spark, workdir, "parallel", -(-rows // parallel_chunks), parallel_chunks)
+        parallel_s, parallel_rows, parallel_phases = _load(spark, workdir, "parallel", -(-rows // parallel_chunks),
+                                                           parallel_chunks)
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -103,6 +109,20 @@ def main() -> int:
                            ("full load -> Delta, 1 chunk (single stream)", single_s),
                            (f"full load -> Delta, {parallel_chunks} chunks (parallel, local[2])", parallel_s)):
         print(f"{label:<46} {seconds:>8.1f} {rows / seconds:>10.0f} {rows / seconds / base:>12.2f}x")
+    print(f"\nwhere the time goes (seconds; Spark session start {session_s:.1f} s and the warm-up load "
+          f"{warm_s:.1f} s are outside every figure above)")
+    print(f"{'load':<12} {'prepare':>8} {'read+stage':>11} {'publish':>8} {'other':>6} {'total':>6}  publish mode")
+    for label, seconds, phases in (("warm-up", warm_s, warm_phases), ("1 chunk", single_s, single_phases),
+                                   (f"{parallel_chunks} chunks", parallel_s, parallel_phases)):
+        if not phases:  # a build of the load that does not time its phases (comparison runs)
+            print(f"{label:<12} {'-':>8} {'-':>11} {'-':>8} {'-':>6} {seconds:>6.2f}")
+            continue
+        other = seconds - phases["prepare"] - phases["read_and_stage"] - phases["publish"]
+        print(f"{label:<12} {phases['prepare']:>8.2f} {phases['read_and_stage']:>11.2f} {phases['publish']:>8.2f} "
+              f"{other:>6.2f} {seconds:>6.2f}  {phases['publish_mode']}")
+    print("prepare = preflight, column list, chunk planning, manifest; read+stage = the Spark job(s): each chunk in "
+          "its own snapshot, MariaDB -> mysqlclient -> Arrow -> a staged Parquet file; publish = the one Delta "
+          "commit carrying the handoff (and the manifest update)")
     return 0
 
 

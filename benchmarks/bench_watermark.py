@@ -9,37 +9,19 @@ Usage: ``make bench-watermark`` or ``python benchmarks/bench_watermark.py [--row
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
-import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-sys.path.insert(0, str(REPO))
+import _support
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    from tests.conftest import STACK as stack  # the one loader of docker/local/stack.py
-
-    stack.up()
-    os.environ.update(stack.connection_env())
-    import MySQLdb
-
+    args = _support.parse_args(__doc__)
+    stack = _support.start_stack()
     from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 
-    conn = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
-                           database=stack.DB_NAME, autocommit=True, init_command="SET time_zone = '+00:00'")
+    conn = _support.connect_source(stack)
     cur = conn.cursor()
     table = f"bench_wm_{uuid.uuid4().hex[:6]}"
     cur.execute(f"CREATE TABLE {table} (id INT AUTO_INCREMENT PRIMARY KEY, account INT, amount DECIMAL(12,2), "
@@ -57,27 +39,26 @@ def main() -> int:
     for future in admin.create_topics([NewTopic(t, 1, 1) for t in topics]).values():
         future.result(30)
     time.sleep(1)
-    bare, window = [], []
-    for repeat in range(args.repeats):
-        started = time.perf_counter()
+    bare = _support.Runs("bare SELECT (floor: no guard, nothing published)")
+    window = _support.Runs("window: guard + snapshot + 1 Kafka txn + ledger")
+
+    def select() -> int:
         cur.execute(f"SELECT * FROM {table} WHERE updated_at < NOW(6) - INTERVAL 1 SECOND ORDER BY updated_at, id")
-        count = len(cur.fetchall())
-        bare.append(count / (time.perf_counter() - started))
-        started = time.perf_counter()
-        result = WatermarkExtractOperator(
+        return len(cur.fetchall())
+
+    for repeat in range(args.repeats):
+        count = bare.measure(select)
+        rows = window.measure(lambda: WatermarkExtractOperator(
             task_id="bench", table=table, cursor_column="updated_at", cursor_kind="timestamp",
             topic=topics[repeat], pipeline=f"bench-{uuid.uuid4().hex[:8]}", safety_lag=1,
-            batch_id="bench").execute({})
-        assert result["rows"] == count == args.rows, (result["rows"], count)
-        window.append(count / (time.perf_counter() - started))
+            batch_id="bench").execute({})["rows"])
+        assert rows == count == args.rows, (rows, count)
     cur.execute(f"DROP TABLE {table}")
-    b, w = statistics.median(bare), statistics.median(window)
-    print()
-    print(f"Watermark window benchmark, {args.rows} rows, median of {args.repeats} interleaved runs")
-    print(f"{'path':<48} | {'rows/s':>10} | {'ratio to bare select':>20}")
-    print("-" * 86)
-    print(f"{'bare SELECT (floor: no guard, nothing published)':<48} | {b:>10,.0f} | {1:>20.3f}")
-    print(f"{'window: guard + snapshot + 1 Kafka txn + ledger':<48} | {w:>10,.0f} | {w / b:>20.3f}")
+    _support.delete_topics(stack, topics)
+    _support.print_table(
+        f"Watermark window benchmark, {args.rows} rows, median of {args.repeats} interleaved runs",
+        ["path", "rows/s", "runs", "ratio to bare select"],
+        [[r.label, r.median, _support.runs_text(r.wall), r.median / bare.median] for r in (bare, window)])
     return 0
 
 

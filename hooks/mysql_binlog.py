@@ -11,14 +11,17 @@ Built on python-mysql-replication 1.0.x, with its sharp edges handled here (refe
   resumes mid-transaction (#314): a rotate event inside an open transaction is the sign of it, and the
   reader then discards the partial transaction and restarts from the last boundary itself.
 * **Values**: converted to JSON-safe values by per-column converters (:func:`column_converter`) built once per
-  table map. TIMESTAMP arrives as naive UTC; negative TIME values with a fraction are decoded wrongly by the
-  library (the fraction's sign) and fixed here; BINARY(n) arrives without its zero padding; an empty SET
-  arrives as ``None``; BIT arrives as a string of bits. All fixed in :func:`column_converter`.
+  table shape (schema version); columns the library already decodes to their JSON value (integers, text in a
+  charset Python knows, ENUM) have none, so a row only pays for the columns that need work. TIMESTAMP
+  arrives as naive UTC; negative TIME values with a fraction are decoded wrongly by the library (the
+  fraction's sign) and fixed here; BINARY(n) arrives without its zero padding; an empty SET arrives as
+  ``None``; BIT arrives as a string of bits. All fixed in :func:`column_converter`.
 """
 
 from __future__ import annotations
 
 import base64
+import codecs
 import datetime as dt
 import hashlib
 import json
@@ -28,6 +31,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 import pymysql
@@ -42,7 +46,7 @@ from pymysqlreplication.event import (
     XAPrepareEvent,
     XidEvent,
 )
-from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks import mysql_preflight as preflight
@@ -104,6 +108,27 @@ def _b64(value: bytes) -> str:
     return base64.b64encode(value).decode("ascii")
 
 
+def _timestamp_text(value: dt.datetime) -> str:
+    return value.isoformat() + "Z"
+
+
+_isoformat = methodcaller("isoformat")  # DATETIME, DATE: C-level call, no Python frame per value
+_FLOAT_TYPES = (FIELD_TYPE.FLOAT, FIELD_TYPE.DOUBLE)
+
+
+def _decoded_as_text(column: Any) -> bool:
+    """Return whether the library hands a text column's values over as ``str`` (it only fails to for charsets
+    Python has no codec for, and then passes the raw bytes)."""
+    name = getattr(column, "character_set_name", None)
+    if name is None:
+        return True  # no charset in the table map: the library decodes as UTF-8
+    try:
+        codecs.lookup(RowsEvent.charset_to_encoding(name))
+    except LookupError:
+        return False
+    return True
+
+
 def column_converter(column: Any) -> Callable[[Any], Any] | None:
     """
     Return the function turning a decoded binlog value of ``column`` into its JSON value, or None if the
@@ -133,9 +158,9 @@ def column_converter(column: Any) -> Callable[[Any], Any] | None:
     if kind == FIELD_TYPE.FLOAT:
         return _float32
     if kind in (FIELD_TYPE.TIMESTAMP, FIELD_TYPE.TIMESTAMP2):
-        return lambda v: v.isoformat() + "Z"
+        return _timestamp_text
     if kind in (FIELD_TYPE.DATETIME, FIELD_TYPE.DATETIME2, FIELD_TYPE.DATE):
-        return lambda v: v.isoformat()
+        return _isoformat
     if kind in (FIELD_TYPE.TIME, FIELD_TYPE.TIME2):
         fix = kind == FIELD_TYPE.TIME2
         return lambda v: _time_text(v, fix)
@@ -149,6 +174,8 @@ def column_converter(column: Any) -> Callable[[Any], Any] | None:
         return lambda v: _b64(v.ljust(width, b"\x00") if isinstance(v, bytes) else v.encode())
     if kind in (FIELD_TYPE.VARCHAR, FIELD_TYPE.VAR_STRING, FIELD_TYPE.BLOB, FIELD_TYPE.GEOMETRY) and binary:
         return lambda v: _b64(v) if isinstance(v, bytes) else _b64(v.encode())
+    if kind in (FIELD_TYPE.BLOB, FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING) and _decoded_as_text(column):
+        return None  # already str
     if kind in (FIELD_TYPE.BLOB, FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING, FIELD_TYPE.VAR_STRING):
         return lambda v: v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v
     if kind == FIELD_TYPE.JSON:
@@ -184,6 +211,10 @@ class TableShape:
     empty_sets: frozenset[str]
     key: tuple[str, ...]
     key_fixes: tuple[Callable[[Any], Any] | None, ...]
+    float_columns: tuple[str, ...] = ()  # FLOAT/DOUBLE: the record encoder writes them as Python's json does
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_key_getter", _key_getter(self.key, self.key_fixes))
 
     def convert(self, values: dict[str, Any], none_sources: dict[str, str]) -> dict[str, Any]:
         """Return the row with JSON-safe values (converted in place: the decoded row is not used again)."""
@@ -206,12 +237,22 @@ class TableShape:
     def key_of(self, values: dict[str, Any]) -> tuple:
         """Return the row's key as the snapshot reads it (for the handoff comparison)."""
         try:
-            return tuple(fix(values[c]) if fix else values[c] for c, fix in zip(self.key, self.key_fixes))
+            return self._key_getter(values)
         except KeyError as missing:
             raise AirflowException(
                 f"Key column {missing} of {self.schema}.{self.table} is not in the binlog row (columns "
                 f"{list(self.columns)}): was it dropped or renamed by an ALTER TABLE? The capture cannot tell "
                 "rows apart without it; restore the key or run a full reload with the new key.") from None
+
+
+def _key_getter(key: tuple[str, ...], fixes: tuple[Callable[[Any], Any] | None, ...]) -> Callable[[dict], tuple]:
+    """Return the function reading a row's key tuple, built once per shape (most keys need no fix)."""
+    if any(fixes):
+        return lambda values: tuple(fix(values[c]) if fix else values[c] for c, fix in zip(key, fixes))
+    if len(key) == 1:
+        (column,) = key
+        return lambda values: (values[column],)
+    return itemgetter(*key)  # a tuple for two or more names
 
 
 def table_shape(event: TableMapEvent, key: tuple[str, ...]) -> TableShape:
@@ -231,7 +272,8 @@ def table_shape(event: TableMapEvent, key: tuple[str, ...]) -> TableShape:
     converters = tuple((c.name, f) for c in columns if (f := column_converter(c)) is not None)
     empty_sets = frozenset(c.name for c in columns if c.type == FIELD_TYPE.SET)
     fixes = tuple(_raw_key_fix(by_name[k]) if k in by_name else None for k in key)
-    return TableShape(event.schema, event.table, names, version, converters, empty_sets, key, fixes)
+    floats = tuple(c.name for c in columns if c.type in _FLOAT_TYPES)
+    return TableShape(event.schema, event.table, names, version, converters, empty_sets, key, fixes, floats)
 
 
 # ----------------------------------------------------------------------------------------- transactions

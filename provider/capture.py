@@ -19,10 +19,13 @@ Ledger offset (JSON)::
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
+import gc
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +44,11 @@ from exactly_once_provider.positions import BinlogPosition
 
 OFFSET_FORMAT = 1
 MODES = ("bounded", "continuous")
+# A row costs ~10 container objects that live until its Kafka commit (image dicts, row and record tuples,
+# messages); at the default gen-0 threshold (700) the collector re-scans the pending batch every ~50 rows.
+# None of them form cycles, so while capturing the collector runs every 50,000 allocations instead
+# (measured: ~8 % less CPU per row; `make bench-capture`).
+CAPTURE_GC_THRESHOLD = 50_000
 log = logging.getLogger(__name__)
 
 
@@ -184,6 +192,28 @@ def start_position(request: CaptureRequest, committed: Any) -> tuple[BinlogPosit
     return min(candidates, key=lambda p: p.sort_key), True
 
 
+_gc_lock = threading.Lock()
+_gc_captures: list[tuple[int, ...]] = []  # the threshold before the first running capture, one entry per capture
+
+
+@contextlib.contextmanager
+def _fewer_gc_passes() -> Iterator[None]:
+    """Raise the collector's gen-0 threshold to :data:`CAPTURE_GC_THRESHOLD` while captures run; restore it after
+    the last one (captures in several threads of one process)."""
+    with _gc_lock:
+        before = _gc_captures[0] if _gc_captures else gc.get_threshold()
+        _gc_captures.append(before)
+        gc.set_threshold(max(before[0], CAPTURE_GC_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_captures.pop()
+            if not _gc_captures:
+                gc.set_threshold(*before)
+
+
+@_fewer_gc_passes()  # see CAPTURE_GC_THRESHOLD
 def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureRequest,
                 should_stop: Callable[[], bool] = lambda: False, progress_log: Any = log) -> CaptureResult:
     """
@@ -236,13 +266,14 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                 position, gtid = item.end, item.gtid or gtid
             elif isinstance(item, SourceTransaction):
                 if item.rows:
-                    filtering = handoff.active(item.end)
-                    for record in records_of(item, request.topics):
-                        if filtering and handoff.already_loaded((record.schema, record.table), record.key_values,
-                                                                item.end):
-                            stats.dropped_by_handoff += 1
-                            continue
-                        batch.append(record.message())
+                    if handoff.active(item.end):
+                        for record in records_of(item, request.topics):
+                            if handoff.already_loaded((record.schema, record.table), record.key_values, item.end):
+                                stats.dropped_by_handoff += 1
+                                continue
+                            batch.append(record.message())
+                    else:
+                        batch.extend([record.message() for record in records_of(item, request.topics)])
                     stats.transactions += 1
                     batch_txns += 1
                 position, gtid = item.end, item.gtid or gtid

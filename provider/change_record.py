@@ -30,6 +30,10 @@ Record format (format 1)
 Values are typed as :func:`exactly_once_provider.hooks.mysql_binlog.column_converter` documents (DECIMAL as
 exact strings, TIMESTAMP as UTC ISO with ``Z``, DATETIME as wall-clock ISO, binary as base64, SET as arrays).
 
+The JSON text is exactly Python's ``json.dumps(..., separators=(",", ":"), ensure_ascii=False)`` of that object
+(UTF-8, keys in the order shown, image columns in table order); orjson writes it, with FLOAT/DOUBLE values
+spelled as Python's ``repr`` (orjson would write ``1e-5`` where Python writes ``1e-05``).
+
 ``version`` = ``file_index * 2**32 + event_start + row``: a row occupies at least one byte of its rows event, so
 ``event_start + row`` stays below the next event's start, and the number strictly increases with binlog order
 (fits a signed 64-bit integer; Spark's CDC mode reads it as ``bigint``). An UPDATE that changes the key is
@@ -41,18 +45,25 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
+import orjson
+
 from exactly_once_provider.hooks.kafka_producer import Message
-from exactly_once_provider.hooks.mysql_binlog import RowChange, SourceTransaction
+from exactly_once_provider.hooks.mysql_binlog import RowChange, SourceTransaction, TableShape
 from exactly_once_provider.positions import BinlogPosition
 
 FORMAT = 1
 DEFAULT_TOPIC_TEMPLATE = "{pipeline}.{schema}.{table}"
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_dumps = orjson.dumps  # compact UTF-8 JSON bytes, the same text as the stdlib's for every type but float
+# One record's value; the parts that do not change within a transaction or a table are pre-encoded.
+_VALUE = (b'{"format":%d,"op":"%b","pk":%b,"before":%b,"after":%b,"version":%d,"source":{"server_id":%b,'
+          b'"file":%b,"pos":%d,"row":%d,%b%d%b')
+_OPS = {op: op.encode() for op in ("c", "u", "d")}
 
 
 @functools.lru_cache(maxsize=64)
@@ -116,34 +127,61 @@ def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str]) -> It
     """
     Yield the change records of a committed transaction, in binlog order.
 
-    The value is assembled from JSON-encoded parts (one encode per image), the same bytes a
-    ``json.dumps`` of the documented object would give, without rebuilding the constant parts per row.
+    The value is filled into a byte template from JSON-encoded parts (one encode per image, the transaction's
+    and the table's constant parts once): the same bytes a compact ``json.dumps`` of the documented object gives.
 
     :param txn: the transaction.
     :param topics: the topic of each captured ``(schema, table)``.
     """
     changes = list(_split_key_changes(txn.rows))
-    total = len(changes)
-    gtid = _dumps(txn.gtid)
-    tail = (f'"gtid":{gtid},"commit_file":{_dumps(txn.end.file)},"commit_pos":{txn.end.pos},'
-            f'"txn_rows":{total},"txn_row":')
-    closing = {}
-    server = f'"source":{{"server_id":{_dumps(txn.server_id)},"file":'
+    tail = (b'"gtid":%b,"commit_file":%b,"commit_pos":%d,"txn_rows":%d,"txn_row":'
+            % (_dumps(txn.gtid), _dumps(txn.end.file), txn.end.pos, len(changes)))
+    server_id = _dumps(txn.server_id)
     commit_ts = _dumps(_iso(txn.commit_ts))
+    tables: dict[int, tuple] = {}  # id(shape) -> what every record of that table shares in this transaction
+    files: dict[str, tuple[bytes, int]] = {}
     for index, (op, row, before, after, key_values) in enumerate(changes):
         shape = row.shape
-        name = (shape.schema, shape.table)
-        end = closing.get(name)
-        if end is None:
-            end = closing[name] = (f',"schema":{_dumps(shape.schema)},"table":{_dumps(shape.table)}}},'
-                                   f'"commit_ts":{commit_ts},"schema_version":{_dumps(shape.schema_version)}}}')
+        table = tables.get(id(shape))  # the rows hold their shape: its id is stable for this call
+        if table is None:
+            table = tables[id(shape)] = (
+                topics[(shape.schema, shape.table)], shape.key, _image_encoder(shape),
+                b',"schema":%b,"table":%b},"commit_ts":%b,"schema_version":%b}' % (
+                    _dumps(shape.schema), _dumps(shape.table), commit_ts, _dumps(shape.schema_version)))
+        topic, key_columns, encode, closing = table
+        file = files.get(row.file)
+        if file is None:
+            file = files[row.file] = (_dumps(row.file), _file_index(row.file) << 32)
         image = after if after is not None else before
-        key = _dumps({column: image[column] for column in shape.key})
-        value = (f'{{"format":{FORMAT},"op":"{op}","pk":{key},"before":{"null" if before is None else _dumps(before)},'
-                 f'"after":{"null" if after is None else _dumps(after)},'
-                 f'"version":{version_of(row.file, row.event_pos, row.row_index)},{server}{_dumps(row.file)},'
-                 f'"pos":{row.event_pos},"row":{row.row_index},{tail}{index}{end}')
-        yield ChangeRecord(topics[name], key.encode(), value.encode(), key_values, shape.schema, shape.table)
+        key = encode({column: image[column] for column in key_columns})
+        value = _VALUE % (FORMAT, _OPS[op], key, b"null" if before is None else encode(before),
+                          b"null" if after is None else encode(after), file[1] + row.event_pos + row.row_index,
+                          server_id, file[0], row.event_pos, row.row_index, tail, index, closing)
+        yield ChangeRecord(topic, key, value, key_values, shape.schema, shape.table)
+
+
+def _image_encoder(shape: TableShape) -> Callable[[dict[str, Any]], bytes]:
+    """Return the JSON encoder of the table's images (and keys): orjson, floats spelled as Python's json."""
+    floats = shape.float_columns
+    if not floats:
+        return _dumps
+
+    def encode(image: dict[str, Any]) -> bytes:
+        image = dict(image)  # the row's image stays a plain dict of values
+        for column in floats:
+            value = image.get(column)
+            if isinstance(value, float):
+                image[column] = orjson.Fragment(_json_float(value))
+        return _dumps(image)
+
+    return encode
+
+
+def _json_float(value: float) -> str:
+    """Return ``value`` as Python's json writes it (``repr``; NaN and infinities as its extensions)."""
+    if math.isfinite(value):
+        return float.__repr__(value)
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
 
 
 def _split_key_changes(rows: Iterable[RowChange]) -> Iterator[tuple[str, RowChange, Any, Any, tuple]]:

@@ -225,3 +225,90 @@ def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str
     if done is None:
         raise CommitMarkerError(f"Delta MERGE into {path} finished but no commit records txn ({app_id}, {version}).")
     return done
+
+
+
+def create_with_files(path: str, schema_json: str, files: list[dict], marker: dict, app_id: str,
+                      version: int, engine: str = "exactly-once-provider") -> int:
+    """Create a NEW Delta table at ``path`` from Parquet files already in it, in one commit carrying ``marker``.
+
+    The publish of a first full load (added for its speed): the files are adopted where they are, nothing is
+    rewritten. This writes the table's first commit, ``00000000000000000000.json``, as the Delta protocol
+    specifies (the same actions Delta's own first WRITE has: ``commitInfo`` with ``userMetadata``,
+    ``metaData``, ``protocol``, ``txn`` = ``(app_id, version)``, one ``add`` per file with its row count as
+    ``stats``) and creates it with put-if-absent (a hard link of the fsynced file: the same atomic step
+    Delta's local log store takes), so the table appears with every file at once or not at all, and a
+    concurrent creator makes one of the two fail. Before it the directory is no Delta table; files in it
+    that ``files`` does not list stay invisible.
+
+    Only for a table that has no commit yet (an existing one raises: replace it with
+    :func:`commit_with_marker`). Idempotent per ``(app_id, version)`` like :func:`commit_with_marker`.
+
+    :param path: the table's directory (local path or ``file://`` URI); the files are in it.
+    :param schema_json: the Spark schema as JSON (``StructType.json()``); flat, no column mapping.
+    :param files: ``{"name", "bytes", "rows"}`` per Parquet file, ``name`` relative to ``path``.
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    :param app_id: stable id of the writer (Delta ``txnAppId``).
+    :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param engine: the ``engineInfo`` recorded in the commit.
+    """
+    done = find_commit(path, app_id, version)
+    if done is not None:
+        return done
+    log_dir = _log_dir(path)
+    if log_dir.is_dir() and any(_COMMIT.match(name) for name in os.listdir(log_dir)):
+        raise CommitMarkerError(f"{path} already is a Delta table: replace it with commit_with_marker().")
+    import time
+    import uuid
+    from urllib.parse import quote
+
+    now = int(time.time() * 1000)
+    root = Path(path.removeprefix("file://"))
+    # Delta upgrades a new table with a TIMESTAMP_NTZ column to table features (reader 3, writer 7) and
+    # lists the legacy writer features of writer version 2 with it; otherwise the table is (1, 2).
+    if '"timestamp_ntz"' in schema_json:
+        protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
+                    "writerFeatures": ["timestampNtz", "invariants", "appendOnly"]}
+    else:
+        protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
+    actions = [
+        {"commitInfo": {"timestamp": now, "operation": "WRITE",
+                        "operationParameters": {"mode": "ErrorIfExists", "partitionBy": "[]"},
+                        "isolationLevel": "Serializable", "isBlindAppend": True,
+                        "operationMetrics": {"numFiles": str(len(files)),
+                                             "numOutputRows": str(sum(f["rows"] for f in files)),
+                                             "numOutputBytes": str(sum(f["bytes"] for f in files))},
+                        "userMetadata": json.dumps(marker, sort_keys=True), "engineInfo": engine,
+                        "txnId": str(uuid.uuid4())}},
+        {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema_json, "partitionColumns": [], "configuration": {},
+                      "createdTime": now}},
+        {"protocol": protocol},
+        {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
+    ]
+    for f in files:
+        stat = (root / f["name"]).stat()
+        if stat.st_size != f["bytes"]:
+            raise CommitMarkerError(f"{root / f['name']} has {stat.st_size} bytes, not {f['bytes']}.")
+        actions.append({"add": {"path": quote(f["name"]), "partitionValues": {}, "size": f["bytes"],
+                                "modificationTime": int(stat.st_mtime * 1000), "dataChange": True,
+                                "stats": json.dumps({"numRecords": f["rows"]})}})
+    log_dir.mkdir(parents=True, exist_ok=True)
+    target = log_dir / f"{0:020d}.json"
+    tmp = log_dir / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "w") as handle:
+        handle.write("".join(json.dumps(a) + "\n" for a in actions))
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(tmp, target)  # put-if-absent: fails if another writer created the table first
+    except FileExistsError:
+        raise CommitMarkerError(f"Another writer created the Delta table at {path} first.") from None
+    finally:
+        tmp.unlink()
+    directory = os.open(log_dir, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return 0

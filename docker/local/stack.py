@@ -631,8 +631,23 @@ def _spark_master_state() -> dict:
         return json.load(response)
 
 
+def _spark_rest_answers() -> bool:
+    import socket
+
+    try:
+        socket.create_connection((HOST, SPARK_MASTER_REST_PORT), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
 def start_spark_cluster(timeout: float = 90) -> None:
     spark_class = str(Path(PYTHON).parent / "spark-class")
+    if SPARK_MASTER.pid() is not None and not _spark_rest_answers():
+        # A master started before its REST server was configured: cluster-mode drivers could not be tracked.
+        log("spark master runs without its REST server (port %s): restarting master and worker",
+            SPARK_MASTER_REST_PORT)
+        stop_all([SPARK_WORKER, SPARK_MASTER])
     if SPARK_MASTER.pid() is None:
         SPARK_MASTER.start(
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,

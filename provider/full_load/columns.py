@@ -20,8 +20,6 @@ from MySQLdb.constants import FIELD_TYPE
 
 from exactly_once_provider.hooks.mysql_identifiers import quote_table
 
-# Columns the chunk reader adds; a source column with one of these names is refused.
-META_COLUMNS = ("_eo_chunk", "_eo_marker", "_eo_binlog_file", "_eo_binlog_pos", "_eo_rows")
 _TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "json", "enum", "set"}
 _BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "bit"}
 
@@ -59,9 +57,6 @@ def table_columns(cur: Any, schema: str, table: str) -> list[Column]:
     columns = [Column(str(n), str(d).lower(), str(c), p and int(p), s and int(s)) for n, d, c, p, s in cur.fetchall()]
     if not columns:
         raise ValueError(f"Table {quote_table(schema, table)} has no visible columns; check its name and privileges.")
-    clash = sorted({c.name for c in columns} & set(META_COLUMNS))
-    if clash:
-        raise ValueError(f"Columns {clash} of {quote_table(schema, table)} clash with the loader's own columns.")
     return columns
 
 
@@ -110,10 +105,7 @@ def _converter(column: Column, target: pa.DataType):
         return lambda v: None if v is None else decimal.Decimal(v)
     if pa.types.is_string(target) and column.data_type == "decimal":
         return lambda v: None if v is None else str(v)
-    if pa.types.is_string(target):
-        return lambda v: v.decode("utf-8") if isinstance(v, bytes) else v
-    if pa.types.is_binary(target):
-        return lambda v: v.encode("utf-8") if isinstance(v, str) else v
+    # Text and binary columns need none: pa.array takes str or bytes for both (UTF-8 checked, str encoded).
     if column.data_type == "timestamp":  # naive UTC from the +00:00 session
         return lambda v: None if v is None else v.replace(tzinfo=dt.timezone.utc)
     return None
@@ -133,8 +125,9 @@ def raw_conversions() -> dict:
     return conversions
 
 
-def _parse(column: Column, values: tuple, target: pa.DataType) -> pa.Array:
-    text = pa.array(values, pa.binary()).cast(pa.string())
+def _parse(column: Column, values: tuple | pa.Array, target: pa.DataType) -> pa.Array:
+    raw = values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+    text = raw.cast(pa.string())
     if pa.types.is_string(target):
         return text
     try:
@@ -155,13 +148,20 @@ def to_arrays(columns: list[Column], rows: list[tuple], raw: bool = False) -> li
     :param rows: the batch of result rows.
     :param raw: rows were read with :func:`raw_conversions` (text for the types Arrow parses).
     """
+    parsed = [raw and c.data_type in _PARSED_IN_ARROW for c in columns]
+    targets = [arrow_type(c) for c in columns]
+    converters = [None if p else _converter(c, t) for c, t, p in zip(columns, targets, parsed)]
+    if rows and all(convert is None for convert in converters):
+        # Arrow reads the row tuples as one struct array in C: no per-column transpose of Python objects.
+        inputs = pa.struct([pa.field(str(i), pa.binary() if p else t) for i, (t, p) in enumerate(zip(targets, parsed))])
+        children = pa.array(rows, type=inputs).flatten()
+        return [_parse(c, a, t) if p else a for c, a, t, p in zip(columns, children, targets, parsed)]
     arrays = []
-    for column, values in zip(columns, zip(*rows) if rows else [()] * len(columns)):
-        target = arrow_type(column)
-        if raw and column.data_type in _PARSED_IN_ARROW:
+    for column, values, target, is_parsed, convert in zip(
+            columns, zip(*rows) if rows else [()] * len(columns), targets, parsed, converters):
+        if is_parsed:
             arrays.append(_parse(column, values, target))
             continue
-        convert = _converter(column, target)
         if convert is not None:
             values = [convert(v) for v in values]
         arrays.append(pa.array(values, type=target))

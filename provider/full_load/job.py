@@ -2,19 +2,25 @@
 
 Where the guarantees live:
 
-* chunk progress  -> the staging manifest (:mod:`.staging`), replaced only after Spark committed the wave;
-* the publish     -> ONE Delta commit of all chunks, carrying the handoff positions in the same commit
-                     (:func:`exactly_once_provider.delta_commit.commit_with_marker`);
+* chunk progress  -> the staging manifest (:mod:`.staging`), replaced only after the wave's Spark job
+                     returned every chunk's staged file (fsynced) and snapshot position;
+* the publish     -> ONE Delta commit of all chunks, carrying the handoff positions in the same commit:
+                     a new table adopts the staged files without a rewrite
+                     (:func:`exactly_once_provider.delta_commit.create_with_files`); an existing table is
+                     replaced by rewriting them (:func:`exactly_once_provider.delta_commit.commit_with_marker`);
 * positions       -> read back with :func:`exactly_once_provider.full_load.handoff.read_handoff`.
 
-A crash before the publish leaves the sink untouched and a manifest of finished chunks; the rerun reads
-only the unfinished ones. A crash after the Delta commit is harmless: the rerun's commit has the same
-``(txnAppId, txnVersion)`` and Delta skips it.
+A crash before the publish leaves the sink's table untouched (no Delta log, or the old one) and a manifest of
+finished chunks; the rerun reads only the unfinished ones. A crash after the Delta commit is harmless: the
+rerun finds its load id in the sink's newest full-load marker (and both commits carry
+``(eo-full-load-<load_id>, 1)`` as their Delta ``txn``) and does not commit again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -24,9 +30,9 @@ from exactly_once_provider import delta_commit
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load import handoff
-from exactly_once_provider.full_load.columns import META_COLUMNS, Column, table_columns
+from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
-from exactly_once_provider.full_load.spark_source import FORMAT, MySqlChunkDataSource, chunk_read_options, spark_schema
+from exactly_once_provider.full_load.spark_source import chunk_read_options, read_chunks, spark_schema
 from exactly_once_provider.full_load.staging import Staging
 from exactly_once_provider.hooks.mysql_identifiers import quote_table
 from exactly_once_provider.hooks.mysql_snapshot import plan_chunks
@@ -110,6 +116,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
     :param progress: called after each finished wave.
     """
     started = time.monotonic()
+    phases: dict[str, float] = {}
     staging = request.staging()
     if request.full_reload:
         staging.reset()
@@ -133,37 +140,41 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
                      request.chunk_rows, list(checked.key.columns))
     _check_resumable(hook, request, manifest, columns, list(checked.key.columns))
     resumed = len(manifest["done"])
-    for orphan in staging.remove_unlisted_waves(manifest):
-        log.info("full load: removed wave %s left unfinished by an earlier run", orphan)
-    spark.dataSource.register(MySqlChunkDataSource)
+    for orphan in staging.remove_unlisted_files(manifest):
+        log.info("full load: removed staged file %s an unfinished task left behind", orphan)
     settings = hook.connection_settings()
-    staged_schema = spark_schema([Column(**c) for c in columns])
     pending = [c for c in manifest["chunks"] if str(c["index"]) not in manifest["done"]]
     total, read_rows = len(manifest["chunks"]), 0
     size = max(1, request.chunks_per_job)
+    phases["prepare"] = time.monotonic() - started
     for start in range(0, len(pending), size):
-        wave, wave_id = pending[start:start + size], uuid.uuid4().hex
+        wave = pending[start:start + size]
         options = chunk_read_options(settings, checked.server.is_mariadb, request.schema, request.table,
-                                     [Column(**c) for c in columns], checked.key.columns, wave, request.fetch_rows)
-        path = staging.wave_path(wave_id)
-        spark.read.format(FORMAT).options(**options).load().write.mode("errorifexists").parquet(path)
-        markers = (spark.read.schema(staged_schema).parquet(path).where("_eo_marker")
-                   .select("_eo_chunk", "_eo_binlog_file", "_eo_binlog_pos", "_eo_rows").collect())
-        found = sorted(m[0] for m in markers)
+                                     [Column(**c) for c in columns], checked.key.columns, wave, request.fetch_rows,
+                                     manifest["load_id"], str(staging.data_dir))
+        wave_started = time.monotonic()
+        results = read_chunks(spark, options)
+        phases["read_and_stage"] = phases.get("read_and_stage", 0.0) + time.monotonic() - wave_started
+        found = sorted(r["chunk"] for r in results)
         if found != sorted(c["index"] for c in wave):
-            raise delta_commit.CommitMarkerError(f"Wave {wave_id} staged chunk markers {found}, expected "
+            raise delta_commit.CommitMarkerError(f"A wave returned chunks {found}, expected "
                                                  f"{sorted(c['index'] for c in wave)}.")
-        for index, file, pos, rows in markers:
-            manifest["done"][str(index)] = {"wave": wave_id, "file": file, "pos": int(pos), "rows": int(rows)}
-            read_rows += int(rows)
-        staging.save(manifest)  # the chunk progress marker, after Spark committed the wave's files
+        for r in results:
+            manifest["done"][str(r["chunk"])] = {"file": r["binlog_file"], "pos": int(r["binlog_pos"]),
+                                                 "rows": int(r["rows"]), "data": r["data_file"],
+                                                 "bytes": int(r["data_bytes"])}
+            read_rows += int(r["rows"])
+        staging.save(manifest)  # the chunk progress marker, after the executors fsynced the wave's files
         progress(Progress(len(manifest["done"]), total, read_rows, time.monotonic() - started))
     fault_point("full_load_before_publish")  # every chunk staged, nothing visible yet
-    version, body = _publish(spark, request, manifest)
+    publish_started = time.monotonic()
+    version, body = _publish(spark, request, manifest, phases)
     fault_point("full_load_published")  # the Delta commit exists, the manifest does not know it yet
     manifest["published"] = {"table_version": version, "marker": body}
     staging.save(manifest)
-    return FullLoadResult(handoff.parse(version, body), len(pending), resumed, time.monotonic() - started)
+    phases["publish"] = time.monotonic() - publish_started
+    return FullLoadResult(handoff.parse(version, body), len(pending), resumed, time.monotonic() - started,
+                          stats={"phases": phases})
 
 
 # Delta refuses these characters in column names (unless the table uses column mapping, which this load's
@@ -190,6 +201,11 @@ def _check_resumable(hook: MySqlSourceHook, request: FullLoadRequest, manifest: 
             f"The staged full load in {request.staging().root} is for a different table, key or column list "
             f"than {request.schema}.{request.table} now has: rerun with full_reload=True to start a new snapshot."
         )
+    if any("data" not in d for d in manifest["done"].values()):
+        raise ValueError(
+            f"The staged full load in {request.staging().root} was staged by an older version of this provider "
+            "(per-wave Spark output): rerun with full_reload=True to start a new snapshot."
+        )
     retained = set(hook.binary_logs())
     purged = sorted({d["file"] for d in manifest["done"].values()} - retained)
     if purged:
@@ -199,21 +215,86 @@ def _check_resumable(hook: MySqlSourceHook, request: FullLoadRequest, manifest: 
         )
 
 
-def _publish(spark, request: FullLoadRequest, manifest: dict) -> tuple[int, dict]:
-    """Write every staged chunk as one Delta commit that carries the handoff positions."""
+# The names data_file_name() gives staged files: <load id>-c<chunk>-<attempt>.parquet.
+_STAGED_NAME = re.compile(r"^(?P<load>[0-9a-f]{32})-c\d{6}-[0-9a-f]{12}\.parquet$")
+
+
+def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> tuple[int, dict]:
+    """Publish every staged chunk as one Delta commit that carries the handoff positions."""
     done = manifest["done"]
-    chunks = [{**c, **{k: v for k, v in done[str(c["index"])].items() if k != "wave"}} for c in manifest["chunks"]]
+    chunks = [{**c, **{k: v for k, v in done[str(c["index"])].items() if k in ("file", "pos", "rows")}}
+              for c in manifest["chunks"]]
     body = handoff.marker(manifest["load_id"], manifest["schema"], manifest["table"], tuple(manifest["key"]),
                           chunks)
-    waves = sorted({request.staging().wave_path(d["wave"]) for d in done.values()})
-    staged = spark.read.schema(spark_schema([Column(**c) for c in manifest["columns"]])).parquet(*waves)
-    data = staged.where("NOT _eo_marker").drop(*META_COLUMNS)
-    staged_rows = staged.where("NOT _eo_marker").count()
-    if staged_rows != body[handoff.MARKER_KEY]["rows"]:
-        raise delta_commit.CommitMarkerError(
-            f"Staged chunks hold {staged_rows} rows but their markers count {body[handoff.MARKER_KEY]['rows']}: "
-            f"the staging area {request.staging().root} is damaged; rerun with full_reload=True."
-        )
-    version = delta_commit.commit_with_marker(data, request.sink_path, body, f"eo-full-load-{manifest['load_id']}",
-                                              1, mode="overwrite")
+    sink = request.sink_path.removeprefix("file://")
+    published = delta_commit.latest_marker(sink, handoff.MARKER_KEY)
+    if published and published[1][handoff.MARKER_KEY]["load_id"] == manifest["load_id"]:
+        return published[0], body  # committed before a crash; the manifest did not know it yet
+    staging = request.staging()
+    files = _staged_files(staging.data_dir, sink, done, staging.root)
+    adopt = _can_adopt(sink, staging, manifest["load_id"])
+    phases["publish_mode"] = "adopt staged files" if adopt else "rewrite into the existing table"
+    app_id = f"eo-full-load-{manifest['load_id']}"
+    if adopt:
+        os.makedirs(sink, exist_ok=True)
+        for name, path in files.items():  # a rename on the same filesystem; a crash leaves some moved: fine
+            if path != os.path.join(sink, name):
+                os.replace(path, os.path.join(sink, name))
+        _fsync_dir(sink)
+        listed = [{"name": e["data"], "bytes": e["bytes"], "rows": e["rows"]}
+                  for _, e in sorted(done.items(), key=lambda item: int(item[0]))]
+        schema = spark_schema([Column(**c) for c in manifest["columns"]]).json()
+        return delta_commit.create_with_files(sink, schema, listed, body, app_id, 1), body
+    staged = spark.read.schema(spark_schema([Column(**c) for c in manifest["columns"]])).parquet(*files.values())
+    version = delta_commit.commit_with_marker(staged, request.sink_path, body, app_id, 1, mode="overwrite")
     return version, body
+
+
+def _staged_files(data_dir, sink: str, done: dict, root) -> dict[str, str]:
+    """Return name -> current path of every chunk's staged file, checking its size and row count."""
+    import pyarrow.parquet as pq
+
+    files = {}
+    for index, entry in sorted(done.items(), key=lambda item: int(item[0])):
+        name = entry["data"]
+        path = next((p for p in (os.path.join(data_dir, name), os.path.join(sink, name)) if os.path.isfile(p)),
+                    None)  # in the staging area, or already moved into the sink by a publish that crashed
+        problem = None
+        if path is None:
+            problem = "is missing"
+        elif os.path.getsize(path) != entry["bytes"]:
+            problem = f"has {os.path.getsize(path)} bytes, not {entry['bytes']}"
+        elif pq.read_metadata(path).num_rows != entry["rows"]:
+            problem = f"holds {pq.read_metadata(path).num_rows} rows, not {entry['rows']}"
+        if problem:
+            raise delta_commit.CommitMarkerError(
+                f"Staged file {name} of chunk {index} {problem}: the staging area {root} is damaged; rerun with "
+                "full_reload=True.")
+        files[name] = path
+    return files
+
+
+def _can_adopt(sink: str, staging, load_id: str) -> bool:
+    """Return whether the staged files can become the sink table as they are: a new table, same filesystem.
+
+    Files an unpublished earlier load moved into the sink directory (same name pattern, another load id)
+    are deleted: they were never part of a table (there is no Delta log) and never will be.
+    """
+    if os.path.isdir(os.path.join(sink, "_delta_log")) and any(
+            n.endswith(".json") and not n.startswith(".") for n in os.listdir(os.path.join(sink, "_delta_log"))):
+        return False
+    existing = sink if os.path.isdir(sink) else os.path.dirname(os.path.abspath(sink))
+    if os.stat(existing).st_dev != os.stat(staging.root).st_dev:
+        return False
+    for name in os.listdir(sink) if os.path.isdir(sink) else []:
+        if (m := _STAGED_NAME.match(name)) and m["load"] != load_id:
+            os.unlink(os.path.join(sink, name))
+    return True
+
+
+def _fsync_dir(path: str) -> None:
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)

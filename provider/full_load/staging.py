@@ -1,8 +1,10 @@
-"""The staging area of a full load: per-wave staged chunk files and the chunk manifest.
+"""The staging area of a full load: one staged Parquet file per chunk, and the chunk manifest.
 
 Lives next to the sink (``<sink>._eo_full_load`` by default), never inside it, so nothing is visible in the
 sink before the publish. The manifest is the load's progress marker: it is replaced atomically
-(write + fsync + rename) only after the staged files it lists are committed by Spark.
+(write + fsync + rename) only after the staged files it lists were written and fsynced by the executors.
+The publish of a new table moves the listed files into the sink directory (same filesystem: a rename) and
+commits them there; nothing is copied.
 """
 
 from __future__ import annotations
@@ -47,17 +49,19 @@ class Staging:
         finally:
             os.close(directory)
 
-    def wave_path(self, wave: str) -> str:
-        """Return the directory a wave of chunks is staged into."""
-        return str(self.root / "waves" / wave)
+    @property
+    def data_dir(self) -> Path:
+        """The directory the executors write the chunk files into."""
+        return self.root / "data"
 
-    def remove_unlisted_waves(self, manifest: dict) -> list[str]:
-        """Delete wave directories no manifest entry refers to (left by a crash); return their names."""
-        listed = {entry["wave"] for entry in manifest["done"].values()}
-        waves = self.root / "waves"
-        removed = [p.name for p in waves.iterdir() if p.name not in listed] if waves.is_dir() else []
+    def remove_unlisted_files(self, manifest: dict) -> list[str]:
+        """Delete staged files no manifest entry refers to (a crashed or retried task's); return their names."""
+        listed = {entry["data"] for entry in manifest["done"].values()}
+        found = os.listdir(self.data_dir) if self.data_dir.is_dir() else []
+        removed = sorted(name for name in found if name not in listed)
         for name in removed:
-            shutil.rmtree(waves / name)
+            path = self.data_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
         return removed
 
     def reset(self) -> None:

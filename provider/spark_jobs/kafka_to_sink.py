@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -342,23 +343,27 @@ def exit_with_the_jvm() -> None:
 
     spark-submit's PythonRunner starts the Python driver as its child (and sets ``PYSPARK_GATEWAY_PORT``). A
     driver JVM killed from outside does not take that child with it: in standalone cluster mode the master
-    kills the driver JVM by id and the Python process stayed behind on the worker, orphaned. Without its JVM
-    it cannot start another batch; leaving at once is the same as a SIGKILL at that instant, which every sink
-    survives (an unfinished commit is rolled back or never published).
+    kills the driver JVM by id and the Python process stayed behind on the worker, orphaned and sometimes hung
+    in interpreter shutdown (where no Python thread runs any more). So the kernel does it: on Linux the parent
+    death signal SIGKILLs this process when the JVM thread that started it ends; elsewhere a thread polls the
+    parent. Without its JVM the driver cannot start another batch; going at once is the same as a SIGKILL at
+    that instant, which every sink survives (an unfinished commit is rolled back or never published).
     """
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         return
     parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        if ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL) == 0:
+            if os.getppid() != parent:  # the JVM ended before the signal was armed
+                os._exit(3)
+            return
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1)
-        # os.write, not print: no lock another thread may hold, and the JVM read this process's output, so
-        # with the JVM gone the pipe is broken.
-        try:
-            os.write(1, f"EO_JVM_GONE the driver JVM (pid {parent}) is gone: stopping this Python driver\n".encode())
-        except OSError:
-            pass
         os._exit(3)
 
     threading.Thread(target=watch, name="eo-exit-with-the-jvm", daemon=True).start()

@@ -85,6 +85,30 @@ def test_old_time_type_is_not_fixed():
     assert convert(FIELD_TYPE.TIME, -dt.timedelta(hours=1)) == "-01:00:00"
 
 
+def test_text_in_a_known_charset_needs_no_conversion_and_unknown_charsets_are_decoded_as_utf8():
+    # The library decodes text columns itself; it hands raw bytes over only for charsets Python lacks.
+    for charset in ("utf8mb4", "latin1", None):
+        assert column_converter(col(FIELD_TYPE.VARCHAR, charset=charset, max_length=40)) is None
+        assert column_converter(col(FIELD_TYPE.BLOB, charset=charset)) is None
+    assert convert(FIELD_TYPE.VARCHAR, "h\u00e9".encode(), charset="swe7") == "h\u00e9"
+    assert convert(FIELD_TYPE.STRING, "abc", charset="swe7") == "abc"
+
+
+def test_integers_enums_and_years_need_no_conversion():
+    for kind in (FIELD_TYPE.TINY, FIELD_TYPE.LONG, FIELD_TYPE.LONGLONG, FIELD_TYPE.INT24, FIELD_TYPE.YEAR,
+                 FIELD_TYPE.ENUM):
+        assert column_converter(col(kind)) is None
+
+
+def test_the_key_is_read_as_the_snapshot_reads_it():
+    pad = lambda v: v.ljust(4, b"\x00")  # noqa: E731 - BINARY(4) as the snapshot reads it
+    assert _shape().key_of({"id": 7, "s": None}) == (7,)
+    assert _shape(key=("s", "id"), key_fixes=(None, None)).key_of({"id": 7, "s": "a"}) == ("a", 7)
+    assert _shape(key=("s", "id"), key_fixes=(pad, None)).key_of({"id": 7, "s": b"a"}) == (b"a\x00\x00\x00", 7)
+    with pytest.raises(AirflowException, match="dropped or renamed"):
+        _shape(key=("s", "id"), key_fixes=(None, None)).key_of({"s": 1})
+
+
 def _shape(**kw):
     defaults = dict(schema="eo", table="t", columns=("id", "s"), schema_version="v", converters=(),
                     empty_sets=frozenset({"s"}), key=("id",), key_fixes=(None,))

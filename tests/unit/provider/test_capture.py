@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 from types import SimpleNamespace
 
 import pytest
 
-from exactly_once_provider.capture import CaptureRequest, HandoffFilter, parse_position, start_position
+from exactly_once_provider.capture import (
+    CAPTURE_GC_THRESHOLD,
+    CaptureRequest,
+    HandoffFilter,
+    _fewer_gc_passes,
+    parse_position,
+    start_position,
+)
 from exactly_once_provider.full_load.handoff import ChunkPosition, Handoff
 from exactly_once_provider.hooks.kafka_producer import TransactionPolicy
 from exactly_once_provider.hooks.mysql_snapshot import Chunk
@@ -86,3 +94,14 @@ def test_handoff_asks_the_locator_of_a_table_whose_key_the_server_orders():
     by_server = HandoffFilter({("eo", "s"): handoff}, {("eo", "s"): server_order})
     assert by_server.already_loaded(("eo", "s"), ("b",), pos(300)) and asked == [("b",)]
     assert not HandoffFilter({("eo", "s"): handoff}).already_loaded(("eo", "s"), ("b",), pos(300))
+
+
+def test_the_collector_runs_less_often_only_while_captures_run():
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError):
+        with _fewer_gc_passes():
+            with _fewer_gc_passes():  # a second capture in another thread of the process
+                assert gc.get_threshold()[0] == max(before[0], CAPTURE_GC_THRESHOLD)
+            assert gc.get_threshold()[0] == max(before[0], CAPTURE_GC_THRESHOLD)
+            raise RuntimeError("the capture failed")
+    assert gc.get_threshold() == before

@@ -37,6 +37,34 @@ def test_record_fields_match_the_documented_format():
         "commit_ts": "2025-11-21T03:00:00Z", "schema_version": "abc123"}
 
 
+def test_record_bytes_are_exactly_the_compact_json_of_the_documented_object():
+    # orjson writes the records; every value type of the conversion table must come out as Python's json
+    # writes it (floats: 1e-05 not 1e-5; control characters escaped, other text as UTF-8).
+    shape = TableShape("eo", "t\u00e9", ("id", "f", "d", "s", "j", "n", "u"), "v1", (), frozenset(), ("id", "f"),
+                       (None, None), ("f", "d"))
+    before = {"id": 18446744073709551615, "f": 1e-05, "d": float("nan"), "s": ["a", "b"], "j": '{"a":1}',
+              "n": None, "u": "h\u00e9 \"q\" \\ \n\t\x00\x1f\x7f\u2028\U0001f600"}
+    after = dict(before, f=2.5e-07, d=1e16, s=[])
+    txn_ = SourceTransaction(None, None, BinlogPosition("binlog.000003", 100),
+                             BinlogPosition("binlog.000004", 900), 1763694000,
+                             [RowChange(shape, "u", before, after, (1, 1e-05), (1, 2.5e-07), "binlog.000004", 4, 2)])
+    records = list(records_of(txn_, {("eo", "t\u00e9"): "p.t"}))
+    expected = []
+    for index, (op, b, a) in enumerate([("d", before, None), ("c", None, after)]):
+        image = a or b
+        expected.append({
+            "format": 1, "op": op, "pk": {"id": image["id"], "f": image["f"]}, "before": b, "after": a,
+            "version": (4 << 32) + 4 + 2,
+            "source": {"server_id": None, "file": "binlog.000004", "pos": 4, "row": 2, "gtid": None,
+                       "commit_file": "binlog.000004", "commit_pos": 900, "txn_rows": 2, "txn_row": index,
+                       "schema": "eo", "table": "t\u00e9"},
+            "commit_ts": "2025-11-21T03:00:00Z", "schema_version": "v1"})
+    dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    assert [r.value for r in records] == [dumps(e).encode() for e in expected]
+    assert [r.key for r in records] == [dumps(e["pk"]).encode() for e in expected]
+    assert b'"f":1e-05' in records[0].value and b'"f":2.5e-07' in records[1].value
+
+
 def test_spark_cdc_mode_fields_pk_version_op_are_present_and_version_fits_bigint():
     (record,) = records_of(txn(row("d", {"id": 5, "v": 1}, None)), TOPICS)
     value = json.loads(record.value)

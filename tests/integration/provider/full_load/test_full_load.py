@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from exactly_once_provider import delta_commit
 from exactly_once_provider.full_load.handoff import read_handoff
+from exactly_once_provider.full_load import job
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from tests.mysql_support import assert_same_rows, connect, sink_rows, source_rows, unique_name
@@ -121,6 +123,13 @@ def test_rerun_is_a_no_op_and_a_crash_after_the_commit_does_not_commit_twice(sta
     table = db("fl_rerun", "(id INT PRIMARY KEY, v INT)", "INSERT INTO {t} VALUES (%s, %s)",
                [(i, i) for i in range(100)])
     sink, first = _load(spark, tmp_path, table, chunk_rows=40)
+    # A new table adopts the staged files as they are (nothing rewritten) in its one first commit.
+    assert first.stats["phases"]["publish_mode"].startswith("adopt")
+    log = [json.loads(line) for line in (Path(sink) / "_delta_log" / f"{0:020d}.json").read_text().splitlines()]
+    staged = {d["data"] for d in FullLoadRequest(schema="eo", table=table, sink_path=sink).staging().load()["done"].values()}
+    assert {a["add"]["path"] for a in log if "add" in a} == staged == {p.name for p in Path(sink).glob("*.parquet")}
+    assert [a["txn"]["appId"] for a in log if "txn" in a] == [f"eo-full-load-{first.handoff.load_id}"]
+    assert {f.rsplit("/", 1)[1] for f in spark.read.format("delta").load(sink).inputFiles()} == staged
     _, again = _load(spark, tmp_path, table, chunk_rows=40)
     assert again.already_published and again.handoff == first.handoff
     # Simulate a crash between the Delta commit and the manifest update: the retry must not commit again.
@@ -138,21 +147,29 @@ def test_rerun_is_a_no_op_and_a_crash_after_the_commit_does_not_commit_twice(sta
     conn.close()
     _, reloaded = _load(spark, tmp_path, table, chunk_rows=40, full_reload=True)
     assert reloaded.handoff.table_version == 1 and reloaded.handoff.load_id != first.handoff.load_id
+    assert reloaded.stats["phases"]["publish_mode"].startswith("rewrite")  # an existing table: replaced, one commit
     assert sink_rows(spark, sink, ["id", "v"]) == source_rows(stack, table, ["id", "v"])
     assert read_handoff(sink).load_id == reloaded.handoff.load_id
 
 
-def test_damaged_staging_is_refused_at_publish(stack, spark, db, tmp_path):
+def test_damaged_staging_is_refused_at_publish(stack, spark, db, tmp_path, monkeypatch):
     table = db("fl_damage", "(id INT PRIMARY KEY)", "INSERT INTO {t} VALUES (%s)", [(i,) for i in range(90)])
     sink = str(tmp_path / "sink")
     request = FullLoadRequest(schema="eo", table=table, sink_path=sink, chunk_rows=30, chunks_per_job=4)
-    run_full_load(spark, MySqlSourceHook(), request)
+
+    def stop_before_publish(name):
+        if name == "full_load_before_publish":
+            raise RuntimeError("stopped before the publish")
+
+    monkeypatch.setattr(job, "fault_point", stop_before_publish)
+    with pytest.raises(RuntimeError, match="stopped before the publish"):
+        run_full_load(spark, MySqlSourceHook(), request)
+    monkeypatch.undo()
     staging = request.staging()
-    manifest = staging.load()
-    manifest["published"] = None
-    staging.save(manifest)
-    # The largest part file holds data rows (the empty last chunk's file holds only its marker).
-    part = max((staging.root / "waves").rglob("part-*.parquet"), key=lambda p: p.stat().st_size)
+    assert len(staging.load()["done"]) == 4 and not (tmp_path / "sink").exists()
+    # The largest staged file holds data rows (the empty last chunk's file holds only its schema).
+    part = max(staging.data_dir.glob("*.parquet"), key=lambda p: p.stat().st_size)
     part.unlink()  # staged rows lost after their chunk was recorded as done
     with pytest.raises(delta_commit.CommitMarkerError, match="staging area .* is damaged"):
         run_full_load(spark, MySqlSourceHook(), request)
+    assert not (tmp_path / "sink" / "_delta_log").exists()
