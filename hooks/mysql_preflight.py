@@ -202,6 +202,29 @@ def resolve_chunk_key(cur: Any, schema: str, table: str, chunk_key: tuple[str, .
     )
 
 
+@dataclass(frozen=True)
+class ColumnCatalog:
+    """What the server's catalog says of one column (lower-case type; charset/collation None if not text)."""
+
+    data_type: str
+    charset: str | None
+    collation: str | None
+
+
+def column_catalog(cur: Any, schema: str, table: str) -> dict[str, ColumnCatalog]:
+    """Return ``{lower-case column name: ColumnCatalog}`` of a table.
+
+    :param cur: an open cursor.
+    :param schema: the database name.
+    :param table: the table name.
+    """
+    cur.execute("SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (schema, table))
+    return {str(name).lower(): ColumnCatalog(str(data_type).lower(), charset and str(charset),
+                                             collation and str(collation))
+            for name, data_type, charset, collation in cur.fetchall()}
+
+
 def check_chunkable_key(cur: Any, schema: str, table: str, key: ChunkKey) -> ChunkKey:
     """Refuse a chunk key with ENUM or SET columns: the server orders them by member index, not by value.
 
@@ -213,10 +236,8 @@ def check_chunkable_key(cur: Any, schema: str, table: str, key: ChunkKey) -> Chu
     :param table: the table name.
     :param key: the resolved chunk key.
     """
-    cur.execute("SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
-                "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (schema, table))
-    types = {str(name).lower(): str(data_type).lower() for name, data_type in cur.fetchall()}
-    bad = [c for c in key.columns if types.get(c.lower()) in ("enum", "set")]
+    catalog = column_catalog(cur, schema, table)
+    bad = [c for c in key.columns if c.lower() in catalog and catalog[c.lower()].data_type in ("enum", "set")]
     if bad:
         raise SourceConfigurationError(
             f"The chunk key {list(key.columns)} of {quote_table(schema, table)} has ENUM/SET column(s) {bad}: the "

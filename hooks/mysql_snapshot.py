@@ -22,6 +22,7 @@ import MySQLdb.cursors
 
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks.mysql_identifiers import quote_identifier, quote_table
+from exactly_once_provider.hooks.mysql_preflight import column_catalog
 from exactly_once_provider.positions import BinlogPosition
 
 # Error 1064 (syntax) / 1295 / 1227 cover "SHOW BINARY LOG STATUS" on servers older than MySQL 8.2.
@@ -131,11 +132,9 @@ def server_ordered_columns(cur: Any, schema: str, table: str, key: Sequence[str]
     :param table: the table name.
     :param key: the chunk key columns.
     """
-    cur.execute("SELECT COLUMN_NAME, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
-                "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (schema, table))
-    found = {str(name).lower(): (str(charset), str(collation))
-             for name, charset, collation in cur.fetchall() if collation}
-    return {c: found[c.lower()] for c in key if c.lower() in found and not found[c.lower()][1].endswith("_nopad_bin")}
+    catalog = column_catalog(cur, schema, table)
+    text = {c: catalog[c.lower()] for c in key if c.lower() in catalog and catalog[c.lower()].collation}
+    return {c: (info.charset, info.collation) for c, info in text.items() if not info.collation.endswith("_nopad_bin")}
 
 
 class ServerChunkLocator:
