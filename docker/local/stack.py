@@ -283,9 +283,13 @@ def kafka_libs() -> Path:
 
 def _cluster_id() -> str:
     path = HOME / "kafka" / "cluster-id"
-    if not path.exists():
+    # An id starting with '-' (1 in 64 of urlsafe base64) reads as an option to kafka-storage: never use one.
+    if not path.exists() or path.read_text().startswith("-"):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+        cluster_id = "-"
+        while cluster_id.startswith("-"):
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        path.write_text(cluster_id)
     return path.read_text().strip()
 
 

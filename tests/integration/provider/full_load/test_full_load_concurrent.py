@@ -123,7 +123,9 @@ def test_every_chunk_equals_the_source_at_its_own_position(stack, spark, airflow
     assert len(loaded) == len({r[0] for r in loaded}), "a key was loaded twice"
     events = _binlog_row_events(stack, table, h.min_position)
     positions = {c.position for c in h.chunks}
-    assert len(positions) >= 5, f"chunks should be snapshotted at different positions, got {positions}"
+    # Chunks whose waves run while both writers wait on a long transaction's row lock share a position, and the
+    # faster the load the more of them do: three distinct positions already make a single load-wide position wrong.
+    assert len(positions) >= 3, f"chunks should be snapshotted at different positions, got {positions}"
     assert stats["long"] >= 2 and stats["ops"] > 200, stats
     assert sum(1 for at, _ in events if at > h.min_position) > 100, "writers must change the table during the load"
 
