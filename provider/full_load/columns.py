@@ -152,10 +152,11 @@ def to_arrays(columns: list[Column], rows: list[tuple]) -> list[pa.Array]:
     :param rows: the batch of result rows.
     """
     targets = [arrow_type(c) for c in columns]
-    # pa.string() checks the text is UTF-8 (the server's numbers and dates are ASCII).
-    inputs = [t if _passes_through(c) else pa.string() for c, t in zip(columns, targets)]
+    # Text to parse is read as binary and checked as UTF-8 by one cast per column: pa.string() would check
+    # each value as Arrow reads it, measured 0.34-0.56 s against 0.21 s per 1M rows of the benchmark table.
+    inputs = [t if _passes_through(c) else pa.binary() for c, t in zip(columns, targets)]
     if not rows:
         return [pa.array([], type=t) for t in targets]
     struct = pa.array(rows, type=pa.struct([pa.field(str(i), t) for i, t in enumerate(inputs)]))
-    return [a if _passes_through(c) else _parse(c, a, t)
+    return [a if _passes_through(c) else _parse(c, a.cast(pa.string()), t)
             for c, a, t in zip(columns, struct.flatten(), targets)]
