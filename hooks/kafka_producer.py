@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk.exceptions import AirflowException
@@ -109,9 +109,11 @@ class TransactionPolicy:
         return self
 
 
-@dataclass(frozen=True)
-class Message:
-    """One data record to produce; ``topic`` overrides the batch's topic (one transaction, several topics)."""
+class Message(NamedTuple):
+    """One data record to produce; ``topic`` overrides the batch's topic (one transaction, several topics).
+
+    A named tuple: immutable like a frozen dataclass, but built several times faster (one per record).
+    """
 
     value: bytes | None
     key: bytes | None = None
