@@ -244,16 +244,26 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
     next_progress = time.monotonic() + request.progress_interval
     reader = hook.reader(request.tables, request.server_id, request.heartbeat_seconds)
 
+    submitted_position = committed_position
+
     def commit() -> None:
-        nonlocal batch, batch_txns, last_commit, committed_position
-        if position == committed_position and not batch:
+        # The Kafka commit of the batch finishes in the writer's background thread while the next transactions
+        # are read; committed_position moves only once the writer reports that commit returned (settle()).
+        nonlocal batch, batch_txns, last_commit, committed_position, submitted_position
+        if position == submitted_position and not batch:
             return
         offset = {"format": OFFSET_FORMAT, "file": position.file, "pos": position.pos, "gtid": gtid,
                   "tables": request.table_names}
-        writer.write_batch(next(iter(request.topics.values())), batch, offset)
+        if writer.submit_batch(next(iter(request.topics.values())), batch, offset) is not None:
+            committed_position = submitted_position
+        submitted_position = position
         stats.kafka_transactions += 1
-        committed_position = position
         batch, batch_txns, last_commit = [], 0, time.monotonic()
+
+    def settle() -> None:
+        nonlocal committed_position
+        if writer.wait() is not None:
+            committed_position = submitted_position
 
     try:
         for item in reader.transactions(resume, until, blocking=request.mode == "continuous"):
@@ -262,6 +272,7 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                 if stop is not None:
                     stats.rows += len(batch)
                     commit()  # everything before the statement; the position stays before it
+                    settle()
                     raise stop
                 position, gtid = item.end, item.gtid or gtid
             elif isinstance(item, SourceTransaction):
@@ -289,6 +300,7 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                 break
         stats.rows += len(batch)
         commit()
+        settle()
     finally:
         reader.close()
     _progress(hook, stats, position, committed_position, 0, progress_log)
