@@ -1,23 +1,43 @@
 """The sink commit primitive: one Delta Lake commit that carries its own progress marker.
 
 Every writer that needs "output and position in the same atomic step" (DESIGN.md contract table) goes through
-:func:`commit_with_marker`: the DataFrame is written as ONE Delta commit whose ``commitInfo.userMetadata``
-holds the caller's JSON marker (positions, batch ids...) and whose ``txn`` action holds
-``(txnAppId, txnVersion)``. Delta skips a write whose ``(app id, version)`` it already committed, so a
-retry after a crash between the commit and the caller's bookkeeping is a no-op that returns the same commit.
+this module: the rows are published as ONE Delta commit whose ``commitInfo.userMetadata`` holds the caller's
+JSON marker (positions, batch ids...) and whose ``txn`` action holds ``(txnAppId, txnVersion)``. A write
+whose ``(app id, version)`` is already committed (Delta's rule: the app's newest txn version is at or above
+it) is skipped, so a retry after a crash between the commit and the caller's bookkeeping is a no-op that
+returns the same commit.
 
 Markers are read back from the transaction log's JSON commit files with plain Python (no Spark needed), so
 a capture process can read them; this reads local/mounted paths only.
 
-What the txn id costs, and why it stays: Delta 4.4.0 answers "is (app id, version) committed?" on the
-transaction's own snapshot (``DeltaCommand.hasBeenExecuted`` -> ``OptimisticTransaction.txnVersion`` ->
-``Snapshot.transactions`` -> ``SnapshotState.computedState``), i.e. a full state reconstruction of every new
-snapshot: three extra Spark jobs (seven stages instead of one on ``local[2]``) per commit. The ``.crc``
-files' ``setTransactions`` are only written (for the next incremental checksum), never read for this, so no
-Delta conf avoids it. The same call registers the app id as read, which is what makes a concurrent commit
-of the same ``(app id, version)`` (a zombie driver replaying the batch) fail with
-``ConcurrentTransactionException`` instead of adding a second copy; our own log lookup before the write
-cannot do that, it races with the other writer.
+Two ways to write the commit:
+
+* Delta's own writer (:func:`commit_with_marker`, :func:`merge_with_marker`: overwrite, replaceWhere, MERGE;
+  the streaming sink's CDC and window modes) with the ``txnAppId``/``txnVersion`` write option. What it
+  costs: Delta 4.4.0 answers "is (app id, version) committed?" on the transaction's own snapshot
+  (``DeltaCommand.hasBeenExecuted`` -> ``OptimisticTransaction.txnVersion`` -> ``Snapshot.transactions`` ->
+  ``SnapshotState.computedState``), i.e. a full state reconstruction of every new snapshot: three extra
+  Spark jobs (seven stages instead of one on ``local[2]``) per commit; no Delta conf avoids it (the ``.crc``
+  files' ``setTransactions`` are written, never read for this). The same call registers the app id as read,
+  so a concurrent commit of the same ``(app id, version)`` fails with ``ConcurrentTransactionException``.
+* The own commit for blind appends (:func:`append_with_marker` -> :func:`append_with_files`; the first
+  commit of a new table: :func:`create_with_files`): Spark writes plain Parquet files, they are moved into
+  the table and this process writes ``<L+1>.json`` itself, as the Delta protocol specifies: ``commitInfo``
+  (WRITE, mode Append, ``readVersion`` L, ``isBlindAppend``, ``operationMetrics``, ``userMetadata``), the
+  ``txn`` and one ``add`` per file (``dataChange``, ``stats`` = ``numRecords`` only, so no data skipping on
+  these files). L, the protocol, the metadata and the txn versions come from the newest checkpoint plus the
+  JSON commits after it (:mod:`exactly_once_provider.delta_log`), no Spark job. **The fence is kept**: the
+  file is created with put-if-absent (hard link of an fsynced file); a writer that loses ``L+1`` reads the
+  winning commit, and if it carries the same app id with the same or a newer version it writes nothing (a
+  zombie driver replaying a batch can never add a second copy), with a lower version it fails like Delta;
+  otherwise it re-checks protocol and metadata and retries at ``L+2``. Every ``delta.checkpointInterval``
+  versions Delta itself writes the checkpoint (:func:`checkpoint_if_due`, through the JVM), as its writer's
+  post-commit step does; own commits write no ``.crc`` (optional in the protocol). **Refused**
+  (:func:`check_appendable`; :func:`append_with_marker` then commits through Delta's writer with a WARNING
+  naming the reason): column mapping, deletion vectors, row tracking, in-commit timestamps, change data
+  feed, clustering / domain metadata, V2 checkpoints, generated / identity / default columns, partitioning,
+  CHECK constraints, invariants, NOT NULL columns, unknown ``delta.*`` table properties, and a batch whose
+  columns differ from the table's.
 """
 
 from __future__ import annotations
