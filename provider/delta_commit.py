@@ -24,8 +24,8 @@ Two ways to write the commit:
   commit of a new table: :func:`create_with_files`): Spark writes plain Parquet files, they are moved into
   the table and this process writes ``<L+1>.json`` itself, as the Delta protocol specifies: ``commitInfo``
   (WRITE, mode Append, ``readVersion`` L, ``isBlindAppend``, ``operationMetrics``, ``userMetadata``), the
-  ``txn`` and one ``add`` per file (``dataChange``, ``stats`` = ``numRecords`` only, so no data skipping on
-  these files). L, the protocol, the metadata and the txn versions come from the newest checkpoint plus the
+  ``txn`` and one ``add`` per file (``dataChange``, ``stats``: ``numRecords``, and min/max/null counts of
+  the integer columns from the Parquet footers; none for strings, so no data skipping on those). L, the protocol, the metadata and the txn versions come from the newest checkpoint plus the
   JSON commits after it (:mod:`exactly_once_provider.delta_log`), no Spark job. **The fence is kept**: the
   file is created with put-if-absent (hard link of an fsynced file); a writer that loses ``L+1`` reads the
   winning commit, and if it carries the same app id with the same or a newer version it writes nothing (a
@@ -308,7 +308,8 @@ def _commit_info(now: int, mode: str, files: list[dict], marker: dict, engine: s
 
 
 def _add_actions(root: Path, files: list[dict]) -> list[dict]:
-    """Return one ``add`` per file (row count as ``stats``), checking each file's size on disk."""
+    """Return one ``add`` per file (row count and the file's optional column ``stats`` as ``stats``), checking
+    each file's size on disk."""
     from urllib.parse import quote
 
     adds = []
@@ -318,7 +319,7 @@ def _add_actions(root: Path, files: list[dict]) -> list[dict]:
             raise CommitMarkerError(f"{root / f['name']} has {stat.st_size} bytes, not {f['bytes']}.")
         adds.append({"add": {"path": quote(f["name"]), "partitionValues": {}, "size": f["bytes"],
                              "modificationTime": int(stat.st_mtime * 1000), "dataChange": True,
-                             "stats": json.dumps({"numRecords": f["rows"]})}})
+                             "stats": json.dumps({"numRecords": f["rows"], **f.get("stats", {})})}})
     return adds
 
 
@@ -565,7 +566,7 @@ def append_with_marker(df: Any, path: str, marker: dict, app_id: str, version: i
     staging = root / STAGING_DIR / uuid.uuid4().hex
     try:
         df.write.parquet(str(staging))
-        files = _adopt(staging, root)
+        files = _adopt(staging, root, json.loads(schema_json))
         try:
             table_version, written = _commit_files(path, schema_json, files, marker, app_id, version, state)
         except UnsupportedTableError as err:  # the table changed under us: nothing of ours was committed
@@ -596,8 +597,8 @@ def _with_delta_writer(df: Any, path: str, marker: dict, app_id: str, version: i
     return commit_with_marker(df, path, marker, app_id, version, mode="append")
 
 
-def _adopt(staging: Path, root: Path) -> list[dict]:
-    """Move the Parquet files Spark wrote under ``staging`` into ``root``; return their names, sizes, rows.
+def _adopt(staging: Path, root: Path, schema: dict) -> list[dict]:
+    """Move the Parquet files Spark wrote under ``staging`` into ``root``; return their names, sizes, rows, stats.
 
     Files without rows are left behind (Spark writes one for an empty batch). Spark's file names carry its
     write job's UUID; a hard link fails rather than replace a file that has the name already.
@@ -608,14 +609,54 @@ def _adopt(staging: Path, root: Path) -> list[dict]:
     for name in sorted(os.listdir(staging)):
         if not name.endswith(".parquet") or name.startswith((".", "_")):
             continue
-        rows = pq.read_metadata(staging / name).num_rows
-        if rows == 0:
+        footer = pq.read_metadata(staging / name)
+        if footer.num_rows == 0:
             continue
         os.link(staging / name, root / name)
         os.unlink(staging / name)
-        files.append({"name": name, "bytes": (root / name).stat().st_size, "rows": rows})
+        files.append({"name": name, "bytes": (root / name).stat().st_size, "rows": footer.num_rows,
+                      "stats": _column_stats(footer, schema)})
     _fsync_dir(root)
     return files
+
+
+_INTEGRAL = frozenset({"byte", "short", "integer", "long"})
+
+
+def _column_stats(footer: Any, schema: dict) -> dict:
+    """Return Delta file statistics of the top-level integral columns from a Parquet footer.
+
+    ``minValues``/``maxValues``/``nullCount`` as Delta's writer records them, for byte/short/integer/long
+    columns only: Parquet keeps their exact bounds, so readers can skip files on them (Kafka partition and
+    offset in the streaming sink). Other columns get none (Delta's string bounds are truncated prefixes,
+    not Parquet's); a column without stats is simply never skipped.
+    """
+    wanted = {f["name"] for f in schema.get("fields", []) if f["type"] in _INTEGRAL}
+    lows: dict[str, int] = {}
+    highs: dict[str, int] = {}
+    nulls: dict[str, int] = {}
+    complete = set(wanted)
+    for group in range(footer.num_row_groups):
+        row_group = footer.row_group(group)
+        for i in range(row_group.num_columns):
+            column = row_group.column(i)
+            name = column.path_in_schema
+            if name not in wanted:
+                continue
+            stats = column.statistics
+            if stats is None or not stats.has_null_count:
+                complete.discard(name)
+                continue
+            nulls[name] = nulls.get(name, 0) + stats.null_count
+            if stats.has_min_max:
+                lows[name] = min(lows.get(name, stats.min), stats.min)
+                highs[name] = max(highs.get(name, stats.max), stats.max)
+            elif stats.null_count != row_group.num_rows:  # values without bounds: no bounds for the file
+                complete.discard(name)
+    result = {"minValues": {n: v for n, v in lows.items() if n in complete},
+              "maxValues": {n: v for n, v in highs.items() if n in complete},
+              "nullCount": {n: v for n, v in nulls.items() if n in complete}}
+    return {k: v for k, v in result.items() if v}
 
 
 def _remove(root: Path, files: list[dict]) -> None:
@@ -632,7 +673,11 @@ def _sweep_staging(staging_root: Path) -> None:
     if not staging_root.is_dir():
         return
     for entry in staging_root.iterdir():
-        if time.time() - entry.stat().st_mtime > _STAGING_MAX_AGE:
+        try:
+            stale = time.time() - entry.stat().st_mtime > _STAGING_MAX_AGE
+        except FileNotFoundError:  # its writer just removed it
+            continue
+        if stale:
             shutil.rmtree(entry, ignore_errors=True)
 
 

@@ -195,3 +195,17 @@ def test_check_appendable_accepts_plain_and_timestamp_ntz_tables_and_neutral_pro
     delta_commit.check_appendable(_state(ntz), ID_SCHEMA)
     relaxed = json.loads(delta_commit.nullable_schema(ID_SCHEMA.replace('"nullable": true', '"nullable": false')))
     assert relaxed["fields"][0]["nullable"] is True
+
+
+def test_column_stats_are_exact_parquet_bounds_of_integer_columns_only(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"p": pa.array([1, None, 3], pa.int32()), "o": pa.array([10, 7, 12], pa.int64()),
+                      "nothing": pa.array([None, None, None], pa.int64()), "s": ["b", "a", None]})
+    pq.write_table(table, tmp_path / "f.parquet", row_group_size=2)  # two row groups: bounds are combined
+    schema = {"fields": [{"name": "p", "type": "integer"}, {"name": "o", "type": "long"},
+                         {"name": "nothing", "type": "long"}, {"name": "s", "type": "string"}]}
+    stats = delta_commit._column_stats(pq.read_metadata(tmp_path / "f.parquet"), schema)
+    assert stats == {"minValues": {"p": 1, "o": 7}, "maxValues": {"p": 3, "o": 12},
+                     "nullCount": {"p": 1, "o": 0, "nothing": 3}}
