@@ -124,7 +124,7 @@ class BinlogCaptureOperator(BaseOperator):
             delivery_mode="exactly_once", offsets_topic=self.offsets_topic, producer_config=self.producer_config)
         if self.create_topics:
             _ensure_topics(producer.client_config(), sorted(set(topics.values())), self.topic_partitions)
-        writer = producer.open_writer()
+        writer = producer.open_writer(track_partition_offsets=False)  # the ledger record is the progress shown
         try:
             result = run_capture(hook, writer, request, should_stop=self._stop.is_set, progress_log=self.log)
         finally:

@@ -271,9 +271,9 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                             if handoff.already_loaded((record.schema, record.table), record.key_values, item.end):
                                 stats.dropped_by_handoff += 1
                                 continue
-                            batch.append(record.message())
+                            batch.append(record)
                     else:
-                        batch.extend([record.message() for record in records_of(item, request.topics)])
+                        batch.extend(records_of(item, request.topics))  # a ChangeRecord is a Message
                     stats.transactions += 1
                     batch_txns += 1
                 position, gtid = item.end, item.gtid or gtid

@@ -52,7 +52,6 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from exactly_once_provider.hooks.kafka_producer import Message
 from exactly_once_provider.hooks.mysql_binlog import RowChange, SourceTransaction, TableShape
 from exactly_once_provider.positions import BinlogPosition
 
@@ -103,20 +102,20 @@ def topic_for(template: str, pipeline: str, schema: str, table: str) -> str:
 
 
 class ChangeRecord(NamedTuple):
-    """A change ready to produce: its topic, key and value bytes, and what the handoff filter needs.
+    """A change ready to produce: a :class:`~exactly_once_provider.hooks.kafka_producer.Message` (its first
+    four fields, same names, same order) plus what the handoff filter needs; the capture hands it to the
+    writer as is.
 
     A named tuple: one is built per changed row, and tuples are the cheapest to build.
     """
 
-    topic: str
-    key: bytes
     value: bytes
+    key: bytes
+    headers: None
+    topic: str
     key_values: tuple
     schema: str
     table: str
-
-    def message(self) -> Message:
-        return Message(self.value, self.key, None, self.topic)
 
 
 def _iso(seconds: int) -> str:
@@ -157,7 +156,7 @@ def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str]) -> It
         value = _VALUE % (FORMAT, _OPS[op], key, b"null" if before is None else encode(before),
                           b"null" if after is None else encode(after), file[1] + row.event_pos + row.row_index,
                           server_id, file[0], row.event_pos, row.row_index, tail, index, closing)
-        yield ChangeRecord(topic, key, value, key_values, shape.schema, shape.table)
+        yield ChangeRecord(value, key, None, topic, key_values, shape.schema, shape.table)
 
 
 def _image_encoder(shape: TableShape) -> Callable[[dict[str, Any]], bytes]:

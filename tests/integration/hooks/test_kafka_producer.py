@@ -43,7 +43,7 @@ def _leave_open(writer, topic: str, value: bytes, key: bytes | None = None) -> N
 
 def test_committed_batch_and_its_offset_are_visible_together(bootstrap):
     topic, ledger = new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
-    writer = _hook("p1", ledger).open_writer()
+    writer = _hook(ledger, ledger).open_writer()
     assert writer.last_committed is None
     committed = writer.write_batch(topic, _messages("a", "b", "c"), offset=3)
     assert (committed.sequence, committed.batch_id, committed.records) == (1, "1", 3)
@@ -51,16 +51,16 @@ def test_committed_batch_and_its_offset_are_visible_together(bootstrap):
     writer.close()
 
     assert read_all(bootstrap, topic) == [b"a", b"b", b"c", b"d"]
-    last = read_committed_offset({"bootstrap.servers": bootstrap}, "p1", "0", ledger)
+    last = read_committed_offset({"bootstrap.servers": bootstrap}, ledger, "0", ledger)
     assert (last.offset, last.sequence, last.records) == ({"file": "bin.000002", "pos": 4}, 2, 1)
-    assert last.transactional_id == "eo-txn/p1/0" and last.delivery_mode == "exactly_once"
+    assert last.transactional_id == f"eo-txn/{ledger}/0" and last.delivery_mode == "exactly_once"
     # A new writer of the same pipeline resumes from exactly that record.
-    assert _hook("p1", ledger).open_writer().last_committed == last
+    assert _hook(ledger, ledger).open_writer().last_committed == last
 
 
 def test_aborted_batch_is_invisible_with_its_offset(bootstrap):
     topic, ledger = new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
-    writer = _hook("p1", ledger).open_writer()
+    writer = _hook(ledger, ledger).open_writer()
     writer.write_batch(topic, _messages("kept"), offset=1)
     _leave_open(writer, topic, b"dropped")
     writer.producer.abort_transaction(30)
@@ -68,16 +68,16 @@ def test_aborted_batch_is_invisible_with_its_offset(bootstrap):
 
     assert read_all(bootstrap, topic) == [b"kept", b"kept-2"]
     assert read_all(bootstrap, topic, "read_uncommitted") == [b"kept", b"dropped", b"kept-2"]
-    assert read_committed_offset({"bootstrap.servers": bootstrap}, "p1", "0", ledger).offset == 2
+    assert read_committed_offset({"bootstrap.servers": bootstrap}, ledger, "0", ledger).offset == 2
 
 
 def test_older_writer_is_fenced_and_its_open_transaction_never_visible(bootstrap):
     topic, ledger = new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
-    old = _hook("p1", ledger).open_writer()
+    old = _hook(ledger, ledger).open_writer()
     old.write_batch(topic, _messages("first"), offset=1)
     _leave_open(old, topic, b"zombie")
 
-    new = _hook("p1", ledger).open_writer()  # same pipeline + partition -> same id -> fences `old`
+    new = _hook(ledger, ledger).open_writer()  # same pipeline + partition -> same id -> fences `old`
     assert new.last_committed.offset == 1
     with pytest.raises(ProducerFencedError, match="fenced"):  # the zombie's commit is refused
         old._retry("commit_transaction", old.producer.commit_transaction, 30)
@@ -87,7 +87,7 @@ def test_older_writer_is_fenced_and_its_open_transaction_never_visible(bootstrap
 
     assert read_all(bootstrap, topic) == [b"first", b"second"]
     assert b"zombie" in read_all(bootstrap, topic, "read_uncommitted")  # it reached the log, aborted
-    assert read_committed_offset({"bootstrap.servers": bootstrap}, "p1", "0", ledger).offset == 2
+    assert read_committed_offset({"bootstrap.servers": bootstrap}, ledger, "0", ledger).offset == 2
 
 
 def test_ledger_read_waits_for_another_pipelines_open_transaction(bootstrap):
@@ -112,7 +112,7 @@ def test_record_larger_than_topic_allows_fails_and_nothing_is_visible(bootstrap)
     topic = f"small-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2048"})])[topic].result(30)
-    writer = _hook("p1", ledger).open_writer()
+    writer = _hook(ledger, ledger).open_writer()
     writer.write_batch(topic, _messages("ok"), offset=1)
 
     batch = _messages("before") + [Message(b"x" * 10_000, key=b"big")] + _messages("after")
@@ -120,12 +120,12 @@ def test_record_larger_than_topic_allows_fails_and_nothing_is_visible(bootstrap)
         writer.write_batch(topic, batch, offset=4)
 
     assert read_all(bootstrap, topic) == [b"ok"]
-    assert read_committed_offset({"bootstrap.servers": bootstrap}, "p1", "0", ledger).offset == 1
+    assert read_committed_offset({"bootstrap.servers": bootstrap}, ledger, "0", ledger).offset == 1
 
 
 def test_batch_markers_frame_each_transaction_in_every_partition(bootstrap):
     topic, ledger = new_topic(bootstrap, partitions=2), f"ledger-{uuid.uuid4().hex[:8]}"
-    writer = _hook("p1", ledger, batch_markers=True).open_writer()
+    writer = _hook(ledger, ledger, batch_markers=True).open_writer()
     writer.write_batch(topic, _messages(*[f"v{i}" for i in range(20)]), offset=20, batch_id="2026-11-20")
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
@@ -192,7 +192,7 @@ def test_oversized_record_without_a_delivery_report_still_fails_the_batch(bootst
     topic = f"small-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2048"})])[topic].result(30)
-    writer = _hook("p1", ledger).open_writer()
+    writer = _hook(ledger, ledger).open_writer()
     writer.write_batch(topic, _messages("ok"), offset=1)
 
     batch = [Message(b"before", key=b"k"), Message(b"x" * 10_000, key=b"k"), Message(b"after", key=b"k")]
@@ -200,13 +200,13 @@ def test_oversized_record_without_a_delivery_report_still_fails_the_batch(bootst
         writer.write_batch(topic, batch, offset=4)
 
     assert read_all(bootstrap, topic) == [b"ok"]
-    assert read_committed_offset({"bootstrap.servers": bootstrap}, "p1", "0", ledger).offset == 1
+    assert read_committed_offset({"bootstrap.servers": bootstrap}, ledger, "0", ledger).offset == 1
 
 
 def test_partition_offsets_are_the_last_data_offsets_of_every_partition(bootstrap):
     """Exact per-partition offsets although exactly_once asks for a delivery report per key only."""
     topic, ledger = new_topic(bootstrap, partitions=3), f"ledger-{uuid.uuid4().hex[:8]}"
-    writer = _hook("p1", ledger).open_writer()
+    writer = _hook(ledger, ledger).open_writer()
     for start in (0, 300):
         writer.submit_batch(topic, [Message(str(n).encode(), key=f"k{n % 7}".encode()) for n in range(start, start + 300)]
                             + [Message(b"keyless")], offset=start + 300)

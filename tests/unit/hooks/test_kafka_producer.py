@@ -314,3 +314,51 @@ def test_batch_failing_while_produced_is_replayed_and_still_returned_by_wait():
     committed = writer.wait()
     assert committed.offset == 1 and writer.last_committed == committed
     assert producer.calls == ["begin_transaction", "abort_transaction", "begin_transaction", "commit_transaction"]
+
+
+def test_writer_without_partition_offsets_asks_for_no_delivery_report():
+    producer = FakeProducer()
+    callbacks = []
+    real_produce = producer.produce
+
+    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        if topic == "data":
+            callbacks.append(on_delivery is not None)
+        real_produce(topic, value, key, headers, on_delivery, partition)
+
+    producer.produce = produce
+    writer = _writer(producer)
+    writer.track_partition_offsets = False
+    committed = writer.write_batch("data", [Message(b"1", key=b"a"), Message(b"2"), Message(b"3", key=b"a")],
+                                   offset=3)
+    assert callbacks == [False, False, False]
+    assert _data(producer) == [b"1", b"2", b"3"] and writer.last_committed == committed
+    assert producer.calls[-1] == "commit_transaction" and writer.partition_offsets == {}
+
+
+def test_full_local_queue_makes_that_record_wait_and_keeps_order():
+    producer = FakeProducer()
+    real_produce = producer.produce
+    refusals = [2, 5]  # the local queue is full when these records arrive, once each
+
+    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        if topic == "data" and refusals and int(value) == refusals[0]:
+            refusals.pop(0)
+            raise BufferError("Local: Queue full")
+        real_produce(topic, value, key, headers, on_delivery, partition)
+
+    polls = []
+    producer.produce = produce
+    producer.poll = polls.append
+    writer = _writer(producer)
+    writer.write_batch("data", [Message(str(i).encode(), key=b"k%d" % i) for i in range(8)], offset=8)
+    assert _data(producer) == [str(i).encode() for i in range(8)]
+    assert len(polls) == 2 and producer.calls[-1] == "commit_transaction"
+
+
+def test_empty_batch_commits_only_the_ledger_record():
+    producer = FakeProducer()
+    writer = _writer(producer)
+    committed = writer.write_batch("data", [], offset=7)
+    assert _data(producer) == [] and [t for t, _ in producer.produced] == ["ledger"]
+    assert writer.last_committed == committed and committed.offset == 7

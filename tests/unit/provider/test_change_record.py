@@ -99,3 +99,13 @@ def test_topic_template():
 def test_unknown_format_is_refused():
     with pytest.raises(ValueError, match="format"):
         parse(b'{"format": 2}')
+
+
+def test_change_record_is_produced_as_a_message():
+    """The capture hands ChangeRecords to the writer as they are: Message's fields must lead, same order."""
+    from exactly_once_provider.change_record import ChangeRecord
+    from exactly_once_provider.hooks.kafka_producer import Message
+
+    assert ChangeRecord._fields[:len(Message._fields)] == Message._fields
+    (record,) = records_of(txn(row("c", None, {"id": 5, "v": 1})), TOPICS)
+    assert Message(*record[:4]) == Message(record.value, record.key, None, "p.eo.orders")
