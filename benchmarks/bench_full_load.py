@@ -41,6 +41,45 @@ def _prepare(rows: int) -> None:
     conn.close()
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system, with reaped children) of ``pids`` and every live descendant of them."""
+    parents, times = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    total, todo, seen = 0, list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in times:
+            continue
+        seen.add(pid)
+        total += times[pid]
+        todo += [child for child, parent in parents.items() if parent == pid]
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds spent by this benchmark's processes (driver, Spark JVM, Python workers, mysqldump) and by the
+    MariaDB server during a measured step: on a shared machine the wall clock also counts other work."""
+
+    def __init__(self) -> None:
+        self.server_pid = stack.process_by_name("mariadb").pid()
+
+    def __enter__(self) -> "CpuMeter":
+        self._client, self._server = _cpu_seconds([os.getpid()]), _cpu_seconds([self.server_pid])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.client = _cpu_seconds([os.getpid()]) - self._client
+        self.server = _cpu_seconds([self.server_pid]) - self._server
+
+
 def _mysqldump(workdir: Path) -> float:
     dump = shutil.which("mariadb-dump") or shutil.which("mysqldump")
     env = {**os.environ, "MYSQL_PWD": stack.DB_PASSWORD}
@@ -91,24 +130,33 @@ def main() -> int:
     session_s = time.monotonic() - session_started
     workdir = Path(tempfile.mkdtemp(prefix="eo-bench-"))
     try:
-        warm_s, _, warm_phases = _load(spark, workdir, "warmup", rows, 1)  # JVM, workers, Delta classes warm
-        dump_s = _mysqldump(workdir)
-        single_s, single_rows, single_phases = _load(spark, workdir, "single", rows + 1, 1)
+        # JVM, Delta classes and BOTH local[2] Python workers warm (one chunk each, in one wave): a worker that
+        # starts inside a measured load imports pyarrow and MySQLdb there.
+        warm_s, _, warm_phases = _load(spark, workdir, "warmup", -(-rows // 2), 2)
+        with CpuMeter() as dump_cpu:
+            dump_s = _mysqldump(workdir)
+        with CpuMeter() as single_cpu:
+            single_s, single_rows, single_phases = _load(spark, workdir, "single", rows + 1, 1)
         parallel_chunks = 8
-        parallel_s, parallel_rows, parallel_phases = _load(spark, workdir, "parallel", -(-rows // parallel_chunks),
-                                                           parallel_chunks)
+        with CpuMeter() as parallel_cpu:
+            parallel_s, parallel_rows, parallel_phases = _load(spark, workdir, "parallel",
+                                                               -(-rows // parallel_chunks), parallel_chunks)
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     assert single_rows == parallel_rows == rows, (single_rows, parallel_rows, rows)
     print(f"\nfull load benchmark: {rows} rows (id BIGINT PK, INT, VARCHAR(32), DECIMAL(12,2), DATETIME), "
           f"Spark local[2], MariaDB on the same 2-core machine")
-    print(f"{'method':<46} {'seconds':>8} {'rows/s':>10} {'vs mysqldump':>13}")
+    print(f"{'method':<46} {'seconds':>8} {'rows/s':>10} {'vs mysqldump':>13} {'CPU s: client':>14} {'server':>7}")
     base = rows / dump_s
-    for label, seconds in (("mysqldump --single-transaction --quick (file)", dump_s),
-                           ("full load -> Delta, 1 chunk (single stream)", single_s),
-                           (f"full load -> Delta, {parallel_chunks} chunks (parallel, local[2])", parallel_s)):
-        print(f"{label:<46} {seconds:>8.1f} {rows / seconds:>10.0f} {rows / seconds / base:>12.2f}x")
+    for label, seconds, cpu in (("mysqldump --single-transaction --quick (file)", dump_s, dump_cpu),
+                                ("full load -> Delta, 1 chunk (single stream)", single_s, single_cpu),
+                                (f"full load -> Delta, {parallel_chunks} chunks (parallel, local[2])", parallel_s,
+                                 parallel_cpu)):
+        print(f"{label:<46} {seconds:>8.1f} {rows / seconds:>10.0f} {rows / seconds / base:>12.2f}x "
+              f"{cpu.client:>14.2f} {cpu.server:>7.2f}")
+    print("CPU s = CPU seconds the step cost this benchmark's processes (driver, Spark JVM and Python workers, "
+          "mysqldump) and the MariaDB server: unlike the wall clock, not inflated by other work on the machine")
     print(f"\nwhere the time goes (seconds; Spark session start {session_s:.1f} s and the warm-up load "
           f"{warm_s:.1f} s are outside every figure above)")
     print(f"{'load':<12} {'prepare':>8} {'read+stage':>11} {'publish':>8} {'other':>6} {'total':>6}  publish mode")

@@ -205,6 +205,9 @@ def plan_chunks(cur: Any, schema: str, table: str, key: Sequence[str], chunk_row
 
     Boundaries are actual key values found every ``chunk_rows`` rows, so skewed, composite and string keys
     give even chunks. The last chunk is open-ended: rows inserted after planning still belong to a chunk.
+    A boundary that would be the table's last key is not taken (the open-ended chunk reads those rows), so a
+    table of exactly ``n * chunk_rows`` rows gives ``n`` chunks, not ``n`` and an empty one: every chunk is
+    a Spark task and an empty one could cost a wave of its own.
 
     :param cur: an open cursor.
     :param schema: the database name.
@@ -221,14 +224,14 @@ def plan_chunks(cur: Any, schema: str, table: str, key: Sequence[str], chunk_row
         if bounds:
             sql, params = _compare(key, bounds[-1], ">")
             where = f"WHERE {sql} "
-        cur.execute(
-            f"SELECT {columns} FROM {quote_table(schema, table)} {where}ORDER BY {columns} LIMIT 1 OFFSET %s",
+        cur.execute(  # the boundary, and the next key if there is one
+            f"SELECT {columns} FROM {quote_table(schema, table)} {where}ORDER BY {columns} LIMIT 2 OFFSET %s",
             (*params, chunk_rows - 1),
         )
-        row = cur.fetchone()
-        if row is None:
+        rows = cur.fetchall()
+        if len(rows) < 2:
             break
-        bounds.append(tuple(row))
+        bounds.append(tuple(rows[0]))
     edges: list[tuple | None] = [None, *bounds, None]
     return [Chunk(i, edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
 

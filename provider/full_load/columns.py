@@ -1,4 +1,4 @@
-"""Source column types -> Spark/Arrow types, and Python values -> Arrow arrays.
+"""Source column types -> Spark/Arrow types, and the server's text -> Arrow arrays, parsed column-wise.
 
 Mapping choices (all reversible to the source value):
 DECIMAL(p<=38) -> decimal(p,s), wider DECIMAL -> string; BIGINT UNSIGNED -> decimal(20,0); INT UNSIGNED ->
@@ -8,15 +8,13 @@ TIME -> string ``[-]HH:MM:SS[.ffffff]``; JSON/TEXT/ENUM/SET -> string; BLOB/BINA
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import MySQLdb.converters
 import pyarrow as pa
 import pyarrow.compute as pc
-from MySQLdb.constants import FIELD_TYPE
 
 from exactly_once_provider.hooks.mysql_identifiers import quote_table
 
@@ -89,48 +87,46 @@ def arrow_type(column: Column) -> pa.DataType:
     raise ValueError(f"Column {column.name!r} has type {column.column_type!r}, which the full load does not map.")
 
 
-def _time_text(value: dt.timedelta) -> str:
-    micros = value.days * 86_400_000_000 + value.seconds * 1_000_000 + value.microseconds
-    sign, micros = ("-" if micros < 0 else ""), abs(micros)
-    seconds, fraction = divmod(micros, 1_000_000)
-    text = f"{sign}{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-    return text + (f".{fraction:06d}" if fraction else "")
-
-
-def _converter(column: Column, target: pa.DataType):
-    """Return a per-value conversion for the types Arrow does not take as MySQLdb returns them."""
-    if column.data_type == "time":
-        return lambda v: None if v is None else _time_text(v)
-    if pa.types.is_decimal(target) and column.data_type == "bigint":
-        return lambda v: None if v is None else decimal.Decimal(v)
-    if pa.types.is_string(target) and column.data_type == "decimal":
-        return lambda v: None if v is None else str(v)
-    # Text and binary columns need none: pa.array takes str or bytes for both (UTF-8 checked, str encoded).
-    if column.data_type == "timestamp":  # naive UTC from the +00:00 session
-        return lambda v: None if v is None else v.replace(tzinfo=dt.timezone.utc)
-    return None
-
-
-# Types the reader receives as the server's text (see raw_conversions) and Arrow parses in bulk: creating a
-# Python Decimal/datetime per value costs more than the whole rest of the read.
-_PARSED_IN_ARROW = {"decimal", "datetime", "timestamp", "date"}
-
-
 def raw_conversions() -> dict:
-    """Return MySQLdb conversions that leave DECIMAL, DATE, DATETIME and TIMESTAMP as bytes for Arrow to parse."""
-    conversions = dict(MySQLdb.converters.conversions)
-    for field_type in (FIELD_TYPE.DECIMAL, FIELD_TYPE.NEWDECIMAL, FIELD_TYPE.DATE, FIELD_TYPE.DATETIME,
-                       FIELD_TYPE.TIMESTAMP):
-        conversions.pop(field_type, None)
-    return conversions
+    """Return MySQLdb conversions that turn no column value into a Python number, date or time.
+
+    Every value arrives as the server's text (``bytes``; character columns as ``str``, binary ones as ``bytes``,
+    as MySQLdb decodes them) and :func:`to_arrays` parses whole columns in Arrow: a Python ``int``,
+    ``Decimal``, ``datetime`` or ``timedelta`` per value cost more than the rest of the read. Only the
+    encoders of query parameters (keys that are Python types) are kept.
+    """
+    return {key: value for key, value in MySQLdb.converters.conversions.items() if not isinstance(key, int)}
 
 
-def _parse(column: Column, values: tuple | pa.Array, target: pa.DataType) -> pa.Array:
-    raw = values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
-    text = raw.cast(pa.string())
-    if pa.types.is_string(target):
-        return text
+_FRACTION_DIGITS = re.compile(r"^time\((\d)\)", re.IGNORECASE)
+
+
+def _time_text(column: Column, text: pa.Array) -> pa.Array:
+    """Normalise the server's TIME text to ``[-]HH:MM:SS[.ffffff]``: six fraction digits, none when zero.
+
+    The server prints ``[-]HH[H]:MM:SS`` and exactly the column's fractional digits (``TIME(3)`` ->
+    ``12:00:00.500``, ``12:00:00.000``); the load's form drops a zero fraction, pads the others to
+    microseconds and never signs a zero.
+    """
+    match = _FRACTION_DIGITS.match(column.column_type)
+    digits = int(match.group(1)) if match else 0
+    if digits:
+        text = pc.replace_substring_regex(text, r"\.0+$", "")
+        if digits < 6:
+            text = pc.replace_substring_regex(text, r"(\.\d+)$", r"\1" + "0" * (6 - digits))
+    return pc.replace_substring_regex(text, r"^-(00:00:00)$", r"\1")
+
+
+def _parse(column: Column, text: pa.Array, target: pa.DataType) -> pa.Array:
+    """Turn one column of server text into ``target`` exactly as the server meant it."""
+    t = column.data_type
     try:
+        if t == "time":
+            return _time_text(column, text)
+        if pa.types.is_string(target):  # DECIMAL wider than 38 digits: its exact text
+            return text
+        if t == "float":  # as float(text) rounded to float32 (parsing straight to float32 may round differently)
+            return pc.cast(pc.cast(text, pa.float64()), pa.float32())
         if pa.types.is_timestamp(target) and target.tz:
             return pc.cast(text, pa.timestamp(target.unit)).cast(target)  # read in a '+00:00' session
         return pc.cast(text, target)
@@ -141,28 +137,26 @@ def _parse(column: Column, values: tuple | pa.Array, target: pa.DataType) -> pa.
         ) from None
 
 
-def to_arrays(columns: list[Column], rows: list[tuple], raw: bool = False) -> list[pa.Array]:
-    """Turn a batch of result rows into one Arrow array per column.
+def _passes_through(column: Column) -> bool:
+    """Whether the column's values arrive as they are loaded (``str`` for text, ``bytes`` for binary)."""
+    return column.data_type in _TEXT or column.data_type in _BINARY
+
+
+def to_arrays(columns: list[Column], rows: list[tuple]) -> list[pa.Array]:
+    """Turn a batch of result rows read with :func:`raw_conversions` into one Arrow array per column.
+
+    Arrow reads the row tuples as one struct array in C (no per-value Python work); the columns that
+    arrived as text (numbers, dates, times) are then parsed column-wise by Arrow's casts.
 
     :param columns: the columns, in row order.
     :param rows: the batch of result rows.
-    :param raw: rows were read with :func:`raw_conversions` (text for the types Arrow parses).
     """
-    parsed = [raw and c.data_type in _PARSED_IN_ARROW for c in columns]
     targets = [arrow_type(c) for c in columns]
-    converters = [None if p else _converter(c, t) for c, t, p in zip(columns, targets, parsed)]
-    if rows and all(convert is None for convert in converters):
-        # Arrow reads the row tuples as one struct array in C: no per-column transpose of Python objects.
-        inputs = pa.struct([pa.field(str(i), pa.binary() if p else t) for i, (t, p) in enumerate(zip(targets, parsed))])
-        children = pa.array(rows, type=inputs).flatten()
-        return [_parse(c, a, t) if p else a for c, a, t, p in zip(columns, children, targets, parsed)]
-    arrays = []
-    for column, values, target, is_parsed, convert in zip(
-            columns, zip(*rows) if rows else [()] * len(columns), targets, parsed, converters):
-        if is_parsed:
-            arrays.append(_parse(column, values, target))
-            continue
-        if convert is not None:
-            values = [convert(v) for v in values]
-        arrays.append(pa.array(values, type=target))
-    return arrays
+    # Text to parse is read as binary and checked as UTF-8 by one cast per column: pa.string() would check
+    # each value as Arrow reads it, measured 0.34-0.56 s against 0.21 s per 1M rows of the benchmark table.
+    inputs = [t if _passes_through(c) else pa.binary() for c, t in zip(columns, targets)]
+    if not rows:
+        return [pa.array([], type=t) for t in targets]
+    struct = pa.array(rows, type=pa.struct([pa.field(str(i), t) for i, t in enumerate(inputs)]))
+    return [a if _passes_through(c) else _parse(c, a.cast(pa.string()), t)
+            for c, a, t in zip(columns, struct.flatten(), targets)]

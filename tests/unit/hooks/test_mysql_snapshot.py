@@ -74,7 +74,9 @@ def test_range_predicate_unbounded_chunk_selects_everything():
 
 
 def test_plan_walks_the_key_and_ends_with_an_open_chunk():
-    boundaries = iter([[(10,)], [(20,)], []])
+    # Each query returns the boundary and the key after it; the third finds a boundary with no key after it
+    # (the table's last key: the table holds exactly 30 rows): the open chunk reads those rows, no empty chunk.
+    boundaries = iter([[(10,), (11,)], [(20,), (21,)], [(30,)]])
 
     class Walk(FakeCursor):
         def execute(self, sql, args=None):
@@ -84,7 +86,8 @@ def test_plan_walks_the_key_and_ends_with_an_open_chunk():
     cursor = Walk({})
     chunks = plan_chunks(cursor, "s", "t`x", ["id"], 10)
     assert chunks == [Chunk(0, None, (10,)), Chunk(1, (10,), (20,)), Chunk(2, (20,), None)]
-    assert cursor.statements[0] == "SELECT `id` FROM `s`.`t``x` ORDER BY `id` LIMIT 1 OFFSET %s"
+    assert cursor.statements[0] == "SELECT `id` FROM `s`.`t``x` ORDER BY `id` LIMIT 2 OFFSET %s"
     assert cursor.params[1] == (10, 9)
+    assert len(cursor.statements) == 3
     with pytest.raises(ValueError, match="chunk_rows"):
         plan_chunks(cursor, "s", "t", ["id"], 0)
