@@ -5,7 +5,9 @@ modes of the packaged job with spark-submit (local[2], driver 1g) on that same t
 ABBA order (the first run of a pair is often the slower one on a busy machine); it prints rows/s of every
 run (rows in the sink / query time, JVM start-up excluded) with its per-batch seconds (the job's own log
 lines: a fixed per-commit cost shows in the small last batch) and, per sink, the median of each mode and
-their ratio exactly-once / at-least-once. Each run's output is deleted once counted, and the topic at the
+their ratio exactly-once / at-least-once. For Delta a third candidate runs in the same rotation: the
+exactly-once job committing through Delta's own writer (``--delta-commit delta``, the txn-id write option:
+what the sink did before it wrote its commits itself), printed as its own row. Each run's output is deleted once counted, and the topic at the
 end unless ``--keep-topic`` (a 1M-record topic per run filled the shared disk otherwise); ``--topic``
 re-reads a kept topic instead of producing again.
 
@@ -87,14 +89,20 @@ def delete_topic(bootstrap: str, topic: str) -> None:
 BATCH_LINE = re.compile(r"\bbatch (\d+) (?:appended|committed|was already committed)\b.*? in ([0-9.]+)s")
 
 
-def run_once(sink: str, delivery: str, topic: str, work: Path, batch: int, run: int
+# candidate -> (job --delivery, extra job args)
+CANDIDATES = {"exactly-once": ("exactly-once", []), "at-least-once": ("at-least-once", []),
+              "eo-delta-writer": ("exactly-once", ["--delta-commit", "delta"])}
+
+
+def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run: int
              ) -> tuple[int, float, list[float]]:
-    name = f"{sink}_{delivery.replace('-', '_')}_{run}_{topic.replace('-', '_')}"
+    name = f"{sink}_{candidate.replace('-', '_')}_{run}_{topic.replace('-', '_')}"
     target = name if sink == "postgres" else str(work / name)
     if sink == "postgres":
         PG_TABLES.append(name)
+    delivery, extra = CANDIDATES[candidate]
     args = jobs.job_args(stack, f"bench-{name}", topic, work / f"cp-{name}", sink, target, max_offsets=batch,
-                         delivery=delivery)
+                         delivery=delivery) + extra
     result = jobs.run_job(stack, args, timeout=1800)
     if result.returncode != 0:
         raise SystemExit(f"{sink} {delivery} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -131,18 +139,21 @@ def main() -> int:
     table = []
     try:
         for sink in (s.strip() for s in args.sinks.split(",")):
-            measured: dict[str, list[float]] = {"exactly-once": [], "at-least-once": []}
+            candidates = ["exactly-once"] + (["eo-delta-writer"] if sink == "delta" else []) + ["at-least-once"]
+            measured: dict[str, list[float]] = {c: [] for c in candidates}
             for run in range(args.repeat):
-                order = ("exactly-once", "at-least-once") if run % 2 == 0 else ("at-least-once", "exactly-once")
-                for delivery in order:
-                    rows, seconds, batches = run_once(sink, delivery, topic, work, args.batch, run)
+                for candidate in (candidates if run % 2 == 0 else candidates[::-1]):
+                    rows, seconds, batches = run_once(sink, candidate, topic, work, args.batch, run)
                     if rows != args.records:
-                        raise SystemExit(f"{sink} {delivery}: {rows} rows in the sink, expected {args.records}")
-                    measured[delivery].append(rows / seconds)
-                    print(f"  {sink:<8} {delivery:<13} run {run}: {rows} rows in {seconds:6.1f}s"
+                        raise SystemExit(f"{sink} {candidate}: {rows} rows in the sink, expected {args.records}")
+                    measured[candidate].append(rows / seconds)
+                    print(f"  {sink:<8} {candidate:<15} run {run}: {rows} rows in {seconds:6.1f}s"
                           f" = {rows / seconds:9.0f} rows/s; batches (s): "
                           + " ".join(f"{b:.1f}" for b in batches), flush=True)
             table.append((sink, measured["exactly-once"], measured["at-least-once"]))
+            if sink == "delta":
+                table.append(("delta, Delta's writer commits (txn-id option)", measured["eo-delta-writer"],
+                              measured["at-least-once"]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if PG_TABLES:

@@ -58,6 +58,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--key-field", default="pk", help="CDC: JSON field of the record value holding the key")
     parser.add_argument("--version-field", default="version", help="CDC: JSON field holding the source version")
     parser.add_argument("--op-field", default="op", help="CDC: JSON field holding the operation ('d' = delete)")
+    parser.add_argument("--delta-commit", default="own", choices=("own", "delta"),
+                        help="Delta append mode: the provider writes each batch's Delta commit itself (own) or "
+                             "Delta's writer does (delta: rebuilds the table state per commit, slower)")
     parser.add_argument("--delivery", default="exactly-once", choices=("exactly-once", "at-least-once"),
                         help="at-least-once = plain append, no sink-side progress (benchmark baseline only)")
     args = parser.parse_args(argv)
@@ -75,7 +78,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def make_sink(args: argparse.Namespace):
     if args.sink == "delta":
         from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
-        return DeltaSink(args.path, args.pipeline, args.mode)
+        return DeltaSink(args.path, args.pipeline, args.mode, commit_with=args.delta_commit)
     if args.sink == "postgres":
         from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
         sink = PostgresSink(args.table, args.pipeline, mode=args.mode)

@@ -1,16 +1,21 @@
 """Delta Lake sink: each micro-batch is ONE Delta commit carrying its BatchCommit marker and Delta txn id.
 
-The commit goes through :func:`exactly_once_provider.delta_commit.commit_with_marker` with
-``txnAppId = "<pipeline>:<checkpoint id>"`` and ``txnVersion = <batch id>``: a replayed batch is recognised
-by Delta (and by the marker lookup before it) and skipped. The marker lives under the key
+Append mode commits through :func:`exactly_once_provider.delta_commit.append_with_marker` with
+``txnAppId = "<pipeline>:<checkpoint id>"`` and ``txnVersion = <batch id>``: Spark writes the batch as Parquet
+and this process writes the Delta commit itself (no Delta state reconstruction per batch); a replayed batch is
+recognised by its txn and skipped, also when a zombie driver races the commit. ``commit_with="delta"`` (job
+option ``--delta-commit delta``) commits through Delta's own writer instead
+(:func:`~exactly_once_provider.delta_commit.commit_with_marker`, same txn id and marker), and so does a table
+with a feature the own commit does not write (logged). The marker lives under the key
 ``eo_stream:<pipeline>`` in ``commitInfo.userMetadata``; it is read back without Spark.
 
-CDC mode (``mode="cdc"``) MERGEs each batch's newest change per key through
+CDC mode (``mode="cdc"``) keeps Delta's writer: it MERGEs each batch's newest change per key through
 :func:`~exactly_once_provider.delta_commit.merge_with_marker` (same txn id and marker): a change applies only
 if its ``source_version`` is newer than the row's. Deletes are kept as tombstones (``deleted = true``) so an
 older change replayed after the delete cannot bring the row back; readers filter ``NOT deleted``.
 
-Window mode (``mode="window"``, :mod:`~exactly_once_provider.spark_jobs.settlement`) replaces the rows of the
+Window mode (``mode="window"``, :mod:`~exactly_once_provider.spark_jobs.settlement`) keeps Delta's writer too: it
+replaces the rows of the
 published windows with ``replaceWhere window_id IN (...)`` in the same single commit (same txn id); the
 marker carries the cumulative ``windows`` map (window id -> version, rows) the version check reads.
 
@@ -43,14 +48,18 @@ class DeltaSink:
     :param path: the Delta table's location (local path or ``file://``).
     :param pipeline: the pipeline's stable name.
     :param mode: ``append`` (records) or ``cdc`` (changes by ``pk``, newer ``source_version`` wins).
+    :param commit_with: append mode: ``own`` (the provider writes the Delta commit) or ``delta`` (Delta's writer).
     """
 
     kind = "delta"
 
-    def __init__(self, path: str, pipeline: str, mode: str = "append") -> None:
+    def __init__(self, path: str, pipeline: str, mode: str = "append", commit_with: str = "own") -> None:
+        if commit_with not in ("own", "delta"):
+            raise ValueError(f"commit_with must be 'own' or 'delta', got {commit_with!r}.")
         self.path = path
         self.pipeline = pipeline
         self.mode = mode
+        self.commit_with = commit_with
         self.key = f"eo_stream:{pipeline}"
 
     def _latest(self) -> tuple[dict, dict] | None:
@@ -96,6 +105,9 @@ class DeltaSink:
             return False
         previous = self.committed()
         marker = {self.key: dict(commit.to_json(), rows_before=previous.rows_total if previous else 0)}
+        if self.mode == "append" and self.commit_with == "own":
+            delta_commit.append_with_marker(df, self.path, marker, app_id, commit.batch_id)
+            return True
         if self.mode == "append":
             delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="append")
             return True

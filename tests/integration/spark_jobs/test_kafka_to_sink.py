@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+from exactly_once_provider import delta_commit
 from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
 from exactly_once_provider.spark_jobs.sink_files import FilesSink
 from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
@@ -52,6 +53,9 @@ def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack
     assert state["batch_id"] >= 2, "max offsets per trigger should split the input into several batches"
     assert state["rows_total"] == len(committed)
     jobs.assert_exactly(jobs.sink_rows(stack, sink, target), committed)
+    if sink == "delta":  # every batch went through the own commit, none through Delta's writer
+        engines = [a["commitInfo"].get("engineInfo") for _, a in delta_commit.commits(target)]
+        assert engines == ["exactly-once-provider"] * len(engines), engines
 
     # Lose the checkpoint, add input: the job starts from the sink's offsets, not from the beginning.
     shutil.rmtree(checkpoint)
