@@ -52,6 +52,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import delta_log
+from exactly_once_provider.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -345,16 +346,8 @@ def _put_if_absent(log_dir: Path, version: int, actions: list[dict]) -> bool:
         return False
     finally:
         tmp.unlink()
-    _fsync_dir(log_dir)
+    fsync_dir(log_dir)
     return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------- own append commits
@@ -616,7 +609,7 @@ def _adopt(staging: Path, root: Path, schema: dict) -> list[dict]:
         os.unlink(staging / name)
         files.append({"name": name, "bytes": (root / name).stat().st_size, "rows": footer.num_rows,
                       "stats": _column_stats(footer, schema)})
-    _fsync_dir(root)
+    fsync_dir(root)
     return files
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from exactly_once_provider import delta_commit
+from exactly_once_provider.durable import fsync_dir
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load import handoff
@@ -240,7 +241,7 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
         for name, path in files.items():  # a rename on the same filesystem; a crash leaves some moved: fine
             if path != os.path.join(sink, name):
                 os.replace(path, os.path.join(sink, name))
-        _fsync_dir(sink)
+        fsync_dir(sink)
         listed = [{"name": e["data"], "bytes": e["bytes"], "rows": e["rows"]}
                   for _, e in sorted(done.items(), key=lambda item: int(item[0]))]
         schema = spark_schema([Column(**c) for c in manifest["columns"]]).json()
@@ -290,11 +291,3 @@ def _can_adopt(sink: str, staging, load_id: str) -> bool:
         if (m := _STAGED_NAME.match(name)) and m["load"] != load_id:
             os.unlink(os.path.join(sink, name))
     return True
-
-
-def _fsync_dir(path: str) -> None:
-    handle = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)

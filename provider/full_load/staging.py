@@ -14,6 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from exactly_once_provider.durable import fsync_dir
+
 
 class Staging:
     """Staged chunk output and the manifest of one table's full load.
@@ -43,11 +45,7 @@ class Staging:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, self.manifest_path)
-        directory = os.open(self.root, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        fsync_dir(self.root)
 
     @property
     def data_dir(self) -> Path:

@@ -30,17 +30,10 @@ import shutil
 import uuid
 from pathlib import Path
 
+from exactly_once_provider.durable import fsync_dir
 from exactly_once_provider.spark_jobs.batch import BatchCommit
 
 MANIFEST_FORMAT = 1
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def latest_manifest(root: str) -> dict | None:
@@ -110,7 +103,7 @@ class FilesSink:
         df.write.mode("errorifexists").parquet(str(staged))
         destination.parent.mkdir(parents=True, exist_ok=True)
         os.rename(staged, destination)
-        _fsync_dir(destination.parent)
+        fsync_dir(destination.parent)
         return [{"path": str(part.relative_to(self.root)), "rows": pq.read_metadata(part).num_rows}
                 for part in sorted(destination.glob("part-*.parquet"))]
 
@@ -129,7 +122,7 @@ class FilesSink:
             os.link(tmp, manifests / f"{sequence:020d}.json")  # the commit point; fails if n exists
         finally:
             tmp.unlink()
-        _fsync_dir(manifests)
+        fsync_dir(manifests)
 
     @staticmethod
     def _already(previous: dict | None, commit: BatchCommit) -> bool:
