@@ -77,7 +77,7 @@ class Dialect:
         """
         kind = kind_of(column)
         scale = column.scale or 0
-        m, p, s = self.name == "mariadb", self.name == "postgres", self.name == "spark"
+        m, p = self.name == "mariadb", self.name == "postgres"  # otherwise Spark SQL
         if kind == "integer":
             if p:
                 value = f"({expr})::numeric(20,0)" if from_text else expr

@@ -250,17 +250,23 @@ def test_close_waits_for_a_running_commit():
     assert writer.last_committed.offset == 1 and writer.producer is None
 
 
-def test_exactly_once_reports_only_the_last_record_of_each_key_and_keeps_exact_offsets():
-    producer = FakeProducer()
-    callbacks = []
+def _record_report_requests(producer: FakeProducer) -> list[bool]:
+    """Make ``producer`` note, per data record, whether a delivery report was asked for; return the notes."""
+    requests: list[bool] = []
     real_produce = producer.produce
 
     def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
         if topic == "data":
-            callbacks.append(on_delivery is not None)
+            requests.append(on_delivery is not None)
         real_produce(topic, value, key, headers, on_delivery, partition)
 
     producer.produce = produce
+    return requests
+
+
+def test_exactly_once_reports_only_the_last_record_of_each_key_and_keeps_exact_offsets():
+    producer = FakeProducer()
+    callbacks = _record_report_requests(producer)
     writer = _writer(producer)
     batch = [Message(b"1", key=b"a"), Message(b"2", key=b"b"), Message(b"3", key=b"a"), Message(b"4"),
              Message(b"5", key=b"b"), Message(b"6")]
@@ -272,15 +278,7 @@ def test_exactly_once_reports_only_the_last_record_of_each_key_and_keeps_exact_o
 
 def test_at_least_once_reports_every_record():
     producer = FakeProducer()
-    callbacks = []
-    real_produce = producer.produce
-
-    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
-        if topic == "data":
-            callbacks.append(on_delivery is not None)
-        real_produce(topic, value, key, headers, on_delivery, partition)
-
-    producer.produce = produce
+    callbacks = _record_report_requests(producer)
     writer = _writer(producer)
     writer.delivery_mode, writer.transactional_id = "at_least_once", None
     writer.write_batch("data", [Message(b"1", key=b"a"), Message(b"2", key=b"a")], offset=2)
@@ -318,15 +316,7 @@ def test_batch_failing_while_produced_is_replayed_and_still_returned_by_wait():
 
 def test_writer_without_partition_offsets_asks_for_no_delivery_report():
     producer = FakeProducer()
-    callbacks = []
-    real_produce = producer.produce
-
-    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
-        if topic == "data":
-            callbacks.append(on_delivery is not None)
-        real_produce(topic, value, key, headers, on_delivery, partition)
-
-    producer.produce = produce
+    callbacks = _record_report_requests(producer)
     writer = _writer(producer)
     writer.track_partition_offsets = False
     committed = writer.write_batch("data", [Message(b"1", key=b"a"), Message(b"2"), Message(b"3", key=b"a")],
