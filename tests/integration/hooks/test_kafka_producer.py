@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from exactly_once_provider.hooks.kafka_producer import (
     DeliveryError,
     Message,
+    PipelineWriter,
     ProducerFencedError,
     TransactionalProducerHook,
 )
@@ -107,13 +108,19 @@ def test_ledger_read_waits_for_another_pipelines_open_transaction(bootstrap):
     ender.join()
 
 
-def test_record_larger_than_topic_allows_fails_and_nothing_is_visible(bootstrap):
+def _small_topic_writer(bootstrap: str, track_partition_offsets: bool = True) -> tuple[str, str, PipelineWriter]:
+    """Return a topic refusing records over 2 KB, its writer's ledger, and the writer after one committed batch."""
     ledger = f"ledger-{uuid.uuid4().hex[:8]}"
     topic = f"small-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2048"})])[topic].result(30)
-    writer = _hook(ledger, ledger).open_writer()
+    writer = _hook(ledger, ledger).open_writer(track_partition_offsets=track_partition_offsets)
     writer.write_batch(topic, _messages("ok"), offset=1)
+    return topic, ledger, writer
+
+
+def test_record_larger_than_topic_allows_fails_and_nothing_is_visible(bootstrap):
+    topic, ledger, writer = _small_topic_writer(bootstrap)
 
     batch = _messages("before") + [Message(b"x" * 10_000, key=b"big")] + _messages("after")
     with pytest.raises(DeliveryError, match="not delivered.*nothing of this batch is visible"):
@@ -186,14 +193,11 @@ def test_at_least_once_mode_uses_no_transaction_and_still_records_the_offset(boo
     assert read_committed_offset({"bootstrap.servers": bootstrap}, "alo", "0", ledger).offset == 2
 
 
-def test_oversized_record_without_a_delivery_report_still_fails_the_batch(bootstrap):
-    """exactly_once reports only each key's last record; a failed earlier one surfaces through the commit."""
-    ledger = f"ledger-{uuid.uuid4().hex[:8]}"
-    topic = f"small-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2048"})])[topic].result(30)
-    writer = _hook(ledger, ledger).open_writer()
-    writer.write_batch(topic, _messages("ok"), offset=1)
+@pytest.mark.parametrize("track_partition_offsets", [True, False], ids=["key-reports", "no-reports"])
+def test_oversized_record_without_a_delivery_report_still_fails_the_batch(bootstrap, track_partition_offsets):
+    """exactly_once reports only each key's last record (or none, like the capture's writer); a failed unreported
+    record surfaces through the commit."""
+    topic, ledger, writer = _small_topic_writer(bootstrap, track_partition_offsets)
 
     batch = [Message(b"before", key=b"k"), Message(b"x" * 10_000, key=b"k"), Message(b"after", key=b"k")]
     with pytest.raises(DeliveryError, match="not delivered.*TOO_LARGE.*nothing of this batch is visible"):
