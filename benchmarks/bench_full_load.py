@@ -107,19 +107,38 @@ def _spark():
     return builder.getOrCreate()
 
 
-def _load(spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int) -> tuple[float, int, dict]:
+def _load(spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int,
+          reader: str = "native") -> tuple[float, int, dict]:
     from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
     from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 
     request = FullLoadRequest(schema=stack.DB_NAME, table=TABLE, sink_path=str(workdir / name),
-                              chunk_rows=chunk_rows, chunks_per_job=chunks_per_job, expected_rows_per_second=1000)
+                              chunk_rows=chunk_rows, chunks_per_job=chunks_per_job, expected_rows_per_second=1000,
+                              reader=reader)
     started = time.monotonic()
     result = run_full_load(spark, MySqlSourceHook(), request, progress=lambda p: None)
     return time.monotonic() - started, result.handoff.rows, result.stats.get("phases", {})
 
 
+class Step:
+    """One measured step, run ``repeat`` times interleaved with the others; reported by its median run."""
+
+    def __init__(self, label: str, run) -> None:
+        self.label, self.run, self.runs = label, run, []
+
+    def measure(self) -> None:
+        with CpuMeter() as cpu:
+            seconds, rows, phases = self.run()
+        self.runs.append((seconds, rows, phases, cpu))
+
+    @property
+    def median(self):
+        return sorted(self.runs, key=lambda r: r[0])[len(self.runs) // 2]
+
+
 def main() -> int:
     rows = int(os.environ.get("BENCH_ROWS", "1000000"))
+    repeat = int(os.environ.get("BENCH_REPEAT", "3"))
     logging.basicConfig(level=logging.WARNING)
     stack.up(only=("mariadb",))
     os.environ.update(stack.connection_env())
@@ -129,48 +148,58 @@ def main() -> int:
     spark.sparkContext.setLogLevel("ERROR")
     session_s = time.monotonic() - session_started
     workdir = Path(tempfile.mkdtemp(prefix="eo-bench-"))
+    parallel = 8
+    counter = iter(range(10**6))
+
+    def load(chunks: int, reader: str):
+        return lambda: _load(spark, workdir, f"load{next(counter)}", -(-rows // chunks) + (chunks == 1), chunks,
+                             reader)
+
+    def dump():
+        return _mysqldump(workdir), rows, {}
+
+    steps = [Step("mysqldump --single-transaction --quick (file)", dump),
+             Step("full load, native reader, 1 chunk", load(1, "native")),
+             Step(f"full load, native reader, {parallel} chunks", load(parallel, "native")),
+             Step("full load, row reader, 1 chunk", load(1, "rows")),
+             Step(f"full load, row reader, {parallel} chunks", load(parallel, "rows"))]
     try:
-        # JVM, Delta classes and BOTH local[2] Python workers warm (one chunk each, in one wave): a worker that
-        # starts inside a measured load imports pyarrow and MySQLdb there.
-        warm_s, _, warm_phases = _load(spark, workdir, "warmup", -(-rows // 2), 2)
-        with CpuMeter() as dump_cpu:
-            dump_s = _mysqldump(workdir)
-        with CpuMeter() as single_cpu:
-            single_s, single_rows, single_phases = _load(spark, workdir, "single", rows + 1, 1)
-        parallel_chunks = 8
-        with CpuMeter() as parallel_cpu:
-            parallel_s, parallel_rows, parallel_phases = _load(spark, workdir, "parallel",
-                                                               -(-rows // parallel_chunks), parallel_chunks)
+        # JVM, Delta classes and BOTH local[2] Python workers warm (one chunk each, in one wave), with each reader:
+        # a worker that starts inside a measured load imports pyarrow, connectorx and MySQLdb there.
+        warm_started = time.monotonic()
+        for reader in ("native", "rows"):
+            _load(spark, workdir, f"warmup-{reader}", -(-rows // 2), 2, reader)
+        warm_s = time.monotonic() - warm_started
+        for _ in range(repeat):
+            for step in steps:
+                step.measure()
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    assert single_rows == parallel_rows == rows, (single_rows, parallel_rows, rows)
+    for step in steps:
+        assert all(run[1] == rows for run in step.runs), (step.label, [run[1] for run in step.runs])
     print(f"\nfull load benchmark: {rows} rows (id BIGINT PK, INT, VARCHAR(32), DECIMAL(12,2), DATETIME), "
-          f"Spark local[2], MariaDB on the same 2-core machine")
-    print(f"{'method':<46} {'seconds':>8} {'rows/s':>10} {'vs mysqldump':>13} {'CPU s: client':>14} {'server':>7}")
-    base = rows / dump_s
-    for label, seconds, cpu in (("mysqldump --single-transaction --quick (file)", dump_s, dump_cpu),
-                                ("full load -> Delta, 1 chunk (single stream)", single_s, single_cpu),
-                                (f"full load -> Delta, {parallel_chunks} chunks (parallel, local[2])", parallel_s,
-                                 parallel_cpu)):
-        print(f"{label:<46} {seconds:>8.1f} {rows / seconds:>10.0f} {rows / seconds / base:>12.2f}x "
-              f"{cpu.client:>14.2f} {cpu.server:>7.2f}")
+          f"Spark local[2], MariaDB on the same 2-core machine; median of {repeat} interleaved runs per step")
+    print(f"{'method':<46} {'seconds':>8} {'rows/s':>10} {'vs mysqldump':>13} {'CPU s: client':>14} {'server':>7}"
+          "  all runs (s)")
+    base = rows / steps[0].median[0]
+    for step in steps:
+        seconds, _, _, cpu = step.median
+        print(f"{step.label:<46} {seconds:>8.2f} {rows / seconds:>10.0f} {rows / seconds / base:>12.2f}x "
+              f"{cpu.client:>14.2f} {cpu.server:>7.2f}  {' '.join(f'{r[0]:.2f}' for r in step.runs)}")
     print("CPU s = CPU seconds the step cost this benchmark's processes (driver, Spark JVM and Python workers, "
           "mysqldump) and the MariaDB server: unlike the wall clock, not inflated by other work on the machine")
-    print(f"\nwhere the time goes (seconds; Spark session start {session_s:.1f} s and the warm-up load "
-          f"{warm_s:.1f} s are outside every figure above)")
-    print(f"{'load':<12} {'prepare':>8} {'read+stage':>11} {'publish':>8} {'other':>6} {'total':>6}  publish mode")
-    for label, seconds, phases in (("warm-up", warm_s, warm_phases), ("1 chunk", single_s, single_phases),
-                                   (f"{parallel_chunks} chunks", parallel_s, parallel_phases)):
-        if not phases:  # a build of the load that does not time its phases (comparison runs)
-            print(f"{label:<12} {'-':>8} {'-':>11} {'-':>8} {'-':>6} {seconds:>6.2f}")
-            continue
+    print(f"\nwhere the time goes (median runs, seconds; Spark session start {session_s:.1f} s and the warm-up "
+          f"loads {warm_s:.1f} s are outside every figure above)")
+    print(f"{'load':<46} {'prepare':>8} {'read+stage':>11} {'publish':>8} {'other':>6} {'total':>6}  publish mode")
+    for step in steps[1:]:
+        seconds, _, phases, _ = step.median
         other = seconds - phases["prepare"] - phases["read_and_stage"] - phases["publish"]
-        print(f"{label:<12} {phases['prepare']:>8.2f} {phases['read_and_stage']:>11.2f} {phases['publish']:>8.2f} "
-              f"{other:>6.2f} {seconds:>6.2f}  {phases['publish_mode']}")
+        print(f"{step.label:<46} {phases['prepare']:>8.2f} {phases['read_and_stage']:>11.2f} "
+              f"{phases['publish']:>8.2f} {other:>6.2f} {seconds:>6.2f}  {phases['publish_mode']}")
     print("prepare = preflight, column list, chunk planning, manifest; read+stage = the Spark job(s): each chunk in "
-          "its own snapshot, MariaDB -> mysqlclient -> Arrow -> a staged Parquet file; publish = the one Delta "
-          "commit carrying the handoff (and the manifest update)")
+          "its own snapshot, MariaDB -> Arrow (connectorx, or mysqlclient rows) -> a staged Parquet file; "
+          "publish = the one Delta commit carrying the handoff (and the manifest update)")
     return 0
 
 

@@ -28,6 +28,12 @@ from exactly_once_provider.positions import BinlogPosition
 # Error 1064 (syntax) / 1295 / 1227 cover "SHOW BINARY LOG STATUS" on servers older than MySQL 8.2.
 _OLD_SYNTAX_CODES = {1064, 1295}
 _ACCESS_DENIED = 1227
+# The statements opening a MariaDB snapshot whose binlog_snapshot_file/position are exactly its read view's.
+# Every reader of a MariaDB chunk opens its snapshot with these (begin_snapshot; hooks/mysql_arrow.py).
+MARIADB_SNAPSHOT_STATEMENTS = (
+    "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+    "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
+)
 # How long the MySQL path waits for FLUSH TABLES WITH READ LOCK before giving up (seconds).
 FTWRL_LOCK_WAIT_TIMEOUT = 60
 _NAME = re.compile(r"[A-Za-z0-9_]+")
@@ -41,12 +47,13 @@ def begin_snapshot(cur: Any, is_mariadb: bool) -> BinlogPosition:
     :param cur: a cursor of a connection with autocommit on and no open transaction.
     :param is_mariadb: MariaDB (lock-free status variables) or MySQL 8 (brief global read lock).
     """
-    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     if is_mariadb:
-        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        for statement in MARIADB_SNAPSHOT_STATEMENTS:
+            cur.execute(statement)
         cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
         status = {str(name).lower(): value for name, value in cur.fetchall()}
         return _position(status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position"))
+    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     return _mysql_locked_snapshot(cur)
 
 
@@ -94,27 +101,42 @@ class Chunk:
     upper: tuple | None
 
 
-def _compare(columns: Sequence[str], values: Sequence[Any], last_op: str) -> tuple[str, list]:
-    """Lexicographic ``(columns) <op> (values)`` spelled out so the range optimizer uses the key."""
+def _compare(columns: Sequence[str], values: Sequence[Any], last_op: str,
+             literal: Callable[[Any], str] | None = None) -> tuple[str, list]:
+    """Lexicographic ``(columns) <op> (values)`` spelled out so the range optimizer uses the key.
+
+    Values are parameters (``%s``), or inlined with ``literal`` (then no parameters are returned).
+    """
     terms, params = [], []
     for i, column in enumerate(columns):
-        parts = [f"{quote_identifier(c)} = %s" for c in columns[:i]]
+        if literal is None:
+            slots = ["%s"] * (i + 1)
+            params.extend(values[: i + 1])
+        else:
+            slots = [literal(v) for v in values[: i + 1]]
+        parts = [f"{quote_identifier(c)} = {slot}" for c, slot in zip(columns[:i], slots)]
         op = last_op if i == len(columns) - 1 else last_op[0]
-        parts.append(f"{quote_identifier(column)} {op} %s")
+        parts.append(f"{quote_identifier(column)} {op} {slots[i]}")
         terms.append("(" + " AND ".join(parts) + ")")
-        params.extend(values[: i + 1])
     return "(" + " OR ".join(terms) + ")", params
 
 
-def range_predicate(columns: Sequence[str], chunk: Chunk) -> tuple[str, list]:
-    """Return the SQL condition (and its parameters) selecting exactly the keys of ``chunk``."""
+def range_predicate(columns: Sequence[str], chunk: Chunk,
+                    literal: Callable[[Any], str] | None = None) -> tuple[str, list]:
+    """Return the SQL condition (and its parameters) selecting exactly the keys of ``chunk``.
+
+    :param columns: the chunk key columns.
+    :param chunk: the key range.
+    :param literal: inline the bounds with this renderer (:func:`~.mysql_identifiers.sql_literal`) instead of
+        returning them as parameters, for a client that cannot bind them.
+    """
     clauses, params = [], []
     if chunk.lower is not None:
-        sql, values = _compare(columns, chunk.lower, ">")
+        sql, values = _compare(columns, chunk.lower, ">", literal)
         clauses.append(sql)
         params += values
     if chunk.upper is not None:
-        sql, values = _compare(columns, chunk.upper, "<=")
+        sql, values = _compare(columns, chunk.upper, "<=", literal)
         clauses.append(sql)
         params += values
     return (" AND ".join(clauses) or "TRUE"), params
@@ -261,7 +283,7 @@ class ConnectionSettings:
 
 
 def read_chunk(
-    conn: Any, is_mariadb: bool, schema: str, table: str, columns: Sequence[str], key: Sequence[str],
+    conn: Any, is_mariadb: bool, schema: str, table: str, select: Sequence[str], key: Sequence[str],
     chunk: Chunk, fetch_rows: int = 10_000,
 ) -> tuple[BinlogPosition, Iterator[list[tuple]]]:
     """Open a snapshot, return its position and an iterator of row batches of ``chunk`` read inside it.
@@ -273,16 +295,15 @@ def read_chunk(
     :param is_mariadb: which snapshot path to use.
     :param schema: the database name.
     :param table: the table name.
-    :param columns: the columns to read, in output order.
+    :param select: one SQL expression per output column (quoted names, or casts of them), in output order.
     :param key: the chunk key columns.
     :param chunk: the key range to read.
     :param fetch_rows: rows per batch.
     """
     position = begin_snapshot(conn.cursor(), is_mariadb)
     where, params = range_predicate(key, chunk)
-    select = ", ".join(quote_identifier(c) for c in columns)
     stream = conn.cursor(MySQLdb.cursors.SSCursor)
-    stream.execute(f"SELECT {select} FROM {quote_table(schema, table)} WHERE {where}", params)
+    stream.execute(f"SELECT {', '.join(select)} FROM {quote_table(schema, table)} WHERE {where}", params)
 
     def batches() -> Iterator[list[tuple]]:
         try:

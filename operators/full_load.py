@@ -27,7 +27,9 @@ class MySqlFullLoadOperator(BaseOperator):
     :param chunk_rows: target rows per chunk (one Spark partition).
     :param chunks_per_job: chunks per Spark job; progress is saved after each job.
     :param chunk_key: columns of a unique NOT NULL index, when the table's primary key is not wanted.
-    :param fetch_rows: rows per server-side cursor fetch.
+    :param fetch_rows: rows per Arrow batch read from the source.
+    :param reader: ``native`` (MariaDB rows straight into Arrow, connectorx) or ``rows`` (through mysqlclient;
+        slower, and what a MySQL source always uses). Both load the same values.
     :param full_reload: start a new snapshot even if a load is in progress or published.
     :param expected_rows_per_second: planned speed for the binlog retention check.
     :param mysql_conn_id: the source connection (standard ``mysql`` type).
@@ -40,14 +42,14 @@ class MySqlFullLoadOperator(BaseOperator):
     def __init__(
         self, *, table: str, sink_path: str, schema: str | None = None, staging_path: str | None = None,
         chunk_rows: int = 100_000, chunks_per_job: int = 2, chunk_key: Sequence[str] | None = None,
-        fetch_rows: int = 10_000, full_reload: bool | str = False, expected_rows_per_second: float = 20_000,
+        fetch_rows: int = 10_000, reader: str = "native", full_reload: bool | str = False, expected_rows_per_second: float = 20_000,
         mysql_conn_id: str = MySqlSourceHook.default_conn_name, spark_conn_id: str = "spark_default",
         spark_conf: dict[str, str] | None = None, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.table, self.sink_path, self.schema, self.staging_path = table, sink_path, schema, staging_path
         self.chunk_rows, self.chunks_per_job, self.chunk_key = chunk_rows, chunks_per_job, chunk_key
-        self.fetch_rows, self.full_reload = fetch_rows, full_reload
+        self.fetch_rows, self.reader, self.full_reload = fetch_rows, reader, full_reload
         self.expected_rows_per_second = expected_rows_per_second
         self.mysql_conn_id, self.spark_conn_id, self.spark_conf = mysql_conn_id, spark_conn_id, spark_conf or {}
 
@@ -65,7 +67,7 @@ class MySqlFullLoadOperator(BaseOperator):
         request = FullLoadRequest(
             schema=schema, table=self.table, sink_path=self.sink_path, staging_path=self.staging_path,
             chunk_rows=self.chunk_rows, chunks_per_job=self.chunks_per_job,
-            chunk_key=tuple(self.chunk_key) if self.chunk_key else None, fetch_rows=self.fetch_rows,
+            chunk_key=tuple(self.chunk_key) if self.chunk_key else None, fetch_rows=self.fetch_rows, reader=self.reader,
             full_reload=bool(self.full_reload), expected_rows_per_second=self.expected_rows_per_second,
         )
         result = run_full_load(self._spark(), hook, request, progress=self._progress)

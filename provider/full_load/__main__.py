@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-rows", type=int, default=100_000)
     parser.add_argument("--chunks-per-job", type=int, default=2)
     parser.add_argument("--fetch-rows", type=int, default=10_000)
+    parser.add_argument("--reader", choices=("native", "rows"), default="native")
     parser.add_argument("--full-reload", action="store_true")
     parser.add_argument("--mysql-conn-id", default=MySqlSourceHook.default_conn_name)
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = builder.getOrCreate()
     request = FullLoadRequest(schema=args.schema, table=args.table, sink_path=args.sink, staging_path=args.staging,
                               chunk_rows=args.chunk_rows, chunks_per_job=args.chunks_per_job,
-                              fetch_rows=args.fetch_rows, full_reload=args.full_reload)
+                              fetch_rows=args.fetch_rows, reader=args.reader, full_reload=args.full_reload)
     result = run_full_load(spark, MySqlSourceHook(mysql_conn_id=args.mysql_conn_id), request)
     h = result.handoff
     print(RESULT_PREFIX + json.dumps({"rows": h.rows, "table_version": h.table_version, "chunks_read": result.chunks_read,

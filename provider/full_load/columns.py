@@ -4,6 +4,11 @@ Mapping choices (all reversible to the source value):
 DECIMAL(p<=38) -> decimal(p,s), wider DECIMAL -> string; BIGINT UNSIGNED -> decimal(20,0); INT UNSIGNED ->
 bigint; DATETIME -> timestamp_ntz (wall-clock, no zone); TIMESTAMP -> timestamp (read in a UTC session);
 TIME -> string ``[-]HH:MM:SS[.ffffff]``; JSON/TEXT/ENUM/SET -> string; BLOB/BINARY/BIT -> binary.
+
+Two readers fill these types, value for value the same (tests/integration/provider/full_load/
+test_spark_source.py): the native reader (:mod:`exactly_once_provider.hooks.mysql_arrow`, columns selected with
+:func:`native_select`, converted with :func:`from_native`) and the row reader (:func:`raw_conversions`,
+:func:`to_arrays`). FLOAT is its stored 32-bit value in both.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import MySQLdb.converters
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exactly_once_provider.hooks.mysql_identifiers import quote_table
+from exactly_once_provider.hooks.mysql_identifiers import quote_identifier, quote_table
 
 _TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "json", "enum", "set"}
 _BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "bit"}
@@ -125,7 +130,7 @@ def _parse(column: Column, text: pa.Array, target: pa.DataType) -> pa.Array:
             return _time_text(column, text)
         if pa.types.is_string(target):  # DECIMAL wider than 38 digits: its exact text
             return text
-        if t == "float":  # as float(text) rounded to float32 (parsing straight to float32 may round differently)
+        if t == "float":  # the exact DOUBLE text of the stored FLOAT (row_select): exact in float64, then float32
             return pc.cast(pc.cast(text, pa.float64()), pa.float32())
         if pa.types.is_timestamp(target) and target.tz:
             return pc.cast(text, pa.timestamp(target.unit)).cast(target)  # read in a '+00:00' session
@@ -160,3 +165,37 @@ def to_arrays(columns: list[Column], rows: list[tuple]) -> list[pa.Array]:
     struct = pa.array(rows, type=pa.struct([pa.field(str(i), t) for i, t in enumerate(inputs)]))
     return [a if _passes_through(c) else _parse(c, a.cast(pa.string()), t)
             for c, a, t in zip(columns, struct.flatten(), targets)]
+
+
+def row_select(column: Column) -> str:
+    """Return the SQL expression the row reader selects ``column`` with.
+
+    FLOAT is widened to DOUBLE by the server: the text of a FLOAT keeps 6 significant digits, not always enough
+    to give back the stored 32 bits; the DOUBLE's text always does.
+    """
+    name = quote_identifier(column.name)
+    return f"CAST({name} AS DOUBLE) AS {name}" if column.data_type == "float" else name
+
+
+# connectorx reads DECIMAL as decimal128(38,10) (wrong past 10 fraction digits, refused past 38 digits) and
+# refuses negative TIME: the native reader has the server send those as text and parses it like the row reader.
+_NATIVE_AS_TEXT = {"decimal", "time"}
+
+
+def native_select(column: Column) -> str:
+    """Return the SQL expression the native reader selects ``column`` with."""
+    name = quote_identifier(column.name)
+    return f"CAST({name} AS CHAR) AS {name}" if column.data_type in _NATIVE_AS_TEXT else name
+
+
+def from_native(column: Column, array: pa.Array) -> pa.Array:
+    """Return connectorx's array of ``column`` (selected with :func:`native_select`) as the loaded Arrow type.
+
+    connectorx gives each integer its own width and sign (int8 ... uint64), binary as large_binary, DATETIME
+    and TIMESTAMP (a UTC session) as timestamp[us]: each is cast safely to :func:`arrow_type`, so a value
+    that does not fit raises instead of changing.
+    """
+    target = arrow_type(column)
+    if column.data_type in _NATIVE_AS_TEXT:
+        return _parse(column, array.cast(pa.string()), target)
+    return array if array.type == target else array.cast(target)

@@ -41,6 +41,7 @@ from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 
 log = logging.getLogger(__name__)
 MANIFEST_FORMAT = 1
+READERS = ("native", "rows")
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,9 @@ class FullLoadRequest:
     :param chunk_rows: target rows per chunk (one Spark partition, one snapshot each).
     :param chunks_per_job: chunks per Spark job (a "wave"); progress is saved after each wave.
     :param chunk_key: columns of a unique NOT NULL index to chunk by instead of the primary key.
-    :param fetch_rows: rows per server-side cursor fetch (one Arrow batch).
+    :param fetch_rows: rows per Arrow batch read from the source (a server-side cursor fetch for the row reader).
+    :param reader: ``native`` reads MariaDB chunks into Arrow in native code (connectorx); ``rows`` reads them
+        through mysqlclient rows (slower; what MySQL always uses). Both load the same values.
     :param full_reload: forget a load in progress or published and start a new snapshot.
     :param expected_rows_per_second: planned load speed for the binlog retention check.
     :param require_replication: require REPLICATION SLAVE for the capture that follows.
@@ -68,6 +71,7 @@ class FullLoadRequest:
     chunks_per_job: int = 2
     chunk_key: tuple[str, ...] | None = None
     fetch_rows: int = 10_000
+    reader: str = "native"
     full_reload: bool = False
     expected_rows_per_second: float = 20_000
     require_replication: bool = True
@@ -116,6 +120,8 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
     :param request: what to load.
     :param progress: called after each finished wave.
     """
+    if request.reader not in READERS:
+        raise ValueError(f"reader must be one of {READERS}, got {request.reader!r}.")
     started = time.monotonic()
     phases: dict[str, float] = {}
     staging = request.staging()
@@ -152,7 +158,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
         wave = pending[start:start + size]
         options = chunk_read_options(settings, checked.server.is_mariadb, request.schema, request.table,
                                      [Column(**c) for c in columns], checked.key.columns, wave, request.fetch_rows,
-                                     manifest["load_id"], str(staging.data_dir))
+                                     manifest["load_id"], str(staging.data_dir), request.reader)
         wave_started = time.monotonic()
         results = read_chunks(spark, options)
         phases["read_and_stage"] = phases.get("read_and_stage", 0.0) + time.monotonic() - wave_started
@@ -163,7 +169,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
         for r in results:
             manifest["done"][str(r["chunk"])] = {"file": r["binlog_file"], "pos": int(r["binlog_pos"]),
                                                  "rows": int(r["rows"]), "data": r["data_file"],
-                                                 "bytes": int(r["data_bytes"])}
+                                                 "bytes": int(r["data_bytes"]), "reader": r["reader"]}
             read_rows += int(r["rows"])
         staging.save(manifest)  # the chunk progress marker, after the executors fsynced the wave's files
         progress(Progress(len(manifest["done"]), total, read_rows, time.monotonic() - started))

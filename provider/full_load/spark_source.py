@@ -16,6 +16,7 @@ the pickled task, never in a plan or log.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -25,9 +26,20 @@ import pyarrow.parquet as pq
 from pyspark.sql.pandas.types import from_arrow_type
 from pyspark.sql.types import StructField, StructType
 
-from exactly_once_provider.full_load.columns import Column, arrow_type, raw_conversions, to_arrays
+from exactly_once_provider.full_load.columns import (
+    Column,
+    arrow_type,
+    from_native,
+    native_select,
+    raw_conversions,
+    row_select,
+    to_arrays,
+)
 from exactly_once_provider.full_load.plan import chunk_from_json
+from exactly_once_provider.hooks.mysql_arrow import NativeReadError, read_chunk_arrow
 from exactly_once_provider.hooks.mysql_snapshot import ConnectionSettings, read_chunk
+
+log = logging.getLogger(__name__)
 
 
 def arrow_schema(columns: list[Column]) -> pa.Schema:
@@ -61,35 +73,65 @@ def read_chunks(spark, options: dict[str, str]) -> list[dict]:
 
 
 def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:
-    """Read one chunk in its own snapshot into one fsynced Parquet file; return its result (on an executor)."""
+    """Read one chunk in its own snapshot into one fsynced Parquet file; return its result (on an executor).
+
+    MariaDB chunks are read by the native reader (:mod:`~exactly_once_provider.hooks.mysql_arrow`) unless the
+    load asked for ``reader="rows"``. A chunk the native reader returns no rows for, or cannot read or convert,
+    is read again by the row reader in a new snapshot (logged at WARNING when it failed): both give the same
+    values, and the row reader names the column of a value nothing can load (a zero date).
+    """
     o = options
     columns = [Column(**c) for c in json.loads(o["columns"])]
-    schema = arrow_schema(columns)
     chunk = chunk_from_json(chunk_json)
     settings = ConnectionSettings(**json.loads(o["connection"]), password=o.get("password", ""))
     name = data_file_name(o["load_id"], chunk.index)
     path = os.path.join(o["data_dir"], name)
-    conn = settings.connect(conv=raw_conversions())
-    try:
-        position, batches = read_chunk(
-            conn, o["is_mariadb"] == "true", o["schema"], o["table"], [c.name for c in columns],
-            json.loads(o["key"]), chunk, int(o["fetch_rows"]),
-        )
-        rows = 0
-        os.makedirs(o["data_dir"], exist_ok=True)
-        with open(path, "wb") as handle:
-            with pq.ParquetWriter(handle, schema) as writer:  # an empty chunk still gets a file with its schema
-                group = RowGroupBuffer(writer)
-                for batch in batches:
-                    rows += len(batch)
-                    group.add(pa.RecordBatch.from_arrays(to_arrays(columns, batch), schema=schema))
-                group.flush()
-            handle.flush()
-            os.fsync(handle.fileno())  # durable before the driver can record the chunk as done
-    finally:
-        conn.close()
+    os.makedirs(o["data_dir"], exist_ok=True)
+    schema = arrow_schema(columns)
+    position, reader = None, "native"
+    if o["is_mariadb"] == "true" and o.get("reader", "native") == "native":
+        try:
+            position, batches = read_chunk_arrow(
+                settings, o["schema"], o["table"], [native_select(c) for c in columns], json.loads(o["key"]), chunk,
+                int(o["fetch_rows"]))
+            if position is not None:
+                rows = _write_parquet(path, schema, (pa.RecordBatch.from_arrays(
+                    [from_native(c, a) for c, a in zip(columns, b.columns)], schema=schema) for b in batches))
+        except (NativeReadError, pa.ArrowException) as error:
+            log.warning("full load chunk %d: the native reader failed (%s); reading it with the row reader",
+                        chunk.index, error)
+            position = None
+    if position is None:
+        reader = "rows"
+        conn = settings.connect(conv=raw_conversions())
+        rows_batches = None
+        try:
+            position, rows_batches = read_chunk(
+                conn, o["is_mariadb"] == "true", o["schema"], o["table"], [row_select(c) for c in columns],
+                json.loads(o["key"]), chunk, int(o["fetch_rows"]))
+            rows = _write_parquet(path, schema, (
+                pa.RecordBatch.from_arrays(to_arrays(columns, batch), schema=schema) for batch in rows_batches))
+        finally:
+            if rows_batches is not None:
+                rows_batches.close()  # its cursor and snapshot first: after conn.close() they fail with error 2006
+            conn.close()
     return {"chunk": chunk.index, "binlog_file": position.file, "binlog_pos": position.pos, "rows": rows,
-            "data_file": name, "data_bytes": os.path.getsize(path)}
+            "data_file": name, "data_bytes": os.path.getsize(path), "reader": reader}
+
+
+def _write_parquet(path: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> int:
+    """Write ``batches`` as ONE Parquet file at ``path`` (replacing it), fsynced; return the row count."""
+    rows = 0
+    with open(path, "wb") as handle:
+        with pq.ParquetWriter(handle, schema) as writer:  # an empty chunk still gets its schema
+            group = RowGroupBuffer(writer)
+            for batch in batches:
+                rows += batch.num_rows
+                group.add(batch)
+            group.flush()
+        handle.flush()
+        os.fsync(handle.fileno())  # durable before the driver can record the chunk as done
+    return rows
 
 
 class RowGroupBuffer:
@@ -126,16 +168,17 @@ class RowGroupBuffer:
 
 def chunk_read_options(
     settings: ConnectionSettings, is_mariadb: bool, schema: str, table: str, columns: list[Column],
-    key: tuple[str, ...], chunks: list[dict], fetch_rows: int, load_id: str, data_dir: str,
+    key: tuple[str, ...], chunks: list[dict], fetch_rows: int, load_id: str, data_dir: str, reader: str = "native",
 ) -> dict[str, str]:
     """Return the job options for ``chunks`` (JSON chunk dicts from :mod:`.plan`).
 
     :param data_dir: the staging directory the executors write the chunk files into.
+    :param reader: ``native`` (connectorx, MariaDB) or ``rows`` (mysqlclient rows, every server).
     """
     public = {k: v for k, v in settings.__dict__.items() if k != "password"}
     return {
         "connection": json.dumps(public), "password": settings.password, "is_mariadb": str(is_mariadb).lower(),
         "schema": schema, "table": table, "columns": json.dumps([c.to_json() for c in columns]),
         "key": json.dumps(list(key)), "chunks": json.dumps(chunks), "fetch_rows": str(fetch_rows),
-        "load_id": load_id, "data_dir": data_dir,
+        "load_id": load_id, "data_dir": data_dir, "reader": reader,
     }

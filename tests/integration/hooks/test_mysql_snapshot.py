@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from exactly_once_provider.hooks.mysql_identifiers import sql_literal
 from exactly_once_provider.hooks.mysql_snapshot import (
     ServerChunkLocator,
     plan_chunks,
@@ -36,7 +37,11 @@ def test_locator_places_every_key_in_the_chunk_whose_predicate_selects_it(stack,
         for chunk in chunks:
             where, params = range_predicate(("k", "n"), chunk)
             cur.execute(f"SELECT k, n FROM `{table}` WHERE {where}", params)
-            for row in cur.fetchall():
+            selected = cur.fetchall()
+            inlined, no_params = range_predicate(("k", "n"), chunk, literal=sql_literal)
+            cur.execute(f"SELECT k, n FROM `{table}` WHERE {inlined}")
+            assert no_params == [] and cur.fetchall() == selected  # the native reader's form of the same chunk
+            for row in selected:
                 assert row not in expected, f"{row} selected by chunks {expected[row]} and {chunk.index}"
                 expected[row] = chunk.index
         cur.execute(f"SELECT COUNT(*) FROM `{table}`")
@@ -69,6 +74,46 @@ def test_numeric_and_nopad_bin_keys_are_ordered_in_python(stack):
         assert server_ordered_columns(cur, stack.DB_NAME, table, ("id", "code")) == {}
         assert server_ordered_columns(cur, stack.DB_NAME, table, ("label",)) == {
             "label": ("utf8mb4", "utf8mb4_unicode_ci")}
+    finally:
+        cur.execute(f"DROP TABLE `{table}`")
+        conn.close()
+
+
+KEY_TYPES = {
+    "latin1 text": ("VARCHAR(8) CHARACTER SET latin1 COLLATE latin1_swedish_ci", ["a", "B", "é", "Ö", "z ", "'", "\\", "%s"]),
+    "binary": ("VARBINARY(4)", [b"", b"\x00", b"\x00\x01", b"'", b"\\", b"\xff", b"a", b"\x7f\x80"]),
+    "datetime(6)": ("DATETIME(6)", ["1000-01-01 00:00:00", "2024-02-29 12:00:00.000001", "2024-02-29 12:00:00.5",
+                                    "9999-12-31 23:59:59.999999"]),
+    "date": ("DATE", ["1000-01-01", "2024-02-29", "9999-12-31"]),
+    "time(6)": ("TIME(6)", ["-838:59:59", "-00:00:00.000001", "00:00:00", "12:00:00.5", "838:59:59"]),
+    "decimal": ("DECIMAL(30,10)", ["-99999999999999999999.9999999999", "-0.0000000001", "0", "0.5", "12345.678"]),
+    "bigint unsigned": ("BIGINT UNSIGNED", [0, 1, 2**63, 2**64 - 1]),
+    "double": ("DOUBLE", [-1.5e300, -0.1, 0.0, 1e-05, 0.30000000000000004]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KEY_TYPES))
+def test_inlined_chunk_bounds_select_exactly_what_bound_parameters_select(stack, kind):
+    column_type, values = KEY_TYPES[kind]
+    table = unique_name("inline")
+    conn = connect(stack)
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE `{table}` (k {column_type} NOT NULL, n INT NOT NULL, PRIMARY KEY (k, n))")
+    cur.executemany(f"INSERT IGNORE INTO `{table}` VALUES (%s, %s)", [(v, n) for v in values for n in range(3)])
+    try:
+        chunks = plan_chunks(cur, stack.DB_NAME, table, ("k", "n"), 2)
+        cur.execute(f"SELECT COUNT(*) FROM `{table}`")
+        total, seen = cur.fetchone()[0], 0
+        assert len(chunks) >= total // 2
+        for chunk in chunks:
+            where, params = range_predicate(("k", "n"), chunk)
+            cur.execute(f"SELECT k, n FROM `{table}` WHERE {where} ORDER BY k, n", params)
+            expected = cur.fetchall()
+            inlined, _ = range_predicate(("k", "n"), chunk, literal=sql_literal)
+            cur.execute(f"SELECT k, n FROM `{table}` WHERE {inlined} ORDER BY k, n")
+            assert cur.fetchall() == expected, (chunk, inlined)
+            seen += len(expected)
+        assert seen == total
     finally:
         cur.execute(f"DROP TABLE `{table}`")
         conn.close()

@@ -11,6 +11,7 @@ from exactly_once_provider import delta_commit
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load import job
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
+from exactly_once_provider.full_load.staging import Staging
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from tests.mysql_support import assert_same_rows, connect, sink_rows, source_rows, unique_name
 
@@ -65,9 +66,16 @@ COLUMNS = ["id", "d", "big_d", "dt", "ts", "dd", "t", "j", "b", "vb", "u", "ui",
            "bt"]
 
 
-def test_all_column_types_integer_key(stack, spark, db, tmp_path):
+def _readers(sink: str) -> set[str]:
+    """The readers that staged the load's chunks (the staging manifest records each chunk's)."""
+    return {entry["reader"] for entry in Staging(sink + "._eo_full_load").load()["done"].values()}
+
+
+@pytest.mark.parametrize("reader", ["native", "rows"])
+def test_all_column_types_integer_key(stack, spark, db, tmp_path, reader):
     table = db("fl_types", ALL_TYPES, "INSERT INTO {t} VALUES (" + ", ".join(["%s"] * 20) + ")", _all_types_rows(2999))
-    sink, result = _load(spark, tmp_path, table, chunk_rows=700)
+    sink, result = _load(spark, tmp_path, table, chunk_rows=700, reader=reader)
+    assert _readers(sink) == {reader}  # no chunk fell back to the row reader
     expected = source_rows(stack, table, COLUMNS)
     assert sum(expected.values()) == 3000
     assert_same_rows(sink_rows(spark, sink, COLUMNS), expected, COLUMNS)
@@ -82,6 +90,7 @@ def test_composite_key_chunks_split_inside_a_leading_value(stack, spark, db, tmp
                "INSERT INTO {t} VALUES (%s, %s, %s)", rows)
     sink, result = _load(spark, tmp_path, table, chunk_rows=250)
     assert sink_rows(spark, sink, ["a", "b", "v"]) == source_rows(stack, table, ["a", "b", "v"])
+    assert _readers(sink) == {"native"}
     assert [c.rows for c in result.handoff.chunks] == [250, 250, 250, 250, 200]
     assert result.handoff.chunks[0].chunk.upper == (0, "k0249")  # a boundary in the middle of a=0
 
@@ -91,7 +100,7 @@ def test_string_key_with_utf8mb4_and_case_insensitive_collation(stack, spark, db
     table = db("fl_str", "(k VARCHAR(40) CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci NOT NULL PRIMARY KEY, v INT)",
                "INSERT INTO {t} VALUES (%s, %s)", rows)
     sink, result = _load(spark, tmp_path, table, chunk_rows=333)
-    assert sink_rows(spark, sink, ["k", "v"]) == source_rows(stack, table, ["k", "v"])
+    assert sink_rows(spark, sink, ["k", "v"]) == source_rows(stack, table, ["k", "v"]) and _readers(sink) == {"native"}
     assert sum(c.rows for c in result.handoff.chunks) == 1500 and len(result.handoff.chunks) == 5
 
 
@@ -109,13 +118,14 @@ def test_hostile_table_name_and_explicit_unique_chunk_key(stack, spark, db, tmp_
                "INSERT INTO {t} VALUES (%s, %s)", [(f"c{i:05d}", i) for i in range(500)])
     sink, result = _load(spark, tmp_path, table, chunk_rows=200, chunk_key=("code",))
     assert sink_rows(spark, sink, ["code", "v"]) == source_rows(stack, table, ["code", "v"])
+    assert _readers(sink) == {"native"}
     assert result.handoff.key == ("code",) and result.handoff.table == table
 
 
 def test_empty_table_publishes_an_empty_table_with_a_position(stack, spark, db, tmp_path):
     table = db("fl_empty", "(id INT PRIMARY KEY)")
     sink, result = _load(spark, tmp_path, table, chunk_rows=10)
-    assert spark.read.format("delta").load(sink).count() == 0
+    assert spark.read.format("delta").load(sink).count() == 0 and _readers(sink) == {"rows"}  # no rows: no position
     assert len(result.handoff.chunks) == 1 and result.handoff.min_position.file.startswith("binlog.")
 
 

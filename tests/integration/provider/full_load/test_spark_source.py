@@ -1,9 +1,10 @@
 """One chunk read on the real MariaDB (full_load/spark_source.stage_chunk, no Spark): every type at its extremes.
 
-The staged Parquet file must hold exactly what MySQLdb's own conversions make of the same rows: the reader
-takes the server's text and lets Arrow parse it column-wise (full_load/columns.py), so this is the check
-that no value changes on the way (DECIMAL(65,30), BIGINT UNSIGNED max, DATETIME(6) range ends, negative
-TIME, 4-byte UTF-8, empty strings vs NULL, zero bytes in BLOBs).
+The staged Parquet file must hold exactly what MySQLdb's own conversions make of the same rows, with both
+readers: the native one (connectorx, hooks/mysql_arrow.py) and the row reader (the server's text parsed by
+Arrow column-wise, full_load/columns.py). This is the check that no value changes on the way (DECIMAL(65,30),
+BIGINT UNSIGNED max, DATETIME(6) range ends, negative TIME, a FLOAT whose 6-digit text is not its value,
+4-byte UTF-8, empty strings vs NULL, zero bytes in BLOBs).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
+from exactly_once_provider.full_load import spark_source
 from exactly_once_provider.full_load.spark_source import arrow_schema, chunk_read_options, stage_chunk
 from exactly_once_provider.hooks.mysql_snapshot import Chunk, ConnectionSettings
 from exactly_once_provider.positions import BinlogPosition
@@ -40,7 +42,7 @@ ROWS = [
      32767, 127, 99999, 0.1, 5e-324, "9999-12-31 23:59:59.999999", "9999-12-31 23:59:59",
      "2038-01-19 03:14:07.999999", "9999-12-31", "838:59:59", "12:00:00", "00:00:00", 2155, b"\x0f\xff", b"\x01",
      "[]", "", "", "x" * 1000, "b", "", b"", b"", b"\x00\x00\x00", b""),
-    (3, "0", "0", "0", 1, 0, 1, 0, 1, 0, 0, 0, 0, -0.0, "2024-02-29 12:34:56.000001", "2024-02-29 12:34:56",
+    (3, "0", "0", "0", 1, 0, 1, 0, 1, 0, 0, 0, 1 / 3, -0.0, "2024-02-29 12:34:56.000001", "2024-02-29 12:34:56",
      "2024-03-31 02:00:00.5", "2024-02-29", "00:00:00", "-12:00:00.5", "23:59:59.999", 0, b"\x00\x01", b"\x00",
      "null", "NULL", "NULL", "NULL", "a", "y", b"NULL", b"\x00\xff", b"\xff\xff\xff", b"\x00"),
     (4,) + (None,) * 33,  # every nullable column NULL (unlike the empty strings and zero bytes above)
@@ -59,7 +61,7 @@ def table(stack):
     conn.close()
 
 
-def _stage(stack, table: str, chunks: list[Chunk], tmp_path) -> tuple[list, list[dict]]:
+def _stage(stack, table: str, chunks: list[Chunk], tmp_path, reader: str = "native") -> tuple[list, list[dict]]:
     settings = ConnectionSettings(stack.HOST, stack.MARIADB_PORT, stack.DB_USER, stack.DB_PASSWORD, stack.DB_NAME)
     conn = connect(stack)
     try:
@@ -67,7 +69,7 @@ def _stage(stack, table: str, chunks: list[Chunk], tmp_path) -> tuple[list, list
     finally:
         conn.close()
     options = chunk_read_options(settings, True, stack.DB_NAME, table, columns, ("id",),
-                                 [chunk_to_json(c) for c in chunks], 2, "0" * 32, str(tmp_path))
+                                 [chunk_to_json(c) for c in chunks], 2, "0" * 32, str(tmp_path), reader)
     return columns, [stage_chunk(options, chunk_to_json(c)) for c in chunks]
 
 
@@ -75,19 +77,23 @@ def _expected(column, value):
     """What the staged file must hold for a value MySQLdb converted itself (None stays None)."""
     if value is None:
         return None
-    if column.data_type == "float":  # loaded as float32: the server's text, parsed, rounded to 32 bits
+    if column.data_type == "float":  # loaded as its stored float32 (the oracle reads it widened to DOUBLE)
         return struct.unpack("f", struct.pack("f", value))[0]
     if column.data_type == "decimal" and column.precision > 38:  # loaded as its exact text
         return format(value, "f")
     return normalise(value)
 
 
-def test_every_type_at_its_extremes_is_staged_exactly(stack, table, tmp_path):
-    columns, results = _stage(stack, table, [Chunk(0, None, (3,)), Chunk(1, (3,), None)], tmp_path)
+@pytest.mark.parametrize("reader", ["native", "rows"])
+def test_every_type_at_its_extremes_is_staged_exactly(stack, table, tmp_path, reader, monkeypatch):
+    if reader == "native":  # every chunk here has rows: the native reader must read them all itself
+        monkeypatch.setattr(spark_source, "read_chunk", _row_reader_must_not_run)
+    columns, results = _stage(stack, table, [Chunk(0, None, (3,)), Chunk(1, (3,), None)], tmp_path, reader)
     conn = connect(stack)
     try:
         cur = conn.cursor()
-        cur.execute(f"SELECT * FROM `{table}` ORDER BY id")
+        select = ", ".join("CAST(f AS DOUBLE)" if c.data_type == "float" else f"`{c.name}`" for c in columns)
+        cur.execute(f"SELECT {select} FROM `{table}` ORDER BY id")
         source = cur.fetchall()
     finally:
         conn.close()
@@ -98,6 +104,7 @@ def test_every_type_at_its_extremes_is_staged_exactly(stack, table, tmp_path):
         assert file.num_rows == result["rows"] and result["data_bytes"] == (tmp_path / result["data_file"]).stat().st_size
         staged += file.to_pylist()
     assert [r["rows"] for r in results] == [3, 1]  # fetch_rows=2: batches of 2 and 1 rows in the first chunk
+    assert staged[2]["f"] == struct.unpack("f", struct.pack("f", 1 / 3))[0] != float(f"{1 / 3:.6g}")
     assert len(staged) == len(source) == 4
     for got, row in zip(staged, source):
         for column, value in zip(columns, row):
@@ -107,14 +114,20 @@ def test_every_type_at_its_extremes_is_staged_exactly(stack, table, tmp_path):
     assert staged[1]["ubig"] == decimal.Decimal(2**64 - 1) and staged[0]["d65"] == "-" + NINES
 
 
-def test_an_empty_chunk_stages_an_empty_file_with_the_schema_and_its_position(stack, table, tmp_path):
-    columns, [result] = _stage(stack, table, [Chunk(5, (10**6,), None)], tmp_path)
+def _row_reader_must_not_run(*args, **kwargs):
+    raise AssertionError("the native reader fell back to the row reader")
+
+
+@pytest.mark.parametrize("reader", ["native", "rows"])
+def test_an_empty_chunk_stages_an_empty_file_with_the_schema_and_its_position(stack, table, tmp_path, reader):
+    columns, [result] = _stage(stack, table, [Chunk(5, (10**6,), None)], tmp_path, reader)
     file = pq.read_table(tmp_path / result["data_file"])
     assert file.num_rows == result["rows"] == 0 and file.schema == arrow_schema(columns)
     assert result["chunk"] == 5 and BinlogPosition(result["binlog_file"], result["binlog_pos"]).pos > 0
 
 
-def test_a_zero_date_is_refused_with_the_column_name(stack, tmp_path):
+@pytest.mark.parametrize("reader", ["native", "rows"])
+def test_a_zero_date_is_refused_with_the_column_name(stack, tmp_path, reader, caplog):
     conn = connect(stack)
     name = unique_name("fl_zero")
     cur = conn.cursor()
@@ -123,7 +136,9 @@ def test_a_zero_date_is_refused_with_the_column_name(stack, tmp_path):
     cur.execute(f"INSERT INTO `{name}` VALUES (1, '0000-00-00 00:00:00')")
     try:
         with pytest.raises(ValueError, match="'happened' .*zero dates"):
-            _stage(stack, name, [Chunk(0, None, None)], tmp_path)
+            _stage(stack, name, [Chunk(0, None, None)], tmp_path, reader)
+        # the native reader cannot convert it either: it says so, and the row reader names the column
+        assert ("native reader failed" in caplog.text) == (reader == "native")
     finally:
         cur.execute(f"DROP TABLE `{name}`")
         conn.close()
