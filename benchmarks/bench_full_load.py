@@ -148,7 +148,7 @@ def main() -> int:
     spark.sparkContext.setLogLevel("ERROR")
     session_s = time.monotonic() - session_started
     workdir = Path(tempfile.mkdtemp(prefix="eo-bench-"))
-    parallel = 8
+    parallel = int(os.environ.get("BENCH_CHUNKS", "8"))
     counter = iter(range(10**6))
 
     def load(chunks: int, reader: str):

@@ -142,3 +142,24 @@ def test_a_zero_date_is_refused_with_the_column_name(stack, tmp_path, reader, ca
     finally:
         cur.execute(f"DROP TABLE `{name}`")
         conn.close()
+
+
+@pytest.mark.parametrize("reader", ["native", "rows"])
+def test_text_in_every_character_set_arrives_as_the_same_unicode(stack, tmp_path, reader):
+    conn = connect(stack)
+    name = unique_name("fl_charset")
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE `{name}` (id INT PRIMARY KEY, l1 VARCHAR(8) CHARACTER SET latin1, "
+                "u3 VARCHAR(8) CHARACTER SET utf8mb3, ub VARCHAR(8) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, "
+                "ch CHAR(5) CHARACTER SET latin1, tx TINYTEXT CHARACTER SET utf8mb4)")
+    rows = [(1, "Ünïcødé", "ßØ€ǅ", "😀𝄞", "é ", "a\x00b"), (2, "", "", "", "", ""), (3, None, None, None, None, None)]
+    cur.executemany(f"INSERT INTO `{name}` VALUES (%s, %s, %s, %s, %s, %s)", rows)
+    try:
+        _, [result] = _stage(stack, name, [Chunk(0, None, None)], tmp_path, reader)
+        staged = pq.read_table(tmp_path / result["data_file"]).to_pylist()
+        cur.execute(f"SELECT * FROM `{name}` ORDER BY id")
+        assert [tuple(r.values()) for r in staged] == list(cur.fetchall())
+        assert staged[0]["ch"] == "é" and result["reader"] == reader  # CHAR drops trailing spaces on both
+    finally:
+        cur.execute(f"DROP TABLE `{name}`")
+        conn.close()
