@@ -20,6 +20,17 @@ from tests.mysql_support import connect, unique_name
 ALPHABET = ["a", "A", "b", "B", "z", "Z", "é", "Ö", "ß", "_", "-", " ", "0", "9", "中", "~", "Ω"]
 
 
+def _chunk_rows(cur, table: str, chunk) -> tuple:
+    """Return the rows of ``chunk`` (key ``(k, n)``), checking the inlined bounds select exactly the same rows."""
+    where, params = range_predicate(("k", "n"), chunk)
+    cur.execute(f"SELECT k, n FROM `{table}` WHERE {where} ORDER BY k, n", params)
+    selected = cur.fetchall()
+    inlined, no_params = range_predicate(("k", "n"), chunk, literal=sql_literal)  # the native reader's form
+    cur.execute(f"SELECT k, n FROM `{table}` WHERE {inlined} ORDER BY k, n")
+    assert no_params == [] and cur.fetchall() == selected, (chunk, inlined)
+    return selected
+
+
 @pytest.mark.parametrize("collation", ["utf8mb4_unicode_ci", "utf8mb4_general_ci", "utf8mb4_bin"])
 def test_locator_places_every_key_in_the_chunk_whose_predicate_selects_it(stack, collation):
     table = unique_name("loc")
@@ -35,13 +46,7 @@ def test_locator_places_every_key_in_the_chunk_whose_predicate_selects_it(stack,
         chunks = plan_chunks(cur, stack.DB_NAME, table, ("k", "n"), 23)
         expected = {}
         for chunk in chunks:
-            where, params = range_predicate(("k", "n"), chunk)
-            cur.execute(f"SELECT k, n FROM `{table}` WHERE {where}", params)
-            selected = cur.fetchall()
-            inlined, no_params = range_predicate(("k", "n"), chunk, literal=sql_literal)
-            cur.execute(f"SELECT k, n FROM `{table}` WHERE {inlined}")
-            assert no_params == [] and cur.fetchall() == selected  # the native reader's form of the same chunk
-            for row in selected:
+            for row in _chunk_rows(cur, table, chunk):
                 assert row not in expected, f"{row} selected by chunks {expected[row]} and {chunk.index}"
                 expected[row] = chunk.index
         cur.execute(f"SELECT COUNT(*) FROM `{table}`")
@@ -106,13 +111,7 @@ def test_inlined_chunk_bounds_select_exactly_what_bound_parameters_select(stack,
         total, seen = cur.fetchone()[0], 0
         assert len(chunks) >= total // 2
         for chunk in chunks:
-            where, params = range_predicate(("k", "n"), chunk)
-            cur.execute(f"SELECT k, n FROM `{table}` WHERE {where} ORDER BY k, n", params)
-            expected = cur.fetchall()
-            inlined, _ = range_predicate(("k", "n"), chunk, literal=sql_literal)
-            cur.execute(f"SELECT k, n FROM `{table}` WHERE {inlined} ORDER BY k, n")
-            assert cur.fetchall() == expected, (chunk, inlined)
-            seen += len(expected)
+            seen += len(_chunk_rows(cur, table, chunk))
         assert seen == total
     finally:
         cur.execute(f"DROP TABLE `{table}`")
