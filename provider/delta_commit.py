@@ -86,6 +86,31 @@ def _read_commit(file: Path) -> dict[str, Any]:
     return actions
 
 
+class ForeignProgressError(CommitMarkerError):
+    """A commit carrying the caller's progress-marker key landed after the caller read the table."""
+
+
+def newest_version(path: str) -> int:
+    """Return the table's newest commit version (-1 when there is no Delta log yet)."""
+    log_dir = _log_dir(path)
+    names = os.listdir(log_dir) if log_dir.is_dir() else []
+    return max((int(n[:20]) for n in names if _COMMIT.match(n)), default=-1)
+
+
+def _check_fence(log_dir: Path, fence: tuple[str, int] | None, upto: int) -> None:
+    """Fail if a commit after the fence's read version, up to ``upto``, carries the fence's marker key."""
+    if fence is None:
+        return
+    key, read_version = fence
+    for version in range(read_version + 1, upto + 1):
+        raw = _read_commit(log_dir / f"{version:020d}.json").get("commitInfo", {}).get("userMetadata")
+        marker = json.loads(raw) if raw else None
+        if isinstance(marker, dict) and key in marker:
+            raise ForeignProgressError(
+                f"Version {version} of {log_dir.parent} carries a {key!r} marker committed after this writer read "
+                f"the table at version {read_version}: another writer commits the same progress.")
+
+
 def commits(path: str) -> Iterator[tuple[int, dict]]:
     """Yield ``(version, actions)`` of a Delta table's JSON commits, newest first.
 
@@ -469,7 +494,7 @@ def _column_list(schema: dict) -> str:
 
 
 def append_with_files(path: str, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
-                      engine: str = "exactly-once-provider") -> tuple[int, bool]:
+                      engine: str = "exactly-once-provider", fence: tuple[str, int] | None = None) -> tuple[int, bool]:
     """Append Parquet files already in the table's directory as ONE commit carrying ``marker``.
 
     The commit Delta's own blind append would write (``commitInfo`` WRITE/Append with ``userMetadata``,
@@ -488,6 +513,9 @@ def append_with_files(path: str, schema_json: str, files: list[dict], marker: di
     :param app_id: stable id of the writer (Delta ``txnAppId``).
     :param version: the writer's version for this commit (Delta ``txnVersion``).
     :param engine: the ``engineInfo`` recorded in the commit.
+    :param fence: ``(marker key, read version)``: fail with :class:`ForeignProgressError` (nothing committed)
+        if any commit after the read version carries that marker key, checked against every commit up to
+        the one this call writes put-if-absent, so it is a compare-and-set of the marker's predecessor.
     :return: ``(table version, written)``: ``written`` is False when ``(app_id, version)`` was already
         committed (the version is then the one that recorded it, or the table's newest when a higher txn
         version of the app superseded it) and the files were NOT added: the caller removes them.
@@ -512,6 +540,7 @@ def append_with_files(path: str, schema_json: str, files: list[dict], marker: di
                 f"Another writer committed txn ({app_id}, {newest}) to {path} while this one was committing "
                 f"({app_id}, {version}): two writers share one app id; run one writer per app id.")
         check_appendable(state, schema_json)
+        _check_fence(log_dir, fence, state.version)
         now = int(time.time() * 1000)
         actions = [{"commitInfo": _commit_info(now, "Append", files, marker, engine, read_version=state.version)},
                    {"txn": {"appId": app_id, "version": version, "lastUpdated": now}}, *adds]
@@ -523,7 +552,8 @@ def append_with_files(path: str, schema_json: str, files: list[dict], marker: di
             raise CommitMarkerError(f"{log_dir} holds commit {lost_to} but lists only up to {state.version}.")
 
 
-def append_with_marker(df: Any, path: str, marker: dict, app_id: str, version: int) -> int:
+def append_with_marker(df: Any, path: str, marker: dict, app_id: str, version: int,
+                       fence: tuple[str, int] | None = None) -> int:
     """Append ``df`` to the Delta table at ``path`` as one commit carrying ``marker``; return the table version.
 
     The fast path of :func:`commit_with_marker` ``mode="append"`` (same result, same idempotence per
@@ -540,6 +570,7 @@ def append_with_marker(df: Any, path: str, marker: dict, app_id: str, version: i
     :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
     :param app_id: stable id of the writer (Delta ``txnAppId``).
     :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param fence: see :func:`append_with_files` (a table Delta's writer commits is checked before the write only).
     """
     import shutil
     import uuid
@@ -553,6 +584,7 @@ def append_with_marker(df: Any, path: str, marker: dict, app_id: str, version: i
         if state is not None:
             check_appendable(state, schema_json)
     except UnsupportedTableError as err:
+        _check_fence(_log_dir(path), fence, newest_version(path))
         return _with_delta_writer(df, path, marker, app_id, version, err)
     root = Path(path.removeprefix("file://"))
     _sweep_staging(root / STAGING_DIR)
@@ -561,10 +593,14 @@ def append_with_marker(df: Any, path: str, marker: dict, app_id: str, version: i
         df.write.parquet(str(staging))
         files = _adopt(staging, root, json.loads(schema_json))
         try:
-            table_version, written = _commit_files(path, schema_json, files, marker, app_id, version, state)
+            table_version, written = _commit_files(path, schema_json, files, marker, app_id, version, state, fence)
         except UnsupportedTableError as err:  # the table changed under us: nothing of ours was committed
             _remove(root, files)
+            _check_fence(_log_dir(path), fence, newest_version(path))
             return _with_delta_writer(df, path, marker, app_id, version, err)
+        except ForeignProgressError:
+            _remove(root, files)
+            raise
         if not written:
             _remove(root, files)
     finally:
@@ -575,13 +611,13 @@ def append_with_marker(df: Any, path: str, marker: dict, app_id: str, version: i
 
 
 def _commit_files(path: str, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
-                  state: delta_log.TableState | None) -> tuple[int, bool]:
+                  state: delta_log.TableState | None, fence: tuple[str, int] | None) -> tuple[int, bool]:
     if state is None:
         try:
             return create_with_files(path, schema_json, files, marker, app_id, version), True
         except TableExistsError:
             pass  # another writer created the table since: append to it
-    return append_with_files(path, schema_json, files, marker, app_id, version)
+    return append_with_files(path, schema_json, files, marker, app_id, version, fence=fence)
 
 
 def _with_delta_writer(df: Any, path: str, marker: dict, app_id: str, version: int, err: Exception) -> int:

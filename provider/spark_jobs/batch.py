@@ -17,6 +17,8 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exactly_once_provider import faults
+
 # {topic: {partition (int): next offset to read}}
 Offsets = dict[str, dict[int, int]]
 
@@ -51,6 +53,46 @@ class BatchCommit:
         return cls(data["pipeline"], data["checkpoint_id"], int(data["batch_id"]),
                    offsets_from_json(data["offsets"]), int(data.get("rows_total", 0)),
                    {k: v for k, v in data.items() if k not in known})
+
+
+class StaleBatchError(RuntimeError):
+    """The sink moved on after the batch was planned: another driver commits the same pipeline."""
+
+
+# ``expected`` of a sink's commit when the caller did not plan the batch on a read of the sink (tests, tools).
+UNCHECKED = object()
+
+
+def _identity(commit: BatchCommit | None) -> tuple | None:
+    return None if commit is None else (commit.checkpoint_id, commit.batch_id, offsets_to_json(commit.offsets))
+
+
+def _describe(commit: BatchCommit | None) -> str:
+    if commit is None:
+        return "nothing"
+    return f"batch {commit.batch_id} of checkpoint {commit.checkpoint_id} (offsets {offsets_to_json(commit.offsets)})"
+
+
+def require_predecessor(found: BatchCommit | None, expected: object, commit: BatchCommit, sink: str) -> None:
+    """Raise :class:`StaleBatchError` unless the sink's newest commit is still the one the batch was planned on.
+
+    The fence against a driver of an OLDER checkpoint (a zombie of an earlier run whose checkpoint was set
+    aside): its batch ids and txn app id are its own, so only this compare-and-set of the predecessor tells
+    that the offsets it is about to commit were committed meanwhile. Each sink calls it inside its atomic step.
+
+    :param found: the sink's newest commit of the pipeline, read inside the atomic step.
+    :param expected: the commit the batch was planned on (read before the batch's rows were filtered), or
+        :data:`UNCHECKED`.
+    :param commit: the batch about to be committed.
+    :param sink: the sink's kind, for the message.
+    """
+    if expected is UNCHECKED or _identity(found) == _identity(expected):
+        return
+    raise StaleBatchError(
+        f"Batch {commit.batch_id} of checkpoint {commit.checkpoint_id} (pipeline {commit.pipeline!r}) was planned on "
+        f"{_describe(expected)}, but the {sink} sink now holds {_describe(found)}: another driver commits this "
+        "pipeline (a zombie of an earlier run, or two jobs on one pipeline). Nothing of this batch was committed "
+        "and the sink is exact as it is; stop the other driver.")
 
 
 def offsets_to_json(offsets: Offsets) -> dict:
@@ -130,8 +172,11 @@ FAULT_ENV = "EO_FAULT_KILL_AT"
 def fault_point(step: str, batch_id: int) -> None:
     """Die like a SIGKILLed driver when ``EO_FAULT_KILL_AT=<step>:<batch id>`` names this point (tests only).
 
-    The whole process group gets SIGKILL, i.e. the JVM driver and spark-submit too, with no cleanup.
+    The whole process group gets SIGKILL, i.e. the JVM driver and spark-submit too, with no cleanup. The
+    point is also the generic fault point ``<step>_<batch id>`` (:mod:`exactly_once_provider.faults`), which
+    can pause the driver there: a zombie for the tests.
     """
     wanted = os.environ.get(FAULT_ENV, "")
     if wanted and wanted == f"{step}:{batch_id}":
         os.killpg(os.getpgrp(), signal.SIGKILL)
+    faults.fault_point(f"{step}_{batch_id}")

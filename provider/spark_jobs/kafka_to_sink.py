@@ -215,7 +215,7 @@ def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exact
     with _stop_at_poison(sink, df.sparkSession, bootstrap, previous, end, batch_id):
         df = changes(df)
         fault_point("before_sink_commit", batch_id)
-        written = sink.commit(df, commit)
+        written = sink.commit(df, commit, expected=previous)  # committed only if the sink still holds previous
     fault_point("after_sink_commit", batch_id)
     state = sink.committed()
     log.info("batch %d %s to the %s sink in %.1fs: offsets %s, %d rows in total", batch_id,
@@ -264,7 +264,8 @@ def process_window_batch(sink, pipeline: str, checkpoint: str, bootstrap: str, s
             return
         commit = BatchCommit(pipeline, commit_id, batch_id, plan.carry)
         fault_point("before_sink_commit", batch_id)
-        written = sink.commit_windows(settlement.window_rows(records, plan.publish), plan.publish, plan.rows, commit)
+        written = sink.commit_windows(settlement.window_rows(records, plan.publish), plan.publish, plan.rows, commit,
+                                      expected=previous)
         fault_point("after_sink_commit", batch_id)
     finally:
         records.unpersist()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 
 from exactly_once_provider import delta_commit
-from exactly_once_provider.spark_jobs.batch import BatchCommit
+from exactly_once_provider.spark_jobs.batch import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
 
 
 def _sql_string(value: str) -> str:
@@ -98,15 +98,39 @@ class DeltaSink:
         windows = found[0].get("windows", {}) if found else {}
         return {w: int(v["version"]) for w, v in windows.items()}
 
-    def commit(self, df, commit: BatchCommit) -> bool:
-        """Write the batch and its marker in one Delta commit; return False if it was already committed."""
+    def _planned_on(self, commit: BatchCommit, expected: object) -> tuple[BatchCommit | None, tuple[str, int]]:
+        """Return the pipeline's newest commit, failing unless it is ``expected``, and the fence for the commit.
+
+        The fence is ``(marker key, the table version read before that check)``: the own append commit
+        re-checks every commit after it up to its put-if-absent (:func:`delta_commit.append_with_files`), so
+        a commit of this pipeline by another driver in between fails this one. Delta's own writer (MERGE,
+        window replace, tables the own commit does not write) gets the check before the write only; MERGE by
+        source version and the window replace rewrite the same rows if a zombie commits them again.
+        """
+        read_version = delta_commit.newest_version(self.path)
+        previous = self.committed()
+        require_predecessor(previous, expected, commit, self.kind)
+        return previous, (self.key, read_version)
+
+    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+        """Write the batch and its marker in one Delta commit; return False if it was already committed.
+
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        """
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
         if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
             return False
-        previous = self.committed()
+        previous, fence = self._planned_on(commit, expected)
         marker = {self.key: dict(commit.to_json(), rows_before=previous.rows_total if previous else 0)}
         if self.mode == "append" and self.commit_with == "own":
-            delta_commit.append_with_marker(df, self.path, marker, app_id, commit.batch_id)
+            try:
+                delta_commit.append_with_marker(df, self.path, marker, app_id, commit.batch_id,
+                                                fence=None if expected is UNCHECKED else fence)
+            except delta_commit.ForeignProgressError as err:
+                raise StaleBatchError(
+                    f"{err} Batch {commit.batch_id} of checkpoint {commit.checkpoint_id} (pipeline "
+                    f"{self.pipeline!r}) was not committed and the sink is exact as it is; stop the other "
+                    "driver (a zombie of an earlier run, or two jobs on one pipeline).") from None
             return True
         if self.mode == "append":
             delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="append")
@@ -118,18 +142,21 @@ class DeltaSink:
                                        update_when="s.source_version > t.source_version")
         return True
 
-    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit) -> bool:
+    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
+                       expected: object = UNCHECKED) -> bool:
         """Replace the rows of ``windows`` by ``df`` and commit the offsets in ONE Delta commit.
 
         :param df: the rows of the published window versions (window-mode columns).
         :param windows: window id -> version published by this commit (may be empty: offsets only).
         :param rows: window id -> rows of that version.
         :param commit: the batch identity and the offsets the next read starts from.
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
         :return: False if the batch was already committed.
         """
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
         if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
             return False
+        self._planned_on(commit, expected)
         previous = self._latest()
         state = dict(previous[0].get("windows", {})) if previous else {}
         for window, version in windows.items():

@@ -31,7 +31,7 @@ import uuid
 from pathlib import Path
 
 from exactly_once_provider.durable import fsync_dir
-from exactly_once_provider.spark_jobs.batch import BatchCommit
+from exactly_once_provider.spark_jobs.batch import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
 
 MANIFEST_FORMAT = 1
 
@@ -70,7 +70,9 @@ class FilesSink:
         self.pipeline = pipeline
 
     def committed(self) -> BatchCommit | None:
-        manifest = latest_manifest(str(self.root))
+        return self._commit_of(latest_manifest(str(self.root)))
+
+    def _commit_of(self, manifest: dict | None) -> BatchCommit | None:
         if manifest is None:
             return None
         if manifest["pipeline"] != self.pipeline:
@@ -108,7 +110,11 @@ class FilesSink:
                 for part in sorted(destination.glob("part-*.parquet"))]
 
     def _publish(self, previous: dict | None, name: str, fields: dict) -> None:
-        """Write the next manifest; its hard link to the final name is the commit point."""
+        """Write the next manifest; its hard link to the final name is the commit point.
+
+        The link fails if another writer published the same sequence number since ``previous`` was read: the
+        compare-and-set that keeps two drivers from both publishing on top of one manifest.
+        """
         sequence = previous["sequence"] + 1 if previous else 0
         manifest = {"format": MANIFEST_FORMAT, "sequence": sequence, **fields}
         manifests = self.root / "_manifests"
@@ -120,6 +126,12 @@ class FilesSink:
             os.fsync(handle.fileno())
         try:
             os.link(tmp, manifests / f"{sequence:020d}.json")  # the commit point; fails if n exists
+        except FileExistsError:
+            raise StaleBatchError(
+                f"Manifest {sequence} of {self.root} was published by another writer while this one was writing "
+                f"batch {fields['batch_id']} of checkpoint {fields['checkpoint_id']}: another driver commits "
+                f"pipeline {self.pipeline!r}. Nothing of this batch was published (its files are orphans, removed "
+                "at the next start); stop the other driver.") from None
         finally:
             tmp.unlink()
         fsync_dir(manifests)
@@ -129,10 +141,21 @@ class FilesSink:
         return bool(previous) and previous["checkpoint_id"] == commit.checkpoint_id \
             and previous["batch_id"] >= commit.batch_id
 
-    def commit(self, df, commit: BatchCommit) -> bool:
-        """Stage, rename and publish the batch; return False if this batch is already published."""
+    def _previous(self, commit: BatchCommit, expected: object) -> tuple[dict | None, bool]:
+        """Return the newest manifest and whether ``commit`` is already in it; fail if it is not ``expected``."""
         previous = latest_manifest(str(self.root))
         if self._already(previous, commit):
+            return previous, True
+        require_predecessor(self._commit_of(previous), expected, commit, self.kind)
+        return previous, False
+
+    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+        """Stage, rename and publish the batch; return False if this batch is already published.
+
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        """
+        previous, done = self._previous(commit, expected)
+        if done:
             return False
         name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
         files = self._stage(df, name, self.root / "data" / name)
@@ -148,19 +171,21 @@ class FilesSink:
         manifest = latest_manifest(str(self.root))
         return {w: int(v["version"]) for w, v in (manifest or {}).get("windows", {}).items()}
 
-    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit) -> bool:
+    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
+                       expected: object = UNCHECKED) -> bool:
         """Stage each window version, rename it into ``windows/``, publish versions + offsets in one manifest.
 
         :param df: the rows of the published window versions (window-mode columns).
         :param windows: window id -> version published by this commit (may be empty: offsets only).
         :param rows: window id -> rows of that version.
         :param commit: the batch identity and the offsets the next read starts from.
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
         :return: False if the batch was already committed.
         """
         from pyspark.sql import functions as F
 
-        previous = latest_manifest(str(self.root))
-        if self._already(previous, commit):
+        previous, done = self._previous(commit, expected)
+        if done:
             return False
         name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
         state = dict((previous or {}).get("windows", {}))

@@ -34,7 +34,7 @@ import psycopg2
 from psycopg2 import sql
 
 from exactly_once_provider.spark_jobs import poison
-from exactly_once_provider.spark_jobs.batch import BatchCommit
+from exactly_once_provider.spark_jobs.batch import UNCHECKED, BatchCommit, require_predecessor
 from exactly_once_provider.spark_jobs.settlement import WINDOW_COLUMNS
 
 OFFSETS_TABLE = "eo_stream_offsets"
@@ -185,11 +185,13 @@ class PostgresSink:
                                     None, state.offsets if state else None)
 
     @contextmanager
-    def _batch_transaction(self, commit: BatchCommit) -> Iterator[_Batch]:
+    def _batch_transaction(self, commit: BatchCommit, expected: object = UNCHECKED) -> Iterator[_Batch]:
         """Open the ONE transaction of a batch: THE exactly-once step of this sink.
 
         Takes the pipeline's transaction-scoped advisory lock, then reads the committed state (after the lock,
-        so a zombie writer sees the newer commit) and yields a :class:`_Batch`. If ``batch.done`` the batch is
+        so a zombie writer sees the newer commit) and yields a :class:`_Batch`. A state that is not
+        ``expected`` (the commit the batch was planned on) fails the batch before anything is written
+        (:func:`~exactly_once_provider.spark_jobs.batch.require_predecessor`). If ``batch.done`` the batch is
         already committed: the body writes nothing and the transaction rolls back. Otherwise the body writes
         the rows with ``batch.cur`` and sets ``batch.rows_total``; on leaving, the offsets rows are written and
         data + offsets commit together. An exception rolls everything back.
@@ -201,6 +203,8 @@ class PostgresSink:
                 previous = self._read_state(cur, self.pipeline)
                 done = previous is not None and previous.checkpoint_id == commit.checkpoint_id \
                     and previous.batch_id >= commit.batch_id
+                if not done:
+                    require_predecessor(previous, expected, commit, self.kind)
                 batch = _Batch(cur, done, previous.rows_total if previous else 0)
                 yield batch
                 if done:
@@ -213,9 +217,12 @@ class PostgresSink:
         finally:
             conn.close()
 
-    def commit(self, df, commit: BatchCommit) -> bool:
-        """Write rows + offsets in one transaction; return False if the batch was already committed."""
-        with self._batch_transaction(commit) as batch:
+    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+        """Write rows + offsets in one transaction; return False if the batch was already committed.
+
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        """
+        with self._batch_transaction(commit, expected) as batch:
             if batch.done:
                 return False
             batch.rows_total = batch.rows_before + self._copy(batch.cur, df)
@@ -243,16 +250,18 @@ class PostgresSink:
         finally:
             conn.close()
 
-    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit) -> bool:
+    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
+                       expected: object = UNCHECKED) -> bool:
         """Delete the rows of ``windows``, insert ``df``, record the versions and the offsets: ONE transaction.
 
         :param df: the rows of the published window versions (window-mode columns).
         :param windows: window id -> version published by this commit (may be empty: offsets only).
         :param rows: window id -> rows of that version.
         :param commit: the batch identity and the offsets the next read starts from.
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
         :return: False if the batch was already committed.
         """
-        with self._batch_transaction(commit) as batch:
+        with self._batch_transaction(commit, expected) as batch:
             if batch.done:
                 return False
             cur = batch.cur

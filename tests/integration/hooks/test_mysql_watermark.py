@@ -37,8 +37,8 @@ def test_a_missing_cursor_column_is_named_with_the_columns_that_exist(conn):
 
 def test_a_cursor_column_without_an_index_asks_for_one(conn):
     name = table(conn, "id INT PRIMARY KEY, updated_at TIMESTAMP(6), other INT, KEY (other, updated_at)")
-    with pytest.raises(SourceConfigurationError, match=rf"No index .* starts with cursor column `updated_at`.*"
-                                                       rf"ADD INDEX \(`updated_at`\)"):
+    with pytest.raises(SourceConfigurationError, match=r"No index .* starts with cursor column `updated_at`.*"
+                                                       r"ADD INDEX \(`updated_at`\)"):
         preflight(conn, name, "updated_at", "timestamp")
 
 

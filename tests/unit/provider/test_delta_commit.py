@@ -209,3 +209,35 @@ def test_column_stats_are_exact_parquet_bounds_of_integer_columns_only(tmp_path)
     stats = delta_commit._column_stats(pq.read_metadata(tmp_path / "f.parquet"), schema)
     assert stats == {"minValues": {"p": 1, "o": 7}, "maxValues": {"p": 3, "o": 12},
                      "nullCount": {"p": 1, "o": 0, "nothing": 3}}
+
+
+def test_append_with_files_fenced_on_a_marker_fails_if_the_marker_moved_after_the_read(tmp_path, monkeypatch):
+    delta_commit.create_with_files(str(tmp_path), ID_SCHEMA, [], {"eo_stream:p": {"batch_id": 0}}, "p:c1", 0)
+    read_version = delta_commit.newest_version(str(tmp_path))
+    files = [_parquet(tmp_path, "b.parquet", 3)]
+    # another pipeline's commit in between does not matter: a commit with another marker key
+    delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, [], {"eo_stream:q": {}}, "q:c9", 0)
+    assert delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, files, {"eo_stream:p": {"batch_id": 1}}, "p:c1",
+                                          1, fence=("eo_stream:p", read_version)) == (2, True)
+    # a driver of an older checkpoint (app id p:c0) planned on version 0; the newer driver moved the marker on
+    zombie = [_parquet(tmp_path, "z.parquet", 3)]
+    with pytest.raises(delta_commit.ForeignProgressError, match="Version 2 .*'eo_stream:p' marker"):
+        delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, zombie, {"eo_stream:p": {"batch_id": 5}}, "p:c0", 5,
+                                       fence=("eo_stream:p", read_version))
+    # and when the newer driver's commit wins the put-if-absent race itself, the loser re-checks and fails too
+    real_put = delta_commit._put_if_absent
+    newer = iter([[{"commitInfo": {"userMetadata": json.dumps({"eo_stream:p": {"batch_id": 2}})}},
+                   {"txn": {"appId": "p:c1", "version": 2}}]])
+
+    def newer_driver_first(log_dir, version, actions):
+        winner = next(newer, None)
+        if winner is not None:
+            assert real_put(log_dir, version, winner)
+        return real_put(log_dir, version, actions)
+
+    monkeypatch.setattr(delta_commit, "_put_if_absent", newer_driver_first)
+    with pytest.raises(delta_commit.ForeignProgressError, match="Version 3 "):
+        delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, zombie, {"eo_stream:p": {"batch_id": 5}}, "p:c0", 5,
+                                       fence=("eo_stream:p", delta_commit.newest_version(str(tmp_path))))
+    assert delta_commit.newest_version(str(tmp_path)) == 3
+    assert not any("add" in a for a in _actions(tmp_path, 3))

@@ -7,7 +7,15 @@ import json
 import pytest
 
 from exactly_once_provider.spark_jobs import kafka_to_sink
-from exactly_once_provider.spark_jobs.batch import BatchCommit, checkpoint_id, checkpoint_positions, wal_offsets
+from exactly_once_provider.spark_jobs.batch import (
+    UNCHECKED,
+    BatchCommit,
+    StaleBatchError,
+    checkpoint_id,
+    checkpoint_positions,
+    require_predecessor,
+    wal_offsets,
+)
 
 PARTS = {"t": [0, 1]}
 
@@ -78,3 +86,41 @@ def test_arguments_name_what_is_missing():
     with pytest.raises(SystemExit):
         kafka_to_sink.parse_args(base + ["--sink", "postgres"])
     assert kafka_to_sink.parse_args(base + ["--sink", "files", "--path", "/x"]).trigger == "available-now"
+
+
+class _RecordingSink:
+    kind = "fake"
+
+    def __init__(self):
+        self.calls = []
+
+    def committed(self):
+        return None
+
+    def commit(self, df, commit, expected):
+        self.calls.append((commit, expected))
+        return True
+
+
+class _Frame:
+    sparkSession = None
+
+
+def test_process_batch_commits_only_on_top_of_the_state_it_planned_the_batch_on(tmp_path):
+    cp = _checkpoint(tmp_path / "cp", {0: {"t": {"0": 5, "1": 7}}}, [])
+    sink = _RecordingSink()
+    kafka_to_sink.process_batch(sink, "p", str(cp), _Frame(), 0, exactly_once=True)
+    [(commit, expected)] = sink.calls
+    assert (commit.checkpoint_id, commit.batch_id, commit.offsets) == ("query-1", 0, {"t": {0: 5, 1: 7}})
+    assert expected is None  # planned on an empty sink: a sink that holds anything by then refuses it
+
+
+def test_require_predecessor_compares_the_batch_identity_not_the_row_count():
+    planned = BatchCommit("p", "c1", 3, {"t": {0: 9}}, rows_total=10)
+    same = BatchCommit("p", "c1", 3, {"t": {0: 9}}, rows_total=999)
+    require_predecessor(same, planned, BatchCommit("p", "c1", 4, {"t": {0: 12}}), "fake")
+    require_predecessor(BatchCommit("p", "c9", 0, {"t": {0: 1}}), UNCHECKED, BatchCommit("p", "c1", 4, {}), "fake")
+    for moved in (None, BatchCommit("p", "c2", 3, {"t": {0: 9}}), BatchCommit("p", "c1", 4, {"t": {0: 9}}),
+                  BatchCommit("p", "c1", 3, {"t": {0: 10}})):
+        with pytest.raises(StaleBatchError, match="another driver commits this pipeline"):
+            require_predecessor(moved, planned, BatchCommit("p", "c1", 4, {"t": {0: 12}}), "fake")

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from exactly_once_provider.spark_jobs.batch import BatchCommit
+from exactly_once_provider.spark_jobs.batch import BatchCommit, StaleBatchError
 from exactly_once_provider.spark_jobs.sink_files import FilesSink, latest_manifest, published_files
 
 
@@ -61,10 +61,22 @@ def test_a_second_writer_cannot_publish_the_same_sequence(tmp_path, monkeypatch)
     sink.commit(_Frame([2]), BatchCommit("p", "c1", 1, {"t": {0: 2}}))
     # A zombie that read the manifest before the commit above tries to publish sequence 1 as well.
     monkeypatch.setattr("exactly_once_provider.spark_jobs.sink_files.latest_manifest", lambda root: stale)
-    with pytest.raises(FileExistsError):
+    with pytest.raises(StaleBatchError, match="Manifest 1 of .* was published by another writer"):
         sink.commit(_Frame([7]), BatchCommit("p", "c2", 0, {"t": {0: 2}}))
     monkeypatch.undo()
     assert _read(tmp_path) == [1, 2]
+
+
+def test_a_zombie_of_an_older_checkpoint_cannot_publish_on_top_of_the_newer_driver(tmp_path):
+    sink = FilesSink(str(tmp_path), "p")
+    sink.commit(_Frame([1]), BatchCommit("p", "c1", 0, {"t": {0: 1}}), expected=None)
+    planned_on = sink.committed()  # the zombie (checkpoint c1) planned batch 1 on this, then stalled
+    sink.commit(_Frame([2, 3]), BatchCommit("p", "c2", 0, {"t": {0: 3}}), expected=planned_on)  # the next run
+    with pytest.raises(StaleBatchError, match="planned on batch 0 of checkpoint c1 .* now holds batch 0 of "
+                                              "checkpoint c2"):
+        sink.commit(_Frame([2]), BatchCommit("p", "c1", 1, {"t": {0: 2}}), expected=planned_on)
+    assert _read(tmp_path) == [1, 2, 3] and latest_manifest(str(tmp_path))["sequence"] == 1
+    assert not (tmp_path / "_staging").exists() or not any((tmp_path / "_staging").iterdir())
 
 
 def test_a_root_of_another_pipeline_is_refused(tmp_path):
