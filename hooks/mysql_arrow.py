@@ -29,8 +29,8 @@ from exactly_once_provider.hooks.mysql_snapshot import (
     MARIADB_SNAPSHOT_STATEMENTS,
     Chunk,
     ConnectionSettings,
-    _position,
     range_predicate,
+    snapshot_position,
 )
 from exactly_once_provider.positions import BinlogPosition
 
@@ -99,7 +99,7 @@ def read_chunk_arrow(
     if found.null_count == len(found) or found[0].as_py() is None:
         raise NativeReadError("The chunk's first row did not carry the snapshot position.")
     file, _, pos = found[0].as_py().rpartition(":")
-    position = _position(file, pos)
+    position = snapshot_position(file, pos)
     return position, (b.drop_columns([b.schema.names[-1]]) for b in itertools.chain([first], batches))
 
 

@@ -52,7 +52,7 @@ def begin_snapshot(cur: Any, is_mariadb: bool) -> BinlogPosition:
             cur.execute(statement)
         cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
         status = {str(name).lower(): value for name, value in cur.fetchall()}
-        return _position(status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position"))
+        return snapshot_position(status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position"))
     cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     return _mysql_locked_snapshot(cur)
 
@@ -80,10 +80,11 @@ def _mysql_locked_snapshot(cur: Any) -> BinlogPosition:
         row = cur.fetchone()
     finally:
         cur.execute("UNLOCK TABLES")
-    return _position(row[0] if row else None, row[1] if row else None)
+    return snapshot_position(row[0] if row else None, row[1] if row else None)
 
 
-def _position(file: Any, pos: Any) -> BinlogPosition:
+def snapshot_position(file: Any, pos: Any) -> BinlogPosition:
+    """Return the snapshot's binlog position, refusing a server without a binary log (every reader's check)."""
     if not file:
         raise SourceConfigurationError(
             "The server has no binary log (no snapshot binlog file): start it with log_bin enabled, "

@@ -156,9 +156,8 @@ class DeltaSink:
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
         if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
             return False
-        self._planned_on(commit, expected)
-        previous = self._latest()
-        state = dict(previous[0].get("windows", {})) if previous else {}
+        previous, _ = self._planned_on(commit, expected)  # window mode: its marker holds the table's windows
+        state = dict(previous.extra.get("windows", {})) if previous else {}
         for window, version in windows.items():
             held = state.get(window, {}).get("version", 0)
             if version <= held:
