@@ -70,6 +70,7 @@ class FilesSink:
         self.pipeline = pipeline
 
     def committed(self) -> BatchCommit | None:
+        """Return the newest batch this pipeline published (None before the first); window mode: its windows."""
         return self._commit_of(latest_manifest(str(self.root)))
 
     def _commit_of(self, manifest: dict | None) -> BatchCommit | None:
@@ -78,8 +79,12 @@ class FilesSink:
         if manifest["pipeline"] != self.pipeline:
             raise ValueError(f"{self.root} holds pipeline {manifest['pipeline']!r}, not {self.pipeline!r}: "
                              "give each pipeline its own files sink directory.")
-        return BatchCommit.from_json({k: manifest[k] for k in
-                                      ("pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total")})
+        state = BatchCommit.from_json({k: manifest[k] for k in
+                                       ("pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total")})
+        if manifest.get("windows"):  # as the other sinks report them: version and rows per window
+            state.extra["windows"] = {w: {"version": v["version"], "rows": v["rows"]}
+                                      for w, v in manifest["windows"].items()}
+        return state
 
     def remove_orphans(self) -> list[str]:
         """Delete staged and data directories no published manifest references; return what was removed."""
