@@ -97,7 +97,7 @@ def _spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.master("local[2]").config("spark.driver.memory", "1g")
                .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-               # As the operator's session (provider/spark_session.py) on local[2]: Delta rebuilds a table's
+               # As the operator's session (provider/spark_jobs/session.py) on local[2]: Delta rebuilds a table's
                # state with spark.sql.shuffle.partitions tasks, not its default 50.
                .config("spark.sql.shuffle.partitions", "2").config("spark.databricks.delta.snapshotPartitions", "2")
                .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")

@@ -34,7 +34,8 @@ def run_writer(mode: str, topic: str, count: int, size: int, interval_ms: int) -
     loop is the operator's (TransactionalProduceOperator._run): submit_batch, whose commit finishes while
     the next batch is collected, and one wait() at the end; the clock stops when the last batch is committed.
     """
-    from exactly_once_provider.hooks.kafka_producer import Message, TransactionalProducerHook
+    from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
+    from exactly_once_provider.kafka.writer import Message
 
     hook = TransactionalProducerHook(pipeline=f"bench-{uuid.uuid4().hex[:8]}", delivery_mode=mode)
     writer = hook.open_writer()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import pendulum
-from eo_templates.history_stream import history_stream_dag
+from exactly_once_provider.templates.history_stream import history_stream_dag
 
 DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart

@@ -12,9 +12,9 @@ import MySQLdb
 from airflow.sdk import BaseHook
 
 from exactly_once_provider.errors import SourceConfigurationError
-from exactly_once_provider.hooks import mysql_preflight as preflight
-from exactly_once_provider.hooks.mysql_identifiers import quote_table
-from exactly_once_provider.hooks.mysql_snapshot import ConnectionSettings, begin_snapshot
+from exactly_once_provider.source import preflight
+from exactly_once_provider.source.identifiers import quote_table
+from exactly_once_provider.source.snapshot import ConnectionSettings, begin_snapshot
 from exactly_once_provider.positions import BinlogPosition
 
 _DB_ACCESS_DENIED = 1044
@@ -100,7 +100,7 @@ class MySqlSourceHook(BaseHook):
 
     def server_info(self) -> ServerInfo:
         """Return the flavor and version of the source server."""
-        with self._cursor() as cur:
+        with self.cursor() as cur:
             cur.execute("SELECT VERSION()")
             return parse_server_version(cur.fetchone()[0])
 
@@ -110,7 +110,7 @@ class MySqlSourceHook(BaseHook):
 
     def binary_log_sizes(self) -> list[tuple[str, int]]:
         """Return ``(file name, size in bytes)`` of every binlog file the server still keeps, oldest first."""
-        with self._cursor() as cur:
+        with self.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
             return [(row[0], int(row[1])) for row in cur.fetchall()]
 
@@ -126,7 +126,7 @@ class MySqlSourceHook(BaseHook):
         On MariaDB (no lock), ``binlog_snapshot_file``/``binlog_snapshot_position`` are the position that matches the
         read view of ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` exactly: every transaction committed
         before it is visible in the snapshot, none after it is. On MySQL 8 a brief global read lock makes
-        the position exact (see :mod:`exactly_once_provider.hooks.mysql_snapshot`).
+        the position exact (see :mod:`exactly_once_provider.source.snapshot`).
         """
         conn = self.get_conn()
         try:
@@ -175,7 +175,7 @@ class MySqlSourceHook(BaseHook):
         finally:
             conn.close()
     @contextmanager
-    def _cursor(self) -> Iterator[Any]:
+    def cursor(self) -> Iterator[Any]:
         conn = self.get_conn()
         try:
             yield conn.cursor()

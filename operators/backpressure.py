@@ -10,10 +10,10 @@ from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.hooks.postgres_connection import connect_kwargs
-from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
+from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
 from exactly_once_provider.positions import position_from_offset
-from exactly_once_provider.retention import headroom
+from exactly_once_provider.source.retention import headroom
 from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger, measure_lag
 
 
@@ -114,7 +114,7 @@ class BinlogRetentionGuardOperator(BaseOperator):
     Warn before the capture falls behind what the source server still keeps; fail once it has.
 
     Compares the capture's committed binlog position (its offsets-ledger record) with ``SHOW BINARY LOGS``
-    (:mod:`exactly_once_provider.retention`). A purged position fails the task and asks for a ``full_reload``
+    (:mod:`exactly_once_provider.source.retention`). A purged position fails the task and asks for a ``full_reload``
     run; low headroom logs a warning (or fails with ``fail_on_warning``).
 
     :param capture_pipeline: the capture's pipeline name in the offsets ledger.

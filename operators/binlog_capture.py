@@ -10,13 +10,15 @@ from airflow.sdk import BaseOperator
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from exactly_once_provider.capture import MODES, CaptureRequest, parse_position, run_capture
-from exactly_once_provider.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
+from exactly_once_provider.capture.loop import MODES, CaptureRequest, parse_position, run_capture
+from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.full_load.handoff import read_handoff
-from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook, TransactionPolicy
-from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook, replica_server_id
-from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC, validate_name
+from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
+from exactly_once_provider.kafka.writer import TransactionPolicy
+from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
+from exactly_once_provider.source.binlog import replica_server_id
+from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, validate_name
 
 
 class BinlogCaptureOperator(BaseOperator):
@@ -24,9 +26,9 @@ class BinlogCaptureOperator(BaseOperator):
     Capture the binlog changes of tables into one Kafka topic per table, exactly once.
 
     Each Kafka transaction holds the change records of whole source transactions plus the ledger record of the
-    binlog position after the last of them (:mod:`exactly_once_provider.capture`). Every run resumes from that
+    binlog position after the last of them (:mod:`exactly_once_provider.capture.loop`). Every run resumes from that
     ledger record; the first run starts at the smallest snapshot position of the tables' full loads and drops
-    the changes their snapshots already hold. The record format is in :mod:`exactly_once_provider.change_record`.
+    the changes their snapshots already hold. The record format is in :mod:`exactly_once_provider.capture.change_record`.
 
     ``mode="bounded"`` captures up to the binlog end seen at the start, commits and returns (for scheduled
     increments); ``mode="continuous"`` runs until ``max_runtime`` seconds or a stop (task kill / ``on_kill``),

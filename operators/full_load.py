@@ -9,7 +9,7 @@ from airflow.sdk import BaseOperator
 
 from exactly_once_provider.full_load.job import FullLoadRequest, Progress, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.spark_session import spark_session
+from exactly_once_provider.spark_jobs.session import spark_session
 
 
 class MySqlFullLoadOperator(BaseOperator):

@@ -10,14 +10,9 @@ from typing import Any
 from airflow.providers.common.compat.module_loading import import_string
 from airflow.sdk import BaseOperator
 
-from exactly_once_provider.hooks.kafka_producer import (
-    MIN_RECORDS_PER_TRANSACTION,
-    Message,
-    PipelineWriter,
-    TransactionalProducerHook,
-    TransactionPolicy,
-)
-from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, CommittedOffset
+from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
+from exactly_once_provider.kafka.writer import MIN_RECORDS_PER_TRANSACTION, Message, PipelineWriter, TransactionPolicy
+from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, CommittedOffset
 from exactly_once_provider.plugins.links import PipelineStatusLink
 
 PROGRESS_EVERY_S = 10.0

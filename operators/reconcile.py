@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.hooks.postgres_connection import connect_kwargs
+from exactly_once_provider.connections import connect_kwargs
 from exactly_once_provider.positions import position_from_offset
 from exactly_once_provider.reconcile import engine, position, results, sides
 from exactly_once_provider.reconcile.canonical import INTEGER_TYPES, kind_of
@@ -152,7 +152,7 @@ class ReconcileOperator(BaseOperator):
         schema = schema or source_hook.get_connection(self.mysql_conn_id).schema
         if not schema:
             raise ValueError(f"table={self.table!r} has no schema and connection {self.mysql_conn_id!r} has none.")
-        with source_hook._cursor() as cur:
+        with source_hook.cursor() as cur:
             key, columns = self._columns(cur, schema, table)
         captured = self._captured_position(table) if self.capture_pipeline or self.full_load_path else None
         pg_conn = None
@@ -166,7 +166,7 @@ class ReconcileOperator(BaseOperator):
                 sink_side = sides.postgres_side(pg_cur, spec, key, columns)
                 pg_cur.execute("SELECT 1")  # the transaction's snapshot is taken by its first statement
             else:
-                from exactly_once_provider.spark_session import spark_session
+                from exactly_once_provider.spark_jobs.session import spark_session
 
                 spark = spark_session(self.spark_conn_id, f"eo-reconcile-{self.name}", self.spark_conf)
                 sink_side = sides.delta_side(spark, spec, key, columns)
@@ -229,8 +229,8 @@ class ReconcileOperator(BaseOperator):
 
     def _captured_position(self, table: str):
         """Return ``P``: the capture's committed position, after checking the sink applied all of it."""
-        from exactly_once_provider import lag
-        from exactly_once_provider.offsets import read_committed_offset
+        from exactly_once_provider.kafka import lag
+        from exactly_once_provider.kafka.offsets import read_committed_offset
 
         if not self.capture_pipeline:
             from exactly_once_provider.full_load.handoff import read_handoff

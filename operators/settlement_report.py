@@ -9,7 +9,7 @@ from airflow.sdk import BaseOperator
 
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.hooks.postgres_connection import connect_kwargs
+from exactly_once_provider.connections import connect_kwargs
 
 
 class SettlementReportOperator(BaseOperator):
@@ -52,7 +52,7 @@ class SettlementReportOperator(BaseOperator):
         hook = MySqlSourceHook(self.mysql_conn_id)
         schema, _, table = self.source_table.rpartition(".")
         schema = schema or hook.get_connection(self.mysql_conn_id).schema
-        with hook._cursor() as cur:
+        with hook.cursor() as cur:
             columns = {c.name: c for c in table_columns(cur, schema, table)}
         missing = [c for c in (*self.group_by, *self.sum_columns) if c not in columns]
         if missing:
@@ -66,7 +66,7 @@ class SettlementReportOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from pyspark.sql import functions as F
 
-        from exactly_once_provider.spark_session import spark_session
+        from exactly_once_provider.spark_jobs.session import spark_session
 
         if not self.window_id or not self.group_by:
             raise ValueError("window_id and group_by must be non-empty.")

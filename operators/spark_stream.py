@@ -26,9 +26,9 @@ from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 import exactly_once_provider
-from exactly_once_provider.hooks.postgres_connection import libpq_environment
+from exactly_once_provider.connections import libpq_environment
 from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink, push_link, watch_spark_ui
-from exactly_once_provider.spark_packages import SPARK_PACKAGES
+from exactly_once_provider.spark_jobs.packages import SPARK_PACKAGES
 
 SINKS = ("delta", "postgres", "files")
 TRIGGERS = ("available-now", "processing-time")
@@ -93,7 +93,7 @@ class SparkKafkaToSinkOperator(BaseOperator):
     :param op_field: CDC: JSON field holding the operation (``d`` or ``delete`` deletes).
     :param delivery: ``exactly-once``; ``at-least-once`` is a plain append without sink-side progress (a
         benchmark baseline, never a fallback).
-    :param packages: Maven coordinates for ``--packages``; default :data:`~exactly_once_provider.spark_packages.SPARK_PACKAGES`
+    :param packages: Maven coordinates for ``--packages``; default :data:`~exactly_once_provider.spark_jobs.packages.SPARK_PACKAGES`
         unless ``jars`` or ``conf["spark.jars"]`` provides the connectors.
     :param jars: connector jar paths for ``--jars``.
     :param conf: extra Spark configuration.
@@ -235,14 +235,14 @@ class SparkKafkaToSinkOperator(BaseOperator):
     def sink_state(self) -> dict | None:
         """Read the pipeline's committed state back from the sink (the source of truth), without Spark."""
         if self.sink == "delta":
-            from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
+            from exactly_once_provider.sinks.delta import DeltaSink
             state = DeltaSink(self.sink_path, self.pipeline).committed()
         elif self.sink == "files":
-            from exactly_once_provider.spark_jobs.sink_files import FilesSink
+            from exactly_once_provider.sinks.files import FilesSink
             state = FilesSink(self.sink_path, self.pipeline).committed()
         else:
-            from exactly_once_provider.hooks.postgres_connection import connect_kwargs
-            from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
+            from exactly_once_provider.connections import connect_kwargs
+            from exactly_once_provider.sinks.postgres import PostgresSink
             state = PostgresSink(self.sink_table, self.pipeline, connect_kwargs(self.postgres_conn_id)).committed()
         return state.to_json() if state else None
 

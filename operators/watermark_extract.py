@@ -9,9 +9,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from exactly_once_provider.hooks.kafka_producer import Message, TransactionalProducerHook
+from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
+from exactly_once_provider.kafka.writer import Message
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.hooks.mysql_watermark import (
+from exactly_once_provider.source.watermark import (
     checksum,
     format_cursor,
     parse_cursor,
@@ -19,9 +20,9 @@ from exactly_once_provider.hooks.mysql_watermark import (
     read_window,
     row_message,
 )
-from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC
+from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
 from exactly_once_provider.plugins.links import PipelineStatusLink
-from exactly_once_provider.windows import (
+from exactly_once_provider.kafka.windows import (
     BATCH_HEADER,
     WatermarkState,
     WindowRecord,
@@ -37,8 +38,8 @@ class WatermarkExtractOperator(BaseOperator):
 
     ``lower`` is the last committed upper bound, read from the offsets ledger; ``upper`` is the minimum of
     the data interval end, the database clock minus ``safety_lag`` and the start of the oldest open
-    transaction (see :mod:`exactly_once_provider.hooks.mysql_watermark`). The same transaction writes the
-    window (bounds, row count, checksum, batch id/version) into the ledger (:mod:`exactly_once_provider.windows`).
+    transaction (see :mod:`exactly_once_provider.source.watermark`). The same transaction writes the
+    window (bounds, row count, checksum, batch id/version) into the ledger (:mod:`exactly_once_provider.kafka.windows`).
 
     A rerun of a batch already committed publishes nothing and returns the recorded window and its Kafka
     offsets. ``reextract=True`` re-reads the recorded bounds and publishes them as the next version of the

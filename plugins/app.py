@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-URL_PREFIX = "/exactly-once"
+from exactly_once_provider.plugins.links import URL_PREFIX
 
 
 def _require_viewer() -> Any:

@@ -25,7 +25,7 @@ from typing import Any
 from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
-from exactly_once_provider.offsets import DEFAULT_OFFSETS_TOPIC
+from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
 
 PRODUCERS = {"TransactionalProduceOperator", "WatermarkExtractOperator", "BinlogCaptureOperator"}
 STREAMS = {"SparkKafkaToSinkOperator"}
@@ -99,7 +99,7 @@ def _topics(value: Any) -> set[str]:
 
 def _capture_topics(task: Any, pipeline: str, params: Mapping[str, Any]) -> set[str]:
     """Return the topics of a binlog capture task: one per ``schema.table`` (a bare table needs the connection)."""
-    from exactly_once_provider.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
+    from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
 
     tables = render(task.tables, params)
     names = [tables] if isinstance(tables, str) else list(tables or ())

@@ -14,7 +14,9 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
 
-from exactly_once_provider.plugins.app import URL_PREFIX
+# Where the API server mounts the status page (plugins/app.py); here, so operators import no FastAPI for it.
+URL_PREFIX = "/exactly-once"
+
 
 # The packaged job logs "Spark UI at http://host:4040" (spark_jobs/kafka_to_sink.py); a driver whose log4j level
 # is INFO also logs "Bound SparkUI to 0.0.0.0, and started at http://host:4040" (SparkUI.scala).

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from exactly_once_provider.plugins.app import URL_PREFIX, create_app
+from exactly_once_provider.plugins.app import create_app
+from exactly_once_provider.plugins.links import URL_PREFIX
 
 PLUGIN_NAME = "exactly_once"
 

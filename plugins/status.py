@@ -1,9 +1,9 @@
 """Read where each pipeline stands, live, from the systems that hold the truth (never from a cache).
 
 Every figure comes through the product's own readers: the offsets ledger
-(:func:`~exactly_once_provider.offsets.read_ledger`), topic end offsets
-(:func:`~exactly_once_provider.offsets.topic_end_offsets`), the sinks' ``committed()`` (Delta log marker,
-PostgreSQL offsets table, files manifest), watermark windows (:mod:`~exactly_once_provider.windows`) and
+(:func:`~exactly_once_provider.kafka.offsets.read_ledger`), topic end offsets
+(:func:`~exactly_once_provider.kafka.offsets.topic_end_offsets`), the sinks' ``committed()`` (Delta log marker,
+PostgreSQL offsets table, files manifest), watermark windows (:mod:`~exactly_once_provider.kafka.windows`) and
 full-load handoff records (:mod:`~exactly_once_provider.full_load.handoff`). A reader that fails shows its
 error in its section; nothing is left out silently.
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from exactly_once_provider import delta_commit
-from exactly_once_provider.offsets import CommittedOffset, read_ledger, topic_end_offsets
+from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.kafka.offsets import CommittedOffset, read_ledger, topic_end_offsets
 from exactly_once_provider.plugins.discovery import (
     Discovery, PipelineSpec, SinkSpec, add_dags, add_ledger_keys, add_postgres_pipelines,
 )
@@ -88,7 +88,7 @@ class Connections:
 
     @staticmethod
     def postgres(conn_id: str) -> dict[str, Any]:
-        from exactly_once_provider.hooks.postgres_connection import connect_kwargs
+        from exactly_once_provider.connections import connect_kwargs
 
         return connect_kwargs(conn_id, connect_timeout=10)
 
@@ -148,20 +148,20 @@ def windows_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | Valu
 def sink_commit(sink: SinkSpec, pipeline: str, connections: Connections) -> dict[str, Any] | None:
     """Return the last commit of ``pipeline`` in ``sink`` as a page row (None before the first commit)."""
     if sink.kind == "delta":
-        from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
+        from exactly_once_provider.sinks.delta import DeltaSink
 
         committed = DeltaSink(sink.location, pipeline).committed()
         found = delta_commit.latest_marker(sink.location, f"eo_stream:{pipeline}")
         where = f"Delta version {found[0]}" if found else ""
         manifest = None
     elif sink.kind == "files":
-        from exactly_once_provider.spark_jobs.sink_files import FilesSink, latest_manifest
+        from exactly_once_provider.sinks.files import FilesSink, latest_manifest
 
         committed = FilesSink(sink.location, pipeline).committed()
         manifest = latest_manifest(sink.location)
         where = f"manifest {manifest['sequence']}, {len(manifest['files'])} files" if manifest else ""
     elif sink.kind == "postgres":
-        from exactly_once_provider.spark_jobs.sink_postgres import OFFSETS_TABLE, PostgresSink
+        from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, PostgresSink
 
         committed = PostgresSink(sink.location or OFFSETS_TABLE, pipeline,
                                  connections.postgres(sink.conn_id or "postgres_default")).committed()
@@ -327,7 +327,7 @@ def read_overview(dags: list[Any], connections: Connections | None = None) -> Ov
             ledger.update(records)
             add_ledger_keys(found, records, topic)
     try:
-        from exactly_once_provider.spark_jobs.sink_postgres import OFFSETS_TABLE
+        from exactly_once_provider.sinks.postgres import OFFSETS_TABLE
 
         import psycopg2
 

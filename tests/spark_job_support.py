@@ -149,7 +149,7 @@ def arrow_rows(files: list[str], columns=("kafka_partition", "kafka_offset", "re
 
 
 def files_rows(root: str) -> list[tuple]:
-    from exactly_once_provider.spark_jobs.sink_files import published_files
+    from exactly_once_provider.sinks.files import published_files
 
     return arrow_rows(published_files(root))
 

@@ -599,7 +599,7 @@ def spark_jars() -> list[Path]:
     (docker/local/spark/pom.xml), and jars already in pyspark/jars (hadoop-client, log4j, ...) must win.
     """
     import pyspark
-    from exactly_once_provider.spark_packages import DELTA_CONNECTOR, SPARK_VERSION
+    from exactly_once_provider.spark_jobs.packages import DELTA_CONNECTOR, SPARK_VERSION
 
     delta_version = DELTA_CONNECTOR.rsplit(":", 1)[1]
     target = HOME / "spark" / f"jars-{SPARK_VERSION}-delta-{delta_version}"

@@ -6,7 +6,7 @@ bigint; DATETIME -> timestamp_ntz (wall-clock, no zone); TIMESTAMP -> timestamp 
 TIME -> string ``[-]HH:MM:SS[.ffffff]``; JSON/TEXT/ENUM/SET -> string; BLOB/BINARY/BIT -> binary.
 
 Two readers fill these types, value for value the same (tests/integration/provider/full_load/
-test_spark_source.py): the native reader (:mod:`exactly_once_provider.hooks.mysql_arrow`, columns selected with
+test_spark_source.py): the native reader (:mod:`exactly_once_provider.source.native_reader`, columns selected with
 :func:`native_select`, converted with :func:`from_native`) and the row reader (:func:`raw_conversions`,
 :func:`to_arrays`). FLOAT is its stored 32-bit value in both.
 """
@@ -21,7 +21,7 @@ import MySQLdb.converters
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exactly_once_provider.hooks.mysql_identifiers import quote_identifier, quote_table
+from exactly_once_provider.source.identifiers import quote_identifier, quote_table
 
 _TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "json", "enum", "set"}
 _BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "bit"}

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exactly_once_provider import delta_commit
+from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load.plan import chunk_from_json
-from exactly_once_provider.hooks.mysql_snapshot import Chunk
+from exactly_once_provider.source.snapshot import Chunk
 from exactly_once_provider.positions import BinlogPosition
 
 MARKER_KEY = "eo_full_load"
@@ -64,7 +64,7 @@ class Handoff:
 
         Compares in Python: exact for integer, binary and date keys; string keys compare by code point,
         which matches the server only for ``*_nopad_bin`` collations. The capture asks the server for the
-        others (:class:`~exactly_once_provider.hooks.mysql_snapshot.ServerChunkLocator`).
+        others (:class:`~exactly_once_provider.source.snapshot.ServerChunkLocator`).
         """
         for entry in self.chunks:
             c = entry.chunk

@@ -6,8 +6,8 @@ Where the guarantees live:
                      returned every chunk's staged file (fsynced) and snapshot position;
 * the publish     -> ONE Delta commit of all chunks, carrying the handoff positions in the same commit:
                      a new table adopts the staged files without a rewrite
-                     (:func:`exactly_once_provider.delta_commit.create_with_files`); an existing table is
-                     replaced by rewriting them (:func:`exactly_once_provider.delta_commit.commit_with_marker`);
+                     (:func:`exactly_once_provider.sinks.delta_commit.create_with_files`); an existing table is
+                     replaced by rewriting them (:func:`exactly_once_provider.sinks.delta_commit.commit_with_marker`);
 * positions       -> read back with :func:`exactly_once_provider.full_load.handoff.read_handoff`.
 
 A crash before the publish leaves the sink's table untouched (no Delta log, or the old one) and a manifest of
@@ -18,6 +18,8 @@ rerun finds its load id in the sink's newest full-load marker (and both commits 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import os
 import re
@@ -26,8 +28,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from exactly_once_provider import delta_commit
-from exactly_once_provider.durable import fsync_dir
+from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks.durable import fsync_dir
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load import handoff
@@ -35,9 +37,11 @@ from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
 from exactly_once_provider.full_load.spark_source import chunk_read_options, read_chunks, spark_schema
 from exactly_once_provider.full_load.staging import Staging
-from exactly_once_provider.hooks.mysql_identifiers import quote_table
-from exactly_once_provider.hooks.mysql_snapshot import plan_chunks
-from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.source.identifiers import quote_table
+from exactly_once_provider.source.snapshot import plan_chunks
+
+if TYPE_CHECKING:  # the hook is the caller's; the domain only calls its public methods
+    from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 
 log = logging.getLogger(__name__)
 MANIFEST_FORMAT = 1
@@ -134,7 +138,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
                               time.monotonic() - started, already_published=True)
     checked = hook.preflight(request.schema, request.table, request.chunk_key, request.expected_rows_per_second,
                              request.require_replication)
-    with hook._cursor() as cur:
+    with hook.cursor() as cur:
         columns = [c.to_json() for c in table_columns(cur, request.schema, request.table)]
         _check_column_names(request.schema, request.table, [c["name"] for c in columns])
         if manifest is None:

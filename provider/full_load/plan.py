@@ -7,7 +7,7 @@ import datetime as dt
 import decimal
 from typing import Any
 
-from exactly_once_provider.hooks.mysql_snapshot import Chunk
+from exactly_once_provider.source.snapshot import Chunk
 
 
 def encode_value(value: Any) -> Any:

@@ -36,8 +36,8 @@ from exactly_once_provider.full_load.columns import (
     to_arrays,
 )
 from exactly_once_provider.full_load.plan import chunk_from_json
-from exactly_once_provider.hooks.mysql_arrow import NativeReadError, read_chunk_arrow
-from exactly_once_provider.hooks.mysql_snapshot import ConnectionSettings, read_chunk
+from exactly_once_provider.source.native_reader import NativeReadError, read_chunk_arrow
+from exactly_once_provider.source.snapshot import ConnectionSettings, read_chunk
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def read_chunks(spark, options: dict[str, str]) -> list[dict]:
 def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:
     """Read one chunk in its own snapshot into one fsynced Parquet file; return its result (on an executor).
 
-    MariaDB chunks are read by the native reader (:mod:`~exactly_once_provider.hooks.mysql_arrow`) unless the
+    MariaDB chunks are read by the native reader (:mod:`~exactly_once_provider.source.native_reader`) unless the
     load asked for ``reader="rows"``. A chunk the native reader returns no rows for, or cannot read or convert,
     is read again by the row reader in a new snapshot (logged at WARNING when it failed): both give the same
     values, and the row reader names the column of a value nothing can load (a zero date).

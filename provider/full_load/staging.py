@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from exactly_once_provider.durable import fsync_dir
+from exactly_once_provider.sinks.durable import fsync_dir
 
 
 class Staging:

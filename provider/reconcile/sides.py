@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exactly_once_provider import delta_commit
+from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load import handoff
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.positions import BinlogPosition
@@ -240,7 +240,7 @@ def version_of(position: BinlogPosition) -> int:
     """Return the change-record version at ``position``: ``file_index * 2**32 + offset``.
 
     The binlog capture's ``version`` of a row change is ``file_index * 2**32 + event_start + row``
-    (:mod:`exactly_once_provider.change_record`), so a change is in a snapshot taken at position ``S`` exactly
+    (:mod:`exactly_once_provider.capture.change_record`), so a change is in a snapshot taken at position ``S`` exactly
     when its version is below ``version_of(S)``: its event ends at or before ``S``.
     """
     index, offset = position.sort_key

@@ -30,10 +30,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from exactly_once_provider.spark_jobs import poison
-from exactly_once_provider.spark_jobs.batch import (
-    BatchCommit, Offsets, checkpoint_id, checkpoint_positions, fault_point, wal_offsets,
-)
+from exactly_once_provider.sinks import poison
+from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, fault_point, read_kafka_range,
+                                                    wal_offsets)
+from exactly_once_provider.sinks.base import BatchCommit, Offsets
 
 log = logging.getLogger("exactly_once_provider.kafka_to_sink")
 SELECT = ("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
@@ -77,14 +77,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def make_sink(args: argparse.Namespace):
     if args.sink == "delta":
-        from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
+        from exactly_once_provider.sinks.delta import DeltaSink
         return DeltaSink(args.path, args.pipeline, args.mode, commit_with=args.delta_commit)
     if args.sink == "postgres":
-        from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
+        from exactly_once_provider.sinks.postgres import PostgresSink
         sink = PostgresSink(args.table, args.pipeline, mode=args.mode)
         sink.ensure_tables()
         return sink
-    from exactly_once_provider.spark_jobs.sink_files import FilesSink
+    from exactly_once_provider.sinks.files import FilesSink
     sink = FilesSink(args.path, args.pipeline)
     removed = sink.remove_orphans()
     if removed:
@@ -184,7 +184,7 @@ def _stop_at_poison(sink, spark, bootstrap: str | None, previous: BatchCommit | 
         if not poison.is_invalid_utf8(err) or bootstrap is None:
             raise
         start = previous.offsets if previous else {}
-        found = poison.locate(spark, bootstrap, start, end)
+        found = poison.locate(read_kafka_range(spark, bootstrap, start, end))
         raise poison.refuse(found, "key or value is not valid UTF-8", sink.kind, batch_id, start) from err
 
 

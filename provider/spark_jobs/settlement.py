@@ -32,15 +32,14 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from exactly_once_provider.spark_jobs.batch import Offsets
+from exactly_once_provider.sinks.base import WINDOW_COLUMNS
+from exactly_once_provider.sinks.base import Offsets
 
-MARKER_HEADER = "eo.marker"  # same names as exactly_once_provider.offsets / .windows (no confluent-kafka here)
+MARKER_HEADER = "eo.marker"  # same names as exactly_once_provider.kafka.offsets / .windows (no confluent-kafka here)
 BATCH_HEADER = "eo.batch"
 _HEADER = re.compile(r"^(?P<window>.+)/v(?P<version>\d+)$")
 
 # Columns of a window-mode sink table, in order.
-WINDOW_COLUMNS = ("window_id", "window_version", "kafka_topic", "kafka_partition", "kafka_offset", "record_key",
-                  "record_value")
 
 
 class WindowIntegrityError(ValueError):
@@ -168,10 +167,10 @@ def read_range(spark, bootstrap: str, start: Offsets, end: Offsets):
     """Return the committed records of ``[start, end)`` with their batch/marker headers (a Kafka batch read).
 
     Columns: ``kafka_topic, kafka_partition, kafka_offset, record_key, record_value, eo_marker, eo_batch``;
-    key and value must be UTF-8 text (:mod:`~exactly_once_provider.spark_jobs.poison`).
+    key and value must be UTF-8 text (:mod:`~exactly_once_provider.sinks.poison`).
     """
     from exactly_once_provider.spark_jobs.batch import read_kafka_range
-    from exactly_once_provider.spark_jobs.poison import KEY_TEXT, VALUE_TEXT
+    from exactly_once_provider.sinks.poison import KEY_TEXT, VALUE_TEXT
 
     header = "CAST(try_element_at(filter(headers, h -> h.key = '{}'), 1).value AS STRING)"
     return read_kafka_range(spark, bootstrap, start, end).selectExpr(

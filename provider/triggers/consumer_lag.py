@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from exactly_once_provider.lag import Lag, group_offsets, sink_offsets, stable_end_offsets
+from exactly_once_provider.kafka.lag import Lag, group_offsets, sink_offsets, stable_end_offsets
 
 
 def measure_lag(bootstrap_servers: str, topics: list[str], sink: str | None = None, sink_location: str | None = None,
@@ -77,7 +77,7 @@ class ConsumerLagTrigger(BaseTrigger):
             return None
         from asgiref.sync import sync_to_async
 
-        from exactly_once_provider.hooks.postgres_connection import connect_kwargs
+        from exactly_once_provider.connections import connect_kwargs
 
         return await sync_to_async(connect_kwargs)(self.postgres_conn_id or "postgres_default")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from exactly_once_provider import delta_commit
+from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load.__main__ import RESULT_PREFIX
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.staging import Staging

@@ -16,7 +16,7 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from exactly_once_provider.offsets import read_committed_offset
+from exactly_once_provider.kafka.offsets import read_committed_offset
 from tests.faults.test_producer_kill import PARTITIONS, RECORDS, _assert_exactly_once, _start
 from tests.integration.stack.test_kafka_cluster import cluster  # noqa: F401 - a module fixture: started, stopped
 from tests.kafka_support import QUIET, new_topic, read_all

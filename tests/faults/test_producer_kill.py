@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from exactly_once_provider.offsets import read_committed_offset
+from exactly_once_provider.kafka.offsets import read_committed_offset
 from tests.fault_support import check
 from tests.kafka_support import new_topic, read_all
 

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from exactly_once_provider.offsets import read_committed_offset
+from exactly_once_provider.kafka.offsets import read_committed_offset
 from tests.faults.test_producer_kill import PARTITIONS, RECORDS, _assert_exactly_once, _run, _start
 from tests.kafka_support import new_topic, read_all
 

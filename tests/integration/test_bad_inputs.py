@@ -1,9 +1,9 @@
 """Bad inputs on the real services: each is refused with an error that says what to fix, and nothing is lost.
 
 What is covered elsewhere (not repeated here): binlog settings on the real server and, for log_bin=OFF which
-cannot be switched at runtime, on a fake cursor (tests/integration/hooks/test_mysql_preflight.py,
-tests/unit/hooks/test_mysql_preflight.py); tables without a primary key, restricted users and hostile names
-in the preflight (same files, tests/integration/hooks/test_mysql_watermark.py); a record larger than the topic
+cannot be switched at runtime, on a fake cursor (tests/integration/provider/source/test_preflight.py,
+tests/unit/provider/source/test_preflight.py); tables without a primary key, restricted users and hostile names
+in the preflight (same files, tests/integration/provider/source/test_watermark.py); a record larger than the topic
 allows through the hook and the produce operator (tests/integration/hooks/test_kafka_producer.py,
 tests/integration/operators/test_kafka_produce.py); a missing Spark connection of the streaming operator
 (tests/unit/operators/test_spark_stream.py). This module fills the gaps: hostile identifiers end to end
@@ -23,13 +23,13 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly_once_provider.full_load.staging import Staging
-from exactly_once_provider.offsets import read_committed_offset
+from exactly_once_provider.kafka.offsets import read_committed_offset
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.kafka_produce import SourceRecord, TransactionalProduceOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 from tests.kafka_support import QUIET, new_topic, read_all
-from tests.integration.hooks.test_mysql_preflight import admin  # noqa: F401 - a fixture
+from tests.integration.provider.source.test_preflight import admin  # noqa: F401 - a fixture
 from tests.mysql_support import load_time_zone
 
 HOSTILE_TABLE = "q'u\"o`te;--"

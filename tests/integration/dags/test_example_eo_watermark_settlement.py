@@ -7,7 +7,7 @@ import uuid
 
 import MySQLdb
 
-from exactly_once_provider.offsets import read_committed_offset
+from exactly_once_provider.kafka.offsets import read_committed_offset
 from tests.kafka_support import new_topic, read_all
 
 

@@ -77,7 +77,7 @@ def test_history_then_stream_with_full_reload_under_writes(airflow_home, stack, 
     cur.executemany(f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, %s)",
                     [(Decimal(i) / 4, ("EUR", "USD")[i % 2], f"n{i}") for i in range(ROWS)])
     full_load, changes = str(tmp_path / "orders"), str(tmp_path / "changes")
-    dag = TemplateDag(airflow_home, tmp_path / "dags", f"eo_hs_{table}", "eo_templates.history_stream.history_stream_dag", {
+    dag = TemplateDag(airflow_home, tmp_path / "dags", f"eo_hs_{table}", "exactly_once_provider.templates.history_stream.history_stream_dag", {
         "dag_id": f"eo_hs_{table}", "schema": stack.DB_NAME, "table": table, "key_column": "id",
         "pipeline": f"hs-{table}", "full_load_path": full_load, "changes_path": changes,
         "checkpoint_location": str(tmp_path / "checkpoint"), "start_date": "2026-01-01T00:00:00+00:00",

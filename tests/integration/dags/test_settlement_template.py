@@ -37,7 +37,7 @@ def test_settlement_windows_once_each_through_backfill_reruns_and_reextract(airf
         expected[day] = Counter(c for _, c in rows)
     cur.execute("SET TIMESTAMP = DEFAULT")
     sink, report = str(tmp_path / "windows"), f"{name}_report"
-    dag = TemplateDag(airflow_home, tmp_path / "dags", f"eo_settle_{name}", "eo_templates.settlement.settlement_dag", {
+    dag = TemplateDag(airflow_home, tmp_path / "dags", f"eo_settle_{name}", "exactly_once_provider.templates.settlement.settlement_dag", {
         "dag_id": f"eo_settle_{name}", "table": name, "cursor_column": "updated_at", "group_by": ["currency"],
         "sum_columns": ["amount"], "pipeline": f"settle-{name}", "topic": f"eo-{name}", "sink_path": sink,
         "checkpoint_location": str(tmp_path / "checkpoint"), "report_table": report,

@@ -11,14 +11,9 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from exactly_once_provider.hooks.kafka_producer import (
-    DeliveryError,
-    Message,
-    PipelineWriter,
-    ProducerFencedError,
-    TransactionalProducerHook,
-)
-from exactly_once_provider.offsets import MARKER_HEADER, read_committed_offset
+from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
+from exactly_once_provider.kafka.writer import DeliveryError, Message, PipelineWriter, ProducerFencedError
+from exactly_once_provider.kafka.offsets import MARKER_HEADER, read_committed_offset
 from tests.kafka_support import new_topic, read_all
 
 

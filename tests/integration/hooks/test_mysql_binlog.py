@@ -11,7 +11,8 @@ import time
 import MySQLdb
 import pytest
 
-from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook, PurgedPositionError, SourceTransaction
+from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
+from exactly_once_provider.source.binlog import PurgedPositionError, SourceTransaction
 from exactly_once_provider.positions import BinlogPosition
 from tests.mysql_support import connect, unique_name
 

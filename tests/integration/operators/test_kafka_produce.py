@@ -8,7 +8,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from exactly_once_provider.offsets import read_committed_offset
+from exactly_once_provider.kafka.offsets import read_committed_offset
 from exactly_once_provider.operators.kafka_produce import SourceRecord, TransactionalProduceOperator
 from tests.kafka_support import new_topic, read_all
 

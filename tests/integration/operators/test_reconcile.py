@@ -15,7 +15,7 @@ from decimal import Decimal
 import psycopg2
 import pytest
 
-from exactly_once_provider import delta_commit
+from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load import handoff
 from exactly_once_provider.operators.reconcile import ReconcileOperator, ReconciliationMismatch
 from exactly_once_provider.positions import BinlogPosition

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 import MySQLdb
 import pytest
 
-from exactly_once_provider.offsets import read_committed_offset
+from exactly_once_provider.kafka.offsets import read_committed_offset
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 from tests.kafka_support import new_topic, read_all
 

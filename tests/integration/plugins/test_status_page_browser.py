@@ -40,13 +40,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ready_
 from selenium.webdriver.support.ui import WebDriverWait
 
-from exactly_once_provider.offsets import read_committed_offset
+from exactly_once_provider.kafka.offsets import read_committed_offset
 from exactly_once_provider.operators.kafka_produce import SourceRecord, TransactionalProduceOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 from exactly_once_provider.plugins.links import PipelineStatusLink
-from exactly_once_provider.spark_jobs.batch import BatchCommit
-from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
+from exactly_once_provider.sinks.base import BatchCommit
+from exactly_once_provider.sinks.postgres import PostgresSink
 from tests.kafka_support import new_topic
 
 REPO = Path(__file__).resolve().parents[3]

@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
-from exactly_once_provider import delta_commit
-from exactly_once_provider.spark_jobs.sink_delta import DeltaSink
-from exactly_once_provider.spark_jobs.sink_files import FilesSink
-from exactly_once_provider.spark_jobs.sink_postgres import PostgresSink
+from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks.delta import DeltaSink
+from exactly_once_provider.sinks.files import FilesSink
+from exactly_once_provider.sinks.postgres import PostgresSink
 from tests import spark_job_support as jobs
 from tests.kafka_support import new_topic
 

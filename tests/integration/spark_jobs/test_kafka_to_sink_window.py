@@ -65,7 +65,7 @@ def window_rows(stack, sink: str, target: str) -> list[tuple]:
     if sink == "delta":
         return jobs.arrow_rows(jobs.delta_live_files(target), columns)
     if sink == "files":
-        from exactly_once_provider.spark_jobs.sink_files import published_files
+        from exactly_once_provider.sinks.files import published_files
         return jobs.arrow_rows(published_files(target), columns)
     return jobs.postgres_rows(stack, target, columns)
 

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 from exactly_once_provider.operators import spark_stream
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.spark_jobs import kafka_to_sink
-from exactly_once_provider.spark_packages import SPARK_PACKAGES
+from exactly_once_provider.spark_jobs.packages import SPARK_PACKAGES
 
 
 @pytest.fixture
@@ -139,8 +139,8 @@ def test_cluster_mode_driver_that_does_not_finish_fails_the_task(connections, mo
 def test_package_zip_holds_the_job_and_its_imports(tmp_path):
     with zipfile.ZipFile(spark_stream.package_zip(str(tmp_path))) as archive:
         names = set(archive.namelist())
-    for module in ("__init__.py", "delta_commit.py", "spark_jobs/kafka_to_sink.py", "spark_jobs/batch.py",
-                   "spark_jobs/sink_postgres.py", "spark_jobs/sink_files.py", "spark_jobs/sink_delta.py"):
+    for module in ("__init__.py", "sinks/delta_commit.py", "spark_jobs/kafka_to_sink.py", "spark_jobs/batch.py",
+                   "sinks/postgres.py", "sinks/files.py", "sinks/delta.py"):
         assert f"exactly_once_provider/{module}" in names
 
 

@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from exactly_once_provider.hooks.mysql_identifiers import quote_identifier
-from exactly_once_provider.hooks.mysql_watermark import format_cursor, parse_cursor, truncate
+from exactly_once_provider.source.identifiers import quote_identifier
+from exactly_once_provider.source.watermark import format_cursor, parse_cursor, truncate
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator, _as_bool, _as_utc
 
 

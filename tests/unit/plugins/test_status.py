@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from exactly_once_provider.full_load import handoff
-from exactly_once_provider.offsets import new_committed_offset
+from exactly_once_provider.kafka.offsets import new_committed_offset
 from exactly_once_provider.plugins.discovery import PipelineSpec, SinkSpec
 from exactly_once_provider.plugins.status import (
     BEHIND, EMPTY, ERROR, MISMATCH, OK, PipelineStatus, Section, full_loads_section, ledger_section, sink_commit,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exactly_once_provider import delta_commit
+from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load import job
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load

@@ -1,7 +1,7 @@
 """One chunk read on the real MariaDB (full_load/spark_source.stage_chunk, no Spark): every type at its extremes.
 
 The staged Parquet file must hold exactly what MySQLdb's own conversions make of the same rows, with both
-readers: the native one (connectorx, hooks/mysql_arrow.py) and the row reader (the server's text parsed by
+readers: the native one (connectorx, provider/source/native_reader.py) and the row reader (the server's text parsed by
 Arrow column-wise, full_load/columns.py). This is the check that no value changes on the way (DECIMAL(65,30),
 BIGINT UNSIGNED max, DATETIME(6) range ends, negative TIME, a FLOAT whose 6-digit text is not its value,
 4-byte UTF-8, empty strings vs NULL, zero bytes in BLOBs).
@@ -20,7 +20,7 @@ from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
 from exactly_once_provider.full_load import spark_source
 from exactly_once_provider.full_load.spark_source import arrow_schema, chunk_read_options, stage_chunk
-from exactly_once_provider.hooks.mysql_snapshot import Chunk, ConnectionSettings
+from exactly_once_provider.source.snapshot import Chunk, ConnectionSettings
 from exactly_once_provider.positions import BinlogPosition
 from tests.mysql_support import connect, normalise, unique_name
 

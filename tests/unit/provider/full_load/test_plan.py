@@ -8,7 +8,7 @@ import decimal
 import pytest
 
 from exactly_once_provider.full_load.plan import chunk_from_json, chunk_to_json, decode_value, encode_value
-from exactly_once_provider.hooks.mysql_snapshot import Chunk
+from exactly_once_provider.source.snapshot import Chunk
 
 
 @pytest.mark.parametrize("value", [

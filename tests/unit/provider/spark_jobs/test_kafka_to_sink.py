@@ -7,15 +7,8 @@ import json
 import pytest
 
 from exactly_once_provider.spark_jobs import kafka_to_sink
-from exactly_once_provider.spark_jobs.batch import (
-    UNCHECKED,
-    BatchCommit,
-    StaleBatchError,
-    checkpoint_id,
-    checkpoint_positions,
-    require_predecessor,
-    wal_offsets,
-)
+from exactly_once_provider.spark_jobs.batch import checkpoint_id, checkpoint_positions, wal_offsets
+from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
 
 PARTS = {"t": [0, 1]}
 

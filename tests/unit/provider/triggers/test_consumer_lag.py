@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from exactly_once_provider.lag import Lag
+from exactly_once_provider.kafka.lag import Lag
 from exactly_once_provider.triggers import consumer_lag
 from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger
 

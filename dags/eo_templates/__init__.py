@@ -1,7 +1,0 @@
-"""DAG templates: factories that compose the provider's operators into the three situations of DESIGN.md.
-
-* :func:`eo_templates.settlement.settlement_dag` — nightly settlements over a data interval;
-* :func:`eo_templates.history_stream.history_stream_dag` — a full load, then binlog increments.
-
-Example DAG files built with them: ``example_eo_settlement.py``, ``example_eo_history_stream.py``.
-"""

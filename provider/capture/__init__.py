@@ -1,0 +1,1 @@
+"""Binlog capture: whole source transactions -> change records -> one Kafka transaction each batch."""

@@ -1,0 +1,1 @@
+"""Kafka: the exactly-once writer, the offsets ledger, watermark windows in it, topic reads and lag."""

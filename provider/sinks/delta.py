@@ -1,0 +1,179 @@
+"""Delta Lake sink: each micro-batch is ONE Delta commit carrying its BatchCommit marker and Delta txn id.
+
+Append mode commits through :func:`exactly_once_provider.sinks.delta_commit.append_with_marker` with
+``txnAppId = "<pipeline>:<checkpoint id>"`` and ``txnVersion = <batch id>``: Spark writes the batch as Parquet
+and this process writes the Delta commit itself (no Delta state reconstruction per batch); a replayed batch is
+recognised by its txn and skipped, also when a zombie driver races the commit. ``commit_with="delta"`` (job
+option ``--delta-commit delta``) commits through Delta's own writer instead
+(:func:`~exactly_once_provider.sinks.delta_commit.commit_with_marker`, same txn id and marker), and so does a table
+with a feature the own commit does not write (logged). The marker lives under the key
+``eo_stream:<pipeline>`` in ``commitInfo.userMetadata``; it is read back without Spark.
+
+CDC mode (``mode="cdc"``) keeps Delta's writer: it MERGEs each batch's newest change per key through
+:func:`~exactly_once_provider.sinks.delta_commit.merge_with_marker` (same txn id and marker): a change applies only
+if its ``source_version`` is newer than the row's. Deletes are kept as tombstones (``deleted = true``) so an
+older change replayed after the delete cannot bring the row back; readers filter ``NOT deleted``.
+
+Window mode (``mode="window"``, :mod:`~exactly_once_provider.spark_jobs.settlement`) keeps Delta's writer too: it
+replaces the rows of the
+published windows with ``replaceWhere window_id IN (...)`` in the same single commit (same txn id); the
+marker carries the cumulative ``windows`` map (window id -> version, rows) the version check reads.
+
+The marker also carries ``rows_before`` (this pipeline's rows before the commit), so :meth:`committed`
+reads ONE commit file (the newest with the marker) instead of summing the whole log.
+"""
+
+from __future__ import annotations
+
+import json
+
+from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _output_rows(info: dict) -> int:
+    metrics = info.get("operationMetrics", {})
+    if info.get("operation") == "MERGE":
+        return int(metrics.get("numSourceRows", 0))
+    return int(metrics.get("numOutputRows", metrics.get("numSourceRows", 0)))
+
+
+class DeltaSink:
+    """Append a pipeline's batches to the Delta table at ``path``.
+
+    :param path: the Delta table's location (local path or ``file://``).
+    :param pipeline: the pipeline's stable name.
+    :param mode: ``append`` (records) or ``cdc`` (changes by ``pk``, newer ``source_version`` wins).
+    :param commit_with: append mode: ``own`` (the provider writes the Delta commit) or ``delta`` (Delta's writer).
+    """
+
+    kind = "delta"
+
+    def __init__(self, path: str, pipeline: str, mode: str = "append", commit_with: str = "own") -> None:
+        if commit_with not in ("own", "delta"):
+            raise ValueError(f"commit_with must be 'own' or 'delta', got {commit_with!r}.")
+        self.path = path
+        self.pipeline = pipeline
+        self.mode = mode
+        self.commit_with = commit_with
+        self.key = f"eo_stream:{pipeline}"
+
+    def _latest(self) -> tuple[dict, dict] | None:
+        """Return ``(marker body, commitInfo)`` of the newest commit carrying this pipeline's marker."""
+        for _, actions in delta_commit.commits(self.path):
+            info = actions.get("commitInfo", {})
+            raw = info.get("userMetadata")
+            if raw:
+                marker = json.loads(raw)
+                if isinstance(marker, dict) and self.key in marker:
+                    return marker[self.key], info
+        return None
+
+    def committed(self) -> BatchCommit | None:
+        """Return the newest batch this pipeline committed, with ``rows_total`` (read from one commit)."""
+        found = self._latest()
+        if found is None:
+            return None
+        body, info = found
+        if "windows" in body:  # window mode: the marker holds the table's state
+            return BatchCommit.from_json(body)
+        if "rows_before" in body:
+            rows = int(body["rows_before"]) + _output_rows(info)
+        else:  # markers written before rows_before existed: sum the log once
+            rows = 0
+            for _, actions in delta_commit.commits(self.path):
+                raw = actions.get("commitInfo", {}).get("userMetadata")
+                if raw and self.key in json.loads(raw):
+                    rows += _output_rows(actions["commitInfo"])
+        extra = {k: v for k, v in body.items() if k != "rows_before"}
+        return BatchCommit.from_json(dict(extra, rows_total=rows))
+
+    def published_windows(self) -> dict[str, int]:
+        """Return window id -> version published in the table (window mode)."""
+        found = self._latest()
+        windows = found[0].get("windows", {}) if found else {}
+        return {w: int(v["version"]) for w, v in windows.items()}
+
+    def _planned_on(self, commit: BatchCommit, expected: object) -> tuple[BatchCommit | None, tuple[str, int]]:
+        """Return the pipeline's newest commit, failing unless it is ``expected``, and the fence for the commit.
+
+        The fence is ``(marker key, the table version read before that check)``: the own append commit
+        re-checks every commit after it up to its put-if-absent (:func:`delta_commit.append_with_files`), so
+        a commit of this pipeline by another driver in between fails this one. Delta's own writer (MERGE,
+        window replace, tables the own commit does not write) gets the check before the write only; MERGE by
+        source version and the window replace rewrite the same rows if a zombie commits them again.
+        """
+        read_version = delta_commit.newest_version(self.path)
+        previous = self.committed()
+        require_predecessor(previous, expected, commit, self.kind)
+        return previous, (self.key, read_version)
+
+    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+        """Write the batch and its marker in one Delta commit; return False if it was already committed.
+
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        """
+        app_id = f"{self.pipeline}:{commit.checkpoint_id}"
+        if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
+            return False
+        previous, fence = self._planned_on(commit, expected)
+        marker = {self.key: dict(commit.to_json(), rows_before=previous.rows_total if previous else 0)}
+        if self.mode == "append" and self.commit_with == "own":
+            try:
+                delta_commit.append_with_marker(df, self.path, marker, app_id, commit.batch_id,
+                                                fence=None if expected is UNCHECKED else fence)
+            except delta_commit.ForeignProgressError as err:
+                raise StaleBatchError(
+                    f"{err} Batch {commit.batch_id} of checkpoint {commit.checkpoint_id} (pipeline "
+                    f"{self.pipeline!r}) was not committed and the sink is exact as it is; stop the other "
+                    "driver (a zombie of an earlier run, or two jobs on one pipeline).") from None
+            return True
+        if self.mode == "append":
+            delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="append")
+            return True
+        if next(delta_commit.commits(self.path), None) is None:
+            # MERGE needs a table: create it empty (no marker; a crash here is harmless, the next try reuses it).
+            df.limit(0).write.format("delta").mode("append").save(self.path)
+        delta_commit.merge_with_marker(df, self.path, "t.pk = s.pk", marker, app_id, commit.batch_id,
+                                       update_when="s.source_version > t.source_version")
+        return True
+
+    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
+                       expected: object = UNCHECKED) -> bool:
+        """Replace the rows of ``windows`` by ``df`` and commit the offsets in ONE Delta commit.
+
+        :param df: the rows of the published window versions (window-mode columns).
+        :param windows: window id -> version published by this commit (may be empty: offsets only).
+        :param rows: window id -> rows of that version.
+        :param commit: the batch identity and the offsets the next read starts from.
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        :return: False if the batch was already committed.
+        """
+        app_id = f"{self.pipeline}:{commit.checkpoint_id}"
+        if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
+            return False
+        previous, _ = self._planned_on(commit, expected)  # window mode: its marker holds the table's windows
+        state = dict(previous.extra.get("windows", {})) if previous else {}
+        for window, version in windows.items():
+            held = state.get(window, {}).get("version", 0)
+            if version <= held:
+                raise ValueError(f"window {window} v{version} is not newer than the table's v{held}: "
+                                 "another writer publishes this pipeline; run one job per pipeline.")
+            state[window] = {"version": version, "rows": rows[window]}
+        body = dict(commit.to_json(), rows_total=sum(w["rows"] for w in state.values()), windows=state)
+        marker = {self.key: body}
+        if windows:
+            where = "window_id IN ({})".format(", ".join(_sql_string(w) for w in sorted(windows)))
+            delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="overwrite",
+                                            replace_where=where)
+        else:  # nothing to publish, the offsets move on (e.g. past stale versions): an empty commit
+            delta_commit.commit_with_marker(df.limit(0), self.path, marker, app_id, commit.batch_id, mode="append")
+        return True
+
+    def append(self, df) -> None:
+        """At-least-once baseline: a plain Delta append, no marker, no txn id."""
+        df.write.format("delta").mode("append").save(self.path)

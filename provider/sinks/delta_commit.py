@@ -1,0 +1,739 @@
+"""The sink commit primitive: one Delta Lake commit that carries its own progress marker.
+
+Every writer that needs "output and position in the same atomic step" (DESIGN.md contract table) goes through
+this module: the rows are published as ONE Delta commit whose ``commitInfo.userMetadata`` holds the caller's
+JSON marker (positions, batch ids...) and whose ``txn`` action holds ``(txnAppId, txnVersion)``. A write
+whose ``(app id, version)`` is already committed (Delta's rule: the app's newest txn version is at or above
+it) is skipped, so a retry after a crash between the commit and the caller's bookkeeping is a no-op that
+returns the same commit.
+
+Markers are read back from the transaction log's JSON commit files with plain Python (no Spark needed), so
+a capture process can read them; this reads local/mounted paths only.
+
+Two ways to write the commit:
+
+* Delta's own writer (:func:`commit_with_marker`, :func:`merge_with_marker`: overwrite, replaceWhere, MERGE;
+  the streaming sink's CDC and window modes) with the ``txnAppId``/``txnVersion`` write option. What it
+  costs: Delta 4.4.0 answers "is (app id, version) committed?" on the transaction's own snapshot
+  (``DeltaCommand.hasBeenExecuted`` -> ``OptimisticTransaction.txnVersion`` -> ``Snapshot.transactions`` ->
+  ``SnapshotState.computedState``), i.e. a full state reconstruction of every new snapshot: three extra
+  Spark jobs (seven stages instead of one on ``local[2]``) per commit; no Delta conf avoids it (the ``.crc``
+  files' ``setTransactions`` are written, never read for this). The same call registers the app id as read,
+  so a concurrent commit of the same ``(app id, version)`` fails with ``ConcurrentTransactionException``.
+* The own commit for blind appends (:func:`append_with_marker` -> :func:`append_with_files`; the first
+  commit of a new table: :func:`create_with_files`): Spark writes plain Parquet files, they are moved into
+  the table and this process writes ``<L+1>.json`` itself, as the Delta protocol specifies: ``commitInfo``
+  (WRITE, mode Append, ``readVersion`` L, ``isBlindAppend``, ``operationMetrics``, ``userMetadata``), the
+  ``txn`` and one ``add`` per file (``dataChange``, ``stats``: ``numRecords``, and min/max/null counts of
+  the integer columns from the Parquet footers; none for strings, so no data skipping on those). L, the protocol, the metadata and the txn versions come from the newest checkpoint plus the
+  JSON commits after it (:mod:`exactly_once_provider.sinks.delta_log`), no Spark job. **The fence is kept**: the
+  file is created with put-if-absent (hard link of an fsynced file); a writer that loses ``L+1`` reads the
+  winning commit, and if it carries the same app id with the same or a newer version it writes nothing (a
+  zombie driver replaying a batch can never add a second copy), with a lower version it fails like Delta;
+  otherwise it re-checks protocol and metadata and retries at ``L+2``. Every ``delta.checkpointInterval``
+  versions Delta itself writes the checkpoint (:func:`checkpoint_if_due`, through the JVM), as its writer's
+  post-commit step does; own commits write no ``.crc`` (optional in the protocol). **Refused**
+  (:func:`check_appendable`; :func:`append_with_marker` then commits through Delta's writer with a WARNING
+  naming the reason): column mapping, deletion vectors, row tracking, in-commit timestamps, change data
+  feed, clustering / domain metadata, V2 checkpoints, generated / identity / default columns, partitioning,
+  CHECK constraints, invariants, NOT NULL columns, unknown ``delta.*`` table properties, and a batch whose
+  columns differ from the table's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException
+
+from exactly_once_provider.sinks import delta_log
+from exactly_once_provider.sinks.durable import fsync_dir
+
+log = logging.getLogger(__name__)
+
+
+class CommitMarkerError(AirflowException):
+    """Raise when a Delta commit and its marker disagree."""
+
+
+class TableExistsError(CommitMarkerError):
+    """Raise when :func:`create_with_files` finds the table already created."""
+
+
+class UnsupportedTableError(CommitMarkerError):
+    """Raise when the own append commit cannot write this table correctly (a feature it does not implement)."""
+
+
+_COMMIT = delta_log.COMMIT
+_log_dir = delta_log.log_dir
+
+
+def _read_commit(file: Path) -> dict[str, Any]:
+    actions: dict[str, Any] = {"txn": []}
+    for line in file.read_text().splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            actions["commitInfo"] = action["commitInfo"]
+        elif "txn" in action:
+            actions["txn"].append(action["txn"])
+    return actions
+
+
+class ForeignProgressError(CommitMarkerError):
+    """A commit carrying the caller's progress-marker key landed after the caller read the table."""
+
+
+def newest_version(path: str) -> int:
+    """Return the table's newest commit version (-1 when there is no Delta log yet)."""
+    log_dir = _log_dir(path)
+    names = os.listdir(log_dir) if log_dir.is_dir() else []
+    return max((int(n[:20]) for n in names if _COMMIT.match(n)), default=-1)
+
+
+def _check_fence(log_dir: Path, fence: tuple[str, int] | None, upto: int) -> None:
+    """Fail if a commit after the fence's read version, up to ``upto``, carries the fence's marker key."""
+    if fence is None:
+        return
+    key, read_version = fence
+    for version in range(read_version + 1, upto + 1):
+        raw = _read_commit(log_dir / f"{version:020d}.json").get("commitInfo", {}).get("userMetadata")
+        marker = json.loads(raw) if raw else None
+        if isinstance(marker, dict) and key in marker:
+            raise ForeignProgressError(
+                f"Version {version} of {log_dir.parent} carries a {key!r} marker committed after this writer read "
+                f"the table at version {read_version}: another writer commits the same progress.")
+
+
+def commits(path: str) -> Iterator[tuple[int, dict]]:
+    """Yield ``(version, actions)`` of a Delta table's JSON commits, newest first.
+
+    ``actions`` maps ``commitInfo`` to its dict and ``txn`` to the list of transaction actions.
+
+    :param path: the Delta table's location (local path or ``file://`` URI).
+    """
+    log_dir = _log_dir(path)
+    names = os.listdir(log_dir) if log_dir.is_dir() else []
+    for version in sorted((int(n[:20]) for n in names if _COMMIT.match(n)), reverse=True):
+        yield version, _read_commit(log_dir / f"{version:020d}.json")
+
+
+def find_commit(path: str, app_id: str, version: int) -> int | None:
+    """Return the table version that committed ``(app_id, version)``, or None if none did.
+
+    Cheap on long logs: only the JSON commits after the newest Delta checkpoint are parsed (newest first; a
+    streaming writer finds its own last commit in the first file). Older commits are looked at only when
+    the checkpoint's ``txn`` state (Delta keeps the newest version per app id there) says the pair is
+    already committed, i.e. on a replay. Like Delta itself, which skips a write whose ``txnVersion`` is at
+    or below the app's newest one, every such version counts as committed: when its own commit file was
+    cleaned up by log retention, the checkpoint version is returned.
+
+    :param path: the Delta table's location.
+    :param app_id: the writer's stable application id.
+    :param version: the writer's monotonically increasing version for that app id.
+    """
+    log_dir = _log_dir(path)
+    if not log_dir.is_dir():
+        return None
+    names = os.listdir(log_dir)
+    versions = sorted((int(n[:20]) for n in names if _COMMIT.match(n)), reverse=True)
+    newest_checkpoint = delta_log.newest_checkpoint(names)
+    checkpoint = newest_checkpoint[0] if newest_checkpoint else None
+
+    def matches(table_version: int) -> bool:
+        return any(t.get("appId") == app_id and int(t.get("version", -1)) == version
+                   for t in _read_commit(log_dir / f"{table_version:020d}.json")["txn"])
+
+    for table_version in versions:
+        if checkpoint is not None and table_version <= checkpoint:
+            break
+        if matches(table_version):
+            return table_version
+    if newest_checkpoint is None:
+        return None
+    newest = delta_log.checkpoint_state(log_dir, newest_checkpoint[1])[2].get(app_id)
+    if newest is None or newest < version:
+        return None
+    return next((v for v in versions if v <= checkpoint and matches(v)), checkpoint)
+
+
+def latest_marker(path: str, key: str) -> tuple[int, dict] | None:
+    """Return ``(table version, marker)`` of the newest commit whose marker has top-level ``key``.
+
+    :param path: the Delta table's location.
+    :param key: the marker kind, e.g. ``"eo_full_load"``.
+    """
+    for table_version, actions in commits(path):
+        raw = actions.get("commitInfo", {}).get("userMetadata")
+        if raw:
+            marker = json.loads(raw)
+            if isinstance(marker, dict) and key in marker:
+                return table_version, marker
+    return None
+
+
+def commit_with_marker(df: Any, path: str, marker: dict, app_id: str, version: int, mode: str = "overwrite",
+                       replace_where: str | None = None) -> int:
+    """Write ``df`` to the Delta table at ``path`` as one commit carrying ``marker``; return the table version.
+
+    Idempotent per ``(app_id, version)``: if that pair is already committed nothing is written.
+
+    :param df: the Spark DataFrame to write.
+    :param path: the Delta table's location.
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    :param app_id: stable id of the writer (Delta ``txnAppId``).
+    :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param mode: ``overwrite`` (atomic replace of the table) or ``append``.
+    :param replace_where: with ``overwrite``: replace only the rows matching this predicate (Delta
+        ``replaceWhere``; every row of ``df`` must match it), in the same single commit.
+    """
+    if mode not in ("overwrite", "append"):
+        raise ValueError(f"mode must be 'overwrite' or 'append', got {mode!r}.")
+    if replace_where and mode != "overwrite":
+        raise ValueError("replace_where needs mode='overwrite'.")
+    done = find_commit(path, app_id, version)
+    if done is not None:
+        return done
+    writer = (df.write.format("delta").mode(mode).option("txnAppId", app_id).option("txnVersion", version)
+              .option("userMetadata", json.dumps(marker, sort_keys=True)))
+    if replace_where:
+        writer = writer.option("replaceWhere", replace_where)
+    elif mode == "overwrite":
+        writer = writer.option("overwriteSchema", "true")
+    writer.save(path)
+    done = find_commit(path, app_id, version)
+    if done is None:
+        raise CommitMarkerError(f"Delta write to {path} finished but no commit records txn ({app_id}, {version}).")
+    return done
+
+
+_TXN_CONFS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
+              "spark.databricks.delta.commitInfo.userMetadata")
+
+
+def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str, version: int,
+                      update_when: str | None = None, delete_when: str | None = None) -> int:
+    """MERGE ``source`` into the Delta table at ``path`` as one commit carrying ``marker``; return its version.
+
+    The MERGE counterpart of :func:`commit_with_marker` (added for the streaming CDC apply): Delta takes the
+    ``(txnAppId, txnVersion)`` of a DML statement from the session confs
+    ``spark.databricks.delta.write.txnAppId/txnVersion`` and the marker from
+    ``spark.databricks.delta.commitInfo.userMetadata``; they are set for this statement only. Idempotent per
+    ``(app_id, version)`` like :func:`commit_with_marker`. Matched rows are updated (or deleted when
+    ``delete_when`` holds) only if ``update_when`` holds; unmatched rows are inserted.
+
+    :param source: the Spark DataFrame of changes (at most one row per key).
+    :param path: the Delta table's location; it must exist.
+    :param on: the join condition between ``t`` (target) and ``s`` (source), e.g. ``"t.pk = s.pk"``.
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    :param app_id: stable id of the writer (Delta ``txnAppId``).
+    :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param update_when: extra condition for matched rows, e.g. ``"s.v > t.v"``.
+    :param delete_when: condition (on matched rows that pass ``update_when``) to delete instead of update.
+    """
+    from delta.tables import DeltaTable
+
+    done = find_commit(path, app_id, version)
+    if done is not None:
+        return done
+    spark = source.sparkSession
+    values = (app_id, str(version), json.dumps(marker, sort_keys=True))
+    for key, value in zip(_TXN_CONFS, values):
+        spark.conf.set(key, value)
+    try:
+        merge = DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
+        if delete_when:
+            cond = f"({update_when}) AND ({delete_when})" if update_when else delete_when
+            merge = merge.whenMatchedDelete(condition=cond)
+        merge = merge.whenMatchedUpdateAll(condition=update_when).whenNotMatchedInsertAll()
+        merge.execute()
+    finally:
+        for key in _TXN_CONFS:
+            spark.conf.unset(key)
+    done = find_commit(path, app_id, version)
+    if done is None:
+        raise CommitMarkerError(f"Delta MERGE into {path} finished but no commit records txn ({app_id}, {version}).")
+    return done
+
+
+
+def create_with_files(path: str, schema_json: str, files: list[dict], marker: dict, app_id: str,
+                      version: int, engine: str = "exactly-once-provider") -> int:
+    """Create a NEW Delta table at ``path`` from Parquet files already in it, in one commit carrying ``marker``.
+
+    The publish of a first full load (added for its speed): the files are adopted where they are, nothing is
+    rewritten. This writes the table's first commit, ``00000000000000000000.json``, as the Delta protocol
+    specifies (the same actions Delta's own first WRITE has: ``commitInfo`` with ``userMetadata``,
+    ``metaData``, ``protocol``, ``txn`` = ``(app_id, version)``, one ``add`` per file with its row count as
+    ``stats``) and creates it with put-if-absent (a hard link of the fsynced file: the same atomic step
+    Delta's local log store takes), so the table appears with every file at once or not at all, and a
+    concurrent creator makes one of the two fail. Before it the directory is no Delta table; files in it
+    that ``files`` does not list stay invisible.
+
+    Only for a table that has no commit yet (an existing one raises: replace it with
+    :func:`commit_with_marker`). Idempotent per ``(app_id, version)`` like :func:`commit_with_marker`.
+
+    :param path: the table's directory (local path or ``file://`` URI); the files are in it.
+    :param schema_json: the Spark schema as JSON (``StructType.json()``); flat, no column mapping.
+    :param files: ``{"name", "bytes", "rows"}`` per Parquet file, ``name`` relative to ``path``.
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    :param app_id: stable id of the writer (Delta ``txnAppId``).
+    :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param engine: the ``engineInfo`` recorded in the commit.
+    """
+    done = find_commit(path, app_id, version)
+    if done is not None:
+        return done
+    log_dir = _log_dir(path)
+    if log_dir.is_dir() and any(_COMMIT.match(name) for name in os.listdir(log_dir)):
+        raise TableExistsError(f"{path} already is a Delta table: replace it with commit_with_marker().")
+    import time
+    import uuid
+
+    now = int(time.time() * 1000)
+    root = Path(path.removeprefix("file://"))
+    # Delta upgrades a new table with a TIMESTAMP_NTZ column to table features (reader 3, writer 7) and
+    # lists the legacy writer features of writer version 2 with it; otherwise the table is (1, 2).
+    if '"timestamp_ntz"' in schema_json:
+        protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
+                    "writerFeatures": ["timestampNtz", "invariants", "appendOnly"]}
+    else:
+        protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
+    actions = [
+        {"commitInfo": _commit_info(now, "ErrorIfExists", files, marker, engine)},
+        {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema_json, "partitionColumns": [], "configuration": {},
+                      "createdTime": now}},
+        {"protocol": protocol},
+        {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
+        *_add_actions(root, files),
+    ]
+    if not _put_if_absent(log_dir, 0, actions):
+        raise TableExistsError(f"Another writer created the Delta table at {path} first.")
+    return 0
+
+
+def _commit_info(now: int, mode: str, files: list[dict], marker: dict, engine: str,
+                 read_version: int | None = None) -> dict:
+    """Return the ``commitInfo`` of a blind WRITE of ``files`` (what Delta's own WRITE records)."""
+    import uuid
+
+    info = {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": mode, "partitionBy": "[]"},
+            **({"readVersion": read_version} if read_version is not None else {}),
+            "isolationLevel": "Serializable", "isBlindAppend": True,
+            "operationMetrics": {"numFiles": str(len(files)), "numOutputRows": str(sum(f["rows"] for f in files)),
+                                 "numOutputBytes": str(sum(f["bytes"] for f in files))},
+            "userMetadata": json.dumps(marker, sort_keys=True), "engineInfo": engine, "txnId": str(uuid.uuid4())}
+    return info
+
+
+def _add_actions(root: Path, files: list[dict]) -> list[dict]:
+    """Return one ``add`` per file (row count and the file's optional column ``stats`` as ``stats``), checking
+    each file's size on disk."""
+    from urllib.parse import quote
+
+    adds = []
+    for f in files:
+        stat = (root / f["name"]).stat()
+        if stat.st_size != f["bytes"]:
+            raise CommitMarkerError(f"{root / f['name']} has {stat.st_size} bytes, not {f['bytes']}.")
+        adds.append({"add": {"path": quote(f["name"]), "partitionValues": {}, "size": f["bytes"],
+                             "modificationTime": int(stat.st_mtime * 1000), "dataChange": True,
+                             "stats": json.dumps({"numRecords": f["rows"], **f.get("stats", {})})}})
+    return adds
+
+
+def _put_if_absent(log_dir: Path, version: int, actions: list[dict]) -> bool:
+    """Create the commit file of ``version`` with ``actions``; return False if it already exists.
+
+    The file is written and fsynced under a temporary name, then hard-linked to its final name: ``link()``
+    fails if the name exists, so of two writers of the same version exactly one wins, and a reader never
+    sees a partial commit (the same atomic step Delta's local log store takes).
+    """
+    import uuid
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    target = log_dir / f"{version:020d}.json"
+    tmp = log_dir / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "w") as handle:
+        handle.write("".join(json.dumps(a) + "\n" for a in actions))
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()
+    fsync_dir(log_dir)
+    return True
+
+
+# ------------------------------------------------------------------------------------- own append commits
+# What the own append commit writes correctly: plain Parquet files, no partitions, statistics = row counts.
+_READER_FEATURES = frozenset({"timestampNtz"})
+_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "timestampNtz"})
+_LEGACY_WRITER_VERSIONS = {4: "change data feed or generated columns", 5: "column mapping", 6: "identity columns"}
+# Table properties that change nothing in what an append writes (others starting with "delta." are refused).
+_NEUTRAL_PROPERTIES = frozenset({
+    "delta.appendOnly", "delta.checkpointInterval", "delta.logRetentionDuration",
+    "delta.deletedFileRetentionDuration", "delta.setTransactionRetentionDuration", "delta.enableExpiredLogCleanup",
+    "delta.dataSkippingNumIndexedCols", "delta.dataSkippingStatsColumns", "delta.checkpoint.writeStatsAsJson",
+    "delta.checkpoint.writeStatsAsStruct", "delta.isolationLevel", "delta.minReaderVersion",
+    "delta.minWriterVersion"})
+_OFF_PROPERTIES = {"delta.enableChangeDataFeed": "false", "delta.enableDeletionVectors": "false",
+                   "delta.enableRowTracking": "false", "delta.enableInCommitTimestamps": "false",
+                   "delta.columnMapping.mode": "none", "delta.enableTypeWidening": "false"}
+STAGING_DIR = "_eo_staging"  # under the table; names starting with "_" are invisible to Delta and VACUUM
+_STAGING_MAX_AGE = 24 * 3600  # a staging directory this old was left by a killed writer
+
+
+def _fields(schema: dict, prefix: str = "") -> Iterator[tuple[str, dict]]:
+    """Yield ``(dotted name, field)`` of every struct field in a Spark schema (JSON form), nested ones too."""
+    kinds = [schema]
+    while kinds:
+        kind = kinds.pop()
+        if not isinstance(kind, dict):
+            continue
+        if kind.get("type") == "struct":
+            for f in kind["fields"]:
+                yield prefix + f["name"], f
+                kinds.append(f["type"])
+        elif kind.get("type") == "array":
+            kinds.append(kind["elementType"])
+        elif kind.get("type") == "map":
+            kinds += [kind["keyType"], kind["valueType"]]
+
+
+def _shape(kind: Any) -> Any:
+    """A Spark type (JSON form) without nullability and column metadata: what two schemas must share."""
+    if not isinstance(kind, dict):
+        return kind
+    if kind.get("type") == "struct":
+        return ("struct", tuple((f["name"], _shape(f["type"])) for f in kind["fields"]))
+    if kind.get("type") == "array":
+        return ("array", _shape(kind["elementType"]))
+    if kind.get("type") == "map":
+        return ("map", _shape(kind["keyType"]), _shape(kind["valueType"]))
+    return json.dumps(kind, sort_keys=True)
+
+
+def nullable_schema(schema_json: str) -> str:
+    """Return ``schema_json`` with every field nullable: what Delta records for a table a DataFrame creates."""
+    def relax(kind: Any) -> Any:
+        if not isinstance(kind, dict):
+            return kind
+        if kind.get("type") == "struct":
+            return {**kind, "fields": [{**f, "nullable": True, "type": relax(f["type"])} for f in kind["fields"]]}
+        if kind.get("type") == "array":
+            return {**kind, "containsNull": True, "elementType": relax(kind["elementType"])}
+        if kind.get("type") == "map":
+            return {**kind, "valueContainsNull": True, "keyType": relax(kind["keyType"]),
+                    "valueType": relax(kind["valueType"])}
+        return kind
+    return json.dumps(relax(json.loads(schema_json)))
+
+
+def check_appendable(state: delta_log.TableState, schema_json: str) -> None:
+    """Raise :class:`UnsupportedTableError` unless an own append of ``schema_json`` rows is correct for the table.
+
+    The own commit writes plain Parquet files with row-count statistics and nothing else, so every feature
+    that asks a writer to do more is refused by name: column mapping, deletion vectors, row tracking,
+    in-commit timestamps, change data feed, clustering, domain metadata, V2 checkpoints, generated or identity
+    columns, default values, partitioning, CHECK constraints, invariants and NOT NULL columns (the own commit
+    checks no row), any other unknown ``delta.*`` table property; and a batch whose columns (names and types,
+    in order) are not the table's.
+
+    :param state: the table's state (:func:`exactly_once_provider.sinks.delta_log.table_state`).
+    :param schema_json: the batch's Spark schema as JSON.
+    """
+    reasons = []
+    protocol, metadata = state.protocol, state.metadata
+    reader, writer = int(protocol.get("minReaderVersion", 1)), int(protocol.get("minWriterVersion", 1))
+    if reader not in (1, 3):
+        reasons.append(f"reader version {reader} (column mapping)")
+    if writer in _LEGACY_WRITER_VERSIONS or writer > 7:
+        reasons.append(f"writer version {writer} ({_LEGACY_WRITER_VERSIONS.get(writer, 'unknown')})")
+    features = (set(protocol.get("readerFeatures") or ()) - _READER_FEATURES) | (
+        set(protocol.get("writerFeatures") or ()) - _WRITER_FEATURES)
+    reasons += [f"table feature {f}" for f in sorted(features)]
+    if metadata.get("partitionColumns"):
+        reasons.append(f"partition columns {metadata['partitionColumns']}")
+    if (metadata.get("format") or {}).get("provider", "parquet") != "parquet":
+        reasons.append(f"data format {metadata['format']['provider']}")
+    for key, value in sorted(state.configuration.items()):
+        if key.startswith("delta.constraints."):
+            reasons.append(f"CHECK constraint {key.removeprefix('delta.constraints.')}")
+        elif (key.startswith("delta.") and key not in _NEUTRAL_PROPERTIES
+              and str(value).lower() != _OFF_PROPERTIES.get(key)):
+            reasons.append(f"table property {key}={value}")
+    table_schema = json.loads(metadata["schemaString"])
+    for name, f in _fields(table_schema):
+        if not f.get("nullable", True):
+            reasons.append(f"NOT NULL column {name}")
+        declared = sorted(k for k in (f.get("metadata") or {}) if k.startswith("delta.") or k.endswith("_DEFAULT"))
+        if declared:
+            reasons.append(f"column {name} with {', '.join(declared)}")
+    if _shape(table_schema) != _shape(json.loads(schema_json)):
+        reasons.append(f"columns {_column_list(table_schema)} while the batch has "
+                       f"{_column_list(json.loads(schema_json))}")
+    if reasons:
+        raise UnsupportedTableError(f"The own append commit does not write the Delta table at {state.path} correctly: "
+                                    f"it has {'; '.join(reasons)}.")
+
+
+def _column_list(schema: dict) -> str:
+    return ", ".join(f"{f['name']} {f['type'] if isinstance(f['type'], str) else f['type'].get('type')}"
+                     for f in schema.get("fields", []))
+
+
+def append_with_files(path: str, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
+                      engine: str = "exactly-once-provider", fence: tuple[str, int] | None = None) -> tuple[int, bool]:
+    """Append Parquet files already in the table's directory as ONE commit carrying ``marker``.
+
+    The commit Delta's own blind append would write (``commitInfo`` WRITE/Append with ``userMetadata``,
+    ``txn`` = ``(app_id, version)``, one ``add`` per file with its row count), written by this process as
+    ``<L+1>.json`` with put-if-absent, where ``L`` is the table's newest version. Delta's fence is kept: the
+    txn is checked against the state of version ``L`` right before the put; when another writer took
+    ``L+1`` first, its commit is read and checked (txn, protocol, metadata) and the put retried at the next
+    version. So two writers of the same ``(app_id, version)`` (a zombie driver replaying a batch) never both
+    commit: the loser finds the winner's txn and writes nothing. A concurrent commit of the same app id with
+    a lower version fails the call, as Delta's ``ConcurrentTransactionException`` does.
+
+    :param path: the table's directory (local path or ``file://`` URI); the files are in it.
+    :param schema_json: the files' Spark schema as JSON; it must be the table's (:func:`check_appendable`).
+    :param files: ``{"name", "bytes", "rows"}`` per Parquet file, ``name`` relative to ``path``.
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    :param app_id: stable id of the writer (Delta ``txnAppId``).
+    :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param engine: the ``engineInfo`` recorded in the commit.
+    :param fence: ``(marker key, read version)``: fail with :class:`ForeignProgressError` (nothing committed)
+        if any commit after the read version carries that marker key, checked against every commit up to
+        the one this call writes put-if-absent, so it is a compare-and-set of the marker's predecessor.
+    :return: ``(table version, written)``: ``written`` is False when ``(app_id, version)`` was already
+        committed (the version is then the one that recorded it, or the table's newest when a higher txn
+        version of the app superseded it) and the files were NOT added: the caller removes them.
+    :raises UnsupportedTableError: the table (or a concurrent change of it) has a feature the commit does
+        not write correctly; nothing was committed.
+    """
+    import time
+
+    state = delta_log.table_state(path)
+    if state is None:
+        raise CommitMarkerError(f"No Delta table at {path}: create it with create_with_files().")
+    log_dir = _log_dir(path)
+    adds = _add_actions(Path(path.removeprefix("file://")), files)
+    seen = state.txns.get(app_id)
+    while True:
+        newest = state.txns.get(app_id)
+        if newest is not None and newest >= version:
+            done = find_commit(path, app_id, version)
+            return (state.version if done is None else done), False
+        if newest != seen:
+            raise CommitMarkerError(
+                f"Another writer committed txn ({app_id}, {newest}) to {path} while this one was committing "
+                f"({app_id}, {version}): two writers share one app id; run one writer per app id.")
+        check_appendable(state, schema_json)
+        _check_fence(log_dir, fence, state.version)
+        now = int(time.time() * 1000)
+        actions = [{"commitInfo": _commit_info(now, "Append", files, marker, engine, read_version=state.version)},
+                   {"txn": {"appId": app_id, "version": version, "lastUpdated": now}}, *adds]
+        if _put_if_absent(log_dir, state.version + 1, actions):
+            return state.version + 1, True
+        lost_to = state.version + 1
+        state = delta_log.table_state(path)
+        if state.version < lost_to:
+            raise CommitMarkerError(f"{log_dir} holds commit {lost_to} but lists only up to {state.version}.")
+
+
+def append_with_marker(df: Any, path: str, marker: dict, app_id: str, version: int,
+                       fence: tuple[str, int] | None = None) -> int:
+    """Append ``df`` to the Delta table at ``path`` as one commit carrying ``marker``; return the table version.
+
+    The fast path of :func:`commit_with_marker` ``mode="append"`` (same result, same idempotence per
+    ``(app_id, version)``): Spark writes the rows as Parquet under ``<path>/_eo_staging/``, the files are
+    moved (hard link + unlink, same filesystem: never over an existing name) into the table's directory and
+    committed by :func:`append_with_files` (:func:`create_with_files` for the table's first commit), so no
+    Delta state reconstruction runs per commit. Every ``delta.checkpointInterval`` versions Delta writes a
+    checkpoint (:func:`checkpoint_if_due`), as its own writer does after a commit. A table with a feature
+    the own commit does not write (:func:`check_appendable`) is written by Delta's writer instead
+    (:func:`commit_with_marker`), with a WARNING naming the feature.
+
+    :param df: the Spark DataFrame to append.
+    :param path: the Delta table's location (local path or ``file://`` URI).
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    :param app_id: stable id of the writer (Delta ``txnAppId``).
+    :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param fence: see :func:`append_with_files` (a table Delta's writer commits is checked before the write only).
+    """
+    import shutil
+    import uuid
+
+    done = find_commit(path, app_id, version)
+    if done is not None:
+        return done
+    schema_json = nullable_schema(df.schema.json())
+    state = delta_log.table_state(path)
+    try:
+        if state is not None:
+            check_appendable(state, schema_json)
+    except UnsupportedTableError as err:
+        _check_fence(_log_dir(path), fence, newest_version(path))
+        return _with_delta_writer(df, path, marker, app_id, version, err)
+    root = Path(path.removeprefix("file://"))
+    _sweep_staging(root / STAGING_DIR)
+    staging = root / STAGING_DIR / uuid.uuid4().hex
+    try:
+        df.write.parquet(str(staging))
+        files = _adopt(staging, root, json.loads(schema_json))
+        try:
+            table_version, written = _commit_files(path, schema_json, files, marker, app_id, version, state, fence)
+        except UnsupportedTableError as err:  # the table changed under us: nothing of ours was committed
+            _remove(root, files)
+            _check_fence(_log_dir(path), fence, newest_version(path))
+            return _with_delta_writer(df, path, marker, app_id, version, err)
+        except ForeignProgressError:
+            _remove(root, files)
+            raise
+        if not written:
+            _remove(root, files)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if written:
+        checkpoint_if_due(df.sparkSession, path, table_version)
+    return table_version
+
+
+def _commit_files(path: str, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
+                  state: delta_log.TableState | None, fence: tuple[str, int] | None) -> tuple[int, bool]:
+    if state is None:
+        try:
+            return create_with_files(path, schema_json, files, marker, app_id, version), True
+        except TableExistsError:
+            pass  # another writer created the table since: append to it
+    return append_with_files(path, schema_json, files, marker, app_id, version, fence=fence)
+
+
+def _with_delta_writer(df: Any, path: str, marker: dict, app_id: str, version: int, err: Exception) -> int:
+    log.warning("%s Committing (%s, %d) through Delta's own writer instead (slower: it rebuilds the table "
+                "state for the txn id on every commit).", err, app_id, version)
+    return commit_with_marker(df, path, marker, app_id, version, mode="append")
+
+
+def _adopt(staging: Path, root: Path, schema: dict) -> list[dict]:
+    """Move the Parquet files Spark wrote under ``staging`` into ``root``; return their names, sizes, rows, stats.
+
+    Files without rows are left behind (Spark writes one for an empty batch). Spark's file names carry its
+    write job's UUID; a hard link fails rather than replace a file that has the name already.
+    """
+    import pyarrow.parquet as pq
+
+    files = []
+    for name in sorted(os.listdir(staging)):
+        if not name.endswith(".parquet") or name.startswith((".", "_")):
+            continue
+        footer = pq.read_metadata(staging / name)
+        if footer.num_rows == 0:
+            continue
+        os.link(staging / name, root / name)
+        os.unlink(staging / name)
+        files.append({"name": name, "bytes": (root / name).stat().st_size, "rows": footer.num_rows,
+                      "stats": _column_stats(footer, schema)})
+    fsync_dir(root)
+    return files
+
+
+_INTEGRAL = frozenset({"byte", "short", "integer", "long"})
+
+
+def _column_stats(footer: Any, schema: dict) -> dict:
+    """Return Delta file statistics of the top-level integral columns from a Parquet footer.
+
+    ``minValues``/``maxValues``/``nullCount`` as Delta's writer records them, for byte/short/integer/long
+    columns only: Parquet keeps their exact bounds, so readers can skip files on them (Kafka partition and
+    offset in the streaming sink). Other columns get none (Delta's string bounds are truncated prefixes,
+    not Parquet's); a column without stats is simply never skipped.
+    """
+    wanted = {f["name"] for f in schema.get("fields", []) if f["type"] in _INTEGRAL}
+    lows: dict[str, int] = {}
+    highs: dict[str, int] = {}
+    nulls: dict[str, int] = {}
+    complete = set(wanted)
+    for group in range(footer.num_row_groups):
+        row_group = footer.row_group(group)
+        for i in range(row_group.num_columns):
+            column = row_group.column(i)
+            name = column.path_in_schema
+            if name not in wanted:
+                continue
+            stats = column.statistics
+            if stats is None or not stats.has_null_count:
+                complete.discard(name)
+                continue
+            nulls[name] = nulls.get(name, 0) + stats.null_count
+            if stats.has_min_max:
+                lows[name] = min(lows.get(name, stats.min), stats.min)
+                highs[name] = max(highs.get(name, stats.max), stats.max)
+            elif stats.null_count != row_group.num_rows:  # values without bounds: no bounds for the file
+                complete.discard(name)
+    result = {"minValues": {n: v for n, v in lows.items() if n in complete},
+              "maxValues": {n: v for n, v in highs.items() if n in complete},
+              "nullCount": {n: v for n, v in nulls.items() if n in complete}}
+    return {k: v for k, v in result.items() if v}
+
+
+def _remove(root: Path, files: list[dict]) -> None:
+    """Delete files this writer moved into the table but did not commit (no commit refers to them)."""
+    for f in files:
+        (root / f["name"]).unlink(missing_ok=True)
+
+
+def _sweep_staging(staging_root: Path) -> None:
+    """Remove staging directories a killed writer left (older than a day: no live writer still uses them)."""
+    import shutil
+    import time
+
+    if not staging_root.is_dir():
+        return
+    for entry in staging_root.iterdir():
+        try:
+            stale = time.time() - entry.stat().st_mtime > _STAGING_MAX_AGE
+        except FileNotFoundError:  # its writer just removed it
+            continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def checkpoint_if_due(spark: Any, path: str, version: int) -> bool:
+    """Have Delta checkpoint ``version`` of the table if its log has ``delta.checkpointInterval`` commits since
+    the newest checkpoint; return whether a checkpoint of ``version`` now exists.
+
+    Delta's own writer checkpoints in its post-commit step every ``delta.checkpointInterval`` (default 10)
+    versions; own commits do the same through the JVM (``DeltaLog.forTable(...).checkpoint(snapshot)``: the
+    checkpoint, ``_last_checkpoint`` and the expired-log cleanup), so the log a reader replays stays short.
+    This is the one place own commits pay for a Delta state reconstruction: once per interval.
+
+    :param spark: the SparkSession (with the Delta jars).
+    :param path: the Delta table's location.
+    :param version: the table version just committed.
+    """
+    state = delta_log.table_state(path)
+    interval = int(state.configuration.get("delta.checkpointInterval", 10))
+    if version - (state.checkpoint or 0) < interval:
+        return False
+    jvm = spark._jvm
+    table_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    none = jvm.scala.Option.empty()
+    table_log.checkpoint(table_log.getSnapshotAt(version, none, none, False), none)
+    written = delta_log.newest_checkpoint(os.listdir(_log_dir(path)))
+    if written is None or written[0] < version:
+        log.warning("Delta wrote no checkpoint of version %d of %s (its error is in the Spark log); the next "
+                    "commit tries again.", version, path)
+        return False
+    return True

@@ -1,0 +1,142 @@
+"""A Delta table's current state read from its transaction log with plain Python (no Spark, local paths only).
+
+What the own commits of :mod:`exactly_once_provider.sinks.delta_commit` need before writing version ``L + 1``: the
+newest version ``L``, the table's ``protocol`` and ``metaData`` and the newest ``txn`` version per app id.
+Like Delta's own snapshot it starts from the newest COMPLETE checkpoint (only its ``protocol``, ``metaData``
+and ``txn`` columns are read, once per checkpoint file) and replays the JSON commits after it; a table
+without a checkpoint is replayed from its first commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+COMMIT = re.compile(r"^(\d{20})\.json$")
+# classic (one file or parts "<part>.<parts>") and V2 (UUID-named top-level file) checkpoints
+_CLASSIC_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+_V2_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint\.[0-9a-fA-F-]{36}\.(?:json|parquet)$")
+
+
+def log_dir(path: str) -> Path:
+    """Return the ``_delta_log`` directory of the table at ``path`` (local path or ``file://`` URI)."""
+    return Path(path.removeprefix("file://")) / "_delta_log"
+
+
+def read_actions(file: Path) -> list[dict[str, Any]]:
+    """Return the actions of one JSON commit (or V2 checkpoint) file, in order."""
+    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+
+
+def newest_checkpoint(names: list[str]) -> tuple[int, list[str]] | None:
+    """Return ``(version, file names)`` of the newest complete checkpoint among the log's ``names``."""
+    parts: dict[int, dict[int, set[str]]] = {}  # version -> expected part count -> names
+    for name in names:
+        if match := _CLASSIC_CHECKPOINT.match(name):
+            count = int(match.group(3)) if match.group(3) else 1
+            parts.setdefault(int(match.group(1)), {}).setdefault(count, set()).add(name)
+        elif match := _V2_CHECKPOINT.match(name):
+            parts.setdefault(int(match.group(1)), {}).setdefault(1, set()).add(name)
+    for version in sorted(parts, reverse=True):
+        for count, files in parts[version].items():
+            if len(files) >= count:  # a multi-part checkpoint counts only when every part is there
+                return version, sorted(files)[:count]
+    return None
+
+
+def _map(value: Any) -> dict:
+    """pyarrow reads a Parquet map as a list of (key, value) pairs; JSON has an object."""
+    return dict(value) if isinstance(value, list) else dict(value or {})
+
+
+def _metadata(value: dict) -> dict:
+    fmt = value.get("format") or {}
+    return {**value, "configuration": _map(value.get("configuration")),
+            "format": {**fmt, "options": _map(fmt.get("options"))}}
+
+
+@lru_cache(maxsize=32)
+def _checkpoint_file(file: str, size: int, mtime_ns: int) -> tuple[dict | None, dict | None, dict[str, int]]:
+    """Return ``(protocol, metaData, {app id: txn version})`` held by one checkpoint file (cached per file)."""
+    protocol = metadata = None
+    txns: dict[str, int] = {}
+    if file.endswith(".json"):  # a V2 checkpoint's top-level JSON file
+        actions = read_actions(Path(file))
+        columns = {c: [a[c] for a in actions if a.get(c)] for c in ("protocol", "metaData", "txn")}
+    else:
+        import pyarrow.parquet as pq
+
+        names = [c for c in ("protocol", "metaData", "txn") if c in pq.read_schema(file).names]
+        table = pq.read_table(file, columns=names)
+        columns = {c: [v for v in table.column(c).to_pylist() if v] for c in names}
+    for value in columns.get("protocol", []):
+        protocol = value
+    for value in columns.get("metaData", []):
+        metadata = _metadata(value)
+    for txn in columns.get("txn", []):
+        if txn.get("appId") is not None:
+            txns[txn["appId"]] = max(txns.get(txn["appId"], -1), int(txn["version"]))
+    return protocol, metadata, txns
+
+
+def checkpoint_state(directory: Path, files: list[str]) -> tuple[dict | None, dict | None, dict[str, int]]:
+    """Return ``(protocol, metaData, {app id: newest txn version})`` of a checkpoint's files."""
+    protocol = metadata = None
+    txns: dict[str, int] = {}
+    for name in files:
+        stat = (directory / name).stat()
+        p, m, t = _checkpoint_file(str(directory / name), stat.st_size, stat.st_mtime_ns)
+        protocol, metadata = p or protocol, m or metadata
+        for app_id, version in t.items():
+            txns[app_id] = max(txns.get(app_id, -1), version)
+    return protocol, metadata, txns
+
+
+@dataclass
+class TableState:
+    """What a writer of version ``version + 1`` must know of a Delta table."""
+
+    path: str
+    version: int
+    protocol: dict
+    metadata: dict
+    checkpoint: int | None  # version of the newest complete checkpoint, None without one
+    txns: dict[str, int] = field(default_factory=dict)  # app id -> newest committed txn version
+
+    @property
+    def configuration(self) -> dict[str, str]:
+        return self.metadata.get("configuration") or {}
+
+
+def table_state(path: str) -> TableState | None:
+    """Return the state of the Delta table at ``path`` as of its newest commit, or None if it has none."""
+    directory = log_dir(path)
+    names = os.listdir(directory) if directory.is_dir() else []
+    versions = sorted(int(m.group(1)) for n in names if (m := COMMIT.match(n)))
+    if not versions:
+        return None
+    protocol = metadata = None
+    txns: dict[str, int] = {}
+    checkpoint = newest_checkpoint(names)
+    start = 0
+    if checkpoint is not None:
+        protocol, metadata, txns = checkpoint_state(directory, checkpoint[1])
+        start = checkpoint[0] + 1
+    for version in (v for v in versions if v >= start):
+        for action in read_actions(directory / f"{version:020d}.json"):
+            if "protocol" in action:
+                protocol = action["protocol"]
+            elif "metaData" in action:
+                metadata = action["metaData"]
+            elif "txn" in action:
+                app_id = action["txn"]["appId"]
+                txns[app_id] = max(txns.get(app_id, -1), int(action["txn"]["version"]))
+    if protocol is None or metadata is None:
+        raise ValueError(f"the Delta log in {directory} has no protocol or metaData up to version {versions[-1]}: "
+                         "it is incomplete (commits before a missing checkpoint were removed?).")
+    return TableState(path, versions[-1], protocol, metadata, checkpoint[0] if checkpoint else None, txns)

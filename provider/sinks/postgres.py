@@ -1,0 +1,296 @@
+"""PostgreSQL sink: a batch's rows and its offsets rows are written in ONE database transaction.
+
+The driver (inside ``foreachBatch``) pulls the batch as Arrow, streams it with ``COPY`` and upserts the
+pipeline's rows of the offsets table, then commits. A transaction-scoped advisory lock on the pipeline
+serialises writers, and the replay check runs inside the transaction after the lock, so a zombie driver that
+wakes up after a newer one committed the same batch writes nothing. That step lives in ONE place,
+:meth:`PostgresSink._batch_transaction`; ``commit`` (records, CDC) and ``commit_windows`` only write inside it.
+
+Offsets table (one row per pipeline and Kafka partition)::
+
+    eo_stream_offsets(pipeline text, topic text, kafka_partition int, next_offset bigint,
+                      checkpoint_id text, batch_id bigint, rows_total bigint, committed_at timestamptz,
+                      PRIMARY KEY (pipeline, topic, kafka_partition))
+
+CDC mode (``mode="cdc"``) copies the batch's newest change per key into a temporary table and upserts it
+into ``table`` (primary key ``pk``) only where the change's ``source_version`` is newer than the row's, in the
+same transaction. Deletes are kept as tombstones (``deleted = true``) so an older change replayed after the
+delete cannot bring the row back; readers filter ``NOT deleted``.
+
+Connection settings come from the libpq environment (``PGHOST``, ``PGPORT``, ``PGDATABASE``, ``PGUSER``,
+``PGPASSWORD``) that the submit operator fills from the Airflow connection, so no credential is on a
+command line or in a log line.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2
+from psycopg2 import sql
+
+from exactly_once_provider.sinks import poison
+from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, require_predecessor
+from exactly_once_provider.sinks.base import WINDOW_COLUMNS
+
+OFFSETS_TABLE = "eo_stream_offsets"
+COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "record_key", "record_value")
+CDC_COLUMNS = ("pk", "source_version", "deleted", "record_value", "kafka_topic", "kafka_partition", "kafka_offset")
+WINDOWS_TABLE = "eo_stream_windows"
+
+_DDL_OFFSETS = f"""
+CREATE TABLE IF NOT EXISTS {OFFSETS_TABLE} (
+    pipeline text NOT NULL, topic text NOT NULL, kafka_partition integer NOT NULL,
+    next_offset bigint NOT NULL, checkpoint_id text NOT NULL, batch_id bigint NOT NULL,
+    rows_total bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, topic, kafka_partition))
+"""
+_DDL_WINDOWS = f"""
+CREATE TABLE IF NOT EXISTS {WINDOWS_TABLE} (
+    pipeline text NOT NULL, window_id text NOT NULL, version bigint NOT NULL, rows bigint NOT NULL,
+    committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, window_id))
+"""
+
+
+@dataclass
+class _Batch:
+    """One batch's open transaction (see :meth:`PostgresSink._batch_transaction`)."""
+
+    cur: Any
+    done: bool  # the sink already holds this batch: write nothing
+    rows_before: int  # the pipeline's rows_total before this batch
+    rows_total: int | None = None  # set by the writer: the pipeline's rows_total after this batch
+
+
+class PostgresSink:
+    """Append a pipeline's batches to ``table`` with the offsets in the same transaction.
+
+    :param table: target table, optionally ``schema.table``; created if missing.
+    :param pipeline: the pipeline's stable name.
+    :param connect_kwargs: psycopg2 connection arguments; empty = the libpq ``PG*`` environment (the job).
+    :param mode: ``append`` (records), ``cdc`` (changes by ``pk``, newer ``source_version`` wins) or ``window``
+        (settlement windows replaced whole; versions in ``eo_stream_windows``, same transaction).
+    """
+
+    kind = "postgres"
+
+    def __init__(self, table: str, pipeline: str, connect_kwargs: dict | None = None, mode: str = "append") -> None:
+        self.table = sql.Identifier(*table.split("."))
+        self.pipeline = pipeline
+        self.connect_kwargs = connect_kwargs or {}
+        self.mode = mode
+        self.columns = {"cdc": CDC_COLUMNS, "window": WINDOW_COLUMNS}.get(mode, COLUMNS)
+
+    def _connect(self):
+        return psycopg2.connect(**self.connect_kwargs)
+
+    def ensure_tables(self) -> None:
+        with self._connect() as conn, conn.cursor() as cur:
+            cur.execute(_DDL_OFFSETS)
+            if self.mode == "window":
+                cur.execute(_DDL_WINDOWS)
+                cur.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (window_id text NOT NULL, window_version bigint NOT NULL,"
+                    " kafka_topic text NOT NULL, kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL,"
+                    " record_key text, record_value text)").format(self.table))
+                index = sql.Identifier(f"{self.table.strings[-1]}_window_id_idx"[:63])
+                cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (window_id)").format(index, self.table))
+            elif self.mode == "cdc":
+                cur.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (pk text PRIMARY KEY, source_version bigint NOT NULL,"
+                    " deleted boolean NOT NULL, record_value text, kafka_topic text NOT NULL,"
+                    " kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL)").format(self.table))
+            else:
+                cur.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (kafka_topic text NOT NULL, kafka_partition integer NOT NULL,"
+                    " kafka_offset bigint NOT NULL, record_key text, record_value text)").format(self.table))
+        conn.close()
+
+    @staticmethod
+    def _read_state(cur, pipeline: str) -> BatchCommit | None:
+        cur.execute(f"SELECT topic, kafka_partition, next_offset, checkpoint_id, batch_id, rows_total"
+                    f" FROM {OFFSETS_TABLE} WHERE pipeline = %s ORDER BY committed_at DESC", (pipeline,))
+        rows = cur.fetchall()
+        if not rows:
+            return None
+        offsets: dict[str, dict[int, int]] = {}
+        for topic, partition, offset, *_ in rows:
+            offsets.setdefault(topic, {})[partition] = offset
+        # Rows of topics the pipeline no longer reads keep their old batch; the newest commit is the identity.
+        _, _, _, checkpoint_id, batch_id, rows_total = rows[0]
+        return BatchCommit(pipeline, checkpoint_id, batch_id, offsets, rows_total)
+
+    def committed(self) -> BatchCommit | None:
+        """Return the newest batch this pipeline committed (None before the first)."""
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT to_regclass(%s)", (OFFSETS_TABLE,))
+                if cur.fetchone()[0] is None:
+                    return None
+                state = self._read_state(cur, self.pipeline)
+                cur.execute("SELECT to_regclass(%s)", (WINDOWS_TABLE,))
+                if state is not None and cur.fetchone()[0] is not None:
+                    cur.execute(f"SELECT window_id, version, rows FROM {WINDOWS_TABLE} WHERE pipeline = %s",
+                                (self.pipeline,))
+                    windows = {w: {"version": v, "rows": n} for w, v, n in cur.fetchall()}
+                    if windows:
+                        state.extra["windows"] = windows
+                return state
+        finally:
+            conn.close()
+
+    def _copy(self, cur, df) -> int:
+        table = df.select(*self.columns).toArrow()
+        if table.num_rows == 0:
+            return 0
+        self._refuse_nul(table)
+        import pyarrow.csv as pacsv
+
+        buffer = io.BytesIO()
+        pacsv.write_csv(table, buffer, pacsv.WriteOptions(include_header=False))
+        buffer.seek(0)
+        target = self.table
+        if self.mode == "cdc":
+            target = sql.Identifier("eo_changes")
+            cur.execute(sql.SQL("CREATE TEMP TABLE eo_changes (LIKE {}) ON COMMIT DROP").format(self.table))
+        columns = sql.SQL(", ").join(map(sql.Identifier, self.columns))
+        cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(target, columns).as_string(cur),
+                        buffer)
+        if self.mode == "cdc":
+            updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+                                         for c in self.columns if c != "pk")
+            cur.execute(sql.SQL(
+                "INSERT INTO {t} ({c}) SELECT {c} FROM eo_changes ON CONFLICT (pk) DO UPDATE SET {u}"
+                " WHERE {t}.source_version < EXCLUDED.source_version").format(t=self.table, c=columns, u=updates))
+        return table.num_rows
+
+    def _refuse_nul(self, table) -> None:
+        """PostgreSQL text cannot hold NUL: stop before the COPY, naming the records (nothing committed)."""
+        import pyarrow.compute as pc
+
+        for column in ("record_key", "record_value"):
+            if column not in table.column_names:
+                continue
+            bad = table.filter(pc.fill_null(pc.match_substring(table[column], "\x00"), False))
+            if bad.num_rows:
+                found = [(r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], column, "")
+                         for r in bad.slice(0, 5).to_pylist()]
+                state = self.committed()
+                raise poison.refuse(found, "text with a NUL character (PostgreSQL text cannot store it)", self.kind,
+                                    None, state.offsets if state else None)
+
+    @contextmanager
+    def _batch_transaction(self, commit: BatchCommit, expected: object = UNCHECKED) -> Iterator[_Batch]:
+        """Open the ONE transaction of a batch: THE exactly-once step of this sink.
+
+        Takes the pipeline's transaction-scoped advisory lock, then reads the committed state (after the lock,
+        so a zombie writer sees the newer commit) and yields a :class:`_Batch`. A state that is not
+        ``expected`` (the commit the batch was planned on) fails the batch before anything is written
+        (:func:`~exactly_once_provider.spark_jobs.batch.require_predecessor`). If ``batch.done`` the batch is
+        already committed: the body writes nothing and the transaction rolls back. Otherwise the body writes
+        the rows with ``batch.cur`` and sets ``batch.rows_total``; on leaving, the offsets rows are written and
+        data + offsets commit together. An exception rolls everything back.
+        """
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
+                previous = self._read_state(cur, self.pipeline)
+                done = previous is not None and previous.checkpoint_id == commit.checkpoint_id \
+                    and previous.batch_id >= commit.batch_id
+                if not done:
+                    require_predecessor(previous, expected, commit, self.kind)
+                batch = _Batch(cur, done, previous.rows_total if previous else 0)
+                yield batch
+                if done:
+                    conn.rollback()
+                    return
+                if batch.rows_total is None:
+                    raise RuntimeError("a batch transaction must set rows_total before it commits")
+                self._write_offsets(cur, commit, batch.rows_total)
+            conn.commit()
+        finally:
+            conn.close()
+
+    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+        """Write rows + offsets in one transaction; return False if the batch was already committed.
+
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        """
+        with self._batch_transaction(commit, expected) as batch:
+            if batch.done:
+                return False
+            batch.rows_total = batch.rows_before + self._copy(batch.cur, df)
+        return True
+
+    def _write_offsets(self, cur, commit: BatchCommit, rows_total: int) -> None:
+        for topic, parts in commit.offsets.items():
+            for partition, offset in parts.items():
+                cur.execute(
+                    f"INSERT INTO {OFFSETS_TABLE} (pipeline, topic, kafka_partition, next_offset,"
+                    " checkpoint_id, batch_id, rows_total) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (pipeline, topic, kafka_partition) DO UPDATE SET"
+                    " next_offset = EXCLUDED.next_offset, checkpoint_id = EXCLUDED.checkpoint_id,"
+                    " batch_id = EXCLUDED.batch_id, rows_total = EXCLUDED.rows_total,"
+                    " committed_at = now()",
+                    (self.pipeline, topic, partition, offset, commit.checkpoint_id, commit.batch_id, rows_total))
+
+    def published_windows(self) -> dict[str, int]:
+        """Return window id -> version published in the table (window mode)."""
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s", (self.pipeline,))
+                return dict(cur.fetchall())
+        finally:
+            conn.close()
+
+    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
+                       expected: object = UNCHECKED) -> bool:
+        """Delete the rows of ``windows``, insert ``df``, record the versions and the offsets: ONE transaction.
+
+        :param df: the rows of the published window versions (window-mode columns).
+        :param windows: window id -> version published by this commit (may be empty: offsets only).
+        :param rows: window id -> rows of that version.
+        :param commit: the batch identity and the offsets the next read starts from.
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        :return: False if the batch was already committed.
+        """
+        with self._batch_transaction(commit, expected) as batch:
+            if batch.done:
+                return False
+            cur = batch.cur
+            cur.execute(f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s"
+                        " AND window_id = ANY(%s)", (self.pipeline, list(windows)))
+            for window, held in cur.fetchall():
+                if windows[window] <= held:
+                    raise ValueError(f"window {window} v{windows[window]} is not newer than the table's "
+                                     f"v{held}: another writer publishes this pipeline; run one job per pipeline.")
+            if windows:
+                cur.execute(sql.SQL("DELETE FROM {} WHERE window_id = ANY(%s)").format(self.table),
+                            (list(windows),))
+                self._copy(cur, df)
+            for window, version in windows.items():
+                cur.execute(
+                    f"INSERT INTO {WINDOWS_TABLE} (pipeline, window_id, version, rows) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT (pipeline, window_id) DO UPDATE SET version = EXCLUDED.version,"
+                    " rows = EXCLUDED.rows, committed_at = now()", (self.pipeline, window, version, rows[window]))
+            cur.execute(f"SELECT coalesce(sum(rows), 0) FROM {WINDOWS_TABLE} WHERE pipeline = %s",
+                        (self.pipeline,))
+            batch.rows_total = int(cur.fetchone()[0])
+        return True
+
+    def append(self, df) -> None:
+        """At-least-once baseline: the same COPY, committed without any offsets bookkeeping."""
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                self._copy(cur, df)
+            conn.commit()
+        finally:
+            conn.close()

@@ -1,0 +1,1 @@
+"""The MySQL/MariaDB source: preflight, consistent snapshots and chunks, the binlog reader, watermark windows."""

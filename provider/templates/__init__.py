@@ -1,0 +1,7 @@
+"""DAG templates: factories that compose the provider's operators into the three situations of DESIGN.md.
+
+* :func:`exactly_once_provider.templates.settlement.settlement_dag` — nightly settlements over a data interval;
+* :func:`exactly_once_provider.templates.history_stream.history_stream_dag` — a full load, then binlog increments.
+
+Example DAG files built with them: ``example_eo_settlement.py``, ``example_eo_history_stream.py``.
+"""

@@ -1,0 +1,163 @@
+"""Template: a nightly settlement over each data interval, reconciled, with a per-group report.
+
+``extract_window`` (one Kafka transaction per window, bounds in the offsets ledger) -> ``load_window``
+(Spark window mode: the window's rows replace the window's previous output in ONE sink commit) ->
+``reconcile_window`` (source rows of the window's bounds vs the sink's window) -> ``settlement_report``
+(rows and sums per group, replaced in ONE PostgreSQL transaction).
+
+Reruns leave exactly one copy of each window:
+
+* clearing a run (or a backfill of a past interval) re-runs ``extract_window`` for a window already in the
+  ledger: it publishes nothing and returns the recorded bounds; the load finds the version already in the
+  sink; the report is replaced by the same figures;
+* the ``reextract`` Param re-reads the recorded bounds and publishes the next version, which replaces the
+  older one in the sink and in the report;
+* the ``window_end`` Param settles the window ending at that instant (a manual run has no data interval).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+import pendulum
+from airflow.sdk import DAG, Asset, BaseHook, CronDataIntervalTimetable, Param, task
+
+from exactly_once_provider.source.identifiers import quote_identifier
+from exactly_once_provider.operators.reconcile import ReconcileOperator
+from exactly_once_provider.operators.settlement_report import SettlementReportOperator
+from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
+
+_WINDOW = "ti.xcom_pull(task_ids='extract_window')"
+
+
+def settlement_dag(
+    *,
+    dag_id: str,
+    table: str,
+    cursor_column: str,
+    group_by: Sequence[str],
+    sum_columns: Sequence[str],
+    pipeline: str,
+    topic: str,
+    sink_path: str,
+    checkpoint_location: str,
+    report_table: str,
+    start_date: datetime,
+    cron: str = "0 2 * * *",
+    timezone: str = "UTC",
+    catchup: bool = False,
+    safety_lag: float = 5.0,
+    topic_partitions: int = 1,
+    reconcile_columns: Sequence[str] | None = None,
+    mysql_conn_id: str = "mysql_default",
+    kafka_config_id: str = "kafka_default",
+    postgres_conn_id: str = "postgres_default",
+    spark_conn_id: str = "spark_default",
+    spark_conf: dict[str, str] | None = None,
+    retries: int = 2,
+    retry_delay: timedelta = timedelta(minutes=1),
+    tags: Sequence[str] = (),
+) -> DAG:
+    """Return a nightly settlement DAG for ``table``.
+
+    :param dag_id: the DAG id.
+    :param table: the source table (``table`` or ``schema.table``); also the ledger's source partition.
+    :param cursor_column: a TIMESTAMP/DATETIME column set by the database on insert/update.
+    :param group_by: report grouping columns, e.g. ``["currency"]``.
+    :param sum_columns: DECIMAL/integer columns summed per group, e.g. ``["amount"]``.
+    :param pipeline: the extract's pipeline name (transactional id, ledger key, window ids).
+    :param topic: the Kafka topic of the windows.
+    :param sink_path: the window-mode Delta table (declared as an Asset).
+    :param checkpoint_location: the Spark checkpoint of the load.
+    :param report_table: the PostgreSQL report table (declared as an Asset).
+    :param start_date: the first interval's start.
+    :param cron: when an interval ends and its run starts.
+    :param timezone: the zone the cron is read in (an explicit zone, never the server's).
+    :param catchup: create runs for past intervals.
+    :param safety_lag: seconds the window stays behind the database clock.
+    :param topic_partitions: partitions of the topic when the DAG creates it.
+    :param reconcile_columns: columns compared by the reconciliation; default every source column.
+    :param mysql_conn_id: the source ``mysql`` connection.
+    :param kafka_config_id: the ``kafka`` connection.
+    :param postgres_conn_id: the ``postgres`` connection (report and reconciliation results).
+    :param spark_conn_id: the ``spark`` connection.
+    :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the connectors).
+    :param retries: retries per task (every step is idempotent, so retries are safe).
+    :param retry_delay: delay between retries.
+    :param tags: extra DAG tags.
+    """
+    sink_asset = Asset(name=f"{dag_id}.windows", uri=f"file://{sink_path}")
+    report_asset = Asset(name=f"{dag_id}.report", uri=f"eo://postgres/{postgres_conn_id}/{report_table}")
+    cursor = quote_identifier(cursor_column)
+    with DAG(
+        dag_id=dag_id,
+        # A cron string alone is a CronTriggerTimetable in Airflow 3 (no data interval); settlements need one.
+        schedule=CronDataIntervalTimetable(cron, timezone=pendulum.timezone(timezone)),
+        start_date=start_date,
+        catchup=catchup,
+        max_active_runs=1,  # windows follow each other: one writer per ledger key
+        default_args={"retries": retries, "retry_delay": retry_delay},
+        tags=["exactly-once", "settlement", *tags],
+        params={
+            "reextract": Param(False, type="boolean",
+                               description="re-read this window's recorded bounds and publish a new version"),
+            "window_end": Param(None, type=["null", "string"], format="date-time",
+                                description="settle the window ending at this instant instead of the interval "
+                                            "end (ISO-8601 with zone)"),
+        },
+        doc_md=__doc__,
+    ) as dag:
+        @task
+        def ensure_topic() -> str:
+            """Create the windows' topic if it is missing (the extract writes batch markers to every partition)."""
+            import time
+
+            from confluent_kafka import KafkaError, KafkaException
+            from confluent_kafka.admin import AdminClient, NewTopic
+
+            servers = BaseHook.get_connection(kafka_config_id).extra_dejson.get("bootstrap.servers")
+            if not servers:
+                raise ValueError(f"Kafka connection {kafka_config_id!r} has no 'bootstrap.servers' in its Extra.")
+            admin = AdminClient({"bootstrap.servers": servers})
+            if topic not in admin.list_topics(timeout=30).topics:
+                try:
+                    admin.create_topics([NewTopic(topic, topic_partitions, -1)])[topic].result(timeout=30)
+                except KafkaException as err:
+                    if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        raise
+            deadline = time.monotonic() + 30  # a new topic reaches every broker's metadata a moment later
+            while admin.list_topics(topic, timeout=30).topics[topic].error is not None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Topic {topic!r} was created but is not available after 30s.")
+                time.sleep(0.2)
+            return topic
+
+        extract = WatermarkExtractOperator(
+            task_id="extract_window", table=table, cursor_column=cursor_column, cursor_kind="timestamp",
+            topic=topic, pipeline=pipeline, interval_end="{{ params.window_end or data_interval_end or '' }}",
+            reextract="{{ params.reextract }}", safety_lag=safety_lag, mysql_conn_id=mysql_conn_id,
+            kafka_config_id=kafka_config_id)
+        load = SparkKafkaToSinkOperator(
+            task_id="load_window", pipeline=f"{pipeline}-load", topics=topic, sink="delta", sink_path=sink_path,
+            checkpoint_location=checkpoint_location, mode="window", trigger="available-now",
+            kafka_conn_id=kafka_config_id, spark_conn_id=spark_conn_id, conf=dict(spark_conf or {}),
+            outlets=[sink_asset])
+        window_id = (f"{{{{ {_WINDOW}['pipeline'] }}}}/{{{{ {_WINDOW}['source_partition'] }}}}/"
+                     f"{{{{ {_WINDOW}['batch_id'] }}}}")
+        reconcile = ReconcileOperator(
+            task_id="reconcile_window", name=pipeline, table=table, columns=reconcile_columns, sink="delta",
+            sink_path=sink_path, sink_json_column="record_value", sink_json_path="row",
+            sink_filter=f"window_id = '{window_id}'",
+            source_filter=(f"{{% set w = {_WINDOW} %}}{{% if w['lower'] %}}{cursor} >= '{{{{ w['lower'] }}}}' AND "
+                           f"{{% endif %}}{cursor} < '{{{{ w['upper'] }}}}'"),
+            mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
+            spark_conf=spark_conf)
+        report = SettlementReportOperator(
+            task_id="settlement_report", window_id=window_id, sink_path=sink_path, report_table=report_table,
+            source_table=table, group_by=group_by, sum_columns=sum_columns, mysql_conn_id=mysql_conn_id,
+            postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id, spark_conf=spark_conf,
+            outlets=[report_asset])
+        ensure_topic() >> extract >> load >> reconcile >> report
+    return dag

@@ -1,0 +1,156 @@
+"""Own append commits on a real Delta table: Delta's readers and writers see them, before and after a checkpoint;
+writers racing for the same commit or interleaving their commits lose nothing and duplicate nothing."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks import delta_log
+
+ROWS_SCHEMA = json.dumps({"type": "struct", "fields": [
+    {"name": "writer", "type": "string", "nullable": True, "metadata": {}},
+    {"name": "n", "type": "long", "nullable": True, "metadata": {}}]})
+
+
+def batch(spark, writer: str, start: int, count: int):
+    return spark.range(start, start + count).selectExpr(f"'{writer}' AS writer", "id AS n").coalesce(1)
+
+
+def delta_count(spark, path: str, **options) -> int:
+    return spark.read.format("delta").options(**options).load(path).count()
+
+
+# Delta rebuilds table states with 50 tasks and VACUUM lists files with 10 000 (a minute on 2 cores): 2 each.
+SMALL_DELTA_JOBS = {"spark.databricks.delta.snapshotPartitions": "2",
+                    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2"}
+
+
+@pytest.fixture
+def small_delta_jobs(spark):
+    for key, value in SMALL_DELTA_JOBS.items():
+        spark.conf.set(key, value)
+    yield spark
+    for key in SMALL_DELTA_JOBS:
+        spark.conf.unset(key)
+
+
+def test_delta_reads_writes_time_travels_and_vacuums_a_table_of_own_commits_across_a_checkpoint(small_delta_jobs,
+                                                                                               tmp_path):
+    spark = small_delta_jobs
+    from delta.tables import DeltaTable
+
+    path = str(tmp_path / "t")
+    log_dir = Path(path) / "_delta_log"
+    assert delta_commit.append_with_marker(batch(spark, "a", 0, 10), path, {"b": 0}, "app", 0) == 0
+    assert delta_commit.append_with_marker(batch(spark, "a", 10, 5), path, {"b": 1}, "app", 1) == 1
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '4')")  # Delta: v2
+
+    # Before any checkpoint: Delta lists the history with our markers, travels back in time.
+    history = {r["version"]: r for r in DeltaTable.forPath(spark, path).history().collect()}
+    assert sorted(history) == [0, 1, 2]
+    assert (history[1]["operation"], json.loads(history[1]["userMetadata"])) == ("WRITE", {"b": 1})
+    assert history[1]["operationParameters"]["mode"] == "Append" and history[1]["isBlindAppend"]
+    assert delta_count(spark, path, versionAsOf=0) == 10
+    assert not list(log_dir.glob("*.checkpoint*.parquet"))
+
+    assert delta_commit.append_with_marker(batch(spark, "a", 15, 5), path, {"b": 2}, "app", 2) == 3
+    assert not list(log_dir.glob("*.checkpoint*.parquet"))  # 3 commits since version 0: not due yet
+    assert delta_commit.append_with_marker(batch(spark, "a", 20, 5), path, {"b": 3}, "app", 3) == 4
+    assert (log_dir / f"{4:020d}.checkpoint.parquet").exists(), "Delta should have checkpointed version 4"
+    assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 4
+
+    # After the checkpoint: a replay is skipped, the state read from the checkpoint agrees with Delta.
+    assert delta_commit.append_with_marker(batch(spark, "a", 15, 5), path, {"b": 2}, "app", 2) == 3
+    state = delta_log.table_state(path)
+    assert (state.version, state.checkpoint, state.txns, state.configuration) == (
+        4, 4, {"app": 3}, {"delta.checkpointInterval": "4"})
+    assert delta_count(spark, path, versionAsOf=3) == 20
+
+    # Delta's own writers continue the table: a plain append, then a MERGE; then an own commit again.
+    batch(spark, "delta", 0, 3).write.format("delta").mode("append").save(path)  # v5
+    (DeltaTable.forPath(spark, path).alias("t")
+     .merge(batch(spark, "a", 0, 2).selectExpr("'merged' AS writer", "n").alias("s"), "t.n = s.n AND t.writer = 'a'")
+     .whenMatchedUpdateAll().execute())  # v6: two rows of version 0 rewritten
+    assert delta_commit.append_with_marker(batch(spark, "a", 25, 5), path, {"b": 4}, "app", 4) == 7
+    rows = spark.read.format("delta").load(path).groupBy("writer").count().collect()
+    assert {r["writer"]: r["count"] for r in rows} == {"a": 28, "merged": 2, "delta": 3}
+    assert delta_commit.latest_marker(path, "b") == (7, {"b": 4})
+    # the own adds carry the integer column bounds; a filter Delta skips files with still finds every row
+    add = next(a["add"] for a in delta_log.read_actions(log_dir / f"{7:020d}.json") if "add" in a)
+    assert json.loads(add["stats"]) == {"numRecords": 5, "minValues": {"n": 25}, "maxValues": {"n": 29},
+                                        "nullCount": {"n": 0}}
+    assert spark.read.format("delta").load(path).where("writer = 'a' AND n BETWEEN 12 AND 26").count() == 15
+
+    # VACUUM (dry run) lists only files no version references: an orphan a killed writer left, not our
+    # live files, not the staging area.
+    orphan = Path(path) / "part-orphan.snappy.parquet"
+    orphan.write_bytes(b"x")
+    old = time.time() - 8 * 24 * 3600
+    os.utime(orphan, (old, old))
+    (Path(path) / delta_commit.STAGING_DIR).mkdir(exist_ok=True)
+    vacuumed = [r[0] for r in spark.sql(f"VACUUM delta.`{path}` DRY RUN").collect()]
+    assert [os.path.basename(p) for p in vacuumed] == [orphan.name]
+
+
+def race(path: str, app_id: str, versions: list[int], writer: str, barrier, results) -> None:
+    """One writer process: per version, stage its own file, wait for the others, commit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for version in versions:
+        name = f"part-{writer}-{app_id}-{version}.parquet"
+        pq.write_table(pa.table({"writer": [writer] * 3, "n": pa.array([version] * 3, pa.int64())}),
+                       Path(path) / name)
+        files = [{"name": name, "bytes": (Path(path) / name).stat().st_size, "rows": 3}]
+        barrier.wait(60)
+        table_version, written = delta_commit.append_with_files(path, ROWS_SCHEMA, files, {"w": writer}, app_id,
+                                                                version)
+        if not written:
+            os.unlink(Path(path) / name)
+        results.put((writer, app_id, version, table_version, written))
+
+
+def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_without_loss(small_delta_jobs,
+                                                                                               tmp_path):
+    spark = small_delta_jobs
+    path = str(tmp_path / "t")
+    delta_commit.create_with_files(path, ROWS_SCHEMA, [], {}, "setup", 0)
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    versions = list(range(1, 9))
+    # zombies: three processes commit the SAME (app "zombie", version) at once; a fourth, another app id,
+    # commits its own versions at the same instants
+    writers = [ctx.Process(target=race, args=(path, "zombie", versions, f"z{i}", barrier, results)) for i in range(3)]
+    writers.append(ctx.Process(target=race, args=(path, "other", versions, "o", barrier, results)))
+    for w in writers:
+        w.start()
+    outcomes = [results.get(timeout=120) for _ in range(4 * len(versions))]
+    for w in writers:
+        w.join(30)
+        assert w.exitcode == 0
+    for version in versions:
+        zombies = [o for o in outcomes if o[1] == "zombie" and o[2] == version]
+        assert sum(o[4] for o in zombies) == 1, f"(zombie, {version}) committed by {zombies}"
+        assert len({o[3] for o in zombies}) == 1, "every racer must report the one winning table version"
+    assert all(o[4] for o in outcomes if o[1] == "other")
+    assert sorted(o[3] for o in outcomes if o[4]) == list(range(1, 2 * len(versions) + 1))  # no gap, no clash
+
+    txns = [a["txn"] for v in range(2 * len(versions) + 1)
+            for a in map(json.loads, (Path(path) / "_delta_log" / f"{v:020d}.json").read_text().splitlines())
+            if "txn" in a]
+    assert sorted((t["appId"], t["version"]) for t in txns if t["appId"] != "setup") == sorted(
+        [("zombie", v) for v in versions] + [("other", v) for v in versions])
+    rows = spark.read.format("delta").load(path).groupBy("n").agg({"writer": "collect_list"}).collect()
+    per_version = {r["n"]: sorted(r[1]) for r in rows}
+    assert set(per_version) == set(versions)
+    for version, names in per_version.items():  # 3 rows of the other app + 3 rows of ONE zombie, per version
+        assert names.count("o") == 3 and len(names) == 6 and len({n for n in names if n != "o"}) == 1, names
+    assert sorted(p.name for p in Path(path).glob("part-*")) == sorted(
+        f"part-{w}-{a}-{v}.parquet" for w, a, v, _, written in outcomes if written)

@@ -1,0 +1,121 @@
+"""Preflight of watermark tables on the real MariaDB: each misconfiguration raises what to fix."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+
+import MySQLdb
+import pytest
+
+from exactly_once_provider.errors import SourceConfigurationError
+from exactly_once_provider.source.identifiers import quote_identifier
+from exactly_once_provider.source.watermark import preflight, read_window
+from tests.mysql_support import load_time_zone
+
+
+@pytest.fixture
+def conn(stack):
+    conn = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
+                           database=stack.DB_NAME, autocommit=True, init_command="SET time_zone = '+00:00'")
+    yield conn
+    conn.close()
+
+
+def table(conn, columns):
+    name = f"pf_{uuid.uuid4().hex[:8]}"
+    conn.cursor().execute(f"CREATE TABLE {name} ({columns})")
+    return name
+
+
+def test_a_missing_cursor_column_is_named_with_the_columns_that_exist(conn):
+    name = table(conn, "id INT PRIMARY KEY, changed_at TIMESTAMP(6), KEY (changed_at)")
+    with pytest.raises(SourceConfigurationError, match=r"Cursor column `updated_at` is not in .*columns: id, changed_at"):
+        preflight(conn, name, "updated_at", "timestamp")
+
+
+def test_a_cursor_column_without_an_index_asks_for_one(conn):
+    name = table(conn, "id INT PRIMARY KEY, updated_at TIMESTAMP(6), other INT, KEY (other, updated_at)")
+    with pytest.raises(SourceConfigurationError, match=r"No index .* starts with cursor column `updated_at`.*"
+                                                       r"ADD INDEX \(`updated_at`\)"):
+        preflight(conn, name, "updated_at", "timestamp")
+
+
+@pytest.mark.parametrize("column_type, kind, expected", [
+    ("VARCHAR(30)", "timestamp", "is VARCHAR, which cursor_kind='timestamp' does not support .*TIMESTAMP or DATETIME"),
+    ("TIMESTAMP(6)", "id", "is TIMESTAMP, which cursor_kind='id' does not support .*AUTO_INCREMENT"),
+    ("DOUBLE", "id", "is DOUBLE"),
+])
+def test_an_unsupported_cursor_type_names_the_supported_ones(conn, column_type, kind, expected):
+    name = table(conn, f"id INT PRIMARY KEY, c {column_type}, KEY (c)")
+    with pytest.raises(SourceConfigurationError, match=expected):
+        preflight(conn, name, "c", kind)
+
+
+def test_other_preflight_errors(conn):
+    with pytest.raises(SourceConfigurationError, match="does not exist or the connection's user cannot see it"):
+        preflight(conn, "no_such_table_xyz", "c", "timestamp")
+    no_pk = table(conn, "id INT, updated_at TIMESTAMP(6), KEY (updated_at)")
+    with pytest.raises(SourceConfigurationError, match="has no PRIMARY KEY"):
+        preflight(conn, no_pk, "updated_at", "timestamp")
+    ok = table(conn, "id INT PRIMARY KEY, updated_at TIMESTAMP(6), KEY (updated_at)")
+    with pytest.raises(SourceConfigurationError, match="Soft-delete column `is_deleted` is not in"):
+        preflight(conn, ok, "updated_at", "timestamp", deleted_column="is_deleted")
+    with pytest.raises(ValueError, match="cursor_kind='rowversion'"):
+        preflight(conn, ok, "updated_at", "rowversion")
+
+
+def test_timestamp_cursor_reads_in_utc_and_a_fixed_offset_datetime_gives_no_warning(conn):
+    ts = preflight(conn, table(conn, "id INT PRIMARY KEY, u TIMESTAMP(3), KEY (u)"), "u", "timestamp")
+    assert (ts.session_time_zone, ts.precision, ts.warnings, ts.primary_key) == ("+00:00", 3, (), ("id",))
+    dt = preflight(conn, table(conn, "id INT PRIMARY KEY, u DATETIME, KEY (u)"), "u", "timestamp",
+                   datetime_time_zone="+08:00")
+    assert (dt.session_time_zone, dt.precision, dt.warnings) == ("+08:00", 0, ())
+
+
+def test_datetime_in_a_zone_with_daylight_saving_warns_and_an_unknown_zone_says_how_to_load_it(conn, stack):
+    name = table(conn, "id INT PRIMARY KEY, u DATETIME(6), KEY (u)")
+    with pytest.raises(SourceConfigurationError, match="does not know time zone 'Mars/Olympus'.*tzinfo"):
+        preflight(conn, name, "u", "timestamp", datetime_time_zone="Mars/Olympus")
+    cur = conn.cursor()
+    load_time_zone(cur, "Europe/Berlin", stack.DB_NAME)
+    spec = preflight(conn, name, "u", "timestamp", datetime_time_zone="Europe/Berlin")
+    assert len(spec.warnings) == 1 and "observes daylight saving time" in spec.warnings[0]
+    assert "Use a TIMESTAMP column" in spec.warnings[0]
+    cur.execute("SELECT @@session.time_zone")
+    assert cur.fetchone()[0] == "+00:00", "preflight must restore the session zone"
+
+
+def test_identifiers_with_backticks_are_quoted(conn):
+    assert quote_identifier("a`b") == "`a``b`"
+    name = table(conn, "`i``d` INT PRIMARY KEY, `up`` at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), "
+                       "KEY (`up`` at`)")
+    conn.cursor().execute(f"INSERT INTO {name} (`i``d`) VALUES (1), (2)")
+    spec = preflight(conn, name, "up` at", "timestamp")
+    window = read_window(conn, spec, None, fixed_upper=datetime(2100, 1, 1), log=logging.getLogger("test"))
+    assert [row["i`d"] for row in window.rows] == [1, 2], window
+
+
+def test_without_the_process_privilege_the_log_says_the_guard_is_off_and_the_lag_bounds_the_window(conn, stack, caplog):
+    name = table(conn, "id INT PRIMARY KEY, u TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (u)")
+    user = f"np_{uuid.uuid4().hex[:6]}"
+    cur = conn.cursor()
+    cur.execute(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'np-pass'")
+    cur.execute(f"GRANT SELECT ON {quote_identifier(stack.DB_NAME)}.* TO '{user}'@'%'")
+    limited = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=user, password="np-pass",
+                              database=stack.DB_NAME, autocommit=True, init_command="SET time_zone = '+00:00'")
+    other = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
+                            database=stack.DB_NAME, autocommit=True)
+    try:
+        other.cursor().execute("BEGIN")
+        other.cursor().execute(f"INSERT INTO {name} (id) VALUES (1)")  # an open writer the guard cannot see
+        spec = preflight(limited, name, "u", "timestamp")
+        with caplog.at_level(logging.WARNING):
+            window = read_window(limited, spec, None, safety_lag=2.5, log=logging.getLogger("test"))
+        assert "Cannot read information_schema.innodb_trx" in caplog.text and "Grant PROCESS" in caplog.text
+        assert (window.upper_reason, window.guard) == ("safety_lag", "not readable (no PROCESS privilege); safety lag only")
+    finally:
+        other.close()
+        limited.close()
+        cur.execute(f"DROP USER '{user}'@'%'")

@@ -1,0 +1,72 @@
+"""The offsets-topic schema: stable keys, versioned values, clear errors on bad names and versions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exactly_once_provider.kafka.offsets import (
+    OFFSETS_SCHEMA_VERSION,
+    CommittedOffset,
+    ledger_key,
+    marker_value,
+    new_committed_offset,
+)
+
+
+def _record(**overrides) -> CommittedOffset:
+    fields = dict(pipeline="orders", source_partition="db1.orders", offset={"file": "b.000001", "pos": 4},
+                  sequence=7, batch_id="7", batch_version=1, records=750, transactional_id="eo-txn/orders/db1.orders",
+                  delivery_mode="exactly_once")
+    fields.update(overrides)
+    return new_committed_offset(**fields)
+
+
+def test_key_is_pipeline_slash_partition():
+    assert ledger_key("orders", "db1.orders") == b"orders/db1.orders"
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "has space", "-lead", "x" * 101, None, 3])
+def test_invalid_names_are_refused_with_what_to_fix(bad):
+    with pytest.raises(ValueError, match="letters, digits"):
+        ledger_key("orders", bad)
+
+
+def test_value_round_trips_and_carries_the_schema_version():
+    record = _record()
+    raw = json.loads(record.to_value())
+    assert raw["schema_version"] == OFFSETS_SCHEMA_VERSION == 1
+    assert raw["offset"] == {"file": "b.000001", "pos": 4} and raw["sequence"] == 7
+    assert CommittedOffset.from_value(record.to_value()) == record
+    assert record.key == b"orders/db1.orders"
+
+
+def test_newer_schema_version_is_refused():
+    raw = json.loads(_record().to_value())
+    raw["schema_version"] = 2
+    with pytest.raises(ValueError, match="schema_version 2.*Upgrade the provider"):
+        CommittedOffset.from_value(json.dumps(raw).encode())
+
+
+def test_missing_field_and_garbage_are_refused():
+    raw = json.loads(_record().to_value())
+    del raw["sequence"]
+    with pytest.raises(ValueError, match="lacks.*sequence"):
+        CommittedOffset.from_value(json.dumps(raw).encode())
+    with pytest.raises(ValueError, match="not JSON"):
+        CommittedOffset.from_value(b"\x00garbage")
+
+
+def test_offset_that_cannot_be_stored_is_refused_before_producing():
+    with pytest.raises(TypeError):
+        _record(offset=object())
+
+
+def test_end_marker_names_the_batch_and_counts_its_partition():
+    end = json.loads(marker_value("end", _record(batch_id="2026-11-20", batch_version=2), 12))
+    assert end == {"schema_version": 1, "marker": "end", "pipeline": "orders", "source_partition": "db1.orders",
+                   "sequence": 7, "batch_id": "2026-11-20", "batch_version": 2,
+                   "offset": {"file": "b.000001", "pos": 4}, "records": 12, "batch_records": 750}
+    begin = json.loads(marker_value("begin", _record()))
+    assert begin["marker"] == "begin" and "records" not in begin

@@ -1,0 +1,44 @@
+"""The settlement template builds a DAG with a data-interval timetable in an explicit zone, Params and Assets."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pendulum
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "dags"))
+
+from exactly_once_provider.templates.settlement import settlement_dag  # noqa: E402
+
+
+def _dag(**overrides):
+    kwargs = dict(dag_id="t_settle", table="payments", cursor_column="updated_at", group_by=["currency"],
+                  sum_columns=["amount"], pipeline="p", topic="t", sink_path="/data/w", checkpoint_location="/data/c",
+                  report_table="r", start_date=pendulum.datetime(2026, 1, 1, tz="Asia/Shanghai"),
+                  timezone="Asia/Shanghai")
+    return settlement_dag(**{**kwargs, **overrides})
+
+
+def test_tasks_timetable_params_and_assets():
+    dag = _dag()
+    assert [t.task_id for t in dag.topological_sort()] == [
+        "ensure_topic", "extract_window", "load_window", "reconcile_window", "settlement_report"]
+    timetable = dag.timetable
+    assert type(timetable).__name__ == "CronDataIntervalTimetable"
+    assert (timetable.expression, str(timetable.timezone)) == ("0 2 * * *", "Asia/Shanghai")
+    assert set(dag.params) == {"reextract", "window_end"}
+    assert dag.params["reextract"] is False
+    outlets = {o.uri for t in dag.tasks for o in t.outlets}
+    assert outlets == {"file:///data/w", "eo://postgres/postgres_default/r"}
+    assert all(t.retries == 2 for t in dag.tasks) and dag.max_active_runs == 1
+    assert dag.get_task("extract_window").upstream_task_ids == {"ensure_topic"}
+    load = dag.get_task("load_window")
+    assert (load.mode, load.trigger) == ("window", "available-now")
+
+
+def test_reconcile_compares_the_recorded_window_bounds():
+    task = _dag().get_task("reconcile_window")
+    assert "xcom_pull(task_ids='extract_window')" in task.source_filter
+    assert "`updated_at` < '{{ w['upper'] }}'" in task.source_filter
+    assert task.sink_filter.startswith("window_id = '") and task.sink_json_path == "row"

@@ -1,0 +1,118 @@
+"""The package's layers: imports point one way (templates -> operators -> hooks -> domain -> core).
+
+Read from the source with ``ast`` (nothing is imported). ``if TYPE_CHECKING:`` blocks are annotations only and
+do not count; a ``__main__`` module is an entry point (it builds hooks from connection ids) and sits with the
+templates on top.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import exactly_once_provider
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = {"provider": "", "hooks": "hooks", "operators": "operators", "plugins": "plugins"}
+CORE = {"errors", "version", "positions", "faults", "connections", "provider_info", "__init__"}
+DOMAIN = {"kafka", "source", "sinks", "spark_jobs", "full_load", "reconcile", "capture"}
+# Operators use the plugin's extra links and defer to the triggers; the templates compose operators.
+LAYER = {**{name: 0 for name in CORE}, **{name: 1 for name in DOMAIN}, "hooks": 2, "triggers": 3, "plugins": 3,
+         "operators": 4, "templates": 5, "entry": 5}
+
+
+def _modules():
+    for folder, sub in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("").parts
+            unit = sub or rel[0]
+            if path.name == "__main__.py":
+                unit = "entry"
+            yield path, unit
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("exactly_once_provider"):
+            parts = node.module.split(".")[1:]
+            if parts:
+                yield parts[0]
+            else:  # from exactly_once_provider import x
+                yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("exactly_once_provider."):
+                    yield alias.name.split(".")[1]
+
+
+def _edges():
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path, unit in _modules():
+        for target in _imports(path):
+            if target != unit:
+                edges.setdefault((unit, target), []).append(str(path.relative_to(ROOT)))
+    return edges
+
+
+def test_every_unit_has_a_layer():
+    assert {unit for _, unit in _modules()} - set(LAYER) == set()
+
+
+def test_imports_point_down_the_layers():
+    upward = {f"{a} -> {b}": files for (a, b), files in _edges().items() if LAYER[b] > LAYER[a]
+              or (LAYER[a] == LAYER[b] and LAYER[a] >= 2)}
+    assert upward == {}
+
+
+def test_no_cycle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for a, b in _edges():
+        graph.setdefault(a, set()).add(b)
+    state: dict[str, int] = {}
+
+    def visit(node, trail):
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                raise AssertionError(" -> ".join([*trail, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*trail, node])
+        state[node] = 2
+
+    for node in list(graph):
+        if node not in state:
+            visit(node, [])
+
+
+def test_hooks_folder_holds_hooks_only():
+    from airflow.sdk import BaseHook
+    import importlib
+
+    for path in sorted((ROOT / "hooks").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = importlib.import_module(f"exactly_once_provider.hooks.{path.stem}")
+        defined = [obj for obj in vars(module).values()
+                   if isinstance(obj, type) and obj.__module__ == module.__name__]
+        assert defined and all(issubclass(obj, BaseHook) or not obj.__name__[0].isupper() or
+                               obj.__module__ != module.__name__ or obj.__name__ in _RESULT_TYPES
+                               for obj in defined), path.name
+
+
+# Small result records a hook returns (its public API), not domain logic.
+_RESULT_TYPES = {"ServerInfo", "Snapshot", "Preflight"}
+
+
+def test_package_root_is_the_provider_folder():
+    assert Path(exactly_once_provider.__file__).parent == ROOT / "provider"
