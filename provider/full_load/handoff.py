@@ -12,7 +12,7 @@ Format, stored as the Delta commit's ``userMetadata`` (JSON) by :mod:`exactly_on
 Key bounds are JSON-typed by :mod:`exactly_once_provider.full_load.plan` (``{"b64": ..}`` for bytes, ...).
 A chunk holds the keys ``lower < key <= upper`` (``null`` = unbounded). The capture starts at
 ``min_position`` and drops a change of key ``k`` whose position is at or before the position of the chunk
-holding ``k`` (:meth:`Handoff.already_loaded`); after ``max_position`` every change passes.
+holding ``k`` (the capture's :class:`~exactly_once_provider.capture.loop.HandoffFilter`); after ``max_position`` every change passes.
 """
 
 from __future__ import annotations
@@ -58,23 +58,6 @@ class Handoff:
     def max_position(self) -> BinlogPosition:
         """After this position every change passes the filter."""
         return max((c.position for c in self.chunks), key=lambda p: p.sort_key)
-
-    def chunk_for(self, key: tuple) -> ChunkPosition:
-        """Return the chunk whose range holds ``key``.
-
-        Compares in Python: exact for integer, binary and date keys; string keys compare by code point,
-        which matches the server only for ``*_nopad_bin`` collations. The capture asks the server for the
-        others (:class:`~exactly_once_provider.source.snapshot.ServerChunkLocator`).
-        """
-        for entry in self.chunks:
-            c = entry.chunk
-            if (c.lower is None or key > c.lower) and (c.upper is None or key <= c.upper):
-                return entry
-        raise ValueError(f"Key {key!r} is in no chunk of the {self.schema}.{self.table} full load.")
-
-    def already_loaded(self, key: tuple, position: BinlogPosition) -> bool:
-        """Return whether a change of ``key`` at ``position`` is already in the loaded snapshot."""
-        return position <= self.chunk_for(key).position
 
 
 def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: list[dict]) -> dict:

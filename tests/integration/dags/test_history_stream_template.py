@@ -57,7 +57,8 @@ def _effective_rows(full_load: str, changes: str) -> dict[int, tuple]:
         record = json.loads(value)
         image = record["after"] or record["before"]
         key = int(image["id"])
-        chunk = loaded.chunk_for((key,))
+        chunk = next(c for c in loaded.chunks if (c.chunk.lower is None or (key,) > tuple(c.chunk.lower))
+                     and (c.chunk.upper is None or (key,) <= tuple(c.chunk.upper)))
         if version < version_of(chunk.position):
             continue  # already in the snapshot (a change from before a full reload)
         if deleted:

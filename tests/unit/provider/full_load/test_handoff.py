@@ -27,14 +27,18 @@ def test_marker_round_trip_and_min_max():
     assert (parsed.table_version, parsed.rows, parsed.key) == (4, 105, ("id",))
 
 
-def test_already_loaded_uses_the_position_of_the_chunk_holding_the_key():
-    h = handoff.parse(0, handoff.marker("L1", "eo", "t", ("id",), CHUNKS))
-    assert h.chunk_for((100,)).chunk.index == 0 and h.chunk_for((101,)).chunk.index == 1
-    # key 5 was snapshotted at binlog.000001:900; key 500 at binlog.000002:10
-    assert h.already_loaded((5,), BinlogPosition("binlog.000001", 900))
-    assert not h.already_loaded((5,), BinlogPosition("binlog.000001", 901))
-    assert h.already_loaded((500,), BinlogPosition("binlog.000001", 5000))
-    assert not h.already_loaded((500,), BinlogPosition("binlog.000002", 11))
+def test_the_capture_filter_uses_the_position_of_the_chunk_holding_the_key():
+    from exactly_once_provider.capture.loop import HandoffFilter
+
+    h = HandoffFilter({("eo", "t"): handoff.parse(0, handoff.marker("L1", "eo", "t", ("id",), CHUNKS))})
+    # chunk 0 holds keys <= 100 (snapshotted at binlog.000001:900); chunk 1 the rest (binlog.000002:10)
+    assert h.already_loaded(("eo", "t"), (100,), BinlogPosition("binlog.000001", 900))
+    assert h.already_loaded(("eo", "t"), (101,), BinlogPosition("binlog.000002", 10))
+    assert not h.already_loaded(("eo", "t"), (101,), BinlogPosition("binlog.000002", 11))
+    assert h.already_loaded(("eo", "t"), (5,), BinlogPosition("binlog.000001", 900))
+    assert not h.already_loaded(("eo", "t"), (5,), BinlogPosition("binlog.000001", 901))
+    assert h.already_loaded(("eo", "t"), (500,), BinlogPosition("binlog.000001", 5000))
+    assert not h.already_loaded(("eo", "t"), (500,), BinlogPosition("binlog.000002", 11))
 
 
 def test_unknown_format_is_refused():
