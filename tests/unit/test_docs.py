@@ -1,0 +1,89 @@
+"""The docs stay true to the code: included examples equal the tested DAGs, links stay inside the repository."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _include_module():
+    spec = importlib.util.spec_from_file_location("docs_include", REPO / "docs" / "include.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+INCLUDE = _include_module()
+
+
+def test_included_examples_equal_the_marked_regions_of_their_sources():
+    assert INCLUDE.drifted() == [], "an example in the docs drifted from its DAG: run `make docs`"
+
+
+def test_every_marked_region_is_included_somewhere():
+    included = set()
+    for page in INCLUDE.pages():
+        included |= {(m["path"], m["name"]) for m in INCLUDE.INCLUDE.finditer(page.read_text())}
+    assert included, "no page includes an example"
+    marked = set()
+    for folder in ("dags", "provider", "operators", "hooks", "plugins"):
+        for source in (REPO / folder).rglob("*.py"):
+            for name in re.findall(r"^\s*# \[START ([\w.-]+)\]\s*$", source.read_text(), re.MULTILINE):
+                marked.add((str(source.relative_to(REPO)), name))
+    assert marked - included == set(), "marked regions no page includes"
+
+
+def test_a_drifted_example_is_detected(tmp_path, monkeypatch):
+    page = INCLUDE.pages()[0]
+    for page in INCLUDE.pages():
+        if INCLUDE.INCLUDE.search(page.read_text()):
+            break
+    text = page.read_text()
+    stale = INCLUDE.INCLUDE.sub(lambda m: f"{m['head']}```python\nold_example()\n```\n{m['tail']}", text, count=1)
+    copy = tmp_path / "page.md"
+    copy.write_text(stale)
+    monkeypatch.setattr(INCLUDE, "pages", lambda: [copy])
+    assert INCLUDE.drifted() == [copy]
+    assert INCLUDE.render(stale) == text
+
+
+def _markdown_files() -> list[Path]:
+    return [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def test_every_relative_link_points_at_a_file_inside_the_repository():
+    broken = []
+    for page in _markdown_files():
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://|mailto:|#", target):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            if not path.is_relative_to(REPO) or not path.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert broken == []
+
+
+def test_no_reference_to_notes_outside_the_repository():
+    """Code and docs cite docs/design.md and docs/pitfalls.md, never notes that live outside the repository."""
+    folders = ("provider", "hooks", "operators", "plugins", "dags", "docker", "tests", "docs", "benchmarks")
+    files = [REPO / name for name in ("README.md", "CONTRIBUTING.md", "Makefile", "setup.cfg", "pyproject.toml")]
+    files += [path for folder in folders for path in (REPO / folder).rglob("*")
+              if path.suffix in (".py", ".md", ".sh", ".cfg", ".toml", ".yaml", ".xml")]
+    cited = []
+    for path in files:
+        if path == Path(__file__).resolve() or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        for pattern in (r"\.\./shared/", r"/work/shared", r"NOTES §", r"DESIGN\.md"):
+            if re.search(pattern, text):
+                cited.append(f"{path.relative_to(REPO)}: {pattern}")
+    assert cited == []
+
+
+def test_the_readme_is_a_users_page():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    assert "make demo" in readme and "make test" in readme
