@@ -66,6 +66,17 @@ def test_every_relative_link_points_at_a_file_inside_the_repository():
     assert broken == []
 
 
+def test_every_file_path_the_docs_name_exists():
+    """A module that moves must take its docs along: every `folder/.../file.py` a page names exists."""
+    folders = ("provider", "hooks", "operators", "plugins", "dags", "tests", "docker", "benchmarks", "docs")
+    missing = []
+    for page in _markdown_files():
+        for path in re.findall(r"`((?:%s)/[\w./-]+\.(?:py|sh|yaml|xml|md))`" % "|".join(folders), page.read_text()):
+            if not (REPO / path).exists():
+                missing.append(f"{page.relative_to(REPO)}: {path}")
+    assert missing == []
+
+
 def test_no_reference_to_notes_outside_the_repository():
     """Code and docs cite docs/design.md and docs/pitfalls.md, never notes that live outside the repository."""
     folders = ("provider", "hooks", "operators", "plugins", "dags", "docker", "tests", "docs", "benchmarks")
