@@ -54,15 +54,25 @@ def _markdown_files() -> list[Path]:
     return [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
-def test_every_relative_link_points_at_a_file_inside_the_repository():
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+
+
+def test_every_relative_link_points_at_a_file_and_heading_inside_the_repository():
     broken = []
     for page in _markdown_files():
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
-            if re.match(r"[a-z]+://|mailto:|#", target):
+            if re.match(r"[a-z]+://|mailto:", target):
                 continue
-            path = (page.parent / target.split("#")[0]).resolve()
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve() if file else page
             if not path.is_relative_to(REPO) or not path.exists():
                 broken.append(f"{page.relative_to(REPO)}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert broken == []
 
 
