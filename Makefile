@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile test-templates
+.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -36,6 +36,9 @@ test: stack-up  ## the whole default suite: unit + integration + one representat
 	  echo "[make] parallel part: $$(( $$(date +%s) - t0 ))s"; \
 	  $(PY) -m pytest -m "$(DEFAULT_SUITE) and exclusive" --durations=10; rc2=$$?; [ $$rc -ne 0 ] || rc=$$rc2; fi; \
 	  echo "[make] test suite: $$(( $$(date +%s) - t0 ))s"; exit $$rc
+
+docs:  ## rewrite the examples in README.md, CONTRIBUTING.md and docs/ from the marked regions of the example DAGs
+	python3 docs/include.py
 
 test-unit: setup  ## no services needed
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)

@@ -18,6 +18,7 @@ DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
 
+# [START howto_template_history_stream]
 dag = history_stream_dag(
     dag_id="eo_history_stream",
     schema=os.environ.get("EO_SHOP_SCHEMA", "eo"),
@@ -33,3 +34,4 @@ dag = history_stream_dag(
     spark_conf=SPARK_CONF,
     tags=["example"],
 )
+# [END howto_template_history_stream]

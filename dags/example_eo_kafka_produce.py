@@ -16,10 +16,12 @@ from airflow.sdk import Param, dag
 from exactly_once_provider.operators.kafka_produce import SourceRecord, TransactionalProduceOperator
 
 
+# [START howto_source_function]
 def numbered_source(resume_after: int | None, records: int | str) -> Iterator[SourceRecord]:
     """Yield records ``resume_after + 1 .. records`` of a numbered source."""
     for n in range((resume_after or 0) + 1, int(records) + 1):
         yield SourceRecord(offset=n, key=f"k{n % 10}", value=f"{n}")
+# [END howto_source_function]
 
 
 @dag(
@@ -36,6 +38,7 @@ def numbered_source(resume_after: int | None, records: int | str) -> Iterator[So
     doc_md=__doc__,
 )
 def eo_kafka_produce():
+    # [START howto_operator_transactional_produce]
     TransactionalProduceOperator(
         task_id="produce",
         topic="{{ params.topic }}",
@@ -46,6 +49,7 @@ def eo_kafka_produce():
         max_records_per_transaction=1000,
         commit_interval_ms=500,
     )
+    # [END howto_operator_transactional_produce]
 
 
 eo_kafka_produce()

@@ -18,6 +18,7 @@ DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
 
+# [START howto_template_settlement]
 dag = settlement_dag(
     dag_id="eo_settlement",
     table="payments",
@@ -35,3 +36,4 @@ dag = settlement_dag(
     spark_conf=SPARK_CONF,
     tags=["example"],
 )
+# [END howto_template_settlement]

@@ -36,6 +36,7 @@ from exactly_once_provider.operators.watermark_extract import WatermarkExtractOp
     doc_md=__doc__,
 )
 def eo_watermark_settlement():
+    # [START howto_operator_watermark_extract]
     WatermarkExtractOperator(
         task_id="extract_window",
         table="{{ params.table }}",
@@ -47,6 +48,7 @@ def eo_watermark_settlement():
         safety_lag="{{ params.safety_lag }}",
         deleted_column=None,
     )
+    # [END howto_operator_watermark_extract]
 
 
 eo_watermark_settlement()

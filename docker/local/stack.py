@@ -63,7 +63,7 @@ SPARK_DAEMON_MEMORY = "256m"
 SPARK_WORKER_MEMORY = "2g"
 
 # ------------------------------------------------------------------------------------ Kafka settings
-# Defaults assume 3 brokers and make transactions hang on one node (reference NOTES §2).
+# Defaults assume 3 brokers and make transactions hang on one node (docs/pitfalls.md#kafka).
 KAFKA_SINGLE_NODE_SETTINGS = {
     "offsets.topic.replication.factor": "1",
     "offsets.topic.num.partitions": "4",
@@ -92,7 +92,7 @@ KAFKA_CLUSTER_SETTINGS = {
 }
 
 # ---------------------------------------------------------------------------------- MariaDB settings
-# What the binlog capture needs (reference NOTES §4); preflight checks refuse anything else.
+# What the binlog capture needs (docs/pitfalls.md#mysql-and-mariadb-sources); preflight checks refuse anything else.
 MARIADB_SETTINGS = {
     "server_id": "1",
     "log_bin": "binlog",

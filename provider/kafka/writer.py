@@ -82,7 +82,7 @@ class TransactionPolicy:
     How big a transaction gets before it is committed.
 
     A commit costs a round trip to the transaction coordinator plus markers in every partition written,
-    so tiny transactions cut throughput several-fold (NOTES §2: 10 msgs/txn ~6k/s vs 1000 ~420k/s).
+    so tiny transactions cut throughput several-fold (docs/pitfalls.md#kafka: 10 msgs/txn ~6k/s vs 1000 ~420k/s).
 
     :param max_records: commit once a transaction holds this many records (at a source commit point).
     :param commit_interval_ms: commit at least this often (at a source commit point).

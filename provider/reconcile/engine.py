@@ -1,6 +1,6 @@
 """Source vs sink by key range: counts and checksums per segment, bisecting mismatches down to keys.
 
-The algorithm (data-diff style, NOTES §6), on a single integer key ``k``:
+The algorithm (data-diff style, docs/pitfalls.md#reconciliation), on a single integer key ``k``:
 
 1. The source's ``MIN(k)``/``MAX(k)`` (two index lookups) fix a grid of segments ``floor((k - base) / w)``
    whose width ``w`` is a power of ``fanout`` such that at most ``max_segments`` segments cover the range.

@@ -50,7 +50,7 @@ def keys_changed_between(connection: dict[str, Any], schema: str, table: str, ke
     """Return the keys of ``schema.table`` with a row change in ``(after, until]``, and how many changes.
 
     Reads the binlog with python-mysql-replication by file and position (``is_mariadb=False``: with True it
-    ignores the position, NOTES §4); updates count both the before and the after key.
+    ignores the position, docs/pitfalls.md#mysql-and-mariadb-sources); updates count both the before and the after key.
 
     :param connection: ``host``, ``port``, ``user``, ``passwd`` of a user with REPLICATION SLAVE.
     :param schema: the database.

@@ -1,6 +1,6 @@
 """The sink commit primitive: one Delta Lake commit that carries its own progress marker.
 
-Every writer that needs "output and position in the same atomic step" (DESIGN.md contract table) goes through
+Every writer that needs "output and position in the same atomic step" (docs/design.md contract) goes through
 this module: the rows are published as ONE Delta commit whose ``commitInfo.userMetadata`` holds the caller's
 JSON marker (positions, batch ids...) and whose ``txn`` action holds ``(txnAppId, txnVersion)``. A write
 whose ``(app id, version)`` is already committed (Delta's rule: the app's newest txn version is at or above

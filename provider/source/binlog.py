@@ -1,6 +1,6 @@
 """The binlog reader: whole committed source transactions of the captured tables, with exact positions.
 
-Built on python-mysql-replication 1.0.x, with its sharp edges handled here (reference NOTES §4):
+Built on python-mysql-replication 1.0.x, with its sharp edges handled here (docs/pitfalls.md#mysql-and-mariadb-sources):
 
 * **File/position resume**: ``is_mariadb=False`` + ``resume_stream=True`` + ``log_file``/``log_pos`` (with
   ``is_mariadb=True`` the library ignores the position). The library still sets

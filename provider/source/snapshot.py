@@ -1,6 +1,7 @@
 """Consistent snapshots with their exact binlog position, chunk planning by key, and chunk reading.
 
-Two ways to open a snapshot whose binlog position matches its read view exactly (reference NOTES §4):
+Two ways to open a snapshot whose binlog position matches its read view exactly
+(docs/pitfalls.md#mysql-and-mariadb-sources):
 
 * **MariaDB** (lock-free): ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` then
   ``SHOW STATUS LIKE 'binlog_snapshot_%'``. Each chunk opens its own snapshot and gets its own position.

@@ -1,7 +1,7 @@
 """Watermark reads of one MySQL/MariaDB table: preflight, the safe upper bound, and the window read.
 
-Why a window is safe (NOTES §5). A window is half-open, ``lower <= cursor < upper``, read in ONE consistent
-snapshot, and ``upper`` is the minimum of:
+Why a window is safe (docs/pitfalls.md#watermark-increments). A window is half-open,
+``lower <= cursor < upper``, read in ONE consistent snapshot, and ``upper`` is the minimum of:
 
 * the interval end (settlements over an Airflow data interval);
 * the database clock minus ``safety_lag`` (NOW(6) of the reading session, never the worker's clock);

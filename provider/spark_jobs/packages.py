@@ -1,7 +1,7 @@
 """Maven coordinates of the Spark connectors the jobs need, kept in one place.
 
 Against a complete Maven repository they go to ``--packages``. The local stack resolves the same
-versions once with Maven (docker/local/spark/pom.xml, see the README's "Version choices") and passes
+versions once with Maven (docker/local/spark/pom.xml, see "Version choices" in CONTRIBUTING.md) and passes
 the jars as ``spark.jars``, so runs never depend on a cold cache.
 """
 

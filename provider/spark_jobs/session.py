@@ -23,7 +23,7 @@ def spark_session(spark_conn_id: str, app_name: str, spark_conf: dict[str, str] 
         master = f"{master}:{conn.port}"
     if not master:
         raise ValueError(f"Spark connection {spark_conn_id!r} has no host (e.g. local[2], spark://host).")
-    # Python workers must run this environment's interpreter (reference NOTES §3).
+    # Python workers must run this environment's interpreter (docs/pitfalls.md#spark-structured-streaming).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.sql.session.timeZone", "UTC")

@@ -1,4 +1,4 @@
-"""DAG templates: factories that compose the provider's operators into the three situations of DESIGN.md.
+"""DAG templates: factories that compose the provider's operators into the three situations of docs/design.md.
 
 * :func:`exactly_once_provider.templates.settlement.settlement_dag` — nightly settlements over a data interval;
 * :func:`exactly_once_provider.templates.history_stream.history_stream_dag` — a full load, then binlog increments.

@@ -130,27 +130,38 @@ def history_stream_dag(
                 return "full_load"
             return "retention_guard"
 
+        # [START howto_operator_full_load]
         full_load = MySqlFullLoadOperator(
             task_id="full_load", table=table, schema=schema, sink_path=full_load_path, chunk_rows=chunk_rows,
             full_reload="{{ params.full_reload }}", mysql_conn_id=mysql_conn_id, spark_conn_id=spark_conn_id,
             spark_conf=spark_conf, outlets=[Asset(name=f"{dag_id}.full_load", uri=f"file://{full_load_path}")])
+        # [END howto_operator_full_load]
+        # [START howto_operator_retention_guard]
         guard = BinlogRetentionGuardOperator(
             task_id="retention_guard", capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION,
             mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id)
+        # [END howto_operator_retention_guard]
+        # [START howto_sensor_consumer_lag]
         lag_gate = ConsumerLagSensor(
             task_id="lag_gate", topics=[topic], max_lag=max_lag, sink="delta", sink_location=changes_path,
             sink_pipeline=apply_pipeline, missing_topics_ok=True, kafka_config_id=kafka_config_id,
             timeout=3600, trigger_rule="none_failed_min_one_success")
+        # [END howto_sensor_consumer_lag]
+        # [START howto_operator_binlog_capture]
         capture = BinlogCaptureOperator(
             task_id="capture", tables=[f"{schema}.{table}"], pipeline=pipeline,
             full_load_paths={f"{schema}.{table}": full_load_path}, mode="bounded",
             source_partition=CAPTURE_SOURCE_PARTITION, topic_partitions=topic_partitions,
             mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id)
+        # [END howto_operator_binlog_capture]
+        # [START howto_operator_spark_kafka_to_sink_cdc]
         apply = SparkKafkaToSinkOperator(
             task_id="apply", pipeline=apply_pipeline, topics=[topic], sink="delta", sink_path=changes_path,
             checkpoint_location=checkpoint_location, mode="cdc", key_field="pk", version_field="version",
             op_field="op", trigger="available-now", kafka_conn_id=kafka_config_id, spark_conn_id=spark_conn_id,
             conf=dict(spark_conf or {}), outlets=[Asset(name=f"{dag_id}.changes", uri=f"file://{changes_path}")])
+        # [END howto_operator_spark_kafka_to_sink_cdc]
+        # [START howto_operator_reconcile_cdc]
         reconcile = ReconcileOperator(
             task_id="reconcile", name=pipeline, table=f"{schema}.{table}", key_column=key_column,
             columns=reconcile_columns, sink="delta", sink_path=changes_path, base_path=full_load_path,
@@ -160,6 +171,7 @@ def history_stream_dag(
             capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topic], sink_pipeline=apply_pipeline,
             full_load_path=full_load_path, mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id,
             spark_conn_id=spark_conn_id, kafka_config_id=kafka_config_id, spark_conf=spark_conf)
+        # [END howto_operator_reconcile_cdc]
         choice = choose_load()
         preflight() >> choice
         choice >> [full_load, guard]

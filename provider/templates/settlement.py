@@ -134,16 +134,21 @@ def settlement_dag(
                 time.sleep(0.2)
             return topic
 
+        # [START howto_operator_watermark_extract_template]
         extract = WatermarkExtractOperator(
             task_id="extract_window", table=table, cursor_column=cursor_column, cursor_kind="timestamp",
             topic=topic, pipeline=pipeline, interval_end="{{ params.window_end or data_interval_end or '' }}",
             reextract="{{ params.reextract }}", safety_lag=safety_lag, mysql_conn_id=mysql_conn_id,
             kafka_config_id=kafka_config_id)
+        # [END howto_operator_watermark_extract_template]
+        # [START howto_operator_spark_kafka_to_sink_window]
         load = SparkKafkaToSinkOperator(
             task_id="load_window", pipeline=f"{pipeline}-load", topics=topic, sink="delta", sink_path=sink_path,
             checkpoint_location=checkpoint_location, mode="window", trigger="available-now",
             kafka_conn_id=kafka_config_id, spark_conn_id=spark_conn_id, conf=dict(spark_conf or {}),
             outlets=[sink_asset])
+        # [END howto_operator_spark_kafka_to_sink_window]
+        # [START howto_operator_reconcile_window]
         window_id = (f"{{{{ {_WINDOW}['pipeline'] }}}}/{{{{ {_WINDOW}['source_partition'] }}}}/"
                      f"{{{{ {_WINDOW}['batch_id'] }}}}")
         reconcile = ReconcileOperator(
@@ -154,10 +159,13 @@ def settlement_dag(
                            f"{{% endif %}}{cursor} < '{{{{ w['upper'] }}}}'"),
             mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
             spark_conf=spark_conf)
+        # [END howto_operator_reconcile_window]
+        # [START howto_operator_settlement_report]
         report = SettlementReportOperator(
             task_id="settlement_report", window_id=window_id, sink_path=sink_path, report_table=report_table,
             source_table=table, group_by=group_by, sum_columns=sum_columns, mysql_conn_id=mysql_conn_id,
             postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id, spark_conf=spark_conf,
             outlets=[report_asset])
+        # [END howto_operator_settlement_report]
         ensure_topic() >> extract >> load >> reconcile >> report
     return dag

@@ -103,7 +103,7 @@ def collect(results_per_run: list[list[tuple[str, str, float, str | None]]], rep
 
 
 def table(scenarios: dict[str, Scenario]) -> str:
-    """Return the matrix as a Markdown table (it goes into the README as printed)."""
+    """Return the matrix as a Markdown table (it goes into docs/reliability.md as printed)."""
     lines = ["| scenario | runs | rows per run | lost | duplicated | result | mean s |",
              "|---|---:|---:|---:|---:|---|---:|"]
     for nodeid in sorted(scenarios):

@@ -84,7 +84,8 @@ def test_snapshot_position_splits_rows_exactly_between_snapshot_and_binlog(stack
                              "passwd": stack.DB_PASSWORD},
         server_id=4000 + uuid.uuid4().int % 1000,
         resume_stream=True, log_file=position.file, log_pos=position.pos,
-        # is_mariadb=True would ignore log_file/log_pos and start from a GTID (reference NOTES §4).
+        # is_mariadb=True would ignore log_file/log_pos and start from a GTID
+        # (docs/pitfalls.md#mysql-and-mariadb-sources).
         is_mariadb=False, blocking=False, only_events=[WriteRowsEvent],
         only_schemas=[stack.DB_NAME], only_tables=[table],
     )
