@@ -7,6 +7,10 @@ folder where it belongs) and not listed fails here; a listed entry that no longe
 from __future__ import annotations
 
 import configparser
+import json
+import os
+import subprocess
+import sys
 import importlib
 import pkgutil
 from pathlib import Path
@@ -120,3 +124,26 @@ def test_operators_declare_the_extra_links_listed():
         for link in getattr(importlib.import_module(module), name).operator_extra_links:
             offered.add(f"{type(link).__module__}.{type(link).__qualname__}")
     assert set(_listed("extra-links")) <= offered
+
+
+@pytest.mark.parametrize("lazy", ["True", "False"])
+def test_airflow_loads_the_plugin_once(lazy, tmp_path):
+    """Listed in provider_info and registered by entry point, Airflow still loads the plugin once.
+
+    With ``lazy_discover_providers = False`` Airflow also reads provider_info's list and skips the second
+    registration, noting it as the official Kafka provider's ``kafka_event_producer`` plugin is noted.
+    """
+    probe = (
+        "import json\n"
+        "from airflow import plugins_manager\n"
+        "plugins, errors = plugins_manager._get_plugins()\n"
+        "print(json.dumps({'names': [p.name for p in plugins], 'errors': errors}))\n"
+    )
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": lazy}
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loaded["names"].count("exactly_once") == 1
+    note = loaded["errors"].get("exactly_once")
+    assert note is None if lazy == "True" else note in (None, "Plugin 'exactly_once' already registered, skipping")
