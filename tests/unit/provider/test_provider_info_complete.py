@@ -126,24 +126,27 @@ def test_operators_declare_the_extra_links_listed():
     assert set(_listed("extra-links")) <= offered
 
 
-@pytest.mark.parametrize("lazy", ["True", "False"])
-def test_airflow_loads_the_plugin_once(lazy, tmp_path):
+def test_airflow_loads_the_plugin_once(tmp_path):
     """Listed in provider_info and registered by entry point, Airflow still loads the plugin once.
 
     With ``lazy_discover_providers = False`` Airflow also reads provider_info's list and skips the second
     registration, noting it as the official Kafka provider's ``kafka_event_producer`` plugin is noted.
     """
-    probe = (
+    probe = (  # one Airflow import for both settings (the loader is cached and reads the setting at import)
         "import json\n"
-        "from airflow import plugins_manager\n"
-        "plugins, errors = plugins_manager._get_plugins()\n"
-        "print(json.dumps({'names': [p.name for p in plugins], 'errors': errors}))\n"
+        "from airflow import plugins_manager, settings\n"
+        "for lazy in (True, False):\n"
+        "    settings.LAZY_LOAD_PROVIDERS = lazy\n"
+        "    plugins_manager._get_plugins.cache_clear()\n"
+        "    plugins, errors = plugins_manager._get_plugins()\n"
+        "    print(json.dumps({'lazy': lazy, 'names': [p.name for p in plugins], 'errors': errors}))\n"
     )
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": lazy}
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    loaded = json.loads(result.stdout.strip().splitlines()[-1])
-    assert loaded["names"].count("exactly_once") == 1
-    note = loaded["errors"].get("exactly_once")
-    assert note is None if lazy == "True" else note in (None, "Plugin 'exactly_once' already registered, skipping")
+    lazy, eager = (json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"lazy"'))
+    assert lazy["lazy"] is True and eager["lazy"] is False
+    for loaded in (lazy, eager):
+        assert loaded["names"].count("exactly_once") == 1
+    assert "exactly_once" not in lazy["errors"]
+    assert eager["errors"].get("exactly_once") in (None, "Plugin 'exactly_once' already registered, skipping")
