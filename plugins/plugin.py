@@ -1,9 +1,9 @@
 """The Airflow plugin: the status page (FastAPI app + a navigation entry) of the exactly-once pipelines.
 
-Registered through the ``airflow.plugins`` entry point in setup.cfg (not also in provider_info: Airflow
-would load it twice and report the second as an import error). The page is an external view whose
-``href`` points at the app's own route, so the Airflow UI shows it in its frame, same origin, with the
-session cookie that the app's routes check (see :mod:`exactly_once_provider.plugins.app`).
+Registered through the ``airflow.plugins`` entry point in setup.cfg and listed in provider_info (see there
+why both). The page is an external view whose ``href`` points at the app's own route, so the Airflow UI
+shows it in its frame, same origin, with the session cookie that the app's routes check (see
+:mod:`exactly_once_provider.plugins.app`).
 """
 
 from __future__ import annotations

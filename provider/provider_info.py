@@ -1,7 +1,17 @@
 """Provider metadata returned through the ``apache_airflow_provider`` entry point.
 
-Connection types are not declared here on purpose: the hooks reuse the standard ``kafka``, ``mysql``,
-``spark`` and ``postgres`` types (owned by their providers), so users' existing connections work.
+Every hook, operator, sensor, trigger, extra link and the UI plugin is listed (tests/unit/provider/
+test_provider_info_complete.py walks the package and fails on a class that is not).
+
+Connection types are not declared on purpose: the hooks reuse the standard ``kafka``, ``mysql``, ``spark``
+and ``postgres`` types (owned by their providers), so users' existing connections work. Declaring them here
+(``connection-types`` or the older ``hook-class-names``) would make this provider compete with those
+providers for the same type.
+
+The plugin is listed here and registered through the ``airflow.plugins`` entry point (setup.cfg), as the
+official Kafka provider does with its ``kafka_event_producer`` plugin: with the default
+``[core] lazy_discover_providers = True`` Airflow loads plugins from entry points only; with ``False`` it also
+reads this list and skips the second registration (it then notes "already registered" for both providers).
 """
 
 from __future__ import annotations
@@ -9,6 +19,7 @@ from __future__ import annotations
 from exactly_once_provider.version import __version__
 
 INTEGRATION = "Exactly-once pipelines"
+PACKAGE = "exactly_once_provider"
 
 
 def get_provider_info() -> dict:
@@ -31,9 +42,9 @@ def get_provider_info() -> dict:
             {
                 "integration-name": INTEGRATION,
                 "python-modules": [
-                    "exactly_once_provider.hooks.mysql_source",
-                    "exactly_once_provider.hooks.kafka_producer",
-                    "exactly_once_provider.hooks.mysql_binlog",
+                    f"{PACKAGE}.hooks.kafka_producer",
+                    f"{PACKAGE}.hooks.mysql_binlog",
+                    f"{PACKAGE}.hooks.mysql_source",
                 ],
             }
         ],
@@ -41,25 +52,38 @@ def get_provider_info() -> dict:
             {
                 "integration-name": INTEGRATION,
                 "python-modules": [
-                    "exactly_once_provider.operators.kafka_produce",
-                    "exactly_once_provider.operators.full_load",
-                    "exactly_once_provider.operators.watermark_extract",
-                    "exactly_once_provider.operators.spark_stream",
-                    "exactly_once_provider.operators.reconcile",
-                    "exactly_once_provider.operators.backpressure",
-                    "exactly_once_provider.operators.binlog_capture",
+                    f"{PACKAGE}.operators.backpressure",
+                    f"{PACKAGE}.operators.binlog_capture",
+                    f"{PACKAGE}.operators.full_load",
+                    f"{PACKAGE}.operators.kafka_produce",
+                    f"{PACKAGE}.operators.reconcile",
+                    f"{PACKAGE}.operators.settlement_report",
+                    f"{PACKAGE}.operators.spark_stream",
+                    f"{PACKAGE}.operators.watermark_extract",
                 ],
             }
         ],
-        # The UI plugin itself registers through the ``airflow.plugins`` entry point (setup.cfg) only.
-        "extra-links": [
-            "exactly_once_provider.plugins.links.PipelineStatusLink",
-            "exactly_once_provider.plugins.links.SparkUILink",
+        # ConsumerLagSensor lives next to the retention guard it is used with (both are backpressure).
+        "sensors": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [f"{PACKAGE}.operators.backpressure"],
+            }
         ],
         "triggers": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["exactly_once_provider.triggers.consumer_lag"],
+                "python-modules": [f"{PACKAGE}.triggers.consumer_lag"],
+            }
+        ],
+        "extra-links": [
+            f"{PACKAGE}.plugins.links.PipelineStatusLink",
+            f"{PACKAGE}.plugins.links.SparkUILink",
+        ],
+        "plugins": [
+            {
+                "name": "exactly_once",
+                "plugin-class": f"{PACKAGE}.plugins.plugin.ExactlyOncePlugin",
             }
         ],
     }

@@ -66,11 +66,7 @@ run_dag eo_history_stream final-increment
 step "reconciliation (latest per pipeline; CDC compared at the common position)"
 $PY docker/local/demo_shop.py report
 
-cat <<MSG
-
-[demo] To browse it in the Airflow UI:
-    export AIRFLOW_HOME=$AIRFLOW_HOME AIRFLOW__CORE__DAGS_FOLDER=$PWD/dags AIRFLOW__CORE__LOAD_EXAMPLES=False
-    export EO_DEMO_RUN=$EO_DEMO_RUN EO_DATA_DIR=$EO_DATA_DIR EO_SPARK_JARS=\$($PY -c "import sys; sys.path.insert(0, 'docker/local'); import stack; print(stack.spark_conf()['spark.jars'])")
-    eval "\$($PY docker/local/stack.py env)"
-    .venv/bin/airflow standalone      # then open http://localhost:8080 (it prints the admin password)
-MSG
+echo
+# How to open the Airflow UI over this run (AIRFLOW_HOME, EO_DEMO_RUN and EO_DATA_DIR are exported above);
+# tests/integration/docker/test_demo_ui.py runs the command this prints.
+docker/local/ui.sh --instructions

@@ -1,4 +1,8 @@
-"""``pip install .`` and ``pip install -e .`` both produce ONE import package, exactly_once_provider."""
+"""``pip install .`` and ``pip install -e .`` both produce ONE import package, exactly_once_provider.
+
+tests/integration/test_wheel.py builds the wheel, installs it with its dependencies in a clean venv and
+builds the DAG templates from it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.packaging_support import clean_copy, shipped_modules
 
 REPO = Path(__file__).resolve().parents[2]
 UV = str(Path(sys.executable).parent / "uv")
@@ -23,14 +29,13 @@ def _run(*cmd: str, **kwargs) -> str:
 
 def test_regular_install_maps_the_card_folders_into_one_package(tmp_path):
     target = tmp_path / "site"
-    _run(UV, "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(REPO))
+    source = clean_copy(tmp_path / "clone")
+    _run(UV, "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(source))
 
-    assert (target / "exactly_once_provider" / "provider_info.py").is_file()
-    for sub in SUBPACKAGES:
-        assert (target / "exactly_once_provider" / sub / "__init__.py").is_file()
-    for nested in (REPO / "provider").glob("*/__init__.py"):  # sub-packages of provider/ must be listed too
-        for module in nested.parent.glob("*.py"):
-            assert (target / "exactly_once_provider" / nested.parent.name / module.name).is_file(), module
+    expected = shipped_modules()  # every module of every mapped folder (hooks, operators, plugins, templates...)
+    assert "exactly_once_provider/templates/settlement.py" in expected
+    installed = {path.relative_to(target).as_posix() for path in (target / "exactly_once_provider").rglob("*.py")}
+    assert installed == set(expected)
     for stray in ("hooks", "operators", "plugins", "provider", "dags", "tests", "docker"):
         assert not (target / stray).exists(), f"{stray}/ must not be installed as a top-level module"
 
