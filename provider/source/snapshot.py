@@ -20,6 +20,7 @@ from typing import Any
 import MySQLdb
 import MySQLdb.cursors
 
+from exactly_once_provider.connections import pymysql_tls
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.source.identifiers import quote_identifier, quote_table
 from exactly_once_provider.source.preflight import column_catalog
@@ -269,6 +270,9 @@ class ConnectionSettings:
     password: str
     database: str
     connect_timeout: int = 10
+    # TLS as the MySQL provider's MySqlHook reads it from the connection's Extra (connections.mysql_connect_kwargs).
+    ssl: dict | None = None
+    ssl_mode: str | None = None
 
     def connect(self, conv: dict | None = None) -> MySQLdb.connections.Connection:
         """Open a UTC, utf8mb4 connection with autocommit on.
@@ -276,11 +280,17 @@ class ConnectionSettings:
         :param conv: MySQLdb type conversions replacing the defaults (e.g. keep some types as bytes).
         """
         extra = {"conv": conv} if conv is not None else {}
+        extra.update({k: v for k, v in (("ssl", self.ssl), ("ssl_mode", self.ssl_mode)) if v})
         return MySQLdb.connect(
             host=self.host, port=self.port, user=self.user, password=self.password, database=self.database,
             charset="utf8mb4", init_command="SET time_zone = '+00:00'", connect_timeout=self.connect_timeout,
             autocommit=True, **extra,
         )
+
+    def replication_settings(self) -> dict[str, Any]:
+        """Return PyMySQL connection settings (python-mysql-replication's ``connection_settings``), TLS included."""
+        return {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,
+                "connect_timeout": self.connect_timeout, **pymysql_tls(self.ssl, self.ssl_mode)}
 
 
 def read_chunk(

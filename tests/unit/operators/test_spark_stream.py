@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import stat
 import sys
 import zipfile
 
@@ -75,7 +78,12 @@ class _FakeHook:
         self._driver_id = self._driver_status = None
 
     def submit(self, application, **kwargs):
-        _FakeHook.created[-1].update(application=application, popen=kwargs)
+        args = _FakeHook.created[-1]["application_args"]
+        path = args[args.index("--kafka-config-file") + 1]
+        with open(path) as handle:  # exists while the job runs
+            kafka = json.load(handle)
+        _FakeHook.created[-1].update(application=application, popen=kwargs, kafka=kafka, kafka_file=path,
+                                     kafka_file_mode=stat.S_IMODE(os.stat(path).st_mode))
         self._driver_id = "driver-20260101000000-0000"
 
     def _start_driver_status_tracking(self):
@@ -100,7 +108,8 @@ def test_command_ships_the_package_and_defaults_to_the_connector_packages(connec
     assert call["deploy_mode"] == "client" and call["popen"] == {"start_new_session": True}
     args = call["application_args"]
     assert args[args.index("--topics") + 1] == "a,b"
-    assert args[args.index("--bootstrap-servers") + 1] == "k:9092"
+    assert call["kafka"] == {"kafka": {"bootstrap.servers": "k:9092"}} and call["kafka_file_mode"] == 0o600
+    assert not os.path.exists(call["kafka_file"])  # removed after the run
     assert args[args.index("--path") + 1] == "/tmp/x"
 
 
@@ -147,3 +156,29 @@ def test_package_zip_holds_the_job_and_its_imports(tmp_path):
 def test_window_mode_is_passed_to_the_job(connections, monkeypatch):
     args = _submitted(monkeypatch, _op(mode="window", sink="files"))["application_args"]
     assert args[args.index("--mode") + 1] == "window"
+
+
+SASL_SSL = {"bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "eo", "sasl.password": "kafka-MARKER-pw", "ssl.ca.location": "/etc/eo/ca.pem"}
+
+
+def test_kafka_secrets_reach_the_job_in_a_0600_file_only_and_spark_redacts_them(connections, monkeypatch, caplog):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SECURE", json.dumps({"conn_type": "kafka", "extra": SASL_SSL}))
+    caplog.set_level(logging.DEBUG)
+    call = _submitted(monkeypatch, _op(kafka_conn_id="kafka_secure", sink="postgres", sink_table="s.t",
+                                       conf={"spark.redaction.regex": "(?i)mine"}))
+    assert call["kafka"] == {"kafka": SASL_SSL} and call["kafka_file_mode"] == 0o600
+    assert not os.path.exists(call["kafka_file"])
+    visible = json.dumps({k: v for k, v in call.items() if k not in ("kafka", "env_vars")}) + caplog.text
+    assert "kafka-MARKER-pw" not in visible and "s3cret" not in visible
+    regex = call["conf"]["spark.redaction.regex"]
+    assert regex.startswith("(?i)mine|") and "jaas" in regex and "password" in regex
+
+
+def test_kafka_settings_the_spark_source_cannot_use_are_refused_before_submitting(connections, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_GSSAPI", json.dumps({"conn_type": "kafka", "extra": {
+        "bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}}))
+    _FakeHook.created = []
+    with pytest.raises(ValueError, match="'kafka_gssapi'.*sasl.mechanism='GSSAPI'"):
+        _submitted(monkeypatch, _op(kafka_conn_id="kafka_gssapi"))
+    assert _FakeHook.created == []
