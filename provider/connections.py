@@ -280,6 +280,15 @@ def _tls_mode(ssl: dict[str, Any] | None, ssl_mode: str | None) -> str | None:
     return "VERIFY_IDENTITY" if _bool(ssl.get("check_hostname", False)) else "VERIFY_CA"
 
 
+def mysql_tls_required(ssl: dict[str, Any] | None, ssl_mode: str | None) -> bool:
+    """Return whether MySqlHook's TLS settings require an encrypted connection (``REQUIRED`` or stricter).
+
+    :param ssl: the Extra ``ssl`` dict.
+    :param ssl_mode: the Extra ``ssl_mode``.
+    """
+    return _tls_mode(ssl, ssl_mode) in ("REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY")
+
+
 def pymysql_tls(ssl: dict[str, Any] | None, ssl_mode: str | None) -> dict[str, Any]:
     """Return PyMySQL's TLS arguments (the binlog reader's ``connection_settings``) for MySqlHook's settings.
 
