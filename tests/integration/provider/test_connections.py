@@ -12,7 +12,7 @@ import psycopg2
 import pymysql
 import pytest
 
-from exactly_once_provider.connections import connect_kwargs, kafka_client_config
+from exactly_once_provider.connections import connect_kwargs, kafka_client_config, spark_kafka_options
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.lag import stable_end_offsets
@@ -57,3 +57,31 @@ def test_kafka_clients_take_the_whole_connection(stack, airflow_connections):
     config = kafka_client_config("kafka_default")
     assert config["bootstrap.servers"] == f"{stack.HOST}:{stack.KAFKA_PORT}"
     assert stable_end_offsets(config, ["eo-connections-missing"], missing_ok=True) == {}
+
+
+def test_the_java_kafka_client_accepts_the_mapped_sasl_ssl_options(spark, tmp_path):
+    """Spark's Kafka source gets these options: the real Java client parses the JAAS line and loads the CA."""
+    import subprocess
+
+    ca = tmp_path / "ca.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=eo-test",
+                    "-keyout", str(tmp_path / "ca.key"), "-out", str(ca)], check=True, capture_output=True)
+    password = 'p"w\\MARKER'
+    options = spark_kafka_options({"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SASL_SSL",
+                                   "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "eo",
+                                   "sasl.password": password, "ssl.ca.location": str(ca)})
+    jvm = spark.sparkContext._jvm
+    entry = jvm.org.apache.kafka.common.security.JaasConfig(
+        "KafkaClient", options["kafka.sasl.jaas.config"]).getAppConfigurationEntry("KafkaClient")[0]
+    assert entry.getLoginModuleName() == "org.apache.kafka.common.security.scram.ScramLoginModule"
+    assert (entry.getOptions().get("username"), entry.getOptions().get("password")) == ("eo", password)
+    props = jvm.java.util.Properties()
+    for key, value in options.items():
+        props.setProperty(key.removeprefix("kafka."), value)
+    for key in ("key.deserializer", "value.deserializer"):
+        props.setProperty(key, "org.apache.kafka.common.serialization.ByteArrayDeserializer")
+    # The constructor builds the SASL_SSL channel: it logs in (SCRAM) and loads the PEM truststore; no broker needed.
+    jvm.org.apache.kafka.clients.consumer.KafkaConsumer(props).close()
+    props.setProperty("ssl.truststore.location", str(tmp_path / "missing.pem"))
+    with pytest.raises(Exception, match="missing.pem"):  # proof the constructor does load it
+        jvm.org.apache.kafka.clients.consumer.KafkaConsumer(props)
