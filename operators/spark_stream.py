@@ -76,8 +76,8 @@ class SparkKafkaToSinkOperator(BaseOperator):
     :param sink_table: the PostgreSQL table (``postgres``); the offsets table ``eo_stream_offsets`` sits next to it.
     :param kafka_conn_id: Kafka connection (its Extra is the confluent-kafka configuration, SASL/TLS included);
         the job gets it in a file only its owner can read, removed after the run, never on the command line.
-    :param postgres_conn_id: PostgreSQL connection (``postgres`` sink); its credentials reach the driver
-        through the libpq environment only, never the command line.
+    :param postgres_conn_id: PostgreSQL connection (``postgres`` sink); its settings (TLS included) reach the
+        driver as libpq ``PG*`` variables in the same file as the Kafka settings, never the command line.
     :param spark_conn_id: Spark connection (``local[*]``, ``spark://host:port``...). It must exist.
     :param trigger: ``available-now`` (process what is there, then stop) or ``processing-time``.
     :param interval: processing-time trigger interval, e.g. ``"30 seconds"``.
@@ -232,8 +232,8 @@ class SparkKafkaToSinkOperator(BaseOperator):
         return config
 
     # ------------------------------------------------------------------------------------------ run
-    def _application_args(self, topics: list[str], kafka_config_file: str) -> list[str]:
-        args = ["--pipeline", self.pipeline, "--kafka-config-file", kafka_config_file, "--topics", ",".join(topics),
+    def _application_args(self, topics: list[str], secrets_file: str) -> list[str]:
+        args = ["--pipeline", self.pipeline, "--secrets-file", secrets_file, "--topics", ",".join(topics),
                 "--checkpoint", self.checkpoint_location, "--sink", self.sink, "--trigger", self.trigger,
                 "--interval", self.interval, "--delivery", self.delivery, "--mode", self.mode,
                 "--key-field", self.key_field, "--version-field", self.version_field, "--op-field", self.op_field]
@@ -263,7 +263,6 @@ class SparkKafkaToSinkOperator(BaseOperator):
 
         topics = self._validate()
         cluster = self._spark_connection()
-        kafka_config = self._kafka_config()
         # Local and client mode: the driver runs on this machine and can use this interpreter, which has the
         # package and its dependencies (psycopg2, confluent-kafka) installed.
         env = {"PYSPARK_DRIVER_PYTHON": sys.executable, **self.env_vars}
@@ -272,8 +271,11 @@ class SparkKafkaToSinkOperator(BaseOperator):
         bin_dir = Path(sys.executable).parent
         if (bin_dir / "spark-submit").exists() and "PATH" not in env:
             env["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
+        # The job's secrets travel in one file only its owner can read, never in spark-submit's arguments or
+        # environment (on YARN and Kubernetes the Spark provider turns env_vars into --conf arguments).
+        secrets = {"kafka": self._kafka_config()}
         if self.sink == "postgres":
-            env.update(libpq_environment(self.postgres_conn_id))
+            secrets["libpq"] = libpq_environment(self.postgres_conn_id)
         conf = {"spark.sql.shuffle.partitions": "2", **self.conf}
         # Keeps the secrets out of Spark's UI and event log should a setting or option carry one.
         conf["spark.redaction.regex"] = spark_redaction_regex(self.conf.get("spark.redaction.regex"))
@@ -286,8 +288,8 @@ class SparkKafkaToSinkOperator(BaseOperator):
             py_files = package_zip(tmp)
             # Removed with the directory when the run ends; the path is on this machine (cluster mode: a shared disk,
             # as for the package zip next to it).
-            kafka_file = write_secret_file(tmp, {"kafka": kafka_config}, prefix="kafka-")
-            args = self._application_args(topics, kafka_file)
+            secrets_file = write_secret_file(tmp, secrets, prefix="connections-")
+            args = self._application_args(topics, secrets_file)
             if cluster:
                 # The hook rejects env_vars in standalone cluster mode; the environment goes to spark-submit
                 # instead (submit(env=...)), whose standalone client forwards it to the driver. Airflow's own

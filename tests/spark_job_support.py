@@ -55,10 +55,12 @@ def produce_plain(bootstrap: str, topic: str, count: int, partitions: int = 1) -
 
 def job_args(stack, pipeline: str, topic: str, checkpoint: Path, sink: str, target: str,
              max_offsets: int | None = None, delivery: str = "exactly-once", mode: str = "append") -> list[str]:
-    # The job reads the kafka connection's settings from a 0600 file, as the operator passes them.
-    kafka_file = write_secret_file(str(checkpoint.parent), {"kafka": {"bootstrap.servers": f"{stack.HOST}:"
-                                                                      f"{stack.KAFKA_PORT}"}}, prefix="kafka-")
-    args = ["--pipeline", pipeline, "--kafka-config-file", kafka_file, "--topics", topic,
+    # The job reads the connections' settings from a 0600 file, as the operator passes them.
+    secrets = {"kafka": {"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"}}
+    if sink == "postgres":
+        secrets["libpq"] = pg_env(stack)
+    secrets_file = write_secret_file(str(checkpoint.parent), secrets, prefix="connections-")
+    args = ["--pipeline", pipeline, "--secrets-file", secrets_file, "--topics", topic,
             "--checkpoint", str(checkpoint), "--sink", sink, "--delivery", delivery, "--mode", mode]
     args += ["--table", target] if sink == "postgres" else ["--path", target]
     if max_offsets:

@@ -44,14 +44,14 @@ SELECT = ("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kaf
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="kafka_to_sink", description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True, help="stable pipeline name (part of every sink commit)")
-    parser.add_argument("--kafka-config-file", required=True,
-                        help="0600 JSON file {\"kafka\": confluent-kafka settings} of the kafka connection (secrets "
-                             "never travel on the command line)")
+    parser.add_argument("--secrets-file", required=True,
+                        help="0600 JSON file: {\"kafka\": the kafka connection's confluent-kafka settings, \"libpq\": "
+                             "PG* variables of the postgres sink} (secrets never travel on the command line)")
     parser.add_argument("--topics", required=True, help="comma-separated topic names")
     parser.add_argument("--checkpoint", required=True, help="this pipeline's checkpoint directory")
     parser.add_argument("--sink", required=True, choices=("delta", "postgres", "files"))
     parser.add_argument("--path", help="Delta table or files sink directory")
-    parser.add_argument("--table", help="PostgreSQL table (connection from the libpq PG* environment)")
+    parser.add_argument("--table", help="PostgreSQL table (connection: the secrets file's libpq PG* variables)")
     parser.add_argument("--trigger", default="available-now", choices=("available-now", "processing-time"))
     parser.add_argument("--interval", default="10 seconds", help="processing-time trigger interval")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
@@ -301,7 +301,9 @@ def build_session(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> None:
     topics = [t.strip() for t in args.topics.split(",") if t.strip()]
-    kafka_config = read_secret_file(args.kafka_config_file)["kafka"]
+    secrets = read_secret_file(args.secrets_file)
+    os.environ.update(secrets.get("libpq", {}))  # the postgres sink connects with the libpq environment
+    kafka_config = secrets["kafka"]
     kafka_options = spark_kafka_options(kafka_config)  # the Java client's names for the same settings
     exactly_once = args.delivery == "exactly-once"
     sink = make_sink(args)

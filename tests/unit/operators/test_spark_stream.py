@@ -79,11 +79,11 @@ class _FakeHook:
 
     def submit(self, application, **kwargs):
         args = _FakeHook.created[-1]["application_args"]
-        path = args[args.index("--kafka-config-file") + 1]
+        path = args[args.index("--secrets-file") + 1]
         with open(path) as handle:  # exists while the job runs
-            kafka = json.load(handle)
-        _FakeHook.created[-1].update(application=application, popen=kwargs, kafka=kafka, kafka_file=path,
-                                     kafka_file_mode=stat.S_IMODE(os.stat(path).st_mode))
+            secrets = json.load(handle)
+        _FakeHook.created[-1].update(application=application, popen=kwargs, secrets=secrets, secrets_file=path,
+                                     secrets_file_mode=stat.S_IMODE(os.stat(path).st_mode))
         self._driver_id = "driver-20260101000000-0000"
 
     def _start_driver_status_tracking(self):
@@ -108,16 +108,16 @@ def test_command_ships_the_package_and_defaults_to_the_connector_packages(connec
     assert call["deploy_mode"] == "client" and call["popen"] == {"start_new_session": True}
     args = call["application_args"]
     assert args[args.index("--topics") + 1] == "a,b"
-    assert call["kafka"] == {"kafka": {"bootstrap.servers": "k:9092"}} and call["kafka_file_mode"] == 0o600
-    assert not os.path.exists(call["kafka_file"])  # removed after the run
+    assert call["secrets"] == {"kafka": {"bootstrap.servers": "k:9092"}} and call["secrets_file_mode"] == 0o600
+    assert not os.path.exists(call["secrets_file"])  # removed after the run
     assert args[args.index("--path") + 1] == "/tmp/x"
 
 
-def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_environment(connections, monkeypatch):
+def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_secrets_file(connections, monkeypatch):
     call = _submitted(monkeypatch, _op(sink="postgres", sink_table="s.t", conf={"spark.jars": "/j/a.jar"}))
     assert call["packages"] is None and call["conf"]["spark.jars"] == "/j/a.jar"
-    assert call["env_vars"]["PGPASSWORD"] == "s3cret" and call["env_vars"]["PGHOST"] == "db"
-    assert "s3cret" not in " ".join(call["application_args"])
+    assert call["secrets"]["libpq"]["PGPASSWORD"] == "s3cret" and call["secrets"]["libpq"]["PGHOST"] == "db"
+    assert "s3cret" not in " ".join(call["application_args"]) + json.dumps(call["env_vars"])
     assert _submitted(monkeypatch, _op(jars=["/j/b.jar"]))["jars"] == "/j/b.jar"
 
 
@@ -133,7 +133,8 @@ def test_standalone_cluster_mode_submits_python_runner_and_tracks_the_driver(con
     assert call["conf"]["spark.submit.pyFiles"] == py_files
     assert call["conf"]["spark.pyspark.driver.python"] == sys.executable
     env = call["popen"]["env"]
-    assert call["popen"]["start_new_session"] and env["PGPASSWORD"] == "s3cret" and env["PGHOST"] == "db"
+    assert call["popen"]["start_new_session"] and call["secrets"]["libpq"]["PGPASSWORD"] == "s3cret"
+    assert "PGPASSWORD" not in env or env["PGPASSWORD"] != "s3cret"  # never in spark-submit's environment
     assert not [name for name in env if name.startswith("AIRFLOW")]
     assert "s3cret" not in " ".join(call["application_args"]) + json.dumps(call["conf"])
     assert call["tracked"] == "driver-20260101000000-0000"
@@ -167,9 +168,10 @@ def test_kafka_secrets_reach_the_job_in_a_0600_file_only_and_spark_redacts_them(
     caplog.set_level(logging.DEBUG)
     call = _submitted(monkeypatch, _op(kafka_conn_id="kafka_secure", sink="postgres", sink_table="s.t",
                                        conf={"spark.redaction.regex": "(?i)mine"}))
-    assert call["kafka"] == {"kafka": SASL_SSL} and call["kafka_file_mode"] == 0o600
-    assert not os.path.exists(call["kafka_file"])
-    visible = json.dumps({k: v for k, v in call.items() if k not in ("kafka", "env_vars")}) + caplog.text
+    assert call["secrets"]["kafka"] == SASL_SSL and call["secrets_file_mode"] == 0o600
+    assert call["secrets"]["libpq"]["PGPASSWORD"] == "s3cret"
+    assert not os.path.exists(call["secrets_file"])
+    visible = json.dumps({k: v for k, v in call.items() if k != "secrets"}) + caplog.text
     assert "kafka-MARKER-pw" not in visible and "s3cret" not in visible
     regex = call["conf"]["spark.redaction.regex"]
     assert regex.startswith("(?i)mine|") and "jaas" in regex and "password" in regex
