@@ -178,7 +178,8 @@ def _covered(end: Offsets, committed: Offsets) -> bool:
 
 
 @contextmanager
-def _stop_at_poison(sink, spark, kafka_options: dict[str, str] | None, previous: BatchCommit | None, end: Offsets, batch_id: int):
+def _stop_at_poison(sink, spark, kafka_options: dict[str, str] | None, previous: BatchCommit | None, end: Offsets,
+                    batch_id: int):
     """Turn Spark's ``validate_utf8`` failure inside a batch into a clear error naming the records."""
     try:
         yield
