@@ -12,6 +12,7 @@ from typing import Any
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from confluent_kafka import Producer
 
+from exactly_once_provider.connections import kafka_client_config
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, ensure_offsets_topic, validate_name
 from exactly_once_provider.kafka.writer import MODE_SETTINGS, PipelineWriter, transactional_id_for
 
@@ -63,12 +64,7 @@ class TransactionalProducerHook(KafkaBaseHook):
         return self._build_config()
 
     def _build_config(self) -> dict[str, Any]:
-        try:
-            return super()._build_config()
-        except ValueError as err:  # the provider's message does not say which connection is wrong
-            raise ValueError(
-                f"Kafka connection {self.kafka_config_id!r} cannot be used: {err} Put the brokers into its Extra "
-                'JSON, e.g. {"bootstrap.servers": "host:9092"}, or pass the id of a kafka connection.') from None
+        return kafka_client_config(self.kafka_config_id)  # the one reading of a kafka connection
 
     def build_producer_config(self) -> dict[str, Any]:
         """Return the producer configuration for the delivery mode, refusing contradicting settings."""

@@ -105,8 +105,5 @@ class MySqlBinlogHook(MySqlSourceHook):
         :param heartbeat_seconds: how often an idle blocking stream wakes up.
         :param reconnect_timeout: how long to retry a lost server before failing.
         """
-        settings = self.connection_settings()
-        return BinlogReader(
-            {"host": settings.host, "port": settings.port, "user": settings.user, "passwd": settings.password,
-             "connect_timeout": settings.connect_timeout},
-            tables, server_id, heartbeat_seconds, reconnect_timeout, self.log)
+        return BinlogReader(self.connection_settings().replication_settings(), tables, server_id, heartbeat_seconds,
+                            reconnect_timeout, self.log)

@@ -11,6 +11,7 @@ from typing import Any
 import MySQLdb
 from airflow.sdk import BaseHook
 
+from exactly_once_provider.connections import mysql_connect_kwargs
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.source import preflight
 from exactly_once_provider.source.identifiers import quote_table
@@ -85,13 +86,16 @@ class MySqlSourceHook(BaseHook):
         self.mysql_conn_id = mysql_conn_id
 
     def connection_settings(self) -> ConnectionSettings:
-        """Return what is needed to open a connection, e.g. on a Spark executor (never log it)."""
-        conn = self.get_connection(self.mysql_conn_id)
-        if not conn.host:
-            raise ValueError(f"Connection {self.mysql_conn_id!r} has no host; set the MySQL server's host.")
+        """Return what is needed to open a connection, e.g. on a Spark executor (never log it).
+
+        Read as the MySQL provider's ``MySqlHook`` reads the connection: TLS from the Extra ``ssl`` dict and
+        ``ssl_mode`` (:func:`~exactly_once_provider.connections.mysql_connect_kwargs`).
+        """
+        kwargs = mysql_connect_kwargs(self.mysql_conn_id)
         return ConnectionSettings(
-            host=conn.host, port=int(conn.port or 3306), user=conn.login or "", password=conn.password or "",
-            database=conn.schema or "", connect_timeout=int(conn.extra_dejson.get("connect_timeout", 10)),
+            host=kwargs["host"], port=kwargs["port"], user=kwargs["user"], password=kwargs["passwd"],
+            database=kwargs["db"], connect_timeout=kwargs["connect_timeout"], ssl=kwargs.get("ssl"),
+            ssl_mode=kwargs.get("ssl_mode"),
         )
 
     def get_conn(self) -> MySQLdb.connections.Connection:

@@ -6,22 +6,15 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator
+from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
 from exactly_once_provider.positions import position_from_offset
 from exactly_once_provider.source.retention import headroom
 from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger, measure_lag
-
-
-def _bootstrap(kafka_config_id: str) -> str:
-    servers = BaseHook.get_connection(kafka_config_id).extra_dejson.get("bootstrap.servers")
-    if not servers:
-        raise ValueError(f"Kafka connection {kafka_config_id!r} has no 'bootstrap.servers' in its Extra.")
-    return servers
 
 
 class ConsumerLagSensor(BaseSensorOperator):
@@ -81,7 +74,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         connect = None
         if self.sink == "postgres":
             connect = connect_kwargs(self.postgres_conn_id)
-        return measure_lag(_bootstrap(self.kafka_config_id), topics, self.sink, self.sink_location,
+        return measure_lag(kafka_client_config(self.kafka_config_id), topics, self.sink, self.sink_location,
                            self.sink_pipeline, self.consumer_group, connect, self.missing_topics_ok)
 
     def poke(self, context: Any) -> bool:
@@ -97,7 +90,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         if self.poke(context):
             return None
         self.defer(
-            trigger=ConsumerLagTrigger(_bootstrap(self.kafka_config_id), topics, max_lag, self.sink,
+            trigger=ConsumerLagTrigger(self.kafka_config_id, topics, max_lag, self.sink,
                                        self.sink_location, self.sink_pipeline, self.consumer_group,
                                        self.postgres_conn_id, float(self.poke_interval), self.missing_topics_ok),
             method_name="execute_complete", timeout=timedelta(seconds=self.timeout) if self.timeout else None)
@@ -139,8 +132,8 @@ class BinlogRetentionGuardOperator(BaseOperator):
         self.mysql_conn_id, self.kafka_config_id, self.offsets_topic = mysql_conn_id, kafka_config_id, offsets_topic
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        committed = read_committed_offset({"bootstrap.servers": _bootstrap(self.kafka_config_id)},
-                                          self.capture_pipeline, self.capture_source_partition, self.offsets_topic)
+        committed = read_committed_offset(kafka_client_config(self.kafka_config_id), self.capture_pipeline,
+                                          self.capture_source_partition, self.offsets_topic)
         if committed is None:
             self.log.info("Capture %s/%s has not committed yet: nothing to guard.", self.capture_pipeline,
                           self.capture_source_partition)

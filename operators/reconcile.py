@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 from exactly_once_provider.positions import position_from_offset
 from exactly_once_provider.reconcile import engine, position, results, sides
 from exactly_once_provider.reconcile.canonical import INTEGER_TYPES, kind_of
@@ -224,8 +224,7 @@ class ReconcileOperator(BaseOperator):
         return psycopg2.connect(**connect_kwargs(self.postgres_conn_id))
 
     def _replication_settings(self, hook: MySqlSourceHook) -> dict[str, Any]:
-        s = hook.connection_settings()
-        return {"host": s.host, "port": s.port, "user": s.user, "passwd": s.password}
+        return hook.connection_settings().replication_settings()
 
     def _captured_position(self, table: str):
         """Return ``P``: the capture's committed position, after checking the sink applied all of it."""
@@ -236,9 +235,7 @@ class ReconcileOperator(BaseOperator):
             from exactly_once_provider.full_load.handoff import read_handoff
 
             return read_handoff(self.full_load_path).min_position
-        kafka = BaseHook.get_connection(self.kafka_config_id).extra_dejson
-        if "bootstrap.servers" not in kafka:
-            raise ValueError(f"Kafka connection {self.kafka_config_id!r} has no 'bootstrap.servers' in its Extra.")
+        kafka = kafka_client_config(self.kafka_config_id)
         committed = read_committed_offset(kafka, self.capture_pipeline, self.capture_source_partition,
                                           self.offsets_topic)
         if committed is None:

@@ -26,7 +26,14 @@ from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 import exactly_once_provider
-from exactly_once_provider.connections import libpq_environment
+from exactly_once_provider.connections import (
+    kafka_client_config,
+    libpq_environment,
+    portable_kafka_config,
+    spark_kafka_options,
+    spark_redaction_regex,
+    write_secret_file,
+)
 from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink, push_link, watch_spark_ui
 from exactly_once_provider.spark_jobs.packages import SPARK_PACKAGES
 
@@ -67,9 +74,10 @@ class SparkKafkaToSinkOperator(BaseOperator):
     :param checkpoint_location: this pipeline's Spark checkpoint directory.
     :param sink_path: the Delta table or files sink directory (``delta`` / ``files``).
     :param sink_table: the PostgreSQL table (``postgres``); the offsets table ``eo_stream_offsets`` sits next to it.
-    :param kafka_conn_id: Kafka connection; its Extra must hold ``bootstrap.servers``.
-    :param postgres_conn_id: PostgreSQL connection (``postgres`` sink); its credentials reach the driver
-        through the libpq environment only, never the command line.
+    :param kafka_conn_id: Kafka connection (its Extra is the confluent-kafka configuration, SASL/TLS included);
+        the job gets it in a file only its owner can read, removed after the run, never on the command line.
+    :param postgres_conn_id: PostgreSQL connection (``postgres`` sink); its settings (TLS included) reach the
+        driver as libpq ``PG*`` variables in the same file as the Kafka settings, never the command line.
     :param spark_conn_id: Spark connection (``local[*]``, ``spark://host:port``...). It must exist.
     :param trigger: ``available-now`` (process what is there, then stop) or ``processing-time``.
     :param interval: processing-time trigger interval, e.g. ``"30 seconds"``.
@@ -214,16 +222,18 @@ class SparkKafkaToSinkOperator(BaseOperator):
         mode = self.deploy_mode or conn.extra_dejson.get("deploy-mode")
         return master.startswith("spark://") and mode == "cluster"
 
-    def _bootstrap_servers(self) -> str:
-        extra = BaseHook.get_connection(self.kafka_conn_id).extra_dejson
-        servers = extra.get("bootstrap.servers")
-        if not servers:
-            raise ValueError(f"Kafka connection {self.kafka_conn_id!r} has no 'bootstrap.servers' in its Extra.")
-        return servers
+    def _kafka_config(self) -> dict[str, Any]:
+        """Return the Kafka connection's settings for the job; refuse what its Spark source cannot use."""
+        config = portable_kafka_config(kafka_client_config(self.kafka_conn_id))
+        try:
+            spark_kafka_options(config)
+        except ValueError as err:
+            raise ValueError(f"Kafka connection {self.kafka_conn_id!r}: {err}") from None
+        return config
 
     # ------------------------------------------------------------------------------------------ run
-    def _application_args(self, topics: list[str], bootstrap: str) -> list[str]:
-        args = ["--pipeline", self.pipeline, "--bootstrap-servers", bootstrap, "--topics", ",".join(topics),
+    def _application_args(self, topics: list[str], secrets_file: str) -> list[str]:
+        args = ["--pipeline", self.pipeline, "--secrets-file", secrets_file, "--topics", ",".join(topics),
                 "--checkpoint", self.checkpoint_location, "--sink", self.sink, "--trigger", self.trigger,
                 "--interval", self.interval, "--delivery", self.delivery, "--mode", self.mode,
                 "--key-field", self.key_field, "--version-field", self.version_field, "--op-field", self.op_field]
@@ -253,7 +263,6 @@ class SparkKafkaToSinkOperator(BaseOperator):
 
         topics = self._validate()
         cluster = self._spark_connection()
-        bootstrap = self._bootstrap_servers()
         # Local and client mode: the driver runs on this machine and can use this interpreter, which has the
         # package and its dependencies (psycopg2, confluent-kafka) installed.
         env = {"PYSPARK_DRIVER_PYTHON": sys.executable, **self.env_vars}
@@ -262,9 +271,14 @@ class SparkKafkaToSinkOperator(BaseOperator):
         bin_dir = Path(sys.executable).parent
         if (bin_dir / "spark-submit").exists() and "PATH" not in env:
             env["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
+        # The job's secrets travel in one file only its owner can read, never in spark-submit's arguments or
+        # environment (on YARN and Kubernetes the Spark provider turns env_vars into --conf arguments).
+        secrets = {"kafka": self._kafka_config()}
         if self.sink == "postgres":
-            env.update(libpq_environment(self.postgres_conn_id))
+            secrets["libpq"] = libpq_environment(self.postgres_conn_id)
         conf = {"spark.sql.shuffle.partitions": "2", **self.conf}
+        # Keeps the secrets out of Spark's UI and event log should a setting or option carry one.
+        conf["spark.redaction.regex"] = spark_redaction_regex(self.conf.get("spark.redaction.regex"))
         jars = ",".join(self.jars) if self.jars else None
         packages = self.packages
         if packages is None and not jars and "spark.jars" not in conf:
@@ -272,7 +286,10 @@ class SparkKafkaToSinkOperator(BaseOperator):
         before = self.sink_state() if self.delivery == "exactly-once" else None
         with tempfile.TemporaryDirectory(prefix="eo-spark-") as tmp:
             py_files = package_zip(tmp)
-            args = self._application_args(topics, bootstrap)
+            # Removed with the directory when the run ends; the path is on this machine (cluster mode: a shared disk,
+            # as for the package zip next to it).
+            secrets_file = write_secret_file(tmp, secrets, prefix="connections-")
+            args = self._application_args(topics, secrets_file)
             if cluster:
                 # The hook rejects env_vars in standalone cluster mode; the environment goes to spark-submit
                 # instead (submit(env=...)), whose standalone client forwards it to the driver. Airflow's own

@@ -80,10 +80,9 @@ class Connections:
 
     def kafka(self, conn_id: str) -> dict[str, Any]:
         if conn_id not in self._kafka:
-            from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
+            from exactly_once_provider.connections import kafka_client_config
 
-            hook = TransactionalProducerHook(conn_id, pipeline="eo-status", delivery_mode="at_least_once")
-            self._kafka[conn_id] = hook.client_config()
+            self._kafka[conn_id] = kafka_client_config(conn_id)
         return self._kafka[conn_id]
 
     @staticmethod

@@ -1,34 +1,385 @@
-"""The one place an Airflow ``postgres`` connection becomes PostgreSQL connect arguments.
+"""The one connection layer: Airflow connections -> the settings of every client of the product.
 
-Two forms of the same settings: :func:`connect_kwargs` for ``psycopg2.connect`` in this process, and
-:func:`libpq_environment` (``PG*`` variables) for the Spark job, so the password reaches the driver through
-its environment and never through a command line or a log line.
+* **Kafka** -- :func:`kafka_client_config`: the confluent-kafka configuration of the one ``kafka`` connection,
+  built by the Kafka provider's ``KafkaBaseHook`` (its Extra JSON is the librdkafka configuration: SASL and
+  TLS included, allow-listed callbacks resolved, managed OAuth tokens added). The producer, admin clients,
+  consumers, the ledger reader, the lag trigger and the status page all use it. The Spark job's Kafka source
+  is a Java client: :func:`spark_kafka_options` maps the same settings to Spark's ``kafka.*`` options and
+  refuses what it cannot map.
+* **MySQL/MariaDB** -- :func:`mysql_connect_kwargs`: the ``mysql`` connection read as the MySQL provider's
+  ``MySqlHook`` reads it for mysqlclient (Extra ``ssl`` dict, ``ssl_mode``); :func:`pymysql_tls` and
+  :func:`connectorx_tls_query` give the same TLS settings to the binlog reader (PyMySQL) and the native reader
+  (connectorx).
+* **PostgreSQL** -- :func:`connect_kwargs` for ``psycopg2.connect`` in this process, and
+  :func:`libpq_environment` (``PG*`` variables) for the Spark job: the ``postgres`` connection read as the
+  PostgreSQL provider's ``PostgresHook`` reads it (every Extra key is a libpq parameter: ``sslmode``,
+  ``sslrootcert``...).
+
+Secrets reach a Spark job through its environment (PostgreSQL) or a file only its owner may read
+(:func:`write_secret_file`, Kafka), never through a command line or a log line; :data:`SPARK_REDACTION_REGEX`
+keeps them out of Spark's UI and event log should one be echoed there.
+
+Airflow is imported inside the functions that read connections: the Spark driver imports this module for
+:func:`spark_kafka_options` and :func:`read_secret_file` only.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+import tempfile
 from typing import Any
 
-from airflow.sdk import BaseHook
+# ------------------------------------------------------------------------------------------------ Kafka
+
+# Callbacks the Kafka provider resolves from the Extra; only observability ones are safe to leave out of a
+# client that runs elsewhere (oauth_cb authenticates: a client without it cannot connect).
+_OBSERVABILITY_CALLBACKS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "on_commit")
+# Settings of the connection that do not concern the Spark job's read_committed Kafka source: producer-only
+# settings, consumer-group settings Spark manages itself (it refuses kafka.group.id with subscribe-style
+# offsets, sets isolation and offsets from the job) and librdkafka diagnostics.
+_NOT_FOR_THE_SPARK_SOURCE = frozenset({
+    "transactional.id", "enable.idempotence", "acks", "linger.ms", "batch.size", "transaction.timeout.ms",
+    "compression.type", "compression.codec", "queue.buffering.max.messages", "queue.buffering.max.kbytes",
+    "queue.buffering.max.ms", "message.timeout.ms", "delivery.timeout.ms", "max.in.flight.requests.per.connection",
+    "max.in.flight", "retries", "message.send.max.retries", "batch.num.messages", "retry.backoff.ms",
+    "group.id", "enable.auto.commit", "auto.offset.reset", "isolation.level", "enable.partition.eof",
+    "session.timeout.ms", "debug", "log_level", "statistics.interval.ms", "api.version.request",
+    "broker.address.family", "enable.ssl.certificate.verification", *_OBSERVABILITY_CALLBACKS,
+})
+_SASL_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+# Spark redacts a configuration entry or data source option whose key OR value matches (Utils.redact):
+# Spark's default pattern plus the Kafka client's secret-bearing settings (the JAAS line holds the password).
+SPARK_REDACTION_REGEX = r"(?i)secret|password|passwd|token|access[.]?key|jaas|sasl[.]|ssl[.].*(key|password)"
 
 
-def connect_kwargs(conn_id: str, **extra: Any) -> dict[str, Any]:
-    """Return ``psycopg2.connect`` keyword arguments for the Airflow connection ``conn_id``.
+def kafka_client_config(kafka_config_id: str) -> dict[str, Any]:
+    """Return the confluent-kafka configuration of the Airflow ``kafka`` connection ``kafka_config_id``.
 
-    Unset fields are None, which psycopg2 leaves out (libpq defaults apply); the port defaults to 5432.
+    Built by the Kafka provider's ``KafkaBaseHook`` so its semantics hold: the Extra JSON is the librdkafka
+    configuration (``bootstrap.servers``, ``security.protocol``, ``sasl.*``, ``ssl.*``...), string callbacks
+    are resolved through ``[apache_kafka] callback_allowlist``, managed OAuth tokens (Google, Amazon MSK IAM)
+    are added. It holds secrets: never log it.
+
+    :param kafka_config_id: the ``kafka`` connection.
+    """
+    from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
+
+    try:
+        # KafkaBaseHook has no public accessor for the configuration it builds for its clients; _build_config
+        # is what its own get_conn and test_connection use.
+        return KafkaBaseHook(kafka_config_id=kafka_config_id)._build_config()
+    except ValueError as err:  # the provider's message does not say which connection is wrong
+        raise ValueError(
+            f"Kafka connection {kafka_config_id!r} cannot be used: {err} Put the brokers into its Extra JSON, e.g. "
+            '{"bootstrap.servers": "host:9092"}, or pass the id of a kafka connection.') from None
+
+
+def _jaas_quoted(value: str) -> str:
+    # Kafka parses sasl.jaas.config with a StreamTokenizer: backslash escapes inside double quotes.
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _bool(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def spark_kafka_options(config: dict[str, Any]) -> dict[str, str]:
+    """Map a confluent-kafka (librdkafka) configuration to the Spark Kafka source's ``kafka.*`` options.
+
+    The Spark source is the Java Kafka client: same broker, different setting names. Mapped: ``bootstrap.servers``,
+    ``client.id``, ``security.protocol``, ``sasl.mechanism(s)`` ``PLAIN``/``SCRAM-SHA-256``/``SCRAM-SHA-512`` with
+    ``sasl.username``/``sasl.password`` (-> ``sasl.jaas.config``), ``ssl.ca.location``/``ssl.ca.pem`` (-> a PEM
+    truststore), ``ssl.keystore.location``/``ssl.keystore.password`` (PKCS#12), a client certificate and key in
+    one PEM file (``ssl.certificate.location`` == ``ssl.key.location``), ``ssl.key.password``,
+    ``ssl.endpoint.identification.algorithm``. Producer, consumer-group and diagnostic settings are left out
+    (they do not concern the job's read_committed source). Anything else raises ValueError naming the
+    setting. The result holds secrets: never log it or put it on a command line.
+
+    :param config: the connection's configuration (:func:`kafka_client_config`).
+    """
+    settings = {k: v for k, v in config.items() if k not in _NOT_FOR_THE_SPARK_SOURCE}
+    options: dict[str, str] = {}
+
+    def take(key: str) -> Any:
+        return settings.pop(key, None)
+
+    servers = take("bootstrap.servers")
+    if not servers:
+        raise ValueError("Kafka setting bootstrap.servers is missing: the Spark job cannot reach the brokers.")
+    options["kafka.bootstrap.servers"] = str(servers)
+    if (client_id := take("client.id")) is not None:
+        options["kafka.client.id"] = str(client_id)
+    protocol = str(take("security.protocol") or "PLAINTEXT").upper()
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+        raise ValueError(f"Kafka setting security.protocol={protocol!r} is not a protocol the Java client knows.")
+    options["kafka.security.protocol"] = protocol
+    mechanism, alias = take("sasl.mechanism"), take("sasl.mechanisms")
+    mechanism = str(mechanism or alias or ("GSSAPI" if protocol.startswith("SASL") else "")).upper()
+    username, password = take("sasl.username"), take("sasl.password")
+    if protocol.startswith("SASL"):
+        if mechanism not in _SASL_LOGIN_MODULES:
+            raise ValueError(
+                f"Kafka setting sasl.mechanism={mechanism!r} cannot be passed to the Spark job (supported: "
+                f"{', '.join(_SASL_LOGIN_MODULES)}).")
+        if username is None or password is None:
+            raise ValueError(f"Kafka setting sasl.username/sasl.password is missing for sasl.mechanism={mechanism}.")
+        options["kafka.sasl.mechanism"] = mechanism
+        options["kafka.sasl.jaas.config"] = (f"{_SASL_LOGIN_MODULES[mechanism]} required username="
+                                             f"{_jaas_quoted(username)} password={_jaas_quoted(password)};")
+    elif mechanism or username is not None or password is not None:
+        raise ValueError(f"Kafka settings sasl.* are set but security.protocol={protocol}: use SASL_SSL or "
+                         "SASL_PLAINTEXT, or remove them.")
+    if (ca := take("ssl.ca.location")) is not None:
+        options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": str(ca)})
+    if (ca_pem := take("ssl.ca.pem")) is not None:
+        if ca is not None:
+            raise ValueError("Kafka settings ssl.ca.location and ssl.ca.pem are both set: keep one.")
+        options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.certificates": str(ca_pem)})
+    if (keystore := take("ssl.keystore.location")) is not None:
+        options.update({"kafka.ssl.keystore.type": "PKCS12", "kafka.ssl.keystore.location": str(keystore)})
+        if (store_password := take("ssl.keystore.password")) is not None:
+            options["kafka.ssl.keystore.password"] = str(store_password)
+    certificate, key = take("ssl.certificate.location"), take("ssl.key.location")
+    if certificate is not None or key is not None:
+        if certificate != key or keystore is not None:
+            raise ValueError(
+                "Kafka setting ssl.certificate.location/ssl.key.location cannot be passed to the Spark job as two "
+                "files: put the key and its certificate chain into one PEM file named by both, or use "
+                "ssl.keystore.location (PKCS#12).")
+        options.update({"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": str(certificate)})
+    if (key_password := take("ssl.key.password")) is not None:
+        options["kafka.ssl.key.password"] = str(key_password)
+    if (algorithm := take("ssl.endpoint.identification.algorithm")) is not None:
+        algorithm = str(algorithm).lower()
+        if algorithm not in ("https", "none", ""):
+            raise ValueError(f"Kafka setting ssl.endpoint.identification.algorithm={algorithm!r}: use https or none.")
+        options["kafka.ssl.endpoint.identification.algorithm"] = "https" if algorithm == "https" else ""
+    if "enable.ssl.certificate.verification" in config and not _bool(config["enable.ssl.certificate.verification"]):
+        raise ValueError("Kafka setting enable.ssl.certificate.verification=false cannot be passed to the Spark job "
+                         "(the Java client always verifies): give the broker's CA in ssl.ca.location instead.")
+    if "oauth_cb" in settings:
+        raise ValueError("Kafka setting oauth_cb (OAUTHBEARER) cannot be passed to the Spark job.")
+    if settings:
+        raise ValueError(f"Kafka setting {sorted(settings)[0]} cannot be passed to the Spark job's Kafka source "
+                         f"(not mapped: {', '.join(sorted(settings))}); remove it from the connection's Extra.")
+    return options
+
+
+def portable_kafka_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Return ``config`` without observability callbacks, for a client in another process (JSON-serialisable).
+
+    :param config: the connection's configuration (:func:`kafka_client_config`).
+    """
+    portable = {k: v for k, v in config.items() if k not in _OBSERVABILITY_CALLBACKS}
+    if callable(portable.get("oauth_cb")):
+        raise ValueError("Kafka setting oauth_cb (OAUTHBEARER) cannot be passed to another process.")
+    return portable
+
+
+def spark_redaction_regex(user_regex: str | None = None) -> str:
+    """Return ``spark.redaction.regex`` covering the Kafka and database secrets, and ``user_regex`` if set."""
+    return f"{user_regex}|{SPARK_REDACTION_REGEX}" if user_regex else SPARK_REDACTION_REGEX
+
+
+def write_secret_file(directory: str, payload: dict[str, Any], prefix: str = "eo-secrets-") -> str:
+    """Write ``payload`` as JSON to a new file in ``directory`` only its owner can read (0600); return its path.
+
+    The caller deletes it when the job that reads it has ended.
+
+    :param directory: where to create the file (the job must be able to read it there).
+    :param payload: the settings.
+    :param prefix: the file name's prefix.
+    """
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".json", dir=directory)  # created 0600, never existed
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle)
+    return path
+
+
+def read_secret_file(path: str) -> dict[str, Any]:
+    """Read a file written by :func:`write_secret_file`; refuse it when others may read it.
+
+    :param path: the file.
+    """
+    mode = os.stat(path).st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"Secrets file {path} is readable by others (mode {oct(mode & 0o777)}): it must be 0600.")
+    with open(path) as handle:
+        return json.load(handle)
+
+
+# ------------------------------------------------------------------------------------------------ MySQL
+
+_MYSQL_SSL_MODES = ("DISABLED", "PREFERRED", "REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY")
+_MYSQL_SSL_KEYS = ("ca", "capath", "cert", "key", "cipher", "check_hostname")
+
+
+def mysql_connect_kwargs(mysql_conn_id: str) -> dict[str, Any]:
+    """Return the MySQLdb (mysqlclient) connect arguments of the Airflow ``mysql`` connection ``mysql_conn_id``.
+
+    Read as the MySQL provider's ``MySqlHook`` reads a connection for mysqlclient: ``host``, ``port`` (default
+    3306), ``user``, ``passwd``, ``db``; Extra ``ssl`` (a dict, or its JSON text: ``ca``, ``cert``, ``key``,
+    ``capath``, ``cipher``, ``check_hostname``), ``ssl_mode`` (``DISABLED`` ... ``VERIFY_IDENTITY``),
+    ``connect_timeout`` (default 10). The product sets charset, time zone and autocommit itself and always
+    connects over TCP; Extras that would change that (``iam``, ``unix_socket``, ``client``) are refused.
+
+    :param mysql_conn_id: the ``mysql`` connection.
+    """
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(mysql_conn_id)
+    extra = conn.extra_dejson
+    if not conn.host:
+        raise ValueError(f"Connection {mysql_conn_id!r} has no host; set the MySQL server's host.")
+    for refused in ("iam", "unix_socket"):
+        if extra.get(refused):
+            raise ValueError(f"Connection {mysql_conn_id!r}: Extra {refused!r} is not supported by this provider's "
+                             "readers; remove it.")
+    if extra.get("client", "mysqlclient") != "mysqlclient":
+        raise ValueError(f"Connection {mysql_conn_id!r}: Extra client={extra['client']!r}; the readers use "
+                         "mysqlclient conventions (Extra 'ssl', 'ssl_mode'): remove 'client'.")
+    kwargs: dict[str, Any] = {
+        "host": conn.host, "port": int(conn.port or 3306), "user": conn.login or "", "passwd": conn.password or "",
+        "db": conn.schema or "", "connect_timeout": int(extra.get("connect_timeout", 10)),
+    }
+    ssl = extra.get("ssl")
+    if ssl:
+        if isinstance(ssl, str):  # Extra given as URL parameters arrives as text (as MySqlHook handles it)
+            ssl = json.loads(ssl)
+        unknown = sorted(set(ssl) - set(_MYSQL_SSL_KEYS))
+        if unknown:
+            raise ValueError(f"Connection {mysql_conn_id!r}: Extra ssl key {unknown[0]!r} is unknown; use "
+                             f"{', '.join(_MYSQL_SSL_KEYS)}.")
+        kwargs["ssl"] = dict(ssl)
+    if extra.get("ssl_mode"):
+        mode = str(extra["ssl_mode"]).upper().replace("-", "_")
+        if mode not in _MYSQL_SSL_MODES:
+            raise ValueError(f"Connection {mysql_conn_id!r}: Extra ssl_mode={extra['ssl_mode']!r}; use one of "
+                             f"{', '.join(_MYSQL_SSL_MODES)}.")
+        kwargs["ssl_mode"] = mode
+    return kwargs
+
+
+def _tls_mode(ssl: dict[str, Any] | None, ssl_mode: str | None) -> str | None:
+    """The effective ``ssl_mode``: an ``ssl`` dict without a mode asks for TLS (verified when it names a CA).
+
+    None: nothing configured, the client library's default applies.
+    """
+    if ssl_mode:
+        return ssl_mode
+    if not ssl:
+        return None
+    if not (ssl.get("ca") or ssl.get("capath")):
+        return "REQUIRED"
+    return "VERIFY_IDENTITY" if _bool(ssl.get("check_hostname", False)) else "VERIFY_CA"
+
+
+def mysql_tls_required(ssl: dict[str, Any] | None, ssl_mode: str | None) -> bool:
+    """Return whether MySqlHook's TLS settings require an encrypted connection (``REQUIRED`` or stricter).
+
+    :param ssl: the Extra ``ssl`` dict.
+    :param ssl_mode: the Extra ``ssl_mode``.
+    """
+    return _tls_mode(ssl, ssl_mode) in ("REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY")
+
+
+def pymysql_tls(ssl: dict[str, Any] | None, ssl_mode: str | None) -> dict[str, Any]:
+    """Return PyMySQL's TLS arguments (the binlog reader's ``connection_settings``) for MySqlHook's settings.
+
+    :param ssl: the Extra ``ssl`` dict (``ca``, ``cert``, ``key``, ``capath``, ``cipher``, ``check_hostname``).
+    :param ssl_mode: the Extra ``ssl_mode``.
+    """
+    mode = _tls_mode(ssl, ssl_mode)
+    if mode is None or (mode == "PREFERRED" and not ssl):
+        return {}
+    if mode == "DISABLED":
+        return {"ssl_disabled": True}
+    tls = {k: v for k, v in (ssl or {}).items() if k != "check_hostname"}
+    # PyMySQL's ssl dict: verify_mode/check_hostname decide what is checked (an empty dict would mean no TLS).
+    tls["verify_mode"] = mode in ("VERIFY_CA", "VERIFY_IDENTITY")
+    tls["check_hostname"] = mode == "VERIFY_IDENTITY"
+    return {"ssl": tls}
+
+
+def connectorx_tls_query(ssl: dict[str, Any] | None, ssl_mode: str | None) -> dict[str, str]:
+    """Return connectorx's MySQL URL parameters (``ssl-mode``, ``ssl-ca``) for MySqlHook's TLS settings.
+
+    connectorx knows a CA file only: a client certificate, a CA directory or ciphers raise ValueError naming the
+    setting (read such a source with ``reader="rows"``).
+
+    :param ssl: the Extra ``ssl`` dict.
+    :param ssl_mode: the Extra ``ssl_mode``.
+    """
+    for key in ("cert", "key", "capath", "cipher"):
+        if ssl and ssl.get(key):
+            raise ValueError(f"MySQL Extra ssl.{key} cannot be passed to the native reader (connectorx); use "
+                             "reader='rows'.")
+    mode = _tls_mode(ssl, ssl_mode)
+    if mode is None or mode == "DISABLED" or (mode == "PREFERRED" and not ssl):
+        return {}
+    query = {"ssl-mode": mode}
+    if ssl and ssl.get("ca"):
+        query["ssl-ca"] = str(ssl["ca"])
+    return query
+
+
+# ------------------------------------------------------------------------------------------------ PostgreSQL
+
+# libpq parameters that have an environment variable (PostgreSQL's libpq-envars): what the Spark job can get.
+_LIBPQ_ENVIRONMENT = {
+    "host": "PGHOST", "hostaddr": "PGHOSTADDR", "port": "PGPORT", "dbname": "PGDATABASE", "user": "PGUSER",
+    "password": "PGPASSWORD", "passfile": "PGPASSFILE", "service": "PGSERVICE", "options": "PGOPTIONS",
+    "application_name": "PGAPPNAME", "client_encoding": "PGCLIENTENCODING", "connect_timeout": "PGCONNECT_TIMEOUT",
+    "sslmode": "PGSSLMODE", "sslnegotiation": "PGSSLNEGOTIATION", "sslcompression": "PGSSLCOMPRESSION",
+    "sslcert": "PGSSLCERT", "sslkey": "PGSSLKEY", "sslcertmode": "PGSSLCERTMODE", "sslrootcert": "PGSSLROOTCERT",
+    "sslcrl": "PGSSLCRL", "sslcrldir": "PGSSLCRLDIR", "sslsni": "PGSSLSNI", "requirepeer": "PGREQUIREPEER",
+    "ssl_min_protocol_version": "PGSSLMINPROTOCOLVERSION", "ssl_max_protocol_version": "PGSSLMAXPROTOCOLVERSION",
+    "gssencmode": "PGGSSENCMODE", "krbsrvname": "PGKRBSRVNAME", "gsslib": "PGGSSLIB",
+    "channel_binding": "PGCHANNELBINDING", "require_auth": "PGREQUIREAUTH",
+    "target_session_attrs": "PGTARGETSESSIONATTRS", "load_balance_hosts": "PGLOADBALANCEHOSTS",
+}
+
+
+def connect_kwargs(conn_id: str, **defaults: Any) -> dict[str, Any]:
+    """Return ``psycopg2.connect`` keyword arguments for the Airflow ``postgres`` connection ``conn_id``.
+
+    Read as the PostgreSQL provider's ``PostgresHook.get_conn`` reads it: host, port (default 5432), dbname,
+    user, password, and every Extra key as a libpq parameter (``sslmode``, ``sslrootcert``, ``sslcert``,
+    ``sslkey``...) except the hook's own options (``cursor``, ``sqlalchemy_*``...). Unset fields are None,
+    which psycopg2 leaves out (libpq defaults apply). AWS/Azure token authentication (Extra ``iam``) is refused.
 
     :param conn_id: the ``postgres`` connection.
-    :param extra: further connect arguments, e.g. ``connect_timeout=10``.
+    :param defaults: connect arguments the connection's Extra may override, e.g. ``connect_timeout=10``.
     """
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
+    from airflow.sdk import BaseHook
+
     conn = BaseHook.get_connection(conn_id)
+    extra = conn.extra_dejson
+    if extra.get("iam"):
+        raise ValueError(f"Connection {conn_id!r}: Extra 'iam' (token authentication) is not supported by this "
+                         "provider; use a password.")
+    libpq = {k: v for k, v in extra.items() if k not in PostgresHook.ignored_extra_options}
     return {"host": conn.host or None, "port": conn.port or 5432, "dbname": conn.schema or None,
-            "user": conn.login or None, "password": conn.password or None, **extra}
+            "user": conn.login or None, "password": conn.password or None, **defaults, **libpq}
 
 
 def libpq_environment(conn_id: str) -> dict[str, str]:
-    """Return the libpq ``PG*`` environment variables for the Airflow connection ``conn_id``.
+    """Return the libpq ``PG*`` environment variables for the Airflow ``postgres`` connection ``conn_id``.
+
+    A connection setting that libpq cannot take from the environment raises ValueError naming it.
 
     :param conn_id: the ``postgres`` connection.
     """
-    names = {"host": "PGHOST", "port": "PGPORT", "dbname": "PGDATABASE", "user": "PGUSER", "password": "PGPASSWORD"}
-    return {names[key]: str(value) for key, value in connect_kwargs(conn_id).items() if value is not None}
+    kwargs = {key: value for key, value in connect_kwargs(conn_id).items() if value is not None}
+    unmapped = sorted(set(kwargs) - set(_LIBPQ_ENVIRONMENT))
+    if unmapped:
+        raise ValueError(f"Connection {conn_id!r}: Extra {unmapped[0]!r} has no libpq environment variable, so the "
+                         "Spark job cannot receive it; remove it from the connection's Extra.")
+    return {_LIBPQ_ENVIRONMENT[key]: str(value) for key, value in kwargs.items()}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from exactly_once_provider.connections import write_secret_file
 from exactly_once_provider.spark_jobs import kafka_to_sink
 from tests.kafka_support import QUIET, transactional_producer
 
@@ -54,7 +55,12 @@ def produce_plain(bootstrap: str, topic: str, count: int, partitions: int = 1) -
 
 def job_args(stack, pipeline: str, topic: str, checkpoint: Path, sink: str, target: str,
              max_offsets: int | None = None, delivery: str = "exactly-once", mode: str = "append") -> list[str]:
-    args = ["--pipeline", pipeline, "--bootstrap-servers", f"{stack.HOST}:{stack.KAFKA_PORT}", "--topics", topic,
+    # The job reads the connections' settings from a 0600 file, as the operator passes them.
+    secrets = {"kafka": {"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"}}
+    if sink == "postgres":
+        secrets["libpq"] = pg_env(stack)
+    secrets_file = write_secret_file(str(checkpoint.parent), secrets, prefix="connections-")
+    args = ["--pipeline", pipeline, "--secrets-file", secrets_file, "--topics", topic,
             "--checkpoint", str(checkpoint), "--sink", sink, "--delivery", delivery, "--mode", mode]
     args += ["--table", target] if sink == "postgres" else ["--path", target]
     if max_offsets:

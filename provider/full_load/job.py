@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from exactly_once_provider.connections import connectorx_tls_query
 from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.sinks.durable import fsync_dir
 from exactly_once_provider.errors import SourceConfigurationError
@@ -154,6 +155,8 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
     for orphan in staging.remove_unlisted_files(manifest):
         log.info("full load: removed staged file %s an unfinished task left behind", orphan)
     settings = hook.connection_settings()
+    if checked.server.is_mariadb and request.reader == "native":
+        connectorx_tls_query(settings.ssl, settings.ssl_mode)  # TLS it cannot take: refused now, not on an executor
     pending = [c for c in manifest["chunks"] if str(c["index"]) not in manifest["done"]]
     total, read_rows = len(manifest["chunks"]), 0
     size = max(1, request.chunks_per_job)

@@ -51,8 +51,9 @@ def stable_end_offsets(client_config: dict[str, Any], topics: list[str], timeout
 
 def group_offsets(client_config: dict[str, Any], group_id: str, topics: list[str], timeout: float = 30) -> Offsets:
     """Return a consumer group's committed offsets for ``topics`` (-1: nothing committed)."""
-    consumer = Consumer({"bootstrap.servers": client_config["bootstrap.servers"], "group.id": group_id,
-                         "enable.auto.commit": False})
+    connection = {k: v for k, v in client_config.items() if k == "bootstrap.servers"
+                  or k.startswith(("security.", "sasl.", "ssl."))}  # SASL/TLS too, as in stable_end_offsets
+    consumer = Consumer({**connection, "group.id": group_id, "enable.auto.commit": False})
     try:
         metadata = consumer.list_topics(timeout=timeout).topics
         wanted = [TopicPartition(t, p) for t in topics for p in metadata[t].partitions]

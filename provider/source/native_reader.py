@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pyarrow as pa
 
+from exactly_once_provider.connections import connectorx_tls_query
 from exactly_once_provider.source.identifiers import quote_table, sql_literal
 from exactly_once_provider.source.snapshot import (
     MARIADB_SNAPSHOT_STATEMENTS,
@@ -55,8 +56,10 @@ def connection_url(settings: ConnectionSettings) -> str:
     It holds the password: pass it to connectorx only, never to a log line.
     """
     user, password = quote(settings.user, safe=""), quote(settings.password, safe="")
+    query = {"prefer_socket": "false", "tcp_connect_timeout_ms": str(settings.connect_timeout * 1000),
+             **connectorx_tls_query(settings.ssl, settings.ssl_mode)}
     return (f"mysql://{user}:{password}@{settings.host}:{settings.port}/{quote(settings.database, safe='')}"
-            f"?prefer_socket=false&tcp_connect_timeout_ms={settings.connect_timeout * 1000}")
+            f"?{urlencode(query, quote_via=quote)}")
 
 
 def chunk_query(schema: str, table: str, select: Sequence[str], key: Sequence[str], chunk: Chunk) -> str:

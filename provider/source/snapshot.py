@@ -21,6 +21,7 @@ from typing import Any
 import MySQLdb
 import MySQLdb.cursors
 
+from exactly_once_provider.connections import mysql_tls_required, pymysql_tls
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.source.identifiers import quote_identifier, quote_table
 from exactly_once_provider.source.preflight import column_catalog
@@ -270,6 +271,9 @@ class ConnectionSettings:
     password: str
     database: str
     connect_timeout: int = 10
+    # TLS as the MySQL provider's MySqlHook reads it from the connection's Extra (connections.mysql_connect_kwargs).
+    ssl: dict | None = None
+    ssl_mode: str | None = None
 
     def connect(self, conv: dict | None = None) -> MySQLdb.connections.Connection:
         """Open a UTC, utf8mb4 connection with autocommit on.
@@ -277,11 +281,34 @@ class ConnectionSettings:
         :param conv: MySQLdb type conversions replacing the defaults (e.g. keep some types as bytes).
         """
         extra = {"conv": conv} if conv is not None else {}
-        return MySQLdb.connect(
+        extra.update({k: v for k, v in (("ssl", self.ssl), ("ssl_mode", self.ssl_mode)) if v})
+        conn = MySQLdb.connect(
             host=self.host, port=self.port, user=self.user, password=self.password, database=self.database,
             charset="utf8mb4", init_command="SET time_zone = '+00:00'", connect_timeout=self.connect_timeout,
             autocommit=True, **extra,
         )
+        if mysql_tls_required(self.ssl, self.ssl_mode):
+            self._check_encrypted(conn)
+        return conn
+
+    def _check_encrypted(self, conn: MySQLdb.connections.Connection) -> None:
+        # mysqlclient built on MariaDB Connector/C connects in plaintext with ssl_mode=REQUIRED when the server
+        # offers no TLS (seen with Connector/C 3.3): check the session instead of trusting the option.
+        cur = conn.cursor()
+        cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        row = cur.fetchone()
+        cur.close()
+        if not row or not row[1]:
+            conn.close()
+            raise SourceConfigurationError(
+                f"The connection's TLS settings require encryption (ssl_mode={self.ssl_mode or 'from ssl'}) but the "
+                f"session with {self.host}:{self.port} is not encrypted: enable TLS on the server (ssl_cert, "
+                "ssl_key), or fix the connection's Extra 'ssl'/'ssl_mode'.")
+
+    def replication_settings(self) -> dict[str, Any]:
+        """Return PyMySQL connection settings (python-mysql-replication's ``connection_settings``), TLS included."""
+        return {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,
+                "connect_timeout": self.connect_timeout, **pymysql_tls(self.ssl, self.ssl_mode)}
 
 
 def read_chunk(

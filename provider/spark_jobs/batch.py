@@ -62,8 +62,11 @@ def checkpoint_positions(checkpoint: str) -> tuple[Offsets | None, Offsets | Non
     return last_committed, last_planned
 
 
-def read_kafka_range(spark, bootstrap: str, start: Offsets, end: Offsets):
+def read_kafka_range(spark, kafka_options: dict[str, str], start: Offsets, end: Offsets):
     """Return the committed records of ``[start, end)`` as a Kafka batch read (raw columns, with headers).
+
+    ``kafka_options``: the connection's ``kafka.*`` options
+    (:func:`~exactly_once_provider.connections.spark_kafka_options`).
 
     Partitions missing from ``start`` start at the earliest offset; a partition whose start is past its end
     reads nothing.
@@ -72,7 +75,7 @@ def read_kafka_range(spark, bootstrap: str, start: Offsets, end: Offsets):
     starting = {t: {str(p): start.get(t, {}).get(p, -2) for p in parts} for t, parts in end.items()}
     ending = {t: {str(p): max(o, start.get(t, {}).get(p, 0)) for p, o in parts.items()} for t, parts in end.items()}
     return (spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", bootstrap)
+            .options(**kafka_options)
             .option("assign", json.dumps(assign))
             .option("startingOffsets", json.dumps(starting))
             .option("endingOffsets", json.dumps(ending))

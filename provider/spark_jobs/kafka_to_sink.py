@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from exactly_once_provider.connections import read_secret_file, spark_kafka_options
 from exactly_once_provider.sinks import poison
 from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, fault_point, read_kafka_range,
                                                     wal_offsets)
@@ -43,12 +44,14 @@ SELECT = ("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kaf
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="kafka_to_sink", description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True, help="stable pipeline name (part of every sink commit)")
-    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--secrets-file", required=True,
+                        help="0600 JSON file: {\"kafka\": the kafka connection's confluent-kafka settings, \"libpq\": "
+                             "PG* variables of the postgres sink} (secrets never travel on the command line)")
     parser.add_argument("--topics", required=True, help="comma-separated topic names")
     parser.add_argument("--checkpoint", required=True, help="this pipeline's checkpoint directory")
     parser.add_argument("--sink", required=True, choices=("delta", "postgres", "files"))
     parser.add_argument("--path", help="Delta table or files sink directory")
-    parser.add_argument("--table", help="PostgreSQL table (connection from the libpq PG* environment)")
+    parser.add_argument("--table", help="PostgreSQL table (connection: the secrets file's libpq PG* variables)")
     parser.add_argument("--trigger", default="available-now", choices=("available-now", "processing-time"))
     parser.add_argument("--interval", default="10 seconds", help="processing-time trigger interval")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
@@ -93,11 +96,12 @@ def make_sink(args: argparse.Namespace):
     return sink
 
 
-def topic_partitions(bootstrap: str, topics: list[str]) -> dict[str, list[int]]:
+def topic_partitions(kafka_config: dict, topics: list[str]) -> dict[str, list[int]]:
     """Return every partition of ``topics`` (startingOffsets JSON must name all of them)."""
     from confluent_kafka.admin import AdminClient
 
-    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    bootstrap = kafka_config["bootstrap.servers"]
+    metadata = AdminClient(kafka_config).list_topics(timeout=30)
     result = {}
     for topic in topics:
         info = metadata.topics.get(topic)
@@ -174,22 +178,23 @@ def _covered(end: Offsets, committed: Offsets) -> bool:
 
 
 @contextmanager
-def _stop_at_poison(sink, spark, bootstrap: str | None, previous: BatchCommit | None, end: Offsets, batch_id: int):
+def _stop_at_poison(sink, spark, kafka_options: dict[str, str] | None, previous: BatchCommit | None, end: Offsets,
+                    batch_id: int):
     """Turn Spark's ``validate_utf8`` failure inside a batch into a clear error naming the records."""
     try:
         yield
     except poison.PoisonRecordError:
         raise
     except Exception as err:
-        if not poison.is_invalid_utf8(err) or bootstrap is None:
+        if not poison.is_invalid_utf8(err) or kafka_options is None:
             raise
         start = previous.offsets if previous else {}
-        found = poison.locate(read_kafka_range(spark, bootstrap, start, end))
+        found = poison.locate(read_kafka_range(spark, kafka_options, start, end))
         raise poison.refuse(found, "key or value is not valid UTF-8", sink.kind, batch_id, start) from err
 
 
 def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exactly_once: bool,
-                  to_changes=None, bootstrap: str | None = None) -> None:
+                  to_changes=None, kafka_options: dict[str, str] | None = None) -> None:
     """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline).
 
     ``to_changes`` turns the batch's records into CDC changes (``--mode cdc``); None appends records.
@@ -212,7 +217,7 @@ def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exact
             log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, previous.offsets)
             return
         df = _not_yet_committed(df, previous.offsets)
-    with _stop_at_poison(sink, df.sparkSession, bootstrap, previous, end, batch_id):
+    with _stop_at_poison(sink, df.sparkSession, kafka_options, previous, end, batch_id):
         df = changes(df)
         fault_point("before_sink_commit", batch_id)
         written = sink.commit(df, commit, expected=previous)  # committed only if the sink still holds previous
@@ -223,7 +228,8 @@ def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exact
              json.dumps(commit.to_json()["offsets"]), state.rows_total if state else 0)
 
 
-def process_window_batch(sink, pipeline: str, checkpoint: str, bootstrap: str, spark, batch_id: int) -> None:
+def process_window_batch(sink, pipeline: str, checkpoint: str, kafka_options: dict[str, str], spark,
+                         batch_id: int) -> None:
     """Settle the window versions completed by this micro-batch (window mode; see ``settlement``).
 
     The records are read again from Kafka from the sink's committed offsets to the micro-batch's end, so a
@@ -242,9 +248,9 @@ def process_window_batch(sink, pipeline: str, checkpoint: str, bootstrap: str, s
     if _covered(end, start):
         log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, start)
         return
-    records = settlement.read_range(spark, bootstrap, start, end).persist()
+    records = settlement.read_range(spark, kafka_options, start, end).persist()
     try:
-        with _stop_at_poison(sink, spark, bootstrap, previous, end, batch_id):
+        with _stop_at_poison(sink, spark, kafka_options, previous, end, batch_id):
             markers, counts, unframed = settlement.scan(records)
         if unframed:
             raise settlement.WindowIntegrityError(
@@ -296,6 +302,10 @@ def build_session(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> None:
     topics = [t.strip() for t in args.topics.split(",") if t.strip()]
+    secrets = read_secret_file(args.secrets_file)
+    os.environ.update(secrets.get("libpq", {}))  # the postgres sink connects with the libpq environment
+    kafka_config = secrets["kafka"]
+    kafka_options = spark_kafka_options(kafka_config)  # the Java client's names for the same settings
     exactly_once = args.delivery == "exactly-once"
     sink = make_sink(args)
     starting = "earliest"
@@ -304,10 +314,10 @@ def run(args: argparse.Namespace) -> None:
         # Only the topics this run reads: a sink may still hold positions of topics the pipeline dropped.
         sink_offsets = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
         starting = reconcile_start(args.checkpoint, sink_offsets or None,
-                                   topic_partitions(args.bootstrap_servers, topics))
+                                   topic_partitions(kafka_config, topics))
     spark = build_session(args)
     reader = (spark.readStream.format("kafka")
-              .option("kafka.bootstrap.servers", args.bootstrap_servers)
+              .options(**kafka_options)
               .option("subscribe", ",".join(topics))
               .option("kafka.isolation.level", "read_committed")
               .option("startingOffsets", starting)
@@ -321,10 +331,10 @@ def run(args: argparse.Namespace) -> None:
             return cdc_changes(df, args.key_field, args.version_field, args.op_field)
     def each_batch(df, batch_id: int) -> None:
         if args.mode == "window":
-            process_window_batch(sink, args.pipeline, args.checkpoint, args.bootstrap_servers, spark, batch_id)
+            process_window_batch(sink, args.pipeline, args.checkpoint, kafka_options, spark, batch_id)
         else:
             process_batch(sink, args.pipeline, args.checkpoint, df, batch_id, exactly_once, to_changes,
-                          args.bootstrap_servers)
+                          kafka_options)
 
     writer = (frame.writeStream.queryName(args.pipeline)
               .option("checkpointLocation", args.checkpoint)

@@ -163,7 +163,7 @@ def plan_windows(markers: list[Marker], data_counts: dict[tuple[str, str, int], 
     return plan
 
 
-def read_range(spark, bootstrap: str, start: Offsets, end: Offsets):
+def read_range(spark, kafka_options: dict[str, str], start: Offsets, end: Offsets):
     """Return the committed records of ``[start, end)`` with their batch/marker headers (a Kafka batch read).
 
     Columns: ``kafka_topic, kafka_partition, kafka_offset, record_key, record_value, eo_marker, eo_batch``;
@@ -173,7 +173,7 @@ def read_range(spark, bootstrap: str, start: Offsets, end: Offsets):
     from exactly_once_provider.sinks.poison import KEY_TEXT, VALUE_TEXT
 
     header = "CAST(try_element_at(filter(headers, h -> h.key = '{}'), 1).value AS STRING)"
-    return read_kafka_range(spark, bootstrap, start, end).selectExpr(
+    return read_kafka_range(spark, kafka_options, start, end).selectExpr(
         "topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
         f"{KEY_TEXT} AS record_key", f"{VALUE_TEXT} AS record_value",
         f"{header.format(MARKER_HEADER)} AS eo_marker", f"{header.format(BATCH_HEADER)} AS eo_batch")

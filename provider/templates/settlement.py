@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import pendulum
-from airflow.sdk import DAG, Asset, BaseHook, CronDataIntervalTimetable, Param, task
+from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 
 from exactly_once_provider.source.identifiers import quote_identifier
 from exactly_once_provider.operators.reconcile import ReconcileOperator
@@ -117,10 +117,9 @@ def settlement_dag(
             from confluent_kafka import KafkaError, KafkaException
             from confluent_kafka.admin import AdminClient, NewTopic
 
-            servers = BaseHook.get_connection(kafka_config_id).extra_dejson.get("bootstrap.servers")
-            if not servers:
-                raise ValueError(f"Kafka connection {kafka_config_id!r} has no 'bootstrap.servers' in its Extra.")
-            admin = AdminClient({"bootstrap.servers": servers})
+            from exactly_once_provider.connections import kafka_client_config
+
+            admin = AdminClient(kafka_client_config(kafka_config_id))  # the whole connection: SASL/TLS included
             if topic not in admin.list_topics(timeout=30).topics:
                 try:
                     admin.create_topics([NewTopic(topic, topic_partitions, -1)])[topic].result(timeout=30)

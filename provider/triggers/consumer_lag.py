@@ -12,12 +12,13 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from exactly_once_provider.kafka.lag import Lag, group_offsets, sink_offsets, stable_end_offsets
 
 
-def measure_lag(bootstrap_servers: str, topics: list[str], sink: str | None = None, sink_location: str | None = None,
-                sink_pipeline: str | None = None, consumer_group: str | None = None,
+def measure_lag(client_config: dict[str, Any], topics: list[str], sink: str | None = None,
+                sink_location: str | None = None, sink_pipeline: str | None = None, consumer_group: str | None = None,
                 postgres_connect: dict | None = None, missing_topics_ok: bool = False) -> Lag:
     """Return the lag of a sink (read from the sink's own commits) or of a consumer group.
 
-    :param bootstrap_servers: the Kafka bootstrap servers.
+    :param client_config: the ``kafka`` connection's client settings
+        (:func:`~exactly_once_provider.connections.kafka_client_config`).
     :param topics: the topics the reader consumes.
     :param sink: ``delta``, ``postgres`` or ``files`` (with ``sink_location`` and ``sink_pipeline``).
     :param sink_location: the sink's path or table.
@@ -26,12 +27,11 @@ def measure_lag(bootstrap_servers: str, topics: list[str], sink: str | None = No
     :param postgres_connect: psycopg2 connection arguments for a ``postgres`` sink.
     :param missing_topics_ok: a topic not created yet (the first run, before the producer) has no lag.
     """
-    config = {"bootstrap.servers": bootstrap_servers}
-    end = stable_end_offsets(config, topics, missing_ok=missing_topics_ok)
+    end = stable_end_offsets(client_config, topics, missing_ok=missing_topics_ok)
     if not end:
         return Lag({}, {})
     if consumer_group:
-        committed = group_offsets(config, consumer_group, topics)
+        committed = group_offsets(client_config, consumer_group, topics)
     else:
         committed = sink_offsets(sink or "", sink_location or "", sink_pipeline or "", postgres_connect)
     return Lag(end, committed)
@@ -43,7 +43,8 @@ class ConsumerLagTrigger(BaseTrigger):
     Lag counts offsets between the reader's committed position and the stable end (LSO), so transaction
     markers count too: a threshold of a few records per transaction is "caught up".
 
-    :param bootstrap_servers: the Kafka bootstrap servers (no credentials are serialised).
+    :param kafka_config_id: the ``kafka`` connection, read again in the triggerer (its settings, secrets
+        included, are never serialised).
     :param topics: the topics.
     :param max_lag: fire when the total lag is at or below this.
     :param sink: ``delta``, ``postgres`` or ``files``; or None with ``consumer_group``.
@@ -55,37 +56,39 @@ class ConsumerLagTrigger(BaseTrigger):
     :param missing_topics_ok: a topic not created yet has no lag.
     """
 
-    def __init__(self, bootstrap_servers: str, topics: list[str], max_lag: int, sink: str | None = None,
+    def __init__(self, kafka_config_id: str, topics: list[str], max_lag: int, sink: str | None = None,
                  sink_location: str | None = None, sink_pipeline: str | None = None,
                  consumer_group: str | None = None, postgres_conn_id: str | None = None,
                  poll_interval: float = 10.0, missing_topics_ok: bool = False) -> None:
         super().__init__()
-        self.bootstrap_servers, self.topics, self.max_lag = bootstrap_servers, list(topics), int(max_lag)
+        self.kafka_config_id, self.topics, self.max_lag = kafka_config_id, list(topics), int(max_lag)
         self.sink, self.sink_location, self.sink_pipeline = sink, sink_location, sink_pipeline
         self.consumer_group, self.postgres_conn_id, self.poll_interval = consumer_group, postgres_conn_id, poll_interval
         self.missing_topics_ok = missing_topics_ok
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "bootstrap_servers": self.bootstrap_servers, "topics": self.topics, "max_lag": self.max_lag,
+            "kafka_config_id": self.kafka_config_id, "topics": self.topics, "max_lag": self.max_lag,
             "sink": self.sink, "sink_location": self.sink_location, "sink_pipeline": self.sink_pipeline,
             "consumer_group": self.consumer_group, "postgres_conn_id": self.postgres_conn_id,
             "poll_interval": self.poll_interval, "missing_topics_ok": self.missing_topics_ok})
 
-    async def _postgres_connect(self) -> dict | None:
-        if self.sink != "postgres":
-            return None
+    async def _connections(self) -> tuple[dict[str, Any], dict | None]:
+        """Read the connections in the triggerer (Airflow's connection API is synchronous: off the event loop)."""
         from asgiref.sync import sync_to_async
 
-        from exactly_once_provider.connections import connect_kwargs
+        from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 
-        return await sync_to_async(connect_kwargs)(self.postgres_conn_id or "postgres_default")
+        kafka = await sync_to_async(kafka_client_config)(self.kafka_config_id)
+        if self.sink != "postgres":
+            return kafka, None
+        return kafka, await sync_to_async(connect_kwargs)(self.postgres_conn_id or "postgres_default")
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        connect = await self._postgres_connect()
+        kafka, connect = await self._connections()
         started = time.monotonic()
         while True:
-            lag = await asyncio.to_thread(measure_lag, self.bootstrap_servers, self.topics, self.sink,
+            lag = await asyncio.to_thread(measure_lag, kafka, self.topics, self.sink,
                                           self.sink_location, self.sink_pipeline, self.consumer_group, connect,
                                           self.missing_topics_ok)
             if lag.total <= self.max_lag:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import stat
 import sys
 import zipfile
 
@@ -75,7 +78,12 @@ class _FakeHook:
         self._driver_id = self._driver_status = None
 
     def submit(self, application, **kwargs):
-        _FakeHook.created[-1].update(application=application, popen=kwargs)
+        args = _FakeHook.created[-1]["application_args"]
+        path = args[args.index("--secrets-file") + 1]
+        with open(path) as handle:  # exists while the job runs
+            secrets = json.load(handle)
+        _FakeHook.created[-1].update(application=application, popen=kwargs, secrets=secrets, secrets_file=path,
+                                     secrets_file_mode=stat.S_IMODE(os.stat(path).st_mode))
         self._driver_id = "driver-20260101000000-0000"
 
     def _start_driver_status_tracking(self):
@@ -100,15 +108,16 @@ def test_command_ships_the_package_and_defaults_to_the_connector_packages(connec
     assert call["deploy_mode"] == "client" and call["popen"] == {"start_new_session": True}
     args = call["application_args"]
     assert args[args.index("--topics") + 1] == "a,b"
-    assert args[args.index("--bootstrap-servers") + 1] == "k:9092"
+    assert call["secrets"] == {"kafka": {"bootstrap.servers": "k:9092"}} and call["secrets_file_mode"] == 0o600
+    assert not os.path.exists(call["secrets_file"])  # removed after the run
     assert args[args.index("--path") + 1] == "/tmp/x"
 
 
-def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_environment(connections, monkeypatch):
+def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_secrets_file(connections, monkeypatch):
     call = _submitted(monkeypatch, _op(sink="postgres", sink_table="s.t", conf={"spark.jars": "/j/a.jar"}))
     assert call["packages"] is None and call["conf"]["spark.jars"] == "/j/a.jar"
-    assert call["env_vars"]["PGPASSWORD"] == "s3cret" and call["env_vars"]["PGHOST"] == "db"
-    assert "s3cret" not in " ".join(call["application_args"])
+    assert call["secrets"]["libpq"]["PGPASSWORD"] == "s3cret" and call["secrets"]["libpq"]["PGHOST"] == "db"
+    assert "s3cret" not in " ".join(call["application_args"]) + json.dumps(call["env_vars"])
     assert _submitted(monkeypatch, _op(jars=["/j/b.jar"]))["jars"] == "/j/b.jar"
 
 
@@ -124,7 +133,8 @@ def test_standalone_cluster_mode_submits_python_runner_and_tracks_the_driver(con
     assert call["conf"]["spark.submit.pyFiles"] == py_files
     assert call["conf"]["spark.pyspark.driver.python"] == sys.executable
     env = call["popen"]["env"]
-    assert call["popen"]["start_new_session"] and env["PGPASSWORD"] == "s3cret" and env["PGHOST"] == "db"
+    assert call["popen"]["start_new_session"] and call["secrets"]["libpq"]["PGPASSWORD"] == "s3cret"
+    assert "PGPASSWORD" not in env or env["PGPASSWORD"] != "s3cret"  # never in spark-submit's environment
     assert not [name for name in env if name.startswith("AIRFLOW")]
     assert "s3cret" not in " ".join(call["application_args"]) + json.dumps(call["conf"])
     assert call["tracked"] == "driver-20260101000000-0000"
@@ -147,3 +157,30 @@ def test_package_zip_holds_the_job_and_its_imports(tmp_path):
 def test_window_mode_is_passed_to_the_job(connections, monkeypatch):
     args = _submitted(monkeypatch, _op(mode="window", sink="files"))["application_args"]
     assert args[args.index("--mode") + 1] == "window"
+
+
+SASL_SSL = {"bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "eo", "sasl.password": "kafka-MARKER-pw", "ssl.ca.location": "/etc/eo/ca.pem"}
+
+
+def test_kafka_secrets_reach_the_job_in_a_0600_file_only_and_spark_redacts_them(connections, monkeypatch, caplog):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SECURE", json.dumps({"conn_type": "kafka", "extra": SASL_SSL}))
+    caplog.set_level(logging.DEBUG)
+    call = _submitted(monkeypatch, _op(kafka_conn_id="kafka_secure", sink="postgres", sink_table="s.t",
+                                       conf={"spark.redaction.regex": "(?i)mine"}))
+    assert call["secrets"]["kafka"] == SASL_SSL and call["secrets_file_mode"] == 0o600
+    assert call["secrets"]["libpq"]["PGPASSWORD"] == "s3cret"
+    assert not os.path.exists(call["secrets_file"])
+    visible = json.dumps({k: v for k, v in call.items() if k != "secrets"}) + caplog.text
+    assert "kafka-MARKER-pw" not in visible and "s3cret" not in visible
+    regex = call["conf"]["spark.redaction.regex"]
+    assert regex.startswith("(?i)mine|") and "jaas" in regex and "password" in regex
+
+
+def test_kafka_settings_the_spark_source_cannot_use_are_refused_before_submitting(connections, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_GSSAPI", json.dumps({"conn_type": "kafka", "extra": {
+        "bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}}))
+    _FakeHook.created = []
+    with pytest.raises(ValueError, match="'kafka_gssapi'.*sasl.mechanism='GSSAPI'"):
+        _submitted(monkeypatch, _op(kafka_conn_id="kafka_gssapi"))
+    assert _FakeHook.created == []

@@ -73,7 +73,7 @@ def test_batch_commit_round_trip_and_covered():
 
 
 def test_arguments_name_what_is_missing():
-    base = ["--pipeline", "p", "--bootstrap-servers", "b:1", "--topics", "t", "--checkpoint", "/c"]
+    base = ["--pipeline", "p", "--secrets-file", "/s.json", "--topics", "t", "--checkpoint", "/c"]
     with pytest.raises(SystemExit):
         kafka_to_sink.parse_args(base + ["--sink", "delta"])
     with pytest.raises(SystemExit):

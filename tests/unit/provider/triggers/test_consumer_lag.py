@@ -3,24 +3,64 @@
 from __future__ import annotations
 
 import asyncio
+import json
+
+import pytest
 
 from exactly_once_provider.kafka.lag import Lag
 from exactly_once_provider.triggers import consumer_lag
 from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger
 
+SECURE = {"bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+          "sasl.username": "eo", "sasl.password": "kafka-MARKER-pw", "ssl.ca.location": "/etc/eo/ca.pem"}
+POSTGRES = {"conn_type": "postgres", "host": "db", "login": "u", "password": "pg-MARKER-pw",
+            "extra": {"sslmode": "verify-full"}}
 
-def test_serialize_round_trip():
-    trigger = ConsumerLagTrigger("h:9092", ["t"], 10, sink="delta", sink_location="/d", sink_pipeline="p")
+
+@pytest.fixture
+def secure_connections(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SECURE", json.dumps({"conn_type": "kafka", "extra": SECURE}))
+    monkeypatch.setenv("AIRFLOW_CONN_PG_SECURE", json.dumps(POSTGRES))
+
+
+def test_serialize_round_trip_carries_connection_ids_not_secrets(secure_connections):
+    trigger = ConsumerLagTrigger("kafka_secure", ["t"], 10, sink="postgres", sink_location="s.t", sink_pipeline="p",
+                                 postgres_conn_id="pg_secure")
     path, kwargs = trigger.serialize()
     assert path == "exactly_once_provider.triggers.consumer_lag.ConsumerLagTrigger"
     assert ConsumerLagTrigger(**kwargs).serialize() == (path, kwargs)
-    assert "password" not in str(kwargs)
+    assert kwargs["kafka_config_id"] == "kafka_secure" and kwargs["postgres_conn_id"] == "pg_secure"
+    text = json.dumps(kwargs)
+    assert "MARKER" not in text and "k:9093" not in text and "sasl" not in text
+
+
+def test_run_reads_the_whole_connection_again_in_the_triggerer(secure_connections, monkeypatch):
+    seen = []
+
+    def measure(config, topics, sink, location, pipeline, group, connect, missing_ok):
+        seen.append((config, connect))
+        return Lag({"t": {0: 5}}, {"t": {0: 5}})
+
+    monkeypatch.setattr(consumer_lag, "measure_lag", measure)
+    trigger = ConsumerLagTrigger("kafka_secure", ["t"], 0, sink="postgres", sink_location="s.t", sink_pipeline="p",
+                                 postgres_conn_id="pg_secure", poll_interval=0.01)
+
+    async def first():
+        async for event in trigger.run():
+            return event.payload
+
+    assert asyncio.run(first())["status"] == "ok"
+    config, connect = seen[0]
+    assert {k: config[k] for k in SECURE} == SECURE  # SASL/TLS included, not only bootstrap.servers
+    assert connect["sslmode"] == "verify-full" and connect["password"] == "pg-MARKER-pw"
 
 
 def test_fires_when_lag_drops(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka",
+                                                                 "extra": {"bootstrap.servers": "h:9092"}}))
     measured = iter([Lag({"t": {0: 50}}, {"t": {0: 10}}), Lag({"t": {0: 50}}, {"t": {0: 45}})])
     monkeypatch.setattr(consumer_lag, "measure_lag", lambda *args: next(measured))
-    trigger = ConsumerLagTrigger("h:9092", ["t"], 5, sink="delta", sink_location="/d", sink_pipeline="p",
+    trigger = ConsumerLagTrigger("kafka_default", ["t"], 5, sink="delta", sink_location="/d", sink_pipeline="p",
                                  poll_interval=0.01)
 
     async def first():
