@@ -30,7 +30,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from exactly_once_provider.sinks.durable import fsync_dir
+from exactly_once_provider.sinks.durable import fsync_dir, put_if_absent
 from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
 
 MANIFEST_FORMAT = 1
@@ -123,23 +123,13 @@ class FilesSink:
         sequence = previous["sequence"] + 1 if previous else 0
         manifest = {"format": MANIFEST_FORMAT, "sequence": sequence, **fields}
         manifests = self.root / "_manifests"
-        manifests.mkdir(parents=True, exist_ok=True)
-        tmp = manifests / f".{name}.tmp"
-        with open(tmp, "w") as handle:
-            json.dump(manifest, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, manifests / f"{sequence:020d}.json")  # the commit point; fails if n exists
-        except FileExistsError:
+        data = json.dumps(manifest, sort_keys=True).encode()
+        if not put_if_absent(manifests / f"{sequence:020d}.json", data):  # the commit point; fails if n exists
             raise StaleBatchError(
                 f"Manifest {sequence} of {self.root} was published by another writer while this one was writing "
                 f"batch {fields['batch_id']} of checkpoint {fields['checkpoint_id']}: another driver commits "
                 f"pipeline {self.pipeline!r}. Nothing of this batch was published (its files are orphans, removed "
-                "at the next start); stop the other driver.") from None
-        finally:
-            tmp.unlink()
-        fsync_dir(manifests)
+                "at the next start); stop the other driver.")
 
     @staticmethod
     def _already(previous: dict | None, commit: BatchCommit) -> bool:
