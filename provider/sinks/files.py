@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -31,9 +32,11 @@ import uuid
 from pathlib import Path
 
 from exactly_once_provider.sinks.durable import fsync_dir, put_if_absent
-from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
+from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, replayed,
+                                              require_newer_windows, require_predecessor)
 
 MANIFEST_FORMAT = 1
+log = logging.getLogger(__name__)
 
 
 def latest_manifest(root: str) -> dict | None:
@@ -86,6 +89,18 @@ class FilesSink:
                                       for w, v in manifest["windows"].items()}
         return state
 
+    def commit_location(self) -> str:
+        """Return ``manifest <n>, <k> files`` of the newest published manifest ("" before the first)."""
+        manifest = latest_manifest(str(self.root))
+        return f"manifest {manifest['sequence']}, {len(manifest['files'])} files" if manifest else ""
+
+    def prepare(self) -> None:
+        """Remove what a crash left unpublished (:meth:`remove_orphans`) before the job's first batch."""
+        removed = self.remove_orphans()
+        if removed:
+            log.warning("files sink: removed %d unpublished batch director(y/ies) left by a crash: %s",
+                        len(removed), removed)
+
     def remove_orphans(self) -> list[str]:
         """Delete staged and data directories no published manifest references; return what was removed."""
         manifest = latest_manifest(str(self.root))
@@ -131,17 +146,17 @@ class FilesSink:
                 f"pipeline {self.pipeline!r}. Nothing of this batch was published (its files are orphans, removed "
                 "at the next start); stop the other driver.")
 
-    @staticmethod
-    def _already(previous: dict | None, commit: BatchCommit) -> bool:
-        return bool(previous) and previous["checkpoint_id"] == commit.checkpoint_id \
-            and previous["batch_id"] >= commit.batch_id
-
     def _previous(self, commit: BatchCommit, expected: object) -> tuple[dict | None, bool]:
-        """Return the newest manifest and whether ``commit`` is already in it; fail if it is not ``expected``."""
+        """Return the newest manifest and whether ``commit`` is already in it; fail if it is not ``expected``.
+
+        The manifest read here is the one :meth:`_publish` publishes on top of (put-if-absent of the next
+        sequence), so these checks hold at the commit point.
+        """
         previous = latest_manifest(str(self.root))
-        if self._already(previous, commit):
+        found = self._commit_of(previous)
+        if replayed(found, commit):
             return previous, True
-        require_predecessor(self._commit_of(previous), expected, commit, self.kind)
+        require_predecessor(found, expected, commit, self.kind)
         return previous, False
 
     def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
@@ -184,11 +199,8 @@ class FilesSink:
             return False
         name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
         state = dict((previous or {}).get("windows", {}))
+        require_newer_windows(windows, {w: int(v["version"]) for w, v in state.items()}, "the published")
         for window, version in sorted(windows.items()):
-            held = state.get(window, {}).get("version", 0)
-            if version <= held:
-                raise ValueError(f"window {window} v{version} is not newer than the published v{held}: "
-                                 "another writer publishes this pipeline; run one job per pipeline.")
             files = self._stage(df.filter(F.col("window_id") == window).coalesce(1), f"{name}-{_slug(window)}",
                                 self.root / "windows" / _slug(window) / name)
             state[window] = {"version": version, "rows": rows[window], "files": files}
