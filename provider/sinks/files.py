@@ -8,7 +8,8 @@ Layout under ``root``::
 
 A manifest is the commit: ``{"format": 1, "sequence": n, "pipeline", "checkpoint_id", "batch_id",
 "offsets": {topic: {partition: next offset}}, "rows_total", "files": [{"path": "data/...", "rows": n}, ...]}``
-with the CUMULATIVE list of published files. It is written to a temporary file, fsynced and hard-linked to
+with the CUMULATIVE list of published files. It is created with
+:func:`~exactly_once_provider.sinks.durable.put_if_absent`: written to a temporary file, fsynced and hard-linked to
 its final name (``link`` fails if the name exists, so two writers can never both publish sequence n), then
 the directory is fsynced. Readers list ``_manifests``, take the highest sequence and read exactly the files it
 lists: a crash leaves at most unreferenced directories (orphans), which readers never see and
@@ -129,7 +130,7 @@ class FilesSink:
         return [{"path": str(part.relative_to(self.root)), "rows": pq.read_metadata(part).num_rows}
                 for part in sorted(destination.glob("part-*.parquet"))]
 
-    def _publish(self, previous: dict | None, name: str, fields: dict) -> None:
+    def _publish(self, previous: dict | None, fields: dict) -> None:
         """Write the next manifest; its hard link to the final name is the commit point.
 
         The link fails if another writer published the same sequence number since ``previous`` was read: the
@@ -169,7 +170,7 @@ class FilesSink:
             return False
         name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
         files = self._stage(df, name, self.root / "data" / name)
-        self._publish(previous, name, {
+        self._publish(previous, {
             **commit.to_json(),
             "rows_total": (previous["rows_total"] if previous else 0) + sum(f["rows"] for f in files),
             "files": (previous["files"] if previous else []) + files,
@@ -204,7 +205,7 @@ class FilesSink:
             files = self._stage(df.filter(F.col("window_id") == window).coalesce(1), f"{name}-{_slug(window)}",
                                 self.root / "windows" / _slug(window) / name)
             state[window] = {"version": version, "rows": rows[window], "files": files}
-        self._publish(previous, name, {
+        self._publish(previous, {
             **commit.to_json(), "rows_total": sum(w["rows"] for w in state.values()), "windows": state,
             "files": [f for w in state.values() for f in w["files"]],
         })
