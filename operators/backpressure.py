@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
-from exactly_once_provider.positions import position_from_offset
+from exactly_once_provider.positions import parse_position
 from exactly_once_provider.source.retention import headroom
 from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger, measure_lag
 
@@ -138,7 +138,7 @@ class BinlogRetentionGuardOperator(BaseOperator):
             self.log.info("Capture %s/%s has not committed yet: nothing to guard.", self.capture_pipeline,
                           self.capture_source_partition)
             return None
-        found = headroom(position_from_offset(committed.offset), MySqlSourceHook(self.mysql_conn_id).binary_log_sizes())
+        found = headroom(parse_position(committed.offset), MySqlSourceHook(self.mysql_conn_id).binary_log_sizes())
         if found.purged:
             raise AirflowException(
                 f"The capture's committed binlog position {found.position} was purged (the server keeps "

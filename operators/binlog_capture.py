@@ -10,7 +10,8 @@ from airflow.sdk import BaseOperator
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from exactly_once_provider.capture.loop import MODES, CaptureRequest, parse_position, run_capture
+from exactly_once_provider.capture.loop import MODES, CaptureRequest, run_capture
+from exactly_once_provider.positions import parse_position
 from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.full_load.handoff import read_handoff

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config
-from exactly_once_provider.positions import position_from_offset
+from exactly_once_provider.positions import parse_position
 from exactly_once_provider.reconcile import engine, position, results, sides
 from exactly_once_provider.reconcile.canonical import INTEGER_TYPES, kind_of
 
@@ -245,7 +245,7 @@ class ReconcileOperator(BaseOperator):
             from exactly_once_provider.full_load.handoff import read_handoff
 
             return read_handoff(path).min_position
-        captured = position_from_offset(committed.offset)
+        captured = parse_position(committed.offset)
         end = lag.stable_end_offsets(kafka, list(self.topics))
         location = self.sink_path if self.sink == "delta" else self.sink_table
         connect = None

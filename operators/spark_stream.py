@@ -244,16 +244,12 @@ class SparkKafkaToSinkOperator(BaseOperator):
 
     def sink_state(self) -> dict | None:
         """Read the pipeline's committed state back from the sink (the source of truth), without Spark."""
-        if self.sink == "delta":
-            from exactly_once_provider.sinks.delta import DeltaSink
-            state = DeltaSink(self.sink_path, self.pipeline).committed()
-        elif self.sink == "files":
-            from exactly_once_provider.sinks.files import FilesSink
-            state = FilesSink(self.sink_path, self.pipeline).committed()
-        else:
-            from exactly_once_provider.connections import connect_kwargs
-            from exactly_once_provider.sinks.postgres import PostgresSink
-            state = PostgresSink(self.sink_table, self.pipeline, connect_kwargs(self.postgres_conn_id)).committed()
+        from exactly_once_provider.connections import connect_kwargs
+        from exactly_once_provider.sinks.base import open_sink
+
+        location = self.sink_table if self.sink == "postgres" else self.sink_path
+        state = open_sink(self.sink, location, self.pipeline,
+                          postgres_connect=lambda: connect_kwargs(self.postgres_conn_id)).committed()
         return state.to_json() if state else None
 
     def execute(self, context: Any) -> dict | None:

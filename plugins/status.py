@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks.base import open_sink
 from exactly_once_provider.kafka.offsets import CommittedOffset, read_ledger, topic_end_offsets
 from exactly_once_provider.plugins.discovery import (
     Discovery, PipelineSpec, SinkSpec, add_dags, add_ledger_keys, add_postgres_pipelines,
@@ -146,34 +147,14 @@ def windows_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | Valu
 
 def sink_commit(sink: SinkSpec, pipeline: str, connections: Connections) -> dict[str, Any] | None:
     """Return the last commit of ``pipeline`` in ``sink`` as a page row (None before the first commit)."""
-    if sink.kind == "delta":
-        from exactly_once_provider.sinks.delta import DeltaSink
-
-        committed = DeltaSink(sink.location, pipeline).committed()
-        found = delta_commit.latest_marker(sink.location, f"eo_stream:{pipeline}")
-        where = f"Delta version {found[0]}" if found else ""
-        manifest = None
-    elif sink.kind == "files":
-        from exactly_once_provider.sinks.files import FilesSink, latest_manifest
-
-        committed = FilesSink(sink.location, pipeline).committed()
-        manifest = latest_manifest(sink.location)
-        where = f"manifest {manifest['sequence']}, {len(manifest['files'])} files" if manifest else ""
-    elif sink.kind == "postgres":
-        from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, PostgresSink
-
-        committed = PostgresSink(sink.location or OFFSETS_TABLE, pipeline,
-                                 connections.postgres(sink.conn_id or "postgres_default")).committed()
-        where = f"{OFFSETS_TABLE} ({sink.conn_id or 'postgres_default'})"
-        manifest = None
-    else:
-        raise ValueError(f"Unknown sink kind {sink.kind!r}")
+    conn_id = sink.conn_id or "postgres_default"
+    reader = open_sink(sink.kind, sink.location, pipeline, postgres_connect=lambda: connections.postgres(conn_id),
+                       postgres_conn_id=conn_id)
+    committed = reader.committed()
     if committed is None:
         return None
     windows = committed.extra.get("windows")
-    if windows is None and sink.kind == "files" and manifest:
-        windows = manifest.get("windows")
-    return {"sink": sink.kind, "location": sink.location or "(offsets table only)", "commit": where,
+    return {"sink": sink.kind, "location": sink.location or "(offsets table only)", "commit": reader.commit_location(),
             "checkpoint": committed.checkpoint_id, "batch id": committed.batch_id,
             "rows in sink": committed.rows_total, "next offsets": committed.offsets, "_windows": windows or {}}
 

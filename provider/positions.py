@@ -48,22 +48,34 @@ class BinlogPosition:
     def __str__(self) -> str:
         return f"{self.file}:{self.pos}"
 
+    def to_json(self) -> dict[str, Any]:
+        """Return ``{"file": ..., "pos": ...}``, the JSON form :func:`parse_position` reads back."""
+        return {"file": self.file, "pos": self.pos}
 
-def position_from_offset(offset: Any) -> BinlogPosition:
-    """Return the binlog position stored in a capture's offsets-ledger ``offset``.
 
-    Accepts ``{"file": f, "pos": p}`` (also ``log_file``/``log_pos``, ``binlog_file``/``binlog_pos``, or
-    nested under ``"position"``) and ``"file:pos"``.
+def parse_position(value: Any) -> BinlogPosition:
+    """Return the binlog position ``value`` holds: THE parser of every wire form a position travels in.
 
-    :param offset: the ``offset`` field of the ledger record.
+    The forms: ``"FILE:POS"`` (``str(position)``: a user's ``start_position``, status and result JSON),
+    ``{"file": f, "pos": p}`` (:meth:`BinlogPosition.to_json`: the capture's ledger offset, the full load's
+    handoff chunks and staging manifest), the same nested under ``"position"``, and the names other readers use,
+    ``log_file``/``log_pos`` (python-mysql-replication) and ``binlog_file``/``binlog_pos`` (a full-load chunk's
+    result). A :class:`BinlogPosition` is returned as it is.
+
+    :param value: the position in any of these forms.
+    :raises ValueError: ``value`` holds no binlog position.
     """
-    if isinstance(offset, str) and ":" in offset:
-        file, _, pos = offset.rpartition(":")
+    if isinstance(value, BinlogPosition):
+        return value
+    if isinstance(value, str):
+        file, sep, pos = value.rpartition(":")
+        if not sep or not pos.isdigit():
+            raise ValueError(f"Binlog position {value!r}: use 'FILE:POS', e.g. 'binlog.000003:4711'.")
         return BinlogPosition(file, int(pos))
-    if isinstance(offset, dict):
-        if isinstance(offset.get("position"), (dict, str)):
-            return position_from_offset(offset["position"])
+    if isinstance(value, dict):
+        if isinstance(value.get("position"), (dict, str)):
+            return parse_position(value["position"])
         for file_key, pos_key in (("file", "pos"), ("log_file", "log_pos"), ("binlog_file", "binlog_pos")):
-            if file_key in offset and pos_key in offset:
-                return BinlogPosition(str(offset[file_key]), int(offset[pos_key]))
-    raise ValueError(f"The capture's ledger offset {offset!r} holds no binlog position (file and pos).")
+            if file_key in value and pos_key in value:
+                return BinlogPosition(str(value[file_key]), int(value[pos_key]))
+    raise ValueError(f"{value!r} holds no binlog position (file and pos).")

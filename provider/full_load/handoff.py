@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load.plan import chunk_from_json
 from exactly_once_provider.source.snapshot import Chunk
-from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.positions import BinlogPosition, parse_position
 
 MARKER_KEY = "eo_full_load"
 FORMAT = 1
@@ -62,13 +62,13 @@ class Handoff:
 
 def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: list[dict]) -> dict:
     """Build the commit marker from chunk dicts (``plan.chunk_to_json`` + file, pos, rows)."""
-    positions = [BinlogPosition(c["file"], c["pos"]) for c in chunks]
+    positions = [parse_position(c) for c in chunks]
     lowest, highest = (min(positions, key=lambda p: p.sort_key), max(positions, key=lambda p: p.sort_key))
     return {MARKER_KEY: {
         "format": FORMAT, "load_id": load_id, "schema": schema, "table": table, "key": list(key),
         "rows": sum(c["rows"] for c in chunks),
-        "min_position": {"file": lowest.file, "pos": lowest.pos},
-        "max_position": {"file": highest.file, "pos": highest.pos},
+        "min_position": lowest.to_json(),
+        "max_position": highest.to_json(),
         "chunks": sorted(chunks, key=lambda c: c["index"]),
     }}
 
@@ -78,7 +78,7 @@ def parse(table_version: int, data: dict) -> Handoff:
     body = data[MARKER_KEY]
     if body.get("format") != FORMAT:
         raise ValueError(f"Unknown full-load handoff format {body.get('format')!r}; expected {FORMAT}.")
-    chunks = tuple(ChunkPosition(chunk_from_json(c), BinlogPosition(c["file"], int(c["pos"])), int(c["rows"]))
+    chunks = tuple(ChunkPosition(chunk_from_json(c), parse_position(c), int(c["rows"]))
                    for c in body["chunks"])
     return Handoff(body["load_id"], body["schema"], body["table"], tuple(body["key"]), int(body["rows"]), chunks,
                    table_version)

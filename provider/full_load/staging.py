@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from exactly_once_provider.sinks.durable import fsync_dir
+from exactly_once_provider.sinks import durable
 
 
 class Staging:
@@ -38,14 +38,7 @@ class Staging:
 
     def save(self, manifest: dict) -> None:
         """Replace the manifest atomically: a crash leaves the old or the new one, never a torn file."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".manifest.{os.getpid()}.tmp"
-        with open(tmp, "w") as handle:
-            json.dump(manifest, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.manifest_path)
-        fsync_dir(self.root)
+        durable.replace(self.manifest_path, json.dumps(manifest, sort_keys=True).encode())
 
     @property
     def data_dir(self) -> Path:

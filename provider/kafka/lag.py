@@ -77,17 +77,9 @@ def sink_offsets(sink: str, location: str, pipeline: str, postgres_connect: dict
     :param pipeline: the Spark job's pipeline name.
     :param postgres_connect: psycopg2 connection arguments (``postgres`` sink).
     """
-    if sink == "delta":
-        from exactly_once_provider.sinks.delta import DeltaSink
-        state = DeltaSink(location, pipeline).committed()
-    elif sink == "files":
-        from exactly_once_provider.sinks.files import FilesSink
-        state = FilesSink(location, pipeline).committed()
-    elif sink == "postgres":
-        from exactly_once_provider.sinks.postgres import PostgresSink
-        state = PostgresSink(location, pipeline, postgres_connect or {}).committed()
-    else:
-        raise ValueError(f"sink must be delta, postgres or files, got {sink!r}.")
+    from exactly_once_provider.sinks.base import open_sink
+
+    state = open_sink(sink, location, pipeline, postgres_connect=postgres_connect or {}).committed()
     return state.offsets if state else {}
 
 

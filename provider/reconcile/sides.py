@@ -186,10 +186,9 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -
 
     def pinned(path: str, version: int | None = None):
         if version is None:
-            latest = next(delta_commit.commits(path), None)  # read from the log's JSON, no Spark job
-            if latest is None:
+            version = delta_commit.newest_version(path)  # from the log's file names, no Spark job
+            if version < 0:
                 raise ValueError(f"{path} is not a Delta table (no _delta_log commits): check the sink path.")
-            version = latest[0]
         return spark.read.format("delta").option("versionAsOf", version).load(path)
 
     def plain(frame):
@@ -213,7 +212,7 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -
                                        for p in key_paths) + ")"
     parts = [SPARK.canonical(f"get_json_object({json}, '{path_of(*spec.json_path, c.name)}')", c, True,
                              spec.binary_encoding) for c in cols]
-    if spec.base_path and next(delta_commit.commits(spec.location), None) is None:
+    if spec.base_path and delta_commit.newest_version(spec.location) < 0:
         # No change applied yet (the apply creates its table with its first batch): the full load is the table.
         loaded = handoff.read_handoff(spec.base_path)
         return SparkSide(plain(pinned(spec.base_path, loaded.table_version)))

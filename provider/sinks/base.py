@@ -1,13 +1,23 @@
-"""What every sink commits with a batch, and the one check that refuses a stale commit.
+"""The sink contract: the :class:`Sink` protocol, :func:`open_sink`, and the rules every sink commits by.
 
 A sink commits its rows and a :class:`BatchCommit` in ONE atomic step (its own transaction, manifest or Delta
-commit). Before that step it calls :func:`require_predecessor`: a batch planned on another newest commit
-than the sink holds at commit time is refused with :class:`StaleBatchError` (a zombie driver, a lost race).
+commit). Inside that step it applies the three rules of this module, each written once here:
+
+* :func:`replayed`: a batch the sink already holds is skipped (a replay after a crash);
+* :func:`require_predecessor`: a batch planned on another newest commit than the sink holds at commit time is
+  refused with :class:`StaleBatchError` (a zombie driver, a lost race);
+* :func:`require_newer_windows`: in window mode a window version replaces the sink's only if it is newer.
+
+A :class:`Sink` has a READER side (what is committed; plain Python, no Spark: the operator, the lag trigger,
+the status page and reconciliation read through it) and a WRITER side (the Spark job's batch commit; pyspark is
+imported inside those methods only). :func:`open_sink` is the one place that maps a sink kind to its class.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 # {topic: {partition (int): next offset to read}}
 Offsets = dict[str, dict[int, int]]
@@ -85,6 +95,46 @@ def require_predecessor(found: BatchCommit | None, expected: object, commit: Bat
         "and the sink is exact as it is; stop the other driver.")
 
 
+def replayed(found: BatchCommit | None, commit: BatchCommit) -> bool:
+    """Return whether the sink's newest commit ``found`` already holds ``commit``: a replayed batch, to skip.
+
+    Spark replays the last planned batch after a crash between the sink commit and its checkpoint commit;
+    batch ids are per checkpoint, so the batch is held when the sink's newest commit is of the same checkpoint
+    and at or after it. THE authoritative check is the one each sink makes inside its atomic step (under the
+    PostgreSQL advisory lock; on the manifest the files sink publishes on top of with put-if-absent), because
+    only there no other driver can commit in between; the Delta sink makes the same decision through Delta's
+    txn rule (app id ``<pipeline>:<checkpoint id>``, version = batch id, a version at or below the app's newest
+    is committed). The driver asks the same question earlier only to skip the batch's work and log the replay.
+
+    :param found: the sink's newest commit of the pipeline (None before the first).
+    :param commit: the batch about to be committed.
+    """
+    return found is not None and found.checkpoint_id == commit.checkpoint_id and found.batch_id >= commit.batch_id
+
+
+def newer_version(version: int, held: int | None) -> bool:
+    """Return whether window ``version`` wins over the version the sink holds (``None``: none held)."""
+    return version > (held or 0)
+
+
+def require_newer_windows(windows: dict[str, int], held: dict[str, int], holder: str = "the table's") -> None:
+    """Raise ValueError unless every window version in ``windows`` is newer than the one the sink holds.
+
+    "Newer window version wins": the settlement plan (:func:`~exactly_once_provider.spark_jobs.settlement.plan_windows`)
+    skips versions at or below what the sink held when the batch was planned; THIS check, made by each sink
+    inside its atomic step on what it holds at commit time, is the authoritative one: a version published by
+    another writer in between fails the batch (nothing committed) instead of being replaced by an older one.
+
+    :param windows: window id -> version about to be published.
+    :param held: window id -> version the sink holds.
+    :param holder: who holds ``held``, for the message.
+    """
+    for window, version in sorted(windows.items()):
+        if not newer_version(version, held.get(window)):
+            raise ValueError(f"window {window} v{version} is not newer than {holder} v{held.get(window, 0)}: "
+                             "another writer publishes this pipeline; run one job per pipeline.")
+
+
 def offsets_to_json(offsets: Offsets) -> dict:
     return {topic: {str(p): int(o) for p, o in sorted(parts.items())} for topic, parts in sorted(offsets.items())}
 
@@ -96,3 +146,77 @@ def offsets_from_json(data: dict) -> Offsets:
 # The columns of a settlement window row (window mode); every sink stores them as they are.
 WINDOW_COLUMNS = ("window_id", "window_version", "kafka_topic", "kafka_partition", "kafka_offset", "record_key",
                   "record_value")
+
+
+SINK_KINDS = ("delta", "postgres", "files")
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A pipeline's sink: rows and progress committed together, read back without Spark.
+
+    Reader side (no Spark, no pyspark import; cheap enough for the status page and the triggerer):
+    :meth:`committed`, :meth:`published_windows`, :meth:`commit_location`.
+    Writer side (the Spark job; DataFrames in, pyspark imported inside): :meth:`prepare`, :meth:`commit`,
+    :meth:`commit_windows`, :meth:`append`.
+    """
+
+    kind: str
+    pipeline: str
+
+    # -- reader side
+    def committed(self) -> BatchCommit | None:
+        """Return the pipeline's newest commit (window mode: with ``extra["windows"]``); None before the first."""
+
+    def published_windows(self) -> dict[str, int]:
+        """Return window id -> version the sink holds (window mode)."""
+
+    def commit_location(self) -> str:
+        """Return where the commits are, for people (``Delta version 7``, ``manifest 3, 2 files``, the table)."""
+
+    # -- writer side
+    def prepare(self) -> None:
+        """Make the sink ready for the job's first batch (create tables, remove a crash's unpublished files)."""
+
+    def commit(self, df: Any, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+        """Commit ``df`` and ``commit`` in one atomic step; return False if the batch was already committed."""
+
+    def commit_windows(self, df: Any, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
+                       expected: object = UNCHECKED) -> bool:
+        """Replace the rows of ``windows`` by ``df`` and commit versions and offsets in one atomic step."""
+
+    def append(self, df: Any) -> None:
+        """Append ``df`` without progress (the at-least-once baseline)."""
+
+
+def open_sink(kind: str, location: str, pipeline: str, *,
+              postgres_connect: dict | Callable[[], dict] | None = None, postgres_conn_id: str | None = None,
+              mode: str = "append", commit_with: str = "own") -> Sink:
+    """Return the sink of ``kind`` at ``location`` for ``pipeline``: THE dispatch on the sink kind.
+
+    Opening reads nothing and needs no Spark; only the writer methods use Spark.
+
+    :param kind: ``delta``, ``postgres`` or ``files``.
+    :param location: the Delta table / files directory (local path or ``file://``), or the PostgreSQL table
+        (``schema.table`` allowed; empty: only the offsets table is read).
+    :param pipeline: the pipeline's stable name.
+    :param postgres_connect: ``postgres``: psycopg2 connection arguments, or a function returning them (called
+        only for this kind); None = the libpq ``PG*`` environment (the Spark job).
+    :param postgres_conn_id: ``postgres``: the Airflow connection's id, named in :meth:`Sink.commit_location`.
+    :param mode: ``append``, ``cdc`` or ``window`` (the writer side's mode).
+    :param commit_with: Delta append mode: ``own`` or ``delta`` (see :class:`~.delta.DeltaSink`).
+    """
+    if kind == "delta":
+        from exactly_once_provider.sinks.delta import DeltaSink
+
+        return DeltaSink(location, pipeline, mode, commit_with=commit_with)
+    if kind == "files":
+        from exactly_once_provider.sinks.files import FilesSink
+
+        return FilesSink(location, pipeline)
+    if kind == "postgres":
+        from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, PostgresSink
+
+        connect = postgres_connect() if callable(postgres_connect) else postgres_connect
+        return PostgresSink(location or OFFSETS_TABLE, pipeline, connect, mode=mode, conn_id=postgres_conn_id)
+    raise ValueError(f"sink must be one of {', '.join(SINK_KINDS)}, got {kind!r}.")

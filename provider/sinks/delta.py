@@ -28,7 +28,8 @@ from __future__ import annotations
 import json
 
 from exactly_once_provider.sinks import delta_commit
-from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
+from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, require_newer_windows,
+                                              require_predecessor)
 
 
 def _sql_string(value: str) -> str:
@@ -62,23 +63,31 @@ class DeltaSink:
         self.commit_with = commit_with
         self.key = f"eo_stream:{pipeline}"
 
-    def _latest(self) -> tuple[dict, dict] | None:
-        """Return ``(marker body, commitInfo)`` of the newest commit carrying this pipeline's marker."""
-        for _, actions in delta_commit.commits(self.path):
+    def _latest(self) -> tuple[dict, dict, int] | None:
+        """Return ``(marker body, commitInfo, table version)`` of the newest commit with this pipeline's marker."""
+        for version, actions in delta_commit.commits(self.path):
             info = actions.get("commitInfo", {})
             raw = info.get("userMetadata")
             if raw:
                 marker = json.loads(raw)
                 if isinstance(marker, dict) and self.key in marker:
-                    return marker[self.key], info
+                    return marker[self.key], info, version
         return None
+
+    def commit_location(self) -> str:
+        """Return ``Delta version <n>`` of the newest commit carrying this pipeline's marker ("" before it)."""
+        found = self._latest()
+        return f"Delta version {found[2]}" if found else ""
+
+    def prepare(self) -> None:
+        """Nothing to prepare: the first commit creates the table."""
 
     def committed(self) -> BatchCommit | None:
         """Return the newest batch this pipeline committed, with ``rows_total`` (read from one commit)."""
         found = self._latest()
         if found is None:
             return None
-        body, info = found
+        body, info, _ = found
         if "windows" in body:  # window mode: the marker holds the table's state
             return BatchCommit.from_json(body)
         if "rows_before" in body:
@@ -114,6 +123,9 @@ class DeltaSink:
 
     def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
         """Write the batch and its marker in one Delta commit; return False if it was already committed.
+
+        A replay is recognised by the Delta txn ``(app id, batch id)`` (:func:`~.base.replayed`'s rule as Delta
+        enforces it), here and again by Delta's writer / the own commit at its put-if-absent.
 
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
         """
@@ -158,11 +170,8 @@ class DeltaSink:
             return False
         previous, _ = self._planned_on(commit, expected)  # window mode: its marker holds the table's windows
         state = dict(previous.extra.get("windows", {})) if previous else {}
+        require_newer_windows(windows, {w: int(v["version"]) for w, v in state.items()})
         for window, version in windows.items():
-            held = state.get(window, {}).get("version", 0)
-            if version <= held:
-                raise ValueError(f"window {window} v{version} is not newer than the table's v{held}: "
-                                 "another writer publishes this pipeline; run one job per pipeline.")
             state[window] = {"version": version, "rows": rows[window]}
         body = dict(commit.to_json(), rows_total=sum(w["rows"] for w in state.values()), windows=state)
         marker = {self.key: body}

@@ -52,6 +52,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.sinks import delta_log
+from exactly_once_provider.sinks import durable
 from exactly_once_provider.sinks.durable import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -352,27 +353,11 @@ def _add_actions(root: Path, files: list[dict]) -> list[dict]:
 def _put_if_absent(log_dir: Path, version: int, actions: list[dict]) -> bool:
     """Create the commit file of ``version`` with ``actions``; return False if it already exists.
 
-    The file is written and fsynced under a temporary name, then hard-linked to its final name: ``link()``
-    fails if the name exists, so of two writers of the same version exactly one wins, and a reader never
-    sees a partial commit (the same atomic step Delta's local log store takes).
+    :func:`~exactly_once_provider.sinks.durable.put_if_absent`: of two writers of the same version exactly one
+    wins, and a reader never sees a partial commit (the same atomic step Delta's local log store takes).
     """
-    import uuid
-
-    log_dir.mkdir(parents=True, exist_ok=True)
-    target = log_dir / f"{version:020d}.json"
-    tmp = log_dir / f".{target.name}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w") as handle:
-        handle.write("".join(json.dumps(a) + "\n" for a in actions))
-        handle.flush()
-        os.fsync(handle.fileno())
-    try:
-        os.link(tmp, target)
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink()
-    fsync_dir(log_dir)
-    return True
+    data = "".join(json.dumps(a) + "\n" for a in actions).encode()
+    return durable.put_if_absent(log_dir / f"{version:020d}.json", data)
 
 
 # ------------------------------------------------------------------------------------- own append commits

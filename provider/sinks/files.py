@@ -8,7 +8,8 @@ Layout under ``root``::
 
 A manifest is the commit: ``{"format": 1, "sequence": n, "pipeline", "checkpoint_id", "batch_id",
 "offsets": {topic: {partition: next offset}}, "rows_total", "files": [{"path": "data/...", "rows": n}, ...]}``
-with the CUMULATIVE list of published files. It is written to a temporary file, fsynced and hard-linked to
+with the CUMULATIVE list of published files. It is created with
+:func:`~exactly_once_provider.sinks.durable.put_if_absent`: written to a temporary file, fsynced and hard-linked to
 its final name (``link`` fails if the name exists, so two writers can never both publish sequence n), then
 the directory is fsynced. Readers list ``_manifests``, take the highest sequence and read exactly the files it
 lists: a crash leaves at most unreferenced directories (orphans), which readers never see and
@@ -24,16 +25,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import uuid
 from pathlib import Path
 
-from exactly_once_provider.sinks.durable import fsync_dir
-from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
+from exactly_once_provider.sinks.durable import fsync_dir, put_if_absent
+from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, replayed,
+                                              require_newer_windows, require_predecessor)
 
 MANIFEST_FORMAT = 1
+log = logging.getLogger(__name__)
 
 
 def latest_manifest(root: str) -> dict | None:
@@ -86,6 +90,18 @@ class FilesSink:
                                       for w, v in manifest["windows"].items()}
         return state
 
+    def commit_location(self) -> str:
+        """Return ``manifest <n>, <k> files`` of the newest published manifest ("" before the first)."""
+        manifest = latest_manifest(str(self.root))
+        return f"manifest {manifest['sequence']}, {len(manifest['files'])} files" if manifest else ""
+
+    def prepare(self) -> None:
+        """Remove what a crash left unpublished (:meth:`remove_orphans`) before the job's first batch."""
+        removed = self.remove_orphans()
+        if removed:
+            log.warning("files sink: removed %d unpublished batch director(y/ies) left by a crash: %s",
+                        len(removed), removed)
+
     def remove_orphans(self) -> list[str]:
         """Delete staged and data directories no published manifest references; return what was removed."""
         manifest = latest_manifest(str(self.root))
@@ -114,7 +130,7 @@ class FilesSink:
         return [{"path": str(part.relative_to(self.root)), "rows": pq.read_metadata(part).num_rows}
                 for part in sorted(destination.glob("part-*.parquet"))]
 
-    def _publish(self, previous: dict | None, name: str, fields: dict) -> None:
+    def _publish(self, previous: dict | None, fields: dict) -> None:
         """Write the next manifest; its hard link to the final name is the commit point.
 
         The link fails if another writer published the same sequence number since ``previous`` was read: the
@@ -123,35 +139,25 @@ class FilesSink:
         sequence = previous["sequence"] + 1 if previous else 0
         manifest = {"format": MANIFEST_FORMAT, "sequence": sequence, **fields}
         manifests = self.root / "_manifests"
-        manifests.mkdir(parents=True, exist_ok=True)
-        tmp = manifests / f".{name}.tmp"
-        with open(tmp, "w") as handle:
-            json.dump(manifest, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, manifests / f"{sequence:020d}.json")  # the commit point; fails if n exists
-        except FileExistsError:
+        data = json.dumps(manifest, sort_keys=True).encode()
+        if not put_if_absent(manifests / f"{sequence:020d}.json", data):  # the commit point; fails if n exists
             raise StaleBatchError(
                 f"Manifest {sequence} of {self.root} was published by another writer while this one was writing "
                 f"batch {fields['batch_id']} of checkpoint {fields['checkpoint_id']}: another driver commits "
                 f"pipeline {self.pipeline!r}. Nothing of this batch was published (its files are orphans, removed "
-                "at the next start); stop the other driver.") from None
-        finally:
-            tmp.unlink()
-        fsync_dir(manifests)
-
-    @staticmethod
-    def _already(previous: dict | None, commit: BatchCommit) -> bool:
-        return bool(previous) and previous["checkpoint_id"] == commit.checkpoint_id \
-            and previous["batch_id"] >= commit.batch_id
+                "at the next start); stop the other driver.")
 
     def _previous(self, commit: BatchCommit, expected: object) -> tuple[dict | None, bool]:
-        """Return the newest manifest and whether ``commit`` is already in it; fail if it is not ``expected``."""
+        """Return the newest manifest and whether ``commit`` is already in it; fail if it is not ``expected``.
+
+        The manifest read here is the one :meth:`_publish` publishes on top of (put-if-absent of the next
+        sequence), so these checks hold at the commit point.
+        """
         previous = latest_manifest(str(self.root))
-        if self._already(previous, commit):
+        found = self._commit_of(previous)
+        if replayed(found, commit):
             return previous, True
-        require_predecessor(self._commit_of(previous), expected, commit, self.kind)
+        require_predecessor(found, expected, commit, self.kind)
         return previous, False
 
     def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
@@ -164,7 +170,7 @@ class FilesSink:
             return False
         name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
         files = self._stage(df, name, self.root / "data" / name)
-        self._publish(previous, name, {
+        self._publish(previous, {
             **commit.to_json(),
             "rows_total": (previous["rows_total"] if previous else 0) + sum(f["rows"] for f in files),
             "files": (previous["files"] if previous else []) + files,
@@ -194,15 +200,12 @@ class FilesSink:
             return False
         name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
         state = dict((previous or {}).get("windows", {}))
+        require_newer_windows(windows, {w: int(v["version"]) for w, v in state.items()}, "the published")
         for window, version in sorted(windows.items()):
-            held = state.get(window, {}).get("version", 0)
-            if version <= held:
-                raise ValueError(f"window {window} v{version} is not newer than the published v{held}: "
-                                 "another writer publishes this pipeline; run one job per pipeline.")
             files = self._stage(df.filter(F.col("window_id") == window).coalesce(1), f"{name}-{_slug(window)}",
                                 self.root / "windows" / _slug(window) / name)
             state[window] = {"version": version, "rows": rows[window], "files": files}
-        self._publish(previous, name, {
+        self._publish(previous, {
             **commit.to_json(), "rows_total": sum(w["rows"] for w in state.values()), "windows": state,
             "files": [f for w in state.values() for f in w["files"]],
         })

@@ -34,8 +34,8 @@ import psycopg2
 from psycopg2 import sql
 
 from exactly_once_provider.sinks import poison
-from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, require_predecessor
-from exactly_once_provider.sinks.base import WINDOW_COLUMNS
+from exactly_once_provider.sinks.base import (UNCHECKED, WINDOW_COLUMNS, BatchCommit, replayed, require_newer_windows,
+                                              require_predecessor)
 
 OFFSETS_TABLE = "eo_stream_offsets"
 COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "record_key", "record_value")
@@ -74,16 +74,27 @@ class PostgresSink:
     :param connect_kwargs: psycopg2 connection arguments; empty = the libpq ``PG*`` environment (the job).
     :param mode: ``append`` (records), ``cdc`` (changes by ``pk``, newer ``source_version`` wins) or ``window``
         (settlement windows replaced whole; versions in ``eo_stream_windows``, same transaction).
+    :param conn_id: the Airflow connection ``connect_kwargs`` came from, named by :meth:`commit_location`.
     """
 
     kind = "postgres"
 
-    def __init__(self, table: str, pipeline: str, connect_kwargs: dict | None = None, mode: str = "append") -> None:
+    def __init__(self, table: str, pipeline: str, connect_kwargs: dict | None = None, mode: str = "append",
+                 conn_id: str | None = None) -> None:
         self.table = sql.Identifier(*table.split("."))
         self.pipeline = pipeline
         self.connect_kwargs = connect_kwargs or {}
         self.mode = mode
         self.columns = {"cdc": CDC_COLUMNS, "window": WINDOW_COLUMNS}.get(mode, COLUMNS)
+        self.conn_id = conn_id
+
+    def commit_location(self) -> str:
+        """Return the offsets table (and the connection) holding the commits."""
+        return f"{OFFSETS_TABLE} ({self.conn_id})" if self.conn_id else OFFSETS_TABLE
+
+    def prepare(self) -> None:
+        """Create the table, the offsets table and (window mode) the windows table if missing."""
+        self.ensure_tables()
 
     def _connect(self):
         return psycopg2.connect(**self.connect_kwargs)
@@ -201,8 +212,7 @@ class PostgresSink:
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
                 previous = self._read_state(cur, self.pipeline)
-                done = previous is not None and previous.checkpoint_id == commit.checkpoint_id \
-                    and previous.batch_id >= commit.batch_id
+                done = replayed(previous, commit)  # under the lock: no other driver commits in between
                 if not done:
                     require_predecessor(previous, expected, commit, self.kind)
                 batch = _Batch(cur, done, previous.rows_total if previous else 0)
@@ -267,10 +277,7 @@ class PostgresSink:
             cur = batch.cur
             cur.execute(f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s"
                         " AND window_id = ANY(%s)", (self.pipeline, list(windows)))
-            for window, held in cur.fetchall():
-                if windows[window] <= held:
-                    raise ValueError(f"window {window} v{windows[window]} is not newer than the table's "
-                                     f"v{held}: another writer publishes this pipeline; run one job per pipeline.")
+            require_newer_windows(windows, dict(cur.fetchall()))
             if windows:
                 cur.execute(sql.SQL("DELETE FROM {} WHERE window_id = ANY(%s)").format(self.table),
                             (list(windows),))

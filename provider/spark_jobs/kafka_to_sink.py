@@ -34,7 +34,7 @@ from exactly_once_provider.connections import read_secret_file, spark_kafka_opti
 from exactly_once_provider.sinks import poison
 from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, fault_point, read_kafka_range,
                                                     wal_offsets)
-from exactly_once_provider.sinks.base import BatchCommit, Offsets
+from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
 
 log = logging.getLogger("exactly_once_provider.kafka_to_sink")
 SELECT = ("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
@@ -78,21 +78,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def make_sink(args: argparse.Namespace):
-    if args.sink == "delta":
-        from exactly_once_provider.sinks.delta import DeltaSink
-        return DeltaSink(args.path, args.pipeline, args.mode, commit_with=args.delta_commit)
-    if args.sink == "postgres":
-        from exactly_once_provider.sinks.postgres import PostgresSink
-        sink = PostgresSink(args.table, args.pipeline, mode=args.mode)
-        sink.ensure_tables()
-        return sink
-    from exactly_once_provider.sinks.files import FilesSink
-    sink = FilesSink(args.path, args.pipeline)
-    removed = sink.remove_orphans()
-    if removed:
-        log.warning("files sink: removed %d unpublished batch director(y/ies) left by a crash: %s",
-                    len(removed), removed)
+def make_sink(args: argparse.Namespace) -> Sink:
+    """Open the job's sink (PostgreSQL from the libpq ``PG*`` environment) and prepare it for the first batch."""
+    sink = open_sink(args.sink, args.table if args.sink == "postgres" else args.path, args.pipeline,
+                     mode=args.mode, commit_with=args.delta_commit)
+    sink.prepare()
     return sink
 
 
@@ -209,7 +199,7 @@ def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exact
     commit = BatchCommit(pipeline, checkpoint_id(checkpoint), batch_id, end)
     previous = sink.committed()
     if previous is not None:
-        if previous.checkpoint_id == commit.checkpoint_id and previous.batch_id >= batch_id:
+        if replayed(previous, commit):  # early out only: the sink's check in its commit is authoritative
             log.info("batch %d already committed to the %s sink (replay after a crash): skipped",
                      batch_id, sink.kind)
             return
@@ -241,7 +231,7 @@ def process_window_batch(sink, pipeline: str, checkpoint: str, kafka_options: di
     end = wal_offsets(checkpoint, batch_id)
     commit_id = checkpoint_id(checkpoint)
     previous = sink.committed()
-    if previous is not None and previous.checkpoint_id == commit_id and previous.batch_id >= batch_id:
+    if replayed(previous, BatchCommit(pipeline, commit_id, batch_id, end)):  # early out, as in process_batch
         log.info("batch %d already committed to the %s sink (replay after a crash): skipped", batch_id, sink.kind)
         return
     start = previous.offsets if previous else {}

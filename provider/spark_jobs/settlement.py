@@ -32,14 +32,11 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from exactly_once_provider.sinks.base import WINDOW_COLUMNS
-from exactly_once_provider.sinks.base import Offsets
+from exactly_once_provider.sinks.base import Offsets, newer_version
 
 MARKER_HEADER = "eo.marker"  # same names as exactly_once_provider.kafka.offsets / .windows (no confluent-kafka here)
 BATCH_HEADER = "eo.batch"
 _HEADER = re.compile(r"^(?P<window>.+)/v(?P<version>\d+)$")
-
-# Columns of a window-mode sink table, in order.
 
 
 class WindowIntegrityError(ValueError):
@@ -127,7 +124,7 @@ def plan_windows(markers: list[Marker], data_counts: dict[tuple[str, str, int], 
     complete: dict[str, int] = {}
     for (window, version), found in sorted(versions.items()):
         label = f"{window} v{version}"
-        if version <= published.get(window, 0):
+        if not newer_version(version, published.get(window)):
             plan.stale.append(label)
             continue
         begins = {(m.topic, m.partition): m for m in found if m.kind == "begin"}
@@ -159,7 +156,7 @@ def plan_windows(markers: list[Marker], data_counts: dict[tuple[str, str, int], 
     for window, version in complete.items():
         plan.publish[window] = version
     plan.stale += [f"{w} v{v}" for (w, v) in sorted(versions) if w in complete and v < complete[w]
-                   and v > published.get(w, 0)]
+                   and newer_version(v, published.get(w))]
     return plan
 
 

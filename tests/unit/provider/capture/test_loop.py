@@ -12,7 +12,6 @@ from exactly_once_provider.capture.loop import (
     CaptureRequest,
     HandoffFilter,
     _fewer_gc_passes,
-    parse_position,
     start_position,
 )
 from exactly_once_provider.full_load.handoff import ChunkPosition, Handoff
@@ -71,12 +70,6 @@ def test_a_table_added_behind_the_capture_is_refused():
     ledger = SimpleNamespace(offset={"format": 1, "file": "binlog.000002", "pos": 4000, "tables": ["eo.other"]})
     with pytest.raises(ValueError, match="would be lost"):
         start_position(request(), ledger)
-
-
-def test_parse_position():
-    assert parse_position("binlog.000003:4711") == BinlogPosition("binlog.000003", 4711)
-    with pytest.raises(ValueError, match="FILE:POS"):
-        parse_position("binlog.000003")
 
 
 def test_handoff_asks_the_locator_of_a_table_whose_key_the_server_orders():

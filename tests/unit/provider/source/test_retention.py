@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exactly_once_provider.positions import BinlogPosition, position_from_offset
+from exactly_once_provider.positions import BinlogPosition, parse_position
 from exactly_once_provider.source.retention import headroom
 
 LOGS = [("binlog.000009", 1000), ("binlog.000010", 500), ("binlog.000011", 300)]
@@ -27,5 +27,5 @@ def test_headroom_with_room_has_no_warning():
 
 
 def test_position_from_ledger_offsets():
-    assert position_from_offset({"format": 1, "file": "binlog.000003", "pos": 4711}) == BinlogPosition("binlog.000003", 4711)
-    assert position_from_offset("binlog.000003:4") == BinlogPosition("binlog.000003", 4)
+    assert parse_position({"format": 1, "file": "binlog.000003", "pos": 4711}) == BinlogPosition("binlog.000003", 4711)
+    assert parse_position("binlog.000003:4") == BinlogPosition("binlog.000003", 4)
