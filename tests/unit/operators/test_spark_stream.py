@@ -97,7 +97,10 @@ def test_command_ships_the_package_and_defaults_to_the_connector_packages(connec
     call = _submitted(monkeypatch, _op(spark_conn_id="spark_cluster", deploy_mode="client"))
     assert call["application"] == kafka_to_sink.__file__
     assert call["packages"] == ",".join(SPARK_PACKAGES) and call["jars"] is None
-    assert call["deploy_mode"] == "client" and call["popen"] == {"start_new_session": True}
+    assert call["deploy_mode"] == "client" and call["popen"]["start_new_session"] is True
+    # No Airflow setting or connection reaches the driver (a task's blocked SQL_ALCHEMY_CONN fails its import).
+    assert call["env_vars"] is None
+    assert not [k for k in call["popen"]["env"] if k.startswith(("AIRFLOW_CONN", "AIRFLOW__"))]
     args = call["application_args"]
     assert args[args.index("--topics") + 1] == "a,b"
     assert args[args.index("--bootstrap-servers") + 1] == "k:9092"
@@ -107,7 +110,7 @@ def test_command_ships_the_package_and_defaults_to_the_connector_packages(connec
 def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_environment(connections, monkeypatch):
     call = _submitted(monkeypatch, _op(sink="postgres", sink_table="s.t", conf={"spark.jars": "/j/a.jar"}))
     assert call["packages"] is None and call["conf"]["spark.jars"] == "/j/a.jar"
-    assert call["env_vars"]["PGPASSWORD"] == "s3cret" and call["env_vars"]["PGHOST"] == "db"
+    assert call["popen"]["env"]["PGPASSWORD"] == "s3cret" and call["popen"]["env"]["PGHOST"] == "db"
     assert "s3cret" not in " ".join(call["application_args"])
     assert _submitted(monkeypatch, _op(jars=["/j/b.jar"]))["jars"] == "/j/b.jar"
 
