@@ -144,8 +144,8 @@ class AirflowClient:
 
     def clear(self, dag_id: str, run_id: str, task_ids: list[str], include_downstream: bool = True) -> list[dict]:
         """Clear tasks of one run (the UI's "Clear" with downstream); the run goes back to queued."""
-        body = {"dry_run": False, "dag_run_id": run_id, "task_ids": task_ids, "include_downstream": include_downstream,
-                "only_failed": False, "reset_dag_runs": True}
+        body = {"dry_run": False, "dag_run_id": run_id, "task_ids": task_ids, "only_failed": False,
+                "include_downstream": include_downstream, "reset_dag_runs": True}
         return self.request("POST", f"/dags/{dag_id}/clearTaskInstances", json=body)["task_instances"]
 
     def mark(self, dag_id: str, run_id: str, task_id: str, state: str = "failed") -> dict:
@@ -225,7 +225,8 @@ class AirflowServer:
         self._create_database()
         migrate = subprocess.run([airflow_bin(), "db", "migrate"], env=self.env, capture_output=True, text=True,
                                  timeout=600)
-        assert migrate.returncode == 0, f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}"
+        assert migrate.returncode == 0, \
+            f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}"
         for name in COMPONENTS:
             args = [airflow_bin(), name] + (["--port", str(self.port), "--host", "127.0.0.1"]
                                             if name == "api-server" else [])
@@ -307,6 +308,16 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def processes_matching(needle: str) -> list[str]:
-    """Command lines of live processes containing ``needle`` (read from /proc, like ``ps -eo args``)."""
-    found = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
-    return [line.strip() for line in found.splitlines() if needle in line and "ps -eo" not in line]
+    """``pid args`` of live processes whose command line contains ``needle``, read from /proc (``ps`` cuts
+    lines at $COLUMNS, which pytest sets)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile
+            continue
+        if needle in args:
+            found.append(f"{entry.name} {args}")
+    return found

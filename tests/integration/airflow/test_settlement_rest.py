@@ -103,7 +103,7 @@ def _report(stack, table: str) -> dict[str, dict[str, tuple]]:
 
 
 def _assert_once_each(stack, case: dict) -> dict:
-    """Every window in the sink exactly once (0 lost, 0 duplicated vs the source) and reported with the source's sums."""
+    """Every window in the sink exactly once (0 lost, 0 duplicated vs the source), reported with the source's sums."""
     source = _source_by_window(stack, case["name"])
     sink = _sink_by_window(case["sink"])
     ids = {f"{case['pipeline']}/{case['name']}/{end}": end for end in ENDS}
@@ -163,13 +163,18 @@ def test_load_marked_failed_mid_run_kills_spark_and_retry_settles_once(stack, ai
     case = _settlement(stack, airflow_server, tmp_path, rows_per_stamp=20, retries=1)
     dag_id, driver = case["dag_id"], f"{case['pipeline']}-load"
     run_id = client.trigger(dag_id, conf={"window_end": ENDS[0]})
-    client.wait_task(dag_id, run_id, "load_window", ("running",), timeout=900)
-    deadline = time.monotonic() + 300
-    while not processes_matching(driver):  # the Spark driver of this load is up
+    deadline, polls = time.monotonic() + 900, 0
+    while not processes_matching(driver):  # the Spark driver of this load is up (ps, not the REST API: fast)
         assert time.monotonic() < deadline, "the load's Spark driver never started"
-        assert client.task_instance(dag_id, run_id, "load_window")["state"] == "running"
-        time.sleep(0.5)
-    time.sleep(3)  # mid-run: the driver JVM is starting or reading; the job is not done in 3 s
+        polls += 1
+        if polls % 25 == 0:
+            state = client.task_instance(dag_id, run_id, "load_window")["state"]
+            assert state in (None, "scheduled", "queued", "running"), \
+                f"load_window {state} before its driver was seen: {processes_matching('spark')}"
+        time.sleep(0.2)
+    started = time.monotonic()
+    assert client.task_instance(dag_id, run_id, "load_window")["state"] == "running"
+    time.sleep(max(0.0, started + 3 - time.monotonic()))  # mid-run: a load takes well over 3 s of Spark
     assert processes_matching(driver), "the load's Spark driver ended before it could be marked failed"
     client.mark(dag_id, run_id, "load_window", "failed")  # the UI's "Mark as failed" on a running task
     deadline = time.monotonic() + 120
@@ -178,6 +183,9 @@ def test_load_marked_failed_mid_run_kills_spark_and_retry_settles_once(stack, ai
         time.sleep(1)
     client.wait_run(dag_id, run_id, state="failed", timeout=300)
     assert client.task_instance(dag_id, run_id, "load_window")["state"] == "failed"
+    killed = client.task_log(dag_id, run_id, "load_window")
+    assert "shouldn't be running anymore" in killed and "Sending kill signal to spark-submit" in killed, \
+        "the task was not killed through on_kill"
 
     # The retry: the UI's "Clear" on the failed task (and downstream) reruns it from the committed state.
     client.clear(dag_id, run_id, ["load_window"])
