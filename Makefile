@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile test-templates
+.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -74,3 +74,6 @@ bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and p
 
 test-templates: stack-up  ## the DAG templates end to end (airflow dags test, real stack, several Spark runs each)
 	$(PY) -m pytest -m e2e --durations=15 tests/integration/dags $(PYTEST_ARGS)
+
+test-airflow: stack-up  ## the templates under a real Airflow (api-server, scheduler, LocalExecutor), driven by its REST API
+	$(PY) -m pytest -m e2e --durations=15 tests/integration/airflow $(PYTEST_ARGS)

@@ -286,19 +286,20 @@ class SparkKafkaToSinkOperator(BaseOperator):
             # as for the package zip next to it).
             secrets_file = write_secret_file(tmp, secrets, prefix="connections-")
             args = self._application_args(topics, secrets_file)
+            # The environment goes to spark-submit (submit(env=...)): the hook rejects env_vars in standalone
+            # cluster mode, whose client forwards it to the driver. Airflow's own settings and connections
+            # (AIRFLOW_CONN_*, AIRFLOW__*) must not reach the driver in any mode; in a task process Airflow 3
+            # also sets AIRFLOW__DATABASE__SQL_ALCHEMY_CONN to a blocked URL that fails the driver's `import airflow`.
+            submit_env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW") or k == "AIRFLOW_HOME"}
+            submit_env.update(env)
             if cluster:
-                # The hook rejects env_vars in standalone cluster mode; the environment goes to spark-submit
-                # instead (submit(env=...)), whose standalone client forwards it to the driver. Airflow's own
-                # settings and connections (AIRFLOW_CONN_*, AIRFLOW__*) must not travel to the cluster.
-                submit_env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-                submit_env.update(env)
                 conf.setdefault("spark.pyspark.driver.python", sys.executable)
                 conf.setdefault("spark.submit.pyFiles", py_files)  # executors' Python path, as in client mode
                 application, java_class = python_runner_jar(), PYTHON_RUNNER
                 args = [kafka_to_sink.__file__, py_files, *args]
                 hook_env, py_files = None, None
             else:
-                submit_env, application, java_class, hook_env = None, kafka_to_sink.__file__, None, env
+                application, java_class, hook_env = kafka_to_sink.__file__, None, None
             self._hook = SparkSubmitHook(
                 conn_id=self.spark_conn_id, conf=conf, py_files=py_files, jars=jars, java_class=java_class,
                 packages=",".join(packages) if packages else None, name=f"eo-{self.pipeline}",
@@ -308,7 +309,7 @@ class SparkKafkaToSinkOperator(BaseOperator):
             if cluster:
                 self._check_rest_server()
             # Own process group: on_kill stops spark-submit, the driver JVM and the Python driver together.
-            kwargs = {"start_new_session": True, **({"env": submit_env} if submit_env else {})}
+            kwargs = {"start_new_session": True, "env": submit_env}
             with watch_spark_ui(self._hook, lambda url: self._show_spark_ui(context, url)):
                 self._hook.submit(application, **kwargs)
             if cluster:

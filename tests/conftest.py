@@ -97,6 +97,19 @@ def airflow_cli(airflow_home):
 
 
 @pytest.fixture(scope="session")
+def airflow_server(stack, tmp_path_factory):
+    """A real Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor; PostgreSQL metadata DB)."""
+    from tests.airflow_support import AirflowServer
+
+    server = AirflowServer(stack, tmp_path_factory.mktemp("airflow_server"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def spark(stack):
     """A local[2] SparkSession with the Kafka and Delta connectors from the stack's resolved jars."""
     from pyspark.sql import SparkSession

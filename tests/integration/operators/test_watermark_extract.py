@@ -47,6 +47,21 @@ def create_table(stack, cursor_type="TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMES
     return name
 
 
+def wait_server_clock(cur, until: datetime, timeout: float = 10) -> datetime:
+    """Poll the server's NOW(6) (the clock the cursor values come from) until it reaches ``until``; return it.
+
+    Fixed sleeps guessed at the server's clock; this waits exactly as long as the server needs.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        cur.execute("SELECT NOW(6)")
+        now = cur.fetchone()[0]
+        if now >= until:
+            return now
+        assert time.monotonic() < deadline, f"the server clock is at {now}, still before {until}"
+        time.sleep(0.02)
+
+
 def extract(table, topic, ledger, batch_id, **kwargs):
     kwargs.setdefault("cursor_column", "updated_at")
     kwargs.setdefault("cursor_kind", "timestamp")
@@ -71,6 +86,14 @@ class Writer:
         self.versions: set[tuple[int, str]] = set()
         self.late_versions: set[tuple[int, str]] = set()
         self.soft_deleted = 0
+
+    def newest(self) -> datetime:
+        self.cur.execute(f"SELECT MAX(updated_at) FROM {self.table}")
+        return self.cur.fetchone()[0]
+
+    def wait_past_newest(self, lag: float = 0.0) -> datetime:
+        """Wait until the server clock is more than ``lag`` seconds past the newest committed cursor value."""
+        return wait_server_clock(self.cur, self.newest() + timedelta(seconds=lag, microseconds=1))
 
     def record(self, where, args, late=False):
         self.cur.execute(f"SELECT id, updated_at FROM {self.table} WHERE {where}", args)
@@ -136,14 +159,16 @@ def test_windows_publish_every_row_version_once_and_the_naive_cursor_loses_late_
     table, topic, ledger = create_table(stack), new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
     writer, naive = Writer(stack, table), Naive(stack, table)
     writer.insert("seed", 20)
-    time.sleep(1.1)
+    # The first guard (trx_started - 1 s, whole seconds) must land above the seed rows.
+    next_second = writer.newest().replace(microsecond=0) + timedelta(seconds=2)
     results, late, upper = [], None, None
     for i in range(20):
-        time.sleep(1.05)  # trx_started has second precision: each window's guard lands in a new second
+        wait_server_clock(writer.cur, next_second)
         if late is not None:
             writer.commit_late(*late)  # began before the previous window's end, commits after it
         connection, started = writer.open_late(f"late{i}")
         late = (connection, f"late{i}")
+        next_second = started + timedelta(seconds=1)  # trx_started has second precision: each guard in a new second
         bound = started - timedelta(seconds=1)  # the guard: the oldest open transaction's start minus 1 s
         epoch = bound.replace(tzinfo=timezone.utc).timestamp()
         writer.insert(f"at{i}", 5, at=epoch)  # identical cursor values exactly at this window's upper bound
@@ -151,7 +176,7 @@ def test_windows_publish_every_row_version_once_and_the_naive_cursor_loses_late_
         if upper is not None:
             writer.update_published(upper, 3, soft_delete=i % 4 == 0)  # rows already published change again
         writer.insert(f"now{i}", 4)  # a burst with one NOW(6), newer than the open transaction's rows
-        time.sleep(LAG + 0.1)
+        writer.wait_past_newest(LAG)
         result = extract(table, topic, ledger, f"w{i:02d}")
         naive.run()
         assert (result["upper"], result["upper_reason"]) == (bound.strftime(FMT), "open_transaction"), result
@@ -159,7 +184,7 @@ def test_windows_publish_every_row_version_once_and_the_naive_cursor_loses_late_
         upper = datetime.strptime(result["upper"], FMT)
         results.append(result)
     writer.commit_late(*late)
-    time.sleep(1.2)
+    writer.wait_past_newest(LAG)  # no open transaction left: the last window ends at the safety lag
     final = extract(table, topic, ledger, "final")
     naive.run()
     results.append(final)
@@ -190,12 +215,10 @@ def test_rerun_returns_the_recorded_batch_and_reextract_publishes_a_new_version(
     table, topic, ledger = create_table(stack), new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
     writer = Writer(stack, table)
     writer.insert("a", 10)
-    time.sleep(0.3)
-    writer.cur.execute("SELECT NOW(6)")
-    interval_end = writer.cur.fetchone()[0].replace(tzinfo=timezone.utc)
-    time.sleep(0.3)
+    interval_end = writer.wait_past_newest().replace(tzinfo=timezone.utc)
+    wait_server_clock(writer.cur, interval_end.replace(tzinfo=None) + timedelta(microseconds=1))
     writer.insert("b", 7)  # after the interval end: belongs to the next window
-    time.sleep(LAG + 0.1)
+    writer.wait_past_newest(LAG)
     first = extract(table, topic, ledger, "2026-11-20", interval_end=interval_end.isoformat())
     assert (first["upper"], first["upper_reason"], first["rows"]) == (
         interval_end.replace(tzinfo=None).strftime(FMT), "interval_end", 10)

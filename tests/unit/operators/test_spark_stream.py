@@ -105,7 +105,10 @@ def test_command_ships_the_package_and_defaults_to_the_connector_packages(connec
     call = _submitted(monkeypatch, _op(spark_conn_id="spark_cluster", deploy_mode="client"))
     assert call["application"] == kafka_to_sink.__file__
     assert call["packages"] == ",".join(SPARK_PACKAGES) and call["jars"] is None
-    assert call["deploy_mode"] == "client" and call["popen"] == {"start_new_session": True}
+    assert call["deploy_mode"] == "client" and call["popen"]["start_new_session"] is True
+    # No Airflow setting or connection reaches the driver (a task's blocked SQL_ALCHEMY_CONN fails its import).
+    assert call["env_vars"] is None
+    assert not [k for k in call["popen"]["env"] if k.startswith(("AIRFLOW_CONN", "AIRFLOW__"))]
     args = call["application_args"]
     assert args[args.index("--topics") + 1] == "a,b"
     assert call["secrets"] == {"kafka": {"bootstrap.servers": "k:9092"}} and call["secrets_file_mode"] == 0o600
