@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseHook
 
-from exactly_once_provider.full_load.job import FullLoadRequest, Progress, run_full_load
+from exactly_once_provider.full_load.handoff import read_handoff
+from exactly_once_provider.full_load.job import READERS, FullLoadRequest
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.spark_jobs.session import spark_session
+from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 
 
-class MySqlFullLoadOperator(BaseOperator):
+class MySqlFullLoadOperator(PackagedSparkJobOperator):
     """
     Load a table in chunks, each in its own consistent snapshot, and publish it as one Delta commit.
 
-    The commit carries every chunk's binlog position (read them with
+    Runs as a Spark application through the Spark connection (``local[*]``, client or cluster deploy mode); the
+    MySQL connection reaches the driver in a file only its owner can read, never on a command line. The commit
+    carries every chunk's binlog position (read them with
     :func:`exactly_once_provider.full_load.handoff.read_handoff`); XCom only mirrors them for display. A
     failed or killed run resumes at the unfinished chunks when retried.
 
@@ -33,11 +37,16 @@ class MySqlFullLoadOperator(BaseOperator):
     :param full_reload: start a new snapshot even if a load is in progress or published.
     :param expected_rows_per_second: planned speed for the binlog retention check.
     :param mysql_conn_id: the source connection (standard ``mysql`` type).
-    :param spark_conn_id: a ``spark`` connection whose host is the master (``local[2]``, ``spark://h``).
+    :param spark_conn_id: a ``spark`` connection whose host is the master (``local[2]``, ``spark://h``); its
+        Extra ``deploy-mode: cluster`` runs the driver on a worker (see
+        :class:`~exactly_once_provider.operators.spark_submit.PackagedSparkJobOperator` for the other Spark
+        arguments: ``packages``, ``jars``, ``deploy_mode``, ``driver_memory``, ``env_vars``).
     :param spark_conf: extra Spark settings, e.g. ``{"spark.jars": ...}`` for the Delta connector.
     """
 
     template_fields: Sequence[str] = ("table", "sink_path", "schema", "staging_path", "chunk_key", "full_reload")
+    job_name = "full_load"
+    job_module = "exactly_once_provider.full_load.__main__"
 
     def __init__(
         self, *, table: str, sink_path: str, schema: str | None = None, staging_path: str | None = None,
@@ -46,22 +55,23 @@ class MySqlFullLoadOperator(BaseOperator):
         mysql_conn_id: str = MySqlSourceHook.default_conn_name, spark_conn_id: str = "spark_default",
         spark_conf: dict[str, str] | None = None, **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
         self.table, self.sink_path, self.schema, self.staging_path = table, sink_path, schema, staging_path
         self.chunk_rows, self.chunks_per_job, self.chunk_key = chunk_rows, chunks_per_job, chunk_key
         self.fetch_rows, self.reader, self.full_reload = fetch_rows, reader, full_reload
         self.expected_rows_per_second = expected_rows_per_second
-        self.mysql_conn_id, self.spark_conn_id, self.spark_conf = mysql_conn_id, spark_conn_id, spark_conf or {}
+        self.mysql_conn_id, self.spark_conf = mysql_conn_id, spark_conf or {}
 
-    def execute(self, context: Any) -> dict:
+    def job_params(self, context: Any) -> dict[str, Any]:
         if not self.table or not self.sink_path:
             raise ValueError("table and sink_path must be non-empty.")
         if isinstance(self.full_reload, str):
             if self.full_reload.lower() not in ("true", "false"):
                 raise ValueError(f"full_reload must be true or false, got {self.full_reload!r}.")
             self.full_reload = self.full_reload.lower() == "true"
-        hook = MySqlSourceHook(mysql_conn_id=self.mysql_conn_id)
-        schema = self.schema or hook.get_connection(self.mysql_conn_id).schema
+        if self.reader not in READERS:
+            raise ValueError(f"reader must be one of {READERS}, got {self.reader!r}.")
+        schema = self.schema or BaseHook.get_connection(self.mysql_conn_id).schema
         if not schema:
             raise ValueError(f"No schema given and connection {self.mysql_conn_id!r} has none; pass schema=.")
         request = FullLoadRequest(
@@ -70,24 +80,31 @@ class MySqlFullLoadOperator(BaseOperator):
             chunk_key=tuple(self.chunk_key) if self.chunk_key else None, fetch_rows=self.fetch_rows, reader=self.reader,
             full_reload=bool(self.full_reload), expected_rows_per_second=self.expected_rows_per_second,
         )
-        result = run_full_load(self._spark(), hook, request, progress=self._progress)
-        h = result.handoff
+        return {**asdict(request), "mysql_conn_id": self.mysql_conn_id}
+
+    def job_secrets(self) -> dict[str, Any]:
+        conn = BaseHook.get_connection(self.mysql_conn_id)
+        # The driver's MySqlSourceHook finds it under the same id, read as Airflow reads AIRFLOW_CONN_* JSON.
+        return {"env": {f"AIRFLOW_CONN_{self.mysql_conn_id.upper()}": conn.as_json()}}
+
+    def job_result(self, result: Any, context: Any) -> dict:
+        if result is None:  # this try reconnected to a driver that had finished or still ran: the sink knows
+            h = read_handoff(self.sink_path)
+            result = {"load_id": h.load_id, "schema": h.schema, "table": h.table, "rows": h.rows,
+                      "table_version": h.table_version, "min_position": str(h.min_position),
+                      "max_position": str(h.max_position), "already_published": True, "chunks_read": 0,
+                      "chunks_resumed": len(h.chunks), "seconds": 0.0,
+                      "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)}
+                                 for c in h.chunks]}
         self.log.info("%-6s %-12s %-24s", "chunk", "rows", "snapshot position")
-        for entry in h.chunks:
-            self.log.info("%-6d %-12d %-24s", entry.chunk.index, entry.rows, entry.position)
+        for entry in result["chunks"]:
+            self.log.info("%-6d %-12d %-24s", entry["index"], entry["rows"], entry["position"])
         self.log.info("published %s.%s: %d rows as Delta version %d (%s); read %d chunks, resumed %d, %.1fs",
-                      h.schema, h.table, h.rows, h.table_version,
-                      "already published" if result.already_published else "new commit",
-                      result.chunks_read, result.chunks_resumed, result.seconds)
+                      result["schema"], result["table"], result["rows"], result["table_version"],
+                      "already published" if result["already_published"] else "new commit",
+                      result["chunks_read"], result["chunks_resumed"], result["seconds"])
         return {
-            "load_id": h.load_id, "rows": h.rows, "table_version": h.table_version, "sink_path": self.sink_path,
-            "min_position": str(h.min_position), "max_position": str(h.max_position),
-            "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)} for c in h.chunks],
+            "load_id": result["load_id"], "rows": result["rows"], "table_version": result["table_version"],
+            "sink_path": self.sink_path, "min_position": result["min_position"],
+            "max_position": result["max_position"], "chunks": result["chunks"],
         }
-
-    def _progress(self, p: Progress) -> None:
-        self.log.info("full load %s: %d/%d chunks done, %d rows, %.0f rows/s", self.table, p.chunks_done,
-                      p.chunks_total, p.rows, p.rows_per_second)
-
-    def _spark(self):
-        return spark_session(self.spark_conn_id, f"eo-full-load-{self.table}", self.spark_conf)

@@ -45,6 +45,7 @@ def get_provider_info() -> dict:
                     f"{PACKAGE}.hooks.kafka_producer",
                     f"{PACKAGE}.hooks.mysql_binlog",
                     f"{PACKAGE}.hooks.mysql_source",
+                    f"{PACKAGE}.hooks.spark_submit",
                 ],
             }
         ],
@@ -59,6 +60,7 @@ def get_provider_info() -> dict:
                     f"{PACKAGE}.operators.reconcile",
                     f"{PACKAGE}.operators.settlement_report",
                     f"{PACKAGE}.operators.spark_stream",
+                    f"{PACKAGE}.operators.spark_submit",
                     f"{PACKAGE}.operators.watermark_extract",
                 ],
             }

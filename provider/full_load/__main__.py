@@ -1,7 +1,14 @@
-"""Run a full load as a Spark application: ``spark-submit -m``-style or ``python -m exactly_once_provider.full_load``.
+"""Run a full load as a Spark application.
 
-The source connection comes from Airflow's connection lookup (``AIRFLOW_CONN_<ID>`` or a secrets backend).
-Prints the published handoff as one line: ``full-load-result: {json}``.
+Two ways in:
+
+* ``--spec <file>``: the driver of :class:`~exactly_once_provider.operators.full_load.MySqlFullLoadOperator`
+  (submitted by spark-submit, locally or on a cluster's worker). The spec's ``params`` are the operator's
+  :class:`~exactly_once_provider.full_load.job.FullLoadRequest` plus ``mysql_conn_id``; the MySQL connection
+  comes from the 0600 secrets file only. The result goes to the spec's result file.
+* ``python -m exactly_once_provider.full_load --schema ... --table ... --sink ...`` on its own, with the source
+  connection from Airflow's connection lookup (``AIRFLOW_CONN_<ID>`` or a secrets backend). Prints the
+  published handoff as one line: ``full-load-result: {json}``.
 """
 
 from __future__ import annotations
@@ -11,14 +18,61 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
-from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
+from exactly_once_provider.full_load.job import FullLoadRequest, FullLoadResult, Progress, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 
 RESULT_PREFIX = "full-load-result: "
+JOB = "full_load"
+log = logging.getLogger("exactly_once_provider.full_load")
+
+
+def request_from_json(params: dict[str, Any]) -> FullLoadRequest:
+    """Return the :class:`FullLoadRequest` of a job spec's ``params`` (JSON has lists, not tuples)."""
+    fields = {k: v for k, v in params.items() if k != "mysql_conn_id"}
+    if fields.get("chunk_key") is not None:
+        fields["chunk_key"] = tuple(fields["chunk_key"])
+    return FullLoadRequest(**fields)
+
+
+def result_to_json(result: FullLoadResult) -> dict[str, Any]:
+    """Return what the operator needs of a finished load: the handoff and what this run did."""
+    h = result.handoff
+    return {"load_id": h.load_id, "schema": h.schema, "table": h.table, "rows": h.rows,
+            "table_version": h.table_version, "min_position": str(h.min_position),
+            "max_position": str(h.max_position), "already_published": result.already_published,
+            "chunks_read": result.chunks_read, "chunks_resumed": result.chunks_resumed,
+            "seconds": round(result.seconds, 3),
+            "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)} for c in h.chunks]}
+
+
+def _progress(table: str):
+    def report(p: Progress) -> None:  # the task log shows it: spark-submit's output goes there
+        log.info("full load %s: %d/%d chunks done, %d rows, %.0f rows/s", table, p.chunks_done, p.chunks_total,
+                 p.rows, p.rows_per_second)
+    return report
+
+
+def _driver(spec, secrets) -> dict[str, Any]:
+    from exactly_once_provider.spark_jobs.session import driver_session
+
+    request = request_from_json(spec.params)
+    spark = driver_session(spec)
+    try:
+        result = run_full_load(spark, MySqlSourceHook(mysql_conn_id=spec.params["mysql_conn_id"]), request,
+                               progress=_progress(request.table))
+    finally:
+        spark.stop()
+    return result_to_json(result)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--spec"] or any(a.startswith("--spec=") for a in argv[:1]):
+        from exactly_once_provider.spark_jobs.driver import run_job
+
+        return run_job(JOB, _driver, argv)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--schema", required=True)
     parser.add_argument("--table", required=True)

@@ -1,6 +1,7 @@
 """Streaming job: Kafka (read_committed) -> Delta table | PostgreSQL table | Parquet files, exactly once.
 
-Submitted as a file (``spark-submit .../kafka_to_sink.py --pipeline ...``); see ``--help``.
+Submitted as a file: ``spark-submit .../kafka_to_sink.py --spec <job spec>`` (the operator; the request is a
+:class:`~exactly_once_provider.spark_jobs.stream_spec.StreamSpec`) or ``... --pipeline ...`` (see ``--help``).
 
 Where the guarantees live:
 
@@ -23,25 +24,27 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from exactly_once_provider.connections import read_secret_file, spark_kafka_options
 from exactly_once_provider.sinks import poison
+from exactly_once_provider.spark_jobs.driver import exit_with_the_jvm, run_job
+from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
+from exactly_once_provider.spark_jobs.stream_spec import StreamSpec, split_topics
 from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, fault_point, read_kafka_range,
                                                     wal_offsets)
 from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
 
 log = logging.getLogger("exactly_once_provider.kafka_to_sink")
+JOB = "kafka_to_sink"
 SELECT = ("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
           f"{poison.KEY_TEXT} AS record_key", f"{poison.VALUE_TEXT} AS record_value")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> StreamSpec:
     parser = argparse.ArgumentParser(prog="kafka_to_sink", description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True, help="stable pipeline name (part of every sink commit)")
     parser.add_argument("--secrets-file", required=True,
@@ -67,18 +70,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--delivery", default="exactly-once", choices=("exactly-once", "at-least-once"),
                         help="at-least-once = plain append, no sink-side progress (benchmark baseline only)")
     args = parser.parse_args(argv)
-    if args.sink in ("delta", "files") and not args.path:
-        parser.error(f"--sink {args.sink} needs --path")
-    if args.sink == "postgres" and not args.table:
-        parser.error("--sink postgres needs --table")
-    if args.mode == "cdc" and args.sink == "files":
-        parser.error("--mode cdc needs a sink that can update rows (delta or postgres); files only append")
-    if args.mode == "window" and args.delivery != "exactly-once":
-        parser.error("--mode window replaces windows by version and needs --delivery exactly-once")
-    return args
+    try:  # the same rules the operator checks: one StreamSpec, one validation
+        return StreamSpec(
+            pipeline=args.pipeline, topics=split_topics(args.topics), checkpoint=args.checkpoint, sink=args.sink,
+            path=args.path, table=args.table, trigger=args.trigger, interval=args.interval,
+            max_offsets_per_trigger=args.max_offsets_per_trigger, mode=args.mode, key_field=args.key_field,
+            version_field=args.version_field, op_field=args.op_field, delta_commit=args.delta_commit,
+            delivery=args.delivery, secrets_file=args.secrets_file).validate()
+    except ValueError as err:
+        parser.error(str(err))
 
 
-def make_sink(args: argparse.Namespace) -> Sink:
+def make_sink(args: StreamSpec) -> Sink:
     """Open the job's sink (PostgreSQL from the libpq ``PG*`` environment) and prepare it for the first batch."""
     sink = open_sink(args.sink, args.table if args.sink == "postgres" else args.path, args.pipeline,
                      mode=args.mode, commit_with=args.delta_commit)
@@ -273,7 +276,7 @@ def process_window_batch(sink, pipeline: str, checkpoint: str, kafka_options: di
              json.dumps(commit.to_json()["offsets"]))
 
 
-def build_session(args: argparse.Namespace):
+def build_session(args: StreamSpec, job: JobSpec | None = None):
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"eo-{args.pipeline}")
@@ -283,6 +286,8 @@ def build_session(args: argparse.Namespace):
     spark = builder.getOrCreate()
     # The submit operator turns this line into the task's "Spark UI" extra link (plugins/links.py).
     log.info("Spark UI at %s", spark.sparkContext.uiWebUrl)
+    if job is not None:
+        report_started(job, spark.sparkContext.uiWebUrl)
     if args.sink == "delta" and spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is None:
         # Delta rebuilds the table state (for the txn ids) with 50 tasks by default: far too many for a small
         # driver; follow the shuffle partitions unless the user set it.
@@ -290,9 +295,16 @@ def build_session(args: argparse.Namespace):
     return spark
 
 
-def run(args: argparse.Namespace) -> None:
-    topics = [t.strip() for t in args.topics.split(",") if t.strip()]
-    secrets = read_secret_file(args.secrets_file)
+def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = None) -> dict | None:
+    """Run the stream until its trigger ends it; return the sink's committed state (exactly once) or None.
+
+    :param args: the validated request.
+    :param secrets: the connections' settings; default: read from ``args.secrets_file``.
+    :param job: the job spec of a submitted run (its started file is written once the session runs).
+    """
+    topics = list(args.topics)
+    if secrets is None:
+        secrets = read_secret_file(args.secrets_file)
     os.environ.update(secrets.get("libpq", {}))  # the postgres sink connects with the libpq environment
     kafka_config = secrets["kafka"]
     kafka_options = spark_kafka_options(kafka_config)  # the Java client's names for the same settings
@@ -305,7 +317,7 @@ def run(args: argparse.Namespace) -> None:
         sink_offsets = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
         starting = reconcile_start(args.checkpoint, sink_offsets or None,
                                    topic_partitions(kafka_config, topics))
-    spark = build_session(args)
+    spark = build_session(args, job)
     reader = (spark.readStream.format("kafka")
               .options(**kafka_options)
               .option("subscribe", ",".join(topics))
@@ -340,44 +352,21 @@ def run(args: argparse.Namespace) -> None:
     print(f"EO_TIMING {time.monotonic() - started:.3f}", flush=True)
     state = sink.committed() if exactly_once else None
     print("EO_RESULT " + json.dumps(state.to_json() if state else None), flush=True)
+    return state.to_json() if state else None
 
 
-def exit_with_the_jvm() -> None:
-    """Stop this Python driver as soon as the driver JVM that started it is gone.
-
-    spark-submit's PythonRunner starts the Python driver as its child (and sets ``PYSPARK_GATEWAY_PORT``). A
-    driver JVM killed from outside does not take that child with it: in standalone cluster mode the master
-    kills the driver JVM by id and the Python process stayed behind on the worker, orphaned and sometimes hung
-    in interpreter shutdown (where no Python thread runs any more). So the kernel does it: on Linux the parent
-    death signal SIGKILLs this process when the JVM thread that started it ends; elsewhere a thread polls the
-    parent. Without its JVM the driver cannot start another batch; going at once is the same as a SIGKILL at
-    that instant, which every sink survives (an unfinished commit is rolled back or never published).
-    """
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        return
-    parent = os.getppid()
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        if ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL) == 0:
-            if os.getppid() != parent:  # the JVM ended before the signal was armed
-                os._exit(3)
-            return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1)
-        os._exit(3)
-
-    threading.Thread(target=watch, name="eo-exit-with-the-jvm", daemon=True).start()
+def _submitted(job: JobSpec, secrets: dict) -> dict | None:
+    return run(StreamSpec.from_json(job.params).validate(), secrets, job)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--spec"]:  # submitted by SparkKafkaToSinkOperator
+        return run_job(JOB, _submitted, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stdout)
     exit_with_the_jvm()
-    run(parse_args(sys.argv[1:] if argv is None else argv))
+    run(parse_args(argv))
     return 0
 
 

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
+import urllib.request
+from decimal import Decimal
+
+import pytest
 
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
@@ -32,3 +39,44 @@ def test_operator_loads_logs_progress_and_returns_the_positions(stack, spark, ai
     assert "4/4 chunks done, 1000 rows" in logged and "rows/s" in logged
     assert f"published {stack.DB_NAME}.{table}: 1000 rows as Delta version 0" in logged
     assert stack.DB_PASSWORD not in logged
+
+
+@pytest.mark.slow
+def test_cluster_deploy_mode_runs_the_driver_on_the_standalone_worker(stack, spark, airflow_connections, tmp_path):
+    stack.start_spark_cluster()
+    table = unique_name("op_fl_cluster")
+    conn = connect(stack)
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v INT, s VARCHAR(20), d DECIMAL(12, 2))")
+    rows = [(i, i * 7 % 101, f"s{i}" if i % 5 else None, Decimal(i) / 4) for i in range(1, 1001)]
+    cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, %s, %s)", rows)
+    sink = str(tmp_path / "sink")
+    # spark_standalone's Extra says deploy-mode cluster: the driver is submitted to the master, runs on the worker.
+    op = MySqlFullLoadOperator(task_id="load", table=table, sink_path=sink, chunk_rows=300, chunks_per_job=2,
+                               spark_conn_id="spark_standalone",
+                               spark_conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false",
+                                           "spark.executor.memory": "512m", "spark.cores.max": "1"})
+    try:
+        result = op.execute({})
+    finally:
+        cur.execute(f"DROP TABLE `{table}`")
+        conn.close()
+    loaded = sorted(tuple(r) for r in spark.read.format("delta").load(sink).select("id", "v", "s", "d").collect())
+    assert loaded == rows
+    assert result["rows"] == 1000 and [c["rows"] for c in result["chunks"]] == [300, 300, 300, 100]
+    assert result["load_id"] == read_handoff(sink).load_id
+    # The driver ran on the worker, in its work directory for this driver id, not in this (the task's) process.
+    driver = op.driver_id
+    assert re.fullmatch(r"driver-\d+-\d+", driver or ""), driver
+    assert _driver_state(stack, driver) == "FINISHED"
+    work = stack.HOME / "spark" / "work" / driver
+    assert op.driver_started["cwd"] == str(work) and op.driver_started["pid"] != os.getpid()
+    logs = (work / "stderr").read_text() + (work / "stdout").read_text()
+    assert "org.apache.spark.deploy.PythonRunner" in logs and "4/4 chunks done, 1000 rows" in logs
+    assert stack.DB_PASSWORD not in logs
+
+
+def _driver_state(stack, driver: str) -> str:
+    url = f"http://{stack.HOST}:{stack.SPARK_MASTER_REST_PORT}/v1/submissions/status/{driver}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)["driverState"]

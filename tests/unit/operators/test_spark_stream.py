@@ -12,6 +12,9 @@ import zipfile
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+from exactly_once_provider.hooks.spark_submit import CleanEnvironmentSparkSubmitHook
 from exactly_once_provider.operators import spark_stream
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.spark_jobs import kafka_to_sink
@@ -67,38 +70,51 @@ def test_cluster_mode_without_the_masters_rest_server_is_refused_before_submitti
         _op(spark_conn_id="spark_no_rest").execute({})
 
 
-class _FakeHook:
+class _FakeHook(CleanEnvironmentSparkSubmitHook):
+    """The real hook class (connection resolution, tracking decisions) with spark-submit itself faked."""
+
     created: list[dict] = []
     driver_status = "FINISHED"
 
     def __init__(self, **kwargs):
-        _FakeHook.created.append(kwargs)
-        self._submit_sp = None
-        self._connection = {"rest_endpoint": None}  # no REST probe in unit tests
-        self._driver_id = self._driver_status = None
+        _FakeHook.created.append(dict(kwargs))
+        super().__init__(**kwargs)
 
-    def submit(self, application, **kwargs):
-        args = _FakeHook.created[-1]["application_args"]
-        path = args[args.index("--secrets-file") + 1]
-        with open(path) as handle:  # exists while the job runs
-            secrets = json.load(handle)
-        _FakeHook.created[-1].update(application=application, popen=kwargs, secrets=secrets, secrets_file=path,
-                                     secrets_file_mode=stat.S_IMODE(os.stat(path).st_mode))
-        self._driver_id = "driver-20260101000000-0000"
 
-    def _start_driver_status_tracking(self):
-        _FakeHook.created[-1]["tracked"] = self._driver_id
-        self._driver_status = _FakeHook.driver_status
+def _fake_submit(self, application="", **kwargs):
+    """SparkSubmitHook.submit: record what spark-submit would get, read the job's files while they exist."""
+    args = _FakeHook.created[-1]["application_args"]
+    spec = json.loads(open(args[args.index("--spec") + 1]).read())
+    path = spec["secrets_file"]
+    with open(path) as handle:  # exists while the job runs
+        secrets = json.load(handle)
+    _FakeHook.created[-1].update(application=application, popen=kwargs, secrets=secrets, secrets_file=path,
+                                 secrets_file_mode=stat.S_IMODE(os.stat(path).st_mode), spec=spec)
+    self._driver_id = "driver-20260101000000-0000" if self._should_track_driver_status else None
+    return self._driver_id
+
+
+def _fake_tracking(self):
+    _FakeHook.created[-1]["tracked"] = self._driver_id
+    self._driver_status = _FakeHook.driver_status
 
 
 def _submitted(monkeypatch, op) -> dict:
-    import airflow.providers.apache.spark.hooks.spark_submit as hook_module
-
     _FakeHook.created = []
-    monkeypatch.setattr(hook_module, "SparkSubmitHook", _FakeHook)
+    monkeypatch.setattr(SparkSubmitHook, "submit", _fake_submit)
+    monkeypatch.setattr(SparkSubmitHook, "_start_driver_status_tracking", _fake_tracking)
+    monkeypatch.setattr(op, "hook_class", _FakeHook)
+    monkeypatch.setattr(op, "check_rest_server", lambda master, extra: None)  # no REST server in unit tests
     monkeypatch.setattr(op, "sink_state", lambda: None)
     op.execute({})
     return _FakeHook.created[-1]
+
+
+def _job_args(call) -> list[str]:
+    """The job's request as the command-line arguments it stands for."""
+    params = call["spec"]["params"]
+    args = ["--topics", ",".join(params["topics"]), "--mode", params["mode"]]
+    return args + (["--table", params["table"]] if params["table"] else ["--path", params["path"]])
 
 
 def test_command_ships_the_package_and_defaults_to_the_connector_packages(connections, monkeypatch):
@@ -107,9 +123,10 @@ def test_command_ships_the_package_and_defaults_to_the_connector_packages(connec
     assert call["packages"] == ",".join(SPARK_PACKAGES) and call["jars"] is None
     assert call["deploy_mode"] == "client" and call["popen"]["start_new_session"] is True
     # No Airflow setting or connection reaches the driver (a task's blocked SQL_ALCHEMY_CONN fails its import).
-    assert call["env_vars"] is None
+    assert call.get("env_vars") is None
     assert not [k for k in call["popen"]["env"] if k.startswith(("AIRFLOW_CONN", "AIRFLOW__"))]
-    args = call["application_args"]
+    assert call["application_args"] == ["--spec", call["application_args"][1]]  # nothing else on the command line
+    args = _job_args(call)
     assert args[args.index("--topics") + 1] == "a,b"
     assert call["secrets"] == {"kafka": {"bootstrap.servers": "k:9092"}} and call["secrets_file_mode"] == 0o600
     assert not os.path.exists(call["secrets_file"])  # removed after the run
@@ -120,7 +137,7 @@ def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_secre
     call = _submitted(monkeypatch, _op(sink="postgres", sink_table="s.t", conf={"spark.jars": "/j/a.jar"}))
     assert call["packages"] is None and call["conf"]["spark.jars"] == "/j/a.jar"
     assert call["secrets"]["libpq"]["PGPASSWORD"] == "s3cret" and call["secrets"]["libpq"]["PGHOST"] == "db"
-    assert "s3cret" not in " ".join(call["application_args"]) + json.dumps(call["env_vars"])
+    assert "s3cret" not in " ".join(call["application_args"]) + json.dumps(call["spec"]) + json.dumps(call.get("env_vars"))
     assert _submitted(monkeypatch, _op(jars=["/j/b.jar"]))["jars"] == "/j/b.jar"
 
 
@@ -129,10 +146,11 @@ def test_standalone_cluster_mode_submits_python_runner_and_tracks_the_driver(con
     call = _submitted(monkeypatch, _op(spark_conn_id="spark_cluster", sink="postgres", sink_table="s.t"))
     assert call["application"] == spark_stream.python_runner_jar() and "spark-core_" in call["application"]
     assert call["java_class"] == "org.apache.spark.deploy.PythonRunner"
-    job, py_files, *args = call["application_args"]
-    assert job == kafka_to_sink.__file__ and py_files.endswith("exactly_once_provider.zip")
+    job, py_files, *rest = call["application_args"]
+    assert job == kafka_to_sink.__file__ and py_files.endswith("exactly_once_provider.zip") and rest[0] == "--spec"
+    args = _job_args(call)
     assert args[args.index("--topics") + 1] == "a,b" and args[args.index("--table") + 1] == "s.t"
-    assert call["py_files"] is None and call["env_vars"] is None  # the hook refuses env_vars in this mode
+    assert call["py_files"] is None and call.get("env_vars") is None  # the hook refuses env_vars in this mode
     assert call["conf"]["spark.submit.pyFiles"] == py_files
     assert call["conf"]["spark.pyspark.driver.python"] == sys.executable
     env = call["popen"]["env"]
@@ -158,7 +176,7 @@ def test_package_zip_holds_the_job_and_its_imports(tmp_path):
 
 
 def test_window_mode_is_passed_to_the_job(connections, monkeypatch):
-    args = _submitted(monkeypatch, _op(mode="window", sink="files"))["application_args"]
+    args = _job_args(_submitted(monkeypatch, _op(mode="window", sink="files")))
     assert args[args.index("--mode") + 1] == "window"
 
 

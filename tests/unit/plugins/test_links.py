@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import time
 import importlib.metadata
 
 from airflow.plugins_manager import AirflowPlugin
@@ -12,7 +14,9 @@ from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
-from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink, push_link, watch_spark_ui
+from exactly_once_provider.operators.spark_submit import _StartedWatcher
+from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink, push_link
+from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
 from exactly_once_provider.provider_info import get_provider_info
 
 
@@ -41,14 +45,6 @@ def test_every_pipeline_operator_has_the_status_link_and_the_stream_has_the_spar
         assert getattr(importlib.import_module(module), name)().name
 
 
-class _Hook:
-    def __init__(self):
-        self.seen = []
-
-    def _process_spark_submit_log(self, lines):
-        self.seen = list(lines)
-
-
 class _TI:
     def __init__(self):
         self.pushed = {}
@@ -57,25 +53,22 @@ class _TI:
         self.pushed[key] = value
 
 
-def test_spark_ui_address_is_taken_from_the_submit_output_and_pushed_at_once():
-    hook, found = _Hook(), []
-    lines = ["INFO Utils: started", "2026-11-21 INFO exactly_once_provider.kafka_to_sink: Spark UI at None",
-             "2026-11-21 INFO exactly_once_provider.kafka_to_sink: Spark UI at http://h1:4041",
-             "INFO SparkUI: Bound SparkUI to 0.0.0.0, and started at http://h2:4042"]
-    with watch_spark_ui(hook, found.append):
-        hook._process_spark_submit_log(iter(lines))
-    assert hook.seen == lines  # the hook still gets every line
-    assert found == ["http://h1:4041"]
-    assert hook._process_spark_submit_log.__func__ is _Hook._process_spark_submit_log  # restored
-
+def test_spark_ui_address_from_the_drivers_started_file_is_pushed_at_once(tmp_path):
     operator, ti = _stream(), _TI()
-    operator._show_spark_ui({"ti": ti}, "http://h1:4041")
+    job = JobSpec(job="kafka_to_sink", params={}, secrets_file="", result_file=str(tmp_path / "result.json"),
+                  started_file=str(tmp_path / "started.json"))
+    watcher = _StartedWatcher(job.started_file, lambda started: operator._driver_started({"ti": ti}, started))
+    watcher.start()
+    report_started(job, "http://h1:4041")  # what the driver writes once its SparkSession runs
+    deadline = time.monotonic() + 10
+    while not ti.pushed and time.monotonic() < deadline:
+        time.sleep(0.1)
+    watcher.stop()
     assert ti.pushed == {SparkUILink().xcom_key: "http://h1:4041"}
+    assert operator.driver_started["cwd"] == os.getcwd()
     assert SparkUILink().get_link(operator, ti_key=None) == "http://h1:4041"
     assert SparkUILink().get_link(_stream(), ti_key=None) == ""
     assert push_link({}, SparkUILink(), "http://x") is False
-    with watch_spark_ui(object(), found.append):  # a hook without the output method is left alone
-        pass
 
 
 def test_plugin_is_registered_through_the_airflow_plugins_entry_point():

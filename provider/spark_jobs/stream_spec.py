@@ -1,0 +1,99 @@
+"""The streaming job's request, validated once: by the operator that builds it and by the job's command line."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+SINKS = ("delta", "postgres", "files")
+TRIGGERS = ("available-now", "processing-time")
+DELIVERIES = ("exactly-once", "at-least-once")
+MODES = ("append", "cdc", "window")
+DELTA_COMMITS = ("own", "delta")
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What the Kafka -> sink job runs (see :class:`~exactly_once_provider.operators.spark_stream.SparkKafkaToSinkOperator`).
+
+    :param pipeline: stable pipeline name (part of every sink commit).
+    :param topics: the Kafka topics.
+    :param checkpoint: this pipeline's checkpoint directory.
+    :param sink: ``delta``, ``postgres`` or ``files``.
+    :param path: the Delta table or files sink directory.
+    :param table: the PostgreSQL table.
+    :param trigger: ``available-now`` or ``processing-time``.
+    :param interval: processing-time trigger interval.
+    :param max_offsets_per_trigger: cap on records per micro-batch.
+    :param mode: ``append``, ``cdc`` or ``window``.
+    :param key_field: CDC: JSON field of the record value holding the key.
+    :param version_field: CDC: JSON field holding the source version.
+    :param op_field: CDC: JSON field holding the operation.
+    :param delta_commit: Delta append: the provider's own commit (``own``) or Delta's writer (``delta``).
+    :param delivery: ``exactly-once`` or ``at-least-once`` (benchmark baseline).
+    :param secrets_file: the command line's 0600 secrets file (a submitted job gets it from its job spec).
+    """
+
+    pipeline: str
+    topics: tuple[str, ...]
+    checkpoint: str
+    sink: str
+    path: str | None = None
+    table: str | None = None
+    trigger: str = "available-now"
+    interval: str = "10 seconds"
+    max_offsets_per_trigger: int | None = None
+    mode: str = "append"
+    key_field: str = "pk"
+    version_field: str = "version"
+    op_field: str = "op"
+    delta_commit: str = "own"
+    delivery: str = "exactly-once"
+    secrets_file: str | None = None
+
+    def validate(self) -> StreamSpec:
+        """Return the spec; raise ValueError naming the first setting that is wrong."""
+        if not self.pipeline or not str(self.pipeline).replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"pipeline must be a non-empty name of letters, digits, '-' and '_', got {self.pipeline!r}.")
+        if not self.topics:
+            raise ValueError("topics is empty: name at least one Kafka topic.")
+        if self.sink not in SINKS:
+            raise ValueError(f"sink must be one of {SINKS}, got {self.sink!r}.")
+        if self.sink in ("delta", "files") and not self.path:
+            raise ValueError(f"sink={self.sink!r} needs sink_path (the table or directory to write).")
+        if self.sink == "postgres" and not self.table:
+            raise ValueError("sink='postgres' needs sink_table.")
+        if self.trigger not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}.")
+        if self.delivery not in DELIVERIES:
+            raise ValueError(f"delivery must be one of {DELIVERIES}, got {self.delivery!r}.")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}.")
+        if self.delta_commit not in DELTA_COMMITS:
+            raise ValueError(f"delta_commit must be one of {DELTA_COMMITS}, got {self.delta_commit!r}.")
+        if self.mode == "window" and self.delivery != "exactly-once":
+            raise ValueError("mode='window' replaces windows by version: it needs delivery='exactly-once'.")
+        if self.mode == "cdc" and self.sink == "files":
+            raise ValueError("mode='cdc' needs sink='delta' or 'postgres': the files sink only appends.")
+        if not self.checkpoint:
+            raise ValueError("checkpoint_location is required: one checkpoint directory per pipeline.")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the spec as JSON (a job spec's ``params``), without the command line's secrets file."""
+        return {k: v for k, v in asdict(self).items() if k != "secrets_file"}
+
+    @classmethod
+    def from_json(cls, params: dict[str, Any]) -> StreamSpec:
+        """Return the spec of :meth:`to_json`'s output; refuse unknown settings."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"Unknown stream settings {unknown}.")
+        return cls(**{**params, "topics": tuple(params["topics"])})
+
+
+def split_topics(topics: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Return the topic names of a list or a comma-separated string (blanks dropped)."""
+    items = [topics] if isinstance(topics, str) else list(topics)
+    return tuple(t.strip() for item in items for t in item.split(",") if t.strip())
