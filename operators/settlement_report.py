@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from decimal import Decimal
 
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 
 
-class SettlementReportOperator(BaseOperator):
+class SettlementReportOperator(PackagedSparkJobOperator):
     """
     Summarise one settled window of a window-mode Delta sink into a PostgreSQL report table.
 
@@ -20,6 +21,8 @@ class SettlementReportOperator(BaseOperator):
     ``record_value`` (``row`` object of the watermark records), groups them by ``group_by`` and writes per group
     the row count and the sum of each ``sum_columns`` column. The window's report rows are deleted and
     inserted in ONE PostgreSQL transaction, so a rerun or a re-extract replaces them: one copy per window.
+    The sums run as a Spark application through the Spark connection (cluster deploy mode supported); the
+    groups come back in a small result file. A retry runs the read-only job again (``durable`` is off).
 
     Report table (created if missing): ``window_id text, window_version int, <group_by> text, rows bigint,
     <column>_sum numeric, reported_at timestamptz``, primary key ``(window_id, <group_by>)``.
@@ -32,17 +35,23 @@ class SettlementReportOperator(BaseOperator):
     :param sum_columns: numeric columns to sum, e.g. ``["amount"]``.
     :param mysql_conn_id: the source ``mysql`` connection (column types only).
     :param postgres_conn_id: the ``postgres`` connection of the report table.
-    :param spark_conn_id: the ``spark`` connection.
+    :param spark_conn_id: the ``spark`` connection (see
+        :class:`~exactly_once_provider.operators.spark_submit.PackagedSparkJobOperator` for the other Spark
+        arguments).
     :param spark_conf: extra Spark settings.
     """
 
     template_fields: Sequence[str] = ("window_id", "sink_path", "report_table")
+    job_name = "settlement_report"
+    job_module = "exactly_once_provider.spark_jobs.settlement_report"
 
     def __init__(self, *, window_id: str, sink_path: str, report_table: str, source_table: str,
                  group_by: Sequence[str], sum_columns: Sequence[str], mysql_conn_id: str = "mysql_default",
                  postgres_conn_id: str = "postgres_default", spark_conn_id: str = "spark_default",
                  spark_conf: dict[str, str] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        # The groups exist only in this try's result file: a retry runs the read-only job again.
+        kwargs.setdefault("durable", False)
+        super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
         self.window_id, self.sink_path, self.report_table, self.source_table = window_id, sink_path, report_table, source_table
         self.group_by, self.sum_columns = list(group_by), list(sum_columns)
         self.mysql_conn_id, self.postgres_conn_id = mysql_conn_id, postgres_conn_id
@@ -63,24 +72,18 @@ class SettlementReportOperator(BaseOperator):
             raise ValueError(f"sum_columns {wrong} are not DECIMAL or integer columns: sums must be exact.")
         return {c: int(columns[c].scale or 0) for c in self.sum_columns}
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from pyspark.sql import functions as F
-
-        from exactly_once_provider.spark_jobs.session import spark_session
-
+    def job_params(self, context: Any) -> dict[str, Any]:
         if not self.window_id or not self.group_by:
             raise ValueError("window_id and group_by must be non-empty.")
-        scales = self._scales()
-        spark = spark_session(self.spark_conn_id, "eo-settlement-report", self.spark_conf)
-        rows = spark.read.format("delta").load(self.sink_path).where(F.col("window_id") == self.window_id)
-        groups = [F.get_json_object("record_value", f"$.row.{c}").alias(c) for c in self.group_by]
-        sums = [F.sum(F.get_json_object("record_value", f"$.row.{c}").cast(f"decimal(38,{scales[c]})")).alias(c)
-                for c in self.sum_columns]
-        result = (rows.groupBy(*groups).agg(F.count(F.lit(1)).alias("eo_rows"), F.max("window_version").alias("v"),
-                                            *sums).collect())
-        if not result:
+        return {"sink_path": self.sink_path, "window_id": self.window_id, "group_by": self.group_by,
+                "sum_columns": self.sum_columns, "scales": self._scales()}
+
+    def job_result(self, result: Any, context: Any) -> dict[str, Any]:
+        groups = [{**g, **{c: Decimal(g[c]) for c in self.sum_columns if g.get(c) is not None}}
+                  for g in result or []]
+        if not groups:
             self.log.warning("Window %s has no rows in %s: the report is empty.", self.window_id, self.sink_path)
-        written = self._replace([r.asDict() for r in result])
+        written = self._replace(groups)
         header = [*self.group_by, "rows", *(f"{c}_sum" for c in self.sum_columns)]
         self.log.info("settlement report of %s (version %s):\n%s", self.window_id, written["window_version"],
                       "\n".join("  " + "  ".join(f"{str(v):>14}" for v in line)
