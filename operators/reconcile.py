@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config
-from exactly_once_provider.positions import parse_position
-from exactly_once_provider.reconcile import engine, position, results, sides
+from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
+from exactly_once_provider.positions import BinlogPosition, parse_position
+from exactly_once_provider.reconcile import engine, results, sides
 from exactly_once_provider.reconcile.canonical import INTEGER_TYPES, kind_of
+from exactly_once_provider.reconcile.run import compare, report_from_json
 
 
 class ReconciliationMismatch(AirflowException):
     """Raise when the sink differs from the source (the report names the differing keys)."""
 
 
-class ReconcileOperator(BaseOperator):
+class ReconcileOperator(PackagedSparkJobOperator):
     """
     Compare a MySQL/MariaDB table with its sink by key range (counts + checksums), bisecting to the keys.
 
@@ -31,6 +34,12 @@ class ReconcileOperator(BaseOperator):
     as mismatches (the rule: :mod:`exactly_once_provider.reconcile.position`). The result is logged as a
     table, stored in the PostgreSQL table ``eo_reconciliation`` (:mod:`~exactly_once_provider.reconcile.results`)
     and returned (XCom mirrors it for display).
+
+    A PostgreSQL sink is compared from the task itself. A Delta sink is compared in a Spark application
+    submitted through the Spark connection (cluster deploy mode supported): the driver pins the Delta table's
+    version, opens the source snapshot and runs the comparison; its report comes back in a small result file
+    and the task stores it and fails on a mismatch as for PostgreSQL. A retry compares again (``durable`` is
+    off: the comparison only reads).
 
     :param name: the reconciliation's name in the result table (usually the pipeline).
     :param table: the source table, ``table`` or ``schema.table``.
@@ -63,7 +72,9 @@ class ReconcileOperator(BaseOperator):
     :param leaf_width: key width compared key by key.
     :param mysql_conn_id: the source ``mysql`` connection.
     :param postgres_conn_id: the ``postgres`` connection (PostgreSQL sink and the result table).
-    :param spark_conn_id: the ``spark`` connection (Delta sink).
+    :param spark_conn_id: the ``spark`` connection (Delta sink; see
+        :class:`~exactly_once_provider.operators.spark_submit.PackagedSparkJobOperator` for the other Spark
+        arguments).
     :param kafka_config_id: the ``kafka`` connection (CDC).
     :param offsets_topic: the offsets ledger topic (CDC).
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the Delta connector).
@@ -75,6 +86,8 @@ class ReconcileOperator(BaseOperator):
         "postgres_conn_id",  # templated, and serialized with the DAG: the status page finds the results there
     )
     ui_color = "#e8eef4"
+    job_name = "reconcile"
+    job_module = "exactly_once_provider.reconcile.__main__"
 
     def __init__(
         self, *, name: str, table: str, sink: str, sink_path: str | None = None, sink_table: str | None = None,
@@ -91,7 +104,8 @@ class ReconcileOperator(BaseOperator):
         kafka_config_id: str = "kafka_default", offsets_topic: str = "eo-offsets",
         spark_conf: dict[str, str] | None = None, **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        kwargs.setdefault("durable", False)  # the report exists only in this try's result file; a rerun only reads
+        super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
         self.name, self.table, self.sink, self.sink_path, self.sink_table = name, table, sink, sink_path, sink_table
         self.key_column, self.columns, self.source_filter, self.sink_filter = key_column, columns, source_filter, sink_filter
         self.sink_key_column, self.sink_json_column, self.sink_json_path = sink_key_column, sink_json_column, sink_json_path
@@ -143,10 +157,9 @@ class ReconcileOperator(BaseOperator):
         return by_name[key_name], chosen
 
     # ------------------------------------------------------------------------------------------ run
-    def execute(self, context: Any) -> dict:
+    def _request(self) -> dict[str, Any]:
+        """Check the arguments and read what the comparison needs from the source's catalog (in this task)."""
         spec = self._sink_spec()
-        fail = str(self.fail_on_mismatch).strip().lower() in ("true", "1", "yes")
-        started_at = datetime.now(timezone.utc)
         source_hook = MySqlSourceHook(self.mysql_conn_id)
         schema, _, table = self.table.rpartition(".")
         schema = schema or source_hook.get_connection(self.mysql_conn_id).schema
@@ -155,61 +168,73 @@ class ReconcileOperator(BaseOperator):
         with source_hook.cursor() as cur:
             key, columns = self._columns(cur, schema, table)
         captured = self._captured_position(table) if self.capture_pipeline or self.full_load_path else None
-        pg_conn = None
-        spark = sink_side = None
+        return {"spec": spec, "source_hook": source_hook, "schema": schema, "table": table, "key": key,
+                "columns": columns, "captured": captured, "started_at": datetime.now(timezone.utc)}
+
+    def execute(self, context: Any) -> dict:
+        spec = self._sink_spec()
+        if spec.kind == "delta":
+            return super().execute(context)  # the Spark application: job_params -> driver -> job_result
+        r = self._request()
+        pg_conn = self._postgres()
         try:
             # The sink is pinned BEFORE the source snapshot opens (position rule step 3 -> 4).
-            if spec.kind == "postgres":
-                pg_conn = self._postgres()
-                pg_conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
-                pg_cur = pg_conn.cursor()
-                sink_side = sides.postgres_side(pg_cur, spec, key, columns)
-                pg_cur.execute("SELECT 1")  # the transaction's snapshot is taken by its first statement
-            else:
-                from exactly_once_provider.spark_jobs.session import spark_session
-
-                spark = spark_session(self.spark_conn_id, f"eo-reconcile-{self.name}", self.spark_conf)
-                sink_side = sides.delta_side(spark, spec, key, columns)
-            with source_hook.consistent_snapshot() as snapshot:
-                common = None
-                if captured is not None:
-                    keys, changes = position.keys_changed_between(
-                        self._replication_settings(source_hook), schema, table, key.name, captured, snapshot.position)
-                    common = position.CommonPosition(captured, snapshot.position, keys, changes)
-                    self.log.info("Common position: captured %s, source snapshot %s; %d changes of %d keys in between "
-                                  "are in flight", captured, snapshot.position, changes, len(keys))
-                source = sides.source_side(snapshot.cursor, schema, table, key, columns, self.source_filter)
-                report = engine.reconcile(source, sink_side, fanout=self.fanout, max_segments=self.max_segments,
-                                          leaf_width=self.leaf_width,
-                                          in_flight_keys=common.in_flight_keys if common else ())
-            finished_at = datetime.now(timezone.utc)
-            self.log.info("\n%s", engine.summary_table(report, f"reconciliation {self.name} ({schema}.{table} vs "
-                                                                f"{spec.kind} {spec.location})"))
-            for q in report.queries:
-                self.log.info("query %-6s %-8s full_scan=%s ranges=%d rows=%d %.2fs", q.side, q.kind, q.full_scan,
-                              q.ranges, q.rows, q.seconds)
-            result_id = None
-            if self.store_result:
-                store = pg_conn if pg_conn is not None else self._postgres()
-                if store is pg_conn:
-                    pg_conn.rollback()
-                    pg_conn.set_session(isolation_level="READ COMMITTED", readonly=False)
-                try:
-                    ti = context.get("ti")
-                    result_id = results.store_result(
-                        store, self.name, report, started_at, finished_at, common.to_json() if common else None,
-                        {"dag_id": getattr(ti, "dag_id", None), "run_id": getattr(ti, "run_id", None),
-                         "task_id": getattr(ti, "task_id", None), "try_number": getattr(ti, "try_number", None)})
-                finally:
-                    if store is not pg_conn:
-                        store.close()
+            pg_conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            pg_cur = pg_conn.cursor()
+            sink_side = sides.postgres_side(pg_cur, spec, r["key"], r["columns"])
+            pg_cur.execute("SELECT 1")  # the transaction's snapshot is taken by its first statement
+            report, common = compare(r["source_hook"], sink_side, r["schema"], r["table"], r["key"], r["columns"],
+                                     self.source_filter, r["captured"], fanout=self.fanout,
+                                     max_segments=self.max_segments, leaf_width=self.leaf_width)
+            pg_conn.rollback()
+            pg_conn.set_session(isolation_level="READ COMMITTED", readonly=False)
+            return self._finish(context, r, report, common.to_json() if common else None, pg_conn)
         finally:
-            if pg_conn is not None:
-                pg_conn.close()
-            if spark is not None and sink_side is not None:
-                sink_side.close()
-        summary = {"name": self.name, "result_id": result_id, **report.summary(),
-                   "position": common.to_json() if common else None,
+            pg_conn.close()
+
+    def job_params(self, context: Any) -> dict[str, Any]:
+        self._delta_request = r = self._request()
+        captured: BinlogPosition | None = r["captured"]
+        return {"sink": asdict(r["spec"]), "schema": r["schema"], "table": r["table"], "key": r["key"].to_json(),
+                "columns": [c.to_json() for c in r["columns"]], "source_filter": self.source_filter,
+                "captured": str(captured) if captured is not None else None, "fanout": self.fanout,
+                "max_segments": self.max_segments, "leaf_width": self.leaf_width,
+                "mysql_conn_id": self.mysql_conn_id}
+
+    def job_secrets(self) -> dict[str, Any]:
+        conn = BaseHook.get_connection(self.mysql_conn_id)
+        # The driver's MySqlSourceHook finds it under the same id, read as Airflow reads AIRFLOW_CONN_* JSON.
+        return {"env": {f"AIRFLOW_CONN_{self.mysql_conn_id.upper()}": conn.as_json()}}
+
+    def job_result(self, result: Any, context: Any) -> dict:
+        if result is None:
+            raise AirflowException(f"The reconciliation job of {self.name} wrote no result; see its driver's log.")
+        return self._finish(context, self._delta_request, report_from_json(result["report"]), result["position"])
+
+    def _finish(self, context: Any, r: dict[str, Any], report: engine.Report, common: dict | None,
+                pg_conn: Any = None) -> dict:
+        """Log the report, store it, return it for XCom; raise on a real mismatch when asked to."""
+        spec, schema, table = r["spec"], r["schema"], r["table"]
+        fail = str(self.fail_on_mismatch).strip().lower() in ("true", "1", "yes")
+        finished_at = datetime.now(timezone.utc)
+        self.log.info("\n%s", engine.summary_table(report, f"reconciliation {self.name} ({schema}.{table} vs "
+                                                            f"{spec.kind} {spec.location})"))
+        for q in report.queries:
+            self.log.info("query %-6s %-8s full_scan=%s ranges=%d rows=%d %.2fs", q.side, q.kind, q.full_scan,
+                          q.ranges, q.rows, q.seconds)
+        result_id = None
+        if self.store_result:
+            store = pg_conn if pg_conn is not None else self._postgres()
+            try:
+                ti = context.get("ti")
+                result_id = results.store_result(
+                    store, self.name, report, r["started_at"], finished_at, common,
+                    {"dag_id": getattr(ti, "dag_id", None), "run_id": getattr(ti, "run_id", None),
+                     "task_id": getattr(ti, "task_id", None), "try_number": getattr(ti, "try_number", None)})
+            finally:
+                if store is not pg_conn:
+                    store.close()
+        summary = {"name": self.name, "result_id": result_id, **report.summary(), "position": common,
                    "differences": [d.__dict__ for d in report.differences[:100]]}
         if not report.clean and fail:
             keys = ", ".join(f"{d.key} ({d.kind})" for d in report.differences if d.kind in engine.MISMATCH_KINDS)

@@ -154,7 +154,7 @@ def test_cdc_view_compares_at_the_common_position_without_stopping_writers(stack
     op = _operator(table, sink="delta", sink_path=changes_path, base_path=base, sink_json_column="record_value",
                    sink_json_path="after", sink_key_json_paths=["after.id", "before.id"],
                    sink_deleted_column="deleted", sink_version_column="source_version", full_load_path=base,
-                   fail_on_mismatch=False)
+                   fail_on_mismatch=False, spark_conf=stack.spark_conf())  # the job's driver needs the Delta jars
     result = op.execute({})
     kinds = {d["key"]: d["kind"] for d in result["differences"]}
     # 5, 6, 1001 match through the changes, 8 through the base row; 7 changed after P: in flight.
