@@ -42,14 +42,15 @@ class CleanEnvironmentSparkSubmitHook(SparkSubmitHook):
     hook's ``on_kill``) is enough in local and client mode: the Python driver dies with its JVM
     (:func:`exactly_once_provider.spark_jobs.driver.exit_with_the_jvm`).
 
-    :param submit_env: spark-submit's whole environment (see :func:`clean_environment`).
+    :param submit_env: spark-submit's whole environment; default :func:`clean_environment` (a hook built only
+        to kill a driver, by ``on_kill`` before anything was submitted, needs none).
     """
 
     hook_name = "Spark Submit (clean environment)"
 
-    def __init__(self, *, submit_env: dict[str, str], **kwargs: Any) -> None:
+    def __init__(self, *, submit_env: dict[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.submit_env = submit_env
+        self.submit_env = submit_env if submit_env is not None else clean_environment()
 
     def submit(self, application: str = "", **kwargs: Any) -> str | None:
         kwargs.setdefault("env", self.submit_env)

@@ -68,3 +68,18 @@ def test_the_mysql_connection_goes_to_the_secrets_only(spark_connection):
     assert "pw-MARKER" not in json.dumps(params)
     secrets = op.job_secrets()["env"]["AIRFLOW_CONN_MYSQL_DEFAULT"]
     assert json.loads(secrets)["password"] == "pw-MARKER"
+
+
+def test_on_kill_before_anything_was_submitted_is_harmless(spark_connection):
+    MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x").on_kill()  # builds an idle hook, kills nothing
+
+
+def test_the_submit_environment_has_no_airflow_variable(monkeypatch):
+    from exactly_once_provider.hooks.spark_submit import clean_environment
+
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "airflow-db-not-allowed:///")
+    monkeypatch.setenv("AIRFLOW_CONN_SECRET", "mysql://u:pw-MARKER@h/db")
+    monkeypatch.setenv("AIRFLOW_HOME", "/home/airflow")
+    env = clean_environment({"PYSPARK_PYTHON": "/py"})
+    assert [k for k in env if k.startswith("AIRFLOW")] == ["AIRFLOW_HOME"] and env["PYSPARK_PYTHON"] == "/py"
+    assert "pw-MARKER" not in json.dumps(env)
