@@ -9,7 +9,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from exactly_once_provider.full_load.handoff import read_handoff
-from exactly_once_provider.full_load.job import READERS, FullLoadRequest
+from exactly_once_provider.full_load.job import FullLoadRequest
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 
@@ -69,8 +69,6 @@ class MySqlFullLoadOperator(PackagedSparkJobOperator):
             if self.full_reload.lower() not in ("true", "false"):
                 raise ValueError(f"full_reload must be true or false, got {self.full_reload!r}.")
             self.full_reload = self.full_reload.lower() == "true"
-        if self.reader not in READERS:
-            raise ValueError(f"reader must be one of {READERS}, got {self.reader!r}.")
         schema = self.schema or BaseHook.get_connection(self.mysql_conn_id).schema
         if not schema:
             raise ValueError(f"No schema given and connection {self.mysql_conn_id!r} has none; pass schema=.")
@@ -79,7 +77,7 @@ class MySqlFullLoadOperator(PackagedSparkJobOperator):
             chunk_rows=self.chunk_rows, chunks_per_job=self.chunks_per_job,
             chunk_key=tuple(self.chunk_key) if self.chunk_key else None, fetch_rows=self.fetch_rows, reader=self.reader,
             full_reload=bool(self.full_reload), expected_rows_per_second=self.expected_rows_per_second,
-        )
+        ).validate()
         return {**asdict(request), "mysql_conn_id": self.mysql_conn_id}
 
     def job_secrets(self) -> dict[str, Any]:

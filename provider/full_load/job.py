@@ -81,6 +81,15 @@ class FullLoadRequest:
     expected_rows_per_second: float = 20_000
     require_replication: bool = True
 
+    def validate(self) -> FullLoadRequest:
+        """Return the request; raise ValueError naming the first setting that is wrong (checked by the operator
+        before it submits the job, and by the job itself)."""
+        if not self.schema or not self.table or not self.sink_path:
+            raise ValueError("schema, table and sink_path must be non-empty.")
+        if self.reader not in READERS:
+            raise ValueError(f"reader must be one of {READERS}, got {self.reader!r}.")
+        return self
+
     def staging(self) -> Staging:
         return Staging(self.staging_path or self.sink_path.rstrip("/") + "._eo_full_load")
 
@@ -125,8 +134,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
     :param request: what to load.
     :param progress: called after each finished wave.
     """
-    if request.reader not in READERS:
-        raise ValueError(f"reader must be one of {READERS}, got {request.reader!r}.")
+    request.validate()
     started = time.monotonic()
     phases: dict[str, float] = {}
     staging = request.staging()

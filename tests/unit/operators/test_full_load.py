@@ -22,3 +22,9 @@ def test_constructor_does_no_io_and_templates_match_arguments(monkeypatch):
 def test_bad_templated_values_are_rejected_in_execute(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MySqlFullLoadOperator(task_id="t", **kwargs).execute({})
+
+
+def test_the_request_is_validated_once_by_its_own_rules(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", '{"conn_type": "mysql", "host": "h", "schema": "eo"}')
+    with pytest.raises(ValueError, match="reader must be one of"):  # FullLoadRequest.validate, before any submit
+        MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", reader="fast").execute({})
