@@ -224,8 +224,8 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         # calls of the same object (tests; Airflow builds a new operator per try) names these same paths.
         if self._job_dir is None:
             self._job_dir = tempfile.mkdtemp(prefix="eo-spark-")
-        else:
-            os.makedirs(self._job_dir, exist_ok=True)
+        else:  # created again by us only (0700): a directory someone else made under that name is refused
+            os.mkdir(self._job_dir, 0o700)
         try:
             spec = self._prepare(context, self._job_dir)
             watcher = _StartedWatcher(spec.started_file, lambda started: self._driver_started(context, started))
