@@ -133,6 +133,23 @@ def check_ledger_partitions(topic: str, partitions: int) -> int:
     return partitions
 
 
+class LedgerMovedError(ValueError):
+    """Raise when a key's latest record says its ledger was migrated to another topic."""
+
+
+def moved_to(value: bytes) -> str | None:
+    """
+    Return the topic a *moved* record (written by the ledger migration) points to, or None for any other value.
+
+    :param value: a raw offsets-topic value.
+    """
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return None
+    return data.get("moved_to") if isinstance(data, dict) and set(data) == {"schema_version", "moved_to"} else None
+
+
 @dataclass(frozen=True)
 class CommittedOffset:
     """One record of the offsets topic: the source offset a committed transaction covers, and its batch."""
@@ -168,6 +185,11 @@ class CommittedOffset:
             data = json.loads(value)
         except ValueError as err:
             raise ValueError(f"Offsets record is not JSON ({err}): {value[:200]!r}") from err
+        target = moved_to(value)
+        if target is not None:
+            raise LedgerMovedError(
+                f"This pipeline's offsets ledger was migrated to topic {target!r}; set offsets_topic={target!r} "
+                "(its resume point is there). Nothing was read from the old ledger.")
         version = data.get("schema_version") if isinstance(data, dict) else None
         if version != OFFSETS_SCHEMA_VERSION:
             raise ValueError(

@@ -103,3 +103,13 @@ def test_compaction_problems_name_the_settings_that_keep_history():
     assert compaction_problems(kafka_defaults) == ["segment.ms=604800000 > 3600000"]
     assert compaction_problems({"min.compaction.lag.ms": "86400000", "min.cleanable.dirty.ratio": "0.9"}) == [
         "min.cleanable.dirty.ratio=0.9 > 0.5", "min.compaction.lag.ms=86400000 > 3600000"]
+
+
+def test_a_moved_record_names_the_new_ledger_and_is_never_read_as_an_offset():
+    from exactly_once_provider.kafka.offsets import LedgerMovedError, moved_to
+
+    moved = b'{"moved_to":"eo-offsets-v2","schema_version":1}'
+    assert moved_to(moved) == "eo-offsets-v2"
+    assert moved_to(_record().to_value()) is None and moved_to(b"not json") is None
+    with pytest.raises(LedgerMovedError, match="offsets_topic='eo-offsets-v2'"):
+        CommittedOffset.from_value(moved)
