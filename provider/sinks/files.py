@@ -207,6 +207,7 @@ class FilesSink:
         The link fails if another writer published the same sequence number since ``previous`` was read: the
         compare-and-set that keeps two drivers from both publishing on top of one manifest.
         """
+        fault_point("files_staged")
         sequence = previous["sequence"] + 1 if previous else 0
         manifest = {"format": MANIFEST_FORMAT, "sequence": sequence, **fields}
         manifests = self.root / "_manifests"
