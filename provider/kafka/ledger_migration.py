@@ -33,8 +33,8 @@ from confluent_kafka import Consumer, Producer
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.kafka.offsets import (
     OFFSETS_SCHEMA_VERSION,
-    _admin_only,
-    _latest_values,
+    connection_only,
+    latest_raw_values,
     ensure_offsets_topic,
     ledger_partition,
     moved_to,
@@ -61,13 +61,13 @@ def migrate_ledger(client_config: dict[str, Any], source: str, target: str, quie
     if source == target:
         raise ValueError(f"Migrating ledger {source!r} onto itself: name a new topic.")
     partitions = ensure_offsets_topic(client_config, target, timeout=timeout)
-    producer = Producer({**_admin_only(client_config), "transactional.id": f"eo-ledger-migration/{source}",
+    producer = Producer({**connection_only(client_config), "transactional.id": f"eo-ledger-migration/{source}",
                          "transaction.timeout.ms": int(timeout * 1000)})
     # First: aborts what a killed earlier attempt left open, which the reads below would otherwise wait for.
     producer.init_transactions(timeout)
     ends = topic_end_offsets(client_config, source)
-    latest = _latest_values(client_config, source, timeout, None)
-    copied = _latest_values(client_config, target, timeout, None)
+    latest = latest_raw_values(client_config, source, timeout, None)
+    copied = latest_raw_values(client_config, target, timeout, None)
     moved = {key for key, value in latest.items() if moved_to(value) is not None}
     if moved:
         return _verify_finished(source, target, latest, copied, moved)
@@ -114,7 +114,7 @@ def _verify_finished(source: str, target: str, latest: dict[bytes, bytes], copie
 def _refuse_recent_writes(config: dict[str, Any], topic: str, ends: dict[int, int], quiet_s: float,
                           timeout: float) -> None:
     """Raise if the last record of a partition of ``topic`` is younger than ``quiet_s`` seconds."""
-    consumer = Consumer({**_admin_only(config), "group.id": f"eo-ledger-migration-{time.time_ns()}",
+    consumer = Consumer({**connection_only(config), "group.id": f"eo-ledger-migration-{time.time_ns()}",
                          "isolation.level": "read_committed", "enable.auto.commit": False,
                          "enable.partition.eof": True, "auto.offset.reset": "earliest"})
     try:

@@ -249,7 +249,7 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
     :param replication_factor: -1 uses the broker's ``default.replication.factor``.
     :param timeout: seconds to wait for the broker.
     """
-    admin = AdminClient(_admin_only(admin_config))
+    admin = AdminClient(connection_only(admin_config))
     if topic not in admin.list_topics(timeout=timeout).topics:
         future = admin.create_topics(
             [NewTopic(topic, LEDGER_PARTITIONS, replication_factor, config=dict(COMPACTION_CONFIG))])[topic]
@@ -364,7 +364,7 @@ def read_ledger(consumer_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TO
     """
     wanted = None if pipelines is None else {validate_name("pipeline", p) for p in pipelines}
     result: dict[str, CommittedOffset | ValueError] = {}
-    for key, value in _latest_values(consumer_config, topic, timeout, wanted).items():
+    for key, value in latest_raw_values(consumer_config, topic, timeout, wanted).items():
         try:
             result[key.decode()] = CommittedOffset.from_value(value)
         except ValueError as err:
@@ -409,9 +409,18 @@ def _partition_bounds(config: dict[str, Any], topic: str, pipeline: str,
         consumer.close()
 
 
-def _latest_values(consumer_config: dict[str, Any], topic: str, timeout: float,
-                   pipelines: set[str] | None) -> dict[bytes, bytes]:
-    """Return the latest committed value of each key (of ``pipelines``, if given), reading forwards."""
+def latest_raw_values(consumer_config: dict[str, Any], topic: str, timeout: float,
+                      pipelines: set[str] | None) -> dict[bytes, bytes]:
+    """
+    Return the latest committed raw value of each key (of ``pipelines``, if given), reading forwards from
+    each partition's start to the high watermark (as :func:`read_ledger`, without parsing: the migration
+    copies values byte for byte).
+
+    :param consumer_config: confluent-kafka configuration (at least ``bootstrap.servers``).
+    :param topic: the offsets topic.
+    :param timeout: seconds before giving up.
+    :param pipelines: only these pipelines' partitions and keys; None: every key.
+    """
     consumer = _consumer(consumer_config, "read_uncommitted")
     try:
         metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
@@ -453,7 +462,7 @@ def _watermarks(consumer: Consumer, partition: TopicPartition, timeout: float) -
 
 def _consumer(config: dict[str, Any], isolation_level: str) -> Consumer:
     return Consumer({
-        **_admin_only(config),
+        **connection_only(config),
         "group.id": f"eo-offsets-reader-{uuid.uuid4().hex[:12]}",
         "isolation.level": isolation_level,
         "enable.auto.commit": False,
@@ -465,7 +474,7 @@ def _consumer(config: dict[str, Any], isolation_level: str) -> Consumer:
     })
 
 
-def _admin_only(config: dict[str, Any]) -> dict[str, Any]:
+def connection_only(config: dict[str, Any]) -> dict[str, Any]:
     """Keep the connection settings of a producer config and drop producer-only ones."""
     producer_only = {"transactional.id", "enable.idempotence", "acks", "linger.ms", "batch.size",
                      "transaction.timeout.ms", "compression.type", "queue.buffering.max.messages",
