@@ -317,7 +317,8 @@ def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source
     the first open transaction). Reaching ``high`` means every transaction open when the read began (ours,
     fenced by ``init_transactions``, or another pipeline's) has ended: no committed record of this key can
     hide behind an open transaction. The earlier windows end below ``high``, where every transaction is
-    decided; aborted records and transaction markers are skipped by ``read_committed``.
+    decided; aborted records and transaction markers are skipped by ``read_committed``. A key that never
+    committed costs its whole partition (a pipeline's first run only), as does proving a key absent.
 
     :param consumer_config: confluent-kafka configuration (at least ``bootstrap.servers``).
     :param pipeline: the pipeline name.
