@@ -25,11 +25,11 @@ def _require_viewer() -> Any:
     return Depends(requires_access_view(AccessView.PLUGINS))
 
 
-def _overview():
+def _overview(all_keys: bool = False):
     from exactly_once_provider.plugins.discovery import serialized_dags
     from exactly_once_provider.plugins.status import read_overview
 
-    return read_overview(serialized_dags())
+    return read_overview(serialized_dags(), every_ledger_key=all_keys)
 
 
 def _to_json(overview) -> dict[str, Any]:
@@ -56,13 +56,14 @@ def create_app() -> FastAPI:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
     @app.get("/", response_class=HTMLResponse, dependencies=[_require_viewer()])
-    def page(pipeline: str | None = None) -> str:
+    def page(pipeline: str | None = None, all_keys: bool = False) -> str:
+        """:param all_keys: also list pipelines only the offsets ledger knows (reads every ledger key)."""
         from exactly_once_provider.plugins.page import render_page
 
-        return render_page(_overview(), only=pipeline)
+        return render_page(_overview(all_keys), only=pipeline)
 
     @app.get("/api/pipelines", dependencies=[_require_viewer()])
-    def pipelines() -> dict[str, Any]:
-        return _to_json(_overview())
+    def pipelines(all_keys: bool = False) -> dict[str, Any]:
+        return _to_json(_overview(all_keys))
 
     return app

@@ -7,8 +7,10 @@ A pipeline is found in three places, merged by its name:
    names its tables' full loads). Templated values of the
    form ``{{ params.x }}`` are rendered with the DAG's Param defaults; a value that needs a run (e.g.
    ``{{ ds }}``) cannot be known before the run and is listed as unresolved instead of guessed;
-2. the offsets ledger: every ``<pipeline>/<source_partition>`` key of the offsets topics the DAGs name
-   (the default ``eo-offsets`` always), so a pipeline produced from outside Airflow still shows up;
+2. the offsets ledger: the ``<pipeline>/<source_partition>`` keys of the offsets topics the DAGs name (the
+   default ``eo-offsets`` always). A page load reads only the partitions of the pipelines the DAGs name;
+   ``?all_keys=true`` reads every key, so a pipeline produced from outside Airflow shows up too (as it
+   does when no DAG names any pipeline);
 3. the PostgreSQL offsets table ``eo_stream_offsets``: every pipeline that committed there.
 
 The DAGs are the only place that says where a Delta table or files sink lives, so those sinks show up

@@ -281,12 +281,18 @@ def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Sect
     return _guard(section, read)
 
 
-def read_overview(dags: list[Any], connections: Connections | None = None) -> Overview:
+def read_overview(dags: list[Any], connections: Connections | None = None,
+                  every_ledger_key: bool = False) -> Overview:
     """
     Discover the pipelines and read each one's state from the live systems.
 
+    The ledger is read only in the partitions of the pipelines the DAGs name (:func:`read_ledger` with
+    ``pipelines``), so a page load costs those partitions, not every pipeline's history; pipelines that
+    only the ledger knows (produced from outside Airflow) are listed with ``every_ledger_key``.
+
     :param dags: serialized (or parsed) DAGs to discover pipelines from.
     :param connections: client settings; default: Airflow connections.
+    :param every_ledger_key: read every key of the offsets topics, to list pipelines no DAG names.
     """
     connections = connections or Connections()
     found = add_dags(Discovery(), dags)
@@ -297,7 +303,9 @@ def read_overview(dags: list[Any], connections: Connections | None = None) -> Ov
     for conn_id in sorted(conn_ids):
         for topic in sorted(found.offsets_topics()):
             try:
-                records = read_ledger(connections.kafka(conn_id), topic, timeout=30)
+                named = sorted(n for n, spec in found.pipelines.items() if topic in spec.offsets_topics)
+                records = read_ledger(connections.kafka(conn_id), topic, timeout=30,
+                                      pipelines=None if every_ledger_key or not named else named)
             except ValueError:  # the topic is created by the first exactly-once commit
                 notes.append(f"offsets ledger {topic!r} via {conn_id!r} does not exist yet (nothing committed)")
                 continue

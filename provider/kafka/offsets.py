@@ -6,7 +6,13 @@ resume point of that pipeline: no Airflow state, no consumer-group offset, no lo
 
 Offsets topic format (schema version 1)
 ---------------------------------------
-* topic: compacted (``cleanup.policy=compact``), default name :data:`DEFAULT_OFFSETS_TOPIC`.
+* topic: compacted (``cleanup.policy=compact``), default name :data:`DEFAULT_OFFSETS_TOPIC`, created with
+  :data:`LEDGER_PARTITIONS` partitions and the compaction settings of :data:`COMPACTION_CONFIG`. A key lives
+  in partition :func:`ledger_partition` (CRC-32 of the pipeline name modulo the partition count), so every
+  key of one pipeline shares one partition and a reader of one key reads one partition. A topic created
+  before partitioning has 1 partition: everything is partition 0 and keeps working unchanged
+  (:mod:`~exactly_once_provider.kafka.ledger_migration` copies it into a partitioned topic). The partition
+  count of a ledger never changes (a key would move): only 1 or :data:`LEDGER_PARTITIONS` are accepted.
 * key: UTF-8 ``"<pipeline>/<source_partition>"``; both names match :data:`NAME_PATTERN`, so ``/`` never
   appears inside a name and the key is unambiguous. Compaction keeps the latest record per key.
 * value: UTF-8 JSON object::
@@ -25,6 +31,10 @@ Offsets topic format (schema version 1)
       "committed_at": "2026-11-21T00:00:00.000000+00:00"    # producer clock, for display only
     }
 
+Reading one key costs the records written after that key's last record in its partition, not the
+partition's history: :func:`read_committed_offset` reads backwards from the end in growing windows until it
+meets the key (see there).
+
 Batch markers (:func:`marker_value`) use the same JSON style with ``"marker": "begin"|"end"`` and carry the
 ``eo.marker`` header, so a consumer of a data topic can tell markers from data without parsing values.
 """
@@ -32,15 +42,17 @@ Batch markers (:func:`marker_value`) use the same JSON style with ``"marker": "b
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+import zlib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from exactly_once_provider.kafka.topic_reader import read_until
 
@@ -49,6 +61,26 @@ DEFAULT_OFFSETS_TOPIC = "eo-offsets"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 MARKER_HEADER = "eo.marker"
 DELIVERY_MODES = ("exactly_once", "at_least_once")
+# 16 partitions: another pipeline shares a partition with probability 1/16, so one busy pipeline slows
+# ~1/16 of the others (and only until compaction), while a whole-ledger read (the status page) still opens
+# few fetches. Never change it for an existing topic: keys would move partitions (migrate instead).
+LEDGER_PARTITIONS = 16
+# Compaction never touches the active segment: with Kafka's default segment.ms (7 days) a busy pipeline's
+# records pile up uncompacted for a week. Rolling hourly with a low dirty ratio keeps each partition near
+# "one record per key + the last hour". min.compaction.lag.ms=0: a record is compactable once superseded.
+COMPACTION_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(3_600_000),
+    "min.cleanable.dirty.ratio": "0.1",
+    "min.compaction.lag.ms": "0",
+}
+# The backward read starts with the last FIRST_WINDOW records of the key's partition (one fetch of a few
+# hundred KB: an active pipeline's last record is almost always there) and multiplies the window by
+# WINDOW_GROWTH while the key is not found, so a key far back costs at most ~WINDOW_GROWTH/(WINDOW_GROWTH-1)
+# times the records behind it, in O(log n) round trips.
+FIRST_WINDOW = 512
+WINDOW_GROWTH = 4
+log = logging.getLogger(__name__)
 
 
 def validate_name(kind: str, value: object) -> str:
@@ -70,6 +102,52 @@ def validate_name(kind: str, value: object) -> str:
 def ledger_key(pipeline: str, source_partition: str) -> bytes:
     """Return the offsets-topic key of one pipeline's source partition."""
     return f"{validate_name('pipeline', pipeline)}/{validate_name('source_partition', source_partition)}".encode()
+
+
+def ledger_partition(pipeline: str, partitions: int) -> int:
+    """
+    Return the offsets-topic partition of every key of ``pipeline`` (writer and readers use this, never the
+    client library's default partitioner, whose hash differs between clients).
+
+    :param pipeline: the pipeline name.
+    :param partitions: the offsets topic's partition count (1 for a legacy ledger: always partition 0).
+    """
+    if partitions < 1:
+        raise ValueError(f"An offsets topic has at least one partition, not {partitions}.")
+    return zlib.crc32(validate_name("pipeline", pipeline).encode()) % partitions
+
+
+def check_ledger_partitions(topic: str, partitions: int) -> int:
+    """
+    Return ``partitions`` if it is a partition count a ledger may have, else raise ``ValueError``.
+
+    :param topic: the offsets topic (for the message).
+    :param partitions: its partition count.
+    """
+    if partitions not in (1, LEDGER_PARTITIONS):
+        raise ValueError(
+            f"Offsets topic {topic!r} has {partitions} partitions; a ledger has 1 (legacy) or {LEDGER_PARTITIONS}. "
+            "Its partition count must never change (a pipeline's keys would move to another partition and "
+            "its resume point would be missed): copy it into a new topic with "
+            "exactly_once_provider.kafka.ledger_migration.migrate_ledger instead.")
+    return partitions
+
+
+class LedgerMovedError(ValueError):
+    """Raise when a key's latest record says its ledger was migrated to another topic."""
+
+
+def moved_to(value: bytes) -> str | None:
+    """
+    Return the topic a *moved* record (written by the ledger migration) points to, or None for any other value.
+
+    :param value: a raw offsets-topic value.
+    """
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return None
+    return data.get("moved_to") if isinstance(data, dict) and set(data) == {"schema_version", "moved_to"} else None
 
 
 @dataclass(frozen=True)
@@ -107,6 +185,11 @@ class CommittedOffset:
             data = json.loads(value)
         except ValueError as err:
             raise ValueError(f"Offsets record is not JSON ({err}): {value[:200]!r}") from err
+        target = moved_to(value)
+        if target is not None:
+            raise LedgerMovedError(
+                f"This pipeline's offsets ledger was migrated to topic {target!r}; set offsets_topic={target!r} "
+                "(its resume point is there). Nothing was read from the old ledger.")
         version = data.get("schema_version") if isinstance(data, dict) else None
         if version != OFFSETS_SCHEMA_VERSION:
             raise ValueError(
@@ -152,19 +235,24 @@ def marker_value(kind: str, committed: CommittedOffset, partition_records: int |
 
 
 def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TOPIC,
-                         replication_factor: int = -1, timeout: float = 30) -> None:
+                         replication_factor: int = -1, timeout: float = 30) -> int:
     """
-    Create the compacted offsets topic if missing; refuse an existing topic that is not compacted.
+    Create the offsets topic if missing; refuse an existing topic that is not compacted; return its partitions.
+
+    A new topic gets :data:`LEDGER_PARTITIONS` partitions and :data:`COMPACTION_CONFIG`. An existing topic
+    whose settings leave compaction ineffective (the active segment rolls too seldom, a high dirty ratio, a
+    compaction lag) is used as it is, with a warning naming the settings to alter: refusing it would stop
+    every pipeline on upgrade, and its reads stay correct, only slower.
 
     :param admin_config: confluent-kafka client configuration (at least ``bootstrap.servers``).
     :param topic: the offsets topic name.
     :param replication_factor: -1 uses the broker's ``default.replication.factor``.
     :param timeout: seconds to wait for the broker.
     """
-    admin = AdminClient(_admin_only(admin_config))
+    admin = AdminClient(connection_only(admin_config))
     if topic not in admin.list_topics(timeout=timeout).topics:
         future = admin.create_topics(
-            [NewTopic(topic, 1, replication_factor, config={"cleanup.policy": "compact"})])[topic]
+            [NewTopic(topic, LEDGER_PARTITIONS, replication_factor, config=dict(COMPACTION_CONFIG))])[topic]
         try:
             future.result(timeout=timeout)
         except KafkaException as err:
@@ -175,6 +263,9 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
     while True:
         try:
             config = admin.describe_configs([resource])[resource].result(timeout=timeout)
+            metadata = admin.list_topics(topic, timeout=timeout).topics[topic]
+            if metadata.error is not None:
+                raise KafkaException(metadata.error)
             break
         except KafkaException as err:
             # A topic just created may not be known to the broker's metadata cache yet.
@@ -187,6 +278,30 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
             f"Offsets topic {topic!r} has cleanup.policy={policy!r}; it must be 'compact' so the last "
             "committed offset of every pipeline is kept forever. Alter the topic or choose another name."
         )
+    ineffective = compaction_problems({name: entry.value for name, entry in config.items()})
+    if ineffective:
+        log.warning("Offsets topic %s keeps uncompacted history (%s): every read of it gets slower with "
+                    "traffic. Alter it with kafka-configs.sh --alter --add-config %s", topic,
+                    ", ".join(ineffective), ",".join(f"{k}={v}" for k, v in COMPACTION_CONFIG.items() if k !=
+                                                     "cleanup.policy"))
+    return check_ledger_partitions(topic, len(metadata.partitions))
+
+
+def compaction_problems(config: dict[str, str | None]) -> list[str]:
+    """
+    Return the topic settings that keep compaction from bounding the ledger (empty if none).
+
+    :param config: the topic's configuration, name -> value.
+    """
+    limits = {"segment.ms": float(COMPACTION_CONFIG["segment.ms"]),
+              "min.cleanable.dirty.ratio": 0.5,  # Kafka's default: half the log may be history
+              "min.compaction.lag.ms": float(COMPACTION_CONFIG["segment.ms"])}
+    problems = []
+    for name, limit in limits.items():
+        value = config.get(name)
+        if value is not None and float(value) > limit:
+            problems.append(f"{name}={value} > {limit:.10g}")
+    return problems
 
 
 def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source_partition: str,
@@ -194,11 +309,16 @@ def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source
     """
     Return the last committed offset of ``pipeline``/``source_partition``, or None if it never committed.
 
-    Reads the whole offsets topic with ``read_committed`` up to the high watermark seen at the start (asked
-    with ``read_uncommitted``: a read_committed client reports the last stable offset instead, which stops
-    before the first open transaction). Reaching that watermark means every transaction open when the read
-    began (ours, fenced by ``init_transactions``, or another pipeline's) has ended: no committed record of
-    this key can hide behind another pipeline's open transaction.
+    Reads the key's partition (:func:`ledger_partition`) with ``read_committed`` backwards from its end: first
+    the window ``[high - FIRST_WINDOW, high)``, then windows WINDOW_GROWTH times longer just before it, until
+    a window holds the key (its last record there is the latest: every later offset was read already) or the
+    log start is reached (never committed). ``high`` is the high watermark seen at the start, asked with
+    ``read_uncommitted`` (a read_committed client reports the last stable offset instead, which stops before
+    the first open transaction). Reaching ``high`` means every transaction open when the read began (ours,
+    fenced by ``init_transactions``, or another pipeline's) has ended: no committed record of this key can
+    hide behind an open transaction. The earlier windows end below ``high``, where every transaction is
+    decided; aborted records and transaction markers are skipped by ``read_committed``. A key that never
+    committed costs its whole partition (a pipeline's first run only), as does proving a key absent.
 
     :param consumer_config: confluent-kafka configuration (at least ``bootstrap.servers``).
     :param pipeline: the pipeline name.
@@ -207,24 +327,45 @@ def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source
     :param timeout: seconds before giving up; should exceed the producers' ``transaction.timeout.ms``.
     """
     key = ledger_key(pipeline, source_partition)
-    latest = _latest_values(consumer_config, topic, timeout, key.__eq__)
-    return CommittedOffset.from_value(latest[key]) if key in latest else None
+    deadline = time.monotonic() + timeout
+    partition, low, high = _partition_bounds(consumer_config, topic, pipeline, timeout)
+    consumer = _consumer(consumer_config, "read_committed")
+    try:
+        end, window = high, FIRST_WINDOW
+        while end > low:
+            start = max(low, end - window)
+            latest = None
+            for message in read_until(consumer, topic, {partition: start}, {partition: end},
+                                      max(deadline - time.monotonic(), 0.0), _STUCK):
+                if message.key() == key and message.value() is not None:
+                    latest = message.value()
+            if latest is not None:
+                return CommittedOffset.from_value(latest)
+            end, window = start, window * WINDOW_GROWTH
+        return None
+    finally:
+        consumer.close()
 
 
 def read_ledger(consumer_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TOPIC,
-                timeout: float = 120) -> dict[str, CommittedOffset | ValueError]:
+                timeout: float = 120, pipelines: Iterable[str] | None = None) -> dict[str, CommittedOffset | ValueError]:
     """
     Return the last committed record of every key of the offsets topic (for display and discovery).
 
-    Reads like :func:`read_committed_offset`. A record this provider cannot parse (newer schema version, not
-    JSON) is returned as its ``ValueError`` instead of hiding the key.
+    Reads like :func:`read_committed_offset`, forwards from each partition's start (every key is wanted).
+    With ``pipelines`` only their partitions are read and only their keys returned: the cost is those
+    partitions (one record per key plus what compaction has not cleaned yet), not the whole ledger.
+    A record this provider cannot parse (newer schema version, not JSON) is returned as its ``ValueError``
+    instead of hiding the key.
 
     :param consumer_config: confluent-kafka configuration (at least ``bootstrap.servers``).
     :param topic: the offsets topic.
     :param timeout: seconds before giving up.
+    :param pipelines: only these pipelines' keys; default: every key.
     """
+    wanted = None if pipelines is None else {validate_name("pipeline", p) for p in pipelines}
     result: dict[str, CommittedOffset | ValueError] = {}
-    for key, value in _latest_values(consumer_config, topic, timeout, lambda _: True).items():
+    for key, value in latest_raw_values(consumer_config, topic, timeout, wanted).items():
         try:
             result[key.decode()] = CommittedOffset.from_value(value)
         except ValueError as err:
@@ -244,43 +385,97 @@ def topic_end_offsets(config: dict[str, Any], topic: str) -> dict[int, int]:
         metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
         if metadata is None or metadata.error is not None:
             raise ValueError(f"Topic {topic!r} does not exist.")
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-                for p in sorted(metadata.partitions)}
+        return {p: _watermarks(consumer, TopicPartition(topic, p), 30)[1] for p in sorted(metadata.partitions)}
     finally:
         consumer.close()
 
 
-def _latest_values(consumer_config: dict[str, Any], topic: str, timeout: float,
-                   wanted: Callable[[bytes], bool]) -> dict[bytes, bytes]:
-    """Return the latest committed value of each key for which ``wanted(key)`` holds (see read_committed_offset)."""
+_ELECTING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                       KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.UNKNOWN_LEADER_EPOCH})
+_STUCK = "A transaction stays open on it; it ends at the producer's transaction.timeout.ms."
+
+
+def _partition_bounds(config: dict[str, Any], topic: str, pipeline: str,
+                      timeout: float) -> tuple[int, int, int]:
+    """Return the pipeline's partition, its log start offset and its high watermark (read_uncommitted)."""
+    consumer = _consumer(config, "read_uncommitted")
     try:
-        targets = topic_end_offsets(consumer_config, topic)
-    except ValueError as err:
-        raise ValueError(f"Offsets topic {topic!r} does not exist; create it with ensure_offsets_topic().") from err
+        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise ValueError(f"Offsets topic {topic!r} does not exist; create it with ensure_offsets_topic().")
+        partition = ledger_partition(pipeline, check_ledger_partitions(topic, len(metadata.partitions)))
+        low, high = _watermarks(consumer, TopicPartition(topic, partition), timeout)
+        return partition, low, high
+    finally:
+        consumer.close()
+
+
+def latest_raw_values(consumer_config: dict[str, Any], topic: str, timeout: float,
+                      pipelines: set[str] | None) -> dict[bytes, bytes]:
+    """
+    Return the latest committed raw value of each key (of ``pipelines``, if given), reading forwards from
+    each partition's start to the high watermark (as :func:`read_ledger`, without parsing: the migration
+    copies values byte for byte).
+
+    :param consumer_config: confluent-kafka configuration (at least ``bootstrap.servers``).
+    :param topic: the offsets topic.
+    :param timeout: seconds before giving up.
+    :param pipelines: only these pipelines' partitions and keys; None: every key.
+    """
+    consumer = _consumer(consumer_config, "read_uncommitted")
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise ValueError(f"Offsets topic {topic!r} does not exist; create it with ensure_offsets_topic().")
+        count = check_ledger_partitions(topic, len(metadata.partitions))
+        wanted = range(count) if pipelines is None else sorted({ledger_partition(p, count) for p in pipelines})
+        # Explicit start offsets: a logical OFFSET_BEGINNING costs librdkafka an offset lookup and a
+        # ~500 ms wait before the first fetch.
+        bounds = {p: _watermarks(consumer, TopicPartition(topic, p), timeout) for p in wanted}
+    finally:
+        consumer.close()
     consumer = _consumer(consumer_config, "read_committed")
     try:
         latest: dict[bytes, bytes] = {}
-        for message in read_until(consumer, topic, {p: OFFSET_BEGINNING for p in targets}, targets, timeout,
-                                  "A transaction stays open on it; it ends at the producer's "
-                                  "transaction.timeout.ms."):
-            if message.key() is not None and message.value() is not None and wanted(message.key()):
-                latest[message.key()] = message.value()
+        for message in read_until(consumer, topic, {p: low for p, (low, _) in bounds.items()},
+                                  {p: high for p, (_, high) in bounds.items()}, timeout, _STUCK):
+            key = message.key()
+            if key is not None and message.value() is not None and (
+                    pipelines is None or key.split(b"/", 1)[0].decode(errors="replace") in pipelines):
+                latest[key] = message.value()
         return latest
     finally:
         consumer.close()
 
 
+def _watermarks(consumer: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+    """Return (log start, high watermark), asking again while the partition's leader is still being elected
+    (a ledger just created answers NOT_LEADER_FOR_PARTITION for a moment)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=timeout)
+        except KafkaException as err:
+            if (not err.args[0].retriable() and err.args[0].code() not in _ELECTING) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _consumer(config: dict[str, Any], isolation_level: str) -> Consumer:
     return Consumer({
-        **_admin_only(config),
+        **connection_only(config),
         "group.id": f"eo-offsets-reader-{uuid.uuid4().hex[:12]}",
         "isolation.level": isolation_level,
         "enable.auto.commit": False,
         "enable.partition.eof": True,
+        # End of partition is only known from a fetch that finds nothing more, which the broker holds for
+        # fetch.wait.max.ms (default 500 ms) hoping for data: the whole cost of a small read. 10 ms keeps
+        # the wait for an open transaction's end just as correct, with polls every 10 ms.
+        "fetch.wait.max.ms": 10,
     })
 
 
-def _admin_only(config: dict[str, Any]) -> dict[str, Any]:
+def connection_only(config: dict[str, Any]) -> dict[str, Any]:
     """Keep the connection settings of a producer config and drop producer-only ones."""
     producer_only = {"transactional.id", "enable.idempotence", "acks", "linger.ms", "batch.size",
                      "transaction.timeout.ms", "compression.type", "queue.buffering.max.messages",

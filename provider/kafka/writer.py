@@ -39,7 +39,9 @@ from exactly_once_provider.kafka.offsets import (
     DELIVERY_MODES,
     MARKER_HEADER,
     CommittedOffset,
+    check_ledger_partitions,
     ensure_offsets_topic,
+    ledger_partition,
     marker_value,
     new_committed_offset,
     read_committed_offset,
@@ -382,7 +384,7 @@ class PipelineWriter:
             # Inside a transaction the order does not matter (all or nothing), so the ledger record goes
             # first: its partition joins the transaction together with the data partitions instead of
             # costing one more AddPartitionsToTxn round trip right before the commit.
-            self._produce(self.offsets_topic, batch.ledger_record, batch.ledger)
+            self._produce(self.offsets_topic, batch.ledger_record, batch.ledger, self._ledger_partition())
         batch.partitions = self._topic_partitions(topic) if self.batch_markers else []
         for partition in batch.partitions:
             self._produce(topic, Message(marker_value("begin", committed), headers={MARKER_HEADER: b"begin"}),
@@ -469,7 +471,7 @@ class PipelineWriter:
         else:
             # Without a transaction the ledger record must follow the delivered data: written first, a crash
             # between the two would skip data that never arrived.
-            self._produce(self.offsets_topic, batch.ledger_record, batch.ledger)
+            self._produce(self.offsets_topic, batch.ledger_record, batch.ledger, self._ledger_partition())
             self._flush(batch.ledger)
         self._check_deliveries(batch.ledger)
         fault_point("after_commit")
@@ -550,6 +552,12 @@ class PipelineWriter:
     def _abort_quietly(self) -> None:
         if self.transactional and not self._abort():
             self.close(timeout=0)  # the next init_transactions of this id (or the broker's timeout) aborts it
+
+    def _ledger_partition(self) -> int:
+        """The offsets-topic partition of this pipeline: chosen here, not by librdkafka's partitioner, so it is
+        the one partition :func:`read_committed_offset` reads."""
+        count = check_ledger_partitions(self.offsets_topic, len(self._topic_partitions(self.offsets_topic)))
+        return ledger_partition(self.pipeline, count)
 
     def _topic_partitions(self, topic: str) -> list[int]:
         if topic not in self._partitions:

@@ -5,14 +5,17 @@ Layout under ``root``::
     _staging/<checkpoint id>-<batch id>-<nonce>/part-*.parquet   Spark writes here (invisible to readers)
     data/<checkpoint id>-<batch id>-<nonce>/part-*.parquet       a staged batch after one directory rename
     _manifests/<sequence, 20 digits>.json                        published state; the newest one wins
+    _manifests/_latest.json                                      pointer to the newest (a verified hint)
 
 A manifest is the commit: ``{"format": 1, "sequence": n, "pipeline", "checkpoint_id", "batch_id",
 "offsets": {topic: {partition: next offset}}, "rows_total", "files": [{"path": "data/...", "rows": n}, ...]}``
 with the CUMULATIVE list of published files. It is created with
 :func:`~exactly_once_provider.sinks.durable.put_if_absent`: written to a temporary file, fsynced and hard-linked to
 its final name (``link`` fails if the name exists, so two writers can never both publish sequence n), then
-the directory is fsynced. Readers list ``_manifests``, take the highest sequence and read exactly the files it
-lists: a crash leaves at most unreferenced directories (orphans), which readers never see and
+the directory is fsynced. Then the pointer ``_latest.json`` is replaced with the sequence and the commit, and
+the manifest ``KEEP_MANIFESTS`` behind is deleted. Readers take the pointer's sequence, check that its manifest
+exists and step past every newer one that exists (:func:`newest_sequence`), and read exactly the files the
+newest lists: a crash leaves at most unreferenced directories (orphans), which readers never see and
 :meth:`FilesSink.remove_orphans` deletes when the job starts.
 
 Window mode (:meth:`FilesSink.commit_windows`) stages each published window version in its own directory,
@@ -32,19 +35,82 @@ import shutil
 import uuid
 from pathlib import Path
 
-from exactly_once_provider.sinks.durable import fsync_dir, put_if_absent
+from airflow.sdk.exceptions import AirflowException
+
+from exactly_once_provider.faults import fault_point
+from exactly_once_provider.sinks.durable import fsync_dir, put_if_absent, replace
 from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, replayed,
                                               require_newer_windows, require_predecessor)
 
 MANIFEST_FORMAT = 1
+POINTER = "_latest.json"
+# Manifests older than the newest KEEP_MANIFESTS are deleted as new ones are published (each publish deletes
+# the one KEEP_MANIFESTS behind it). Readers only ever read the newest, each in one open + read, and look
+# again if it vanished; 100 leaves a reader a hundred publishes of slack, and the directory stays small.
+KEEP_MANIFESTS = 100
 log = logging.getLogger(__name__)
 
 
 def latest_manifest(root: str) -> dict | None:
     """Return the newest published manifest under ``root`` (None if nothing was published)."""
     directory = Path(root.removeprefix("file://")) / "_manifests"
-    names = sorted(p.name for p in directory.glob("[0-9]*.json")) if directory.is_dir() else []
-    return json.loads((directory / names[-1]).read_text()) if names else None
+    for _ in range(5):
+        sequence, _pointer = newest_sequence(directory)
+        if sequence is None:
+            return None
+        try:
+            return json.loads((directory / _manifest_name(sequence)).read_text())
+        except FileNotFoundError:  # retention removed it after a newer one was published: look again
+            continue
+    raise AirflowException(f"The newest manifest of {directory} kept disappearing while being read: is a "
+                           "manifest retention other than this provider's removing manifests?")
+
+
+def newest_sequence(directory: Path) -> tuple[int | None, dict | None]:
+    """
+    Return the newest published sequence in ``directory`` and the pointer if it names exactly that one.
+
+    Reads the pointer (``_latest.json``), then checks it against the numbering: its manifest must exist, and
+    the next ones are looked for one by one (the pointer is written after its manifest, so after a crash, or
+    when two writers' pointer writes land out of order, it may lag behind). Without a usable pointer (a sink
+    written before pointers, or one whose pointed manifest is gone) the directory is listed.
+
+    :param directory: the ``_manifests`` directory.
+    """
+    try:
+        pointer = json.loads((directory / POINTER).read_text())
+        sequence = int(pointer["sequence"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        pointer = None
+    if pointer is None or not (directory / _manifest_name(sequence)).exists():
+        names = sorted(p.name for p in directory.glob("[0-9]*.json")) if directory.is_dir() else []
+        return (int(names[-1].removesuffix(".json")) if names else None), None
+    newest = sequence
+    while (directory / _manifest_name(newest + 1)).exists():
+        newest += 1
+    return newest, pointer if newest == sequence else None
+
+
+def write_pointer(root: Path, manifest: dict) -> None:
+    """
+    Replace the pointer with one naming ``manifest`` and carrying its commit (what :meth:`FilesSink.committed`
+    returns), so finding and reading the newest commit costs the same after 10 or 100,000 publishes.
+
+    A hint, never the commit: the manifest's put-if-absent is. A plain atomic replace (a PUT on an object
+    store) suffices because readers verify it against the manifest numbering (:func:`newest_sequence`).
+
+    :param root: the sink directory.
+    :param manifest: the manifest just published.
+    """
+    pointer = {"format": MANIFEST_FORMAT, "sequence": manifest["sequence"],
+               **{k: manifest[k] for k in ("pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total")}}
+    if manifest.get("windows"):
+        pointer["windows"] = {w: {"version": v["version"], "rows": v["rows"]} for w, v in manifest["windows"].items()}
+    replace(root / "_manifests" / POINTER, json.dumps(pointer, sort_keys=True).encode())
+
+
+def _manifest_name(sequence: int) -> str:
+    return f"{sequence:020d}.json"
 
 
 def published_files(root: str) -> list[str]:
@@ -74,8 +140,13 @@ class FilesSink:
         self.pipeline = pipeline
 
     def committed(self) -> BatchCommit | None:
-        """Return the newest batch this pipeline published (None before the first); window mode: its windows."""
-        return self._commit_of(latest_manifest(str(self.root)))
+        """Return the newest batch this pipeline published (None before the first); window mode: its windows.
+
+        Reads the pointer when it names the newest manifest (a few hundred bytes, whatever the history),
+        else the newest manifest itself.
+        """
+        _sequence, pointer = newest_sequence(self.root / "_manifests")
+        return self._commit_of(pointer if pointer is not None else latest_manifest(str(self.root)))
 
     def _commit_of(self, manifest: dict | None) -> BatchCommit | None:
         if manifest is None:
@@ -136,6 +207,7 @@ class FilesSink:
         The link fails if another writer published the same sequence number since ``previous`` was read: the
         compare-and-set that keeps two drivers from both publishing on top of one manifest.
         """
+        fault_point("files_staged")
         sequence = previous["sequence"] + 1 if previous else 0
         manifest = {"format": MANIFEST_FORMAT, "sequence": sequence, **fields}
         manifests = self.root / "_manifests"
@@ -146,6 +218,10 @@ class FilesSink:
                 f"batch {fields['batch_id']} of checkpoint {fields['checkpoint_id']}: another driver commits "
                 f"pipeline {self.pipeline!r}. Nothing of this batch was published (its files are orphans, removed "
                 "at the next start); stop the other driver.")
+        fault_point("files_manifest_published")
+        write_pointer(self.root, manifest)
+        fault_point("files_pointer_written")
+        (manifests / _manifest_name(sequence - KEEP_MANIFESTS)).unlink(missing_ok=True)
 
     def _previous(self, commit: BatchCommit, expected: object) -> tuple[dict | None, bool]:
         """Return the newest manifest and whether ``commit`` is already in it; fail if it is not ``expected``.

@@ -13,7 +13,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.writer import DeliveryError, Message, PipelineWriter, ProducerFencedError
-from exactly_once_provider.kafka.offsets import MARKER_HEADER, read_committed_offset
+from exactly_once_provider.kafka.offsets import (
+    LEDGER_PARTITIONS, MARKER_HEADER, ledger_partition, read_committed_offset,
+)
 from tests.kafka_support import new_topic, read_all
 
 
@@ -30,10 +32,10 @@ def _messages(*values: str) -> list[Message]:
     return [Message(value.encode(), key=value.encode()) for value in values]
 
 
-def _leave_open(writer, topic: str, value: bytes, key: bytes | None = None) -> None:
+def _leave_open(writer, topic: str, value: bytes, key: bytes | None = None, partition: int = -1) -> None:
     """Begin a transaction on the writer's producer, send one record, and leave it open."""
     writer.producer.begin_transaction()
-    writer.producer.produce(topic, value, key=key)
+    writer.producer.produce(topic, value, key=key, partition=partition)
     writer.producer.flush(10)
 
 
@@ -92,7 +94,8 @@ def test_ledger_read_waits_for_another_pipelines_open_transaction(bootstrap):
     other = _hook("other", ledger).open_writer()
     mine = _hook("mine", ledger).open_writer()
     mine.write_batch(topic, _messages("m1"), offset=1)
-    _leave_open(other, ledger, b"{}", key=b"other/0")  # an open transaction on the ledger partition
+    # an open transaction on mine's ledger partition
+    _leave_open(other, ledger, b"{}", key=b"other/0", partition=ledger_partition("mine", LEDGER_PARTITIONS))
     mine.write_batch(topic, _messages("m2"), offset=2)  # committed behind the open transaction
     ender = threading.Timer(3.0, other.producer.abort_transaction, args=(30,))
     ender.start()

@@ -7,8 +7,12 @@ import json
 import pytest
 
 from exactly_once_provider.kafka.offsets import (
+    LEDGER_PARTITIONS,
     OFFSETS_SCHEMA_VERSION,
     CommittedOffset,
+    check_ledger_partitions,
+    compaction_problems,
+    ledger_partition,
     ledger_key,
     marker_value,
     new_committed_offset,
@@ -70,3 +74,42 @@ def test_end_marker_names_the_batch_and_counts_its_partition():
                    "offset": {"file": "b.000001", "pos": 4}, "records": 12, "batch_records": 750}
     begin = json.loads(marker_value("begin", _record()))
     assert begin["marker"] == "begin" and "records" not in begin
+
+
+def test_ledger_partition_is_crc32_of_the_pipeline_so_other_clients_can_compute_it():
+    import zlib
+
+    assert ledger_partition("orders", 16) == zlib.crc32(b"orders") % 16 == 14
+    assert ledger_partition("orders", 1) == 0  # a legacy single-partition ledger: everything in partition 0
+    spread = {ledger_partition(f"pipeline{i}", LEDGER_PARTITIONS) for i in range(200)}
+    assert spread == set(range(LEDGER_PARTITIONS))
+    with pytest.raises(ValueError, match="letters, digits"):
+        ledger_partition("a/b", 16)
+    with pytest.raises(ValueError, match="at least one partition"):
+        ledger_partition("orders", 0)
+
+
+@pytest.mark.parametrize("count", [2, 3, 15, 17, 32])
+def test_partition_counts_other_than_legacy_or_current_are_refused(count):
+    assert check_ledger_partitions("t", 1) == 1 and check_ledger_partitions("t", 16) == 16
+    with pytest.raises(ValueError, match="must never change"):
+        check_ledger_partitions("t", count)
+
+
+def test_compaction_problems_name_the_settings_that_keep_history():
+    assert compaction_problems({"segment.ms": "3600000", "min.cleanable.dirty.ratio": "0.1",
+                                "min.compaction.lag.ms": "0"}) == []
+    kafka_defaults = {"segment.ms": "604800000", "min.cleanable.dirty.ratio": "0.5", "min.compaction.lag.ms": "0"}
+    assert compaction_problems(kafka_defaults) == ["segment.ms=604800000 > 3600000"]
+    assert compaction_problems({"min.compaction.lag.ms": "86400000", "min.cleanable.dirty.ratio": "0.9"}) == [
+        "min.cleanable.dirty.ratio=0.9 > 0.5", "min.compaction.lag.ms=86400000 > 3600000"]
+
+
+def test_a_moved_record_names_the_new_ledger_and_is_never_read_as_an_offset():
+    from exactly_once_provider.kafka.offsets import LedgerMovedError, moved_to
+
+    moved = b'{"moved_to":"eo-offsets-v2","schema_version":1}'
+    assert moved_to(moved) == "eo-offsets-v2"
+    assert moved_to(_record().to_value()) is None and moved_to(b"not json") is None
+    with pytest.raises(LedgerMovedError, match="offsets_topic='eo-offsets-v2'"):
+        CommittedOffset.from_value(moved)

@@ -6,11 +6,14 @@ import json
 import logging
 import threading
 
+from types import SimpleNamespace
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from exactly_once_provider.kafka import writer as kafka_producer
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
+from exactly_once_provider.kafka.offsets import LEDGER_PARTITIONS, ledger_partition
 from exactly_once_provider.kafka.writer import DeliveryError, Message, PipelineWriter, ProducerFencedError, TransactionPolicy, transactional_id_for
 
 
@@ -75,6 +78,7 @@ class FakeProducer:
         self.failures = failures or {}
         self.calls: list[str] = []
         self.produced: list[tuple[str, bytes]] = []
+        self.partitions: list[int | None] = []
         self._pending: list = []
 
     def _maybe_fail(self, name: str) -> None:
@@ -96,7 +100,13 @@ class FakeProducer:
 
     def produce(self, topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
         self.produced.append((topic, value))
+        self.partitions.append(partition)
         self._pending.append((topic, on_delivery))
+
+    def list_topics(self, topic, timeout=None):
+        """Every topic has the partition count of a new offsets ledger."""
+        metadata = SimpleNamespace(error=None, partitions=dict.fromkeys(range(LEDGER_PARTITIONS)))
+        return SimpleNamespace(topics={topic: metadata})
 
     def flush(self, timeout=None):
         for index, (topic, callback) in enumerate(self._pending):
@@ -138,6 +148,18 @@ def test_retriable_commit_error_repeats_the_commit_only(monkeypatch):
     committed = _writer(producer).write_batch("data", [Message(b"a"), Message(b"b")], offset=2)
     assert producer.calls == ["begin_transaction", "commit_transaction", "commit_transaction"]
     assert _data(producer) == [b"a", b"b"] and committed.offset == 2
+
+
+@pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
+def test_ledger_record_goes_to_the_pipelines_partition_not_the_default_partitioner(mode):
+    producer = FakeProducer()
+    writer = _writer(producer)
+    writer.delivery_mode = mode
+    writer.write_batch("data", [Message(b"a", key=b"k")], offset=1)
+    ledger = [partition for (topic, _), partition in zip(producer.produced, producer.partitions) if topic == "ledger"]
+    assert ledger == [ledger_partition("p", LEDGER_PARTITIONS)]
+    data = [partition for (topic, _), partition in zip(producer.produced, producer.partitions) if topic == "data"]
+    assert data == [None]  # data records keep the client's partitioner (one key, one partition)
 
 
 def test_abortable_commit_error_aborts_and_replays_the_whole_batch():

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from exactly_once_provider.sinks.base import BatchCommit, StaleBatchError
-from exactly_once_provider.sinks.files import FilesSink, latest_manifest, published_files
+from exactly_once_provider.sinks import files as files_module
+from exactly_once_provider.sinks.files import (
+    POINTER, FilesSink, latest_manifest, newest_sequence, published_files, write_pointer,
+)
 
 
 class _Frame:
@@ -83,3 +88,59 @@ def test_a_root_of_another_pipeline_is_refused(tmp_path):
     FilesSink(str(tmp_path), "p").commit(_Frame([1]), BatchCommit("p", "c1", 0, {"t": {0: 1}}))
     with pytest.raises(ValueError, match="its own files sink directory"):
         FilesSink(str(tmp_path), "q").committed()
+
+
+def _manifests(root) -> list[int]:
+    return sorted(int(p.name.removesuffix(".json")) for p in (root / "_manifests").glob("[0-9]*.json"))
+
+
+def _three_batches(root) -> FilesSink:
+    sink = FilesSink(str(root), "p")
+    for batch in range(3):
+        sink.commit(_Frame([batch]), BatchCommit("p", "c1", batch, {"t": {0: batch + 1}}))
+    return sink
+
+
+def test_committed_reads_the_pointer_which_names_the_newest_manifest_and_its_commit(tmp_path, monkeypatch):
+    sink = _three_batches(tmp_path)
+    pointer = json.loads((tmp_path / "_manifests" / POINTER).read_text())
+    assert (pointer["sequence"], pointer["batch_id"], pointer["offsets"]) == (2, 2, {"t": {"0": 3}})
+    # committed() needs neither a listing nor the (cumulative) manifest while the pointer is current
+    monkeypatch.setattr(Path, "glob", lambda *a: pytest.fail("listed the manifests"))
+    monkeypatch.setattr(files_module, "latest_manifest", lambda root: pytest.fail("read the manifest"))
+    state = sink.committed()
+    assert (state.batch_id, state.offsets, state.rows_total) == (2, {"t": {0: 3}}, 3)
+
+
+def test_a_pointer_behind_its_manifests_is_stepped_forward(tmp_path):
+    """A crash between publishing manifest n and writing the pointer leaves the pointer at n-1 (or older)."""
+    sink = _three_batches(tmp_path)
+    write_pointer(tmp_path, json.loads((tmp_path / "_manifests" / f"{0:020d}.json").read_text()))
+    assert newest_sequence(tmp_path / "_manifests") == (2, None)
+    assert sink.committed().batch_id == 2 and latest_manifest(str(tmp_path))["sequence"] == 2
+    assert sink.commit(_Frame([3]), BatchCommit("p", "c1", 3, {"t": {0: 4}}))  # publishes 3, never over 2
+    assert _manifests(tmp_path) == [0, 1, 2, 3] and _read(tmp_path) == [0, 1, 2, 3]
+    assert newest_sequence(tmp_path / "_manifests")[0] == 3
+
+
+@pytest.mark.parametrize("damage", ["missing", "names a removed manifest", "torn"])
+def test_without_a_usable_pointer_the_manifests_are_listed(tmp_path, damage):
+    sink = _three_batches(tmp_path)
+    pointer = tmp_path / "_manifests" / POINTER
+    if damage == "missing":  # a sink published before pointers existed
+        pointer.unlink()
+    elif damage == "torn":
+        pointer.write_text('{"sequence": ')
+    else:
+        pointer.write_text(json.dumps({"sequence": 99}))
+    assert newest_sequence(tmp_path / "_manifests") == (2, None)
+    assert sink.committed().batch_id == 2 and _read(tmp_path) == [0, 1, 2]
+
+
+def test_old_manifests_are_removed_keeping_the_newest(tmp_path, monkeypatch):
+    monkeypatch.setattr(files_module, "KEEP_MANIFESTS", 2)
+    sink = FilesSink(str(tmp_path), "p")
+    for batch in range(5):
+        sink.commit(_Frame([batch]), BatchCommit("p", "c1", batch, {"t": {0: batch + 1}}))
+    assert _manifests(tmp_path) == [3, 4]
+    assert _read(tmp_path) == [0, 1, 2, 3, 4] and sink.committed().batch_id == 4
