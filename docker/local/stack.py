@@ -58,11 +58,13 @@ DB_PASSWORD = "eo-local-dev-only"
 DB_NAME = "eo"
 # The secured endpoints' users: Kafka SCRAM users (SASL_SSL listener), a MariaDB user created REQUIRE SSL and a
 # PostgreSQL role that may only connect over TLS (hostssl). KAFKA_ADMIN is a super user (it creates ACLs);
-# KAFKA_DENIED_USER authenticates but has no ACL at all (the "no rights" tests).
+# KAFKA_DENIED_USER authenticates but has no ACL at all, KAFKA_NO_TXN_USER may use topics and groups but no
+# transactional id (the "no rights" tests).
 TLS_USER = "eo_tls"
 TLS_PASSWORD = "eo-tls-local-dev-only"
 KAFKA_ADMIN_USER, KAFKA_ADMIN_PASSWORD = "eo-admin", "eo-admin-local-dev-only"
 KAFKA_DENIED_USER, KAFKA_DENIED_PASSWORD = "eo-denied", "eo-denied-local-dev-only"
+KAFKA_NO_TXN_USER, KAFKA_NO_TXN_PASSWORD = "eo-no-txn", "eo-no-txn-local-dev-only"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 
 # ---------------------------------------------------------------------------------- memory budgets
@@ -459,7 +461,7 @@ def kafka_users_and_acls(bootstrap: str) -> str:
     """Create the SCRAM users (idempotent upserts) and the application user's ACLs over the plaintext listener.
 
     ``eo`` may do what the product does (topics, consumer groups, transactional ids, idempotent writes);
-    ``eo-denied`` authenticates and may do nothing.
+    ``eo-no-txn`` the same without transactional ids; ``eo-denied`` authenticates and may do nothing.
     """
     from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType,
                                        ResourceType, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion)
@@ -468,7 +470,8 @@ def kafka_users_and_acls(bootstrap: str) -> str:
     mechanism = ScramMechanism.SCRAM_SHA_512
     upserts = [UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 8192), password.encode())
                for user, password in ((KAFKA_ADMIN_USER, KAFKA_ADMIN_PASSWORD), (DB_USER, DB_PASSWORD),
-                                      (KAFKA_DENIED_USER, KAFKA_DENIED_PASSWORD))]
+                                      (KAFKA_DENIED_USER, KAFKA_DENIED_PASSWORD),
+                                      (KAFKA_NO_TXN_USER, KAFKA_NO_TXN_PASSWORD))]
     for future in admin.alter_user_scram_credentials(upserts, request_timeout=15).values():
         future.result(timeout=30)
     principal = f"User:{DB_USER}"
@@ -477,9 +480,13 @@ def kafka_users_and_acls(bootstrap: str) -> str:
                 for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)]
     bindings.append(AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, principal, "*",
                                AclOperation.ALL, allow))
+    no_txn = f"User:{KAFKA_NO_TXN_USER}"
+    bindings += [AclBinding(kind, "*", ResourcePatternType.LITERAL, no_txn, "*", AclOperation.ALL, allow)
+                 for kind in (ResourceType.TOPIC, ResourceType.GROUP)]
     for future in admin.create_acls(bindings, request_timeout=15).values():
         future.result(timeout=30)
-    return f"SCRAM users {DB_USER}, {KAFKA_DENIED_USER}, {KAFKA_ADMIN_USER}; ACLs for {principal}"
+    return (f"SCRAM users {DB_USER}, {KAFKA_NO_TXN_USER}, {KAFKA_DENIED_USER}, {KAFKA_ADMIN_USER}; ACLs for "
+            f"{principal} and {no_txn}")
 
 
 def kafka_cluster() -> list[KafkaNode]:
