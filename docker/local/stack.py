@@ -697,7 +697,7 @@ def start_postgres(timeout: float = 60) -> None:
 
 
 def _postgres_tls(directory: Path) -> dict[str, str]:
-    """TLS on with the stack's server certificate; TLS_USER may only connect over TLS (``hostssl``)."""
+    """TLS on with the stack's server certificate; TLS_USER and its members may only connect over TLS."""
     tls = tls_files()
     key = directory / "server.key"  # the server refuses a key that others (or another owner) can read
     shutil.copyfile(tls["server.key"], key)
@@ -706,7 +706,7 @@ def _postgres_tls(directory: Path) -> dict[str, str]:
     hba = directory / "pg_hba.conf"
     hba.write_text(
         "local all all trust\n"
-        f"hostnossl all {TLS_USER} {HOST}/32 reject\n"
+        f"hostnossl all +{TLS_USER} {HOST}/32 reject\n"  # the TLS user and every role that is a member of it
         f"host all all {HOST}/32 scram-sha-256\n"
     )
     return {"ssl": "on", "ssl_cert_file": str(tls["server.pem"]), "ssl_key_file": str(key),
