@@ -263,6 +263,17 @@ def wait_ready(proc: Process, check: Callable[[], object], timeout: float) -> ob
     )
 
 
+def port_answers(port: int) -> bool:
+    """Return True if something accepts TCP connections on the stack's host at ``port``."""
+    import socket
+
+    try:
+        socket.create_connection((HOST, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
 def run(cmd: list[str], user: str | None = None, **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(cmd, capture_output=True, text=True, user=user, **kwargs)
     if result.returncode != 0:
@@ -391,7 +402,11 @@ class KafkaNode:
 
     def start(self) -> None:
         if self.process.pid() is not None:
-            return
+            if not self.secure_port or port_answers(self.secure_port):
+                return
+            # A broker started by an older stack.py, before the secured listener existed: start it anew.
+            log("%s runs without its SASL_SSL listener (port %s): restarting it", self.name, self.secure_port)
+            stop_all([self.process])
         libs = kafka_libs()
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "server.properties"
@@ -612,6 +627,22 @@ def mariadb_round_trip() -> str:
     return f"snapshot at {status['Binlog_snapshot_file']}:{status['Binlog_snapshot_position']}"
 
 
+def _mariadb_has_tls() -> bool:
+    import MySQLdb
+
+    try:
+        conn = MySQLdb.connect(unix_socket=_mariadb_socket(), user="root", connect_timeout=5)
+    except MySQLdb.Error:
+        return True  # not answering yet: the readiness wait decides
+    try:
+        cur = conn.cursor()
+        cur.execute("SHOW GLOBAL VARIABLES LIKE 'have_ssl'")
+        row = cur.fetchone()
+        return bool(row) and row[1] == "YES"
+    finally:
+        conn.close()
+
+
 def _mariadb_bootstrap() -> None:
     """Create the stack's user and database (as root over the socket); idempotent."""
     import MySQLdb
@@ -631,6 +662,9 @@ def _mariadb_bootstrap() -> None:
 
 
 def start_mariadb(timeout: float = 90) -> None:
+    if MARIADB.pid() is not None and not _mariadb_has_tls():
+        log("mariadb runs without TLS (started by an older stack.py): restarting it")
+        stop_all([MARIADB])
     if MARIADB.pid() is None:
         cnf = _mariadb_cnf()
         (HOME / "logs").mkdir(parents=True, exist_ok=True)
@@ -678,6 +712,9 @@ def postgres_round_trip() -> str:
 def start_postgres(timeout: float = 60) -> None:
     directory = HOME / "postgres"
     data = directory / "data"
+    if POSTGRES.pid() is not None and _postgres_setting(directory, "ssl") == "off":
+        log("postgres runs without TLS (started by an older stack.py): restarting it")
+        stop_all([POSTGRES])
     if POSTGRES.pid() is None:
         if not (data / "PG_VERSION").exists():
             log("initialising PostgreSQL datadir %s", data)
@@ -694,6 +731,14 @@ def start_postgres(timeout: float = 60) -> None:
         )
         wait_ready(POSTGRES, lambda: _postgres_bootstrap(directory), timeout)
     log("postgres ready on %s:%s: %s", HOST, POSTGRES_PORT, wait_ready(POSTGRES, postgres_round_trip, timeout))
+
+
+def _postgres_setting(socket_dir: Path, name: str) -> str | None:
+    try:
+        return run(["psql", "-h", str(socket_dir), "-p", str(POSTGRES_PORT), "-U", "postgres", "-d", "postgres",
+                    "-tAc", f"SHOW {name}"]).stdout.strip()
+    except RuntimeError:
+        return None  # not answering yet: the readiness wait decides
 
 
 def _postgres_tls(directory: Path) -> dict[str, str]:
@@ -797,13 +842,7 @@ def _spark_master_state() -> dict:
 
 
 def _spark_rest_answers() -> bool:
-    import socket
-
-    try:
-        socket.create_connection((HOST, SPARK_MASTER_REST_PORT), timeout=2).close()
-        return True
-    except OSError:
-        return False
+    return port_answers(SPARK_MASTER_REST_PORT)
 
 
 def start_spark_cluster(timeout: float = 90) -> None:
