@@ -881,17 +881,21 @@ def connection_env() -> dict[str, str]:
     """Return ``AIRFLOW_CONN_*`` variables (JSON form) that point Airflow at this stack."""
     tls = tls_files()
     return {
-        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
-            {"conn_type": "kafka", "extra": {"bootstrap.servers": f"{HOST}:{KAFKA_PORT}"}}),
+        # The product's default connections use the secured endpoints: SASL_SSL with the application user's
+        # ACLs, and TLS (server certificate verified) to both databases. The plaintext listener and plaintext
+        # database sessions stay for the tests' own clients, which read what the product wrote.
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka_secure_client_config()}),
         "AIRFLOW_CONN_KAFKA_CLUSTER": json.dumps(
             {"conn_type": "kafka",
              "extra": {"bootstrap.servers": ",".join(f"{HOST}:{p}" for p in KAFKA_CLUSTER_PORTS)}}),
         "AIRFLOW_CONN_MYSQL_DEFAULT": json.dumps(
             {"conn_type": "mysql", "host": HOST, "port": MARIADB_PORT, "login": DB_USER,
-             "password": DB_PASSWORD, "schema": DB_NAME}),
+             "password": DB_PASSWORD, "schema": DB_NAME,
+             "extra": {"ssl": {"ca": str(tls["ca.pem"])}, "ssl_mode": "VERIFY_IDENTITY"}}),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(
             {"conn_type": "postgres", "host": HOST, "port": POSTGRES_PORT, "login": DB_USER,
-             "password": DB_PASSWORD, "schema": DB_NAME}),
+             "password": DB_PASSWORD, "schema": DB_NAME,
+             "extra": {"sslmode": "verify-full", "sslrootcert": str(tls["ca.pem"])}}),
         # The secured endpoints: SASL_SSL + SCRAM Kafka, MariaDB and PostgreSQL users that must use TLS.
         "AIRFLOW_CONN_KAFKA_SECURE": json.dumps({"conn_type": "kafka", "extra": kafka_secure_client_config()}),
         "AIRFLOW_CONN_MYSQL_TLS": json.dumps(
