@@ -6,13 +6,15 @@ The writer itself (transactions, the offsets ledger commit, fencing, replay) is
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from confluent_kafka import Producer
 
-from exactly_once_provider.connections import kafka_client_config
+from exactly_once_provider.connections import check_kafka_access, kafka_authorization_error, kafka_client_config
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, ensure_offsets_topic, validate_name
 from exactly_once_provider.kafka.writer import MODE_SETTINGS, PipelineWriter, transactional_id_for
 
@@ -107,8 +109,12 @@ class TransactionalProducerHook(KafkaBaseHook):
             display); exactly_once writers that do not show it skip the delivery reports it needs.
         """
         config = self.build_producer_config()
-        if ensure_topic:
-            ensure_offsets_topic(self.client_config(), self.offsets_topic)
+        client_config = self.client_config()
+        # A wrong password or an untrusted certificate otherwise shows as "Broker transport failure" after a timeout.
+        check_kafka_access(client_config, self.kafka_config_id)
+        with self._explain_denials(client_config, f"Create/Describe/Read/Write on offsets topic {self.offsets_topic!r}"):
+            if ensure_topic:
+                ensure_offsets_topic(client_config, self.offsets_topic)
         writer = PipelineWriter(
             producer_factory=lambda: self._get_client(dict(config)), client_config=self.client_config(),
             pipeline=self.pipeline, source_partition=self.source_partition,
@@ -117,5 +123,19 @@ class TransactionalProducerHook(KafkaBaseHook):
             transaction_timeout_s=int(config.get("transaction.timeout.ms", 60_000)) / 1000,
             track_partition_offsets=track_partition_offsets,
         )
-        writer.open()
+        with self._explain_denials(client_config, f"Write and Describe on transactional id {self.transactional_id!r}, "
+                                   f"Read on offsets topic {self.offsets_topic!r}"):
+            writer.open()
         return writer
+
+    @contextmanager
+    def _explain_denials(self, client_config: dict[str, Any], what: str) -> Iterator[None]:
+        """Turn the broker's authorization failures into an error naming the connection, the user and the ACL."""
+        try:
+            yield
+        except Exception as exc:
+            error = getattr(exc, "error", None) or (exc.args[0] if exc.args else None)
+            denied = kafka_authorization_error(error, self.kafka_config_id, client_config, what)
+            if denied is None:
+                raise
+            raise denied from None

@@ -12,7 +12,7 @@ import MySQLdb
 from airflow.sdk import BaseHook
 
 from exactly_once_provider.connections import mysql_connect_kwargs
-from exactly_once_provider.errors import SourceConfigurationError
+from exactly_once_provider.errors import ServiceAccessError, SourceConfigurationError
 from exactly_once_provider.source import preflight
 from exactly_once_provider.source.identifiers import quote_table
 from exactly_once_provider.source.snapshot import ConnectionSettings, begin_snapshot
@@ -100,7 +100,10 @@ class MySqlSourceHook(BaseHook):
 
     def get_conn(self) -> MySQLdb.connections.Connection:
         """Open a new connection with UTC session time and utf8mb4."""
-        return self.connection_settings().connect()
+        try:
+            return self.connection_settings().connect()
+        except ServiceAccessError as err:
+            raise ServiceAccessError(f"MySQL connection {self.mysql_conn_id!r}: {err}") from None
 
     def server_info(self) -> ServerInfo:
         """Return the flavor and version of the source server."""

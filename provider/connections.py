@@ -26,6 +26,7 @@ Airflow is imported inside the functions that read connections: the Spark driver
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import tempfile
@@ -78,6 +79,100 @@ def kafka_client_config(kafka_config_id: str) -> dict[str, Any]:
         raise ValueError(
             f"Kafka connection {kafka_config_id!r} cannot be used: {err} Put the brokers into its Extra JSON, e.g. "
             '{"bootstrap.servers": "host:9092"}, or pass the id of a kafka connection.') from None
+
+
+def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: float = 20.0) -> None:
+    """Reach the brokers with a connection's settings; when they refuse, raise an error that says what to fix.
+
+    librdkafka reports a wrong password, an untrusted broker certificate or a plaintext client on a TLS listener
+    only as "Broker transport failure" after its timeout, with the cause in its error callback and log lines:
+    this reads them and names the cause. One metadata request when everything is right.
+
+    :param config: the connection's confluent-kafka settings (:func:`kafka_client_config`; no producer settings).
+    :param kafka_config_id: the connection id, for the message.
+    :param timeout: seconds to wait for the brokers.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from exactly_once_provider.errors import ServiceAccessError
+
+    causes: list[str] = []
+    admin = AdminClient({**config, "error_cb": lambda err: causes.append(err.str()),
+                         "logger": _CollectingLogger(causes)})
+    try:
+        admin.list_topics(timeout=timeout)
+        return
+    except KafkaException as err:
+        admin.poll(0.5)  # deliver the error callbacks and log lines that name the cause
+        failure = err.args[0].str()
+    raise ServiceAccessError(f"Kafka connection {kafka_config_id!r}: {_kafka_refusal(config, causes, failure)}")
+
+
+def kafka_authorization_error(err: Any, kafka_config_id: str, config: dict[str, Any], what: str) -> Any:
+    """Return the :class:`~exactly_once_provider.errors.ServiceAccessError` for a Kafka authorization failure.
+
+    Returns None when ``err`` (a ``KafkaError``) is not one: the caller re-raises the original.
+
+    :param err: the client's error.
+    :param kafka_config_id: the connection id, for the message.
+    :param config: the connection's settings (for the user name).
+    :param what: the resource the call needed, e.g. ``"Write on topic 't' and transactional id 'x'"``.
+    """
+    from confluent_kafka import KafkaError
+
+    from exactly_once_provider.errors import ServiceAccessError
+
+    denied = {KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic", KafkaError.GROUP_AUTHORIZATION_FAILED: "consumer group",
+              KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional id",
+              KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster"}
+    code = err.code() if hasattr(err, "code") else None
+    if code not in denied:
+        return None
+    user = config.get("sasl.username") or "the connection's principal"
+    return ServiceAccessError(
+        f"Kafka connection {kafka_config_id!r}: user {user!r} has no ACL on the {denied[code]} this task needs "
+        f"({what}); the broker answered {err.name()}. Grant the principal User:{user} those operations "
+        "(kafka-acls --add --allow-principal ...), or use a connection whose user has them.")
+
+
+class _CollectingLogger(logging.Logger):
+    """A librdkafka ``logger`` that keeps the lines (they name TLS and SASL causes) instead of printing them."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("exactly_once_provider.kafka_access")
+        self._lines = lines
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        self._lines.append(str(msg) % args if args else str(msg))
+
+
+def _kafka_refusal(config: dict[str, Any], causes: list[str], failure: str) -> str:
+    text = " ".join(causes)
+    protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
+    user = config.get("sasl.username")
+    if "SASL authentication error" in text or "Authentication failed" in text:
+        return (f"the brokers refused the login of user {user!r} ({config.get('sasl.mechanism', 'SASL')}: invalid "
+                "credentials). Fix sasl.username/sasl.password in the connection's Extra, or create the user on "
+                "the cluster.")
+    if "certificate verify failed" in text:
+        return ("the broker's TLS certificate is not signed by a CA this connection trusts (certificate verify "
+                f"failed; ssl.ca.location={config.get('ssl.ca.location')!r}). Put the CA that signed the brokers' "
+                "certificates in ssl.ca.location.")
+    if "SSL" in text and "handshake" in text.lower():
+        return f"the TLS handshake with the brokers failed ({_last_cause(causes)}). Check the connection's ssl.* settings."
+    if "APIVERSION_QUERY" in text and "closed by peer" in text and protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+        return (f"the brokers closed the connection at the first request: their listener expects another protocol "
+                f"than security.protocol={protocol} (TLS or SASL?). Set security.protocol (e.g. SASL_SSL) and the "
+                "matching sasl.*/ssl.* settings in the connection's Extra.")
+    if "Connection refused" in text or "resolve" in text.lower():
+        return (f"no broker answers at bootstrap.servers={config.get('bootstrap.servers')!r} "
+                f"({_last_cause(causes)}). Check the address and that the cluster is up.")
+    return f"the brokers cannot be reached ({failure}; {_last_cause(causes) or 'no further detail'})."
+
+
+def _last_cause(causes: list[str]) -> str:
+    return next((cause for cause in reversed(causes) if "brokers are down" not in cause), "")
 
 
 def _jaas_quoted(value: str) -> str:
@@ -368,6 +463,37 @@ def connect_kwargs(conn_id: str, **defaults: Any) -> dict[str, Any]:
     libpq = {k: v for k, v in extra.items() if k not in PostgresHook.ignored_extra_options}
     return {"host": conn.host or None, "port": conn.port or 5432, "dbname": conn.schema or None,
             "user": conn.login or None, "password": conn.password or None, **defaults, **libpq}
+
+
+def postgres_connection(conn_id: str, **defaults: Any) -> Any:
+    """Open a psycopg2 connection for the Airflow ``postgres`` connection ``conn_id`` (see :func:`connect_kwargs`).
+
+    A refused login or TLS handshake raises :class:`~exactly_once_provider.errors.ServiceAccessError` naming the
+    connection and what to change.
+
+    :param conn_id: the ``postgres`` connection.
+    :param defaults: connect arguments the connection's Extra may override.
+    """
+    import psycopg2
+
+    from exactly_once_provider.errors import ServiceAccessError
+
+    kwargs = connect_kwargs(conn_id, **defaults)
+    try:
+        return psycopg2.connect(**kwargs)
+    except psycopg2.OperationalError as err:
+        message = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
+        if "no encryption" in message:
+            hint = ("the server accepts this user only over TLS: set the connection's Extra sslmode (verify-full, "
+                    "with sslrootcert naming the CA).")
+        elif "certificate verify failed" in message or "root certificate" in message:
+            hint = "the server's TLS certificate is not trusted: put the CA that signed it in the Extra sslrootcert."
+        elif "password authentication failed" in message:
+            hint = "check the connection's login and password."
+        else:
+            raise
+        raise ServiceAccessError(f"PostgreSQL connection {conn_id!r} ({kwargs.get('host')}:{kwargs.get('port')}, "
+                                 f"user {kwargs.get('user')!r}) was refused: {message} -- {hint}") from None
 
 
 def libpq_environment(conn_id: str) -> dict[str, str]:

@@ -42,6 +42,8 @@ PYTHON = sys.executable
 # beside the first, e.g. for a parallel checkout or when a port is taken.
 PORT_OFFSET = int(os.environ.get("EO_STACK_PORT_OFFSET", "0"))
 KAFKA_PORT, KAFKA_CONTROLLER_PORT = 19092 + PORT_OFFSET, 19093 + PORT_OFFSET
+# The secured listener of the same broker: SASL_SSL, SCRAM-SHA-512 users, ACLs (see kafka_security_settings).
+KAFKA_SECURE_PORT = 19095 + PORT_OFFSET
 KAFKA_CLUSTER_PORTS = tuple(port + PORT_OFFSET for port in (19192, 19193, 19194))
 KAFKA_CLUSTER_CONTROLLER_PORTS = tuple(port + PORT_OFFSET for port in (19292, 19293, 19294))
 MARIADB_PORT = 13306 + PORT_OFFSET
@@ -54,6 +56,16 @@ SPARK_MASTER_REST_PORT = 16066 + PORT_OFFSET
 DB_USER = "eo"
 DB_PASSWORD = "eo-local-dev-only"
 DB_NAME = "eo"
+# The secured endpoints' users: Kafka SCRAM users (SASL_SSL listener), a MariaDB user created REQUIRE SSL and a
+# PostgreSQL role that may only connect over TLS (hostssl). KAFKA_ADMIN is a super user (it creates ACLs);
+# KAFKA_DENIED_USER authenticates but has no ACL at all, KAFKA_NO_TXN_USER may use topics and groups but no
+# transactional id (the "no rights" tests).
+TLS_USER = "eo_tls"
+TLS_PASSWORD = "eo-tls-local-dev-only"
+KAFKA_ADMIN_USER, KAFKA_ADMIN_PASSWORD = "eo-admin", "eo-admin-local-dev-only"
+KAFKA_DENIED_USER, KAFKA_DENIED_PASSWORD = "eo-denied", "eo-denied-local-dev-only"
+KAFKA_NO_TXN_USER, KAFKA_NO_TXN_PASSWORD = "eo-no-txn", "eo-no-txn-local-dev-only"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
 
 # ---------------------------------------------------------------------------------- memory budgets
 # 2 cores / 24 GiB shared by everything: each service gets a small, explicit budget.
@@ -251,11 +263,60 @@ def wait_ready(proc: Process, check: Callable[[], object], timeout: float) -> ob
     )
 
 
+def port_answers(port: int) -> bool:
+    """Return True if something accepts TCP connections on the stack's host at ``port``."""
+    import socket
+
+    try:
+        socket.create_connection((HOST, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
 def run(cmd: list[str], user: str | None = None, **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(cmd, capture_output=True, text=True, user=user, **kwargs)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+# ------------------------------------------------------------------------------------------------ TLS
+# One local CA signs one server certificate (SAN 127.0.0.1 and localhost) that Kafka, MariaDB and PostgreSQL
+# all present; a second CA that signed nothing here lets tests check that an untrusted server is refused.
+def tls_dir() -> Path:
+    return HOME / "tls"
+
+
+def tls_files() -> dict[str, Path]:
+    """Create the local CA and the server certificate once; return their paths.
+
+    Keys are unencrypted PKCS#8 PEM (what Kafka's PEM keystore, MariaDB and PostgreSQL all read); the server
+    key is readable by its owner only.
+    """
+    directory = tls_dir()
+    files = {name: directory / name for name in
+             ("ca.pem", "ca.key", "server.pem", "server.key", "server-keystore.pem", "other-ca.pem")}
+    if all(path.exists() for path in files.values()):
+        return files
+    directory.mkdir(parents=True, exist_ok=True)
+    subject = "/O=exactly-once local stack/CN="
+    for ca in ("ca", "other-ca"):
+        run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-keyout",
+             str(directory / f"{ca}.key"), "-out", str(directory / f"{ca}.pem"), "-subj", f"{subject}{ca}"])
+    extensions = directory / "server.ext"
+    extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(files["server.key"]),
+         "-out", str(directory / "server.csr"), "-subj", f"{subject}localhost"])
+    run(["openssl", "x509", "-req", "-days", "3650", "-in", str(directory / "server.csr"), "-CA",
+         str(files["ca.pem"]), "-CAkey", str(files["ca.key"]), "-CAcreateserial", "-out", str(files["server.pem"]),
+         "-extfile", str(extensions)])
+    files["server-keystore.pem"].write_text(files["server.key"].read_text() + files["server.pem"].read_text())
+    for name in ("ca.key", "server.key", "server-keystore.pem"):
+        files[name].chmod(0o600)
+    directory.chmod(0o755)
+    return files
+
 
 
 # ---------------------------------------------------------------------------------------------- Kafka
@@ -304,6 +365,7 @@ class KafkaNode:
     voters: str
     settings: dict
     heap: str
+    secure_port: int | None = None
 
     @property
     def directory(self) -> Path:
@@ -318,23 +380,33 @@ class KafkaNode:
         return f"{HOST}:{self.port}"
 
     def properties(self) -> str:
+        listeners = {"PLAINTEXT": self.port, "CONTROLLER": self.controller_port}
+        protocols = {"PLAINTEXT": "PLAINTEXT", "CONTROLLER": "PLAINTEXT"}
+        if self.secure_port:
+            listeners["SASL_SSL"], protocols["SASL_SSL"] = self.secure_port, "SASL_SSL"
+        advertised = {name: port for name, port in listeners.items() if name != "CONTROLLER"}
         props = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
             "controller.quorum.voters": self.voters,
-            "listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port}",
+            "listeners": ",".join(f"{name}://{HOST}:{port}" for name, port in listeners.items()),
+            "advertised.listeners": ",".join(f"{name}://{HOST}:{port}" for name, port in advertised.items()),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(f"{name}:{proto}" for name, proto in protocols.items()),
             "log.dirs": str(self.directory / "data"),
             **self.settings,
+            **(kafka_security_settings() if self.secure_port else {}),
         }
         return "".join(f"{key}={value}\n" for key, value in props.items())
 
     def start(self) -> None:
         if self.process.pid() is not None:
-            return
+            if not self.secure_port or port_answers(self.secure_port):
+                return
+            # A broker started by an older stack.py, before the secured listener existed: start it anew.
+            log("%s runs without its SASL_SSL listener (port %s): restarting it", self.name, self.secure_port)
+            stop_all([self.process])
         libs = kafka_libs()
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "server.properties"
@@ -361,8 +433,75 @@ class KafkaNode:
 def kafka_single() -> list[KafkaNode]:
     return [
         KafkaNode("kafka", 1, KAFKA_PORT, KAFKA_CONTROLLER_PORT, f"1@{HOST}:{KAFKA_CONTROLLER_PORT}",
-                  KAFKA_SINGLE_NODE_SETTINGS, KAFKA_HEAP)
+                  KAFKA_SINGLE_NODE_SETTINGS, KAFKA_HEAP, secure_port=KAFKA_SECURE_PORT)
     ]
+
+
+def kafka_security_settings() -> dict[str, str]:
+    """The SASL_SSL listener: TLS with the stack's server certificate, SCRAM-SHA-512 logins, ACLs enforced.
+
+    The PLAINTEXT and CONTROLLER listeners stay for the broker itself and for the tests that need a plaintext
+    client on purpose: their principal (ANONYMOUS) is a super user, like the admin SCRAM user that creates the
+    users and ACLs. Every other SCRAM user has exactly the rights its ACLs grant (``allow.everyone.if.no.acl.found``
+    is off): :func:`kafka_users_and_acls`.
+    """
+    tls = tls_files()
+    return {
+        "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(tls["server-keystore.pem"]),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tls["ca.pem"]),
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": f"User:ANONYMOUS;User:{KAFKA_ADMIN_USER}",
+        "allow.everyone.if.no.acl.found": "false",
+    }
+
+
+def kafka_secure_client_config(user: str = DB_USER, password: str = DB_PASSWORD) -> dict[str, str]:
+    """Return the librdkafka settings of a SCRAM user on the secured listener (what a kafka connection's Extra holds)."""
+    return {
+        "bootstrap.servers": f"{HOST}:{KAFKA_SECURE_PORT}",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": SCRAM_MECHANISM,
+        "sasl.username": user,
+        "sasl.password": password,
+        "ssl.ca.location": str(tls_files()["ca.pem"]),
+    }
+
+
+def kafka_users_and_acls(bootstrap: str) -> str:
+    """Create the SCRAM users (idempotent upserts) and the application user's ACLs over the plaintext listener.
+
+    ``eo`` may do what the product does (topics, consumer groups, transactional ids, idempotent writes);
+    ``eo-no-txn`` the same without transactional ids; ``eo-denied`` authenticates and may do nothing.
+    """
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType,
+                                       ResourceType, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion)
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stack.rdkafka")})
+    mechanism = ScramMechanism.SCRAM_SHA_512
+    upserts = [UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 8192), password.encode())
+               for user, password in ((KAFKA_ADMIN_USER, KAFKA_ADMIN_PASSWORD), (DB_USER, DB_PASSWORD),
+                                      (KAFKA_DENIED_USER, KAFKA_DENIED_PASSWORD),
+                                      (KAFKA_NO_TXN_USER, KAFKA_NO_TXN_PASSWORD))]
+    for future in admin.alter_user_scram_credentials(upserts, request_timeout=15).values():
+        future.result(timeout=30)
+    principal = f"User:{DB_USER}"
+    allow = AclPermissionType.ALLOW
+    bindings = [AclBinding(kind, "*", ResourcePatternType.LITERAL, principal, "*", AclOperation.ALL, allow)
+                for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)]
+    bindings.append(AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, principal, "*",
+                               AclOperation.ALL, allow))
+    no_txn = f"User:{KAFKA_NO_TXN_USER}"
+    bindings += [AclBinding(kind, "*", ResourcePatternType.LITERAL, no_txn, "*", AclOperation.ALL, allow)
+                 for kind in (ResourceType.TOPIC, ResourceType.GROUP)]
+    for future in admin.create_acls(bindings, request_timeout=15).values():
+        future.result(timeout=30)
+    return (f"SCRAM users {DB_USER}, {KAFKA_NO_TXN_USER}, {KAFKA_DENIED_USER}, {KAFKA_ADMIN_USER}; ACLs for "
+            f"{principal} and {no_txn}")
 
 
 def kafka_cluster() -> list[KafkaNode]:
@@ -374,14 +513,18 @@ def kafka_cluster() -> list[KafkaNode]:
     ]
 
 
-def kafka_round_trip(bootstrap: str, replication_factor: int = 1) -> str:
-    """Create a topic, commit a transaction and read it back with a read_committed consumer."""
+def kafka_round_trip(bootstrap: str, replication_factor: int = 1, client: dict | None = None) -> str:
+    """Create a topic, commit a transaction and read it back with a read_committed consumer.
+
+    :param client: the client settings (SASL/TLS) when not a plaintext listener.
+    """
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = "__eo_readiness"
-    quiet = {"logger": logging.getLogger("stack.rdkafka")}  # librdkafka's retries go to logging, not stderr
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, **quiet})
+    # librdkafka's retries go to logging, not stderr
+    quiet = {"logger": logging.getLogger("stack.rdkafka"), **(client or {}), "bootstrap.servers": bootstrap}
+    admin = AdminClient({"socket.timeout.ms": 5000, **quiet})
     future = admin.create_topics([NewTopic(topic, 1, replication_factor)], operation_timeout=10)[topic]
     try:
         future.result(timeout=15)
@@ -389,7 +532,7 @@ def kafka_round_trip(bootstrap: str, replication_factor: int = 1) -> str:
         if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
             raise
     token = uuid.uuid4().hex
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"eo-readiness-{bootstrap}", **quiet})
+    producer = Producer({"transactional.id": f"eo-readiness-{bootstrap}", **quiet})
     producer.init_transactions(30)
     producer.begin_transaction()
     delivered: list = []
@@ -399,7 +542,7 @@ def kafka_round_trip(bootstrap: str, replication_factor: int = 1) -> str:
     if err is not None:
         raise RuntimeError(f"readiness record not delivered: {err}")
     consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "eo-readiness", "isolation.level": "read_committed",
+        "group.id": "eo-readiness", "isolation.level": "read_committed",
         "enable.auto.commit": False, **quiet,
     })
     try:
@@ -421,6 +564,11 @@ def start_kafka(nodes: list[KafkaNode], timeout: float = 120) -> None:
     for node in nodes:
         detail = wait_ready(node.process, lambda n=node: kafka_round_trip(n.bootstrap, rf), timeout)
         log("%s ready on %s: %s", node.name, node.bootstrap, detail)
+        if node.secure_port:
+            log("%s: %s", node.name, kafka_users_and_acls(node.bootstrap))
+            secured = kafka_secure_client_config()
+            detail = wait_ready(node.process, lambda c=secured: kafka_round_trip(c["bootstrap.servers"], rf, c), timeout)
+            log("%s ready on %s (SASL_SSL, SCRAM user %s): %s", node.name, secured["bootstrap.servers"], DB_USER, detail)
 
 
 # -------------------------------------------------------------------------------------------- MariaDB
@@ -437,6 +585,7 @@ def _mariadb_socket() -> str:
 
 def _mariadb_cnf() -> Path:
     directory = _mariadb_dir()
+    tls = tls_files()
     cnf = directory / "my.cnf"
     lines = [
         "[mariadbd]",
@@ -450,6 +599,8 @@ def _mariadb_cnf() -> Path:
         f"tmpdir={directory / 'tmp'}",
         "user=root",
         *(f"{key}={value}" for key, value in MARIADB_SETTINGS.items()),
+        # TLS on (the server certificate of tls_files()); the user TLS_USER may only connect over it.
+        f"ssl_ca={tls['ca.pem']}", f"ssl_cert={tls['server.pem']}", f"ssl_key={tls['server.key']}",
         "",
     ]
     (directory / "tmp").mkdir(parents=True, exist_ok=True)
@@ -476,6 +627,22 @@ def mariadb_round_trip() -> str:
     return f"snapshot at {status['Binlog_snapshot_file']}:{status['Binlog_snapshot_position']}"
 
 
+def _mariadb_has_tls() -> bool:
+    import MySQLdb
+
+    try:
+        conn = MySQLdb.connect(unix_socket=_mariadb_socket(), user="root", connect_timeout=5)
+    except MySQLdb.Error:
+        return True  # not answering yet: the readiness wait decides
+    try:
+        cur = conn.cursor()
+        cur.execute("SHOW GLOBAL VARIABLES LIKE 'have_ssl'")
+        row = cur.fetchone()
+        return bool(row) and row[1] == "YES"
+    finally:
+        conn.close()
+
+
 def _mariadb_bootstrap() -> None:
     """Create the stack's user and database (as root over the socket); idempotent."""
     import MySQLdb
@@ -487,11 +654,17 @@ def _mariadb_bootstrap() -> None:
         cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (DB_USER, DB_PASSWORD))
         # A full-power development user: tests create restricted users from it for privilege checks.
         cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO `{DB_USER}`@'%' WITH GRANT OPTION")
+        # The secured endpoint's user: the server refuses it any session that is not TLS.
+        cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s REQUIRE SSL", (TLS_USER, TLS_PASSWORD))
+        cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO `{TLS_USER}`@'%'")
     finally:
         conn.close()
 
 
 def start_mariadb(timeout: float = 90) -> None:
+    if MARIADB.pid() is not None and not _mariadb_has_tls():
+        log("mariadb runs without TLS (started by an older stack.py): restarting it")
+        stop_all([MARIADB])
     if MARIADB.pid() is None:
         cnf = _mariadb_cnf()
         (HOME / "logs").mkdir(parents=True, exist_ok=True)
@@ -539,6 +712,9 @@ def postgres_round_trip() -> str:
 def start_postgres(timeout: float = 60) -> None:
     directory = HOME / "postgres"
     data = directory / "data"
+    if POSTGRES.pid() is not None and _postgres_setting(directory, "ssl") == "off":
+        log("postgres runs without TLS (started by an older stack.py): restarting it")
+        stop_all([POSTGRES])
     if POSTGRES.pid() is None:
         if not (data / "PG_VERSION").exists():
             log("initialising PostgreSQL datadir %s", data)
@@ -546,14 +722,40 @@ def start_postgres(timeout: float = 60) -> None:
             shutil.chown(directory, "postgres", "postgres")
             run([_postgres_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
                  "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8"], user="postgres")
-        settings = [arg for key, value in POSTGRES_SETTINGS.items() for arg in ("-c", f"{key}={value}")]
+        settings = {**POSTGRES_SETTINGS, **_postgres_tls(directory)}
+        arguments = [arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]
         POSTGRES.start(
             [_postgres_bin("postgres"), "-D", str(data), "-c", f"port={POSTGRES_PORT}",
-             "-c", f"listen_addresses={HOST}", "-c", f"unix_socket_directories={directory}", *settings],
+             "-c", f"listen_addresses={HOST}", "-c", f"unix_socket_directories={directory}", *arguments],
             user="postgres",
         )
         wait_ready(POSTGRES, lambda: _postgres_bootstrap(directory), timeout)
     log("postgres ready on %s:%s: %s", HOST, POSTGRES_PORT, wait_ready(POSTGRES, postgres_round_trip, timeout))
+
+
+def _postgres_setting(socket_dir: Path, name: str) -> str | None:
+    try:
+        return run(["psql", "-h", str(socket_dir), "-p", str(POSTGRES_PORT), "-U", "postgres", "-d", "postgres",
+                    "-tAc", f"SHOW {name}"]).stdout.strip()
+    except RuntimeError:
+        return None  # not answering yet: the readiness wait decides
+
+
+def _postgres_tls(directory: Path) -> dict[str, str]:
+    """TLS on with the stack's server certificate; TLS_USER and its members may only connect over TLS."""
+    tls = tls_files()
+    key = directory / "server.key"  # the server refuses a key that others (or another owner) can read
+    shutil.copyfile(tls["server.key"], key)
+    shutil.chown(key, "postgres", "postgres")
+    key.chmod(0o600)
+    hba = directory / "pg_hba.conf"
+    hba.write_text(
+        "local all all trust\n"
+        f"hostnossl all +{TLS_USER} {HOST}/32 reject\n"  # the TLS user and every role that is a member of it
+        f"host all all {HOST}/32 scram-sha-256\n"
+    )
+    return {"ssl": "on", "ssl_cert_file": str(tls["server.pem"]), "ssl_key_file": str(key),
+            "ssl_ca_file": str(tls["ca.pem"]), "hba_file": str(hba)}
 
 
 def _postgres_bootstrap(socket_dir: Path) -> None:
@@ -565,6 +767,10 @@ def _postgres_bootstrap(socket_dir: Path) -> None:
         psql(f"CREATE ROLE {DB_USER} LOGIN CREATEDB PASSWORD '{DB_PASSWORD}'")
     if psql(f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'") != "1":
         psql(f"CREATE DATABASE {DB_NAME} OWNER {DB_USER}")
+    if psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{TLS_USER}'") != "1":
+        psql(f"CREATE ROLE {TLS_USER} LOGIN PASSWORD '{TLS_PASSWORD}'")
+    run(["psql", "-h", str(socket_dir), "-p", str(POSTGRES_PORT), "-U", "postgres", "-d", DB_NAME, "-tAc",
+         f"GRANT ALL ON DATABASE {DB_NAME} TO {TLS_USER}; GRANT ALL ON SCHEMA public TO {TLS_USER}"])
 
 
 # ---------------------------------------------------------------------------------------------- Spark
@@ -636,13 +842,7 @@ def _spark_master_state() -> dict:
 
 
 def _spark_rest_answers() -> bool:
-    import socket
-
-    try:
-        socket.create_connection((HOST, SPARK_MASTER_REST_PORT), timeout=2).close()
-        return True
-    except OSError:
-        return False
+    return port_answers(SPARK_MASTER_REST_PORT)
 
 
 def start_spark_cluster(timeout: float = 90) -> None:
@@ -679,18 +879,32 @@ def start_spark_cluster(timeout: float = 90) -> None:
 # ------------------------------------------------------------------------------------ the whole stack
 def connection_env() -> dict[str, str]:
     """Return ``AIRFLOW_CONN_*`` variables (JSON form) that point Airflow at this stack."""
+    tls = tls_files()
     return {
-        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
-            {"conn_type": "kafka", "extra": {"bootstrap.servers": f"{HOST}:{KAFKA_PORT}"}}),
+        # The product's default connections use the secured endpoints: SASL_SSL with the application user's
+        # ACLs, and TLS (server certificate verified) to both databases. The plaintext listener and plaintext
+        # database sessions stay for the tests' own clients, which read what the product wrote.
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka_secure_client_config()}),
         "AIRFLOW_CONN_KAFKA_CLUSTER": json.dumps(
             {"conn_type": "kafka",
              "extra": {"bootstrap.servers": ",".join(f"{HOST}:{p}" for p in KAFKA_CLUSTER_PORTS)}}),
         "AIRFLOW_CONN_MYSQL_DEFAULT": json.dumps(
             {"conn_type": "mysql", "host": HOST, "port": MARIADB_PORT, "login": DB_USER,
-             "password": DB_PASSWORD, "schema": DB_NAME}),
+             "password": DB_PASSWORD, "schema": DB_NAME,
+             "extra": {"ssl": {"ca": str(tls["ca.pem"])}, "ssl_mode": "VERIFY_IDENTITY"}}),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(
             {"conn_type": "postgres", "host": HOST, "port": POSTGRES_PORT, "login": DB_USER,
-             "password": DB_PASSWORD, "schema": DB_NAME}),
+             "password": DB_PASSWORD, "schema": DB_NAME,
+             "extra": {"sslmode": "verify-full", "sslrootcert": str(tls["ca.pem"])}}),
+        # The secured endpoints: SASL_SSL + SCRAM Kafka, MariaDB and PostgreSQL users that must use TLS.
+        "AIRFLOW_CONN_KAFKA_SECURE": json.dumps({"conn_type": "kafka", "extra": kafka_secure_client_config()}),
+        "AIRFLOW_CONN_MYSQL_TLS": json.dumps(
+            {"conn_type": "mysql", "host": HOST, "port": MARIADB_PORT, "login": TLS_USER, "password": TLS_PASSWORD,
+             "schema": DB_NAME, "extra": {"ssl": {"ca": str(tls["ca.pem"])}, "ssl_mode": "VERIFY_IDENTITY"}}),
+        "AIRFLOW_CONN_POSTGRES_TLS": json.dumps(
+            {"conn_type": "postgres", "host": HOST, "port": POSTGRES_PORT, "login": TLS_USER,
+             "password": TLS_PASSWORD, "schema": DB_NAME,
+             "extra": {"sslmode": "verify-full", "sslrootcert": str(tls["ca.pem"])}}),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
             {"conn_type": "spark", "host": f"spark://{HOST}", "port": SPARK_MASTER_PORT,

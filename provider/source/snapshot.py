@@ -22,7 +22,7 @@ import MySQLdb
 import MySQLdb.cursors
 
 from exactly_once_provider.connections import mysql_tls_required, pymysql_tls
-from exactly_once_provider.errors import SourceConfigurationError
+from exactly_once_provider.errors import ServiceAccessError, SourceConfigurationError
 from exactly_once_provider.source.identifiers import quote_identifier, quote_table
 from exactly_once_provider.source.preflight import column_catalog
 from exactly_once_provider.positions import BinlogPosition
@@ -30,6 +30,7 @@ from exactly_once_provider.positions import BinlogPosition
 # Error 1064 (syntax) / 1295 / 1227 cover "SHOW BINARY LOG STATUS" on servers older than MySQL 8.2.
 _OLD_SYNTAX_CODES = {1064, 1295}
 _ACCESS_DENIED = 1227
+_LOGIN_DENIED = 1045  # ER_ACCESS_DENIED_ERROR: a wrong password, or a REQUIRE SSL user without TLS
 # The statements opening a MariaDB snapshot whose binlog_snapshot_file/position are exactly its read view's.
 # Every reader of a MariaDB chunk opens its snapshot with these (begin_snapshot; provider/source/native_reader.py).
 MARIADB_SNAPSHOT_STATEMENTS = (
@@ -282,14 +283,32 @@ class ConnectionSettings:
         """
         extra = {"conv": conv} if conv is not None else {}
         extra.update({k: v for k, v in (("ssl", self.ssl), ("ssl_mode", self.ssl_mode)) if v})
-        conn = MySQLdb.connect(
-            host=self.host, port=self.port, user=self.user, password=self.password, database=self.database,
-            charset="utf8mb4", init_command="SET time_zone = '+00:00'", connect_timeout=self.connect_timeout,
-            autocommit=True, **extra,
-        )
+        try:
+            conn = MySQLdb.connect(
+                host=self.host, port=self.port, user=self.user, password=self.password, database=self.database,
+                charset="utf8mb4", init_command="SET time_zone = '+00:00'", connect_timeout=self.connect_timeout,
+                autocommit=True, **extra,
+            )
+        except MySQLdb.OperationalError as err:
+            raise self._refusal(err) from None
         if mysql_tls_required(self.ssl, self.ssl_mode):
             self._check_encrypted(conn)
         return conn
+
+    def _refusal(self, err: MySQLdb.OperationalError) -> Exception:
+        """Say what to fix when the server refuses the login or the TLS handshake; other errors pass unchanged."""
+        code, message = (err.args + ("",))[:2]
+        where = f"MySQL server {self.host}:{self.port} refused user {self.user!r} ({code}: {message})"
+        if code == _LOGIN_DENIED:
+            hint = ("Check the connection's login and password." if self.ssl or self.ssl_mode else
+                    "Check the connection's login and password; a user created REQUIRE SSL is refused the same way "
+                    "when the connection does not ask for TLS: set its Extra ssl, e.g. {\"ssl\": {\"ca\": "
+                    "\"/path/ca.pem\"}}.")
+            return ServiceAccessError(f"{where}. {hint}")
+        if "certificate" in str(message).lower() or "ssl" in str(message).lower() or "tls" in str(message).lower():
+            return ServiceAccessError(f"{where}. The TLS handshake failed: put the CA that signed the server's "
+                                      "certificate in the connection's Extra ssl.ca (and check ssl_mode).")
+        return err
 
     def _check_encrypted(self, conn: MySQLdb.connections.Connection) -> None:
         # mysqlclient built on MariaDB Connector/C connects in plaintext with ssl_mode=REQUIRED when the server

@@ -1,7 +1,9 @@
 """The connection layer against the stack's real servers: TLS settings from the Extra reach the clients.
 
-The stack serves plaintext (securing it is issue 19): a connection that requires TLS must be refused there,
-and one that does not must still work -- which proves the Extra reaches the client library and is honoured.
+The stack's servers offer TLS and also admit the development user in plaintext: a connection that asks for TLS
+gets an encrypted session and one that disables it gets a plaintext one -- which proves the Extra reaches the
+client library and is honoured. (A plaintext server under a connection that requires TLS is refused:
+tests/unit/provider/source/test_snapshot.py.)
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import pymysql
 import pytest
 
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config, spark_kafka_options
-from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.lag import stable_end_offsets
 
@@ -24,12 +25,19 @@ def _mysql(monkeypatch, stack, conn_id: str, extra: dict) -> None:
          "password": stack.DB_PASSWORD, "schema": stack.DB_NAME, "extra": extra}))
 
 
-def test_mysql_connection_requiring_tls_is_refused_by_a_plaintext_server(stack, monkeypatch):
+def _mysql_cipher(conn_id: str) -> str:
+    with MySqlSourceHook(conn_id).cursor() as cur:
+        cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        return cur.fetchone()[1]
+
+
+def test_mysql_tls_settings_decide_whether_the_session_is_encrypted(stack, monkeypatch):
     _mysql(monkeypatch, stack, "mysql_tls_required", {"ssl_mode": "REQUIRED"})
-    with pytest.raises(SourceConfigurationError, match="require encryption .* not encrypted"):
-        MySqlSourceHook("mysql_tls_required").server_info()
-    _mysql(monkeypatch, stack, "mysql_tls_preferred", {"ssl_mode": "PREFERRED"})
-    assert MySqlSourceHook("mysql_tls_preferred").server_info().is_mariadb
+    _mysql(monkeypatch, stack, "mysql_tls_verified", {"ssl": {"ca": str(stack.tls_files()["ca.pem"])},
+                                                      "ssl_mode": "VERIFY_IDENTITY"})
+    _mysql(monkeypatch, stack, "mysql_tls_off", {"ssl_mode": "DISABLED"})
+    assert _mysql_cipher("mysql_tls_required") and _mysql_cipher("mysql_tls_verified")
+    assert _mysql_cipher("mysql_tls_off") == ""
 
 
 def test_binlog_reader_settings_carry_tls(stack, monkeypatch):
@@ -45,17 +53,24 @@ def test_postgres_extras_reach_psycopg2(stack, airflow_connections, monkeypatch)
     monkeypatch.setenv("AIRFLOW_CONN_PG_TLS_REQUIRED", json.dumps({**body, "extra": {"sslmode": "require"}}))
     monkeypatch.setenv("AIRFLOW_CONN_PG_TLS_OFF", json.dumps(
         {**body, "extra": {"sslmode": "disable", "application_name": "eo-connections-test"}}))
-    with pytest.raises(psycopg2.OperationalError, match="SSL"):
-        psycopg2.connect(**connect_kwargs("pg_tls_required", connect_timeout=10))
-    with psycopg2.connect(**connect_kwargs("pg_tls_off")) as conn, conn.cursor() as cur:
-        cur.execute("SELECT current_setting('application_name')")
-        assert cur.fetchone()[0] == "eo-connections-test"
-    conn.close()
+    applications = {}
+    for conn_id, encrypted in (("pg_tls_required", True), ("pg_tls_off", False), ("postgres_default", True)):
+        conn = psycopg2.connect(**connect_kwargs(conn_id, connect_timeout=10))
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT ssl, current_setting('application_name') FROM pg_stat_ssl "
+                            "WHERE pid = pg_backend_pid()")
+                ssl, applications[conn_id] = cur.fetchone()
+        finally:
+            conn.close()
+        assert ssl is encrypted, conn_id
+    assert applications["pg_tls_off"] == "eo-connections-test"
 
 
 def test_kafka_clients_take_the_whole_connection(stack, airflow_connections):
     config = kafka_client_config("kafka_default")
-    assert config["bootstrap.servers"] == f"{stack.HOST}:{stack.KAFKA_PORT}"
+    assert config["bootstrap.servers"] == f"{stack.HOST}:{stack.KAFKA_SECURE_PORT}"
+    assert (config["security.protocol"], config["sasl.username"]) == ("SASL_SSL", stack.DB_USER)
     assert stable_end_offsets(config, ["eo-connections-missing"], missing_ok=True) == {}
 
 

@@ -91,3 +91,37 @@ def test_plan_walks_the_key_and_ends_with_an_open_chunk():
     assert len(cursor.statements) == 3
     with pytest.raises(ValueError, match="chunk_rows"):
         plan_chunks(cursor, "s", "t", ["id"], 0)
+
+
+class _PlaintextSession:
+    """A connection whose server negotiated no TLS (what Connector/C allows despite ssl_mode=REQUIRED)."""
+
+    closed = False
+
+    def cursor(self):
+        outer = self
+
+        class Cursor:
+            def execute(self, sql):
+                assert sql == "SHOW SESSION STATUS LIKE 'Ssl_cipher'"
+
+            def fetchone(self):
+                return ("Ssl_cipher", "")
+
+            def close(self):
+                pass
+
+        return Cursor() if not outer.closed else None
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_session_that_is_not_encrypted_is_refused_when_the_connection_requires_tls():
+    from exactly_once_provider.source.snapshot import ConnectionSettings
+
+    settings = ConnectionSettings(host="db", port=3306, user="u", password="p", database="d", ssl_mode="REQUIRED")
+    session = _PlaintextSession()
+    with pytest.raises(SourceConfigurationError, match="require encryption .* not encrypted"):
+        settings._check_encrypted(session)
+    assert session.closed
