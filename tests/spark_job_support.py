@@ -73,6 +73,11 @@ def pg_env(stack) -> dict[str, str]:
             "PGUSER": stack.DB_USER, "PGPASSWORD": stack.DB_PASSWORD}
 
 
+def kill_driver_at(step: str, batch_id: int) -> dict[str, str]:
+    """The environment that makes the job's driver (JVM and spark-submit included) die at a batch's fault point."""
+    return {"EO_FAULT_AT": f"{step}_{batch_id}", "EO_FAULT_ACTION": "kill-group"}
+
+
 def submit_command(stack, args: list[str], master: str = "local[2]") -> list[str]:
     return [SPARK_SUBMIT, "--master", master, "--driver-memory", "1g",
             "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false",

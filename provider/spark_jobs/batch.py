@@ -12,8 +12,6 @@ skips them, and ``max(offset) + 1`` of the rows would lag behind).
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 from exactly_once_provider import faults
@@ -85,17 +83,9 @@ def read_kafka_range(spark, kafka_options: dict[str, str], start: Offsets, end: 
             .load())
 
 
-FAULT_ENV = "EO_FAULT_KILL_AT"
-
-
 def fault_point(step: str, batch_id: int) -> None:
-    """Die like a SIGKILLed driver when ``EO_FAULT_KILL_AT=<step>:<batch id>`` names this point (tests only).
+    """The fault point ``<step>_<batch id>`` of a micro-batch (:mod:`exactly_once_provider.faults`, tests only).
 
-    The whole process group gets SIGKILL, i.e. the JVM driver and spark-submit too, with no cleanup. The
-    point is also the generic fault point ``<step>_<batch id>`` (:mod:`exactly_once_provider.faults`), which
-    can pause the driver there: a zombie for the tests.
+    ``EO_FAULT_ACTION=kill-group`` kills the driver with its JVM and spark-submit; ``pause:<s>`` makes a zombie.
     """
-    wanted = os.environ.get(FAULT_ENV, "")
-    if wanted and wanted == f"{step}:{batch_id}":
-        os.killpg(os.getpgrp(), signal.SIGKILL)
     faults.fault_point(f"{step}_{batch_id}")

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from exactly_once_provider.spark_jobs.batch import FAULT_ENV
 from tests import spark_job_support as jobs
 from tests.fault_support import check
 from tests.integration.spark_jobs.test_kafka_to_sink import SINKS, sink_state, target_for
@@ -42,7 +41,7 @@ def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack,
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=9, per_transaction=40, partitions=2)
 
     # 1. Killed between the sink commit of batch 1 and the checkpoint commit of batch 1.
-    run = jobs.run_job(stack, args, {FAULT_ENV: "after_sink_commit:1"}, log_file=log)
+    run = jobs.run_job(stack, args, jobs.kill_driver_at("after_sink_commit", 1), log_file=log)
     assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
     assert sink_state(stack, sink, target, pipeline).batch_id == 1
     assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
@@ -50,7 +49,7 @@ def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack,
     replay_skipped = r"batch 1 already committed to the \w+ sink \(replay after a crash\): skipped"
     if chain == "full":
         # 2. Restart: batch 1 is replayed by Spark and skipped by the sink; killed before the sink commit of batch 3.
-        run = jobs.run_job(stack, args, {FAULT_ENV: "before_sink_commit:3"}, log_file=log)
+        run = jobs.run_job(stack, args, jobs.kill_driver_at("before_sink_commit", 3), log_file=log)
         assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
         assert re.search(replay_skipped, run.stdout)
         assert sink_state(stack, sink, target, pipeline).batch_id == 2
@@ -99,7 +98,7 @@ def test_window_mode_driver_killed_between_sink_and_checkpoint_commit_settles_ea
     source.extract("d1", reextract=True)
     jobs.wait_for_committed_end(bootstrap, topic, 2)
 
-    run = jobs.run_job(stack, args, {FAULT_ENV: "after_sink_commit:1"})
+    run = jobs.run_job(stack, args, jobs.kill_driver_at("after_sink_commit", 1))
     assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
     final = jobs.run_job(stack, args)
     assert final.returncode == 0, final.stderr[-4000:]

@@ -11,7 +11,6 @@ import random
 import psycopg2
 import pytest
 
-from exactly_once_provider.spark_jobs.batch import FAULT_ENV
 from tests import spark_job_support as jobs
 from tests.kafka_support import new_topic, transactional_producer
 
@@ -77,7 +76,7 @@ def test_cdc_apply_keeps_the_newest_committed_change_per_key(stack, tmp_path, si
     args = jobs.job_args(stack, f"cdc-{topic}", topic, tmp_path / "checkpoint", sink, target, max_offsets=70,
                          mode="cdc")
 
-    killed = jobs.run_job(stack, args, {FAULT_ENV: "after_sink_commit:1"})
+    killed = jobs.run_job(stack, args, jobs.kill_driver_at("after_sink_commit", 1))
     assert killed.returncode in (-9, 137), killed.stdout[-3000:]
     final = jobs.run_job(stack, args)
     assert final.returncode == 0, final.stderr[-4000:]
