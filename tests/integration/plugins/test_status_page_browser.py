@@ -114,16 +114,15 @@ def _committed_batch(bootstrap: str, topic: str, ends: dict[int, int]) -> pa.Tab
         pending, deadline = {p for p, end in ends.items() if end > 0}, time.monotonic() + 60
         while pending and time.monotonic() < deadline:
             message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.offset() >= ends[message.partition()]:
-                    pending.discard(message.partition())
-                continue
-            if message.offset() + 1 >= ends[message.partition()]:
-                pending.discard(message.partition())
-            rows.append((topic, message.partition(), message.offset(), message.key().decode(),
-                         message.value().decode()))
+            if message is not None and not message.error():
+                rows.append((topic, message.partition(), message.offset(), message.key().decode(),
+                             message.value().decode()))
+            # Done with a partition once the consumer's position passed its end (the commit markers included):
+            # an end-of-partition event can come at the last stable offset, before the last transaction's
+            # markers are written (commit_transaction returns before they are).
+            for position in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
+                if position.offset >= ends[position.partition]:
+                    pending.discard(position.partition)
     finally:
         consumer.close()
     assert not pending, f"partitions {pending} not read to {ends}"
