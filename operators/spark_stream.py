@@ -143,6 +143,10 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
     def job_label(self) -> str:
         return f"pipeline {self.pipeline}"
 
+    def app_name(self) -> str:
+        """Name the application after the pipeline: one stream per pipeline, found by it in Spark's UI."""
+        return f"eo-{self.pipeline}"
+
     # ------------------------------------------------------------------------------------------ checks
     def _stream_spec(self) -> StreamSpec:
         return StreamSpec(

@@ -139,6 +139,10 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         """Name the job in messages."""
         return f"{self.job_name} job of task {self.task_id}"
 
+    def app_name(self) -> str:
+        """Name the Spark application (Spark's UI, the master's list of drivers, the process list)."""
+        return f"eo-{self.job_name}-{self.task_id}"
+
     # ------------------------------------------------------------------------------------------ connection
     def spark_master(self) -> tuple[str, str | None, dict]:
         """Return (master, deploy mode, Extra) of the Spark connection; refuse a missing one."""
@@ -196,7 +200,7 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         spec = JobSpec(job=self.job_name, params=params,
                        secrets_file=write_secret_file(job_dir, secrets, prefix="connections-"),
                        result_file=str(Path(job_dir) / "result.json"),
-                       started_file=str(Path(job_dir) / "started.json"), app_name=f"eo-{self.job_name}-{self.task_id}")
+                       started_file=str(Path(job_dir) / "started.json"), app_name=self.app_name())
         args = ["--spec", spec.write(Path(job_dir) / "spec.json")]
         entry = module_file(self.job_module)
         java_class = None
