@@ -91,14 +91,16 @@ def _numbers(resume_after, count):
         yield SourceRecord(offset=n, key=f"k{n % 7}", value=json.dumps({"n": n}))
 
 
-def _consumer(bootstrap: str) -> Consumer:
+def _consumer(bootstrap: str, isolation: str = "read_committed") -> Consumer:
     return Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex[:8]}",
-                     "isolation.level": "read_committed", "enable.auto.commit": False,
+                     "isolation.level": isolation, "enable.auto.commit": False,
                      "enable.partition.eof": True})
 
 
 def _end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = _consumer(bootstrap)
+    # read_uncommitted: a read_committed client reports the last stable offset, which stays before the last
+    # transaction until its commit markers are written -- after commit_transaction has returned.
+    consumer = _consumer(bootstrap, "read_uncommitted")
     try:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
     finally:
