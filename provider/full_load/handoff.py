@@ -4,6 +4,7 @@ Format, stored as the Delta commit's ``userMetadata`` (JSON) by :mod:`exactly_on
 
     {"eo_full_load": {
         "format": 1, "load_id": "...", "schema": "eo", "table": "orders", "key": ["id"],
+        "columns": [{"name": "id", "data_type": "int", ...}, ...],   # the loaded columns (columns.Column)
         "rows": 1000000, "min_position": {"file": "binlog.000003", "pos": 4711},
         "max_position": {...},
         "chunks": [{"index": 0, "lower": null, "upper": [100000], "file": "binlog.000003", "pos": 4711,
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.full_load.plan import chunk_from_json
 from exactly_once_provider.source.snapshot import Chunk
 from exactly_once_provider.positions import BinlogPosition, parse_position
@@ -48,6 +50,7 @@ class Handoff:
     rows: int
     chunks: tuple[ChunkPosition, ...]
     table_version: int
+    columns: tuple[Column, ...] = ()
 
     @property
     def min_position(self) -> BinlogPosition:
@@ -60,12 +63,14 @@ class Handoff:
         return max((c.position for c in self.chunks), key=lambda p: p.sort_key)
 
 
-def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: list[dict]) -> dict:
-    """Build the commit marker from chunk dicts (``plan.chunk_to_json`` + file, pos, rows)."""
+def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: list[dict],
+           columns: list[dict] = ()) -> dict:
+    """Build the commit marker from chunk dicts (``plan.chunk_to_json`` + file, pos, rows) and column dicts."""
     positions = [parse_position(c) for c in chunks]
     lowest, highest = (min(positions, key=lambda p: p.sort_key), max(positions, key=lambda p: p.sort_key))
     return {MARKER_KEY: {
         "format": FORMAT, "load_id": load_id, "schema": schema, "table": table, "key": list(key),
+        "columns": list(columns),
         "rows": sum(c["rows"] for c in chunks),
         "min_position": lowest.to_json(),
         "max_position": highest.to_json(),
@@ -81,7 +86,7 @@ def parse(table_version: int, data: dict) -> Handoff:
     chunks = tuple(ChunkPosition(chunk_from_json(c), parse_position(c), int(c["rows"]))
                    for c in body["chunks"])
     return Handoff(body["load_id"], body["schema"], body["table"], tuple(body["key"]), int(body["rows"]), chunks,
-                   table_version)
+                   table_version, tuple(Column(**c) for c in body.get("columns", ())))
 
 
 def read_handoff(sink_path: str) -> Handoff:

@@ -247,7 +247,7 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
     chunks = [{**c, **{k: v for k, v in done[str(c["index"])].items() if k in ("file", "pos", "rows")}}
               for c in manifest["chunks"]]
     body = handoff.marker(manifest["load_id"], manifest["schema"], manifest["table"], tuple(manifest["key"]),
-                          chunks)
+                          chunks, manifest["columns"])
     sink = request.sink_path.removeprefix("file://")
     published = delta_commit.latest_marker(sink, handoff.MARKER_KEY)
     if published and published[1][handoff.MARKER_KEY]["load_id"] == manifest["load_id"]:

@@ -236,14 +236,8 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -
 
 
 def version_of(position: BinlogPosition) -> int:
-    """Return the change-record version at ``position``: ``file_index * 2**32 + offset``.
-
-    The binlog capture's ``version`` of a row change is ``file_index * 2**32 + event_start + row``
-    (:mod:`exactly_once_provider.capture.change_record`), so a change is in a snapshot taken at position ``S`` exactly
-    when its version is below ``version_of(S)``: its event ends at or before ``S``.
-    """
-    index, offset = position.sort_key
-    return (index << 32) + offset
+    """Return the change-record version at ``position`` (:attr:`BinlogPosition.version`)."""
+    return position.version
 
 
 def snapshot_versions(loaded: handoff.Handoff, key: str) -> str:
