@@ -93,19 +93,26 @@ def make_sink(args: StreamSpec, key: tuple[str, ...] = ()) -> Sink:
     return sink
 
 
-def topic_partitions(kafka_config: dict, topics: list[str]) -> dict[str, list[int]]:
-    """Return every partition of ``topics`` (startingOffsets JSON must name all of them)."""
+def topic_partitions(kafka_config: dict, topics: list[str], wait: float = 0) -> dict[str, list[int]]:
+    """Return every partition of ``topics`` (startingOffsets JSON must name all of them).
+
+    :param wait: seconds to wait for missing topics (a long-running stream started beside the capture that
+        creates them); then a missing topic is an error.
+    """
     from confluent_kafka.admin import AdminClient
 
     bootstrap = kafka_config["bootstrap.servers"]
-    metadata = AdminClient(kafka_config).list_topics(timeout=30)
-    result = {}
-    for topic in topics:
-        info = metadata.topics.get(topic)
-        if info is None or info.error is not None:
-            raise ValueError(f"Kafka topic {topic!r} does not exist on {bootstrap}.")
-        result[topic] = sorted(info.partitions)
-    return result
+    admin = AdminClient(kafka_config)
+    deadline = time.monotonic() + wait
+    while True:
+        metadata = admin.list_topics(timeout=30)
+        missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
+        if not missing:
+            return {t: sorted(metadata.topics[t].partitions) for t in topics}
+        if time.monotonic() >= deadline:
+            raise ValueError(f"Kafka topic {missing[0]!r} does not exist on {bootstrap}.")
+        log.info("waiting for topics %s to be created (%.0fs left)", missing, deadline - time.monotonic())
+        time.sleep(2)
 
 
 def reconcile_start(checkpoint: str, sink_offsets: Offsets | None, partitions: dict[str, list[int]]) -> str:
@@ -332,8 +339,9 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
         previous = sink.committed()
         # Only the topics this run reads: a sink may still hold positions of topics the pipeline dropped.
         sink_offsets = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
+        wait = 300 if args.trigger == "processing-time" else 0
         starting = reconcile_start(args.checkpoint, sink_offsets or None,
-                                   topic_partitions(kafka_config, topics))
+                                   topic_partitions(kafka_config, topics, wait))
     spark = build_session(args, job)
     reader = (spark.readStream.format("kafka")
               .options(**kafka_options)
