@@ -177,8 +177,13 @@ class SparkSide:
         return [(int(r["k"]), int(r["h"])) for r in self._filtered(ranges).select("k", "h").collect()]
 
 
-def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -> SparkSide:
-    """Return a Delta sink side read at the table's current version (pinned for the whole comparison)."""
+def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column],
+               scope: Ranges | None = None) -> SparkSide:
+    """Return a Delta sink side read at the table's current version (pinned for the whole comparison).
+
+    :param scope: a plain table: read only the keys in these ranges (an incremental reconciliation: the rows
+        outside are never hashed or cached).
+    """
     from pyspark.sql import functions as F
 
     q = SPARK.quote
@@ -201,6 +206,9 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -
             frame = frame.where(spec.filter)
         if spec.deleted_column:
             frame = frame.where(f"NOT {q(spec.deleted_column)}")
+        if scope is not None:
+            frame = frame.where(_ranges_predicate(f"CAST({q(spec.key_column or key.name)} AS BIGINT)", scope)
+                                if scope else "FALSE")
         return SparkSide(plain(frame))
 
     def path_of(*parts: str) -> str:

@@ -67,6 +67,7 @@ def history_stream_dag(
     topic_partitions: int = 1,
     chunk_rows: int = 100_000,
     max_lag: int = 100_000,
+    full_reconcile_hour: int | None = 0,
     reconcile_columns: Sequence[str] | None = None,
     mysql_conn_id: str = "mysql_default",
     kafka_config_id: str = "kafka_default",
@@ -97,6 +98,9 @@ def history_stream_dag(
     :param topic_partitions: partitions of the capture's topic.
     :param chunk_rows: rows per full-load chunk (one snapshot each).
     :param max_lag: scheduled: the capture waits while the apply is more than this many records behind.
+    :param full_reconcile_hour: scheduled: each increment reconciles only the keys changed since the last clean
+        reconciliation (``scope="changed"``), except the increments starting in this UTC hour (and full loads, and
+        runs with the ``full_reconcile`` Param), which compare the whole table; None: never on schedule.
     :param reconcile_columns: columns compared; default every source column.
     :param mysql_conn_id: the source ``mysql`` connection.
     :param kafka_config_id: the ``kafka`` connection.
@@ -129,7 +133,10 @@ def history_stream_dag(
         tags=["exactly-once", "cdc", *tags],
         params={"full_reload": Param(False, type="boolean",
                                      description="take a new snapshot, replace the table atomically and restart "
-                                                 "the stream from its position")},
+                                                 "the stream from its position"),
+                "full_reconcile": Param(False, type="boolean",
+                                        description="compare the whole table, not only the keys changed since "
+                                                    "the last clean reconciliation")},
         doc_md=__doc__,
     ) as dag:
         @task
@@ -193,14 +200,19 @@ def history_stream_dag(
             sink_pipeline=apply_pipeline, missing_topics_ok=True, kafka_config_id=kafka_config_id,
             timeout=3600, trigger_rule="none_failed_min_one_success")
         # [END howto_sensor_consumer_lag]
+        on_schedule = "false" if full_reconcile_hour is None else (
+            f"data_interval_start and data_interval_start.hour == {int(full_reconcile_hour)} "
+            f"and data_interval_start.minute < {every_minutes}")
+        reconcile_scope = ("{{ 'full' if params.full_reload or params.full_reconcile or ti.xcom_pull("
+                           "task_ids='choose_load') == 'full_load' or (" + on_schedule + ") else 'changed' }}")
         # [START howto_operator_reconcile_current]
         reconcile = ReconcileOperator(
             task_id="reconcile", name=pipeline, table=f"{schema}.{table}", key_column=key_column,
             columns=reconcile_columns, sink="delta", sink_path=table_path, sink_deleted_column=DELETED_COLUMN,
             capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topic],
-            sink_pipeline=apply_pipeline, full_load_path=table_path, mysql_conn_id=mysql_conn_id,
-            postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id, kafka_config_id=kafka_config_id,
-            spark_conf=spark_conf)
+            sink_pipeline=apply_pipeline, full_load_path=table_path, scope=reconcile_scope,
+            mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
+            kafka_config_id=kafka_config_id, spark_conf=spark_conf)
         # [END howto_operator_reconcile_current]
         [full_load, guard] >> lag_gate >> capture >> apply >> reconcile
     return dag
