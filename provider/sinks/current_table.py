@@ -14,6 +14,12 @@ Its columns are the source columns, typed as the full load loads them
   full reload, or replayed) from bringing the row back, even for a moment. Readers select
   ``WHERE NOT _eo_deleted`` (Spark and delta-rs alike: :data:`CURRENT_ROWS`).
 
+Finding the full load without reading history: every stream commit's marker carries a pointer to the full-load
+commit its rows build on (:data:`POINTER`: table version, load id, staging directory), so a reader of the handoff
+reads the newest commit and the one it points to, never the whole log; and when Delta's log cleanup removed that
+commit file, the full load's staging manifest still holds the same marker
+(:func:`exactly_once_provider.full_load.handoff.read_handoff`).
+
 Where the guarantee lives: :func:`merge_condition` (newer version wins) and
 :meth:`exactly_once_provider.sinks.delta.DeltaSink.commit` (one Delta MERGE per micro-batch carrying its Kafka
 offsets and txn id). The change records are turned into typed rows by
@@ -24,6 +30,8 @@ from __future__ import annotations
 
 from exactly_once_provider.positions import BinlogPosition
 
+FULL_LOAD_MARKER = "eo_full_load"  # the full load's commit marker key (exactly_once_provider.full_load.handoff)
+POINTER = "full_load"  # in each stream commit's marker: the full-load commit its rows build on
 VERSION_COLUMN = "_eo_version"
 DELETED_COLUMN = "_eo_deleted"
 META_COLUMNS = (VERSION_COLUMN, DELETED_COLUMN)
@@ -54,3 +62,9 @@ def merge_condition(key: list[str] | tuple[str, ...]) -> tuple[str, str]:
     """
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key)
     return on, f"s.{VERSION_COLUMN} > t.{VERSION_COLUMN}"
+
+
+def full_load_pointer(version: int, marker: dict) -> dict:
+    """Return the pointer a stream commit carries to the full-load commit ``version`` with ``marker``."""
+    body = marker[FULL_LOAD_MARKER]
+    return {"version": version, "load_id": body["load_id"], "staging": body.get("staging")}

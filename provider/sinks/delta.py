@@ -83,6 +83,21 @@ class DeltaSink:
                     return marker[self.key], info, version
         return None
 
+    def _full_load_pointer(self) -> dict:
+        """Return the pointer to the table's newest full-load commit, reading only the commits since this
+        pipeline's last one (which carries the pointer it built on); the first commit scans back once."""
+        found = self._latest()
+        held = found[0].get(current_table.POINTER) if found else None
+        for version, actions in delta_commit.commits(self.path):
+            if held is not None and version <= found[2]:
+                return held
+            raw = actions.get("commitInfo", {}).get("userMetadata")
+            marker = json.loads(raw) if raw else None
+            if isinstance(marker, dict) and current_table.FULL_LOAD_MARKER in marker:
+                return current_table.full_load_pointer(version, marker)
+        raise delta_commit.CommitMarkerError(
+            f"{self.path} has no full-load commit: the current table is created by the full load; run it first.")
+
     def commit_location(self) -> str:
         """Return ``Delta version <n>`` of the newest commit carrying this pipeline's marker ("" before it)."""
         found = self._latest()
@@ -157,6 +172,7 @@ class DeltaSink:
             delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="append")
             return True
         if self.mode == "current":  # the full load created the table; a change merges only if it is newer
+            marker[self.key][current_table.POINTER] = self._full_load_pointer()
             on, newer = current_table.merge_condition(self.key_columns)
             delta_commit.merge_with_marker(df, self.path, on, marker, app_id, commit.batch_id, update_when=newer)
             return True

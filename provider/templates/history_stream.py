@@ -150,11 +150,10 @@ def history_stream_dag(
         @task.branch
         def choose_load(params: dict | None = None) -> str:
             """Run the full load on the first run or when ``full_reload`` is set; otherwise continue."""
-            from exactly_once_provider.sinks.delta_commit import latest_marker
-            from exactly_once_provider.full_load.handoff import MARKER_KEY
+            from exactly_once_provider.full_load.handoff import has_full_load
 
             reload = str((params or {}).get("full_reload", False)).lower() == "true"
-            if reload or latest_marker(table_path, MARKER_KEY) is None:
+            if reload or not has_full_load(table_path):
                 return "full_load"
             return "retention_guard"
 

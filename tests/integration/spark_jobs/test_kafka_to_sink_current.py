@@ -8,6 +8,9 @@ driver killed between the sink commit and the checkpoint commit changes nothing;
 
 from __future__ import annotations
 
+import json
+
+from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.sinks import delta_commit
@@ -77,6 +80,10 @@ def test_changes_merge_into_the_full_load_table_typed_once_per_key(stack, spark,
         f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}}
 
     assert_same_rows(_current_rows(spark, path), source_rows(stack, table, ALL_TYPES_COLUMNS), ALL_TYPES_COLUMNS)
+    newest = delta_commit.read_commit(path, delta_commit.newest_version(path))
+    marker = json.loads(newest["commitInfo"]["userMetadata"])[f"eo_stream:{pipeline}-apply"]
+    assert marker["full_load"]["load_id"] == handoff.load_id  # the pointer readers follow instead of the log
+    assert read_handoff(path) == handoff
     tombstones = {r["id"] for r in spark.read.format("delta").load(path).filter(DELETED_COLUMN).collect()}
     assert tombstones == set(range(51, 81)) | {100, ROWS + 1}
     cur.execute(f"DROP TABLE `{table}`")
