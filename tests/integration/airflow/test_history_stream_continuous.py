@@ -86,14 +86,24 @@ def _stream_commits(path: str, pipeline: str) -> int:
     return found
 
 
-def _wait(condition, timeout: float, what: str, pause: float = 1.0):
+def _wait(condition, timeout: float, what: str, pause: float = 1.0, explain=lambda: ""):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = condition()
         if found:
             return found
         time.sleep(pause)
-    raise AssertionError(f"not within {timeout}s: {what}")
+    raise AssertionError(f"not within {timeout}s: {what}\n{explain()}")
+
+
+def _logs(client, dag_id: str) -> str:
+    """The newest runs' task states and the capture's and stream's logs (the end of each)."""
+    out = []
+    for run in client.runs(dag_id)[:2]:
+        out.append(client.describe(dag_id, run["dag_run_id"]))
+        for task_id in ("capture", "apply"):
+            out.append(f"--- {task_id}\n" + client.task_log(dag_id, run["dag_run_id"], task_id)[-6000:])
+    return "\n".join(out)
 
 
 def _running_try(client, dag_id: str, task_id: str, after: int = 0) -> tuple[str, dict]:
@@ -130,7 +140,8 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
         client.unpause(dag_id)  # @continuous: the scheduler starts the first run itself
         run_id, capture = _running_try(client, dag_id, "capture")
         _running_try(client, dag_id, "apply")
-        _wait(lambda: _stream_commits(path, f"{pipeline}-apply") >= 3, 300, "three stream commits")
+        _wait(lambda: _stream_commits(path, f"{pipeline}-apply") >= 3, 300, "three stream commits",
+              explain=lambda: _logs(client, dag_id))
 
         # 1. SIGKILL the capture's task process (its title names the task instance id): a retry restarts it.
         victims = processes_matching(f"airflow worker -- {capture['id']}")
@@ -140,7 +151,8 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
         _running_try(client, dag_id, "capture", after=capture["try_number"])
 
         # 2. SIGKILL the stream's Spark driver (spark-submit, its JVM and the Python driver: one process group).
-        _wait(lambda: _stream_commits(path, f"{pipeline}-apply") >= 6, 300, "stream commits after the capture kill")
+        _wait(lambda: _stream_commits(path, f"{pipeline}-apply") >= 6, 300, "stream commits after the capture kill",
+              explain=lambda: _logs(client, dag_id))
         _, apply = _running_try(client, dag_id, "apply")
         drivers = [line for line in processes_matching(f"eo-{pipeline}-apply") if "spark-submit" in line
                    or "SparkSubmit" in line]
