@@ -140,7 +140,7 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
         client.unpause(dag_id)  # @continuous: the scheduler starts the first run itself
         run_id, capture = _running_try(client, dag_id, "capture")
         _running_try(client, dag_id, "apply")
-        _wait(lambda: _stream_commits(path, f"{pipeline}-apply") >= 3, 300, "three stream commits",
+        _wait(lambda: _stream_commits(path, f"{pipeline}-apply") >= 3, 600, "three stream commits",
               explain=lambda: _logs(client, dag_id))
 
         # 1. SIGKILL the capture's task process (its title names the task instance id): a retry restarts it.
