@@ -199,9 +199,9 @@ def history_stream_dag(
             sink_pipeline=apply_pipeline, missing_topics_ok=True, kafka_config_id=kafka_config_id,
             timeout=3600, trigger_rule="none_failed_min_one_success")
         # [END howto_sensor_consumer_lag]
+        # run_after: when a run was due (a manual run: its trigger time); the data interval is None on manual runs.
         on_schedule = "false" if full_reconcile_hour is None else (
-            f"data_interval_start and data_interval_start.hour == {int(full_reconcile_hour)} "
-            f"and data_interval_start.minute < {every_minutes}")
+            f"dag_run.run_after.hour == {int(full_reconcile_hour)} and dag_run.run_after.minute < {every_minutes}")
         reconcile_scope = ("{{ 'full' if params.full_reload or params.full_reconcile or ti.xcom_pull("
                            "task_ids='choose_load') == 'full_load' or (" + on_schedule + ") else 'changed' }}")
         # [START howto_operator_reconcile_current]

@@ -1,0 +1,60 @@
+"""The history -> stream template: both modes' tasks and schedules, and the reconciliation's scope per run."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+
+import jinja2
+import pendulum
+import pytest
+
+from exactly_once_provider.templates.history_stream import history_stream_dag
+
+
+def _dag(**overrides):
+    kwargs = dict(dag_id="t_hs", schema="shop", table="orders", key_column="id", pipeline="p", table_path="/data/t",
+                  checkpoint_location="/data/c", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"))
+    return history_stream_dag(**{**kwargs, **overrides})
+
+
+def test_scheduled_mode_merges_into_the_table_and_reconciles_it():
+    dag = _dag()
+    assert [t.task_id for t in dag.topological_sort()][-4:] == ["lag_gate", "capture", "apply", "reconcile"]
+    apply, reconcile = dag.get_task("apply"), dag.get_task("reconcile")
+    assert (apply.mode, apply.sink_path, apply.trigger) == ("current", "/data/t", "available-now")
+    assert (reconcile.sink_path, reconcile.sink_deleted_column) == ("/data/t", "_eo_deleted")
+    assert {o.uri for t in dag.tasks for o in t.outlets} == {"file:///data/t"}
+    assert set(dag.params) == {"full_reload", "full_reconcile"}
+
+
+def test_continuous_mode_runs_capture_and_stream_side_by_side_for_run_for():
+    dag = _dag(mode="continuous", run_for=timedelta(minutes=30), stream_interval="2 seconds")
+    assert type(dag.timetable).__name__ == "ContinuousTimetable" and dag.max_active_runs == 1
+    capture, apply = dag.get_task("capture"), dag.get_task("apply")
+    assert (capture.mode, capture.max_runtime) == ("continuous", 1800)
+    assert (apply.trigger, apply.interval, apply.max_runtime, apply.mode) == ("processing-time", "2 seconds", 1800,
+                                                                              "current")
+    assert capture.upstream_task_ids == apply.upstream_task_ids == {"full_load", "retention_guard"}
+    assert "reconcile" not in dag.task_ids
+    with pytest.raises(ValueError, match="mode="):
+        _dag(mode="streaming")
+
+
+def _scope(task, run_after: str, loaded: str = "retention_guard", **params) -> str:
+    context = {"params": {"full_reload": False, "full_reconcile": False, **params},
+               "ti": SimpleNamespace(xcom_pull=lambda task_ids: loaded),
+               "dag_run": SimpleNamespace(run_after=pendulum.parse(run_after), data_interval_start=None)}
+    return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(task.scope).render(**context)
+
+
+def test_increments_reconcile_the_changed_keys_and_the_whole_table_on_reloads_params_and_the_nightly_hour():
+    task = _dag(every_minutes=5, full_reconcile_hour=0).get_task("reconcile")
+    assert _scope(task, "2026-11-25T10:00:00Z") == "changed"
+    assert _scope(task, "2026-11-25T00:03:00Z") == "full"  # the increment in the full-reconciliation hour
+    assert _scope(task, "2026-11-25T00:05:00Z") == "changed"
+    assert _scope(task, "2026-11-25T10:00:00Z", loaded="full_load") == "full"
+    assert _scope(task, "2026-11-25T10:00:00Z", full_reconcile=True) == "full"
+    assert _scope(task, "2026-11-25T10:00:00Z", full_reload=True) == "full"
+    never = _dag(full_reconcile_hour=None).get_task("reconcile")
+    assert _scope(never, "2026-11-25T00:01:00Z") == "changed"
