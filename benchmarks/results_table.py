@@ -1,7 +1,8 @@
-"""Render a bench_history JSON result as the Markdown table of docs/benchmarks.md (rewritten in place).
+"""Render a benchmark's JSON result as its Markdown table in docs/benchmarks.md (rewritten in place).
 
-Usage: python benchmarks/results_table.py [RESULT.json]   (default: the newest benchmarks/results/history-*.json)
-The table goes between ``<!-- bench-history:begin -->`` and ``<!-- bench-history:end -->`` in docs/benchmarks.md.
+Usage: python benchmarks/results_table.py [RESULT.json ...]   (default: the newest history-*.json and
+freshness-*.json in benchmarks/results/). A ``<kind>-*.json`` result's table goes between
+``<!-- bench-<kind>:begin -->`` and ``<!-- bench-<kind>:end -->`` in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -11,16 +12,31 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BEGIN, END = "<!-- bench-history:begin -->", "<!-- bench-history:end -->"
+KINDS = ("history", "freshness")
+
+
+def _machine(result: dict) -> str:
+    return (f"Commit `{result['commit']}`{' (uncommitted changes)' if result.get('dirty') else ''}, "
+            f"started {result['started']}, nproc {result['nproc']}, load average before "
+            f"{'/'.join(f'{x:.1f}' for x in result['loadavg_before'])}, after "
+            f"{'/'.join(f'{x:.1f}' for x in result['loadavg_after'])}")
+
+
+def freshness_table(result: dict) -> str:
+    """Return the Markdown for one freshness result: the latency percentiles and what was written and applied."""
+    writer = result["writer"]
+    return "\n".join([
+        f"{_machine(result)}; {result['rows']:,} rows, {writer['changes'] / writer['seconds']:,.0f} changes/s written "
+        f"for {result['seconds']:.0f} s after a {result['warmup']:.0f} s warm-up, trigger every {result['interval']}.",
+        "", "| p50 s | p90 s | p99 s | max s | changes measured | applied changes/s | stream commits |",
+        "|---|---|---|---|---|---|---|",
+        f"| {result['p50_s']:.2f} | {result['p90_s']:.2f} | **{result['p99_s']:.2f}** | {result['max_s']:.2f} | "
+        f"{result['measured']:,} | {result['applied_per_s']:,.0f} | {result['commits']} |", ""])
 
 
 def table(result: dict) -> str:
     """Return the Markdown for one result: medians in ms per size, and the largest / smallest size ratio."""
-    lines = [f"Commit `{result['commit']}`{' (uncommitted changes)' if result.get('dirty') else ''}, "
-             f"started {result['started']}, nproc {result['nproc']}, load average before "
-             f"{'/'.join(f'{x:.1f}' for x in result['loadavg_before'])}, after "
-             f"{'/'.join(f'{x:.1f}' for x in result['loadavg_after'])}; median of {result['repeats']} "
-             "interleaved runs (files: 5x as many), ms.", ""]
+    lines = [f"{_machine(result)}; median of {result['repeats']} interleaved runs (files: 5x as many), ms.", ""]
     for kind, unit in (("ledger", "records of other pipelines' history"), ("files", "published manifests")):
         sizes = list(result[kind])
         if not sizes:
@@ -37,18 +53,25 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    paths = [Path(a) for a in sys.argv[1:]] or sorted((REPO / "benchmarks" / "results").glob("history-*.json"),
-                                                      key=lambda p: p.stat().st_mtime)[-1:]
+    results = REPO / "benchmarks" / "results"
+    paths = [Path(a) for a in sys.argv[1:]] or [
+        newest[-1] for kind in KINDS
+        if (newest := sorted(results.glob(f"{kind}-*.json"), key=lambda p: p.stat().st_mtime))]
     if not paths:
-        raise SystemExit("No benchmarks/results/history-*.json: run make bench-history first.")
+        raise SystemExit("No benchmarks/results/*.json: run make bench-history or make bench-freshness first.")
     page = REPO / "docs" / "benchmarks.md"
     text = page.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{page} has no {BEGIN} ... {END} region.")
-    head, rest = text.split(BEGIN, 1)
-    body = table(json.loads(paths[0].read_text()))
-    page.write_text(f"{head}{BEGIN}\n<!-- from {paths[0].relative_to(REPO)} -->\n{body}\n{END}{rest.split(END, 1)[1]}")
-    print(body)
+    for path in paths:
+        result = json.loads(path.read_text())
+        kind = result.get("benchmark", "history")
+        begin, end = f"<!-- bench-{kind}:begin -->", f"<!-- bench-{kind}:end -->"
+        if begin not in text or end not in text:
+            raise SystemExit(f"{page} has no {begin} ... {end} region.")
+        body = freshness_table(result) if kind == "freshness" else table(result)
+        head, rest = text.split(begin, 1)
+        text = f"{head}{begin}\n<!-- from {path.relative_to(REPO)} -->\n{body}\n{end}{rest.split(end, 1)[1]}"
+        print(body)
+    page.write_text(text)
 
 
 if __name__ == "__main__":
