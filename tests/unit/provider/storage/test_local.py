@@ -1,0 +1,69 @@
+"""Local storage: put-if-absent, overwrite, read, list by prefix, delete; and the location dispatch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from exactly_once_provider.storage import Storage, is_s3, open_storage
+from exactly_once_provider.storage.local import LocalStorage
+
+
+def test_put_if_absent_creates_once_and_never_overwrites(tmp_path):
+    storage = open_storage(str(tmp_path / "root"))
+    assert isinstance(storage, LocalStorage) and isinstance(storage, Storage)
+    assert storage.put_if_absent("a/b.json", b"one")
+    assert not storage.put_if_absent("a/b.json", b"two")
+    assert storage.read("a/b.json") == b"one"
+    assert storage.list() == ["a/b.json"]  # no temporary file left
+
+
+def test_of_racing_writers_of_one_key_exactly_one_wins(tmp_path):
+    storage = LocalStorage(tmp_path)
+    results: list[tuple[int, bool]] = []
+    barrier = threading.Barrier(8)
+
+    def write(n: int) -> None:
+        barrier.wait()
+        results.append((n, storage.put_if_absent("commit/0001.json", str(n).encode())))
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [n for n, won in results if won]
+    assert len(winners) == 1 and storage.read("commit/0001.json") == str(winners[0]).encode()
+
+
+def test_put_read_exists_list_delete(tmp_path):
+    storage = open_storage(f"file://{tmp_path}")
+    for key in ("_manifests/00.json", "_manifests/01.json", "data/x/part-0.parquet", "data-other.txt"):
+        storage.put(key, key.encode())
+    storage.put("_manifests/01.json", b"replaced")
+    assert storage.read("_manifests/01.json") == b"replaced" and storage.read("missing") is None
+    assert storage.exists("data/x/part-0.parquet") and not storage.exists("data/x")
+    assert storage.list("_manifests/") == ["_manifests/00.json", "_manifests/01.json"]
+    assert storage.list("data") == ["data-other.txt", "data/x/part-0.parquet"]  # a prefix, as on S3
+    assert storage.list("nowhere/") == []
+    storage.delete("_manifests/00.json")
+    storage.delete("_manifests/00.json")  # missing: no error
+    assert storage.list("_manifests/") == ["_manifests/01.json"]
+    assert storage.uri("data/x") == str(tmp_path / "data" / "x") == storage.spark_uri("data/x")
+
+
+@pytest.mark.parametrize("key", ["/etc/passwd", "../outside", "a/../../b"])
+def test_keys_stay_below_the_root(tmp_path, key):
+    with pytest.raises(ValueError, match="stays below its root"):
+        LocalStorage(tmp_path).put(key, b"x")
+
+
+def test_locations_are_dispatched_by_scheme(tmp_path, monkeypatch):
+    assert is_s3("s3://b/p") and is_s3("s3a://b/p") and not is_s3(str(tmp_path))
+    with pytest.raises(ValueError, match="no S3 settings were given: name the `aws` Airflow connection"):
+        open_storage("s3://bucket/prefix")
+    with pytest.raises(ValueError, match="Unsupported storage location 'gs://b/p'"):
+        open_storage("gs://b/p")
+    with pytest.raises(ValueError, match="A storage location is required"):
+        open_storage("")
