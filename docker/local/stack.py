@@ -802,24 +802,52 @@ def _artifact(jar: Path) -> str:
     return _JAR_VERSION.sub("", jar.name)
 
 
-def spark_jars() -> list[Path]:
+# s3a (issue 18): hadoop-aws and the AWS SDK v2 bundle (about 600 MB) go on a job's classpath only when it
+# reaches S3 (spark_conf(s3=True)): Spark standalone copies every spark.jars entry into each executor's work dir.
+S3A_ARTIFACTS = ("hadoop-aws", "bundle", "analyticsaccelerator-s3", "wildfly-openssl")
+
+
+def _pom_property(name: str) -> str:
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", (HERE / "spark" / "pom.xml").read_text())
+    assert match, f"docker/local/spark/pom.xml must define <{name}>"
+    return match.group(1)
+
+
+def _check_hadoop_version() -> None:
+    """hadoop-aws must be the version of pyspark's own Hadoop client, or s3a fails at run time."""
+    import pyspark
+
+    shipped = [jar.name for jar in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")]
+    wanted = f"hadoop-client-api-{_pom_property('hadoop.version')}.jar"
+    if shipped != [wanted]:
+        raise RuntimeError(f"pyspark ships {shipped}, but docker/local/spark/pom.xml pins hadoop-aws "
+                           f"{_pom_property('hadoop.version')}: set <hadoop.version> to pyspark's Hadoop version.")
+
+
+def _resolved_jars() -> list[Path]:
     """Resolve the Spark connectors once with Maven and return the jars Spark does not ship itself.
 
     Maven rather than ``spark.jars.packages``/Ivy: the registry reachable here lacks
     spark-token-provider-kafka-0-10 after 4.0.0, which only a Maven version pin can work around
     (docker/local/spark/pom.xml), and jars already in pyspark/jars (hadoop-client, log4j, ...) must win.
+    The folder name carries a hash of the pom, so a changed pom resolves anew.
     """
+    import hashlib
+
     import pyspark
     from exactly_once_provider.spark_jobs.packages import DELTA_CONNECTOR, SPARK_VERSION
 
+    _check_hadoop_version()
     delta_version = DELTA_CONNECTOR.rsplit(":", 1)[1]
-    target = HOME / "spark" / f"jars-{SPARK_VERSION}-delta-{delta_version}"
+    pom = HERE / "spark" / "pom.xml"
+    pom_hash = hashlib.sha256(pom.read_bytes()).hexdigest()[:8]
+    target = HOME / "spark" / f"jars-{SPARK_VERSION}-delta-{delta_version}-{pom_hash}"
     done = target / ".resolved"
     if not done.exists():
-        log("resolving Spark connectors (Kafka %s, Delta %s) from Maven Central into %s",
-            SPARK_VERSION, delta_version, target)
+        log("resolving Spark connectors (Kafka %s, Delta %s, hadoop-aws %s) from Maven Central into %s",
+            SPARK_VERSION, delta_version, _pom_property("hadoop.version"), target)
         shutil.rmtree(target, ignore_errors=True)
-        run(["mvn", "-q", "-B", "-f", str(HERE / "spark" / "pom.xml"), "dependency:copy-dependencies",
+        run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
              f"-DoutputDirectory={target}", "-DincludeScope=runtime", f"-Dspark.version={SPARK_VERSION}",
              f"-Ddelta.version={delta_version}"])
         shipped = {_artifact(jar) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
@@ -830,9 +858,18 @@ def spark_jars() -> list[Path]:
     return sorted(target.glob("*.jar"))
 
 
-def spark_conf() -> dict[str, str]:
-    """Return the Spark settings that load the connectors from the stack's pre-resolved jars."""
-    return {"spark.jars": ",".join(str(jar) for jar in spark_jars())}
+def spark_jars(s3: bool = False) -> list[Path]:
+    """Return the connector jars a job needs: Kafka and Delta, and with ``s3`` also hadoop-aws + the AWS SDK."""
+    return [jar for jar in _resolved_jars() if s3 or _artifact(jar) not in S3A_ARTIFACTS]
+
+
+def spark_conf(s3: bool = False) -> dict[str, str]:
+    """Return the Spark settings that load the connectors from the stack's pre-resolved jars.
+
+    :param s3: also the s3a connector (hadoop-aws, the AWS SDK bundle); its endpoint and credentials are the
+        job's to set in its driver, from its secrets file (never here: these settings go on a command line).
+    """
+    return {"spark.jars": ",".join(str(jar) for jar in spark_jars(s3))}
 
 
 def _require(condition: bool, message: str) -> bool:
