@@ -15,7 +15,7 @@ secrets file with :func:`~exactly_once_provider.storage.s3.register_settings`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from exactly_once_provider.storage.s3 import S3Settings
@@ -49,6 +49,12 @@ class Storage(Protocol):
 
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is no error."""
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object whose key starts with ``prefix`` (a batch's files; not atomic)."""
+
+    def arrow_path(self, key: str) -> tuple[Any, str]:
+        """Return ``(pyarrow filesystem, path)`` of ``key``: Parquet footers and rows read without a download."""
 
     def uri(self, key: str = "") -> str:
         """Return the location of ``key`` as readers outside this layer name it (a path, ``s3://`` URI)."""

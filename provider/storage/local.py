@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 from exactly_once_provider.storage.durable import put_if_absent, replace
 
@@ -54,6 +56,17 @@ class LocalStorage:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def delete_prefix(self, prefix: str) -> None:
+        for key in self.list(prefix):
+            self.delete(key)
+        if prefix.endswith("/"):  # a directory's worth: remove the emptied directories too
+            shutil.rmtree(self._path(prefix.rstrip("/")), ignore_errors=True)
+
+    def arrow_path(self, key: str) -> tuple[Any, str]:
+        from pyarrow import fs
+
+        return fs.LocalFileSystem(), str(self._path(key))
 
     def uri(self, key: str = "") -> str:
         return str(self._path(key)) if key else str(self.root)

@@ -90,6 +90,23 @@ class S3Settings:
                             aws_session_token=self.session_token or None, endpoint_url=self.endpoint_url,
                             region_name=self.region_name, verify=self.verify, config=config)
 
+    def arrow_filesystem(self) -> Any:
+        """Return a pyarrow S3 filesystem with these settings (Parquet footers read with range requests)."""
+        from urllib.parse import urlparse
+
+        from pyarrow import fs
+
+        options: dict[str, Any] = {"access_key": self.access_key_id, "secret_key": self.secret_access_key,
+                                   "session_token": self.session_token, "region": self.region_name}
+        if self.endpoint_url:
+            endpoint = urlparse(self.endpoint_url)
+            options.update(endpoint_override=endpoint.netloc, scheme=endpoint.scheme)
+        if self.addressing_style == "virtual":
+            options["force_virtual_addressing"] = True
+        if isinstance(self.verify, str):
+            options["tls_ca_file_path"] = self.verify
+        return fs.S3FileSystem(**{k: v for k, v in options.items() if v is not None})
+
     def hadoop_conf(self) -> dict[str, str]:
         """Return Spark's s3a settings (``spark.hadoop.fs.s3a.*``), secrets included: for in-process config only."""
         conf = {"fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
@@ -205,6 +222,15 @@ class S3Storage:
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def delete_prefix(self, prefix: str) -> None:
+        keys = [self._key(key) for key in self.list(prefix)]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            self.client.delete_objects(Bucket=self.bucket, Delete={
+                "Objects": [{"Key": key} for key in keys[start:start + 1000]], "Quiet": True})
+
+    def arrow_path(self, key: str) -> tuple[Any, str]:
+        return self.settings.arrow_filesystem(), f"{self.bucket}/{self._key(key)}"
 
     def uri(self, key: str = "") -> str:
         path = self._key(key) if key else self.prefix
