@@ -803,7 +803,9 @@ def _artifact(jar: Path) -> str:
 
 
 # s3a (issue 18): hadoop-aws and the AWS SDK v2 bundle (about 600 MB) go on a job's classpath only when it
-# reaches S3 (spark_conf(s3=True)): Spark standalone copies every spark.jars entry into each executor's work dir.
+# reaches S3 (spark_conf(s3=True)), and through extraClassPath, not spark.jars: Spark copies every spark.jars
+# entry into each executor's directory (in local mode too), a 600 MB copy per job. The paths are this machine's,
+# which is where the stack's drivers and executors run.
 S3A_ARTIFACTS = ("hadoop-aws", "bundle", "analyticsaccelerator-s3", "wildfly-openssl")
 
 
@@ -859,8 +861,8 @@ def _resolved_jars() -> list[Path]:
 
 
 def spark_jars(s3: bool = False) -> list[Path]:
-    """Return the connector jars a job needs: Kafka and Delta, and with ``s3`` also hadoop-aws + the AWS SDK."""
-    return [jar for jar in _resolved_jars() if s3 or _artifact(jar) not in S3A_ARTIFACTS]
+    """Return the connector jars: Kafka and Delta; with ``s3`` only the s3a ones (hadoop-aws + the AWS SDK)."""
+    return [jar for jar in _resolved_jars() if (_artifact(jar) in S3A_ARTIFACTS) == s3]
 
 
 def spark_conf(s3: bool = False) -> dict[str, str]:
@@ -869,7 +871,11 @@ def spark_conf(s3: bool = False) -> dict[str, str]:
     :param s3: also the s3a connector (hadoop-aws, the AWS SDK bundle); its endpoint and credentials are the
         job's to set in its driver, from its secrets file (never here: these settings go on a command line).
     """
-    return {"spark.jars": ",".join(str(jar) for jar in spark_jars(s3))}
+    conf = {"spark.jars": ",".join(str(jar) for jar in spark_jars())}
+    if s3:
+        classpath = ":".join(str(jar) for jar in spark_jars(s3=True))
+        conf.update({"spark.driver.extraClassPath": classpath, "spark.executor.extraClassPath": classpath})
+    return conf
 
 
 def _require(condition: bool, message: str) -> bool:
