@@ -191,20 +191,22 @@ class Sink(Protocol):
 
 def open_sink(kind: str, location: str, pipeline: str, *,
               postgres_connect: dict | Callable[[], dict] | None = None, postgres_conn_id: str | None = None,
-              mode: str = "append", commit_with: str = "own") -> Sink:
+              mode: str = "append", commit_with: str = "own", s3: Any = None) -> Sink:
     """Return the sink of ``kind`` at ``location`` for ``pipeline``: THE dispatch on the sink kind.
 
     Opening reads nothing and needs no Spark; only the writer methods use Spark.
 
     :param kind: ``delta``, ``postgres`` or ``files``.
-    :param location: the Delta table / files directory (local path or ``file://``), or the PostgreSQL table
-        (``schema.table`` allowed; empty: only the offsets table is read).
+    :param location: the Delta table / files directory (local path or ``file://``; files also ``s3://``), or
+        the PostgreSQL table (``schema.table`` allowed; empty: only the offsets table is read).
     :param pipeline: the pipeline's stable name.
     :param postgres_connect: ``postgres``: psycopg2 connection arguments, or a function returning them (called
         only for this kind); None = the libpq ``PG*`` environment (the Spark job).
     :param postgres_conn_id: ``postgres``: the Airflow connection's id, named in :meth:`Sink.commit_location`.
     :param mode: ``append``, ``cdc`` or ``window`` (the writer side's mode).
     :param commit_with: Delta append mode: ``own`` or ``delta`` (see :class:`~.delta.DeltaSink`).
+    :param s3: ``files`` on ``s3://``: the :class:`~exactly_once_provider.storage.s3.S3Settings` (default: those
+        the process registered).
     """
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
@@ -212,8 +214,9 @@ def open_sink(kind: str, location: str, pipeline: str, *,
         return DeltaSink(location, pipeline, mode, commit_with=commit_with)
     if kind == "files":
         from exactly_once_provider.sinks.files import FilesSink
+        from exactly_once_provider.storage import open_storage
 
-        return FilesSink(location, pipeline)
+        return FilesSink(location, pipeline, open_storage(location, s3))
     if kind == "postgres":
         from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, PostgresSink
 

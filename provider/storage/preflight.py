@@ -76,8 +76,9 @@ def _s3_refusal(storage, exc: Exception, what: str) -> ServiceAccessError:
     code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
     conn = storage.settings.conn_id
     if code in _MISSING_BUCKET_CODES:
-        return ServiceAccessError(f"Bucket {storage.bucket!r} does not exist at {storage.settings.endpoint_url or 'AWS S3'}"
-                                  f" (AWS connection {conn!r}): create it, or fix the bucket in {storage.uri()}.")
+        endpoint = storage.settings.endpoint_url or "AWS S3"
+        return ServiceAccessError(f"Bucket {storage.bucket!r} does not exist at {endpoint} (AWS connection {conn!r}): "
+                                  f"create it, or fix the bucket in {storage.uri()}.")
     if code in _CREDENTIAL_CODES:
         return ServiceAccessError(f"The S3 store refused the credentials of AWS connection {conn!r} ({code}) when "
                                   f"trying to {what}: fix the connection's login (access key id) and password "
