@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-import threading
 import time
 import uuid
 
@@ -14,6 +13,7 @@ from exactly_once_provider.errors import ServiceAccessError
 from exactly_once_provider.storage import open_storage
 from exactly_once_provider.storage.preflight import PROBE_PREFIX, preflight
 from exactly_once_provider.storage.s3 import S3Settings, S3Storage
+from tests.storage_support import check_put_read_list_delete, race_put_if_absent
 
 
 @pytest.fixture
@@ -37,35 +37,14 @@ def test_settings_come_from_the_aws_connection(stack, settings):
 
 
 def test_of_racing_writers_of_one_key_exactly_one_wins(storage):
-    results: list[tuple[int, bool]] = []
-    barrier = threading.Barrier(6)
-
-    def write(n: int) -> None:
-        own = S3Storage(storage.uri(), storage.settings)  # one client per writer, as separate drivers have
-        barrier.wait()
-        results.append((n, own.put_if_absent("_manifests/00000000000000000001.json", str(n).encode())))
-
-    threads = [threading.Thread(target=write, args=(n,)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    winners = [n for n, won in results if won]
-    assert len(results) == 6 and len(winners) == 1
+    winners = race_put_if_absent(lambda: S3Storage(storage.uri(), storage.settings),
+                                 "_manifests/00000000000000000001.json", 6)
+    assert len(winners) == 1
     assert storage.read("_manifests/00000000000000000001.json") == str(winners[0]).encode()
 
 
 def test_put_read_list_delete(storage):
-    for key in ("_manifests/0.json", "_manifests/1.json", "data/b/part-0.parquet", "data-x"):
-        storage.put(key, key.encode())
-    storage.put("_manifests/1.json", b"replaced")
-    assert storage.read("_manifests/1.json") == b"replaced" and storage.read("_manifests/9.json") is None
-    assert storage.exists("data/b/part-0.parquet") and not storage.exists("data/b")
-    assert storage.list("_manifests/") == ["_manifests/0.json", "_manifests/1.json"]
-    assert storage.list("data") == ["data-x", "data/b/part-0.parquet"]
-    storage.delete("_manifests/0.json")
-    storage.delete("_manifests/0.json")
-    assert storage.list("_manifests/") == ["_manifests/1.json"]
+    check_put_read_list_delete(storage)
 
 
 def test_preflight_passes_on_minio_and_leaves_nothing(storage):

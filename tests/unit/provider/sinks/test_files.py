@@ -51,8 +51,8 @@ def test_batches_publish_cumulative_manifests_and_a_replay_is_skipped(tmp_path):
 def test_orphans_of_a_crash_are_invisible_then_removed(tmp_path):
     sink = FilesSink(str(tmp_path), "p")
     sink.commit(_Frame([1]), BatchCommit("p", "c1", 0, {"t": {0: 1}}))
-    _Frame([9]).parquet(str(tmp_path / "data" / "c1-1-dead"))      # renamed, manifest never written
-    _Frame([8]).parquet(str(tmp_path / "_staging" / "c1-1-beef"))  # staged only
+    _Frame([9]).parquet(str(tmp_path / "data" / "c1-1-dead"))      # written, manifest never published
+    _Frame([8]).parquet(str(tmp_path / "_staging" / "c1-1-beef"))  # staged by a version before the storage layer
     assert _read(tmp_path) == [1]
     assert sink.remove_orphans() == ["data/c1-1-dead"]
     assert not (tmp_path / "_staging").exists()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from exactly_once_provider.storage import Storage, is_s3, open_storage
 from exactly_once_provider.storage.local import LocalStorage
+from tests.storage_support import check_put_read_list_delete, race_put_if_absent
 
 
 def test_put_if_absent_creates_once_and_never_overwrites(tmp_path):
@@ -21,35 +20,14 @@ def test_put_if_absent_creates_once_and_never_overwrites(tmp_path):
 
 def test_of_racing_writers_of_one_key_exactly_one_wins(tmp_path):
     storage = LocalStorage(tmp_path)
-    results: list[tuple[int, bool]] = []
-    barrier = threading.Barrier(8)
-
-    def write(n: int) -> None:
-        barrier.wait()
-        results.append((n, storage.put_if_absent("commit/0001.json", str(n).encode())))
-
-    threads = [threading.Thread(target=write, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    winners = [n for n, won in results if won]
+    winners = race_put_if_absent(lambda: LocalStorage(tmp_path), "commit/0001.json", 8)
     assert len(winners) == 1 and storage.read("commit/0001.json") == str(winners[0]).encode()
 
 
 def test_put_read_exists_list_delete(tmp_path):
     storage = open_storage(f"file://{tmp_path}")
-    for key in ("_manifests/00.json", "_manifests/01.json", "data/x/part-0.parquet", "data-other.txt"):
-        storage.put(key, key.encode())
-    storage.put("_manifests/01.json", b"replaced")
-    assert storage.read("_manifests/01.json") == b"replaced" and storage.read("missing") is None
-    assert storage.exists("data/x/part-0.parquet") and not storage.exists("data/x")
-    assert storage.list("_manifests/") == ["_manifests/00.json", "_manifests/01.json"]
-    assert storage.list("data") == ["data-other.txt", "data/x/part-0.parquet"]  # a prefix, as on S3
-    assert storage.list("nowhere/") == []
-    storage.delete("_manifests/00.json")
-    storage.delete("_manifests/00.json")  # missing: no error
-    assert storage.list("_manifests/") == ["_manifests/01.json"]
+    check_put_read_list_delete(storage)
+    assert not (tmp_path / "data" / "x").exists()  # delete_prefix removes the emptied folder too
     assert storage.uri("data/x") == str(tmp_path / "data" / "x") == storage.spark_uri("data/x")
 
 

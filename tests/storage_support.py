@@ -1,0 +1,46 @@
+"""Helpers for storage tests: writers racing to create one key."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+def race_put_if_absent(storage_for_writer: Callable[[], object], key: str, writers: int) -> list[int]:
+    """Let ``writers`` threads put-if-absent ``key`` at once (each its own storage object); return the winners.
+
+    :param storage_for_writer: makes the storage one writer uses (separate clients, as separate drivers have).
+    """
+    results: list[tuple[int, bool]] = []
+    barrier = threading.Barrier(writers)
+
+    def write(n: int) -> None:
+        own = storage_for_writer()
+        barrier.wait()
+        results.append((n, own.put_if_absent(key, str(n).encode())))
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == writers, "a writer failed instead of answering"
+    return [n for n, won in results if won]
+
+
+def check_put_read_list_delete(storage) -> None:
+    """The storage contract every backend keeps: overwrite, read, exists, list by prefix, delete, delete_prefix."""
+    for key in ("_manifests/00.json", "_manifests/01.json", "data/x/part-0.parquet", "data/x/part-1.parquet",
+                "data-other.txt"):
+        storage.put(key, key.encode())
+    storage.put("_manifests/01.json", b"replaced")
+    assert storage.read("_manifests/01.json") == b"replaced" and storage.read("missing") is None
+    assert storage.exists("data/x/part-0.parquet") and not storage.exists("data/x")
+    assert storage.list("_manifests/") == ["_manifests/00.json", "_manifests/01.json"]
+    assert storage.list("data") == ["data-other.txt", "data/x/part-0.parquet", "data/x/part-1.parquet"]  # a prefix
+    assert storage.list("nowhere/") == []
+    storage.delete("_manifests/00.json")
+    storage.delete("_manifests/00.json")  # missing: no error
+    assert storage.list("_manifests/") == ["_manifests/01.json"]
+    storage.delete_prefix("data/x/")
+    assert storage.list("data") == ["data-other.txt"]
