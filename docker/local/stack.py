@@ -960,7 +960,7 @@ def minio_binary() -> Path:
         return binary
     scratch = directory / f"build-{uuid.uuid4().hex[:8]}"
     scratch.mkdir(parents=True)
-    log("building MinIO %s with go install (the first time only: about 7.5 minutes on 2 cores)", MINIO_VERSION)
+    log("building MinIO %s with go install (the first time only: 3.5 to 7.5 minutes on 2 cores)", MINIO_VERSION)
     started = time.monotonic()
     try:
         # GOTOOLCHAIN=local: use the installed Go, never download another toolchain.
