@@ -230,8 +230,9 @@ class FilesSink:
         df.write.mode("errorifexists").parquet(self.storage.spark_uri(folder))
         files = []
         for key in self.storage.list(folder + "/"):
-            name = key.rsplit("/", 1)[1]
-            if name.startswith("part-") and name.endswith(".parquet"):
+            name = key.removeprefix(folder + "/")
+            # the folder's own part files only: not what a failed task attempt left under _temporary/
+            if "/" not in name and name.startswith("part-") and name.endswith(".parquet"):
                 filesystem, path = self.storage.arrow_path(key)
                 files.append({"path": key, "rows": pq.read_metadata(path, filesystem=filesystem).num_rows})
         return files

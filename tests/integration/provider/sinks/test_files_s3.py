@@ -33,6 +33,8 @@ class _Frame:
         folder = uri.removeprefix(self.storage.spark_uri() + "/")
         self.storage.put(f"{folder}/part-00000-x.snappy.parquet", buffer.getvalue())
         self.storage.put(f"{folder}/_SUCCESS", b"")
+        # what a failed task attempt can leave behind: never published
+        self.storage.put(f"{folder}/_temporary/0/task_1/part-00001-y.snappy.parquet", buffer.getvalue())
 
 
 @pytest.fixture
