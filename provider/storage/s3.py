@@ -167,6 +167,7 @@ class S3Storage:
         self.bucket, self.prefix = split_uri(location)
         self.settings = settings
         self._client = None
+        self._arrow_fs = None
 
     @property
     def client(self) -> Any:
@@ -230,7 +231,9 @@ class S3Storage:
                 "Objects": [{"Key": key} for key in keys[start:start + 1000]], "Quiet": True})
 
     def arrow_path(self, key: str) -> tuple[Any, str]:
-        return self.settings.arrow_filesystem(), f"{self.bucket}/{self._key(key)}"
+        if self._arrow_fs is None:  # one per storage: each new one resolves credentials and opens connections
+            self._arrow_fs = self.settings.arrow_filesystem()
+        return self._arrow_fs, f"{self.bucket}/{self._key(key)}"
 
     def uri(self, key: str = "") -> str:
         path = self._key(key) if key else self.prefix
