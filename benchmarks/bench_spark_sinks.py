@@ -69,8 +69,8 @@ def sink_row_count(sink: str, target: str) -> int:
         import pyarrow.parquet as pq
 
         storage = s3_storage(target)
-        return sum(pq.read_metadata(path, filesystem=fs).num_rows for fs, path in
-                   (storage.arrow_path(k) for k in storage.list() if k.endswith(".parquet") and "/_temporary/" not in k))
+        parts = [k for k in storage.list() if k.endswith(".parquet") and "/_temporary/" not in k]
+        return sum(pq.read_metadata(path, filesystem=fs).num_rows for fs, path in map(storage.arrow_path, parts))
     if sink == "postgres":
         import psycopg2
 

@@ -119,7 +119,7 @@ def _manifest_key(sequence: int) -> str:
 
 
 def published_files(root: str | Path | Storage) -> list[str]:
-    """Return the locations (paths, ``s3://`` URIs) of the files the newest manifest publishes: the only ones to read."""
+    """Return the locations (paths, ``s3://`` URIs) of the files the newest manifest publishes (the ones to read)."""
     storage = sink_storage(root)
     manifest = latest_manifest(storage)
     return [storage.uri(f["path"]) for f in manifest["files"]] if manifest else []
