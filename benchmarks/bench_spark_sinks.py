@@ -52,16 +52,10 @@ def produce(bootstrap: str, topic: str, records: int, partitions: int, per_trans
 
 
 def s3_storage(target: str):
-    """The storage of an S3 target, with the stack's ``aws_default`` connection (MinIO)."""
-    import json
-
+    """The storage of an S3 target on the stack's MinIO."""
     from exactly_once_provider.storage import open_storage
-    from exactly_once_provider.storage.s3 import S3Settings
 
-    conn = json.loads(stack.connection_env()["AIRFLOW_CONN_AWS_DEFAULT"])
-    extra = conn["extra"]
-    return open_storage(target, S3Settings(conn["login"], conn["password"], None, extra["endpoint_url"],
-                                           extra["region_name"], "path", None, "aws_default"))
+    return open_storage(target, stack.minio_settings())
 
 
 def sink_row_count(sink: str, target: str) -> int:

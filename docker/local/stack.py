@@ -973,6 +973,14 @@ def minio_binary() -> Path:
     return binary
 
 
+def minio_settings():
+    """Return the :class:`~exactly_once_provider.storage.s3.S3Settings` of the stack's MinIO (its root user)."""
+    from exactly_once_provider.storage.s3 import S3Settings
+
+    return S3Settings(MINIO_ACCESS_KEY, MINIO_SECRET_KEY, None, minio_endpoint(), MINIO_REGION, "path", None,
+                      "aws_default")
+
+
 def minio_client():
     """Return a boto3 S3 client on the stack's MinIO as its root user (path-style addressing)."""
     import boto3
