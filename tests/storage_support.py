@@ -44,3 +44,27 @@ def check_put_read_list_delete(storage) -> None:
     assert storage.list("_manifests/") == ["_manifests/01.json"]
     storage.delete_prefix("data/x/")
     assert storage.list("data") == ["data-other.txt"]
+
+
+class ParquetFrame:
+    """Stands in for a Spark DataFrame: ``write.mode(m).parquet(uri)`` puts ``rows`` as one Parquet part object
+    (plus ``_SUCCESS``, and what a failed task attempt can leave under ``_temporary/``) through ``storage``."""
+
+    def __init__(self, storage, rows: list[int]):
+        self.storage, self.rows, self.write = storage, rows, self
+
+    def mode(self, _mode):
+        return self
+
+    def parquet(self, uri: str):
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"n": self.rows}), buffer)
+        folder = uri.removeprefix(self.storage.spark_uri() + "/")
+        self.storage.put(f"{folder}/part-00000-x.snappy.parquet", buffer.getvalue())
+        self.storage.put(f"{folder}/_SUCCESS", b"")
+        self.storage.put(f"{folder}/_temporary/0/task_1/part-00001-y.snappy.parquet", buffer.getvalue())

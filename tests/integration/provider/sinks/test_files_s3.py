@@ -3,12 +3,9 @@ Spark job on MinIO is tests/integration/spark_jobs/test_kafka_to_sink.py[files-s
 
 from __future__ import annotations
 
-import io
 import json
 import uuid
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from exactly_once_provider.sinks import files as files_module
@@ -16,25 +13,7 @@ from exactly_once_provider.sinks.base import BatchCommit, StaleBatchError
 from exactly_once_provider.sinks.files import FilesSink, latest_manifest, newest_sequence, read_published, write_pointer
 from exactly_once_provider.storage import open_storage
 from exactly_once_provider.storage.s3 import S3Settings
-
-
-class _Frame:
-    """Writes ``rows`` as one Parquet part object at the s3a:// folder it is given, like Spark's writer would."""
-
-    def __init__(self, storage, rows: list[int]):
-        self.storage, self.rows, self.write = storage, rows, self
-
-    def mode(self, _mode):
-        return self
-
-    def parquet(self, uri: str):
-        buffer = io.BytesIO()
-        pq.write_table(pa.table({"n": self.rows}), buffer)
-        folder = uri.removeprefix(self.storage.spark_uri() + "/")
-        self.storage.put(f"{folder}/part-00000-x.snappy.parquet", buffer.getvalue())
-        self.storage.put(f"{folder}/_SUCCESS", b"")
-        # what a failed task attempt can leave behind: never published
-        self.storage.put(f"{folder}/_temporary/0/task_1/part-00001-y.snappy.parquet", buffer.getvalue())
+from tests.storage_support import ParquetFrame
 
 
 @pytest.fixture
@@ -53,14 +32,14 @@ def _rows(storage) -> list[int]:
 def test_batches_publish_on_s3_a_replay_is_skipped_and_a_stale_writer_is_refused(storage, monkeypatch):
     sink = FilesSink(storage.uri(), "p", storage)
     assert sink.committed() is None
-    assert sink.commit(_Frame(storage, [1, 2]), BatchCommit("p", "c1", 0, {"t": {0: 2}}))
+    assert sink.commit(ParquetFrame(storage, [1, 2]), BatchCommit("p", "c1", 0, {"t": {0: 2}}))
     stale = latest_manifest(storage)
-    assert sink.commit(_Frame(storage, [3]), BatchCommit("p", "c1", 1, {"t": {0: 3}}))
-    assert not sink.commit(_Frame(storage, [3]), BatchCommit("p", "c1", 1, {"t": {0: 3}}))  # replay
+    assert sink.commit(ParquetFrame(storage, [3]), BatchCommit("p", "c1", 1, {"t": {0: 3}}))
+    assert not sink.commit(ParquetFrame(storage, [3]), BatchCommit("p", "c1", 1, {"t": {0: 3}}))  # replay
     # A zombie that read manifest 0 tries to publish sequence 1 as well: its put-if-absent is refused.
     monkeypatch.setattr(files_module, "latest_manifest", lambda root: stale)
     with pytest.raises(StaleBatchError, match="Manifest 1 of s3://.* was published by another writer"):
-        sink.commit(_Frame(storage, [7]), BatchCommit("p", "c2", 0, {"t": {0: 2}}))
+        sink.commit(ParquetFrame(storage, [7]), BatchCommit("p", "c2", 0, {"t": {0: 2}}))
     monkeypatch.undo()
     state = sink.committed()
     assert (state.batch_id, state.offsets, state.rows_total) == (1, {"t": {0: 3}}, 3)
@@ -73,7 +52,7 @@ def test_batches_publish_on_s3_a_replay_is_skipped_and_a_stale_writer_is_refused
 def test_the_pointer_on_s3_is_verified_against_the_manifests(storage):
     sink = FilesSink(storage.uri(), "p", storage)
     for batch in range(3):
-        sink.commit(_Frame(storage, [batch]), BatchCommit("p", "c1", batch, {"t": {0: batch + 1}}))
+        sink.commit(ParquetFrame(storage, [batch]), BatchCommit("p", "c1", batch, {"t": {0: batch + 1}}))
     pointer = json.loads(storage.read("_manifests/_latest.json"))
     assert (pointer["sequence"], pointer["batch_id"]) == (2, 2)
     # A crash between manifest and pointer leaves the pointer behind: readers step forward to the newest.
