@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
 
-stack-up: setup  ## start Kafka, MariaDB, PostgreSQL (reuses running ones); resolves the Spark connector jars
+stack-up: setup  ## start Kafka, MariaDB, PostgreSQL, MinIO (reuses running ones; builds MinIO once); resolves the Spark connector jars
 	@t0=$$(date +%s); $(STACK) up; echo "[make] stack up: $$(( $$(date +%s) - t0 ))s"
 
 stack-down:

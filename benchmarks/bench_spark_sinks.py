@@ -14,6 +14,7 @@ re-reads a kept topic instead of producing again.
     make bench-spark-sinks                       # 1 000 000 records
     .venv/bin/python benchmarks/bench_spark_sinks.py --records 200000 --sinks files
     make bench-spark-sinks BENCH_ARGS="--sinks delta --repeat 3"
+    make bench-spark-sinks BENCH_ARGS="--sinks files,files-s3"   # files-s3: the files sink on the stack's MinIO
 """
 
 from __future__ import annotations
@@ -50,7 +51,20 @@ def produce(bootstrap: str, topic: str, records: int, partitions: int, per_trans
         producer.commit_transaction(120)
 
 
+def s3_storage(target: str):
+    """The storage of an S3 target on the stack's MinIO."""
+    from exactly_once_provider.storage import open_storage
+
+    return open_storage(target, stack.minio_settings())
+
+
 def sink_row_count(sink: str, target: str) -> int:
+    if sink == "files-s3":
+        import pyarrow.parquet as pq
+
+        storage = s3_storage(target)
+        parts = [k for k in storage.list() if k.endswith(".parquet") and "/_temporary/" not in k]
+        return sum(pq.read_metadata(path, filesystem=fs).num_rows for fs, path in map(storage.arrow_path, parts))
     if sink == "postgres":
         import psycopg2
 
@@ -100,9 +114,13 @@ def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run:
     target = name if sink == "postgres" else str(work / name)
     if sink == "postgres":
         PG_TABLES.append(name)
+    s3 = None
+    if sink == "files-s3":
+        target = f"s3://{stack.MINIO_BUCKETS[0]}/bench/{name}"
+        s3 = s3_storage(target).settings.to_json()
     delivery, extra = CANDIDATES[candidate]
-    args = jobs.job_args(stack, f"bench-{name}", topic, work / f"cp-{name}", sink, target, max_offsets=batch,
-                         delivery=delivery) + extra
+    args = jobs.job_args(stack, f"bench-{name}", topic, work / f"cp-{name}", sink.removesuffix("-s3"), target,
+                         max_offsets=batch, delivery=delivery, s3=s3) + extra
     result = jobs.run_job(stack, args, timeout=1800)
     if result.returncode != 0:
         raise SystemExit(f"{sink} {delivery} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -111,6 +129,8 @@ def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run:
     rows = sink_row_count(sink, target)
     if sink == "postgres":
         drop_postgres_tables()
+    elif sink == "files-s3":
+        s3_storage(target).delete_prefix("")
     else:
         shutil.rmtree(target, ignore_errors=True)
     shutil.rmtree(work / f"cp-{name}", ignore_errors=True)

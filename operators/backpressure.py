@@ -14,6 +14,8 @@ from exactly_once_provider.connections import connect_kwargs, kafka_client_confi
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
 from exactly_once_provider.positions import parse_position
 from exactly_once_provider.source.retention import headroom
+from exactly_once_provider.storage import is_s3
+from exactly_once_provider.storage.s3 import S3Settings
 from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger, measure_lag
 
 
@@ -36,6 +38,7 @@ class ConsumerLagSensor(BaseSensorOperator):
     :param consumer_group: a consumer group instead of a sink.
     :param kafka_config_id: the ``kafka`` connection.
     :param postgres_conn_id: the ``postgres`` connection (``postgres`` sink).
+    :param aws_conn_id: the ``aws`` connection of a files sink on ``s3://``.
     :param missing_topics_ok: a topic the producer has not created yet has no lag (first run of a pipeline).
     :param deferrable: wait in the triggerer.
     """
@@ -46,12 +49,13 @@ class ConsumerLagSensor(BaseSensorOperator):
                  sink_location: str | None = None, sink_pipeline: str | None = None,
                  consumer_group: str | None = None, kafka_config_id: str = "kafka_default",
                  postgres_conn_id: str = "postgres_default", missing_topics_ok: bool = False,
-                 deferrable: bool = True, **kwargs: Any) -> None:
+                 deferrable: bool = True, aws_conn_id: str = "aws_default", **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", 10)
         super().__init__(**kwargs)
         self.topics, self.max_lag, self.sink, self.sink_location = topics, max_lag, sink, sink_location
         self.sink_pipeline, self.consumer_group, self.kafka_config_id = sink_pipeline, consumer_group, kafka_config_id
         self.postgres_conn_id, self.deferrable, self.missing_topics_ok = postgres_conn_id, deferrable, missing_topics_ok
+        self.aws_conn_id = aws_conn_id
 
     def _checked(self) -> tuple[list[str], int]:
         topics = [self.topics] if isinstance(self.topics, str) else list(self.topics)
@@ -71,11 +75,13 @@ class ConsumerLagSensor(BaseSensorOperator):
         return topics, max_lag
 
     def _measure(self, topics: list[str]):
-        connect = None
+        connect = s3 = None
         if self.sink == "postgres":
             connect = connect_kwargs(self.postgres_conn_id)
+        elif self.sink == "files" and is_s3(self.sink_location or ""):
+            s3 = S3Settings.from_connection(self.aws_conn_id)
         return measure_lag(kafka_client_config(self.kafka_config_id), topics, self.sink, self.sink_location,
-                           self.sink_pipeline, self.consumer_group, connect, self.missing_topics_ok)
+                           self.sink_pipeline, self.consumer_group, connect, self.missing_topics_ok, s3)
 
     def poke(self, context: Any) -> bool:
         topics, max_lag = self._checked()
@@ -92,7 +98,8 @@ class ConsumerLagSensor(BaseSensorOperator):
         self.defer(
             trigger=ConsumerLagTrigger(self.kafka_config_id, topics, max_lag, self.sink,
                                        self.sink_location, self.sink_pipeline, self.consumer_group,
-                                       self.postgres_conn_id, float(self.poke_interval), self.missing_topics_ok),
+                                       self.postgres_conn_id, float(self.poke_interval), self.missing_topics_ok,
+                                       self.aws_conn_id),
             method_name="execute_complete", timeout=timedelta(seconds=self.timeout) if self.timeout else None)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from exactly_once_provider.operators.spark_submit import (  # noqa: F401 - their
     python_runner_jar,
 )
 from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink
+from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
+from exactly_once_provider.storage import is_s3
 from exactly_once_provider.spark_jobs.stream_spec import DELIVERIES, MODES, SINKS, TRIGGERS, StreamSpec, split_topics  # noqa: F401
 
 
@@ -36,7 +38,11 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
     :param topics: Kafka topics to read (read_committed).
     :param sink: ``delta``, ``postgres`` or ``files``.
     :param checkpoint_location: this pipeline's Spark checkpoint directory.
-    :param sink_path: the Delta table or files sink directory (``delta`` / ``files``).
+    :param sink_path: the Delta table or files sink directory (``delta`` / ``files``); the files sink may also be
+        on S3 or an S3-compatible store, ``s3://bucket/prefix`` (Spark writes it through ``s3a``).
+    :param aws_conn_id: the standard ``aws`` connection of an ``s3://`` sink path (credentials, ``endpoint_url``
+        and ``region_name`` in its extra); they reach the driver in the job's secrets file, never the command
+        line. The location is checked before the job starts (reachable, credentials, bucket, conditional writes).
     :param sink_table: the PostgreSQL table (``postgres``); the offsets table ``eo_stream_offsets`` sits next to it.
     :param kafka_conn_id: Kafka connection (its Extra is the confluent-kafka configuration, SASL/TLS included);
         the job gets it in a file only its owner can read, removed after the run, never on the command line.
@@ -108,6 +114,7 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
         sink_table: str | None = None,
         kafka_conn_id: str = "kafka_default",
         postgres_conn_id: str = "postgres_default",
+        aws_conn_id: str = "aws_default",
         spark_conn_id: str = "spark_default",
         trigger: str = "available-now",
         interval: str = "30 seconds",
@@ -136,6 +143,8 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
         self.sink_table = sink_table
         self.kafka_conn_id = kafka_conn_id
         self.postgres_conn_id = postgres_conn_id
+        self.aws_conn_id = aws_conn_id
+        self._s3 = None
         self.trigger = trigger
         self.interval = interval
         self.max_offsets_per_trigger = max_offsets_per_trigger
@@ -165,6 +174,21 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
             mode=self.mode, key_field=self.key_field, version_field=self.version_field, op_field=self.op_field,
             delivery=self.delivery).validate()
 
+    def _on_s3(self) -> bool:
+        on_s3 = self.sink != "postgres" and bool(self.sink_path) and is_s3(self.sink_path)
+        if on_s3 and self.sink != "files":
+            raise ValueError(f"sink_path {self.sink_path!r}: only the files sink can be on S3 so far; give the "
+                             f"{self.sink} sink a local path.")
+        return on_s3
+
+    def _s3_settings(self):
+        """Return the S3 settings of ``aws_conn_id`` (read once per run), or None for a local sink path."""
+        if self._s3 is None and self._on_s3():
+            from exactly_once_provider.storage.s3 import S3Settings
+
+            self._s3 = S3Settings.from_connection(self.aws_conn_id)
+        return self._s3
+
     def _kafka_config(self) -> dict[str, Any]:
         """Return the Kafka connection's settings for the job; refuse what its Spark source cannot use."""
         config = portable_kafka_config(kafka_client_config(self.kafka_conn_id))
@@ -184,7 +208,12 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
         secrets: dict[str, Any] = {"kafka": self._kafka_config()}
         if self.sink == "postgres":
             secrets["libpq"] = libpq_environment(self.postgres_conn_id)
+        if self._s3_settings() is not None:
+            secrets["s3"] = self._s3_settings().to_json()
         return secrets
+
+    def default_packages(self) -> tuple[str, ...]:
+        return SPARK_PACKAGES + (S3A_PACKAGES if self._on_s3() else ())
 
     def sink_state(self) -> dict | None:
         """Read the pipeline's committed state back from the sink (the source of truth), without Spark."""
@@ -192,11 +221,16 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
         from exactly_once_provider.sinks.base import open_sink
 
         location = self.sink_table if self.sink == "postgres" else self.sink_path
-        state = open_sink(self.sink, location, self.pipeline,
+        state = open_sink(self.sink, location, self.pipeline, s3=self._s3_settings(),
                           postgres_connect=lambda: connect_kwargs(self.postgres_conn_id)).committed()
         return state.to_json() if state else None
 
     def before_submit(self) -> None:
+        if self._s3_settings() is not None:  # an unusable S3 location fails here, before anything is written
+            from exactly_once_provider.storage import open_storage
+            from exactly_once_provider.storage.preflight import preflight
+
+            self.log.info("sink %s", preflight(open_storage(self.sink_path, self._s3_settings())))
         self._before = self.sink_state() if self.delivery == "exactly-once" else None
 
     def job_result(self, result: Any, context: Any) -> dict | None:

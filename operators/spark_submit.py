@@ -195,7 +195,7 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         jars = ",".join(self.jars) if self.jars else None
         packages = self.packages
         if packages is None and not jars and "spark.jars" not in conf:
-            packages = SPARK_PACKAGES
+            packages = self.default_packages()
         py_files = package_zip(job_dir)
         spec = JobSpec(job=self.job_name, params=params,
                        secrets_file=write_secret_file(job_dir, secrets, prefix="connections-"),
@@ -222,6 +222,10 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
             submit_env=clean_environment(self.env_vars))
         self.before_submit()
         return spec
+
+    def default_packages(self) -> tuple[str, ...]:
+        """Return the connectors' Maven coordinates when neither ``packages`` nor jars were given."""
+        return SPARK_PACKAGES
 
     def execute(self, context: Any) -> Any:
         # One directory per operator object: the hook the provider keeps on the operator between two execute()

@@ -111,7 +111,8 @@ def airflow_server(stack, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark(stack):
-    """A local[2] SparkSession with the Kafka and Delta connectors from the stack's resolved jars."""
+    """A local[2] SparkSession with the Kafka and Delta connectors from the stack's resolved jars; it reaches the
+    stack's MinIO through s3a (the jars on the class path, the settings of the test's own session)."""
     from pyspark.sql import SparkSession
 
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its __del__ logs after pytest closed capture
@@ -126,7 +127,7 @@ def spark(stack):
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     )
-    for key, value in stack.spark_conf().items():
+    for key, value in {**stack.spark_conf(s3=True), **stack.minio_settings().hadoop_conf()}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     yield session

@@ -54,11 +54,15 @@ def produce_plain(bootstrap: str, topic: str, count: int, partitions: int = 1) -
 
 
 def job_args(stack, pipeline: str, topic: str, checkpoint: Path, sink: str, target: str,
-             max_offsets: int | None = None, delivery: str = "exactly-once", mode: str = "append") -> list[str]:
+             max_offsets: int | None = None, delivery: str = "exactly-once", mode: str = "append",
+             s3: dict | None = None) -> list[str]:
+    """:param s3: the S3 settings (``S3Settings.to_json()``) of a sink on S3, for the secrets file."""
     # The job reads the connections' settings from a 0600 file, as the operator passes them.
     secrets = {"kafka": {"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"}}
     if sink == "postgres":
         secrets["libpq"] = pg_env(stack)
+    if s3:
+        secrets["s3"] = s3
     secrets_file = write_secret_file(str(checkpoint.parent), secrets, prefix="connections-")
     args = ["--pipeline", pipeline, "--secrets-file", secrets_file, "--topics", topic,
             "--checkpoint", str(checkpoint), "--sink", sink, "--delivery", delivery, "--mode", mode]
@@ -79,9 +83,11 @@ def kill_driver_at(step: str, batch_id: int) -> dict[str, str]:
 
 
 def submit_command(stack, args: list[str], master: str = "local[2]") -> list[str]:
+    # A job whose arguments name an S3 location gets the s3a connector (its settings travel in the secrets file).
+    s3 = any(arg.startswith(("s3://", "s3a://")) for arg in args)
+    connectors = [arg for key, value in stack.spark_conf(s3=s3).items() for arg in ("--conf", f"{key}={value}")]
     return [SPARK_SUBMIT, "--master", master, "--driver-memory", "1g",
-            "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false",
-            "--conf", f"spark.jars={stack.spark_conf()['spark.jars']}", JOB, *args]
+            "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false", *connectors, JOB, *args]
 
 
 def submit_env(stack, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -159,10 +165,12 @@ def arrow_rows(files: list[str], columns=("kafka_partition", "kafka_offset", "re
     return rows
 
 
-def files_rows(root: str) -> list[tuple]:
-    from exactly_once_provider.sinks.files import published_files
+def files_rows(root, columns=("kafka_partition", "kafka_offset", "record_key", "record_value")) -> list[tuple]:
+    """Return the rows a files sink's newest manifest publishes (``root``: a path or a storage, e.g. on S3)."""
+    from exactly_once_provider.sinks.files import read_published
 
-    return arrow_rows(published_files(root))
+    table = read_published(root, list(columns))
+    return [] if table is None else list(zip(*(table.column(c).to_pylist() for c in columns)))
 
 
 def postgres_rows(stack, table: str,
@@ -179,7 +187,8 @@ def postgres_rows(stack, table: str,
         conn.close()
 
 
-def sink_rows(stack, sink: str, target: str) -> list[tuple]:
+def sink_rows(stack, sink: str, target) -> list[tuple]:
+    """:param target: the Delta path, the files sink's root (a path or its storage) or the PostgreSQL table."""
     if sink == "delta":
         return delta_rows(target)
     if sink == "files":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine for the local stack: system packages, the project's virtualenv.
 # Idempotent and quick when nothing changed. Each step prints its wall time.
-# Needs: Debian 12 (root or sudo), Python 3.11, Java 17+, Maven. Kafka and Spark jars come from Maven
+# Needs: Debian 12 (root or sudo), Python 3.11, Java 17+, Maven, Go 1.24+. Kafka and Spark jars come from Maven
 # Central when the stack first starts (docker/local/stack.py up).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +23,9 @@ system_packages() {
   for tool in java mvn; do
     command -v "$tool" >/dev/null || { echo "[setup] $tool is required (Java 17+, Maven) and missing" >&2; exit 1; }
   done
+  # Go builds MinIO once (docker/local/stack.py minio_binary); Debian 12's golang package is too old for it.
+  command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || {
+    echo "[setup] go (1.24+) is required to build MinIO and is missing: install it under /usr/local/go" >&2; exit 1; }
   if [ ${#missing[@]} -gt 0 ]; then
     step "installing Debian packages: ${missing[*]}"
     $SUDO apt-get update -qq

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The local service stack without Docker: Kafka (KRaft), MariaDB, PostgreSQL and Spark on 127.0.0.1.
+"""The local service stack without Docker: Kafka (KRaft), MariaDB, PostgreSQL, MinIO and Spark on 127.0.0.1.
 
 Usage (with the project's virtualenv python, see the Makefile)::
 
@@ -51,6 +51,7 @@ POSTGRES_PORT = 15432 + PORT_OFFSET
 SPARK_MASTER_PORT = 17077 + PORT_OFFSET
 SPARK_MASTER_UI_PORT, SPARK_WORKER_UI_PORT = 18080 + PORT_OFFSET, 18081 + PORT_OFFSET
 SPARK_MASTER_REST_PORT = 16066 + PORT_OFFSET
+MINIO_PORT = 19000 + PORT_OFFSET
 
 # ---------------------------------------------------------------- local development credentials only
 DB_USER = "eo"
@@ -66,6 +67,8 @@ KAFKA_ADMIN_USER, KAFKA_ADMIN_PASSWORD = "eo-admin", "eo-admin-local-dev-only"
 KAFKA_DENIED_USER, KAFKA_DENIED_PASSWORD = "eo-denied", "eo-denied-local-dev-only"
 KAFKA_NO_TXN_USER, KAFKA_NO_TXN_PASSWORD = "eo-no-txn", "eo-no-txn-local-dev-only"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
+# MinIO's root user: the S3 access key and secret of the stack's `aws` connection.
+MINIO_ACCESS_KEY, MINIO_SECRET_KEY = "eo-minio", "eo-minio-local-dev-only"
 
 # ---------------------------------------------------------------------------------- memory budgets
 # 2 cores / 24 GiB shared by everything: each service gets a small, explicit budget.
@@ -73,6 +76,8 @@ KAFKA_HEAP = "512m"
 KAFKA_CLUSTER_NODE_HEAP = "320m"
 SPARK_DAEMON_MEMORY = "256m"
 SPARK_WORKER_MEMORY = "2g"
+# MinIO is a Go program: GOMEMLIMIT is the Go runtime's soft memory limit (it collects harder near it).
+MINIO_MEMORY_LIMIT = "384MiB"
 
 # ------------------------------------------------------------------------------------ Kafka settings
 # Defaults assume 3 brokers and make transactions hang on one node (docs/pitfalls.md#kafka).
@@ -797,24 +802,54 @@ def _artifact(jar: Path) -> str:
     return _JAR_VERSION.sub("", jar.name)
 
 
-def spark_jars() -> list[Path]:
+# s3a (issue 18): hadoop-aws and the AWS SDK v2 bundle (about 600 MB) go on a job's classpath only when it
+# reaches S3 (spark_conf(s3=True)), and through extraClassPath, not spark.jars: Spark copies every spark.jars
+# entry into each executor's directory (in local mode too), a 600 MB copy per job. The paths are this machine's,
+# which is where the stack's drivers and executors run.
+S3A_ARTIFACTS = ("hadoop-aws", "bundle", "analyticsaccelerator-s3", "wildfly-openssl")
+
+
+def _pom_property(name: str) -> str:
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", (HERE / "spark" / "pom.xml").read_text())
+    assert match, f"docker/local/spark/pom.xml must define <{name}>"
+    return match.group(1)
+
+
+def _check_hadoop_version() -> None:
+    """hadoop-aws must be the version of pyspark's own Hadoop client, or s3a fails at run time."""
+    import pyspark
+
+    shipped = [jar.name for jar in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")]
+    wanted = f"hadoop-client-api-{_pom_property('hadoop.version')}.jar"
+    if shipped != [wanted]:
+        raise RuntimeError(f"pyspark ships {shipped}, but docker/local/spark/pom.xml pins hadoop-aws "
+                           f"{_pom_property('hadoop.version')}: set <hadoop.version> to pyspark's Hadoop version.")
+
+
+def _resolved_jars() -> list[Path]:
     """Resolve the Spark connectors once with Maven and return the jars Spark does not ship itself.
 
     Maven rather than ``spark.jars.packages``/Ivy: the registry reachable here lacks
     spark-token-provider-kafka-0-10 after 4.0.0, which only a Maven version pin can work around
     (docker/local/spark/pom.xml), and jars already in pyspark/jars (hadoop-client, log4j, ...) must win.
+    The folder name carries a hash of the pom, so a changed pom resolves anew.
     """
+    import hashlib
+
     import pyspark
     from exactly_once_provider.spark_jobs.packages import DELTA_CONNECTOR, SPARK_VERSION
 
+    _check_hadoop_version()
     delta_version = DELTA_CONNECTOR.rsplit(":", 1)[1]
-    target = HOME / "spark" / f"jars-{SPARK_VERSION}-delta-{delta_version}"
+    pom = HERE / "spark" / "pom.xml"
+    pom_hash = hashlib.sha256(pom.read_bytes()).hexdigest()[:8]
+    target = HOME / "spark" / f"jars-{SPARK_VERSION}-delta-{delta_version}-{pom_hash}"
     done = target / ".resolved"
     if not done.exists():
-        log("resolving Spark connectors (Kafka %s, Delta %s) from Maven Central into %s",
-            SPARK_VERSION, delta_version, target)
+        log("resolving Spark connectors (Kafka %s, Delta %s, hadoop-aws %s) from Maven Central into %s",
+            SPARK_VERSION, delta_version, _pom_property("hadoop.version"), target)
         shutil.rmtree(target, ignore_errors=True)
-        run(["mvn", "-q", "-B", "-f", str(HERE / "spark" / "pom.xml"), "dependency:copy-dependencies",
+        run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
              f"-DoutputDirectory={target}", "-DincludeScope=runtime", f"-Dspark.version={SPARK_VERSION}",
              f"-Ddelta.version={delta_version}"])
         shipped = {_artifact(jar) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
@@ -825,9 +860,22 @@ def spark_jars() -> list[Path]:
     return sorted(target.glob("*.jar"))
 
 
-def spark_conf() -> dict[str, str]:
-    """Return the Spark settings that load the connectors from the stack's pre-resolved jars."""
-    return {"spark.jars": ",".join(str(jar) for jar in spark_jars())}
+def spark_jars(s3: bool = False) -> list[Path]:
+    """Return the connector jars: Kafka and Delta; with ``s3`` only the s3a ones (hadoop-aws + the AWS SDK)."""
+    return [jar for jar in _resolved_jars() if (_artifact(jar) in S3A_ARTIFACTS) == s3]
+
+
+def spark_conf(s3: bool = False) -> dict[str, str]:
+    """Return the Spark settings that load the connectors from the stack's pre-resolved jars.
+
+    :param s3: also the s3a connector (hadoop-aws, the AWS SDK bundle); its endpoint and credentials are the
+        job's to set in its driver, from its secrets file (never here: these settings go on a command line).
+    """
+    conf = {"spark.jars": ",".join(str(jar) for jar in spark_jars())}
+    if s3:
+        classpath = ":".join(str(jar) for jar in spark_jars(s3=True))
+        conf.update({"spark.driver.extraClassPath": classpath, "spark.executor.extraClassPath": classpath})
+    return conf
 
 
 def _require(condition: bool, message: str) -> bool:
@@ -876,6 +924,123 @@ def start_spark_cluster(timeout: float = 90) -> None:
     log("spark standalone ready: master %s, UI http://%s:%s", SPARK_MASTER_URL, HOST, SPARK_MASTER_UI_PORT)
 
 
+# ---------------------------------------------------------------------------------------------- MinIO
+# The S3-compatible object store of issue 18. Built from source through the Go module proxy once (MinIO
+# publishes no semver tags, so the pin is a pseudo-version of its main branch) and cached in the stack home:
+# about 7.5 minutes on the 2-core machine, a 150 MB binary. It honours conditional writes (a PutObject with
+# If-None-Match: * on an existing key fails with PreconditionFailed): the put-if-absent of the storage layer.
+MINIO = Process("minio")
+MINIO_MODULE = "github.com/minio/minio"
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+# The buckets the tests and the demo write to; created at `up`.
+MINIO_BUCKETS = ("eo-test", "eo-demo")
+MINIO_REGION = "us-east-1"
+
+
+def minio_endpoint() -> str:
+    return f"http://{HOST}:{MINIO_PORT}"
+
+
+def _go() -> str:
+    for candidate in ("go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"):
+        if shutil.which(candidate):
+            return shutil.which(candidate)
+    raise RuntimeError("go not found: the stack builds MinIO with `go install` (Go 1.24+ on PATH or /usr/local/go).")
+
+
+def minio_binary() -> Path:
+    """Build the pinned MinIO once with ``go install`` (via the Go module proxy); return the cached binary.
+
+    The build goes to a scratch GOBIN and is moved into place only when complete, so an interrupted build is
+    never mistaken for a cached binary.
+    """
+    directory = HOME / "minio"
+    binary = directory / f"minio-{MINIO_VERSION}"
+    if binary.exists():
+        return binary
+    scratch = directory / f"build-{uuid.uuid4().hex[:8]}"
+    scratch.mkdir(parents=True)
+    log("building MinIO %s with go install (the first time only: 3.5 to 7.5 minutes on 2 cores)", MINIO_VERSION)
+    started = time.monotonic()
+    try:
+        # GOTOOLCHAIN=local: use the installed Go, never download another toolchain.
+        run([_go(), "install", f"{MINIO_MODULE}@{MINIO_VERSION}"],
+            env={**os.environ, "GOBIN": str(scratch), "GOTOOLCHAIN": "local"})
+        os.replace(scratch / "minio", binary)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    log("built MinIO in %.0fs: %s", time.monotonic() - started, binary)
+    return binary
+
+
+def minio_settings():
+    """Return the :class:`~exactly_once_provider.storage.s3.S3Settings` of the stack's MinIO (its root user)."""
+    from exactly_once_provider.storage.s3 import S3Settings
+
+    return S3Settings(MINIO_ACCESS_KEY, MINIO_SECRET_KEY, None, minio_endpoint(), MINIO_REGION, "path", None,
+                      "aws_default")
+
+
+def minio_client():
+    """Return a boto3 S3 client on the stack's MinIO as its root user (path-style addressing)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3", endpoint_url=minio_endpoint(), aws_access_key_id=MINIO_ACCESS_KEY,
+        aws_secret_access_key=MINIO_SECRET_KEY, region_name=MINIO_REGION,
+        config=Config(s3={"addressing_style": "path"}, connect_timeout=5, read_timeout=30,
+                      retries={"max_attempts": 2}))
+
+
+def minio_round_trip() -> str:
+    """Put, conditionally put again, get and delete a probe object; the second put must be refused."""
+    from botocore.exceptions import ClientError
+
+    client = minio_client()
+    key, token = f"_eo_readiness/{uuid.uuid4().hex}", uuid.uuid4().hex.encode()
+    bucket = MINIO_BUCKETS[0]
+    client.put_object(Bucket=bucket, Key=key, Body=token, IfNoneMatch="*")
+    try:
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=b"second", IfNoneMatch="*")
+            raise RuntimeError("a second PutObject with If-None-Match: * overwrote the probe object")
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "PreconditionFailed":
+                raise
+        if client.get_object(Bucket=bucket, Key=key)["Body"].read() != token:
+            raise RuntimeError("the probe object read back differs from what was written")
+    finally:
+        client.delete_object(Bucket=bucket, Key=key)
+    return f"probe object put, refused a second put-if-absent, read back and deleted in s3://{bucket}"
+
+
+def _minio_buckets() -> None:
+    from botocore.exceptions import ClientError
+
+    client = minio_client()
+    for bucket in MINIO_BUCKETS:
+        try:
+            client.create_bucket(Bucket=bucket)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+
+
+def start_minio(timeout: float = 60) -> None:
+    if MINIO.pid() is None:
+        binary = minio_binary()
+        data = HOME / "minio" / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        # Credentials through the environment, never the command line; the web console is off (no second port).
+        MINIO.start([str(binary), "server", str(data), "--address", f"{HOST}:{MINIO_PORT}", "--quiet"],
+                    env={"MINIO_ROOT_USER": MINIO_ACCESS_KEY, "MINIO_ROOT_PASSWORD": MINIO_SECRET_KEY,
+                         "MINIO_BROWSER": "off", "MINIO_REGION": MINIO_REGION,
+                         "GOMEMLIMIT": MINIO_MEMORY_LIMIT, "MINIO_UPDATE": "off"})
+    wait_ready(MINIO, _minio_buckets, timeout)
+    log("minio ready on %s: %s", minio_endpoint(), wait_ready(MINIO, minio_round_trip, timeout))
+
+
 # ------------------------------------------------------------------------------------ the whole stack
 def connection_env() -> dict[str, str]:
     """Return ``AIRFLOW_CONN_*`` variables (JSON form) that point Airflow at this stack."""
@@ -909,15 +1074,22 @@ def connection_env() -> dict[str, str]:
         "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
             {"conn_type": "spark", "host": f"spark://{HOST}", "port": SPARK_MASTER_PORT,
              "extra": {"deploy-mode": "cluster", "rest-port": SPARK_MASTER_REST_PORT}}),
+        # The standard `aws` connection type of apache-airflow-providers-amazon, pointed at the stack's MinIO:
+        # login/password are the access key and secret, the endpoint URL is in the extra (users' connections to
+        # AWS S3 or another S3-compatible store have the same shape).
+        "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(
+            {"conn_type": "aws", "login": MINIO_ACCESS_KEY, "password": MINIO_SECRET_KEY,
+             "extra": {"endpoint_url": minio_endpoint(), "region_name": MINIO_REGION,
+                       "config_kwargs": {"s3": {"addressing_style": "path"}}}}),
     }
 
 
 def all_processes() -> list[Process]:
     nodes = kafka_single() + kafka_cluster()
-    return [n.process for n in nodes] + [MARIADB, POSTGRES, SPARK_MASTER, SPARK_WORKER]
+    return [n.process for n in nodes] + [MARIADB, POSTGRES, MINIO, SPARK_MASTER, SPARK_WORKER]
 
 
-SERVICES = ("kafka", "mariadb", "postgres")
+SERVICES = ("kafka", "mariadb", "postgres", "minio")
 
 
 def up(only: tuple[str, ...] = SERVICES, cluster: bool = False, spark_cluster: bool = False) -> None:
@@ -935,6 +1107,8 @@ def up(only: tuple[str, ...] = SERVICES, cluster: bool = False, spark_cluster: b
         start_postgres()
     if "kafka" in only:
         start_kafka(kafka_single())
+    if "minio" in only:
+        start_minio()
     if cluster:
         start_kafka(kafka_cluster())
     spark_jars()
@@ -944,7 +1118,7 @@ def up(only: tuple[str, ...] = SERVICES, cluster: bool = False, spark_cluster: b
 
 
 def down(include_clusters: bool = True) -> None:
-    procs = [SPARK_WORKER, SPARK_MASTER, POSTGRES, MARIADB] + [n.process for n in kafka_single()]
+    procs = [SPARK_WORKER, SPARK_MASTER, MINIO, POSTGRES, MARIADB] + [n.process for n in kafka_single()]
     if include_clusters:
         procs += [n.process for n in kafka_cluster()]
     stop_all(procs)
@@ -955,6 +1129,7 @@ def status() -> int:
         "kafka": lambda: kafka_round_trip(f"{HOST}:{KAFKA_PORT}"),
         "mariadb": mariadb_round_trip,
         "postgres": postgres_round_trip,
+        "minio": minio_round_trip,
         "spark-master": lambda: f"{_spark_master_state()['aliveworkers']} alive worker(s)",
     }
     for node in kafka_cluster():
@@ -977,16 +1152,16 @@ def status() -> int:
 
 
 def clean(everything: bool = False) -> None:
-    """Stop everything and delete data; ``everything`` also deletes the jar caches."""
+    """Stop everything and delete data; ``everything`` also deletes the jar caches and the MinIO binary."""
     down()
-    for sub in ("mariadb", "postgres", "spark", "run", "logs"):
+    for sub in ("mariadb", "postgres", "spark", "run", "logs", "minio/data"):
         shutil.rmtree(HOME / sub, ignore_errors=True)
     for node in kafka_single() + kafka_cluster():
         shutil.rmtree(node.directory, ignore_errors=True)
     (HOME / "kafka" / "cluster-id").unlink(missing_ok=True)
     if everything:
         shutil.rmtree(HOME, ignore_errors=True)
-    log("cleaned %s%s", HOME, " (including jar caches)" if everything else "")
+    log("cleaned %s%s", HOME, " (including jar caches and the MinIO build)" if everything else "")
 
 
 def process_by_name(name: str) -> Process:
@@ -1007,7 +1182,7 @@ def start_by_name(name: str) -> None:
             node.start()
             # one node of three answers its round trip only with a quorum, which the others provide
             return log("%s ready: %s", name, wait_ready(node.process, lambda: kafka_round_trip(node.bootstrap, 3), 120))
-    starters = {"mariadb": start_mariadb, "postgres": start_postgres,
+    starters = {"mariadb": start_mariadb, "postgres": start_postgres, "minio": start_minio,
                 "spark-master": start_spark_cluster, "spark-worker": start_spark_cluster}
     if name not in starters:
         raise SystemExit(f"unknown service {name!r}")

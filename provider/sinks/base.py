@@ -191,14 +191,14 @@ class Sink(Protocol):
 
 def open_sink(kind: str, location: str, pipeline: str, *,
               postgres_connect: dict | Callable[[], dict] | None = None, postgres_conn_id: str | None = None,
-              mode: str = "append", commit_with: str = "own", key: tuple[str, ...] = ()) -> Sink:
+              mode: str = "append", commit_with: str = "own", key: tuple[str, ...] = (), s3: Any = None) -> Sink:
     """Return the sink of ``kind`` at ``location`` for ``pipeline``: THE dispatch on the sink kind.
 
     Opening reads nothing and needs no Spark; only the writer methods use Spark.
 
     :param kind: ``delta``, ``postgres`` or ``files``.
-    :param location: the Delta table / files directory (local path or ``file://``), or the PostgreSQL table
-        (``schema.table`` allowed; empty: only the offsets table is read).
+    :param location: the Delta table / files directory (local path or ``file://``; files also ``s3://``), or
+        the PostgreSQL table (``schema.table`` allowed; empty: only the offsets table is read).
     :param pipeline: the pipeline's stable name.
     :param postgres_connect: ``postgres``: psycopg2 connection arguments, or a function returning them (called
         only for this kind); None = the libpq ``PG*`` environment (the Spark job).
@@ -206,6 +206,8 @@ def open_sink(kind: str, location: str, pipeline: str, *,
     :param mode: ``append``, ``cdc``, ``current`` or ``window`` (the writer side's mode).
     :param commit_with: Delta append mode: ``own`` or ``delta`` (see :class:`~.delta.DeltaSink`).
     :param key: Delta ``current`` mode: the source table's primary key columns.
+    :param s3: ``files`` on ``s3://``: the :class:`~exactly_once_provider.storage.s3.S3Settings` (default: those
+        the process registered).
     """
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
@@ -213,8 +215,9 @@ def open_sink(kind: str, location: str, pipeline: str, *,
         return DeltaSink(location, pipeline, mode, commit_with=commit_with, key=key)
     if kind == "files":
         from exactly_once_provider.sinks.files import FilesSink
+        from exactly_once_provider.storage import open_storage
 
-        return FilesSink(location, pipeline)
+        return FilesSink(location, pipeline, open_storage(location, s3))
     if kind == "postgres":
         from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, PostgresSink
 

@@ -1,27 +1,26 @@
-"""Parquet files sink: batches are staged, renamed into place, then published by an atomic manifest.
+"""Parquet files sink on the storage layer (local disk or S3): data objects first, then an atomic manifest.
 
-Layout under ``root``::
+Layout under ``root`` (a local path or an ``s3://``/``s3a://`` URI, :mod:`~exactly_once_provider.storage`)::
 
-    _staging/<checkpoint id>-<batch id>-<nonce>/part-*.parquet   Spark writes here (invisible to readers)
-    data/<checkpoint id>-<batch id>-<nonce>/part-*.parquet       a staged batch after one directory rename
+    data/<checkpoint id>-<batch id>-<nonce>/part-*.parquet       Spark writes a batch here (invisible to readers)
+    windows/<window slug>/<checkpoint id>-<batch id>-<nonce>/    a window version (window mode)
     _manifests/<sequence, 20 digits>.json                        published state; the newest one wins
     _manifests/_latest.json                                      pointer to the newest (a verified hint)
 
 A manifest is the commit: ``{"format": 1, "sequence": n, "pipeline", "checkpoint_id", "batch_id",
 "offsets": {topic: {partition: next offset}}, "rows_total", "files": [{"path": "data/...", "rows": n}, ...]}``
-with the CUMULATIVE list of published files. It is created with
-:func:`~exactly_once_provider.sinks.durable.put_if_absent`: written to a temporary file, fsynced and hard-linked to
-its final name (``link`` fails if the name exists, so two writers can never both publish sequence n), then
-the directory is fsynced. Then the pointer ``_latest.json`` is replaced with the sequence and the commit, and
-the manifest ``KEEP_MANIFESTS`` behind is deleted. Readers take the pointer's sequence, check that its manifest
-exists and step past every newer one that exists (:func:`newest_sequence`), and read exactly the files the
-newest lists: a crash leaves at most unreferenced directories (orphans), which readers never see and
-:meth:`FilesSink.remove_orphans` deletes when the job starts.
+with the CUMULATIVE list of published files. It is created with the storage's put-if-absent (locally a fsynced
+temporary file hard-linked to its name, on S3 a PutObject with ``If-None-Match: *``), so two writers can never
+both publish sequence n. Then the pointer ``_latest.json`` is overwritten (a plain PUT: no rename anywhere) with
+the sequence and the commit, and the manifest ``KEEP_MANIFESTS`` behind is deleted. Readers take the pointer's
+sequence, check that its manifest exists and step past every newer one that exists (:func:`newest_sequence`),
+and read exactly the files the newest lists: a crash leaves at most unreferenced batch folders (orphans), which
+readers never see and :meth:`FilesSink.remove_orphans` deletes when the job starts.
 
-Window mode (:meth:`FilesSink.commit_windows`) stages each published window version in its own directory,
-renames it to ``windows/<window slug>/<checkpoint id>-<batch id>-<nonce>/`` and publishes one manifest whose
-``windows`` map gives each window its version, rows and files (``files`` stays the flat list of everything
-published): a new version replaces the window's entry, the superseded directory becomes an orphan.
+Window mode (:meth:`FilesSink.commit_windows`) writes each published window version to its own folder
+``windows/<window slug>/<checkpoint id>-<batch id>-<nonce>/`` and publishes one manifest whose ``windows`` map
+gives each window its version, rows and files (``files`` stays the flat list of everything published): a new
+version replaces the window's entry, the superseded folder becomes an orphan.
 """
 
 from __future__ import annotations
@@ -29,99 +28,125 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import shutil
 import uuid
 from pathlib import Path
 
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.faults import fault_point
-from exactly_once_provider.sinks.durable import fsync_dir, put_if_absent, replace
 from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, replayed,
                                               require_newer_windows, require_predecessor)
+from exactly_once_provider.storage import Storage, open_storage
 
 MANIFEST_FORMAT = 1
+MANIFESTS = "_manifests/"
 POINTER = "_latest.json"
 # Manifests older than the newest KEEP_MANIFESTS are deleted as new ones are published (each publish deletes
-# the one KEEP_MANIFESTS behind it). Readers only ever read the newest, each in one open + read, and look
-# again if it vanished; 100 leaves a reader a hundred publishes of slack, and the directory stays small.
+# the one KEEP_MANIFESTS behind it). Readers only ever read the newest, each in one read, and look again if it
+# vanished; 100 leaves a reader a hundred publishes of slack, and the folder stays small.
 KEEP_MANIFESTS = 100
+_MANIFEST_KEY = re.compile(r"^_manifests/(\d{20})\.json$")
 log = logging.getLogger(__name__)
 
 
-def latest_manifest(root: str) -> dict | None:
+def sink_storage(root: str | Path | Storage) -> Storage:
+    """Return the storage of a files sink's root (a storage is taken as it is)."""
+    return root if isinstance(root, Storage) else open_storage(str(root))
+
+
+def latest_manifest(root: str | Path | Storage) -> dict | None:
     """Return the newest published manifest under ``root`` (None if nothing was published)."""
-    directory = Path(root.removeprefix("file://")) / "_manifests"
+    storage = sink_storage(root)
     for _ in range(5):
-        sequence, _pointer = newest_sequence(directory)
+        sequence, _pointer = newest_sequence(storage)
         if sequence is None:
             return None
-        try:
-            return json.loads((directory / _manifest_name(sequence)).read_text())
-        except FileNotFoundError:  # retention removed it after a newer one was published: look again
-            continue
-    raise AirflowException(f"The newest manifest of {directory} kept disappearing while being read: is a "
-                           "manifest retention other than this provider's removing manifests?")
+        data = storage.read(_manifest_key(sequence))
+        if data is not None:
+            return json.loads(data)
+        # retention removed it after a newer one was published: look again
+    raise AirflowException(f"The newest manifest of {storage.uri(MANIFESTS)} kept disappearing while being read: "
+                           "is a manifest retention other than this provider's removing manifests?")
 
 
-def newest_sequence(directory: Path) -> tuple[int | None, dict | None]:
+def newest_sequence(root: str | Path | Storage) -> tuple[int | None, dict | None]:
     """
-    Return the newest published sequence in ``directory`` and the pointer if it names exactly that one.
+    Return the newest published sequence under ``root`` and the pointer if it names exactly that one.
 
     Reads the pointer (``_latest.json``), then checks it against the numbering: its manifest must exist, and
     the next ones are looked for one by one (the pointer is written after its manifest, so after a crash, or
     when two writers' pointer writes land out of order, it may lag behind). Without a usable pointer (a sink
-    written before pointers, or one whose pointed manifest is gone) the directory is listed.
+    written before pointers, or one whose pointed manifest is gone) the manifests are listed.
 
-    :param directory: the ``_manifests`` directory.
+    :param root: the sink's root (or its storage).
     """
+    storage = sink_storage(root)
     try:
-        pointer = json.loads((directory / POINTER).read_text())
+        pointer = json.loads(storage.read(MANIFESTS + POINTER) or b"null")
         sequence = int(pointer["sequence"])
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         pointer = None
-    if pointer is None or not (directory / _manifest_name(sequence)).exists():
-        names = sorted(p.name for p in directory.glob("[0-9]*.json")) if directory.is_dir() else []
-        return (int(names[-1].removesuffix(".json")) if names else None), None
+    if pointer is None or not storage.exists(_manifest_key(sequence)):
+        sequences = [int(m.group(1)) for key in storage.list(MANIFESTS) if (m := _MANIFEST_KEY.match(key))]
+        return (max(sequences) if sequences else None), None
     newest = sequence
-    while (directory / _manifest_name(newest + 1)).exists():
+    while storage.exists(_manifest_key(newest + 1)):
         newest += 1
     return newest, pointer if newest == sequence else None
 
 
-def write_pointer(root: Path, manifest: dict) -> None:
+def write_pointer(root: str | Path | Storage, manifest: dict) -> None:
     """
-    Replace the pointer with one naming ``manifest`` and carrying its commit (what :meth:`FilesSink.committed`
+    Overwrite the pointer with one naming ``manifest`` and carrying its commit (what :meth:`FilesSink.committed`
     returns), so finding and reading the newest commit costs the same after 10 or 100,000 publishes.
 
-    A hint, never the commit: the manifest's put-if-absent is. A plain atomic replace (a PUT on an object
-    store) suffices because readers verify it against the manifest numbering (:func:`newest_sequence`).
+    A hint, never the commit: the manifest's put-if-absent is. A plain overwrite (a local atomic replace, a PUT
+    on an object store) suffices because readers verify it against the manifest numbering (:func:`newest_sequence`).
 
-    :param root: the sink directory.
+    :param root: the sink's root (or its storage).
     :param manifest: the manifest just published.
     """
     pointer = {"format": MANIFEST_FORMAT, "sequence": manifest["sequence"],
                **{k: manifest[k] for k in ("pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total")}}
     if manifest.get("windows"):
         pointer["windows"] = {w: {"version": v["version"], "rows": v["rows"]} for w, v in manifest["windows"].items()}
-    replace(root / "_manifests" / POINTER, json.dumps(pointer, sort_keys=True).encode())
+    sink_storage(root).put(MANIFESTS + POINTER, json.dumps(pointer, sort_keys=True).encode())
 
 
-def _manifest_name(sequence: int) -> str:
-    return f"{sequence:020d}.json"
+def _manifest_key(sequence: int) -> str:
+    return f"{MANIFESTS}{sequence:020d}.json"
 
 
-def published_files(root: str) -> list[str]:
-    """Return the absolute paths of the files the newest manifest publishes (the only files to read)."""
-    manifest = latest_manifest(root)
-    base = Path(root.removeprefix("file://"))
-    return [str(base / f["path"]) for f in manifest["files"]] if manifest else []
+def published_files(root: str | Path | Storage) -> list[str]:
+    """Return the locations (paths, ``s3://`` URIs) of the files the newest manifest publishes (the ones to read)."""
+    storage = sink_storage(root)
+    manifest = latest_manifest(storage)
+    return [storage.uri(f["path"]) for f in manifest["files"]] if manifest else []
+
+
+def read_published(root: str | Path | Storage, columns: list[str] | None = None):
+    """Return the rows the newest manifest publishes as one Arrow table (None before the first publish).
+
+    :param root: the sink's root (or its storage).
+    :param columns: the columns to read (default: all).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    storage = sink_storage(root)
+    manifest = latest_manifest(storage)
+    if manifest is None:
+        return None
+    tables = []
+    for entry in manifest["files"]:
+        filesystem, path = storage.arrow_path(entry["path"])
+        tables.append(pq.read_table(path, columns=columns, filesystem=filesystem))
+    return pa.concat_tables(tables) if tables else None
 
 
 def _slug(window_id: str) -> str:
-    """Return a directory name for a window id (readable part + hash: ids may hold '/', ':' or '+')."""
+    """Return a folder name for a window id (readable part + hash: ids may hold '/', ':' or '+')."""
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", window_id)[-80:]
     return f"{readable}-{hashlib.sha256(window_id.encode()).hexdigest()[:12]}"
 
@@ -129,14 +154,17 @@ def _slug(window_id: str) -> str:
 class FilesSink:
     """Append a pipeline's batches as Parquet files under ``root`` (one pipeline per root).
 
-    :param root: the sink directory (local or mounted file system: rename and link must be atomic).
+    :param root: the sink's root: a local path, ``file://``, or ``s3://bucket/prefix`` (``s3a://`` alike).
     :param pipeline: the pipeline's stable name.
+    :param storage: the root's storage (default: :func:`~exactly_once_provider.storage.open_storage` of ``root``,
+        which on S3 takes the settings the process registered).
     """
 
     kind = "files"
 
-    def __init__(self, root: str, pipeline: str) -> None:
-        self.root = Path(root.removeprefix("file://"))
+    def __init__(self, root: str, pipeline: str, storage: Storage | None = None) -> None:
+        self.storage = storage or open_storage(root)
+        self.root = self.storage.uri()
         self.pipeline = pipeline
 
     def committed(self) -> BatchCommit | None:
@@ -145,8 +173,8 @@ class FilesSink:
         Reads the pointer when it names the newest manifest (a few hundred bytes, whatever the history),
         else the newest manifest itself.
         """
-        _sequence, pointer = newest_sequence(self.root / "_manifests")
-        return self._commit_of(pointer if pointer is not None else latest_manifest(str(self.root)))
+        _sequence, pointer = newest_sequence(self.storage)
+        return self._commit_of(pointer if pointer is not None else latest_manifest(self.storage))
 
     def _commit_of(self, manifest: dict | None) -> BatchCommit | None:
         if manifest is None:
@@ -163,65 +191,73 @@ class FilesSink:
 
     def commit_location(self) -> str:
         """Return ``manifest <n>, <k> files`` of the newest published manifest ("" before the first)."""
-        manifest = latest_manifest(str(self.root))
+        manifest = latest_manifest(self.storage)
         return f"manifest {manifest['sequence']}, {len(manifest['files'])} files" if manifest else ""
 
     def prepare(self) -> None:
         """Remove what a crash left unpublished (:meth:`remove_orphans`) before the job's first batch."""
         removed = self.remove_orphans()
         if removed:
-            log.warning("files sink: removed %d unpublished batch director(y/ies) left by a crash: %s",
+            log.warning("files sink: removed %d unpublished batch folder(s) left by a crash: %s",
                         len(removed), removed)
 
     def remove_orphans(self) -> list[str]:
-        """Delete staged and data directories no published manifest references; return what was removed."""
-        manifest = latest_manifest(str(self.root))
+        """Delete the batch folders no published manifest references; return what was removed.
+
+        ``_staging/`` (where sinks written before the storage layer staged batches) goes whole.
+        """
+        manifest = latest_manifest(self.storage)
         referenced = {str(Path(f["path"]).parent) for f in manifest["files"]} if manifest else set()
-        removed = []
-        shutil.rmtree(self.root / "_staging", ignore_errors=True)
+        self.storage.delete_prefix("_staging/")
         if manifest is None:
-            return removed
-        batches = list((self.root / "data").glob("*")) + list((self.root / "windows").glob("*/*"))
-        for child in batches:
-            relative = str(child.relative_to(self.root))
-            if child.is_dir() and relative not in referenced:
-                shutil.rmtree(child)
-                removed.append(relative)
+            return []
+        # a batch folder is data/<batch>/ or windows/<window>/<batch>/: the key's parent
+        folders = {key.rsplit("/", 1)[0] for key in self.storage.list("data/") + self.storage.list("windows/")}
+        folders = {f for f in folders if f.count("/") == (1 if f.startswith("data/") else 2)}
+        removed = sorted(folders - referenced)
+        for folder in removed:
+            self.storage.delete_prefix(folder + "/")
         return removed
 
-    def _stage(self, df, name: str, destination: Path) -> list[dict]:
-        """Write ``df`` to a staging directory and rename it to ``destination``; return its files."""
+    def _write(self, df, folder: str) -> list[dict]:
+        """Write ``df`` as Parquet into the new batch folder ``folder``; return its files and their rows.
+
+        Not visible to any reader until a manifest names the files, so no rename is needed (none is atomic
+        on an object store); the row counts come from each file's Parquet footer.
+        """
         import pyarrow.parquet as pq
 
-        staged = self.root / "_staging" / name
-        df.write.mode("errorifexists").parquet(str(staged))
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(staged, destination)
-        fsync_dir(destination.parent)
-        return [{"path": str(part.relative_to(self.root)), "rows": pq.read_metadata(part).num_rows}
-                for part in sorted(destination.glob("part-*.parquet"))]
+        df.write.mode("errorifexists").parquet(self.storage.spark_uri(folder))
+        files = []
+        for key in self.storage.list(folder + "/"):
+            name = key.removeprefix(folder + "/")
+            # the folder's own part files only: not what a failed task attempt left under _temporary/
+            if "/" not in name and name.startswith("part-") and name.endswith(".parquet"):
+                filesystem, path = self.storage.arrow_path(key)
+                files.append({"path": key, "rows": pq.read_metadata(path, filesystem=filesystem).num_rows})
+        return files
 
     def _publish(self, previous: dict | None, fields: dict) -> None:
-        """Write the next manifest; its hard link to the final name is the commit point.
+        """Write the next manifest with put-if-absent: the commit point.
 
-        The link fails if another writer published the same sequence number since ``previous`` was read: the
+        It fails if another writer published the same sequence number since ``previous`` was read: the
         compare-and-set that keeps two drivers from both publishing on top of one manifest.
         """
         fault_point("files_staged")
         sequence = previous["sequence"] + 1 if previous else 0
         manifest = {"format": MANIFEST_FORMAT, "sequence": sequence, **fields}
-        manifests = self.root / "_manifests"
         data = json.dumps(manifest, sort_keys=True).encode()
-        if not put_if_absent(manifests / f"{sequence:020d}.json", data):  # the commit point; fails if n exists
+        if not self.storage.put_if_absent(_manifest_key(sequence), data):  # the commit point; fails if n exists
             raise StaleBatchError(
                 f"Manifest {sequence} of {self.root} was published by another writer while this one was writing "
                 f"batch {fields['batch_id']} of checkpoint {fields['checkpoint_id']}: another driver commits "
                 f"pipeline {self.pipeline!r}. Nothing of this batch was published (its files are orphans, removed "
                 "at the next start); stop the other driver.")
         fault_point("files_manifest_published")
-        write_pointer(self.root, manifest)
+        write_pointer(self.storage, manifest)
         fault_point("files_pointer_written")
-        (manifests / _manifest_name(sequence - KEEP_MANIFESTS)).unlink(missing_ok=True)
+        if sequence >= KEEP_MANIFESTS:
+            self.storage.delete(_manifest_key(sequence - KEEP_MANIFESTS))
 
     def _previous(self, commit: BatchCommit, expected: object) -> tuple[dict | None, bool]:
         """Return the newest manifest and whether ``commit`` is already in it; fail if it is not ``expected``.
@@ -229,7 +265,7 @@ class FilesSink:
         The manifest read here is the one :meth:`_publish` publishes on top of (put-if-absent of the next
         sequence), so these checks hold at the commit point.
         """
-        previous = latest_manifest(str(self.root))
+        previous = latest_manifest(self.storage)
         found = self._commit_of(previous)
         if replayed(found, commit):
             return previous, True
@@ -237,15 +273,14 @@ class FilesSink:
         return previous, False
 
     def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
-        """Stage, rename and publish the batch; return False if this batch is already published.
+        """Write the batch's files, then publish them; return False if this batch is already published.
 
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
         """
         previous, done = self._previous(commit, expected)
         if done:
             return False
-        name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
-        files = self._stage(df, name, self.root / "data" / name)
+        files = self._write(df, f"data/{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}")
         self._publish(previous, {
             **commit.to_json(),
             "rows_total": (previous["rows_total"] if previous else 0) + sum(f["rows"] for f in files),
@@ -255,12 +290,12 @@ class FilesSink:
 
     def published_windows(self) -> dict[str, int]:
         """Return window id -> version published under ``root`` (window mode)."""
-        manifest = latest_manifest(str(self.root))
+        manifest = latest_manifest(self.storage)
         return {w: int(v["version"]) for w, v in (manifest or {}).get("windows", {}).items()}
 
     def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
                        expected: object = UNCHECKED) -> bool:
-        """Stage each window version, rename it into ``windows/``, publish versions + offsets in one manifest.
+        """Write each window version into ``windows/``, publish versions + offsets in one manifest.
 
         :param df: the rows of the published window versions (window-mode columns).
         :param windows: window id -> version published by this commit (may be empty: offsets only).
@@ -278,8 +313,8 @@ class FilesSink:
         state = dict((previous or {}).get("windows", {}))
         require_newer_windows(windows, {w: int(v["version"]) for w, v in state.items()}, "the published")
         for window, version in sorted(windows.items()):
-            files = self._stage(df.filter(F.col("window_id") == window).coalesce(1), f"{name}-{_slug(window)}",
-                                self.root / "windows" / _slug(window) / name)
+            files = self._write(df.filter(F.col("window_id") == window).coalesce(1),
+                                f"windows/{_slug(window)}/{name}")
             state[window] = {"version": version, "rows": rows[window], "files": files}
         self._publish(previous, {
             **commit.to_json(), "rows_total": sum(w["rows"] for w in state.values()), "windows": state,
@@ -289,4 +324,4 @@ class FilesSink:
 
     def append(self, df) -> None:
         """At-least-once baseline: Spark writes Parquet straight into ``data/``, no manifest."""
-        df.write.mode("append").parquet(str(self.root / "data" / "_at_least_once"))
+        df.write.mode("append").parquet(self.storage.spark_uri("data/_at_least_once"))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exactly_once_provider.connections import read_secret_file
+from exactly_once_provider.spark_jobs.session import register_storage
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_error, report_result
 
 
@@ -66,6 +67,7 @@ def run_job(job: str, body: Callable[[JobSpec, dict[str, Any]], Any], argv: list
     try:
         secrets = read_secret_file(spec.secrets_file)
         os.environ.update(secrets.get("env", {}))
+        register_storage(secrets)
         result = body(spec, secrets)
     except BaseException as err:
         report_error(spec, err)

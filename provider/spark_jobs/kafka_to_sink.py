@@ -32,6 +32,7 @@ from pathlib import Path
 from exactly_once_provider.connections import read_secret_file, spark_kafka_options
 from exactly_once_provider.sinks import poison
 from exactly_once_provider.spark_jobs.driver import exit_with_the_jvm, run_job
+from exactly_once_provider.spark_jobs.session import register_storage, with_storage_conf
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
 from exactly_once_provider.spark_jobs.stream_spec import StreamSpec, split_topics
 from exactly_once_provider.spark_jobs.current_changes import typed_changes
@@ -306,7 +307,7 @@ def build_session(args: StreamSpec, job: JobSpec | None = None):
     if args.sink == "delta":
         builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
-    spark = builder.getOrCreate()
+    spark = with_storage_conf(builder).getOrCreate()
     # The submit operator turns this line into the task's "Spark UI" extra link (plugins/links.py).
     log.info("Spark UI at %s", spark.sparkContext.uiWebUrl)
     if job is not None:
@@ -329,6 +330,7 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
     if secrets is None:
         secrets = read_secret_file(args.secrets_file)
     os.environ.update(secrets.get("libpq", {}))  # the postgres sink connects with the libpq environment
+    register_storage(secrets)  # an s3:// sink location: its settings, for the sink and for Spark's s3a
     kafka_config = secrets["kafka"]
     kafka_options = spark_kafka_options(kafka_config)  # the Java client's names for the same settings
     exactly_once = args.delivery == "exactly-once"

@@ -17,3 +17,16 @@ KAFKA_CONNECTOR = f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}
 DELTA_CONNECTOR = f"io.delta:delta-spark_{SCALA_BINARY_VERSION}:4.4.0"
 
 SPARK_PACKAGES: tuple[str, ...] = (KAFKA_CONNECTOR, DELTA_CONNECTOR)
+
+
+def _hadoop_version() -> str:
+    """Return the version of pyspark's own Hadoop client (hadoop-aws must be the same)."""
+    from pathlib import Path
+
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    return jars[-1].name.removeprefix("hadoop-client-api-").removesuffix(".jar") if jars else "3.5.0"
+
+
+HADOOP_VERSION = _hadoop_version()
+# s3a:// locations: hadoop-aws brings the AWS SDK v2 bundle it was built against.
+S3A_PACKAGES: tuple[str, ...] = (f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",)

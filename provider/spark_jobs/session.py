@@ -9,6 +9,33 @@ from typing import Any
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
 
 
+def register_storage(secrets: dict[str, Any]) -> None:
+    """Make the S3 settings of the secrets file (``s3``, written by the operator) this driver's storage settings.
+
+    Every ``s3://`` location the driver opens (:func:`~exactly_once_provider.storage.open_storage`) and its Spark
+    session (:func:`with_storage_conf`) then use them; a job without S3 locations has none.
+
+    :param secrets: the job's secrets file, read.
+    """
+    from exactly_once_provider.storage.s3 import S3Settings, register_settings
+
+    register_settings(S3Settings.from_json(secrets["s3"]) if secrets.get("s3") else None)
+
+
+def with_storage_conf(builder: Any) -> Any:
+    """Add the registered S3 settings to a SparkSession builder as s3a settings (``spark.hadoop.fs.s3a.*``).
+
+    In the driver's own process, so the credentials reach Spark without a command line; Spark's redaction
+    (``spark.redaction.regex``: secret, token, access key) keeps them out of its UI and event log.
+    """
+    from exactly_once_provider.storage.s3 import registered_settings
+
+    settings = registered_settings()
+    for key, value in (settings.hadoop_conf() if settings else {}).items():
+        builder = builder.config(key, value)
+    return builder
+
+
 def driver_session(spec: JobSpec, delta: bool = True) -> Any:
     """Return the driver's SparkSession, with Delta enabled and UTC time; tell the operator it runs.
 
@@ -23,7 +50,7 @@ def driver_session(spec: JobSpec, delta: bool = True) -> Any:
     if delta:
         builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
-    spark = builder.getOrCreate()
+    spark = with_storage_conf(builder).getOrCreate()
     if delta and spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is None:
         # Delta rebuilds a table's state with 50 tasks by default: far too many for a small driver; follow
         # the shuffle partitions unless the user set it.

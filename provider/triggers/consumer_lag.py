@@ -14,7 +14,7 @@ from exactly_once_provider.kafka.lag import Lag, group_offsets, sink_offsets, st
 
 def measure_lag(client_config: dict[str, Any], topics: list[str], sink: str | None = None,
                 sink_location: str | None = None, sink_pipeline: str | None = None, consumer_group: str | None = None,
-                postgres_connect: dict | None = None, missing_topics_ok: bool = False) -> Lag:
+                postgres_connect: dict | None = None, missing_topics_ok: bool = False, s3: Any = None) -> Lag:
     """Return the lag of a sink (read from the sink's own commits) or of a consumer group.
 
     :param client_config: the ``kafka`` connection's client settings
@@ -26,6 +26,7 @@ def measure_lag(client_config: dict[str, Any], topics: list[str], sink: str | No
     :param consumer_group: a consumer group instead of a sink.
     :param postgres_connect: psycopg2 connection arguments for a ``postgres`` sink.
     :param missing_topics_ok: a topic not created yet (the first run, before the producer) has no lag.
+    :param s3: a files sink on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
     """
     end = stable_end_offsets(client_config, topics, missing_ok=missing_topics_ok)
     if not end:
@@ -33,7 +34,7 @@ def measure_lag(client_config: dict[str, Any], topics: list[str], sink: str | No
     if consumer_group:
         committed = group_offsets(client_config, consumer_group, topics)
     else:
-        committed = sink_offsets(sink or "", sink_location or "", sink_pipeline or "", postgres_connect)
+        committed = sink_offsets(sink or "", sink_location or "", sink_pipeline or "", postgres_connect, s3)
     return Lag(end, committed)
 
 
@@ -52,6 +53,7 @@ class ConsumerLagTrigger(BaseTrigger):
     :param sink_pipeline: the Spark job's pipeline name.
     :param consumer_group: a consumer group instead of a sink.
     :param postgres_conn_id: ``postgres`` sink: the connection, resolved in the triggerer.
+    :param aws_conn_id: a files sink on ``s3://``: the ``aws`` connection, resolved in the triggerer.
     :param poll_interval: seconds between measurements.
     :param missing_topics_ok: a topic not created yet has no lag.
     """
@@ -59,38 +61,45 @@ class ConsumerLagTrigger(BaseTrigger):
     def __init__(self, kafka_config_id: str, topics: list[str], max_lag: int, sink: str | None = None,
                  sink_location: str | None = None, sink_pipeline: str | None = None,
                  consumer_group: str | None = None, postgres_conn_id: str | None = None,
-                 poll_interval: float = 10.0, missing_topics_ok: bool = False) -> None:
+                 poll_interval: float = 10.0, missing_topics_ok: bool = False,
+                 aws_conn_id: str | None = None) -> None:
         super().__init__()
         self.kafka_config_id, self.topics, self.max_lag = kafka_config_id, list(topics), int(max_lag)
         self.sink, self.sink_location, self.sink_pipeline = sink, sink_location, sink_pipeline
         self.consumer_group, self.postgres_conn_id, self.poll_interval = consumer_group, postgres_conn_id, poll_interval
-        self.missing_topics_ok = missing_topics_ok
+        self.missing_topics_ok, self.aws_conn_id = missing_topics_ok, aws_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "kafka_config_id": self.kafka_config_id, "topics": self.topics, "max_lag": self.max_lag,
             "sink": self.sink, "sink_location": self.sink_location, "sink_pipeline": self.sink_pipeline,
             "consumer_group": self.consumer_group, "postgres_conn_id": self.postgres_conn_id,
-            "poll_interval": self.poll_interval, "missing_topics_ok": self.missing_topics_ok})
+            "poll_interval": self.poll_interval, "missing_topics_ok": self.missing_topics_ok,
+            "aws_conn_id": self.aws_conn_id})
 
-    async def _connections(self) -> tuple[dict[str, Any], dict | None]:
+    async def _connections(self) -> tuple[dict[str, Any], dict | None, Any]:
         """Read the connections in the triggerer (Airflow's connection API is synchronous: off the event loop)."""
         from asgiref.sync import sync_to_async
 
         from exactly_once_provider.connections import connect_kwargs, kafka_client_config
+        from exactly_once_provider.storage import is_s3
+        from exactly_once_provider.storage.s3 import S3Settings
 
         kafka = await sync_to_async(kafka_client_config)(self.kafka_config_id)
-        if self.sink != "postgres":
-            return kafka, None
-        return kafka, await sync_to_async(connect_kwargs)(self.postgres_conn_id or "postgres_default")
+        connect = s3 = None
+        if self.sink == "postgres":
+            connect = await sync_to_async(connect_kwargs)(self.postgres_conn_id or "postgres_default")
+        elif self.sink == "files" and is_s3(self.sink_location or ""):
+            s3 = await sync_to_async(S3Settings.from_connection)(self.aws_conn_id or "aws_default")
+        return kafka, connect, s3
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        kafka, connect = await self._connections()
+        kafka, connect, s3 = await self._connections()
         started = time.monotonic()
         while True:
             lag = await asyncio.to_thread(measure_lag, kafka, self.topics, self.sink,
                                           self.sink_location, self.sink_pipeline, self.consumer_group, connect,
-                                          self.missing_topics_ok)
+                                          self.missing_topics_ok, s3)
             if lag.total <= self.max_lag:
                 yield TriggerEvent({"status": "ok", "lag": lag.total, "detail": lag.describe(),
                                     "waited_seconds": round(time.monotonic() - started, 1)})

@@ -42,7 +42,7 @@ def _run(root: Path, fault: str | None = None) -> subprocess.CompletedProcess:
 def test_committer_killed_at_each_publish_step_resumes_exactly(tmp_path, fault_outcome, step, resume):
     killed = _run(tmp_path, step)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
-    newest, pointer = newest_sequence(tmp_path / "_manifests")
+    newest, pointer = newest_sequence(tmp_path)
     assert newest == resume - 1  # what the kill left published
     if step == "files_manifest_published:3":
         assert pointer is None  # the pointer lags; the reader stepped past it
@@ -51,4 +51,4 @@ def test_committer_killed_at_each_publish_step_resumes_exactly(tmp_path, fault_o
     assert f"RESUME {resume}\n" in finished.stdout
     rows = [n for f in published_files(str(tmp_path)) for n in pq.read_table(f)["n"].to_pylist()]
     check(fault_outcome, range(1, 10 * BATCHES + 1), rows, "rows")
-    assert newest_sequence(tmp_path / "_manifests")[0] == BATCHES - 1
+    assert newest_sequence(tmp_path)[0] == BATCHES - 1

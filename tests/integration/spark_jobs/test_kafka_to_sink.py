@@ -3,46 +3,62 @@
 Per sink: interleaved committed/aborted transactions on two partitions; several micro-batches; the sink must
 hold each committed record once, no aborted record, and offsets equal to the topic's end. Then the checkpoint
 is deleted and more input arrives: the restarted job takes its start from the sink (no duplicate, no loss).
-A rerun with nothing new changes nothing.
+A rerun with nothing new changes nothing. ``files-s3`` is the files sink on the stack's MinIO (through s3a, its
+settings from the ``aws`` connection via the job's secrets file).
 """
 
 from __future__ import annotations
 
 import shutil
+import uuid
 
 import pytest
 
 from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.sinks.delta import DeltaSink
-from exactly_once_provider.sinks.files import FilesSink
+from exactly_once_provider.sinks.files import FilesSink, sink_storage
 from exactly_once_provider.sinks.postgres import PostgresSink
+from exactly_once_provider.storage import open_storage
+from exactly_once_provider.storage.s3 import S3Settings
 from tests import spark_job_support as jobs
 from tests.kafka_support import new_topic
 
 SINKS = ("delta", "postgres", "files")
+# The files sink on the stack's MinIO as well (the fault tests, which import SINKS, run on local disk so far).
+LOCATIONS = (*SINKS, "files-s3")
 
 
-def target_for(sink: str, tmp_path, topic: str) -> str:
+def target_for(sink: str, tmp_path, topic: str, stack=None) -> str:
+    if sink == "files-s3":
+        return f"s3://{stack.MINIO_BUCKETS[0]}/it-files/{topic}-{uuid.uuid4().hex[:8]}"
     return f"eo_it_{topic.replace('-', '_')}" if sink == "postgres" else str(tmp_path / f"{sink}-sink")
 
 
-def sink_state(stack, sink: str, target: str, pipeline: str):
+def sink_state(stack, sink: str, target, pipeline: str):
     if sink == "delta":
         return DeltaSink(target, pipeline).committed()
-    if sink == "files":
-        return FilesSink(target, pipeline).committed()
+    if sink == "files":  # a path or a storage (S3)
+        storage = sink_storage(target)
+        return FilesSink(storage.uri(), pipeline, storage).committed()
     return PostgresSink(target, pipeline, {"host": stack.HOST, "port": stack.POSTGRES_PORT, "dbname": stack.DB_NAME,
                                            "user": stack.DB_USER, "password": stack.DB_PASSWORD}).committed()
 
 
-@pytest.mark.parametrize("sink", SINKS)
-def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack, tmp_path, sink):
+@pytest.mark.parametrize("sink", LOCATIONS)
+def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack, airflow_connections, tmp_path, sink):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
-    target = target_for(sink, tmp_path, topic)
+    location = target_for(sink, tmp_path, topic, stack)
     checkpoint = tmp_path / "checkpoint"
     pipeline = f"it-{topic}"  # the PostgreSQL offsets table is shared by every test run: unique names
-    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, target, max_offsets=120)
+    s3 = S3Settings.from_connection("aws_default") if sink == "files-s3" else None
+    sink, target = sink.removesuffix("-s3"), location
+    if sink == "files":  # read back through the storage layer, on local disk or MinIO alike
+        target = open_storage(location, s3)
+    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, location, max_offsets=120,
+                         s3=s3.to_json() if s3 else None)
+    if s3:  # the credentials travel in the 0600 secrets file only, never on spark-submit's command line
+        assert s3.secret_access_key not in " ".join(jobs.submit_command(stack, args))
     log = tmp_path / "job.log"
 
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=6, per_transaction=40, partitions=2)
@@ -53,6 +69,10 @@ def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack
     assert state["batch_id"] >= 2, "max offsets per trigger should split the input into several batches"
     assert state["rows_total"] == len(committed)
     jobs.assert_exactly(jobs.sink_rows(stack, sink, target), committed)
+    if s3:  # the manifests and the data are objects in the bucket
+        keys = target.list()
+        assert target.uri().startswith("s3://") and "_manifests/_latest.json" in keys
+        assert any(k.startswith("data/") and k.endswith(".parquet") for k in keys)
     if sink == "delta":  # every batch went through the own commit, none through Delta's writer
         engines = [a["commitInfo"].get("engineInfo") for _, a in delta_commit.commits(target)]
         assert engines == ["exactly-once-provider"] * len(engines), engines

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from exactly_once_provider.storage import open_storage
 from tests import spark_job_support as jobs
 from tests.integration.spark_jobs.test_kafka_to_sink import sink_state, target_for
 from tests.integration.spark_jobs.test_kafka_to_sink_window import run_job
@@ -27,6 +28,7 @@ POISON = {"invalid-utf8": (b'{"n": "\xff\xfe"}', "not valid UTF-8"),
     ("postgres", "nul"),
     pytest.param("postgres", "invalid-utf8", marks=pytest.mark.matrix),
     pytest.param("files", "invalid-utf8", marks=pytest.mark.matrix),
+    pytest.param("files-s3", "invalid-utf8", marks=pytest.mark.matrix),
 ])
 def test_poison_record_stops_the_job_before_its_batch_is_committed(
         stack, spark, tmp_path, monkeypatch, capsys, sink, poison):
@@ -34,7 +36,10 @@ def test_poison_record_stops_the_job_before_its_batch_is_committed(
         monkeypatch.setenv(key, value)
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap)
-    target = target_for(sink, tmp_path, topic)
+    location = target_for(sink, tmp_path, topic, stack)
+    s3 = stack.minio_settings() if sink == "files-s3" else None
+    sink = sink.removesuffix("-s3")
+    target = open_storage(location, s3) if sink == "files" else location
     pipeline = f"poison-{topic}"
     good = [(f"g{i}", json.dumps({"n": i, "committed": True})) for i in range(5)]
     value, reason = POISON[poison]
@@ -46,7 +51,8 @@ def test_poison_record_stops_the_job_before_its_batch_is_committed(
         producer.flush(30)
         producer.commit_transaction(60)
     # offsets: 0-4 good, 5 commit marker, 6-8 second transaction (poison at 7), 9 commit marker
-    args = jobs.job_args(stack, pipeline, topic, tmp_path / "checkpoint", sink, target, max_offsets=6)
+    args = jobs.job_args(stack, pipeline, topic, tmp_path / "checkpoint", sink, location, max_offsets=6,
+                         s3=s3.to_json() if s3 else None)
 
     with pytest.raises(Exception) as failure:
         run_job(args, capsys)

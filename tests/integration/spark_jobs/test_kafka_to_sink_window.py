@@ -23,6 +23,7 @@ import pytest
 
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 from exactly_once_provider.spark_jobs import kafka_to_sink
+from exactly_once_provider.storage import open_storage
 from tests import spark_job_support as jobs
 from tests.integration.spark_jobs.test_kafka_to_sink import sink_state, target_for
 from tests.kafka_support import new_topic
@@ -64,9 +65,8 @@ def window_rows(stack, sink: str, target: str) -> list[tuple]:
     columns = ("window_id", "window_version", "kafka_partition", "kafka_offset", "record_value")
     if sink == "delta":
         return jobs.arrow_rows(jobs.delta_live_files(target), columns)
-    if sink == "files":
-        from exactly_once_provider.sinks.files import published_files
-        return jobs.arrow_rows(published_files(target), columns)
+    if sink == "files":  # a path or a storage (MinIO)
+        return jobs.files_rows(target, columns)
     return jobs.postgres_rows(stack, target, columns)
 
 
@@ -87,9 +87,11 @@ def run_job(args: list[str], capsys) -> dict | None:
 
 
 # PostgreSQL runs in the default suite (time budget: the Delta variant takes ~110 s on the loaded 2-core box,
-# five Delta commits); Delta and files run with `pytest -m matrix` (same planning, other commit paths).
+# five Delta commits); Delta and files (local disk and MinIO) run with `pytest -m matrix` (same planning, other
+# commit paths).
 @pytest.mark.parametrize("sink", (pytest.param("delta", marks=pytest.mark.matrix), "postgres",
-                                  pytest.param("files", marks=pytest.mark.matrix)))
+                                  pytest.param("files", marks=pytest.mark.matrix),
+                                  pytest.param("files-s3", marks=pytest.mark.matrix)))
 def test_window_versions_replace_whole_windows_across_a_lost_checkpoint(
         stack, airflow_connections, spark, tmp_path, monkeypatch, capsys, caplog, sink):
     for key, value in jobs.pg_env(stack).items():
@@ -98,10 +100,14 @@ def test_window_versions_replace_whole_windows_across_a_lost_checkpoint(
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
     source = Source(stack, topic, f"ledger-{uuid.uuid4().hex[:8]}")
-    target = target_for(sink, tmp_path, topic)
+    location = target_for(sink, tmp_path, topic, stack)
+    s3 = stack.minio_settings() if sink == "files-s3" else None
+    sink = sink.removesuffix("-s3")
+    target = open_storage(location, s3) if sink == "files" else location
     checkpoint = tmp_path / "checkpoint"
     pipeline = f"win-{topic}"
-    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, target, max_offsets=10, mode="window")
+    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, location, max_offsets=10, mode="window",
+                         s3=s3.to_json() if s3 else None)
 
     source.insert("d1", 6)
     first = source.extract("d1")

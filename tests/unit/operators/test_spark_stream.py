@@ -205,3 +205,26 @@ def test_kafka_settings_the_spark_source_cannot_use_are_refused_before_submittin
     with pytest.raises(ValueError, match="'kafka_gssapi'.*sasl.mechanism='GSSAPI'"):
         _submitted(monkeypatch, _op(kafka_conn_id="kafka_gssapi"))
     assert _FakeHook.created == []
+
+
+def test_a_files_sink_on_s3_gets_its_settings_in_the_secrets_file_only(connections, monkeypatch):
+    from exactly_once_provider.storage import preflight as preflight_module
+
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_LAKE", json.dumps(
+        {"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret",
+         "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"}}))
+    checked = []
+    monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
+    call = _submitted(monkeypatch, _op(sink="files", sink_path="s3://lake/orders", aws_conn_id="aws_lake"))
+    assert checked == ["s3://lake/orders"]  # checked before the submit
+    s3 = call["secrets"]["s3"]
+    assert (s3["access_key_id"], s3["secret_access_key"], s3["endpoint_url"], s3["region_name"]) == (
+        "AKIA-lake", "lake-s3cret", "http://127.0.0.1:9", "eu-west-1")
+    assert "org.apache.hadoop:hadoop-aws:" in call["packages"]
+    visible = " ".join(call["application_args"]) + json.dumps(call["spec"]) + json.dumps(call["conf"])
+    assert "lake-s3cret" not in visible and "AKIA-lake" not in visible
+
+
+def test_only_the_files_sink_may_be_on_s3(connections):
+    with pytest.raises(ValueError, match="only the files sink can be on S3 so far"):
+        _op(sink="delta", sink_path="s3a://lake/t").execute({})

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from exactly_once_provider.sinks.base import BatchCommit, StaleBatchError
+from exactly_once_provider.storage.local import LocalStorage
 from exactly_once_provider.sinks import files as files_module
 from exactly_once_provider.sinks.files import (
     POINTER, FilesSink, latest_manifest, newest_sequence, published_files, write_pointer,
@@ -51,8 +51,8 @@ def test_batches_publish_cumulative_manifests_and_a_replay_is_skipped(tmp_path):
 def test_orphans_of_a_crash_are_invisible_then_removed(tmp_path):
     sink = FilesSink(str(tmp_path), "p")
     sink.commit(_Frame([1]), BatchCommit("p", "c1", 0, {"t": {0: 1}}))
-    _Frame([9]).parquet(str(tmp_path / "data" / "c1-1-dead"))      # renamed, manifest never written
-    _Frame([8]).parquet(str(tmp_path / "_staging" / "c1-1-beef"))  # staged only
+    _Frame([9]).parquet(str(tmp_path / "data" / "c1-1-dead"))      # written, manifest never published
+    _Frame([8]).parquet(str(tmp_path / "_staging" / "c1-1-beef"))  # staged by a version before the storage layer
     assert _read(tmp_path) == [1]
     assert sink.remove_orphans() == ["data/c1-1-dead"]
     assert not (tmp_path / "_staging").exists()
@@ -106,7 +106,7 @@ def test_committed_reads_the_pointer_which_names_the_newest_manifest_and_its_com
     pointer = json.loads((tmp_path / "_manifests" / POINTER).read_text())
     assert (pointer["sequence"], pointer["batch_id"], pointer["offsets"]) == (2, 2, {"t": {"0": 3}})
     # committed() needs neither a listing nor the (cumulative) manifest while the pointer is current
-    monkeypatch.setattr(Path, "glob", lambda *a: pytest.fail("listed the manifests"))
+    monkeypatch.setattr(LocalStorage, "list", lambda *a: pytest.fail("listed the manifests"))
     monkeypatch.setattr(files_module, "latest_manifest", lambda root: pytest.fail("read the manifest"))
     state = sink.committed()
     assert (state.batch_id, state.offsets, state.rows_total) == (2, {"t": {0: 3}}, 3)
@@ -116,11 +116,11 @@ def test_a_pointer_behind_its_manifests_is_stepped_forward(tmp_path):
     """A crash between publishing manifest n and writing the pointer leaves the pointer at n-1 (or older)."""
     sink = _three_batches(tmp_path)
     write_pointer(tmp_path, json.loads((tmp_path / "_manifests" / f"{0:020d}.json").read_text()))
-    assert newest_sequence(tmp_path / "_manifests") == (2, None)
+    assert newest_sequence(tmp_path) == (2, None)
     assert sink.committed().batch_id == 2 and latest_manifest(str(tmp_path))["sequence"] == 2
     assert sink.commit(_Frame([3]), BatchCommit("p", "c1", 3, {"t": {0: 4}}))  # publishes 3, never over 2
     assert _manifests(tmp_path) == [0, 1, 2, 3] and _read(tmp_path) == [0, 1, 2, 3]
-    assert newest_sequence(tmp_path / "_manifests")[0] == 3
+    assert newest_sequence(tmp_path)[0] == 3
 
 
 @pytest.mark.parametrize("damage", ["missing", "names a removed manifest", "torn"])
@@ -133,7 +133,7 @@ def test_without_a_usable_pointer_the_manifests_are_listed(tmp_path, damage):
         pointer.write_text('{"sequence": ')
     else:
         pointer.write_text(json.dumps({"sequence": 99}))
-    assert newest_sequence(tmp_path / "_manifests") == (2, None)
+    assert newest_sequence(tmp_path) == (2, None)
     assert sink.committed().batch_id == 2 and _read(tmp_path) == [0, 1, 2]
 
 

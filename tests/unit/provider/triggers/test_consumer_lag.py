@@ -37,7 +37,7 @@ def test_serialize_round_trip_carries_connection_ids_not_secrets(secure_connecti
 def test_run_reads_the_whole_connection_again_in_the_triggerer(secure_connections, monkeypatch):
     seen = []
 
-    def measure(config, topics, sink, location, pipeline, group, connect, missing_ok):
+    def measure(config, topics, sink, location, pipeline, group, connect, missing_ok, s3):
         seen.append((config, connect))
         return Lag({"t": {0: 5}}, {"t": {0: 5}})
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exactly_once_provider.sinks.durable import put_if_absent, replace
+from exactly_once_provider.storage.durable import put_if_absent, replace
 
 
 def test_put_if_absent_creates_once_and_leaves_no_temporary_file(tmp_path):

@@ -1,0 +1,101 @@
+"""S3 storage without a store: URIs and keys, the settings for Spark, and what preflight makes of a store's answers.
+
+What the store does (conditional writes refused, listing, credentials) is tested against MinIO in
+tests/integration/provider/storage/test_s3.py; here a stand-in client answers as a store could.
+"""
+
+from __future__ import annotations
+
+import pytest
+from botocore.exceptions import ClientError
+
+from exactly_once_provider.errors import ServiceAccessError
+from exactly_once_provider.storage import open_storage
+from exactly_once_provider.storage.preflight import preflight
+from exactly_once_provider.storage.s3 import S3Settings, S3Storage, register_settings, split_uri
+
+SETTINGS = S3Settings("AKIA-test", "secret-test", None, "http://127.0.0.1:1", "us-east-1", "path", None, "aws_x")
+
+
+def test_uris_split_into_bucket_and_prefix():
+    assert split_uri("s3://bucket/a/b/") == ("bucket", "a/b")
+    assert split_uri("s3a://bucket") == ("bucket", "")
+    with pytest.raises(ValueError, match="names no bucket"):
+        split_uri("s3:///x")
+    storage = S3Storage("s3a://bucket/lake/t1", SETTINGS)
+    assert storage.uri("_manifests/0.json") == "s3://bucket/lake/t1/_manifests/0.json"
+    assert storage.spark_uri("data") == "s3a://bucket/lake/t1/data"
+    assert S3Storage("s3://bucket", SETTINGS).uri() == "s3://bucket"
+    with pytest.raises(ValueError, match="stays below its root"):
+        storage.put("../t2/x", b"")
+
+
+def test_a_driver_registers_the_settings_of_its_secrets_file():
+    register_settings(S3Settings.from_json(SETTINGS.to_json()))
+    try:
+        storage = open_storage("s3://bucket/p")
+        assert isinstance(storage, S3Storage) and storage.settings == SETTINGS
+    finally:
+        register_settings(None)
+
+
+def test_spark_gets_s3a_settings_and_repr_hides_the_secret():
+    conf = SETTINGS.hadoop_conf()
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:1"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.secret.key"] == "secret-test"
+    assert conf["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith("SimpleAWSCredentialsProvider")
+    assert "secret-test" not in repr(SETTINGS) and "AKIA-test" not in repr(SETTINGS)
+    temporary = S3Settings("k", "s", "token", None, "eu-west-1")
+    assert temporary.hadoop_conf()["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith(
+        "TemporaryAWSCredentialsProvider")
+
+
+class _IgnoresConditions:
+    """A store that accepts every PutObject, If-None-Match or not (what preflight must catch)."""
+
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+
+    def head_bucket(self, Bucket):
+        return {}
+
+    def put_object(self, Bucket, Key, Body, **_conditions):
+        self.objects[Key] = Body
+
+    def get_object(self, Bucket, Key):
+        import io
+
+        return {"Body": io.BytesIO(self.objects[Key])}
+
+    def delete_object(self, Bucket, Key):
+        self.objects.pop(Key, None)
+
+
+def _storage_with(client) -> S3Storage:
+    storage = S3Storage("s3://bucket/lake", SETTINGS)
+    storage._client = client
+    return storage
+
+
+def test_preflight_refuses_a_store_that_ignores_conditional_writes_and_removes_its_probe():
+    client = _IgnoresConditions()
+    with pytest.raises(ServiceAccessError, match="does not honour conditional writes"):
+        preflight(_storage_with(client))
+    assert client.objects == {}
+
+
+@pytest.mark.parametrize(("code", "message"), [
+    ("AccessDenied", "refused the credentials of AWS connection 'aws_x'"),
+    ("NoSuchBucket", "Bucket 'bucket' does not exist at http://127.0.0.1:1"),
+])
+def test_preflight_names_what_to_fix_when_the_probe_write_is_refused(code, message):
+    client = _IgnoresConditions()
+
+    def refuse(**_kwargs):
+        raise ClientError({"Error": {"Code": code}}, "PutObject")
+
+    client.put_object = refuse
+    with pytest.raises(ServiceAccessError, match=message):
+        preflight(_storage_with(client))
