@@ -54,7 +54,7 @@ def table(result: dict) -> str:
 
 def main() -> None:
     results = REPO / "benchmarks" / "results"
-    paths = [Path(a) for a in sys.argv[1:]] or [
+    paths = [Path(a).resolve() for a in sys.argv[1:]] or [
         newest[-1] for kind in KINDS
         if (newest := sorted(results.glob(f"{kind}-*.json"), key=lambda p: p.stat().st_mtime))]
     if not paths:
