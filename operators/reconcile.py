@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -10,6 +11,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
+from exactly_once_provider import lineage
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config
@@ -24,7 +26,7 @@ class ReconciliationMismatch(AirflowException):
     """Raise when the sink differs from the source (the report names the differing keys)."""
 
 
-class ReconcileOperator(PackagedSparkJobOperator):
+class ReconcileOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
     """
     Compare a MySQL/MariaDB table with its sink by key range (counts + checksums), bisecting to the keys.
 
@@ -236,12 +238,32 @@ class ReconcileOperator(PackagedSparkJobOperator):
                     store.close()
         summary = {"name": self.name, "result_id": result_id, **report.summary(), "position": common,
                    "differences": [d.__dict__ for d in report.differences[:100]]}
+        self.openlineage_result = summary
         if not report.clean and fail:
             keys = ", ".join(f"{d.key} ({d.kind})" for d in report.differences if d.kind in engine.MISMATCH_KINDS)
             raise ReconciliationMismatch(
                 f"Sink differs from {schema}.{table}: {report.mismatches} key(s): {keys[:2000]}. The result is "
                 f"stored as {results.RESULT_TABLE} id {result_id}; rerun the load (or set fail_on_mismatch=False).")
         return summary
+
+    def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
+        """The source table and the sink in (the full load too for CDC); the stored result row out."""
+        inputs = [lineage.input_dataset(lineage.mysql_table_of(self.mysql_conn_id, self.table))]
+        if self.sink == "postgres":
+            inputs.append(lineage.input_dataset(lineage.postgres_table_of(self.postgres_conn_id, self.sink_table)))
+        else:
+            inputs.append(lineage.input_dataset(lineage.storage_path(self.sink_path)))
+        if self.base_path:
+            inputs.append(lineage.input_dataset(lineage.storage_path(self.base_path)))
+        if not self.store_result:
+            return inputs, []
+        results_table = lineage.postgres_table_of(self.postgres_conn_id, results.RESULT_TABLE)
+        if result is None:
+            return inputs, [lineage.output_dataset(results_table)]
+        position = result.get("position")
+        commit = lineage.CommitFacet(pipeline=self.name, position=None if position is None else
+                                     json.dumps(position, sort_keys=True, default=str))
+        return inputs, [lineage.output_dataset(results_table, rows=1 if result["result_id"] else 0, commit=commit)]
 
     def _postgres(self):
         import psycopg2

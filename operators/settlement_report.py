@@ -7,13 +7,14 @@ from typing import Any
 
 from decimal import Decimal
 
+from exactly_once_provider import lineage
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 
 
-class SettlementReportOperator(PackagedSparkJobOperator):
+class SettlementReportOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
     """
     Summarise one settled window of a window-mode Delta sink into a PostgreSQL report table.
 
@@ -88,7 +89,21 @@ class SettlementReportOperator(PackagedSparkJobOperator):
         self.log.info("settlement report of %s (version %s):\n%s", self.window_id, written["window_version"],
                       "\n".join("  " + "  ".join(f"{str(v):>14}" for v in line)
                                 for line in [header] + written["lines"]))
+        self.openlineage_result = written
         return written
+
+    def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
+        """The window-mode Delta table in; the report table out (one row per group of the window)."""
+        source = lineage.storage_path(self.sink_path)
+        report = lineage.postgres_table_of(self.postgres_conn_id, self.report_table)
+        fields = [("window_id", "text"), ("window_version", "int"), *((c, "text") for c in self.group_by),
+                  ("rows", "bigint"), *((f"{c}_sum", "numeric") for c in self.sum_columns),
+                  ("reported_at", "timestamptz")]
+        inputs = [lineage.input_dataset(source, self.lineage_fields(source.name, lambda: lineage.delta_fields(self.sink_path)))]
+        if result is None:
+            return inputs, [lineage.output_dataset(report, fields)]
+        commit = lineage.CommitFacet(window={"batch_id": self.window_id, "batch_version": result["window_version"]})
+        return inputs, [lineage.output_dataset(report, fields, rows=result["groups"], commit=commit)]
 
     def _replace(self, groups: list[dict]) -> dict[str, Any]:
         import psycopg2

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pendulum
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "dags"))
 
@@ -20,7 +22,9 @@ def _dag(**overrides):
     return settlement_dag(**{**kwargs, **overrides})
 
 
-def test_tasks_timetable_params_and_assets():
+def test_tasks_timetable_params_and_assets(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_POSTGRES_DEFAULT", json.dumps(
+        {"conn_type": "postgres", "host": "pg.example", "port": 5433, "schema": "dw"}))
     dag = _dag()
     assert [t.task_id for t in dag.topological_sort()] == [
         "ensure_topic", "extract_window", "load_window", "reconcile_window", "settlement_report"]
@@ -30,11 +34,18 @@ def test_tasks_timetable_params_and_assets():
     assert set(dag.params) == {"reextract", "window_end"}
     assert dag.params["reextract"] is False
     outlets = {o.uri for t in dag.tasks for o in t.outlets}
-    assert outlets == {"file:///data/w", "eo://postgres/postgres_default/r"}
+    # the URIs OpenLineage names the sink and the report by (exactly_once_provider.lineage)
+    assert outlets == {"file:///data/w", "postgres://pg.example:5433/dw/public/r"}
     assert all(t.retries == 2 for t in dag.tasks) and dag.max_active_runs == 1
     assert dag.get_task("extract_window").upstream_task_ids == {"ensure_topic"}
     load = dag.get_task("load_window")
     assert (load.mode, load.trigger) == ("window", "available-now")
+
+
+@pytest.fixture(autouse=True)
+def _postgres_connection(monkeypatch):
+    """The template reads the report's PostgreSQL connection when the DAG is parsed (its Asset URI names the host)."""
+    monkeypatch.setenv("AIRFLOW_CONN_POSTGRES_DEFAULT", json.dumps({"conn_type": "postgres", "host": "pg", "schema": "eo"}))
 
 
 def test_reconcile_compares_the_recorded_window_bounds():
