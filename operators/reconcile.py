@@ -16,6 +16,7 @@ from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
+from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.positions import BinlogPosition, parse_position
 from exactly_once_provider.reconcile import engine, results, sides
 from exactly_once_provider.reconcile.canonical import INTEGER_TYPES, kind_of
@@ -88,6 +89,7 @@ class ReconcileOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
         "postgres_conn_id",  # templated, and serialized with the DAG: the status page finds the results there
     )
     ui_color = "#e8eef4"
+    operator_extra_links = (PipelineStatusLink(),)
     job_name = "reconcile"
     job_module = "exactly_once_provider.reconcile.__main__"
 
@@ -119,6 +121,11 @@ class ReconcileOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
         self.fanout, self.max_segments, self.leaf_width = fanout, max_segments, leaf_width
         self.mysql_conn_id, self.postgres_conn_id, self.spark_conn_id = mysql_conn_id, postgres_conn_id, spark_conn_id
         self.kafka_config_id, self.offsets_topic, self.spark_conf = kafka_config_id, offsets_topic, spark_conf or {}
+
+    @property
+    def status_pipeline(self) -> str:
+        """The pipeline whose flow card shows this reconciliation (its results are stored under ``name``)."""
+        return self.name
 
     # ------------------------------------------------------------------------------------------ checks
     def _sink_spec(self) -> sides.SinkSpec:

@@ -12,6 +12,7 @@ from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
+from exactly_once_provider.plugins.links import PipelineStatusLink
 
 
 class SettlementReportOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
@@ -43,6 +44,7 @@ class SettlementReportOperator(lineage.OpenLineageMixin, PackagedSparkJobOperato
     """
 
     template_fields: Sequence[str] = ("window_id", "sink_path", "report_table")
+    operator_extra_links = (PipelineStatusLink(),)
     job_name = "settlement_report"
     job_module = "exactly_once_provider.spark_jobs.settlement_report"
 
@@ -57,6 +59,11 @@ class SettlementReportOperator(lineage.OpenLineageMixin, PackagedSparkJobOperato
         self.group_by, self.sum_columns = list(group_by), list(sum_columns)
         self.mysql_conn_id, self.postgres_conn_id = mysql_conn_id, postgres_conn_id
         self.spark_conn_id, self.spark_conf = spark_conn_id, spark_conf or {}
+
+    @property
+    def status_pipeline(self) -> str:
+        """The extract's pipeline (the first part of ``<pipeline>/<source_partition>/<batch_id>``): its flow card."""
+        return str(self.window_id).split("/", 1)[0]
 
     def _scales(self) -> dict[str, int]:
         hook = MySqlSourceHook(self.mysql_conn_id)

@@ -71,6 +71,8 @@ class Overview:
     errors: list[str]
     notes: list[str]
     read_at: str
+    flows: list[Any] = field(default_factory=list)  # plugins.flows.Flow: the pipelines joined per data flow
+    seconds: float = 0.0  # how long the read took
 
 
 class Connections:
@@ -78,6 +80,24 @@ class Connections:
 
     def __init__(self) -> None:
         self._kafka: dict[str, dict] = {}
+        self._consumers: dict[str, Any] = {}
+
+    def consumer(self, conn_id: str) -> Any:
+        """Return a read_committed consumer of ``conn_id`` for this page read (closed by :meth:`close`)."""
+        if conn_id not in self._consumers:
+            import uuid
+
+            from confluent_kafka import Consumer
+
+            self._consumers[conn_id] = Consumer({
+                **self.kafka(conn_id), "group.id": f"eo-status-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed", "enable.auto.commit": False})
+        return self._consumers[conn_id]
+
+    def close(self) -> None:
+        for consumer in self._consumers.values():
+            consumer.close()
+        self._consumers.clear()
 
     def kafka(self, conn_id: str) -> dict[str, Any]:
         if conn_id not in self._kafka:
@@ -101,9 +121,24 @@ def _guard(section: Section, read: Callable[[], None]) -> Section:
     return section
 
 
-def _offset_text(offset: Any) -> str:
+@dataclass(frozen=True)
+class Position:
+    """A committed binlog position as the page shows it, ``binlog.000001:18146205``, with its GTID (on hover)."""
+
+    text: str
+    gtid: str | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _offset_text(offset: Any) -> Any:
     if isinstance(offset, dict) and offset.get("kind") == "watermark":
         return f"watermark next lower = {offset.get('next_lower')}"
+    if isinstance(offset, dict) and "file" in offset and "pos" in offset:
+        from exactly_once_provider.positions import parse_position
+
+        return Position(str(parse_position(offset)), offset.get("gtid"))
     return json.dumps(offset, sort_keys=True)
 
 
@@ -282,7 +317,7 @@ def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Sect
 
 
 def read_overview(dags: list[Any], connections: Connections | None = None,
-                  every_ledger_key: bool = False) -> Overview:
+                  every_ledger_key: bool = False, history: int = 30) -> Overview:
     """
     Discover the pipelines and read each one's state from the live systems.
 
@@ -293,7 +328,13 @@ def read_overview(dags: list[Any], connections: Connections | None = None,
     :param dags: serialized (or parsed) DAGs to discover pipelines from.
     :param connections: client settings; default: Airflow connections.
     :param every_ledger_key: read every key of the offsets topics, to list pipelines no DAG names.
+    :param history: sink commits per flow chart.
     """
+    import time
+
+    from exactly_once_provider.plugins import flows
+
+    started = time.monotonic()
     connections = connections or Connections()
     found = add_dags(Discovery(), dags)
     errors: list[str] = []
@@ -335,4 +376,9 @@ def read_overview(dags: list[Any], connections: Connections | None = None,
         sections = [ledger_section(spec, ledger), lag, sinks, reconciliation_section(spec, connections),
                     windows_section(spec, ledger), sink_windows_section(sinks.rows), full_loads_section(spec)]
         statuses.append(PipelineStatus(spec, sections, total))
-    return Overview(statuses, found.unresolved, errors, notes, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    try:
+        joined = flows.build(statuses, connections.consumer, history)
+    finally:
+        connections.close()
+    return Overview(statuses, found.unresolved, errors, notes, datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    joined, time.monotonic() - started)
