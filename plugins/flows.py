@@ -126,48 +126,67 @@ def delta_history(location: str, pipeline: str, limit: int = HISTORY) -> list[tu
     return found[::-1]
 
 
-def lag_at(consumer: Any, when: float, offsets: dict[str, dict], partitions: dict[str, list[int]]) -> int:
-    """Return the records written to the topics before ``when`` that ``offsets`` had not reached.
+def offsets_at_times(consumer: Any, asks: list[tuple[str, int, int]], ends: dict[tuple[str, int], int]) -> dict:
+    """Return ``{(topic, partition, ms): offset}``: the first offset written at or after ``ms`` (Kafka's
+    offsets-for-times index), the partition's end offset when nothing was written since.
 
-    :param consumer: a Kafka consumer (its offsets-for-times lookup).
-    :param when: epoch seconds.
-    :param offsets: ``{topic: {partition: next offset}}`` committed at ``when``.
-    :param partitions: ``{topic: [partition, ...]}`` to count.
+    One request per round, each round asking every partition once, so a page costs as many requests as one flow
+    has commits, not flows x commits.
+
+    :param consumer: a Kafka consumer.
+    :param asks: ``(topic, partition, epoch milliseconds)``.
+    :param ends: ``{(topic, partition): end offset}`` read for the page.
     """
     from confluent_kafka import TopicPartition
 
-    asked = [TopicPartition(t, p, int(when * 1000)) for t, ps in partitions.items() for p in ps]
-    total = 0
-    for found in consumer.offsets_for_times(asked, timeout=10):
-        end = found.offset
-        if end < 0:  # no record at or after that time: every record was written before it
-            end = consumer.get_watermark_offsets(TopicPartition(found.topic, found.partition), timeout=10,
-                                                 cached=False)[1]
-        committed = int((offsets.get(found.topic) or {}).get(str(found.partition), 0))
-        total += max(0, end - committed)
-    return total
+    queues: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, ms in asks:
+        queues.setdefault((topic, partition), []).append(ms)
+    found = {}
+    while any(queues.values()):
+        asked = [TopicPartition(t, p, queue.pop()) for (t, p), queue in queues.items() if queue]
+        for tp, ask in zip(consumer.offsets_for_times(asked, timeout=10), asked):
+            found[(ask.topic, ask.partition, ask.offset)] = tp.offset if tp.offset >= 0 else ends[(ask.topic, ask.partition)]
+    return found
 
 
-def oldest_unapplied_age(consumer: Any, lagging: list[tuple[str, int, int]], now: float) -> float | None:
-    """Return how many seconds the oldest unapplied record has waited (Kafka record time), None if none is read.
+def unapplied_since(consumer: Any, lagging: list[tuple[str, int, int]], wait: float = 2.0) -> dict:
+    """Return ``{(topic, partition): epoch seconds}`` of the first record at each sink's next offset.
+
+    One fetch for all the partitions, at most ``wait`` seconds (a partition whose next records are in an open
+    transaction has none to read yet and is left out).
 
     :param consumer: a read_committed Kafka consumer.
     :param lagging: ``(topic, partition, sink next offset)`` of partitions with lag.
-    :param now: epoch seconds.
+    :param wait: the most seconds to wait for the records.
     """
     from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, TopicPartition
 
-    oldest = None
-    for topic, partition, offset in lagging:
-        consumer.assign([TopicPartition(topic, partition, offset)])
-        message = consumer.poll(5)
-        if message is None or message.error():
-            continue
-        kind, stamp = message.timestamp()
-        if kind != TIMESTAMP_NOT_AVAILABLE:
-            oldest = stamp / 1000 if oldest is None else min(oldest, stamp / 1000)
-    consumer.unassign()
-    return None if oldest is None else max(0.0, now - oldest)
+    consumer.assign([TopicPartition(t, p, o) for t, p, o in lagging])
+    pending, found = {(t, p) for t, p, _ in lagging}, {}
+    deadline = time.monotonic() + wait
+    try:
+        while pending and time.monotonic() < deadline:
+            message = consumer.poll(max(0.0, deadline - time.monotonic()))
+            if message is None or message.error() or (message.topic(), message.partition()) not in pending:
+                continue
+            pending.discard((message.topic(), message.partition()))
+            kind, stamp = message.timestamp()
+            if kind != TIMESTAMP_NOT_AVAILABLE:
+                found[(message.topic(), message.partition())] = stamp / 1000
+    finally:
+        consumer.unassign()
+    return found
+
+
+@dataclass
+class _Live:
+    """What one page read asks Kafka for all flows at once, per Kafka connection."""
+
+    asks: list = field(default_factory=list)  # (topic, partition, ms)
+    ends: dict = field(default_factory=dict)  # (topic, partition) -> end offset
+    lagging: list = field(default_factory=list)  # (topic, partition, sink next offset)
+    fill: list = field(default_factory=list)  # callbacks(offsets at times, unapplied since)
 
 
 def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTORY) -> list[Flow]:
@@ -177,8 +196,7 @@ def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTOR
     :param consumer_for: ``consumer_for(kafka_conn_id)`` returns a read_committed consumer (cached per page).
     :param limit: sink commits per chart.
     """
-    flows = []
-    now = time.time()
+    flows, live = [], {}
     for members in group(statuses):
         flow = Flow(members[0].spec.name, members)
         flow.sources = sorted(set().union(*(m.spec.sources for m in members)))
@@ -193,40 +211,63 @@ def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTOR
             for row in _rows(member, "reconciliation")[:1]:
                 if flow.reconciliation is None or row["finished at"] > flow.reconciliation["finished at"]:
                     flow.reconciliation = row
-        _read_live(flow, consumer_for, now, limit)
+            conn_id = sorted(member.spec.kafka_conn_ids)[0] if member.spec.kafka_conn_ids else "kafka_default"
+            try:
+                _plan(flow, member, live.setdefault(conn_id, _Live()), limit)
+            except Exception as err:  # shown on the card: a figure that cannot be read is said so, never guessed
+                flow.notes.append(f"{member.spec.name}: history not read: {type(err).__name__}: {err}")
         flows.append(flow)
+    now = time.time()
+    for conn_id, asked in live.items():
+        try:
+            consumer = consumer_for(conn_id)
+            at_times = offsets_at_times(consumer, asked.asks, asked.ends)
+            since = unapplied_since(consumer, asked.lagging) if asked.lagging else {}
+        except Exception as err:
+            for flow in flows:
+                flow.notes.append(f"lag history and freshness via {conn_id!r} not read: {type(err).__name__}: {err}")
+            continue
+        for fill in asked.fill:
+            fill(at_times, since, now)
     return flows
 
 
-def _read_live(flow: Flow, consumer_for: Any, now: float, limit: int) -> None:
-    for member in flow.members:
-        conn_id = sorted(member.spec.kafka_conn_ids)[0] if member.spec.kafka_conn_ids else "kafka_default"
-        lagging = [(r["topic"], r["partition"], r["sink next offset"]) for r in _rows(member, "lag")
-                   if isinstance(r.get("lag"), int) and r["lag"] > 0]
-        partitions: dict[str, list[int]] = {}
-        for row in _rows(member, "lag"):
-            if isinstance(row.get("partition"), int):
-                partitions.setdefault(row["topic"], []).append(row["partition"])
-        try:
-            if member.spec.sinks and member.lag == 0:
-                flow.freshness = flow.freshness or 0.0
-            elif lagging:
-                age = oldest_unapplied_age(consumer_for(conn_id), lagging, now)
-                if age is not None:
-                    flow.freshness = max(flow.freshness or 0.0, age)
-            for sink in member.spec.sinks:
-                if sink.kind != "delta":
-                    flow.notes.append(f"{sink.kind} sink {sink.location}: keeps its newest commit only, no history")
-                    continue
-                history = delta_history(sink.location, member.spec.name, limit)
-                points = [Point(at, rows) for at, rows, _ in history]
-                for point, (_, _, committed) in zip(points, history):
-                    point.lag = lag_at(consumer_for(conn_id), point.at, committed, partitions) if partitions else None
-                for before, point in zip(points, points[1:]):
-                    if point.at > before.at:
-                        point.rows_per_second = (point.rows - before.rows) / (point.at - before.at)
-                flow.history = points
-                if len(points) > 1 and points[-1].at > points[0].at:
-                    flow.throughput = (points[-1].rows - points[0].rows) / (points[-1].at - points[0].at)
-        except Exception as err:  # shown on the card: a figure that cannot be read is said so, never guessed
-            flow.notes.append(f"{member.spec.name}: history or freshness not read: {type(err).__name__}: {err}")
+def _plan(flow: Flow, member: PipelineStatus, live: _Live, limit: int) -> None:
+    """Read the member's sink history; register what Kafka must answer for its lag history and freshness."""
+    rows = [r for r in _rows(member, "lag") if isinstance(r.get("partition"), int)]
+    for r in rows:
+        live.ends[(r["topic"], r["partition"])] = r["end offset"]
+    lagging = [(r["topic"], r["partition"], r["sink next offset"]) for r in rows
+               if isinstance(r.get("lag"), int) and r["lag"] > 0]
+    live.lagging += lagging
+    if member.spec.sinks and member.lag == 0:
+        flow.freshness = flow.freshness or 0.0
+
+    def freshness(at_times: dict, since: dict, now: float) -> None:
+        waited = [now - since[(t, p)] for t, p, _ in lagging if (t, p) in since]
+        if waited:
+            flow.freshness = max(flow.freshness or 0.0, max(0.0, *waited))
+
+    live.fill.append(freshness)
+    for sink in member.spec.sinks:
+        if sink.kind != "delta":
+            flow.notes.append(f"{sink.kind} sink {sink.location}: keeps its newest commit only, no history")
+            continue
+        history = delta_history(sink.location, member.spec.name, limit)
+        points = [Point(at, total) for at, total, _ in history]
+        for before, point in zip(points, points[1:]):
+            if point.at > before.at:
+                point.rows_per_second = (point.rows - before.rows) / (point.at - before.at)
+        flow.history = points
+        if len(points) > 1 and points[-1].at > points[0].at:
+            flow.throughput = (points[-1].rows - points[0].rows) / (points[-1].at - points[0].at)
+        for point in points:
+            live.asks += [(r["topic"], r["partition"], int(point.at * 1000)) for r in rows]
+
+        def lag_history(at_times: dict, since: dict, now: float, points=points, history=history) -> None:
+            for point, (_, _, committed) in zip(points, history):
+                point.lag = sum(max(0, at_times[(r["topic"], r["partition"], int(point.at * 1000))]
+                                    - int((committed.get(r["topic"]) or {}).get(str(r["partition"]), 0)))
+                                for r in rows) if rows else None
+
+        live.fill.append(lag_history)

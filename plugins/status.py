@@ -81,23 +81,7 @@ class Connections:
     def __init__(self) -> None:
         self._kafka: dict[str, dict] = {}
         self._consumers: dict[str, Any] = {}
-
-    def consumer(self, conn_id: str) -> Any:
-        """Return a read_committed consumer of ``conn_id`` for this page read (closed by :meth:`close`)."""
-        if conn_id not in self._consumers:
-            import uuid
-
-            from confluent_kafka import Consumer
-
-            self._consumers[conn_id] = Consumer({
-                **self.kafka(conn_id), "group.id": f"eo-status-{uuid.uuid4().hex[:8]}",
-                "isolation.level": "read_committed", "enable.auto.commit": False})
-        return self._consumers[conn_id]
-
-    def close(self) -> None:
-        for consumer in self._consumers.values():
-            consumer.close()
-        self._consumers.clear()
+        self._results: dict[str, dict[str, dict]] = {}
 
     def kafka(self, conn_id: str) -> dict[str, Any]:
         if conn_id not in self._kafka:
@@ -105,6 +89,46 @@ class Connections:
 
             self._kafka[conn_id] = kafka_client_config(conn_id)
         return self._kafka[conn_id]
+
+    def consumer(self, conn_id: str, isolation: str = "read_committed") -> Any:
+        """Return a consumer of ``conn_id`` shared by this page read (closed by :meth:`close`): one SASL/TLS
+        handshake per connection and page, not one per topic."""
+        key = f"{conn_id}/{isolation}"
+        if key not in self._consumers:
+            import uuid
+
+            from confluent_kafka import Consumer
+
+            from exactly_once_provider.kafka.offsets import end_offsets_consumer
+
+            config = self.kafka(conn_id)
+            self._consumers[key] = end_offsets_consumer(config) if isolation == "read_uncommitted" else Consumer({
+                **config, "group.id": f"eo-status-{uuid.uuid4().hex[:8]}", "isolation.level": isolation,
+                "enable.auto.commit": False})
+        return self._consumers[key]
+
+    def end_offsets(self, conn_id: str, topic: str) -> dict[int, int]:
+        """Return the topic's end offsets through this page's read_uncommitted consumer."""
+        return topic_end_offsets(self.kafka(conn_id), topic, self.consumer(conn_id, "read_uncommitted"))
+
+    def reconciliations(self, conn_id: str) -> dict[str, dict]:
+        """Return the newest reconciliation result of every name in ``conn_id``'s database (one query a page)."""
+        if conn_id not in self._results:
+            import psycopg2
+
+            from exactly_once_provider.reconcile.results import latest_results
+
+            conn = psycopg2.connect(**self.postgres(conn_id))
+            try:
+                self._results[conn_id] = {r["name"]: r for r in latest_results(conn)}
+            finally:
+                conn.close()
+        return self._results[conn_id]
+
+    def close(self) -> None:
+        for consumer in self._consumers.values():
+            consumer.close()
+        self._consumers.clear()
 
     @staticmethod
     def postgres(conn_id: str) -> dict[str, Any]:
@@ -240,10 +264,10 @@ def lag_section(spec: PipelineSpec, sink_rows: list[dict[str, Any]], connections
 
     def read() -> None:
         nonlocal total
-        config = connections.kafka(sorted(spec.kafka_conn_ids)[0] if spec.kafka_conn_ids else "kafka_default")
+        conn_id = sorted(spec.kafka_conn_ids)[0] if spec.kafka_conn_ids else "kafka_default"
         for topic in topics:
             try:
-                ends = topic_end_offsets(config, topic)
+                ends = connections.end_offsets(conn_id, topic)
             except ValueError:  # named by a DAG that has not produced yet: nothing to lag behind
                 section.rows.append({"topic": topic, "partition": "—", "end offset": "topic not created yet"})
                 continue
@@ -290,21 +314,14 @@ def full_loads_section(spec: PipelineSpec) -> Section:
 
 def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Section:
     """Return the last reconciliation result stored for the pipeline (``eo_reconciliation``, by name)."""
-    from exactly_once_provider.reconcile.results import latest_results
-
     section = Section("reconciliation", "Last reconciliation", (
         "result", "finished at", "source rows", "sink rows", "missing", "extra", "changed", "duplicate",
         "in flight", "full scans", "run"))
 
     def read() -> None:
-        import psycopg2
-
         for conn_id in sorted(spec.result_conn_ids or {"postgres_default"}):
-            conn = psycopg2.connect(**connections.postgres(conn_id))
-            try:
-                rows = latest_results(conn, spec.name)
-            finally:
-                conn.close()
+            found = connections.reconciliations(conn_id).get(spec.name)
+            rows = [found] if found else []
             for r in rows:
                 section.rows.append({
                     "result": r["status"], "finished at": r["finished_at"].isoformat(timespec="seconds"),
