@@ -54,7 +54,8 @@ def sparkline(flow: str, chart: str, times: list[float], values: list[float | No
     points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in known)
     last_t, last_v = known[-1]
     since = datetime.fromtimestamp(t0, timezone.utc).strftime("%H:%M:%S")
-    return (f'{head}: newest {last_v:,.1f}, max {top:,.1f} · {len(known)} commits since {since} UTC'
+    shown = "{:,.0f}" if all(float(v).is_integer() for _, v in known) else "{:,.1f}"
+    return (f'{head}: newest {shown.format(last_v)}, max {shown.format(top)} · {len(known)} commits since {since} UTC'
             f'<svg width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
             f'aria-label="{escape(label)}"><polyline fill="none" stroke="#2f6fb3" stroke-width="1.6" '
             f'points="{points}"/><circle cx="{x(last_t):.1f}" cy="{y(last_v):.1f}" r="2.6" fill="#2f6fb3"/></svg></div>')

@@ -204,7 +204,11 @@ def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTOR
         flow.sinks = sorted({f"{s.kind} {s.location}".strip() for m in members for s in m.spec.sinks})
         lags = [m.lag for m in members if m.spec.sinks]
         flow.lag = sum(lags) if lags else None
+        streams = ", ".join(m.spec.name for m in members if m.spec.sinks)
         for member in members:
+            for section in member.sections:
+                if section.slug == "lag" and streams and not member.spec.sinks:
+                    section.note = f"The lag of this flow is measured at the sinks of {streams}."
             for row in _rows(member, "ledger"):
                 if isinstance(row.get("offset"), Position) and flow.position is None:
                     flow.position = row["offset"]
@@ -220,8 +224,8 @@ def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTOR
     now = time.time()
     for conn_id, asked in live.items():
         try:
-            consumer = consumer_for(conn_id)
-            at_times = offsets_at_times(consumer, asked.asks, asked.ends)
+            consumer = consumer_for(conn_id) if asked.asks or asked.lagging else None
+            at_times = offsets_at_times(consumer, asked.asks, asked.ends) if asked.asks else {}
             since = unapplied_since(consumer, asked.lagging) if asked.lagging else {}
         except Exception as err:
             for flow in flows:

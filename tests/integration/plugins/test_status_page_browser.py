@@ -291,7 +291,9 @@ def _delta_flow(d: dict, stack) -> None:
         ends = _end_offsets(d["bootstrap"], d["flow_topic"], 1)
         if round_:  # commit what the previous round produced: one round behind
             batch = _committed_batch(d["bootstrap"], d["flow_topic"], previous)
-            batch = batch.filter(pc.greater_equal(batch["kafka_offset"], committed[0]))
+            # the records of the previous round only (a fetch may bring records past its end as well)
+            batch = batch.filter(pc.and_(pc.greater_equal(batch["kafka_offset"], committed[0]),
+                                         pc.less(batch["kafka_offset"], previous[0])))
             name = f"part-{round_}.parquet"
             pq.write_table(batch, root / name)
             files = [{"name": name, "bytes": (root / name).stat().st_size, "rows": batch.num_rows}]
@@ -325,7 +327,8 @@ def browser():
 def _screenshot(driver, name: str, full: bool = True) -> Path:
     folder = Path(os.environ.get("EO_ARTIFACTS") or REPO / "artifacts")
     folder.mkdir(parents=True, exist_ok=True)
-    if full:
+    if full:  # measured in a small window: scrollHeight is at least the window's height
+        driver.set_window_size(1500, 800)
         height = driver.execute_script("return document.documentElement.scrollHeight")
         driver.set_window_size(1500, min(max(height + 40, 800), 6000))
     else:
@@ -443,6 +446,11 @@ def test_status_page_shows_the_live_figures_after_logging_in(demo, api_server, b
     assert link == f"{url}/exactly-once/?pipeline={p}"
     browser.get(link)
     assert [c.get_attribute("data-pipeline") for c in browser.find_elements(By.CSS_SELECTOR, "div.card")] == [p]
+    # The stream's link opens its flow's card, with the producer's pipeline: the docs' screenshot, unfolded.
+    browser.get(f"{url}/exactly-once/?pipeline={demo['p_flow']}-apply")
+    assert [c.get_attribute("data-flow") for c in browser.find_elements(By.CSS_SELECTOR, "div.flow")] == [demo["p_flow"]]
+    browser.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
+    _screenshot(browser, "exactly_once_flow_page.png")
 
     # Inside the Airflow UI: the navigation entry frames the same page.
     browser.get(f"{url}/plugin/exactly-once")

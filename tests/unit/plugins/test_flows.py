@@ -78,3 +78,15 @@ def test_a_chart_needs_two_commits_and_units_read_well():
     assert "no chart yet" in sparkline("f", "lag", [1.0], [3], "lag") and "<svg" not in sparkline("f", "lag", [1.0], [3], "lag")
     assert (duration(None), duration(0), duration(75), duration(600), duration(7200)) == ("—", "0 s", "75 s", "10 min", "2.0 h")
     assert (rate(None), rate(2.345), rate(12345.6)) == ("—", "2.3 rows/s", "12,346 rows/s")
+
+
+def test_a_producer_in_a_flow_points_at_the_streams_for_its_lag():
+    from exactly_once_provider.plugins.flows import build
+
+    lag = Section("lag", "Kafka end offsets and consumer lag", ("topic",), note="No streaming job: lag is not known.")
+    capture = _status("shop", topics={"shop.eo.orders"}, sources={"eo.orders"}, sections=[lag])
+    apply = _status("shop-apply", topics={"shop.eo.orders"}, sinks={SinkSpec("postgres", "orders")})
+    [flow] = build([capture, apply], consumer_for=None)
+    assert lag.note == "The lag of this flow is measured at the sinks of shop-apply."
+    assert flow.notes == ["postgres sink orders: keeps its newest commit only, no history"]
+    assert (flow.freshness, flow.lag, flow.history) == (0.0, 0, [])
