@@ -41,6 +41,9 @@ class SettlementReportOperator(lineage.OpenLineageMixin, PackagedSparkJobOperato
         :class:`~exactly_once_provider.operators.spark_submit.PackagedSparkJobOperator` for the other Spark
         arguments).
     :param spark_conf: extra Spark settings.
+
+    An ``AssetAlias`` among the task's ``outlets`` receives the report table's Asset, named by its OpenLineage
+    URI ``postgres://host:port/database/schema/table`` (known from the connection only when the task runs).
     """
 
     template_fields: Sequence[str] = ("window_id", "sink_path", "report_table")
@@ -96,8 +99,21 @@ class SettlementReportOperator(lineage.OpenLineageMixin, PackagedSparkJobOperato
         self.log.info("settlement report of %s (version %s):\n%s", self.window_id, written["window_version"],
                       "\n".join("  " + "  ".join(f"{str(v):>14}" for v in line)
                                 for line in [header] + written["lines"]))
+        self._name_report_asset(context)
         self.openlineage_result = written
         return written
+
+    def _name_report_asset(self, context: Any) -> None:
+        """Add the report table's Asset (its OpenLineage URI, from the connection) to each AssetAlias outlet."""
+        from airflow.sdk import Asset, AssetAlias
+
+        aliases = [o for o in self.outlets if isinstance(o, AssetAlias)]
+        if not aliases:
+            return
+        uri = lineage.postgres_table_of(self.postgres_conn_id, self.report_table).asset_uri
+        for alias in aliases:
+            context["outlet_events"][alias].add(Asset(uri=uri))
+            self.log.info("report Asset %s added to the alias %s", uri, alias.name)
 
     def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
         """The window-mode Delta table in; the report table out (one row per group of the window)."""
