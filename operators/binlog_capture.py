@@ -11,6 +11,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.capture.loop import MODES, CaptureRequest, run_capture
 from exactly_once_provider.positions import parse_position
 from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
@@ -24,7 +25,7 @@ from exactly_once_provider.source.binlog import replica_server_id
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, validate_name
 
 
-class BinlogCaptureOperator(lineage.OpenLineageMixin, BaseOperator):
+class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
     """
     Capture the binlog changes of tables into one Kafka topic per table, exactly once.
 
@@ -167,20 +168,20 @@ class BinlogCaptureOperator(lineage.OpenLineageMixin, BaseOperator):
 
             def read(schema: str = schema, table: str = table) -> list:
                 with MySqlSourceHook(self.mysql_conn_id).cursor() as cur:
-                    return lineage.mysql_fields(cur, f"{schema}.{table}")
+                    return facets.mysql_fields(cur, f"{schema}.{table}")
 
             columns = self.lineage_fields(source.name, read)
-            inputs.append(lineage.input_dataset(source, columns))
+            inputs.append(facets.input_dataset(source, columns))
             topic = lineage.kafka_topic_of(self.kafka_config_id,
                                            topic_for(self.topic_template, self.pipeline, schema, table))
-            fields = lineage.record_fields(lineage.CHANGE_RECORD_FIELDS, "before,after", columns) if columns else None
+            fields = facets.record_fields(facets.CHANGE_RECORD_FIELDS, "before,after", columns) if columns else None
             if result is None:
-                outputs.append(lineage.output_dataset(topic, fields))
+                outputs.append(facets.output_dataset(topic, fields))
                 continue
-            commit = lineage.CommitFacet(pipeline=self.pipeline, position=result["committed_position"],
-                                         gtid=result["gtid"])
+            commit = facets.CommitFacet(pipeline=self.pipeline, position=result["committed_position"],
+                                        gtid=result["gtid"])
             rows = result["rows"] if len(result["topics"]) == 1 else None
-            outputs.append(lineage.output_dataset(topic, fields, rows=rows, commit=commit))
+            outputs.append(facets.output_dataset(topic, fields, rows=rows, commit=commit))
         return inputs, outputs
 
     def on_kill(self) -> None:

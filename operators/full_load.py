@@ -12,10 +12,11 @@ from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 
 
-class MySqlFullLoadOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
+class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """
     Load a table in chunks, each in its own consistent snapshot, and publish it as one Delta commit.
 
@@ -117,17 +118,17 @@ class MySqlFullLoadOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
 
         def source_fields() -> list:
             with MySqlSourceHook(self.mysql_conn_id).cursor() as cur:
-                return lineage.mysql_fields(cur, source.name)
+                return facets.mysql_fields(cur, source.name)
 
         sink = lineage.storage_path(self.sink_path)
-        fields = self.lineage_fields(sink.name, lambda: lineage.delta_fields(self.sink_path))
+        fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self.sink_path))
         if result is None:
-            return [lineage.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
-                lineage.output_dataset(sink, fields)]
+            return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
+                facets.output_dataset(sink, fields)]
         rows, size, files = 0, 0, 0  # a rerun of a published load writes nothing
         if not result["already_published"]:
             rows = result["rows"]
-            size, files = lineage.delta_commit_size(self.sink_path, result["table_version"] - 1, result["table_version"])
-        commit = lineage.CommitFacet(position=result["min_position"], sinkVersion=result["table_version"])
-        return [lineage.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
-            lineage.output_dataset(sink, fields, rows=rows, size=size, files=files, commit=commit)]
+            size, files = facets.delta_commit_size(self.sink_path, result["table_version"] - 1, result["table_version"])
+        commit = facets.CommitFacet(position=result["min_position"], sinkVersion=result["table_version"])
+        return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
+            facets.output_dataset(sink, fields, rows=rows, size=size, files=files, commit=commit)]

@@ -12,6 +12,7 @@ from airflow.providers.common.compat.module_loading import import_string
 from airflow.sdk import BaseOperator
 
 from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.writer import MIN_RECORDS_PER_TRANSACTION, Message, PipelineWriter, TransactionPolicy
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, CommittedOffset
@@ -40,7 +41,7 @@ class SourceRecord:
     commit_point: bool = True
 
 
-class TransactionalProduceOperator(lineage.OpenLineageMixin, BaseOperator):
+class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
     """
     Produce the records of a user function to a topic; each Kafka transaction commits its source offset.
 
@@ -133,13 +134,13 @@ class TransactionalProduceOperator(lineage.OpenLineageMixin, BaseOperator):
         """The topic out, with the source offset committed with it (the producer function's input is its own)."""
         topic = lineage.kafka_topic_of(self.kafka_config_id, self.topic)
         if result is None:
-            return [], [lineage.output_dataset(topic)]
+            return [], [facets.output_dataset(topic)]
         offset = result.get("committed_offset")
-        commit = lineage.CommitFacet(
+        commit = facets.CommitFacet(
             pipeline=self.pipeline, position=None if offset is None else json.dumps(offset, sort_keys=True),
             kafkaOffsets={self.topic: result.get("partition_offsets", {})} if result.get("partition_offsets") else None)
         rows = 0 if result.get("skipped") else result["records"]
-        return [], [lineage.output_dataset(topic, rows=rows, commit=commit)]
+        return [], [facets.output_dataset(topic, rows=rows, commit=commit)]
 
     def _producer_function(self) -> Callable:
         function = self.producer_function

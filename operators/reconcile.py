@@ -12,6 +12,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config
@@ -27,7 +28,7 @@ class ReconciliationMismatch(AirflowException):
     """Raise when the sink differs from the source (the report names the differing keys)."""
 
 
-class ReconcileOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
+class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """
     Compare a MySQL/MariaDB table with its sink by key range (counts + checksums), bisecting to the keys.
 
@@ -255,22 +256,22 @@ class ReconcileOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
 
     def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
         """The source table and the sink in (the full load too for CDC); the stored result row out."""
-        inputs = [lineage.input_dataset(lineage.mysql_table_of(self.mysql_conn_id, self.table))]
+        inputs = [facets.input_dataset(lineage.mysql_table_of(self.mysql_conn_id, self.table))]
         if self.sink == "postgres":
-            inputs.append(lineage.input_dataset(lineage.postgres_table_of(self.postgres_conn_id, self.sink_table)))
+            inputs.append(facets.input_dataset(lineage.postgres_table_of(self.postgres_conn_id, self.sink_table)))
         else:
-            inputs.append(lineage.input_dataset(lineage.storage_path(self.sink_path)))
+            inputs.append(facets.input_dataset(lineage.storage_path(self.sink_path)))
         if self.base_path:
-            inputs.append(lineage.input_dataset(lineage.storage_path(self.base_path)))
+            inputs.append(facets.input_dataset(lineage.storage_path(self.base_path)))
         if not self.store_result:
             return inputs, []
         results_table = lineage.postgres_table_of(self.postgres_conn_id, results.RESULT_TABLE)
         if result is None:
-            return inputs, [lineage.output_dataset(results_table)]
+            return inputs, [facets.output_dataset(results_table)]
         position = result.get("position")
-        commit = lineage.CommitFacet(pipeline=self.name, position=None if position is None else
-                                     json.dumps(position, sort_keys=True, default=str))
-        return inputs, [lineage.output_dataset(results_table, rows=1 if result["result_id"] else 0, commit=commit)]
+        commit = facets.CommitFacet(pipeline=self.name, position=None if position is None else
+                                    json.dumps(position, sort_keys=True, default=str))
+        return inputs, [facets.output_dataset(results_table, rows=1 if result["result_id"] else 0, commit=commit)]
 
     def _postgres(self):
         import psycopg2

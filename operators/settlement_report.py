@@ -8,6 +8,7 @@ from typing import Any
 from decimal import Decimal
 
 from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs
@@ -15,7 +16,7 @@ from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperato
 from exactly_once_provider.plugins.links import PipelineStatusLink
 
 
-class SettlementReportOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
+class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """
     Summarise one settled window of a window-mode Delta sink into a PostgreSQL report table.
 
@@ -122,11 +123,11 @@ class SettlementReportOperator(lineage.OpenLineageMixin, PackagedSparkJobOperato
         fields = [("window_id", "text"), ("window_version", "int"), *((c, "text") for c in self.group_by),
                   ("rows", "bigint"), *((f"{c}_sum", "numeric") for c in self.sum_columns),
                   ("reported_at", "timestamptz")]
-        inputs = [lineage.input_dataset(source, self.lineage_fields(source.name, lambda: lineage.delta_fields(self.sink_path)))]
+        inputs = [facets.input_dataset(source, self.lineage_fields(source.name, lambda: facets.delta_fields(self.sink_path)))]
         if result is None:
-            return inputs, [lineage.output_dataset(report, fields)]
-        commit = lineage.CommitFacet(window={"batch_id": self.window_id, "batch_version": result["window_version"]})
-        return inputs, [lineage.output_dataset(report, fields, rows=result["groups"], commit=commit)]
+            return inputs, [facets.output_dataset(report, fields)]
+        commit = facets.CommitFacet(window={"batch_id": self.window_id, "batch_version": result["window_version"]})
+        return inputs, [facets.output_dataset(report, fields, rows=result["groups"], commit=commit)]
 
     def _replace(self, groups: list[dict]) -> dict[str, Any]:
         import psycopg2

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.connections import (
     kafka_client_config,
     libpq_environment,
@@ -30,7 +31,7 @@ from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink
 from exactly_once_provider.spark_jobs.stream_spec import DELIVERIES, MODES, SINKS, TRIGGERS, StreamSpec, split_topics  # noqa: F401
 
 
-class SparkKafkaToSinkOperator(lineage.OpenLineageMixin, PackagedSparkJobOperator):
+class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """Run the exactly-once Kafka -> sink Spark job once (availableNow) or as a long stream (processing time).
 
     :param pipeline: stable pipeline name; part of every sink commit. Never derive it from the run or try.
@@ -208,20 +209,20 @@ class SparkKafkaToSinkOperator(lineage.OpenLineageMixin, PackagedSparkJobOperato
 
     def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
         """The topics in; the sink out, with the Kafka end offsets committed with its rows."""
-        inputs = [lineage.input_dataset(lineage.kafka_topic_of(self.kafka_conn_id, t)) for t in split_topics(self.topics)]
+        inputs = [facets.input_dataset(lineage.kafka_topic_of(self.kafka_conn_id, t)) for t in split_topics(self.topics)]
         sink = self.sink_dataset()
         fields = None
         if self.sink == "delta":
-            fields = self.lineage_fields(sink.name, lambda: lineage.delta_fields(self.sink_path))
+            fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self.sink_path))
         if result is None:
-            return inputs, [lineage.output_dataset(sink, fields)]
+            return inputs, [facets.output_dataset(sink, fields)]
         size = files = None
         if self.sink == "delta":
-            size, files = lineage.delta_commit_size(self.sink_path, self._before_version, self._delta_version())
-        commit = lineage.CommitFacet(pipeline=self.pipeline, kafkaOffsets=result["offsets"],
-                                     sinkVersion=result["batch_id"])
-        return inputs, [lineage.output_dataset(sink, fields, rows=result["rows_this_run"], size=size, files=files,
-                                               commit=commit)]
+            size, files = facets.delta_commit_size(self.sink_path, self._before_version, self._delta_version())
+        commit = facets.CommitFacet(pipeline=self.pipeline, kafkaOffsets=result["offsets"],
+                                    sinkVersion=result["batch_id"])
+        return inputs, [facets.output_dataset(sink, fields, rows=result["rows_this_run"], size=size, files=files,
+                                              commit=commit)]
 
     def job_result(self, result: Any, context: Any) -> dict | None:
         # XCom mirrors the sink, read here; the driver's own answer is not needed (and absent on a reconnect).

@@ -10,6 +10,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.writer import Message
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
@@ -33,7 +34,7 @@ from exactly_once_provider.kafka.windows import (
 )
 
 
-class WatermarkExtractOperator(lineage.OpenLineageMixin, BaseOperator):
+class WatermarkExtractOperator(facets.OpenLineageMixin, BaseOperator):
     """
     Publish the next safe window ``[lower, upper)`` of a table to Kafka as ONE transaction framed as a batch.
 
@@ -197,17 +198,17 @@ class WatermarkExtractOperator(lineage.OpenLineageMixin, BaseOperator):
 
         def read() -> list:
             with MySqlSourceHook(self.mysql_conn_id).cursor() as cur:
-                return lineage.mysql_fields(cur, source.name)
+                return facets.mysql_fields(cur, source.name)
 
         columns = self.lineage_fields(source.name, read)
         topic = lineage.kafka_topic_of(self.kafka_config_id, self.topic)
-        fields = lineage.record_fields(lineage.WINDOW_RECORD_FIELDS, "row", columns) if columns else None
+        fields = facets.record_fields(facets.WINDOW_RECORD_FIELDS, "row", columns) if columns else None
         if result is None:
-            return [lineage.input_dataset(source, columns)], [lineage.output_dataset(topic, fields)]
+            return [facets.input_dataset(source, columns)], [facets.output_dataset(topic, fields)]
         window = {k: result[k] for k in ("batch_id", "batch_version", "lower", "upper", "checksum")}
-        commit = lineage.CommitFacet(pipeline=self.pipeline, window=window, kafkaOffsets=result["kafka_offsets"])
+        commit = facets.CommitFacet(pipeline=self.pipeline, window=window, kafkaOffsets=result["kafka_offsets"])
         rows = 0 if result["skipped"] else result["rows"]  # a rerun of a committed window publishes nothing
-        return [lineage.input_dataset(source, columns)], [lineage.output_dataset(topic, fields, rows=rows,
+        return [facets.input_dataset(source, columns)], [facets.output_dataset(topic, fields, rows=rows,
                                                                                   commit=commit)]
 
 
