@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history test-templates
+.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -71,6 +71,9 @@ bench-capture: stack-up  ## binlog capture into Kafka (exactly_once) vs the raw 
 
 bench-history: stack-up  ## ledger reads, writer open, status page and files-sink committed() with 1k..1M records of history (JSON in benchmarks/results/)
 	$(PY) benchmarks/bench_history.py $(BENCH_ARGS)
+
+bench-freshness: stack-up  ## continuous history -> stream: source commit -> visible in the current table, p50/p99 at 500 changes/s for 5 min (JSON in benchmarks/results/)
+	$(PY) benchmarks/bench_freshness.py $(BENCH_ARGS)
 
 bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and planted differences vs COUNT(*) on both sides
 	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_reconcile.py $(BENCH_ARGS)

@@ -8,9 +8,11 @@ A benchmark script runs as ``python benchmarks/bench_x.py``, so this directory i
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +54,29 @@ def start_stack() -> Any:
     stack.up()
     os.environ.update(stack.connection_env())
     return stack
+
+
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def result_header(benchmark: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Return the start of a result: the benchmark, commit (and whether the tree differs), nproc, load, settings."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=REPO).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "provider", "benchmarks"],
+                                capture_output=True, text=True, cwd=REPO).stdout.strip())
+    return {"benchmark": benchmark, "commit": commit, "dirty": dirty, "nproc": os.cpu_count(),
+            "loadavg_before": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **settings}
+
+
+def write_result(result: dict[str, Any]) -> Path:
+    """Add the load average after the run and write ``benchmarks/results/<benchmark>-<commit>-<time>.json``."""
+    result["loadavg_after"] = os.getloadavg()
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{result['benchmark']}-{result['commit']}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
 
 
 def connect_source(stack: Any) -> Any:

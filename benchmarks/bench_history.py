@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -37,7 +35,6 @@ from pathlib import Path
 import _support
 
 PIPELINE, IDLE, OTHERS = "bench-ours", "bench-idle", 1000
-RESULTS = _support.REPO / "benchmarks" / "results"
 
 
 def old_scan(config: dict, pipeline: str, source_partition: str, topic: str) -> bytes | None:
@@ -194,22 +191,14 @@ def main() -> None:
         p.add_argument("--ledger-sizes", default="1000,100000,1000000"),
         p.add_argument("--manifests", default="10,10000,100000")))
     stack = _support.start_stack()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=_support.REPO).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "provider", "benchmarks"],
-                                capture_output=True, text=True, cwd=_support.REPO).stdout.strip())
-    result = {"benchmark": "history", "commit": commit, "dirty": dirty, "nproc": os.cpu_count(),
-              "loadavg_before": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "repeats": args.repeats, "ledger": {}, "files": {}}
+    result = _support.result_header("history", {"repeats": args.repeats, "ledger": {}, "files": {}})
+    commit = result["commit"]
     for size in [int(s) for s in args.ledger_sizes.split(",")]:
         result["ledger"][str(size)] = summarise(bench_ledger(stack, size, args.repeats))
         print(json.dumps({k: round(v["median_s"], 4) for k, v in result["ledger"][str(size)].items()}), flush=True)
     for count in [int(c) for c in args.manifests.split(",")]:
         result["files"][str(count)] = summarise(bench_files(count, args.repeats))
-    result["loadavg_after"] = os.getloadavg()
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"history-{commit}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    path = _support.write_result(result)
     for kind, unit in (("ledger", "history records"), ("files", "manifests")):
         sizes = list(result[kind])
         names = list(result[kind][sizes[0]])

@@ -4,7 +4,8 @@ Data lives under ``$EO_DATA_DIR`` (default ``/var/tmp/eo-data``); ``$EO_SPARK_JA
 connector jars (``make demo`` sets both).
 
 Try it: ``airflow dags test eo_history_stream`` (first run: full load, then the first increment); reload
-from the UI with ``{"full_reload": true}``.
+from the UI with ``{"full_reload": true}``. Read the table: ``SELECT * FROM delta.`<table_path>` WHERE NOT
+_eo_deleted``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ dag = history_stream_dag(
     table="orders",
     key_column="id",
     pipeline=f"shop-orders{RUN}",
-    full_load_path=f"{DATA}/stream/orders",
-    changes_path=f"{DATA}/stream/orders_changes",
+    table_path=f"{DATA}/stream/orders",
     checkpoint_location=f"{DATA}/stream/checkpoint",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     every_minutes=5,

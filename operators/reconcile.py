@@ -20,8 +20,13 @@ from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperato
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.positions import BinlogPosition, parse_position
 from exactly_once_provider.reconcile import engine, results, sides
+from exactly_once_provider.reconcile import scope as change_scope
 from exactly_once_provider.reconcile.canonical import INTEGER_TYPES, kind_of
 from exactly_once_provider.reconcile.run import compare, report_from_json
+from exactly_once_provider.sinks.base import offsets_from_json, offsets_to_json
+
+
+SCOPES = ("full", "changed")
 
 
 class ReconciliationMismatch(AirflowException):
@@ -69,6 +74,10 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param sink_pipeline: CDC: the Spark job's pipeline name whose sink-committed offsets are checked.
     :param full_load_path: CDC before the first capture: the full-load table whose smallest chunk position
         is the captured position; default ``base_path``.
+    :param scope: ``full`` compares the whole table; ``changed`` (CDC) compares only the keys of the change
+        records the sink applied since the last clean reconciliation of ``name``, plus its in-flight keys
+        (:mod:`~exactly_once_provider.reconcile.scope`): its cost follows the changes, not the table. Without a
+        clean reconciliation to start from, ``changed`` compares in full.
     :param fail_on_mismatch: fail the task when a real mismatch is found (in-flight keys never fail it).
     :param store_result: insert the result row into PostgreSQL (``postgres_conn_id``).
     :param fanout: sub-segments per bisection step.
@@ -86,7 +95,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
     template_fields: Sequence[str] = (
         "name", "table", "sink_path", "sink_table", "source_filter", "sink_filter", "base_path",
-        "capture_pipeline", "sink_pipeline", "fail_on_mismatch",
+        "capture_pipeline", "sink_pipeline", "scope", "fail_on_mismatch",
         "postgres_conn_id",  # templated, and serialized with the DAG: the status page finds the results there
     )
     ui_color = "#e8eef4"
@@ -103,7 +112,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         sink_version_column: str | None = None,
         capture_pipeline: str | None = None, capture_source_partition: str = "binlog",
         topics: Sequence[str] | None = None, sink_pipeline: str | None = None, full_load_path: str | None = None,
-        fail_on_mismatch: bool | str = True, store_result: bool = True, fanout: int = 16,
+        scope: str = "full", fail_on_mismatch: bool | str = True, store_result: bool = True, fanout: int = 16,
         max_segments: int = 256, leaf_width: int = 16, mysql_conn_id: str = "mysql_default",
         postgres_conn_id: str = "postgres_default", spark_conn_id: str = "spark_default",
         kafka_config_id: str = "kafka_default", offsets_topic: str = "eo-offsets",
@@ -118,7 +127,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.sink_binary_encoding, self.sink_version_column = sink_binary_encoding, sink_version_column
         self.capture_pipeline, self.capture_source_partition = capture_pipeline, capture_source_partition
         self.topics, self.sink_pipeline, self.full_load_path = topics, sink_pipeline, full_load_path
-        self.fail_on_mismatch, self.store_result = fail_on_mismatch, store_result
+        self.scope, self.fail_on_mismatch, self.store_result = scope, fail_on_mismatch, store_result
         self.fanout, self.max_segments, self.leaf_width = fanout, max_segments, leaf_width
         self.mysql_conn_id, self.postgres_conn_id, self.spark_conn_id = mysql_conn_id, postgres_conn_id, spark_conn_id
         self.kafka_config_id, self.offsets_topic, self.spark_conf = kafka_config_id, offsets_topic, spark_conf or {}
@@ -138,6 +147,11 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             base_path=self.base_path, key_json_paths=tuple(split(p) for p in self.sink_key_json_paths or ()),
             binary_encoding=self.sink_binary_encoding, version_column=self.sink_version_column)
         spec.validate()
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope={self.scope!r}: use one of {SCOPES}.")
+        if self.scope == "changed" and not self.capture_pipeline:
+            raise ValueError("scope='changed' reads the change records the sink applied: it needs capture_pipeline, "
+                             "topics and sink_pipeline (a CDC pipeline).")
         if self.capture_pipeline and not (self.topics and self.sink_pipeline):
             raise ValueError("capture_pipeline (CDC common position) also needs topics and sink_pipeline: the "
                              "sink must have applied everything the capture committed before comparing.")
@@ -177,9 +191,33 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             raise ValueError(f"table={self.table!r} has no schema and connection {self.mysql_conn_id!r} has none.")
         with source_hook.cursor() as cur:
             key, columns = self._columns(cur, schema, table)
+        self._sink_offsets: dict | None = None
         captured = self._captured_position(table) if self.capture_pipeline or self.full_load_path else None
         return {"spec": spec, "source_hook": source_hook, "schema": schema, "table": table, "key": key,
-                "columns": columns, "captured": captured, "started_at": datetime.now(timezone.utc)}
+                "columns": columns, "captured": captured, "started_at": datetime.now(timezone.utc),
+                "sink_offsets": self._sink_offsets, "scope": self._scope_ranges(key)}
+
+    def _scope_ranges(self, key: Column) -> engine.Ranges | None:
+        """Return the key ranges of a ``changed`` reconciliation, or None to compare the whole table."""
+        if self.scope != "changed":
+            return None
+        store = self._postgres()
+        try:
+            last = results.latest_clean(store, self.name)
+        finally:
+            store.close()
+        since = (last or {}).get("position") or {}
+        if "sink_offsets" not in since:
+            self.log.info("scope=changed: no clean reconciliation of %s to start from: comparing the whole table",
+                          self.name)
+            return None
+        keys = change_scope.changed_keys(kafka_client_config(self.kafka_config_id), offsets_from_json(since["sink_offsets"]),
+                                  self._sink_offsets or {}, key.name)
+        keys |= set(since.get("in_flight", ()))
+        ranges = change_scope.key_ranges(keys)
+        self.log.info("scope=changed: %d keys changed since the clean reconciliation %s (sink offsets %s): %d "
+                      "key ranges", len(keys), last["id"], since["sink_offsets"], len(ranges))
+        return ranges
 
     def execute(self, context: Any) -> dict:
         spec = self._sink_spec()
@@ -195,7 +233,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             pg_cur.execute("SELECT 1")  # the transaction's snapshot is taken by its first statement
             report, common = compare(r["source_hook"], sink_side, r["schema"], r["table"], r["key"], r["columns"],
                                      self.source_filter, r["captured"], fanout=self.fanout,
-                                     max_segments=self.max_segments, leaf_width=self.leaf_width)
+                                     max_segments=self.max_segments, leaf_width=self.leaf_width, scope=r["scope"])
             pg_conn.rollback()
             pg_conn.set_session(isolation_level="READ COMMITTED", readonly=False)
             return self._finish(context, r, report, common.to_json() if common else None, pg_conn)
@@ -209,7 +247,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 "columns": [c.to_json() for c in r["columns"]], "source_filter": self.source_filter,
                 "captured": str(captured) if captured is not None else None, "fanout": self.fanout,
                 "max_segments": self.max_segments, "leaf_width": self.leaf_width,
-                "mysql_conn_id": self.mysql_conn_id}
+                "mysql_conn_id": self.mysql_conn_id, "scope": r["scope"]}
 
     def job_secrets(self) -> dict[str, Any]:
         conn = BaseHook.get_connection(self.mysql_conn_id)
@@ -226,6 +264,12 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         """Log the report, store it, return it for XCom; raise on a real mismatch when asked to."""
         spec, schema, table = r["spec"], r["schema"], r["table"]
         fail = str(self.fail_on_mismatch).strip().lower() in ("true", "1", "yes")
+        if common is not None and r.get("sink_offsets") is not None:  # where the next "changed" scope starts
+            common = dict(common, sink_offsets=offsets_to_json(r["sink_offsets"]))
+        if common is not None:
+            ranges = r.get("scope")
+            common["scope"] = {"kind": "full"} if ranges is None else {
+                "kind": "changed", "ranges": len(ranges), "keys_covered": sum(hi - lo for lo, hi in ranges)}
         finished_at = datetime.now(timezone.utc)
         self.log.info("\n%s", engine.summary_table(report, f"reconciliation {self.name} ({schema}.{table} vs "
                                                             f"{spec.kind} {spec.location})"))
@@ -306,7 +350,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         connect = None
         if self.sink == "postgres":
             connect = connect_kwargs(self.postgres_conn_id)
-        behind = lag.Lag(end, lag.sink_offsets(self.sink, location, self.sink_pipeline, connect))
+        self._sink_offsets = lag.sink_offsets(self.sink, location, self.sink_pipeline, connect)
+        behind = lag.Lag(end, self._sink_offsets)
         if behind.total:
             raise AirflowException(
                 f"The sink has not applied everything the capture committed (lag {behind.describe()}); run the "

@@ -48,8 +48,13 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     :param trigger: ``available-now`` (process what is there, then stop) or ``processing-time``.
     :param interval: processing-time trigger interval, e.g. ``"30 seconds"``.
     :param max_offsets_per_trigger: cap on records per micro-batch.
-    :param mode: ``append`` (records), ``cdc`` (apply changes by key; newer source version wins; deletes
-        kept as tombstones; needs the ``delta`` or ``postgres`` sink) or ``window`` (settlement batches of
+    :param max_runtime: ``processing-time``: seconds after which the stream stops cleanly and the task succeeds
+        (a supervising schedule starts the next one); default: run until the task is stopped.
+    :param mode: ``append`` (records), ``cdc`` (apply changes by key into a changes table; newer source version
+        wins; deletes kept as tombstones; needs the ``delta`` or ``postgres`` sink), ``current`` (merge the
+        binlog capture's changes into the full load's Delta table ``sink_path``, typed like its rows, on the
+        source key: ONE current table, read with ``WHERE NOT _eo_deleted``; see
+        :mod:`~exactly_once_provider.sinks.current_table`) or ``window`` (settlement batches of
         :class:`~exactly_once_provider.operators.watermark_extract.WatermarkExtractOperator`, all sinks).
         In ``window`` mode each batch, framed by begin/end markers, REPLACES its window's output in ONE
         atomic sink commit together with the offsets; a re-extracted version supersedes the older one and an
@@ -86,7 +91,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
 
     template_fields: Sequence[str] = (
         "pipeline", "topics", "sink", "checkpoint_location", "sink_path", "sink_table", "trigger", "interval",
-        "max_offsets_per_trigger", "mode", "conf",
+        "max_offsets_per_trigger", "max_runtime", "mode", "conf",
     )
     ui_color = "#e8f4d9"
     operator_extra_links = (PipelineStatusLink(), SparkUILink())
@@ -109,6 +114,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         trigger: str = "available-now",
         interval: str = "30 seconds",
         max_offsets_per_trigger: int | None = None,
+        max_runtime: float | str | None = None,
         mode: str = "append",
         key_field: str = "pk",
         version_field: str = "version",
@@ -135,6 +141,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         self.trigger = trigger
         self.interval = interval
         self.max_offsets_per_trigger = max_offsets_per_trigger
+        self.max_runtime = max_runtime
         self.mode = mode
         self.key_field = key_field
         self.version_field = version_field
@@ -157,6 +164,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             sink=self.sink, path=self.sink_path if self.sink != "postgres" else None,
             table=self.sink_table if self.sink == "postgres" else None, trigger=self.trigger,
             interval=self.interval, max_offsets_per_trigger=int(self.max_offsets_per_trigger) if self.max_offsets_per_trigger else None,
+            max_runtime=float(self.max_runtime) if self.max_runtime not in (None, "", "None") else None,
             mode=self.mode, key_field=self.key_field, version_field=self.version_field, op_field=self.op_field,
             delivery=self.delivery).validate()
 

@@ -33,6 +33,17 @@ class BinlogPosition:
         assert match is not None  # checked in __post_init__
         return int(match.group(1)), self.pos
 
+    @property
+    def version(self) -> int:
+        """Return ``file_index * 2**32 + offset``: the change-record version of row 0 of a rows event starting here.
+
+        A change record's ``version`` is ``file_index * 2**32 + event_start + row``
+        (:mod:`exactly_once_provider.capture.change_record`), so a change is in a snapshot taken at this position
+        exactly when its version is below this one: its event ends at or before the position.
+        """
+        index, offset = self.sort_key
+        return (index << 32) + offset
+
     def __lt__(self, other: BinlogPosition) -> bool:
         return self.sort_key < other.sort_key
 

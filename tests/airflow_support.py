@@ -38,18 +38,21 @@ def airflow_bin() -> str:
 
 
 def write_template_dag(folder: Path, dag_id: str, factory: str, kwargs: dict) -> Path:
-    """Write ``<dag_id>.py`` calling ``factory(**kwargs)`` (``start_date`` as ISO text) into the DAG folder."""
+    """Write ``<dag_id>.py`` calling ``factory(**kwargs)`` into the DAG folder (``start_date`` as ISO text, a
+    duration as ``{"seconds": n}``)."""
     module, function = factory.rsplit(".", 1)
     path = folder / f"{dag_id}.py"
     # "airflow" and "dag" must appear in the file, or the DAG processor's safe mode skips it.
     path.write_text(textwrap.dedent(f"""\
         # An airflow DAG built by a template for a test.
+        import datetime
         import json
         import pendulum
         from {module} import {function}
 
         kwargs = json.loads({json.dumps(json.dumps(kwargs))})
         kwargs["start_date"] = pendulum.parse(kwargs["start_date"])
+        kwargs.update({{k: datetime.timedelta(**v) for k, v in kwargs.items() if isinstance(v, dict) and set(v) == {{"seconds"}}}})
         dag = {function}(**kwargs)
     """))
     return path
@@ -103,6 +106,13 @@ class AirflowClient:
         """Trigger a run (with Params in ``conf``); return its run id."""
         body = {"logical_date": logical_date, "conf": conf or {}}
         return self.request("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
+
+    def runs(self, dag_id: str) -> list[dict]:
+        """The DAG's runs, newest first (scheduled ones included)."""
+        return self.request("GET", f"/dags/{dag_id}/dagRuns", params={"order_by": "-start_date"})["dag_runs"]
+
+    def pause(self, dag_id: str) -> dict:
+        return self.request("PATCH", f"/dags/{dag_id}", json={"is_paused": True})
 
     def run(self, dag_id: str, run_id: str) -> dict:
         return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}")

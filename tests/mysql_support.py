@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import decimal
 import subprocess
 import uuid
@@ -93,3 +94,29 @@ def assert_same_rows(sink: Counter, source: Counter, columns: list[str]) -> None
             detail += f"; first differing key {row[0]!r}: (source, sink) = {diff}"
             break
     raise AssertionError(detail)
+
+
+# Every column type the full load maps (columns.arrow_type), with a NULL in each nullable one.
+ALL_TYPES = """(
+  id INT NOT NULL PRIMARY KEY, d DECIMAL(12,3), big_d DECIMAL(50,10), dt DATETIME(6), ts TIMESTAMP(6) NULL,
+  dd DATE, t TIME(6), j JSON, b BLOB, vb VARBINARY(16), u BIGINT UNSIGNED, ui INT UNSIGNED, ti TINYINT,
+  s VARCHAR(64) CHARACTER SET utf8mb4, tx TEXT, f FLOAT, db DOUBLE, e ENUM('a','b'), y YEAR, bt BIT(8)
+)"""
+
+ALL_TYPES_COLUMNS = ["id", "d", "big_d", "dt", "ts", "dd", "t", "j", "b", "vb", "u", "ui", "ti", "s", "tx", "f", "db",
+                     "e", "y", "bt"]
+
+
+def all_types_rows(n: int) -> list[tuple]:
+    """Return ``n`` rows of :data:`ALL_TYPES` with awkward values, then one row of NULLs (id ``n + 1``)."""
+    rows = []
+    for i in range(1, n + 1):
+        rows.append((
+            i, f"{i}.125", f"{i}1234567890123456789.0123456789", f"2024-10-27 0{i % 4}:30:00.{i:06d}",
+            f"2024-03-31 02:{i % 60:02d}:00.5", "2024-02-29", f"-{i % 800}:01:02.5" if i % 2 else "12:00:00",
+            json.dumps({"i": i, "s": "ü😀", "a": [1, None]}), bytes([i % 256, 0, 255]) * 3, b"\x00`'\"",
+            2**64 - i, 2**32 - i, -128 + i % 256, f"ȧ😀 {i} ' \" ` ;", "x" * (i % 300), 0.5, i / 7,
+            "ab"[i % 2], 1901 + i % 254, bytes([i % 256]),
+        ))
+    rows.append((n + 1,) + (None,) * 19)  # every nullable column NULL
+    return rows

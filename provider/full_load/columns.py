@@ -92,6 +92,11 @@ def arrow_type(column: Column) -> pa.DataType:
     raise ValueError(f"Column {column.name!r} has type {column.column_type!r}, which the full load does not map.")
 
 
+def is_binary(column: Column) -> bool:
+    """Return whether the column is loaded as binary (and travels as base64 in change records)."""
+    return column.data_type in _BINARY
+
+
 def raw_conversions() -> dict:
     """Return MySQLdb conversions that turn no column value into a Python number, date or time.
 

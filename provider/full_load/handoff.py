@@ -4,6 +4,7 @@ Format, stored as the Delta commit's ``userMetadata`` (JSON) by :mod:`exactly_on
 
     {"eo_full_load": {
         "format": 1, "load_id": "...", "schema": "eo", "table": "orders", "key": ["id"],
+        "columns": [{"name": "id", "data_type": "int", ...}, ...],   # the loaded columns (columns.Column)
         "rows": 1000000, "min_position": {"file": "binlog.000003", "pos": 4711},
         "max_position": {...},
         "chunks": [{"index": 0, "lower": null, "upper": [100000], "file": "binlog.000003", "pos": 4711,
@@ -17,14 +18,16 @@ holding ``k`` (the capture's :class:`~exactly_once_provider.capture.loop.Handoff
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks import current_table, delta_commit
+from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.full_load.plan import chunk_from_json
 from exactly_once_provider.source.snapshot import Chunk
 from exactly_once_provider.positions import BinlogPosition, parse_position
 
-MARKER_KEY = "eo_full_load"
+MARKER_KEY = current_table.FULL_LOAD_MARKER
 FORMAT = 1
 
 
@@ -48,6 +51,7 @@ class Handoff:
     rows: int
     chunks: tuple[ChunkPosition, ...]
     table_version: int
+    columns: tuple[Column, ...] = ()
 
     @property
     def min_position(self) -> BinlogPosition:
@@ -60,12 +64,18 @@ class Handoff:
         return max((c.position for c in self.chunks), key=lambda p: p.sort_key)
 
 
-def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: list[dict]) -> dict:
-    """Build the commit marker from chunk dicts (``plan.chunk_to_json`` + file, pos, rows)."""
+def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: list[dict],
+           columns: list[dict] = (), staging: str | None = None) -> dict:
+    """Build the commit marker from chunk dicts (``plan.chunk_to_json`` + file, pos, rows) and column dicts.
+
+    :param staging: the load's staging directory (its manifest keeps the published marker).
+    """
     positions = [parse_position(c) for c in chunks]
     lowest, highest = (min(positions, key=lambda p: p.sort_key), max(positions, key=lambda p: p.sort_key))
     return {MARKER_KEY: {
         "format": FORMAT, "load_id": load_id, "schema": schema, "table": table, "key": list(key),
+        "columns": list(columns),
+        "staging": staging,
         "rows": sum(c["rows"] for c in chunks),
         "min_position": lowest.to_json(),
         "max_position": highest.to_json(),
@@ -81,18 +91,62 @@ def parse(table_version: int, data: dict) -> Handoff:
     chunks = tuple(ChunkPosition(chunk_from_json(c), parse_position(c), int(c["rows"]))
                    for c in body["chunks"])
     return Handoff(body["load_id"], body["schema"], body["table"], tuple(body["key"]), int(body["rows"]), chunks,
-                   table_version)
+                   table_version, tuple(Column(**c) for c in body.get("columns", ())))
 
 
 def read_handoff(sink_path: str) -> Handoff:
     """Return the handoff of the newest full load published into the Delta table at ``sink_path``.
 
+    Reads the log newest first and stops at the first commit that is a full load or a current-table stream
+    commit; a stream commit points to its full load (:data:`~exactly_once_provider.sinks.current_table.POINTER`),
+    read from its commit file or, when log cleanup removed it, from the load's staging manifest.
+
     :param sink_path: the lakehouse table the full load wrote.
     """
-    found = delta_commit.latest_marker(sink_path, MARKER_KEY)
-    if found is None:
-        raise LookupError(
-            f"No full-load commit found in the Delta log of {sink_path}: run the full load (or a full_reload) "
-            "before starting the capture."
-        )
-    return parse(*found)
+    for version, actions in delta_commit.commits(sink_path):
+        raw = actions.get("commitInfo", {}).get("userMetadata")
+        found = json.loads(raw) if raw else None
+        if not isinstance(found, dict):
+            continue
+        if MARKER_KEY in found:
+            return parse(version, found)
+        pointer = next((body[current_table.POINTER] for key, body in found.items() if key.startswith("eo_stream:")
+                        and isinstance(body, dict) and body.get(current_table.POINTER)), None)
+        if pointer is not None:
+            return _pointed(sink_path, pointer)
+    raise LookupError(
+        f"No full-load commit found in the Delta log of {sink_path}: run the full load (or a full_reload) "
+        "before starting the capture."
+    )
+
+
+def has_full_load(sink_path: str) -> bool:
+    """Return whether a full load was published into ``sink_path``."""
+    try:
+        read_handoff(sink_path)
+    except LookupError:
+        return False
+    return True
+
+
+def _pointed(sink_path: str, pointer: dict) -> Handoff:
+    """Return the handoff a stream commit points to: its commit file, else the load's staging manifest."""
+    from exactly_once_provider.full_load.staging import Staging
+
+    version, load_id = int(pointer["version"]), pointer["load_id"]
+    try:
+        actions = delta_commit.read_commit(sink_path, version)
+    except FileNotFoundError:
+        actions = None
+    if actions is not None:
+        found = json.loads(actions.get("commitInfo", {}).get("userMetadata") or "{}")
+        if found.get(MARKER_KEY, {}).get("load_id") == load_id:
+            return parse(version, found)
+    manifest = Staging(pointer["staging"]).load() if pointer.get("staging") else None
+    published = (manifest or {}).get("published") or {}
+    if published.get("marker", {}).get(MARKER_KEY, {}).get("load_id") == load_id:
+        return parse(int(published["table_version"]), published["marker"])
+    raise delta_commit.CommitMarkerError(
+        f"The full load {load_id} (Delta version {version}) that {sink_path} builds on is neither in its Delta log "
+        f"(cleaned up) nor in its staging manifest {pointer.get('staging')}: its handoff positions are lost. Run a "
+        "full_reload.")

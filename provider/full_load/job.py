@@ -247,11 +247,14 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
     chunks = [{**c, **{k: v for k, v in done[str(c["index"])].items() if k in ("file", "pos", "rows")}}
               for c in manifest["chunks"]]
     body = handoff.marker(manifest["load_id"], manifest["schema"], manifest["table"], tuple(manifest["key"]),
-                          chunks)
+                          chunks, manifest["columns"], str(request.staging().root))
     sink = request.sink_path.removeprefix("file://")
-    published = delta_commit.latest_marker(sink, handoff.MARKER_KEY)
-    if published and published[1][handoff.MARKER_KEY]["load_id"] == manifest["load_id"]:
-        return published[0], body  # committed before a crash; the manifest did not know it yet
+    try:
+        published = handoff.read_handoff(sink)
+    except LookupError:
+        published = None
+    if published is not None and published.load_id == manifest["load_id"]:
+        return published.table_version, body  # committed before a crash; the manifest did not know it yet
     staging = request.staging()
     files = _staged_files(staging.data_dir, sink, done, staging.root)
     adopt = _can_adopt(sink, staging, manifest["load_id"])

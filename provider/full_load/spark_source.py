@@ -36,6 +36,7 @@ from exactly_once_provider.full_load.columns import (
     to_arrays,
 )
 from exactly_once_provider.full_load.plan import chunk_from_json
+from exactly_once_provider.sinks.current_table import DELETED_COLUMN, VERSION_COLUMN, snapshot_version
 from exactly_once_provider.source.native_reader import NativeReadError, read_chunk_arrow
 from exactly_once_provider.source.snapshot import ConnectionSettings, read_chunk
 
@@ -43,8 +44,10 @@ log = logging.getLogger(__name__)
 
 
 def arrow_schema(columns: list[Column]) -> pa.Schema:
-    """Return the Arrow schema of the staged rows (the source columns, in order)."""
-    return pa.schema([pa.field(c.name, arrow_type(c)) for c in columns])
+    """Return the Arrow schema of the staged rows: the source columns in order, then the current table's
+    version and tombstone columns (:mod:`exactly_once_provider.sinks.current_table`)."""
+    return pa.schema([pa.field(c.name, arrow_type(c)) for c in columns]
+                     + [pa.field(VERSION_COLUMN, pa.int64()), pa.field(DELETED_COLUMN, pa.bool_())])
 
 
 def spark_schema(columns: list[Column]) -> StructType:
@@ -95,8 +98,10 @@ def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:
                 settings, o["schema"], o["table"], [native_select(c) for c in columns], json.loads(o["key"]), chunk,
                 int(o["fetch_rows"]))
             if position is not None:
+                meta = _meta_arrays(position)
                 rows = _write_parquet(path, schema, (pa.RecordBatch.from_arrays(
-                    [from_native(c, a) for c, a in zip(columns, b.columns)], schema=schema) for b in batches))
+                    [from_native(c, a) for c, a in zip(columns, b.columns)] + meta(b.num_rows), schema=schema)
+                    for b in batches))
         except (NativeReadError, pa.ArrowException) as error:
             log.warning("full load chunk %d: the native reader failed (%s); reading it with the row reader",
                         chunk.index, error)
@@ -109,14 +114,26 @@ def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:
             position, rows_batches = read_chunk(
                 conn, o["is_mariadb"] == "true", o["schema"], o["table"], [row_select(c) for c in columns],
                 json.loads(o["key"]), chunk, int(o["fetch_rows"]))
+            meta = _meta_arrays(position)
             rows = _write_parquet(path, schema, (
-                pa.RecordBatch.from_arrays(to_arrays(columns, batch), schema=schema) for batch in rows_batches))
+                pa.RecordBatch.from_arrays(to_arrays(columns, batch) + meta(len(batch)), schema=schema)
+                for batch in rows_batches))
         finally:
             if rows_batches is not None:
                 rows_batches.close()  # its cursor and snapshot first: after conn.close() they fail with error 2006
             conn.close()
     return {"chunk": chunk.index, "binlog_file": position.file, "binlog_pos": position.pos, "rows": rows,
             "data_file": name, "data_bytes": os.path.getsize(path), "reader": reader}
+
+
+def _meta_arrays(position):
+    """Return ``rows -> [version array, tombstone array]`` for a chunk read in the snapshot at ``position``."""
+    version = snapshot_version(position)
+
+    def arrays(rows: int) -> list[pa.Array]:
+        return [pa.array([version] * rows, pa.int64()), pa.array([False] * rows, pa.bool_())]
+
+    return arrays
 
 
 def _write_parquet(path: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> int:

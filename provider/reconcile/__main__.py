@@ -31,10 +31,12 @@ def _driver(job: JobSpec, secrets: dict) -> dict[str, Any]:
     spark = driver_session(job)
     sink_side = None
     try:
-        sink_side = sides.delta_side(spark, spec, key, columns)  # pinned BEFORE the source snapshot opens
+        scope = [tuple(r) for r in p["scope"]] if p.get("scope") is not None else None
+        sink_side = sides.delta_side(spark, spec, key, columns, scope)  # pinned BEFORE the source snapshot opens
         report, common = compare(MySqlSourceHook(p["mysql_conn_id"]), sink_side, p["schema"], p["table"], key,
                                  columns, p["source_filter"], parse_position(p["captured"]) if p["captured"] else None,
-                                 fanout=p["fanout"], max_segments=p["max_segments"], leaf_width=p["leaf_width"])
+                                 fanout=p["fanout"], max_segments=p["max_segments"], leaf_width=p["leaf_width"],
+                                 scope=scope)
     finally:
         if sink_side is not None:
             sink_side.close()

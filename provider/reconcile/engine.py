@@ -144,7 +144,7 @@ def grid_width(lo: int, hi: int, fanout: int, max_segments: int) -> int:
 
 
 def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int = 256, leaf_width: int = 16,
-              in_flight_keys: Iterable[int] = ()) -> Report:
+              in_flight_keys: Iterable[int] = (), scope: Ranges | None = None) -> Report:
     """Compare ``source`` and ``sink`` and return the :class:`Report`.
 
     :param source: the source side.
@@ -153,6 +153,7 @@ def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int =
     :param max_segments: at most this many segments in the first, full-table pass.
     :param leaf_width: segments this narrow (in key values) are compared key by key.
     :param in_flight_keys: keys changed at the source after the sink's position (reported, not mismatches).
+    :param scope: compare only the keys in these ranges (an incremental reconciliation); None: the whole table.
     """
     if fanout < 2 or max_segments < 1 or leaf_width < 1:
         raise ValueError("fanout must be >= 2, max_segments and leaf_width >= 1.")
@@ -163,15 +164,18 @@ def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int =
     lo, hi = src.key_bounds()
     base = lo if lo is not None else 0
     width = grid_width(base, hi if hi is not None else base, fanout, max_segments)
-    level_ranges: Ranges | None = None  # None: the whole table
+    if scope is not None and not scope:
+        report.seconds = time.monotonic() - started
+        return report  # nothing changed: nothing to compare
+    level_ranges: Ranges | None = scope  # None: the whole table
     while True:
         report.levels += 1
         left, right = src.segments(base, width, level_ranges), dst.segments(base, width, level_ranges)
-        if level_ranges is None:
+        if report.levels == 1:
             report.source_rows, report.source_checksum = (sum(v[i] for v in left.values()) for i in (0, 1))
             report.sink_rows, report.sink_checksum = (sum(v[i] for v in right.values()) for i in (0, 1))
         differing = sorted(s for s in set(left) | set(right) if left.get(s) != right.get(s))
-        ranges = [(base + s * width, base + (s + 1) * width) for s in differing]
+        ranges = _within([(base + s * width, base + (s + 1) * width) for s in differing], scope)
         if not ranges:
             break
         if width <= leaf_width:
@@ -180,6 +184,14 @@ def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int =
         level_ranges, width = ranges, max(1, width // fanout)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _within(ranges: Ranges, scope: Ranges | None) -> Ranges:
+    """Return ``ranges`` cut to ``scope`` (both sorted, half-open); None scope: ``ranges`` as they are."""
+    if scope is None:
+        return ranges
+    cut = [(max(lo, a), min(hi, b)) for lo, hi in ranges for a, b in scope if a < hi and lo < b]
+    return [(lo, hi) for lo, hi in cut if lo < hi]
 
 
 def _compare_keys(source_rows: list[tuple[int, int]], sink_rows: list[tuple[int, int]], in_flight: set[int],

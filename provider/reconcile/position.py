@@ -42,7 +42,8 @@ class CommonPosition:
 
     def to_json(self) -> dict:
         return {"captured": str(self.captured), "snapshot": str(self.snapshot),
-                "in_flight_keys": len(self.in_flight_keys), "changes_read": self.changes_read}
+                "in_flight_keys": len(self.in_flight_keys), "changes_read": self.changes_read,
+                "in_flight": sorted(self.in_flight_keys)}  # checked again by the next "changed" reconciliation
 
 
 def keys_changed_between(connection: dict[str, Any], schema: str, table: str, key: str, after: BinlogPosition,

@@ -70,6 +70,18 @@ def store_result(conn: Any, name: str, report: Report, started_at: datetime, fin
     return row_id
 
 
+def latest_clean(conn: Any, name: str) -> dict | None:
+    """Return the newest clean result row of ``name`` (None if there is none)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s)", (RESULT_TABLE,))
+        if cur.fetchone()[0] is None:
+            return None
+        cur.execute(f"SELECT * FROM {RESULT_TABLE} WHERE name = %s AND status = 'clean' ORDER BY id DESC LIMIT 1",
+                    (name,))
+        row = cur.fetchone()
+        return dict(zip([c.name for c in cur.description], row)) if row else None
+
+
 def latest_results(conn: Any, name: str | None = None) -> list[dict]:
     """Return the newest result row per name (or of ``name``), newest first; [] if none was stored yet."""
     with conn.cursor() as cur:

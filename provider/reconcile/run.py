@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 def compare(source_hook: MySqlSourceHook, sink_side: Any, schema: str, table: str, key: Column,
             columns: list[Column], source_filter: str | None, captured: BinlogPosition | None, *, fanout: int,
-            max_segments: int, leaf_width: int) -> tuple[engine.Report, position.CommonPosition | None]:
+            max_segments: int, leaf_width: int, scope: engine.Ranges | None = None
+            ) -> tuple[engine.Report, position.CommonPosition | None]:
     """Open the source snapshot and compare it with the (already pinned) sink side.
 
     :param source_hook: the source.
@@ -38,6 +39,7 @@ def compare(source_hook: MySqlSourceHook, sink_side: Any, schema: str, table: st
     :param fanout: sub-segments per bisection step.
     :param max_segments: segments of the first pass.
     :param leaf_width: key width compared key by key.
+    :param scope: compare only the keys in these ranges (None: the whole table).
     """
     with source_hook.consistent_snapshot() as snapshot:
         common = None
@@ -50,7 +52,7 @@ def compare(source_hook: MySqlSourceHook, sink_side: Any, schema: str, table: st
                      "flight", captured, snapshot.position, changes, len(keys))
         source = sides.source_side(snapshot.cursor, schema, table, key, columns, source_filter)
         report = engine.reconcile(source, sink_side, fanout=fanout, max_segments=max_segments, leaf_width=leaf_width,
-                                  in_flight_keys=common.in_flight_keys if common else ())
+                                  in_flight_keys=common.in_flight_keys if common else (), scope=scope)
     return report, common
 
 

@@ -177,8 +177,13 @@ class SparkSide:
         return [(int(r["k"]), int(r["h"])) for r in self._filtered(ranges).select("k", "h").collect()]
 
 
-def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -> SparkSide:
-    """Return a Delta sink side read at the table's current version (pinned for the whole comparison)."""
+def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column],
+               scope: Ranges | None = None) -> SparkSide:
+    """Return a Delta sink side read at the table's current version (pinned for the whole comparison).
+
+    :param scope: a plain table: read only the keys in these ranges (an incremental reconciliation: the rows
+        outside are never hashed or cached).
+    """
     from pyspark.sql import functions as F
 
     q = SPARK.quote
@@ -201,6 +206,9 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -
             frame = frame.where(spec.filter)
         if spec.deleted_column:
             frame = frame.where(f"NOT {q(spec.deleted_column)}")
+        if scope is not None:
+            frame = frame.where(_ranges_predicate(f"CAST({q(spec.key_column or key.name)} AS BIGINT)", scope)
+                                if scope else "FALSE")
         return SparkSide(plain(frame))
 
     def path_of(*parts: str) -> str:
@@ -236,14 +244,8 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column]) -
 
 
 def version_of(position: BinlogPosition) -> int:
-    """Return the change-record version at ``position``: ``file_index * 2**32 + offset``.
-
-    The binlog capture's ``version`` of a row change is ``file_index * 2**32 + event_start + row``
-    (:mod:`exactly_once_provider.capture.change_record`), so a change is in a snapshot taken at position ``S`` exactly
-    when its version is below ``version_of(S)``: its event ends at or before ``S``.
-    """
-    index, offset = position.sort_key
-    return (index << 32) + offset
+    """Return the change-record version at ``position`` (:attr:`BinlogPosition.version`)."""
+    return position.version
 
 
 def snapshot_versions(loaded: handoff.Handoff, key: str) -> str:

@@ -191,7 +191,7 @@ class Sink(Protocol):
 
 def open_sink(kind: str, location: str, pipeline: str, *,
               postgres_connect: dict | Callable[[], dict] | None = None, postgres_conn_id: str | None = None,
-              mode: str = "append", commit_with: str = "own") -> Sink:
+              mode: str = "append", commit_with: str = "own", key: tuple[str, ...] = ()) -> Sink:
     """Return the sink of ``kind`` at ``location`` for ``pipeline``: THE dispatch on the sink kind.
 
     Opening reads nothing and needs no Spark; only the writer methods use Spark.
@@ -203,13 +203,14 @@ def open_sink(kind: str, location: str, pipeline: str, *,
     :param postgres_connect: ``postgres``: psycopg2 connection arguments, or a function returning them (called
         only for this kind); None = the libpq ``PG*`` environment (the Spark job).
     :param postgres_conn_id: ``postgres``: the Airflow connection's id, named in :meth:`Sink.commit_location`.
-    :param mode: ``append``, ``cdc`` or ``window`` (the writer side's mode).
+    :param mode: ``append``, ``cdc``, ``current`` or ``window`` (the writer side's mode).
     :param commit_with: Delta append mode: ``own`` or ``delta`` (see :class:`~.delta.DeltaSink`).
+    :param key: Delta ``current`` mode: the source table's primary key columns.
     """
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
 
-        return DeltaSink(location, pipeline, mode, commit_with=commit_with)
+        return DeltaSink(location, pipeline, mode, commit_with=commit_with, key=key)
     if kind == "files":
         from exactly_once_provider.sinks.files import FilesSink
 

@@ -14,6 +14,10 @@ CDC mode (``mode="cdc"``) keeps Delta's writer: it MERGEs each batch's newest ch
 if its ``source_version`` is newer than the row's. Deletes are kept as tombstones (``deleted = true``) so an
 older change replayed after the delete cannot bring the row back; readers filter ``NOT deleted``.
 
+Current mode (``mode="current"``, :mod:`~exactly_once_provider.sinks.current_table`) MERGEs each batch's newest
+change per key into the full load's own table, typed like its rows, on the source key: a change applies only if
+its ``_eo_version`` is newer than the row's; deletes are tombstones (``_eo_deleted``). Same txn id and marker.
+
 Window mode (``mode="window"``, :mod:`~exactly_once_provider.spark_jobs.settlement`) keeps Delta's writer too: it
 replaces the rows of the
 published windows with ``replaceWhere window_id IN (...)`` in the same single commit (same txn id); the
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import json
 
-from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks import current_table, delta_commit
 from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, require_newer_windows,
                                               require_predecessor)
 
@@ -50,13 +54,18 @@ class DeltaSink:
     :param pipeline: the pipeline's stable name.
     :param mode: ``append`` (records) or ``cdc`` (changes by ``pk``, newer ``source_version`` wins).
     :param commit_with: append mode: ``own`` (the provider writes the Delta commit) or ``delta`` (Delta's writer).
+    :param key: ``current`` mode: the source table's primary key columns.
     """
 
     kind = "delta"
 
-    def __init__(self, path: str, pipeline: str, mode: str = "append", commit_with: str = "own") -> None:
+    def __init__(self, path: str, pipeline: str, mode: str = "append", commit_with: str = "own",
+                 key: tuple[str, ...] = ()) -> None:
         if commit_with not in ("own", "delta"):
             raise ValueError(f"commit_with must be 'own' or 'delta', got {commit_with!r}.")
+        if mode == "current" and not key:
+            raise ValueError("mode='current' needs the source table's key columns.")
+        self.key_columns = tuple(key)
         self.path = path
         self.pipeline = pipeline
         self.mode = mode
@@ -73,6 +82,21 @@ class DeltaSink:
                 if isinstance(marker, dict) and self.key in marker:
                     return marker[self.key], info, version
         return None
+
+    def _full_load_pointer(self) -> dict:
+        """Return the pointer to the table's newest full-load commit, reading only the commits since this
+        pipeline's last one (which carries the pointer it built on); the first commit scans back once."""
+        found = self._latest()
+        held = found[0].get(current_table.POINTER) if found else None
+        for version, actions in delta_commit.commits(self.path):
+            if held is not None and version <= found[2]:
+                return held
+            raw = actions.get("commitInfo", {}).get("userMetadata")
+            marker = json.loads(raw) if raw else None
+            if isinstance(marker, dict) and current_table.FULL_LOAD_MARKER in marker:
+                return current_table.full_load_pointer(version, marker)
+        raise delta_commit.CommitMarkerError(
+            f"{self.path} has no full-load commit: the current table is created by the full load; run it first.")
 
     def commit_location(self) -> str:
         """Return ``Delta version <n>`` of the newest commit carrying this pipeline's marker ("" before it)."""
@@ -146,6 +170,11 @@ class DeltaSink:
             return True
         if self.mode == "append":
             delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="append")
+            return True
+        if self.mode == "current":  # the full load created the table; a change merges only if it is newer
+            marker[self.key][current_table.POINTER] = self._full_load_pointer()
+            on, newer = current_table.merge_condition(self.key_columns)
+            delta_commit.merge_with_marker(df, self.path, on, marker, app_id, commit.batch_id, update_when=newer)
             return True
         if next(delta_commit.commits(self.path), None) is None:
             # MERGE needs a table: create it empty (no marker; a crash here is harmless, the next try reuses it).

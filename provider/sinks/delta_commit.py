@@ -91,6 +91,14 @@ class ForeignProgressError(CommitMarkerError):
     """A commit carrying the caller's progress-marker key landed after the caller read the table."""
 
 
+def read_commit(path: str, version: int) -> dict[str, Any]:
+    """Return the actions of commit ``version`` of the Delta table at ``path`` (as :func:`commits` gives them).
+
+    :raises FileNotFoundError: the commit file does not exist (never written, or removed by log cleanup).
+    """
+    return _read_commit(_log_dir(path) / f"{version:020d}.json")
+
+
 def newest_version(path: str) -> int:
     """Return the table's newest commit version (-1 when there is no Delta log yet)."""
     log_dir = _log_dir(path)

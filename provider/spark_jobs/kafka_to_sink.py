@@ -34,6 +34,7 @@ from exactly_once_provider.sinks import poison
 from exactly_once_provider.spark_jobs.driver import exit_with_the_jvm, run_job
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
 from exactly_once_provider.spark_jobs.stream_spec import StreamSpec, split_topics
+from exactly_once_provider.spark_jobs.current_changes import typed_changes
 from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, fault_point, read_kafka_range,
                                                     wal_offsets)
 from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
@@ -58,9 +59,12 @@ def parse_args(argv: list[str]) -> StreamSpec:
     parser.add_argument("--trigger", default="available-now", choices=("available-now", "processing-time"))
     parser.add_argument("--interval", default="10 seconds", help="processing-time trigger interval")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
-    parser.add_argument("--mode", default="append", choices=("append", "cdc", "window"),
-                        help="append records, apply CDC changes by primary key (newer source version wins), or "
-                             "replace settlement windows whole (newer batch version wins)")
+    parser.add_argument("--max-runtime", type=float, default=None,
+                        help="processing-time: seconds after which the stream stops cleanly")
+    parser.add_argument("--mode", default="append", choices=("append", "cdc", "current", "window"),
+                        help="append records, apply CDC changes by primary key into a changes table (cdc) or "
+                             "into the full load's table (current) (newer source version wins), or replace "
+                             "settlement windows whole (newer batch version wins)")
     parser.add_argument("--key-field", default="pk", help="CDC: JSON field of the record value holding the key")
     parser.add_argument("--version-field", default="version", help="CDC: JSON field holding the source version")
     parser.add_argument("--op-field", default="op", help="CDC: JSON field holding the operation ('d' = delete)")
@@ -74,34 +78,41 @@ def parse_args(argv: list[str]) -> StreamSpec:
         return StreamSpec(
             pipeline=args.pipeline, topics=split_topics(args.topics), checkpoint=args.checkpoint, sink=args.sink,
             path=args.path, table=args.table, trigger=args.trigger, interval=args.interval,
-            max_offsets_per_trigger=args.max_offsets_per_trigger, mode=args.mode, key_field=args.key_field,
+            max_offsets_per_trigger=args.max_offsets_per_trigger, max_runtime=args.max_runtime, mode=args.mode, key_field=args.key_field,
             version_field=args.version_field, op_field=args.op_field, delta_commit=args.delta_commit,
             delivery=args.delivery, secrets_file=args.secrets_file).validate()
     except ValueError as err:
         parser.error(str(err))
 
 
-def make_sink(args: StreamSpec) -> Sink:
+def make_sink(args: StreamSpec, key: tuple[str, ...] = ()) -> Sink:
     """Open the job's sink (PostgreSQL from the libpq ``PG*`` environment) and prepare it for the first batch."""
     sink = open_sink(args.sink, args.table if args.sink == "postgres" else args.path, args.pipeline,
-                     mode=args.mode, commit_with=args.delta_commit)
+                     mode=args.mode, commit_with=args.delta_commit, key=key)
     sink.prepare()
     return sink
 
 
-def topic_partitions(kafka_config: dict, topics: list[str]) -> dict[str, list[int]]:
-    """Return every partition of ``topics`` (startingOffsets JSON must name all of them)."""
+def topic_partitions(kafka_config: dict, topics: list[str], wait: float = 0) -> dict[str, list[int]]:
+    """Return every partition of ``topics`` (startingOffsets JSON must name all of them).
+
+    :param wait: seconds to wait for missing topics (a long-running stream started beside the capture that
+        creates them); then a missing topic is an error.
+    """
     from confluent_kafka.admin import AdminClient
 
     bootstrap = kafka_config["bootstrap.servers"]
-    metadata = AdminClient(kafka_config).list_topics(timeout=30)
-    result = {}
-    for topic in topics:
-        info = metadata.topics.get(topic)
-        if info is None or info.error is not None:
-            raise ValueError(f"Kafka topic {topic!r} does not exist on {bootstrap}.")
-        result[topic] = sorted(info.partitions)
-    return result
+    admin = AdminClient(kafka_config)
+    deadline = time.monotonic() + wait
+    while True:
+        metadata = admin.list_topics(timeout=30)
+        missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
+        if not missing:
+            return {t: sorted(metadata.topics[t].partitions) for t in topics}
+        if time.monotonic() >= deadline:
+            raise ValueError(f"Kafka topic {missing[0]!r} does not exist on {bootstrap}.")
+        log.info("waiting for topics %s to be created (%.0fs left)", missing, deadline - time.monotonic())
+        time.sleep(2)
 
 
 def reconcile_start(checkpoint: str, sink_offsets: Offsets | None, partitions: dict[str, list[int]]) -> str:
@@ -164,6 +175,18 @@ def cdc_changes(df, key_field: str, version_field: str, op_field: str):
     return (parsed.groupBy("pk")
             .agg(F.max_by(F.struct(*cols), F.struct("source_version", "kafka_offset")).alias("c"))
             .select("c.*"))
+
+
+def current_table_source(path: str):
+    """Return the handoff of the full load that created the current table at ``path`` (its key and columns)."""
+    from exactly_once_provider.full_load.handoff import read_handoff
+
+    found = read_handoff(path.removeprefix("file://"))
+    if not found.columns:
+        raise ValueError(f"The full load in {path} was published by an older version of this provider (its handoff "
+                         "names no columns and its rows carry no source version): run it again with "
+                         "full_reload=True before merging changes into it.")
+    return found
 
 
 def _covered(end: Offsets, committed: Offsets) -> bool:
@@ -309,14 +332,16 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
     kafka_config = secrets["kafka"]
     kafka_options = spark_kafka_options(kafka_config)  # the Java client's names for the same settings
     exactly_once = args.delivery == "exactly-once"
-    sink = make_sink(args)
+    source = current_table_source(args.path) if args.mode == "current" else None
+    sink = make_sink(args, source.key if source else ())
     starting = "earliest"
     if exactly_once:
         previous = sink.committed()
         # Only the topics this run reads: a sink may still hold positions of topics the pipeline dropped.
         sink_offsets = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
+        wait = 300 if args.trigger == "processing-time" else 0
         starting = reconcile_start(args.checkpoint, sink_offsets or None,
-                                   topic_partitions(kafka_config, topics))
+                                   topic_partitions(kafka_config, topics, wait))
     spark = build_session(args, job)
     reader = (spark.readStream.format("kafka")
               .options(**kafka_options)
@@ -331,6 +356,9 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
     if args.mode == "cdc":
         def to_changes(df):
             return cdc_changes(df, args.key_field, args.version_field, args.op_field)
+    elif source is not None:
+        def to_changes(df):
+            return typed_changes(df, list(source.columns), source.key, source.schema, source.table)
     def each_batch(df, batch_id: int) -> None:
         if args.mode == "window":
             process_window_batch(sink, args.pipeline, args.checkpoint, kafka_options, spark, batch_id)
@@ -347,7 +375,13 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
         writer = writer.trigger(processingTime=args.interval)
     started = time.monotonic()
     query = writer.start()
-    query.awaitTermination()
+    if args.max_runtime is None:
+        query.awaitTermination()
+    elif not query.awaitTermination(args.max_runtime):
+        # Stopping interrupts at most a batch in flight: its sink commit is atomic, and the next run resumes
+        # from what the sink holds.
+        log.info("stream %s ran for %.0fs (max_runtime): stopping", args.pipeline, args.max_runtime)
+        query.stop()
     # Processing time without JVM start-up: what the benchmark compares between delivery modes.
     print(f"EO_TIMING {time.monotonic() - started:.3f}", flush=True)
     state = sink.committed() if exactly_once else None

@@ -8,7 +8,7 @@ from typing import Any
 SINKS = ("delta", "postgres", "files")
 TRIGGERS = ("available-now", "processing-time")
 DELIVERIES = ("exactly-once", "at-least-once")
-MODES = ("append", "cdc", "window")
+MODES = ("append", "cdc", "current", "window")
 DELTA_COMMITS = ("own", "delta")
 
 
@@ -25,7 +25,9 @@ class StreamSpec:
     :param trigger: ``available-now`` or ``processing-time``.
     :param interval: processing-time trigger interval.
     :param max_offsets_per_trigger: cap on records per micro-batch.
-    :param mode: ``append``, ``cdc`` or ``window``.
+    :param max_runtime: processing-time: seconds after which the stream stops cleanly.
+    :param mode: ``append``, ``cdc`` (a changes table), ``current`` (merge the changes into the full load's
+        table: :mod:`~exactly_once_provider.sinks.current_table`) or ``window``.
     :param key_field: CDC: JSON field of the record value holding the key.
     :param version_field: CDC: JSON field holding the source version.
     :param op_field: CDC: JSON field holding the operation.
@@ -43,6 +45,7 @@ class StreamSpec:
     trigger: str = "available-now"
     interval: str = "10 seconds"
     max_offsets_per_trigger: int | None = None
+    max_runtime: float | None = None
     mode: str = "append"
     key_field: str = "pk"
     version_field: str = "version"
@@ -65,6 +68,9 @@ class StreamSpec:
             raise ValueError("sink='postgres' needs sink_table.")
         if self.trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}.")
+        if self.max_runtime is not None and (self.trigger != "processing-time" or self.max_runtime <= 0):
+            raise ValueError(f"max_runtime={self.max_runtime!r}: a positive number of seconds, with "
+                             "trigger='processing-time' (an available-now run ends by itself).")
         if self.delivery not in DELIVERIES:
             raise ValueError(f"delivery must be one of {DELIVERIES}, got {self.delivery!r}.")
         if self.mode not in MODES:
@@ -73,6 +79,10 @@ class StreamSpec:
             raise ValueError(f"delta_commit must be one of {DELTA_COMMITS}, got {self.delta_commit!r}.")
         if self.mode == "window" and self.delivery != "exactly-once":
             raise ValueError("mode='window' replaces windows by version: it needs delivery='exactly-once'.")
+        if self.mode == "current" and self.sink != "delta":
+            raise ValueError("mode='current' merges changes into the full load's Delta table: it needs sink='delta'.")
+        if self.mode == "current" and self.delivery != "exactly-once":
+            raise ValueError("mode='current' merges by source version: it needs delivery='exactly-once'.")
         if self.mode == "cdc" and self.sink == "files":
             raise ValueError("mode='cdc' needs sink='delta' or 'postgres': the files sink only appends.")
         if not self.checkpoint:

@@ -1,26 +1,32 @@
-"""Template: history then stream — a consistent full load, then bounded binlog increments every N minutes.
+"""Template: history then stream — a consistent full load, then the binlog's changes merged into ONE current table.
 
-``preflight`` -> ``choose_load`` -> (``full_load`` | ``retention_guard``) -> ``lag_gate`` -> ``capture``
-(bounded: up to the binlog end seen at start) -> ``apply`` (Spark CDC mode into a Delta changes table) ->
-``reconcile`` (source vs full load + changes, at the common position, without stopping writers).
+``preflight`` -> ``choose_load`` -> (``full_load`` | ``retention_guard``), then
 
-Where each guarantee lives: the full load's Delta commit carries its chunks' snapshot positions (the
-handoff); the capture commits change records and its binlog offset in one Kafka transaction and drops every
-change already in the snapshot of its key's chunk; the apply commits each micro-batch with its Kafka offsets
-in the Delta changes table and applies a change only if its version is newer.
+* ``mode="scheduled"`` (default): ``lag_gate`` -> ``capture`` (bounded: up to the binlog end seen at start) ->
+  ``apply`` (Spark, available-now) -> ``reconcile`` (source vs the current table at the common position, without
+  stopping writers), every ``every_minutes``;
+* ``mode="continuous"``: ``capture`` (continuous) and ``apply`` (Spark, a micro-batch every
+  ``stream_interval``) run side by side for ``run_for`` and finish cleanly; the DAG's ``@continuous`` schedule
+  starts the next run at once, and task retries restart either one if it dies in between. Both resume exactly
+  once from what Kafka and the table hold.
 
-The effective table is the full load with each key's newest change applied: a change wins over the
-full-load row only if it is after the snapshot of the key's chunk (see
-:func:`exactly_once_provider.reconcile.sides.delta_side`).
+The table (``table_path``) is the full load's Delta table with every later change merged in
+(:mod:`exactly_once_provider.sinks.current_table`): one row per source key, typed like the source, read with
+``SELECT ... WHERE NOT _eo_deleted``. Where each guarantee lives: the full load's Delta commit carries its chunks'
+snapshot positions (the handoff) and its rows their chunk's snapshot version; the capture commits change records
+and its binlog offset in one Kafka transaction and drops every change already in the snapshot of its key's
+chunk; the apply commits each micro-batch with its Kafka offsets in one Delta MERGE, where a change wins only
+if its version is newer than the row's.
 
 Reruns:
 
 * any rerun (cleared task, new run) continues from committed offsets: the full load is not repeated, the
-  capture resumes from its ledger offset, the apply from its sink's offsets; nothing new -> nothing written;
-* ``full_reload`` (a Param of the trigger form) takes a new snapshot and replaces the full-load table in ONE
-  Delta commit with new handoff positions; the capture keeps its ledger offset but drops every change
-  already in the new snapshot, and changes older than the new snapshot stop counting over it: the stream
-  restarts from the new position with nothing lost or doubled, even while writers run;
+  capture resumes from its ledger offset, the apply from the table's offsets; nothing new -> nothing written;
+* ``full_reload`` (a Param of the trigger form) takes a new snapshot and replaces the table in ONE Delta commit
+  with new handoff positions and row versions; changes older than the new snapshot (still in Kafka) lose
+  against them: the stream continues from the new position with nothing lost or doubled, even while writers
+  run. In continuous mode a triggered ``full_reload`` run starts when the running one ends (``run_for``) or is
+  marked failed;
 * a purged binlog position fails ``retention_guard`` and asks for a ``full_reload`` run.
 """
 
@@ -36,8 +42,12 @@ from exactly_once_provider.operators.backpressure import BinlogRetentionGuardOpe
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.sinks.current_table import DELETED_COLUMN
 
 CAPTURE_SOURCE_PARTITION = "binlog"
+
+
+MODES = ("scheduled", "continuous")
 
 
 def history_stream_dag(
@@ -47,14 +57,17 @@ def history_stream_dag(
     table: str,
     key_column: str,
     pipeline: str,
-    full_load_path: str,
-    changes_path: str,
+    table_path: str,
     checkpoint_location: str,
     start_date: datetime,
+    mode: str = "scheduled",
     every_minutes: int = 5,
+    run_for: timedelta = timedelta(hours=1),
+    stream_interval: str = "1 second",
     topic_partitions: int = 1,
     chunk_rows: int = 100_000,
     max_lag: int = 100_000,
+    full_reconcile_hour: int | None = 0,
     reconcile_columns: Sequence[str] | None = None,
     mysql_conn_id: str = "mysql_default",
     kafka_config_id: str = "kafka_default",
@@ -73,21 +86,29 @@ def history_stream_dag(
     :param key_column: the table's integer primary key (reconciliation bisects it).
     :param pipeline: the pipeline name; the capture uses it (topic ``<pipeline>.<schema>.<table>``), the apply
         ``<pipeline>-apply``.
-    :param full_load_path: the full load's Delta table (declared as an Asset).
-    :param changes_path: the CDC apply's Delta table (declared as an Asset).
+    :param table_path: the current table: the full load's Delta table the changes are merged into (declared as an
+        Asset).
     :param checkpoint_location: the apply's Spark checkpoint.
     :param start_date: the first run.
-    :param every_minutes: minutes between increments.
+    :param mode: ``scheduled`` (an increment every ``every_minutes``) or ``continuous`` (a long-running capture and
+        Spark stream, restarted by the ``@continuous`` schedule after ``run_for``).
+    :param every_minutes: scheduled: minutes between increments.
+    :param run_for: continuous: how long one run's capture and stream run before they finish cleanly.
+    :param stream_interval: continuous: the Spark stream's micro-batch interval.
     :param topic_partitions: partitions of the capture's topic.
     :param chunk_rows: rows per full-load chunk (one snapshot each).
-    :param max_lag: the capture waits while the apply is more than this many records behind (backpressure).
+    :param max_lag: scheduled: the capture waits while the apply is more than this many records behind.
+    :param full_reconcile_hour: scheduled: each increment reconciles only the keys changed since the last clean
+        reconciliation (``scope="changed"``), except the increments starting in this UTC hour (and full loads, and
+        runs with the ``full_reconcile`` Param), which compare the whole table; None: never on schedule.
     :param reconcile_columns: columns compared; default every source column.
     :param mysql_conn_id: the source ``mysql`` connection.
     :param kafka_config_id: the ``kafka`` connection.
     :param postgres_conn_id: the ``postgres`` connection (reconciliation results).
     :param spark_conn_id: the ``spark`` connection.
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the connectors).
-    :param retries: retries per task (every step is idempotent, so retries are safe).
+    :param retries: retries per task (every step is idempotent, so retries are safe); in continuous mode they
+        restart a capture or stream that died.
     :param retry_delay: delay between retries.
     :param tags: extra DAG tags.
     """
@@ -96,11 +117,15 @@ def history_stream_dag(
     except ImportError as err:
         raise ImportError("history_stream_dag needs the binlog capture operator "
                           "(exactly_once_provider.operators.binlog_capture).") from err
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: use one of {MODES}.")
+    continuous = mode == "continuous"
     topic = f"{pipeline}.{schema}.{table}"  # the capture's default topic template
     apply_pipeline = f"{pipeline}-apply"
+    seconds = run_for.total_seconds()
     with DAG(
         dag_id=dag_id,
-        schedule=timedelta(minutes=every_minutes),
+        schedule="@continuous" if continuous else timedelta(minutes=every_minutes),
         start_date=start_date,
         catchup=False,
         max_active_runs=1,  # one capture per ledger key; increments follow each other
@@ -108,7 +133,10 @@ def history_stream_dag(
         tags=["exactly-once", "cdc", *tags],
         params={"full_reload": Param(False, type="boolean",
                                      description="take a new snapshot, replace the table atomically and restart "
-                                                 "the stream from its position")},
+                                                 "the stream from its position"),
+                "full_reconcile": Param(False, type="boolean",
+                                        description="compare the whole table, not only the keys changed since "
+                                                    "the last clean reconciliation")},
         doc_md=__doc__,
     ) as dag:
         @task
@@ -122,58 +150,68 @@ def history_stream_dag(
         @task.branch
         def choose_load(params: dict | None = None) -> str:
             """Run the full load on the first run or when ``full_reload`` is set; otherwise continue."""
-            from exactly_once_provider.sinks.delta_commit import latest_marker
-            from exactly_once_provider.full_load.handoff import MARKER_KEY
+            from exactly_once_provider.full_load.handoff import has_full_load
 
             reload = str((params or {}).get("full_reload", False)).lower() == "true"
-            if reload or latest_marker(full_load_path, MARKER_KEY) is None:
+            if reload or not has_full_load(table_path):
                 return "full_load"
             return "retention_guard"
 
+        asset = Asset(name=f"{dag_id}.table", uri=f"file://{table_path}")
         # [START howto_operator_full_load]
         full_load = MySqlFullLoadOperator(
-            task_id="full_load", table=table, schema=schema, sink_path=full_load_path, chunk_rows=chunk_rows,
+            task_id="full_load", table=table, schema=schema, sink_path=table_path, chunk_rows=chunk_rows,
             full_reload="{{ params.full_reload }}", mysql_conn_id=mysql_conn_id, spark_conn_id=spark_conn_id,
-            spark_conf=spark_conf, outlets=[Asset(name=f"{dag_id}.full_load", uri=f"file://{full_load_path}")])
+            spark_conf=spark_conf, outlets=[asset])
         # [END howto_operator_full_load]
         # [START howto_operator_retention_guard]
         guard = BinlogRetentionGuardOperator(
             task_id="retention_guard", capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION,
             mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id)
         # [END howto_operator_retention_guard]
-        # [START howto_sensor_consumer_lag]
-        lag_gate = ConsumerLagSensor(
-            task_id="lag_gate", topics=[topic], max_lag=max_lag, sink="delta", sink_location=changes_path,
-            sink_pipeline=apply_pipeline, missing_topics_ok=True, kafka_config_id=kafka_config_id,
-            timeout=3600, trigger_rule="none_failed_min_one_success")
-        # [END howto_sensor_consumer_lag]
         # [START howto_operator_binlog_capture]
         capture = BinlogCaptureOperator(
             task_id="capture", tables=[f"{schema}.{table}"], pipeline=pipeline,
-            full_load_paths={f"{schema}.{table}": full_load_path}, mode="bounded",
-            source_partition=CAPTURE_SOURCE_PARTITION, topic_partitions=topic_partitions,
-            mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id)
+            full_load_paths={f"{schema}.{table}": table_path}, mode=mode if continuous else "bounded",
+            max_runtime=seconds if continuous else None, source_partition=CAPTURE_SOURCE_PARTITION,
+            topic_partitions=topic_partitions, mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id,
+            trigger_rule="none_failed_min_one_success" if continuous else "all_success")
         # [END howto_operator_binlog_capture]
-        # [START howto_operator_spark_kafka_to_sink_cdc]
+        # [START howto_operator_spark_kafka_to_sink_current]
         apply = SparkKafkaToSinkOperator(
-            task_id="apply", pipeline=apply_pipeline, topics=[topic], sink="delta", sink_path=changes_path,
-            checkpoint_location=checkpoint_location, mode="cdc", key_field="pk", version_field="version",
-            op_field="op", trigger="available-now", kafka_conn_id=kafka_config_id, spark_conn_id=spark_conn_id,
-            conf=dict(spark_conf or {}), outlets=[Asset(name=f"{dag_id}.changes", uri=f"file://{changes_path}")])
-        # [END howto_operator_spark_kafka_to_sink_cdc]
-        # [START howto_operator_reconcile_cdc]
-        reconcile = ReconcileOperator(
-            task_id="reconcile", name=pipeline, table=f"{schema}.{table}", key_column=key_column,
-            columns=reconcile_columns, sink="delta", sink_path=changes_path, base_path=full_load_path,
-            sink_json_column="record_value", sink_json_path="after",
-            sink_key_json_paths=[f"after.{key_column}", f"before.{key_column}"], sink_deleted_column="deleted",
-            sink_version_column="source_version", sink_binary_encoding="base64", capture_pipeline=pipeline,
-            capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topic], sink_pipeline=apply_pipeline,
-            full_load_path=full_load_path, mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id,
-            spark_conn_id=spark_conn_id, kafka_config_id=kafka_config_id, spark_conf=spark_conf)
-        # [END howto_operator_reconcile_cdc]
+            task_id="apply", pipeline=apply_pipeline, topics=[topic], sink="delta", sink_path=table_path,
+            checkpoint_location=checkpoint_location, mode="current",
+            trigger="processing-time" if continuous else "available-now", interval=stream_interval,
+            max_runtime=seconds if continuous else None, kafka_conn_id=kafka_config_id,
+            spark_conn_id=spark_conn_id, conf=dict(spark_conf or {}), outlets=[asset],
+            trigger_rule="none_failed_min_one_success" if continuous else "all_success")
+        # [END howto_operator_spark_kafka_to_sink_current]
         choice = choose_load()
         preflight() >> choice
         choice >> [full_load, guard]
+        if continuous:
+            [full_load, guard] >> capture
+            [full_load, guard] >> apply
+            return dag
+        # [START howto_sensor_consumer_lag]
+        lag_gate = ConsumerLagSensor(
+            task_id="lag_gate", topics=[topic], max_lag=max_lag, sink="delta", sink_location=table_path,
+            sink_pipeline=apply_pipeline, missing_topics_ok=True, kafka_config_id=kafka_config_id,
+            timeout=3600, trigger_rule="none_failed_min_one_success")
+        # [END howto_sensor_consumer_lag]
+        on_schedule = "false" if full_reconcile_hour is None else (
+            f"data_interval_start and data_interval_start.hour == {int(full_reconcile_hour)} "
+            f"and data_interval_start.minute < {every_minutes}")
+        reconcile_scope = ("{{ 'full' if params.full_reload or params.full_reconcile or ti.xcom_pull("
+                           "task_ids='choose_load') == 'full_load' or (" + on_schedule + ") else 'changed' }}")
+        # [START howto_operator_reconcile_current]
+        reconcile = ReconcileOperator(
+            task_id="reconcile", name=pipeline, table=f"{schema}.{table}", key_column=key_column,
+            columns=reconcile_columns, sink="delta", sink_path=table_path, sink_deleted_column=DELETED_COLUMN,
+            capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topic],
+            sink_pipeline=apply_pipeline, full_load_path=table_path, scope=reconcile_scope,
+            mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
+            kafka_config_id=kafka_config_id, spark_conf=spark_conf)
+        # [END howto_operator_reconcile_current]
         [full_load, guard] >> lag_gate >> capture >> apply >> reconcile
     return dag

@@ -36,7 +36,7 @@ from exactly_once_provider.templates.settlement import settlement_dag
 start = pendulum.datetime(2026, 1, 1, tz="UTC")
 dags = [
     history_stream_dag(dag_id="wheel_history", schema="shop", table="orders", key_column="id", pipeline="w1",
-                       full_load_path="/nonexistent/full", changes_path="/nonexistent/changes",
+                       table_path="/nonexistent/table",
                        checkpoint_location="/nonexistent/ck1", start_date=start),
     settlement_dag(dag_id="wheel_settlement", table="payments", cursor_column="updated_at", group_by=["currency"],
                    sum_columns=["amount"], pipeline="w2", topic="w2-topic", sink_path="/nonexistent/windows",

@@ -1,5 +1,5 @@
 """The history -> stream template under a real Airflow, driven through the REST API (trigger with the
-``full_reload`` Param). Checks read MariaDB with plain SQL and the Delta tables with pyarrow from the Delta
+``full_reload`` Param). Checks read MariaDB with plain SQL and the current table with pyarrow from the Delta
 log's live files — never through the product's handoff, version or reconciliation readers."""
 
 from __future__ import annotations
@@ -26,29 +26,26 @@ def _source(cur, table: str) -> dict[int, tuple]:
     return {r[0]: tuple(r[1:]) for r in cur.fetchall()}
 
 
-def _full_load(path: str) -> dict[int, tuple]:
-    rows = jobs.arrow_rows(jobs.delta_live_files(path), ("id", "amount", "currency", "note"))
-    found = {r[0]: (Decimal(r[1]), r[2], r[3]) for r in rows}
-    assert len(found) == len(rows), "a key is in the full load twice"
+def _current(path: str) -> dict[int, tuple]:
+    """The current table's live rows, tombstones (``_eo_deleted``) out; every key once."""
+    rows = jobs.arrow_rows(jobs.delta_live_files(path), ("id", "amount", "currency", "note", "_eo_deleted"))
+    assert len({r[0] for r in rows}) == len(rows), "a key is in the current table twice"
+    return {r[0]: (Decimal(r[1]), r[2], r[3]) for r in rows if not r[4]}
+
+
+def _tombstones(path: str) -> set[int]:
+    return {r[0] for r in jobs.arrow_rows(jobs.delta_live_files(path), ("id", "_eo_deleted")) if r[1]}
+
+
+def _full_loads(path: str) -> int:
+    """How many commits of the table's Delta log are full loads (their commitInfo carries the load's marker)."""
+    found = 0
+    for commit in (Path(path) / "_delta_log").glob("[0-9]*.json"):
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and "eo_full_load" in json.loads(info.get("userMetadata") or "{}"):
+                found += 1
     return found
-
-
-def _changes(path: str) -> dict[int, tuple | None]:
-    """The changes table: key -> its newest row image, None when deleted (one row per key)."""
-    rows = jobs.arrow_rows(jobs.delta_live_files(path), ("pk", "deleted", "record_value"))
-    found: dict[int, tuple | None] = {}
-    for _, deleted, value in rows:
-        record = json.loads(value)
-        image = record["after"] or record["before"]
-        key = int(image["id"])
-        assert key not in found, f"key {key} is in the changes table twice"
-        after = record["after"]
-        found[key] = None if deleted else (Decimal(str(after["amount"])), after["currency"], after["note"])
-    return found
-
-
-def _delta_versions(path: str) -> int:
-    return len(list((Path(path) / "_delta_log").glob("[0-9]*.json")))
 
 
 def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp_path):
@@ -60,11 +57,11 @@ def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp
                 " currency CHAR(3) NOT NULL, note VARCHAR(20) NULL)")
     cur.executemany(f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, %s)",
                     [(Decimal(i) / 4, ("EUR", "USD")[i % 2], f"n{i}") for i in range(ROWS)])
-    full_load, changes = str(tmp_path / "orders"), str(tmp_path / "changes")
+    full_load = str(tmp_path / "orders")
     dag_id = f"eo_afhs_{table}"
     write_template_dag(airflow_server.dags, dag_id, FACTORY, {
         "dag_id": dag_id, "schema": stack.DB_NAME, "table": table, "key_column": "id",
-        "pipeline": f"hs-{table}", "full_load_path": full_load, "changes_path": changes,
+        "pipeline": f"hs-{table}", "table_path": full_load,
         "checkpoint_location": str(tmp_path / "checkpoint"),
         "start_date": "2099-01-01T00:00:00+00:00",  # no scheduled runs: every run here is triggered
         "chunk_rows": 250, "topic_partitions": 2, "spark_conf": stack.spark_conf(), "retries": 0})
@@ -76,8 +73,7 @@ def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp
     client.wait_run(dag_id, run, timeout=1800)
     states = {t["task_id"]: t["state"] for t in client.task_instances(dag_id, run)}
     assert states["full_load"] == "success" and states["retention_guard"] == "skipped", states
-    assert _full_load(full_load) == _source(cur, table)
-    loaded_versions = _delta_versions(full_load)
+    assert _current(full_load) == _source(cur, table) and _full_loads(full_load) == 1
 
     # 2. Changes after the load; a plain run streams them (no second load).
     cur.executemany(f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, NULL)",
@@ -88,16 +84,9 @@ def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp
     client.wait_run(dag_id, run, timeout=1800)
     states = {t["task_id"]: t["state"] for t in client.task_instances(dag_id, run)}
     assert states["full_load"] == "skipped" and states["retention_guard"] == "success", states
-    assert _delta_versions(full_load) == loaded_versions, "a plain run must not load the table again"
-    effective = _full_load(full_load)
-    streamed = _changes(changes)
-    assert len(streamed) == 5 + len([k for k in range(1, ROWS + 1) if k % 97 == 0]) + 3, sorted(streamed)
-    for key, image in streamed.items():  # every change happened after the snapshot: each one counts
-        if image is None:
-            effective.pop(key, None)
-        else:
-            effective[key] = image
-    assert effective == _source(cur, table)
+    assert _full_loads(full_load) == 1, "a plain run must not load the table again"
+    assert _current(full_load) == _source(cur, table)
+    assert _tombstones(full_load) == {3, 250, 251}
 
     # 3. full_reload through the trigger form's Param: a new snapshot replaces the table in one commit.
     cur.execute(f"UPDATE {table} SET note = 'reload' WHERE id <= 20")
@@ -106,8 +95,8 @@ def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp
     states = {t["task_id"]: t["state"] for t in client.task_instances(dag_id, run)}
     assert states["full_load"] == "success", states
     assert client.run(dag_id, run)["conf"] == {"full_reload": True}
-    assert _delta_versions(full_load) == loaded_versions + 1, "the reload must replace the table in ONE commit"
+    assert _full_loads(full_load) == 2
     source = _source(cur, table)
     conn.close()
-    assert _full_load(full_load) == source  # row by row, the new snapshot
+    assert _current(full_load) == source and _tombstones(full_load) == set()  # row by row, the new snapshot
     assert "CLEAN" in client.task_log(dag_id, run, "reconcile")

@@ -13,28 +13,8 @@ from exactly_once_provider.full_load import job
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.full_load.staging import Staging
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from tests.mysql_support import assert_same_rows, connect, sink_rows, source_rows, unique_name
-
-ALL_TYPES = """(
-  id INT NOT NULL PRIMARY KEY, d DECIMAL(12,3), big_d DECIMAL(50,10), dt DATETIME(6), ts TIMESTAMP(6) NULL,
-  dd DATE, t TIME(6), j JSON, b BLOB, vb VARBINARY(16), u BIGINT UNSIGNED, ui INT UNSIGNED, ti TINYINT,
-  s VARCHAR(64) CHARACTER SET utf8mb4, tx TEXT, f FLOAT, db DOUBLE, e ENUM('a','b'), y YEAR, bt BIT(8)
-)"""
-
-
-def _all_types_rows(n: int) -> list[tuple]:
-    rows = []
-    for i in range(1, n + 1):
-        rows.append((
-            i, f"{i}.125", f"{i}1234567890123456789.0123456789", f"2024-10-27 0{i % 4}:30:00.{i:06d}",
-            f"2024-03-31 02:{i % 60:02d}:00.5", "2024-02-29", f"-{i % 800}:01:02.5" if i % 2 else "12:00:00",
-            json.dumps({"i": i, "s": "ü😀", "a": [1, None]}), bytes([i % 256, 0, 255]) * 3, b"\x00`'\"",
-            2**64 - i, 2**32 - i, -128 + i % 256, f"ȧ😀 {i} ' \" ` ;", "x" * (i % 300), 0.5, i / 7,
-            "ab"[i % 2], 1901 + i % 254, bytes([i % 256]),
-        ))
-    rows.append((n + 1,) + (None,) * 19)  # every nullable column NULL
-    return rows
-
+from tests.mysql_support import (ALL_TYPES, ALL_TYPES_COLUMNS, all_types_rows, assert_same_rows, connect, sink_rows,
+                                 source_rows, unique_name)
 
 def _load(spark, tmp_path, table, **kwargs):
     sink = str(tmp_path / "sink")
@@ -62,8 +42,7 @@ def db(stack, airflow_connections):
     conn.close()
 
 
-COLUMNS = ["id", "d", "big_d", "dt", "ts", "dd", "t", "j", "b", "vb", "u", "ui", "ti", "s", "tx", "f", "db", "e", "y",
-           "bt"]
+COLUMNS = ALL_TYPES_COLUMNS
 
 
 def _readers(sink: str) -> set[str]:
@@ -73,7 +52,7 @@ def _readers(sink: str) -> set[str]:
 
 @pytest.mark.parametrize("reader", ["native", "rows"])
 def test_all_column_types_integer_key(stack, spark, db, tmp_path, reader):
-    table = db("fl_types", ALL_TYPES, "INSERT INTO {t} VALUES (" + ", ".join(["%s"] * 20) + ")", _all_types_rows(2999))
+    table = db("fl_types", ALL_TYPES, "INSERT INTO {t} VALUES (" + ", ".join(["%s"] * 20) + ")", all_types_rows(2999))
     sink, result = _load(spark, tmp_path, table, chunk_rows=700, reader=reader)
     assert _readers(sink) == {reader}  # no chunk fell back to the row reader
     expected = source_rows(stack, table, COLUMNS)

@@ -51,3 +51,32 @@ def test_unknown_format_is_refused():
 def test_missing_handoff_says_to_run_the_load(tmp_path):
     with pytest.raises(LookupError, match="run the full load"):
         handoff.read_handoff(str(tmp_path / "nothing"))
+
+
+def _commit(table, version: int, marker: dict) -> None:
+    log = table / "_delta_log"
+    log.mkdir(parents=True, exist_ok=True)
+    (log / f"{version:020d}.json").write_text(json.dumps({"commitInfo": {"userMetadata": json.dumps(marker)}}) + "\n")
+
+
+def test_stream_commits_point_to_their_full_load_which_survives_log_cleanup_in_the_staging_manifest(tmp_path):
+    from exactly_once_provider.full_load.staging import Staging
+    from exactly_once_provider.sinks.current_table import full_load_pointer
+
+    table, staging = tmp_path / "t", str(tmp_path / "t._eo_full_load")
+    loaded = handoff.marker("L1", "eo", "t", ("id",), CHUNKS, staging=staging)
+    _commit(table, 0, loaded)
+    for version in range(1, 40):  # a stream's commits: each carries the pointer; readers stop at the newest
+        _commit(table, version, {"eo_stream:p-apply": {"batch_id": version, "full_load": full_load_pointer(0, loaded)}})
+    assert handoff.read_handoff(str(table)) == handoff.parse(0, loaded)
+
+    (table / "_delta_log" / f"{0:020d}.json").unlink()  # Delta's log cleanup removed the full load's commit
+    with pytest.raises(Exception, match="Run a full_reload"):
+        handoff.read_handoff(str(table))
+    Staging(staging).save({"published": {"table_version": 0, "marker": loaded}})
+    assert handoff.read_handoff(str(table)) == handoff.parse(0, loaded)
+
+    reloaded = handoff.marker("L2", "eo", "t", ("id",), CHUNKS, staging=staging)
+    _commit(table, 40, reloaded)  # a full reload: newest wins
+    assert handoff.read_handoff(str(table)).load_id == "L2" and handoff.has_full_load(str(table))
+    assert not handoff.has_full_load(str(tmp_path / "nothing"))

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from exactly_once_provider.reconcile.engine import grid_width, reconcile, summary_table
+from exactly_once_provider.reconcile.scope import key_ranges
 
 
 class MemorySide:
@@ -75,6 +76,30 @@ def test_in_flight_keys_are_reported_but_not_mismatches():
 def test_empty_source_and_sink_rows_beyond_it():
     report = reconcile(MemorySide("source", []), MemorySide("sink", [(3, 1), (-40, 2)]))
     assert sorted((d.key, d.kind) for d in report.differences) == [(-40, "extra"), (3, "extra")]
+
+
+def test_a_scope_compares_only_its_keys_and_every_query_stays_inside_it():
+    sink = [(k, h + 1 if k in (1_234, 40_000) else h) for k, h in ROWS]  # one difference in scope, one outside
+    scope = [(1_000, 1_300), (7_000, 7_001)]
+    report = reconcile(MemorySide("source", ROWS), MemorySide("sink", sink), scope=scope)
+    assert [(d.key, d.kind) for d in report.differences] == [(1_234, "changed")]
+    assert report.full_scans == 0 and report.source_rows == report.sink_rows == 301
+    assert all(q.rows <= 301 for q in report.queries)
+
+
+def test_an_empty_scope_compares_nothing():
+    report = reconcile(MemorySide("source", ROWS), MemorySide("sink", []), scope=[])
+    assert report.clean and report.queries[1:] == [] and report.source_rows == 0
+
+
+def test_key_ranges_join_runs_and_close_the_smallest_gaps():
+    assert key_ranges([]) == []
+    assert key_ranges({5, 3, 4, 10, 12}) == [(3, 6), (10, 11), (12, 13)]
+    assert key_ranges({1, 3, 100, 102, 1000}, max_ranges=3) == [(1, 4), (100, 103), (1000, 1001)]
+    even = range(0, 10_000, 2)
+    ranges = key_ranges(even, max_ranges=10)
+    assert len(ranges) == 10 and all(any(lo <= k < hi for lo, hi in ranges) for k in even)
+    assert sum(hi - lo for lo, hi in ranges) < 10_000
 
 
 def test_grid_width_is_a_power_of_the_fanout():

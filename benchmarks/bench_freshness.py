@@ -1,0 +1,193 @@
+"""Freshness of the continuous history -> stream pipeline: source commit -> row visible in the current table.
+
+Runs what ``history_stream_dag(mode="continuous")`` runs, outside Airflow: the full load
+(MySqlFullLoadOperator), then side by side the binlog capture (BinlogCaptureOperator, continuous, in its own
+process) and the Spark stream (the kafka_to_sink job, ``mode current``, processing-time trigger), while a writer
+process updates random rows at a steady rate (``--rate`` changes/s, ``--per-txn`` rows per transaction) for
+``--seconds`` after a ``--warmup``. Each update stamps its rows with the writer's clock just before COMMIT; a
+watcher lists the table's Delta log every 50 ms and reads the rows each new commit adds: the first appearance of
+a stamp gives its latency (source commit -> visible to a reader of the table; overstated by the COMMIT itself,
+a few ms). Updates overwritten by a newer one before they became visible are not counted (nobody could see them).
+
+Prints p50/p90/p99/max and the changes/s written and applied; JSON in
+``benchmarks/results/freshness-<commit>-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import _support
+
+PIPELINE_PREFIX = "bench-fresh"
+
+
+def _write(table: str, rows: int, rate: float, per_txn: int, seconds: float, result) -> None:
+    """Update ``per_txn`` random rows per transaction at ``rate`` changes/s for ``seconds`` (a child process)."""
+    stack = _support.start_stack()
+    conn = _support.connect_source(stack)
+    cur = conn.cursor()
+    rng = random.Random(1)
+    interval, changes, behind = per_txn / rate, 0, 0.0
+    start = next_at = time.monotonic()
+    while next_at - start < seconds:
+        ids = rng.sample(range(1, rows + 1), per_txn)
+        cur.execute("START TRANSACTION")
+        cur.execute(f"UPDATE {table} SET v = v + 1, stamp = %s WHERE id IN ({', '.join(map(str, ids))})",
+                    (time.time_ns() // 1000,))
+        cur.execute("COMMIT")
+        changes += per_txn
+        next_at += interval
+        behind = max(behind, time.monotonic() - next_at)
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    result.update(changes=changes, seconds=time.monotonic() - start, max_behind_s=behind)
+    conn.close()
+
+
+def _capture(table: str, pipeline: str, path: str, seconds: float) -> None:
+    """Run the continuous binlog capture for ``seconds`` (a child process: its own interpreter, as in Airflow)."""
+    _support.start_stack()
+    from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
+
+    BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path},
+                          mode="continuous", max_runtime=seconds).execute({})
+
+
+class Watcher(threading.Thread):
+    """Read each new commit of the table's Delta log as it appears; record every new stamp's latency."""
+
+    def __init__(self, path: str, first_version: int, measure_from_us: int) -> None:
+        super().__init__(daemon=True)
+        self.log = Path(path) / "_delta_log"
+        self.root = Path(path)
+        self.version = first_version
+        self.measure_from_us = measure_from_us
+        self.latencies: list[float] = []
+        self.newest: dict[int, int] = {}
+        self.commits = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            nxt = self.log / f"{self.version + 1:020d}.json"
+            if not nxt.exists():
+                time.sleep(0.05)
+                continue
+            self._read(nxt)
+            self.version += 1
+
+    def _read(self, commit: Path) -> None:
+        import pyarrow.parquet as pq
+
+        visible_us = commit.stat().st_mtime_ns // 1000
+        self.commits += 1
+        for line in commit.read_text().splitlines():
+            add = json.loads(line).get("add")
+            if not add:
+                continue
+            table = pq.read_table(self.root / add["path"], columns=["id", "stamp"])
+            for key, stamp in zip(table.column("id").to_pylist(), table.column("stamp").to_pylist()):
+                if stamp is not None and stamp > self.newest.get(key, 0):
+                    self.newest[key] = stamp
+                    if stamp >= self.measure_from_us:
+                        self.latencies.append((visible_us - stamp) / 1e6)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    args = _support.parse_args(__doc__, rows=10_000, repeats=1, extra=lambda p: (
+        p.add_argument("--seconds", type=float, default=300),
+        p.add_argument("--warmup", type=float, default=30),
+        p.add_argument("--rate", type=float, default=500),
+        p.add_argument("--per-txn", type=int, default=5),
+        p.add_argument("--interval", default="1 second", help="the stream's processing-time trigger")))
+    stack = _support.start_stack()
+    from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
+    from exactly_once_provider.sinks import delta_commit
+    from tests import spark_job_support as jobs
+
+    table, pipeline = f"fresh_{uuid.uuid4().hex[:6]}", f"{PIPELINE_PREFIX}-{uuid.uuid4().hex[:6]}"
+    work = Path(os.environ.get("EO_BENCH_DIR", "/var/tmp/eo-bench")) / pipeline
+    work.mkdir(parents=True)
+    path = str(work / "table")
+    conn = _support.connect_source(stack)
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL, stamp BIGINT NULL, "
+                "pad VARCHAR(100) NOT NULL)")
+    for start in range(0, args.rows, 10_000):
+        cur.executemany(f"INSERT INTO {table} VALUES (%s, 0, NULL, %s)",
+                        [(i, "x" * 80) for i in range(start + 1, min(args.rows, start + 10_000) + 1)])
+    result = _support.result_header("freshness", vars(args))
+    started = time.monotonic()
+    MySqlFullLoadOperator(task_id="load", table=table, sink_path=path, chunk_rows=max(10_000, args.rows // 4),
+                          spark_conf=stack.spark_conf()).execute({})
+    result["full_load_s"] = time.monotonic() - started
+    run_for = args.warmup + args.seconds + 900  # both are stopped when the writing ends
+    capture = multiprocessing.get_context("spawn").Process(target=_capture, args=(table, pipeline, path, run_for))
+    capture.start()
+    job_args = jobs.job_args(stack, f"{pipeline}-apply", f"{pipeline}.{stack.DB_NAME}.{table}", work / "checkpoint",
+                             "delta", path, mode="current") + [
+        "--trigger", "processing-time", "--interval", args.interval, "--max-runtime", str(run_for)]
+    stream = jobs.start_job(stack, job_args, work / "stream.log")
+    manager = multiprocessing.get_context("spawn").Manager()
+    written = manager.dict()
+    watcher = Watcher(path, delta_commit.newest_version(path), measure_from_us=2**62)
+    watcher.start()
+    # The pipeline is up when one change made now is in the table: only then does the measured writing start.
+    cur.execute(f"UPDATE {table} SET stamp = 1 WHERE id = 1")
+    deadline = time.monotonic() + 600
+    while watcher.commits == 0:
+        if time.monotonic() > deadline or stream.poll() is not None or not capture.is_alive():
+            raise SystemExit(f"the pipeline did not apply a first change within 600s; see {work / 'stream.log'}")
+        time.sleep(0.5)
+    result["pipeline_up_s"] = time.monotonic() - started
+    watcher.measure_from_us = time.time_ns() // 1000 + int(args.warmup * 1e6)
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_write, args=(table, args.rows, args.rate, args.per_txn, args.warmup + args.seconds, written))
+    writer.start()
+    try:
+        while writer.is_alive():
+            writer.join(30)
+            print(f"  {time.monotonic() - started:6.0f}s: {watcher.commits} stream commits, "
+                  f"{len(watcher.latencies):,} changes measured, p50 so far "
+                  f"{statistics.median(watcher.latencies) if watcher.latencies else float('nan'):.2f}s", flush=True)
+        time.sleep(15)  # the last changes become visible
+    finally:
+        watcher.stop.set()
+        watcher.join(10)
+        capture.kill()
+        jobs.sigkill_group(stream)
+    if stream.poll() not in (None, 0, -9):
+        raise SystemExit(f"the stream failed; see {work / 'stream.log'}")
+    lat = watcher.latencies
+    if not lat:
+        raise SystemExit(f"no change became visible; see {work / 'stream.log'}")
+    result.update(writer=dict(written), commits=watcher.commits, measured=len(lat), p50_s=_percentile(lat, 0.5),
+                  p90_s=_percentile(lat, 0.9), p99_s=_percentile(lat, 0.99), max_s=max(lat),
+                  applied_per_s=len(lat) / args.seconds)
+    path_json = _support.write_result(result)
+    _support.print_table(
+        f"freshness: source commit -> visible in the current table ({result['commit']}, nproc {result['nproc']}, "
+        f"{args.rows:,} rows, {dict(written).get('changes', 0) / max(1e-9, dict(written).get('seconds', 1)):,.0f} "
+        f"changes/s written for {args.seconds:.0f}s after {args.warmup:.0f}s warm-up)",
+        ["p50 s", "p90 s", "p99 s", "max s", "changes seen", "stream commits"],
+        [[result["p50_s"], result["p90_s"], result["p99_s"], result["max_s"], f"{len(lat):,}", watcher.commits]])
+    print(f"\nJSON: {path_json}")
+    cur.execute(f"DROP TABLE {table}")
+    conn.close()
+
+
+if __name__ == "__main__":
+    main()
