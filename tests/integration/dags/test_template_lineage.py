@@ -188,9 +188,9 @@ def test_history_stream_lineage(lineage_env, stack, tmp_path):
                 " note VARCHAR(20) NULL)")
     cur.executemany(f"INSERT INTO {table} (amount, note) VALUES (%s, %s)", [(Decimal(i) / 4, f"n{i}") for i in range(500)])
     dag_id, pipeline = f"eo_hs_{table}", f"hs-{table}"
-    full_load, changes = str(tmp_path / "orders"), str(tmp_path / "changes")
+    table_path = str(tmp_path / "orders")
     kwargs = {"dag_id": dag_id, "schema": stack.DB_NAME, "table": table, "key_column": "id", "pipeline": pipeline,
-              "full_load_path": full_load, "changes_path": changes, "checkpoint_location": str(tmp_path / "checkpoint"),
+              "table_path": table_path, "checkpoint_location": str(tmp_path / "checkpoint"),
               "start_date": "2026-01-01T00:00:00+00:00", "chunk_rows": 200, "spark_conf": stack.spark_conf(),
               "retries": 0}
     dag = TemplateDag(env, tmp_path / "dags", dag_id, "exactly_once_provider.templates.history_stream.history_stream_dag",
@@ -207,17 +207,16 @@ def test_history_stream_lineage(lineage_env, stack, tmp_path):
     topic = f"{pipeline}.{stack.DB_NAME}.{table}"
     mysql = (f"mysql://{stack.HOST}:{stack.MARIADB_PORT}", f"{stack.DB_NAME}.{table}")
     kafka = (f"kafka://{stack.HOST}:{stack.KAFKA_SECURE_PORT}", topic)
-    loaded, applied = ("file", full_load), ("file", changes)
+    current = ("file", table_path)  # the one current table: the full load's rows, the changes merged into it
 
-    handoff = read_handoff(full_load)
+    handoff = read_handoff(table_path)
     records = read_all(f"{stack.HOST}:{stack.KAFKA_PORT}", topic)
-    changes_rows = jobs.arrow_rows(jobs.delta_live_files(changes), ("pk", "source_version"))
-    assert (handoff.rows, len(records), len(changes_rows)) == (500, 55, 55)
+    assert (handoff.rows, len(records)) == (500, 55)
 
     first = done["full_load"][-1]
     source = _dataset(first, "inputs", *mysql)
     assert _columns(source) == ["id", "amount", "note"]
-    table_out = _dataset(first, "outputs", *loaded)
+    table_out = _dataset(first, "outputs", *current)
     assert _rows(table_out) == handoff.rows
     assert {"id", "amount", "note"} <= set(_columns(table_out))
     assert table_out["outputFacets"]["outputStatistics"]["size"] > 0
@@ -232,17 +231,22 @@ def test_history_stream_lineage(lineage_env, stack, tmp_path):
     assert position.startswith("binlog.") and ":" in position
 
     applies = done["apply"]
-    assert [_rows(_dataset(e, "outputs", *applied)) for e in applies] == [0, len(changes_rows)]
+    # every change record the capture committed was merged into the table by the second run
+    assert [_rows(_dataset(e, "outputs", *current)) for e in applies] == [0, len(records)]
     _dataset(applies[-1], "inputs", *kafka)
 
     for event in done["reconcile"]:
-        for dataset in (mysql, applied, loaded):
+        for dataset in (mysql, current):
             _dataset(event, "inputs", *dataset)
 
-    assert _reaches(events, mysql, applied) == [mysql, kafka, applied]
-    assert _reaches(events, mysql, loaded) == [mysql, loaded]
+    assert _reaches(events, mysql, current) == [mysql, current]  # the full load
+    full_load_edges = {(i["name"], o["name"]) for e in done["full_load"] for i in e["inputs"] for o in e["outputs"]}
+    apply_edges = {(i["name"], o["name"]) for e in applies for i in e["inputs"] for o in e["outputs"]}
+    capture_edges = {(i["name"], o["name"]) for e in captures for i in e["inputs"] for o in e["outputs"]}
+    assert (mysql[1], kafka[1]) in capture_edges and (kafka[1], table_path) in apply_edges
+    assert (mysql[1], table_path) in full_load_edges  # and the stream: MySQL table -> topic -> the same table
     from exactly_once_provider.templates.history_stream import history_stream_dag
     import pendulum
 
     parsed = history_stream_dag(**{**kwargs, "start_date": pendulum.parse(kwargs["start_date"])})
-    assert _outlet_datasets(parsed) == {loaded, applied}
+    assert _outlet_datasets(parsed) == {current}
