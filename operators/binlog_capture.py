@@ -10,6 +10,8 @@ from airflow.sdk import BaseOperator
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.capture.loop import MODES, CaptureRequest, run_capture
 from exactly_once_provider.positions import parse_position
 from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
@@ -18,11 +20,12 @@ from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.writer import TransactionPolicy
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
+from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.source.binlog import replica_server_id
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, validate_name
 
 
-class BinlogCaptureOperator(BaseOperator):
+class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
     """
     Capture the binlog changes of tables into one Kafka topic per table, exactly once.
 
@@ -143,7 +146,7 @@ class BinlogCaptureOperator(BaseOperator):
             self.log.info("%-34s %d", label, value)
         self.log.info("%-34s %.1f s (%.0f rows/s)", "duration", stats.seconds,
                       stats.rows / stats.seconds if stats.seconds else 0.0)
-        return {
+        self.openlineage_result = {
             "pipeline": self.pipeline, "source_partition": self.source_partition, "mode": self.mode,
             "committed_position": str(result.position), "gtid": result.gtid,
             "resumed_from": str(result.resumed_from), "first_run": result.first_run,
@@ -151,6 +154,35 @@ class BinlogCaptureOperator(BaseOperator):
             "kafka_transactions": stats.kafka_transactions, "schema_changes": stats.schema_changes,
             "topics": {f"{s}.{t}": topic for (s, t), topic in topics.items()}, "seconds": round(stats.seconds, 3),
         }
+        return self.openlineage_result
+
+    def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
+        """The captured tables in; their change topics out, with the binlog position committed with them.
+
+        Rows per topic are known when one table is captured (the run counts rows, not rows per table).
+        """
+        default = MySqlBinlogHook(mysql_conn_id=self.mysql_conn_id).get_connection(self.mysql_conn_id).schema or ""
+        inputs, outputs = [], []
+        for schema, table in self._table_names(default):
+            source = lineage.mysql_table_of(self.mysql_conn_id, f"{schema}.{table}")
+
+            def read(schema: str = schema, table: str = table) -> list:
+                with MySqlSourceHook(self.mysql_conn_id).cursor() as cur:
+                    return facets.mysql_fields(cur, f"{schema}.{table}")
+
+            columns = self.lineage_fields(source.name, read)
+            inputs.append(facets.input_dataset(source, columns))
+            topic = lineage.kafka_topic_of(self.kafka_config_id,
+                                           topic_for(self.topic_template, self.pipeline, schema, table))
+            fields = facets.record_fields(facets.CHANGE_RECORD_FIELDS, "before,after", columns) if columns else None
+            if result is None:
+                outputs.append(facets.output_dataset(topic, fields))
+                continue
+            commit = facets.CommitFacet(pipeline=self.pipeline, position=result["committed_position"],
+                                        gtid=result["gtid"])
+            rows = result["rows"] if len(result["topics"]) == 1 else None
+            outputs.append(facets.output_dataset(topic, fields, rows=rows, commit=commit))
+        return inputs, outputs
 
     def on_kill(self) -> None:
         """Stop at the next transaction boundary; what was read is committed first."""

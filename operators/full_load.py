@@ -11,10 +11,12 @@ from airflow.sdk import BaseHook
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 
 
-class MySqlFullLoadOperator(PackagedSparkJobOperator):
+class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """
     Load a table in chunks, each in its own consistent snapshot, and publish it as one Delta commit.
 
@@ -101,8 +103,32 @@ class MySqlFullLoadOperator(PackagedSparkJobOperator):
                       result["schema"], result["table"], result["rows"], result["table_version"],
                       "already published" if result["already_published"] else "new commit",
                       result["chunks_read"], result["chunks_resumed"], result["seconds"])
-        return {
+        self.openlineage_result = {
             "load_id": result["load_id"], "rows": result["rows"], "table_version": result["table_version"],
             "sink_path": self.sink_path, "min_position": result["min_position"],
             "max_position": result["max_position"], "chunks": result["chunks"],
+            "already_published": result["already_published"],
         }
+        return self.openlineage_result
+
+    def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
+        """The source table in; the published Delta table out, with the snapshot positions it carries."""
+        table = f"{self.schema}.{self.table}" if self.schema else self.table
+        source = lineage.mysql_table_of(self.mysql_conn_id, table)
+
+        def source_fields() -> list:
+            with MySqlSourceHook(self.mysql_conn_id).cursor() as cur:
+                return facets.mysql_fields(cur, source.name)
+
+        sink = lineage.storage_path(self.sink_path)
+        fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self.sink_path))
+        if result is None:
+            return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
+                facets.output_dataset(sink, fields)]
+        rows, size, files = 0, 0, 0  # a rerun of a published load writes nothing
+        if not result["already_published"]:
+            rows = result["rows"]
+            size, files = facets.delta_commit_size(self.sink_path, result["table_version"] - 1, result["table_version"])
+        commit = facets.CommitFacet(position=result["min_position"], sinkVersion=result["table_version"])
+        return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
+            facets.output_dataset(sink, fields, rows=rows, size=size, files=files, commit=commit)]

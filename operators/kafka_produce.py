@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from typing import Any
 from airflow.providers.common.compat.module_loading import import_string
 from airflow.sdk import BaseOperator
 
+from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.writer import MIN_RECORDS_PER_TRANSACTION, Message, PipelineWriter, TransactionPolicy
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, CommittedOffset
@@ -38,7 +41,7 @@ class SourceRecord:
     commit_point: bool = True
 
 
-class TransactionalProduceOperator(BaseOperator):
+class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
     """
     Produce the records of a user function to a topic; each Kafka transaction commits its source offset.
 
@@ -122,9 +125,22 @@ class TransactionalProduceOperator(BaseOperator):
             producer_config=self.producer_config, batch_markers=self.batch_markers or self.batch_id is not None)
         writer = hook.open_writer()
         try:
-            return self._run(writer, function, policy)
+            self.openlineage_result = self._run(writer, function, policy)
+            return self.openlineage_result
         finally:
             writer.close()
+
+    def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
+        """The topic out, with the source offset committed with it (the producer function's input is its own)."""
+        topic = lineage.kafka_topic_of(self.kafka_config_id, self.topic)
+        if result is None:
+            return [], [facets.output_dataset(topic)]
+        offset = result.get("committed_offset")
+        commit = facets.CommitFacet(
+            pipeline=self.pipeline, position=None if offset is None else json.dumps(offset, sort_keys=True),
+            kafkaOffsets={self.topic: result.get("partition_offsets", {})} if result.get("partition_offsets") else None)
+        rows = 0 if result.get("skipped") else result["records"]
+        return [], [facets.output_dataset(topic, rows=rows, commit=commit)]
 
     def _producer_function(self) -> Callable:
         function = self.producer_function

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -10,10 +11,13 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
+from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
+from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.positions import BinlogPosition, parse_position
 from exactly_once_provider.reconcile import engine, results, sides
 from exactly_once_provider.reconcile import scope as change_scope
@@ -29,7 +33,7 @@ class ReconciliationMismatch(AirflowException):
     """Raise when the sink differs from the source (the report names the differing keys)."""
 
 
-class ReconcileOperator(PackagedSparkJobOperator):
+class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """
     Compare a MySQL/MariaDB table with its sink by key range (counts + checksums), bisecting to the keys.
 
@@ -95,6 +99,7 @@ class ReconcileOperator(PackagedSparkJobOperator):
         "postgres_conn_id",  # templated, and serialized with the DAG: the status page finds the results there
     )
     ui_color = "#e8eef4"
+    operator_extra_links = (PipelineStatusLink(),)
     job_name = "reconcile"
     job_module = "exactly_once_provider.reconcile.__main__"
 
@@ -126,6 +131,11 @@ class ReconcileOperator(PackagedSparkJobOperator):
         self.fanout, self.max_segments, self.leaf_width = fanout, max_segments, leaf_width
         self.mysql_conn_id, self.postgres_conn_id, self.spark_conn_id = mysql_conn_id, postgres_conn_id, spark_conn_id
         self.kafka_config_id, self.offsets_topic, self.spark_conf = kafka_config_id, offsets_topic, spark_conf or {}
+
+    @property
+    def status_pipeline(self) -> str:
+        """The pipeline whose flow card shows this reconciliation (its results are stored under ``name``)."""
+        return self.name
 
     # ------------------------------------------------------------------------------------------ checks
     def _sink_spec(self) -> sides.SinkSpec:
@@ -280,12 +290,32 @@ class ReconcileOperator(PackagedSparkJobOperator):
                     store.close()
         summary = {"name": self.name, "result_id": result_id, **report.summary(), "position": common,
                    "differences": [d.__dict__ for d in report.differences[:100]]}
+        self.openlineage_result = summary
         if not report.clean and fail:
             keys = ", ".join(f"{d.key} ({d.kind})" for d in report.differences if d.kind in engine.MISMATCH_KINDS)
             raise ReconciliationMismatch(
                 f"Sink differs from {schema}.{table}: {report.mismatches} key(s): {keys[:2000]}. The result is "
                 f"stored as {results.RESULT_TABLE} id {result_id}; rerun the load (or set fail_on_mismatch=False).")
         return summary
+
+    def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
+        """The source table and the sink in (the full load too for CDC); the stored result row out."""
+        inputs = [facets.input_dataset(lineage.mysql_table_of(self.mysql_conn_id, self.table))]
+        if self.sink == "postgres":
+            inputs.append(facets.input_dataset(lineage.postgres_table_of(self.postgres_conn_id, self.sink_table)))
+        else:
+            inputs.append(facets.input_dataset(lineage.storage_path(self.sink_path)))
+        if self.base_path:
+            inputs.append(facets.input_dataset(lineage.storage_path(self.base_path)))
+        if not self.store_result:
+            return inputs, []
+        results_table = lineage.postgres_table_of(self.postgres_conn_id, results.RESULT_TABLE)
+        if result is None:
+            return inputs, [facets.output_dataset(results_table)]
+        position = result.get("position")
+        commit = facets.CommitFacet(pipeline=self.name, position=None if position is None else
+                                    json.dumps(position, sort_keys=True, default=str))
+        return inputs, [facets.output_dataset(results_table, rows=1 if result["result_id"] else 0, commit=commit)]
 
     def _postgres(self):
         import psycopg2

@@ -7,13 +7,16 @@ from typing import Any
 
 from decimal import Decimal
 
+from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
+from exactly_once_provider.plugins.links import PipelineStatusLink
 
 
-class SettlementReportOperator(PackagedSparkJobOperator):
+class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """
     Summarise one settled window of a window-mode Delta sink into a PostgreSQL report table.
 
@@ -39,9 +42,13 @@ class SettlementReportOperator(PackagedSparkJobOperator):
         :class:`~exactly_once_provider.operators.spark_submit.PackagedSparkJobOperator` for the other Spark
         arguments).
     :param spark_conf: extra Spark settings.
+
+    An ``AssetAlias`` among the task's ``outlets`` receives the report table's Asset, named by its OpenLineage
+    URI ``postgres://host:port/database/schema/table`` (known from the connection only when the task runs).
     """
 
     template_fields: Sequence[str] = ("window_id", "sink_path", "report_table")
+    operator_extra_links = (PipelineStatusLink(),)
     job_name = "settlement_report"
     job_module = "exactly_once_provider.spark_jobs.settlement_report"
 
@@ -56,6 +63,11 @@ class SettlementReportOperator(PackagedSparkJobOperator):
         self.group_by, self.sum_columns = list(group_by), list(sum_columns)
         self.mysql_conn_id, self.postgres_conn_id = mysql_conn_id, postgres_conn_id
         self.spark_conn_id, self.spark_conf = spark_conn_id, spark_conf or {}
+
+    @property
+    def status_pipeline(self) -> str:
+        """The extract's pipeline (the first part of ``<pipeline>/<source_partition>/<batch_id>``): its flow card."""
+        return str(self.window_id).split("/", 1)[0]
 
     def _scales(self) -> dict[str, int]:
         hook = MySqlSourceHook(self.mysql_conn_id)
@@ -88,7 +100,34 @@ class SettlementReportOperator(PackagedSparkJobOperator):
         self.log.info("settlement report of %s (version %s):\n%s", self.window_id, written["window_version"],
                       "\n".join("  " + "  ".join(f"{str(v):>14}" for v in line)
                                 for line in [header] + written["lines"]))
+        self._name_report_asset(context)
+        self.openlineage_result = written
         return written
+
+    def _name_report_asset(self, context: Any) -> None:
+        """Add the report table's Asset (its OpenLineage URI, from the connection) to each AssetAlias outlet."""
+        from airflow.sdk import Asset, AssetAlias
+
+        aliases = [o for o in self.outlets if isinstance(o, AssetAlias)]
+        if not aliases:
+            return
+        uri = lineage.postgres_table_of(self.postgres_conn_id, self.report_table).asset_uri
+        for alias in aliases:
+            context["outlet_events"][alias].add(Asset(uri=uri))
+            self.log.info("report Asset %s added to the alias %s", uri, alias.name)
+
+    def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
+        """The window-mode Delta table in; the report table out (one row per group of the window)."""
+        source = lineage.storage_path(self.sink_path)
+        report = lineage.postgres_table_of(self.postgres_conn_id, self.report_table)
+        fields = [("window_id", "text"), ("window_version", "int"), *((c, "text") for c in self.group_by),
+                  ("rows", "bigint"), *((f"{c}_sum", "numeric") for c in self.sum_columns),
+                  ("reported_at", "timestamptz")]
+        inputs = [facets.input_dataset(source, self.lineage_fields(source.name, lambda: facets.delta_fields(self.sink_path)))]
+        if result is None:
+            return inputs, [facets.output_dataset(report, fields)]
+        commit = facets.CommitFacet(window={"batch_id": self.window_id, "batch_version": result["window_version"]})
+        return inputs, [facets.output_dataset(report, fields, rows=result["groups"], commit=commit)]
 
     def _replace(self, groups: list[dict]) -> dict[str, Any]:
         import psycopg2

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.connections import (
     kafka_client_config,
     libpq_environment,
@@ -31,7 +33,7 @@ from exactly_once_provider.storage import is_s3
 from exactly_once_provider.spark_jobs.stream_spec import DELIVERIES, MODES, SINKS, TRIGGERS, StreamSpec, split_topics  # noqa: F401
 
 
-class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
+class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """Run the exactly-once Kafka -> sink Spark job once (availableNow) or as a long stream (processing time).
 
     :param pipeline: stable pipeline name; part of every sink commit. Never derive it from the run or try.
@@ -155,6 +157,7 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
         self.op_field = op_field
         self.delivery = delivery
         self._before: dict | None = None
+        self._before_version = -1
 
     def job_label(self) -> str:
         return f"pipeline {self.pipeline}"
@@ -232,6 +235,36 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
 
             self.log.info("sink %s", preflight(open_storage(self.sink_path, self._s3_settings())))
         self._before = self.sink_state() if self.delivery == "exactly-once" else None
+        self._before_version = self._delta_version()
+
+    def _delta_version(self) -> int:
+        from exactly_once_provider.sinks.delta_log import table_state
+
+        state = table_state(self.sink_path) if self.sink == "delta" and self.sink_path else None
+        return state.version if state else -1
+
+    def sink_dataset(self) -> lineage.DatasetName:
+        """Name the sink: the PostgreSQL table, or the Delta table / files directory by its location."""
+        if self.sink == "postgres":
+            return lineage.postgres_table_of(self.postgres_conn_id, self.sink_table)
+        return lineage.storage_path(self.sink_path)
+
+    def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
+        """The topics in; the sink out, with the Kafka end offsets committed with its rows."""
+        inputs = [facets.input_dataset(lineage.kafka_topic_of(self.kafka_conn_id, t)) for t in split_topics(self.topics)]
+        sink = self.sink_dataset()
+        fields = None
+        if self.sink == "delta":
+            fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self.sink_path))
+        if result is None:
+            return inputs, [facets.output_dataset(sink, fields)]
+        size = files = None
+        if self.sink == "delta":
+            size, files = facets.delta_commit_size(self.sink_path, self._before_version, self._delta_version())
+        commit = facets.CommitFacet(pipeline=self.pipeline, kafkaOffsets=result["offsets"],
+                                    sinkVersion=result["batch_id"])
+        return inputs, [facets.output_dataset(sink, fields, rows=result["rows_this_run"], size=size, files=files,
+                                              commit=commit)]
 
     def job_result(self, result: Any, context: Any) -> dict | None:
         # XCom mirrors the sink, read here; the driver's own answer is not needed (and absent on a reconnect).
@@ -244,4 +277,5 @@ class SparkKafkaToSinkOperator(PackagedSparkJobOperator):
                       before["rows_total"] if before else 0, after and after["offsets"])
         if after is not None:
             after["rows_this_run"] = after["rows_total"] - (before["rows_total"] if before else 0)
+        self.openlineage_result = after
         return after

@@ -9,6 +9,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.writer import Message
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
@@ -32,7 +34,7 @@ from exactly_once_provider.kafka.windows import (
 )
 
 
-class WatermarkExtractOperator(BaseOperator):
+class WatermarkExtractOperator(facets.OpenLineageMixin, BaseOperator):
     """
     Publish the next safe window ``[lower, upper)`` of a table to Kafka as ONE transaction framed as a batch.
 
@@ -186,8 +188,28 @@ class WatermarkExtractOperator(BaseOperator):
                 skipped: bool) -> dict[str, Any]:
         offsets = locate_batch(hook.client_config(), self.topic, self.pipeline, source_partition, record.batch_id,
                                record.batch_version, record.published_at)
-        return {"pipeline": self.pipeline, "source_partition": source_partition, "topic": self.topic,
-                "skipped": skipped, "kafka_offsets": offsets, **record.__dict__}
+        self.openlineage_result = {"pipeline": self.pipeline, "source_partition": source_partition,
+                                   "topic": self.topic, "skipped": skipped, "kafka_offsets": offsets, **record.__dict__}
+        return self.openlineage_result
+
+    def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
+        """The table in; the topic out, with the window (bounds, version) committed with its rows."""
+        source = lineage.mysql_table_of(self.mysql_conn_id, self.table)
+
+        def read() -> list:
+            with MySqlSourceHook(self.mysql_conn_id).cursor() as cur:
+                return facets.mysql_fields(cur, source.name)
+
+        columns = self.lineage_fields(source.name, read)
+        topic = lineage.kafka_topic_of(self.kafka_config_id, self.topic)
+        fields = facets.record_fields(facets.WINDOW_RECORD_FIELDS, "row", columns) if columns else None
+        if result is None:
+            return [facets.input_dataset(source, columns)], [facets.output_dataset(topic, fields)]
+        window = {k: result[k] for k in ("batch_id", "batch_version", "lower", "upper", "checksum")}
+        commit = facets.CommitFacet(pipeline=self.pipeline, window=window, kafkaOffsets=result["kafka_offsets"])
+        rows = 0 if result["skipped"] else result["rows"]  # a rerun of a committed window publishes nothing
+        return [facets.input_dataset(source, columns)], [facets.output_dataset(topic, fields, rows=rows,
+                                                                                  commit=commit)]
 
 
 def _as_bool(name: str, value: Any) -> bool:

@@ -40,6 +40,14 @@ def _to_json(overview) -> dict[str, Any]:
             "found_in": sorted(s.spec.found_in),
             "sections": {sec.slug: {"rows": sec.rows, "error": sec.error} for sec in s.sections},
         } for s in overview.pipelines],
+        "flows": [{
+            "name": f.name, "state": f.state, "pipelines": [m.spec.name for m in f.members], "sources": f.sources,
+            "topics": f.topics, "sinks": f.sinks, "lag": f.lag, "freshness_seconds": f.freshness,
+            "rows_per_second": f.throughput, "reconciliation": f.reconciliation,
+            "position": f.position and {"text": f.position.text, "gtid": f.position.gtid},
+            "history": [p.__dict__ for p in f.history], "notes": f.notes,
+        } for f in overview.flows],
+        "seconds": overview.seconds,
     }
 
 

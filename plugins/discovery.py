@@ -56,6 +56,7 @@ class PipelineSpec:
     offsets_topics: set[str] = field(default_factory=set)
     kafka_conn_ids: set[str] = field(default_factory=set)
     sinks: set[SinkSpec] = field(default_factory=set)
+    sources: set[str] = field(default_factory=set)  # source tables (schema.table) a producer reads
     full_loads: set[str] = field(default_factory=set)  # Delta paths holding full-load handoff commits
     result_conn_ids: set[str] = field(default_factory=set)  # PostgreSQL connections holding eo_reconciliation
     found_in: set[str] = field(default_factory=set)  # "dag", "ledger", "postgres"
@@ -99,20 +100,20 @@ def _topics(value: Any) -> set[str]:
     return {t.strip() for item in items for t in str(item).split(",") if t.strip()}
 
 
-def _capture_topics(task: Any, pipeline: str, params: Mapping[str, Any]) -> set[str]:
-    """Return the topics of a binlog capture task: one per ``schema.table`` (a bare table needs the connection)."""
+def _capture_topics(task: Any, pipeline: str, params: Mapping[str, Any]) -> dict[str, str]:
+    """Return ``{schema.table: topic}`` of a binlog capture task (a bare table needs the connection)."""
     from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
 
     tables = render(task.tables, params)
     names = [tables] if isinstance(tables, str) else list(tables or ())
     template = render(getattr(task, "topic_template", DEFAULT_TOPIC_TEMPLATE), params)
-    topics = set()
+    topics = {}
     for name in (n.strip() for item in names for n in str(item).split(",") if n.strip()):
         schema, _, table = name.rpartition(".")
         if not schema:
             raise ValueError(f"table {name!r} takes its schema from the MySQL connection: name it schema.table "
                              "for its topic to be shown")
-        topics.add(topic_for(template, pipeline, schema, table))
+        topics[name] = topic_for(template, pipeline, schema, table)
     return topics
 
 
@@ -151,12 +152,16 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
                                             getattr(task, "postgres_conn_id", None)))
                     spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))
                 elif kind == "BinlogCaptureOperator":
-                    spec.topics |= _capture_topics(task, spec.name, params)
+                    captured = _capture_topics(task, spec.name, params)
+                    spec.topics |= set(captured.values())
+                    spec.sources |= set(captured)
                     spec.full_loads |= {render(path, params) for path in (task.full_load_paths or {}).values()}
                     spec.offsets_topics.add(render(getattr(task, "offsets_topic", DEFAULT_OFFSETS_TOPIC), params))
                     spec.kafka_conn_ids.add(render(getattr(task, "kafka_config_id", "kafka_default"), params))
                 else:
                     spec.topics.add(render(task.topic, params))
+                    if kind == "WatermarkExtractOperator":
+                        spec.sources.add(render(task.table, params))
                     spec.offsets_topics.add(render(getattr(task, "offsets_topic", DEFAULT_OFFSETS_TOPIC), params))
                     spec.kafka_conn_ids.add(render(getattr(task, "kafka_config_id", "kafka_default"), params))
             except ValueError as err:

@@ -24,12 +24,13 @@ def pipeline_page_url(pipeline: str) -> str:
 
 
 class PipelineStatusLink(BaseOperatorLink):
-    """Open the exactly-once status page filtered to the task's pipeline."""
+    """Open the exactly-once status page at the flow card of the task's pipeline (``status_pipeline`` when the
+    operator names one, else its ``pipeline``)."""
 
     name = "Pipeline status"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        pipeline = getattr(operator, "pipeline", None)
+        pipeline = getattr(operator, "status_pipeline", None) or getattr(operator, "pipeline", None)
         return pipeline_page_url(pipeline) if pipeline else ""
 
 

@@ -1,8 +1,11 @@
 """Render the status overview as one self-contained HTML page (no build step, no external assets).
 
-Each pipeline is a card: a coloured badge (green ok, amber behind, red error or reconciliation mismatch, grey
-nothing committed yet), a one-line summary, then one table per section. Every figure cell carries ``data-pipeline``,
-``data-section`` and ``data-column`` so a browser test (or a curious operator) can find it.
+Each flow (:mod:`~exactly_once_provider.plugins.flows`: source table -> topics -> sinks) is a card: a coloured
+badge (green ok, amber behind, red error or reconciliation mismatch, grey nothing committed yet), the figures
+at a glance (freshness, lag, throughput, last reconciliation, position), two inline SVG charts (lag and rows/s
+over the last sink commits), then its pipelines' cards, folded, one table per section. Every figure carries
+``data-flow``/``data-figure`` or ``data-pipeline``, ``data-section`` and ``data-column``, and every chart its
+points in ``data-points``, so a browser test (or a curious operator) can find them.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ import json
 from html import escape
 from typing import Any
 
+from exactly_once_provider.plugins.flow_card import duration, rate, render_flow
+from exactly_once_provider.plugins.flows import Flow, group
 from exactly_once_provider.plugins.status import (
-    BEHIND, EMPTY, ERROR, MISMATCH, OK, Overview, PipelineStatus, Section,
+    BEHIND, EMPTY, ERROR, MISMATCH, OK, Overview, PipelineStatus, Position, Section,
 )
 
 COLOURS = {OK: ("#1f7a3a", "#e6f4ea", "ok"), BEHIND: ("#8a5a00", "#fff4d6", "behind"),
@@ -34,6 +39,14 @@ table.t td{padding:4px 8px;border-bottom:1px solid #eef0f3;vertical-align:top;wo
 table.t td.num,table.t th.num,.summary td.num{text-align:right;white-space:nowrap} td.lagbad{color:#8a5a00;font-weight:700} td.lagok{color:#1f7a3a;font-weight:700}
 .err{color:#b42318;background:#fde8e7;padding:4px 8px;border-radius:4px;margin:4px 0}
 .muted{color:#7a8594;font-size:12px;margin-top:8px} .note{color:#5b6675;font-size:12px}
+.flow{background:#fff;border:1px solid #dfe3e8;border-left:6px solid var(--c);border-radius:6px;padding:10px 14px;margin:0 0 16px}
+.flow h2{font-size:16px;margin:0;display:inline-block;font-weight:600} .arrow{color:#7a8594;margin:0 6px}
+.figs{display:flex;flex-wrap:wrap;gap:10px;margin:10px 0 6px}
+.fig{border:1px solid #e3e7ec;border-radius:6px;padding:6px 12px;min-width:120px;background:#fafbfc}
+.fig b{display:block;font-size:18px;font-variant-numeric:tabular-nums} .fig span{color:#5b6675;font-size:12px}
+.charts{display:flex;flex-wrap:wrap;gap:18px;margin:4px 0} .chart{font-size:12px;color:#5b6675}
+.chart svg{display:block;background:#fafbfc;border:1px solid #eef0f3;border-radius:4px}
+details.pipes>summary{cursor:pointer;color:#33404f;font-size:13px;margin:8px 0 4px} .card{margin:8px 0}
 """
 
 
@@ -41,6 +54,11 @@ def _cell(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value, sort_keys=True)
     return "" if value is None else str(value)
+
+
+def _position(value: Position) -> str:
+    title = f"GTID {value.gtid}" if value.gtid else "no GTID recorded"
+    return f'<span class="pos" title="{escape(title)}" data-gtid="{escape(value.gtid or "")}">{escape(value.text)}</span>'
 
 
 def _section(pipeline: str, section: Section) -> str:
@@ -61,8 +79,9 @@ def _section(pipeline: str, section: Section) -> str:
                 if column == "lag" and isinstance(value, int):
                     classes.append("lagbad" if value else "lagok")
                 cls = f' class="{" ".join(classes)}"' if classes else ""
+                text = _position(value) if isinstance(value, Position) else escape(_cell(value))
                 cells.append(f'<td{cls} data-pipeline="{escape(pipeline)}" data-section="{section.slug}" '
-                             f'data-column="{escape(column)}">{escape(_cell(value))}</td>')
+                             f'data-column="{escape(column)}">{text}</td>')
             body.append(f"<tr>{''.join(cells)}</tr>")
         parts.append(f'<table class="t" data-section="{section.slug}"><thead><tr>{head}</tr></thead>'
                      f"<tbody>{''.join(body)}</tbody></table>")
@@ -89,16 +108,18 @@ def _card(status: PipelineStatus) -> str:
     return "".join(html)
 
 
-def _summary(statuses: list[PipelineStatus]) -> str:
+def _summary(flows: list[Flow]) -> str:
     rows = []
-    for s in statuses:
-        colour, background, label = COLOURS[s.state]
-        rows.append(f'<tr><td><a href="#pipeline-{escape(s.spec.name)}">{escape(s.spec.name)}</a></td>'
+    for f in flows:
+        colour, background, label = COLOURS[f.state]
+        name = escape(f.name)
+        rows.append(f'<tr><td><a href="#flow-{name}">{name}</a></td>'
                     f'<td><span class="badge" style="--c:{colour};--b:{background}">{label}</span></td>'
-                    f'<td class="num" data-pipeline="{escape(s.spec.name)}" data-section="summary" '
-                    f'data-column="lag">{"" if s.lag is None else s.lag}</td></tr>')
-    return ('<table class="summary"><thead><tr><th>pipeline</th><th>state</th><th>total lag</th></tr></thead>'
-            f"<tbody>{''.join(rows)}</tbody></table>")
+                    f'<td class="num" data-pipeline="{name}" data-section="summary" data-column="lag">'
+                    f'{"" if f.lag is None else f.lag}</td><td class="num">{duration(f.freshness)}</td>'
+                    f'<td class="num">{rate(f.throughput)}</td></tr>')
+    return ('<table class="summary"><thead><tr><th>flow</th><th>state</th><th>total lag</th><th>freshness</th>'
+            f"<th>throughput</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def render_page(overview: Overview, only: str | None = None) -> str:
@@ -106,19 +127,21 @@ def render_page(overview: Overview, only: str | None = None) -> str:
     Return the HTML page for ``overview``.
 
     :param overview: what was read.
-    :param only: show this pipeline only (the operators' extra link asks for one).
+    :param only: show the flow of this pipeline only (the operators' extra link asks for one).
     """
-    statuses = [s for s in overview.pipelines if only is None or s.spec.name == only]
+    flows = overview.flows or [Flow(g[0].spec.name, g) for g in group(overview.pipelines)]
+    flows = [f for f in flows if only is None or f.has(only)]
     body = [f"<h1>Exactly-once pipelines</h1><div class=\"meta\">read live at {escape(overview.read_at)} from "
-            "the offsets ledger, Kafka and the sinks · reload to refresh</div>"]
+            f"the offsets ledger, Kafka and the sinks in {overview.seconds:.2f} s · {len(overview.pipelines)} "
+            f"pipelines in {len(overview.flows)} flows · reload to refresh</div>"]
     body += [f'<div class="err">{escape(e)}</div>' for e in overview.errors]
     body += [f'<div class="note">{escape(n)}</div>' for n in overview.notes]
-    if only is not None and not statuses:
+    if only is not None and not flows:
         body.append(f'<div class="err">No pipeline named {escape(only)!s} was found in the DAGs, the offsets '
                     "ledger or the PostgreSQL offsets table.</div>")
-    if len(statuses) > 1:
-        body.append(_summary(statuses))
-    body += [_card(s) for s in statuses]
+    if len(flows) > 1:
+        body.append(_summary(flows))
+    body += [render_flow(f, COLOURS, _card) for f in flows]
     if overview.unresolved:
         items = "".join(f"<li>{escape(u)}</li>" for u in overview.unresolved)
         body.append(f'<div class="muted">Task arguments known only at run time (not shown):<ul>{items}</ul></div>')

@@ -71,6 +71,8 @@ class Overview:
     errors: list[str]
     notes: list[str]
     read_at: str
+    flows: list[Any] = field(default_factory=list)  # plugins.flows.Flow: the pipelines joined per data flow
+    seconds: float = 0.0  # how long the read took
 
 
 class Connections:
@@ -78,6 +80,8 @@ class Connections:
 
     def __init__(self) -> None:
         self._kafka: dict[str, dict] = {}
+        self._consumers: dict[str, Any] = {}
+        self._results: dict[str, dict[str, dict]] = {}
 
     def kafka(self, conn_id: str) -> dict[str, Any]:
         if conn_id not in self._kafka:
@@ -85,6 +89,46 @@ class Connections:
 
             self._kafka[conn_id] = kafka_client_config(conn_id)
         return self._kafka[conn_id]
+
+    def consumer(self, conn_id: str, isolation: str = "read_committed") -> Any:
+        """Return a consumer of ``conn_id`` shared by this page read (closed by :meth:`close`): one SASL/TLS
+        handshake per connection and page, not one per topic."""
+        key = f"{conn_id}/{isolation}"
+        if key not in self._consumers:
+            import uuid
+
+            from confluent_kafka import Consumer
+
+            from exactly_once_provider.kafka.offsets import end_offsets_consumer
+
+            config = self.kafka(conn_id)
+            self._consumers[key] = end_offsets_consumer(config) if isolation == "read_uncommitted" else Consumer({
+                **config, "group.id": f"eo-status-{uuid.uuid4().hex[:8]}", "isolation.level": isolation,
+                "enable.auto.commit": False})
+        return self._consumers[key]
+
+    def end_offsets(self, conn_id: str, topic: str) -> dict[int, int]:
+        """Return the topic's end offsets through this page's read_uncommitted consumer."""
+        return topic_end_offsets(self.kafka(conn_id), topic, self.consumer(conn_id, "read_uncommitted"))
+
+    def reconciliations(self, conn_id: str) -> dict[str, dict]:
+        """Return the newest reconciliation result of every name in ``conn_id``'s database (one query a page)."""
+        if conn_id not in self._results:
+            import psycopg2
+
+            from exactly_once_provider.reconcile.results import latest_results
+
+            conn = psycopg2.connect(**self.postgres(conn_id))
+            try:
+                self._results[conn_id] = {r["name"]: r for r in latest_results(conn)}
+            finally:
+                conn.close()
+        return self._results[conn_id]
+
+    def close(self) -> None:
+        for consumer in self._consumers.values():
+            consumer.close()
+        self._consumers.clear()
 
     @staticmethod
     def postgres(conn_id: str) -> dict[str, Any]:
@@ -101,9 +145,24 @@ def _guard(section: Section, read: Callable[[], None]) -> Section:
     return section
 
 
-def _offset_text(offset: Any) -> str:
+@dataclass(frozen=True)
+class Position:
+    """A committed binlog position as the page shows it, ``binlog.000001:18146205``, with its GTID (on hover)."""
+
+    text: str
+    gtid: str | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _offset_text(offset: Any) -> Any:
     if isinstance(offset, dict) and offset.get("kind") == "watermark":
         return f"watermark next lower = {offset.get('next_lower')}"
+    if isinstance(offset, dict) and "file" in offset and "pos" in offset:
+        from exactly_once_provider.positions import parse_position
+
+        return Position(str(parse_position(offset)), offset.get("gtid"))
     return json.dumps(offset, sort_keys=True)
 
 
@@ -205,10 +264,10 @@ def lag_section(spec: PipelineSpec, sink_rows: list[dict[str, Any]], connections
 
     def read() -> None:
         nonlocal total
-        config = connections.kafka(sorted(spec.kafka_conn_ids)[0] if spec.kafka_conn_ids else "kafka_default")
+        conn_id = sorted(spec.kafka_conn_ids)[0] if spec.kafka_conn_ids else "kafka_default"
         for topic in topics:
             try:
-                ends = topic_end_offsets(config, topic)
+                ends = connections.end_offsets(conn_id, topic)
             except ValueError:  # named by a DAG that has not produced yet: nothing to lag behind
                 section.rows.append({"topic": topic, "partition": "—", "end offset": "topic not created yet"})
                 continue
@@ -255,21 +314,14 @@ def full_loads_section(spec: PipelineSpec) -> Section:
 
 def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Section:
     """Return the last reconciliation result stored for the pipeline (``eo_reconciliation``, by name)."""
-    from exactly_once_provider.reconcile.results import latest_results
-
     section = Section("reconciliation", "Last reconciliation", (
         "result", "finished at", "source rows", "sink rows", "missing", "extra", "changed", "duplicate",
         "in flight", "full scans", "run"))
 
     def read() -> None:
-        import psycopg2
-
         for conn_id in sorted(spec.result_conn_ids or {"postgres_default"}):
-            conn = psycopg2.connect(**connections.postgres(conn_id))
-            try:
-                rows = latest_results(conn, spec.name)
-            finally:
-                conn.close()
+            found = connections.reconciliations(conn_id).get(spec.name)
+            rows = [found] if found else []
             for r in rows:
                 section.rows.append({
                     "result": r["status"], "finished at": r["finished_at"].isoformat(timespec="seconds"),
@@ -282,7 +334,7 @@ def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Sect
 
 
 def read_overview(dags: list[Any], connections: Connections | None = None,
-                  every_ledger_key: bool = False) -> Overview:
+                  every_ledger_key: bool = False, history: int = 30) -> Overview:
     """
     Discover the pipelines and read each one's state from the live systems.
 
@@ -293,7 +345,13 @@ def read_overview(dags: list[Any], connections: Connections | None = None,
     :param dags: serialized (or parsed) DAGs to discover pipelines from.
     :param connections: client settings; default: Airflow connections.
     :param every_ledger_key: read every key of the offsets topics, to list pipelines no DAG names.
+    :param history: sink commits per flow chart.
     """
+    import time
+
+    from exactly_once_provider.plugins import flows
+
+    started = time.monotonic()
     connections = connections or Connections()
     found = add_dags(Discovery(), dags)
     errors: list[str] = []
@@ -335,4 +393,9 @@ def read_overview(dags: list[Any], connections: Connections | None = None,
         sections = [ledger_section(spec, ledger), lag, sinks, reconciliation_section(spec, connections),
                     windows_section(spec, ledger), sink_windows_section(sinks.rows), full_loads_section(spec)]
         statuses.append(PipelineStatus(spec, sections, total))
-    return Overview(statuses, found.unresolved, errors, notes, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    try:
+        joined = flows.build(statuses, connections.consumer, history)
+    finally:
+        connections.close()
+    return Overview(statuses, found.unresolved, errors, notes, datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    joined, time.monotonic() - started)

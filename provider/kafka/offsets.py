@@ -373,21 +373,31 @@ def read_ledger(consumer_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TO
     return result
 
 
-def topic_end_offsets(config: dict[str, Any], topic: str) -> dict[int, int]:
+def topic_end_offsets(config: dict[str, Any], topic: str, consumer: Consumer | None = None) -> dict[int, int]:
     """
     Return the end offset (high watermark, open transactions included) of every partition of ``topic``.
 
     :param config: confluent-kafka configuration (at least ``bootstrap.servers``).
     :param topic: the topic; ``ValueError`` if it does not exist.
+    :param consumer: a ``read_uncommitted`` consumer to ask (one that many calls share, e.g. one page read);
+        default: one of its own, closed after the call.
     """
-    consumer = _consumer(config, "read_uncommitted")
+    own = consumer is None
+    consumer = end_offsets_consumer(config) if own else consumer
     try:
         metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
         if metadata is None or metadata.error is not None:
             raise ValueError(f"Topic {topic!r} does not exist.")
         return {p: _watermarks(consumer, TopicPartition(topic, p), 30)[1] for p in sorted(metadata.partitions)}
     finally:
-        consumer.close()
+        if own:
+            consumer.close()
+
+
+def end_offsets_consumer(config: dict[str, Any]) -> Consumer:
+    """Return a ``read_uncommitted`` consumer for :func:`topic_end_offsets` (a ``read_committed`` one would
+    report the last stable offset: before an open transaction, and before the last one's commit markers)."""
+    return _consumer(config, "read_uncommitted")
 
 
 _ELECTING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,

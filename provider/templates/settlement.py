@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import pendulum
-from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
+from airflow.sdk import DAG, Asset, AssetAlias, CronDataIntervalTimetable, Param, task
 
+from exactly_once_provider import lineage
 from exactly_once_provider.source.identifiers import quote_identifier
 from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.operators.settlement_report import SettlementReportOperator
@@ -71,7 +72,8 @@ def settlement_dag(
     :param topic: the Kafka topic of the windows.
     :param sink_path: the window-mode Delta table (declared as an Asset).
     :param checkpoint_location: the Spark checkpoint of the load.
-    :param report_table: the PostgreSQL report table (declared as an Asset).
+    :param report_table: the PostgreSQL report table (an Asset ``postgres://host:port/db/schema/table``, through
+        the AssetAlias ``<dag_id>.report``: the report task names it when it runs, from its connection).
     :param start_date: the first interval's start.
     :param cron: when an interval ends and its run starts.
     :param timezone: the zone the cron is read in (an explicit zone, never the server's).
@@ -88,8 +90,11 @@ def settlement_dag(
     :param retry_delay: delay between retries.
     :param tags: extra DAG tags.
     """
-    sink_asset = Asset(name=f"{dag_id}.windows", uri=f"file://{sink_path}")
-    report_asset = Asset(name=f"{dag_id}.report", uri=f"eo://postgres/{postgres_conn_id}/{report_table}")
+    # The URIs OpenLineage names these tables by (exactly_once_provider.lineage): the asset graph and the
+    # lineage show the same datasets. The report's URI names its PostgreSQL server, known from the connection,
+    # which no DAG reads while it is parsed: the report task adds that Asset to the alias when it runs.
+    sink_asset = Asset(name=f"{dag_id}.windows", uri=lineage.storage_path(sink_path).asset_uri)
+    report_asset = AssetAlias(name=f"{dag_id}.report")
     cursor = quote_identifier(cursor_column)
     with DAG(
         dag_id=dag_id,

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"provider": "", "hooks": "hooks", "operators": "operators", "plugins": "plugins"}
 CORE = {"errors", "version", "positions", "faults", "connections", "provider_info", "__init__"}
-DOMAIN = {"kafka", "source", "sinks", "spark_jobs", "full_load", "reconcile", "capture", "storage"}
+DOMAIN = {"kafka", "source", "sinks", "spark_jobs", "full_load", "reconcile", "capture", "storage", "lineage",
+          "lineage_facets"}
 # Operators use the plugin's extra links and defer to the triggers; the templates compose operators.
 LAYER = {**{name: 0 for name in CORE}, **{name: 1 for name in DOMAIN}, "hooks": 2, "triggers": 3, "plugins": 3,
          "operators": 4, "templates": 5, "entry": 5}

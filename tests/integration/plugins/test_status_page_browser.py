@@ -3,8 +3,10 @@
 Demo-like data: a produce task commits records and offsets through the ledger; the committed records
 (read back with read_committed) are committed by the product's PostgreSQL sink with their Kafka end offsets;
 more records arrive after that (so the pipeline lags); a watermark window is published and re-extracted
-(version 2). Each figure on the page is then compared with what the test reads itself from Kafka,
-PostgreSQL and MariaDB. The screenshot goes to ``$EO_ARTIFACTS`` (default ``artifacts/``).
+(version 2). A second flow commits binlog-style positions through the ledger and four batches into a Delta
+table, each batch one round behind the producer (so the lag chart has something to show). Each figure on the
+page is then compared with what the test reads itself from Kafka, PostgreSQL, MariaDB and the Delta log. The
+screenshots go to ``$EO_ARTIFACTS`` (default ``artifacts/``).
 
 Budget: no Spark session here (a cold one costs 40-60 s on the shared 2-core box): the batch reaches
 ``PostgresSink.commit`` as Arrow, which is what the sink takes from Spark (``df.select(...).toArrow()``).
@@ -67,6 +69,13 @@ with DAG("ui_stream", schedule=None, start_date=pendulum.datetime(2026, 1, 1), p
     SparkKafkaToSinkOperator(task_id="to_postgres", pipeline="{{ params.pipeline }}", topics=%(topic)r,
                              sink="postgres", sink_table=%(pg_table)r, checkpoint_location="/tmp/unused")
 
+with DAG("ui_flow", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+    TransactionalProduceOperator(task_id="capture", topic=%(flow_topic)r, pipeline=%(p_flow)r,
+                                 delivery_mode="exactly_once", producer_function="builtins.iter",
+                                 offsets_topic=%(ledger)r)
+    SparkKafkaToSinkOperator(task_id="apply", pipeline=%(p_flow)r + "-apply", topics=%(flow_topic)r, sink="delta",
+                             sink_path=%(delta)r, checkpoint_location="/tmp/unused")
+
 with DAG("ui_settle", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
     WatermarkExtractOperator(task_id="extract", table=%(table)r, cursor_column="updated_at", cursor_kind="timestamp",
                              topic=%(wm_topic)r, pipeline=%(p_wm)r, offsets_topic=%(ledger)r)
@@ -89,6 +98,14 @@ class ArrowBatch:
 def _numbers(resume_after, count):
     for n in range((resume_after or 0) + 1, count + 1):
         yield SourceRecord(offset=n, key=f"k{n % 7}", value=json.dumps({"n": n}))
+
+
+def _positions(resume_after, count):
+    """Records whose source offsets are binlog positions with GTIDs, as a capture commits them."""
+    done = 0 if resume_after is None else (resume_after["pos"] - 4) // 100
+    for n in range(done + 1, count + 1):
+        yield SourceRecord(offset={"file": "binlog.000001", "pos": 4 + n * 100, "gtid": f"0-1-{n}"},
+                           key=f"k{n}", value=json.dumps({"n": n}))
 
 
 def _consumer(bootstrap: str, isolation: str = "read_committed") -> Consumer:
@@ -139,10 +156,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def names(stack):
+def names(stack, tmp_path):
     tag = uuid.uuid4().hex[:6]
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    return {"p": f"ui_orders_{tag}", "p_wm": f"ui_settle_{tag}", "bootstrap": bootstrap,
+    return {"p": f"ui_orders_{tag}", "p_wm": f"ui_settle_{tag}", "bootstrap": bootstrap, "p_flow": f"ui_cdc_{tag}",
+            "flow_topic": new_topic(bootstrap, prefix="uiflow"), "delta": str(tmp_path / "delta"),
             "topic": new_topic(bootstrap, partitions=2, prefix="ui"), "wm_topic": new_topic(bootstrap, prefix="uiwm"),
             "ledger": f"eo-offsets-ui-{tag}", "pg_table": f"ui_orders_{tag}", "table": f"ui_src_{tag}"}
 
@@ -241,7 +259,56 @@ def demo(names, api_server, stack, airflow_connections):
                                  offsets_topic=d["ledger"], batch_id="2026-11-20",
                                  interval_end="2026-11-20T00:00:00+00:00", reextract=reextract,
                                  safety_lag=0).execute({})
+    _delta_flow(d, stack)
+    from exactly_once_provider.reconcile.results import _DDL
+
+    with psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
+                          password=stack.DB_PASSWORD) as conn, conn.cursor() as cur:
+        cur.execute(_DDL)
+        cur.execute("INSERT INTO eo_reconciliation (name, started_at, finished_at, status) VALUES "
+                    "(%s, now(), now(), 'clean') RETURNING status", (d["p_flow"],))
+        d["reconciliation"] = cur.fetchone()[0]
+    conn.close()
     return d
+
+
+def _delta_flow(d: dict, stack) -> None:
+    """Four rounds: produce 100, 200, 300, 400 records with binlog positions, each time committing the previous
+    round into the Delta table (the sink's commit: Parquet files + a commit carrying the stream's marker)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from exactly_once_provider.sinks.delta_commit import append_with_files, create_with_files
+
+    apply, root, committed, total, rows_before = f"{d['p_flow']}-apply", Path(d["delta"]), {0: 0}, 0, 0
+    root.mkdir()
+    for round_ in range(4):
+        total += 100 * (round_ + 1)
+        TransactionalProduceOperator(
+            task_id="capture", topic=d["flow_topic"], pipeline=d["p_flow"], delivery_mode="exactly_once",
+            producer_function=_positions, producer_function_kwargs={"count": total}, offsets_topic=d["ledger"],
+            max_records_per_transaction=1000, commit_interval_ms=100_000).execute({})
+        ends = _end_offsets(d["bootstrap"], d["flow_topic"], 1)
+        if round_:  # commit what the previous round produced: one round behind
+            batch = _committed_batch(d["bootstrap"], d["flow_topic"], previous)
+            # the records of the previous round only (a fetch may bring records past its end as well)
+            batch = batch.filter(pc.and_(pc.greater_equal(batch["kafka_offset"], committed[0]),
+                                         pc.less(batch["kafka_offset"], previous[0])))
+            name = f"part-{round_}.parquet"
+            pq.write_table(batch, root / name)
+            files = [{"name": name, "bytes": (root / name).stat().st_size, "rows": batch.num_rows}]
+            marker = {f"eo_stream:{apply}": {**BatchCommit(apply, "ui-ckpt", round_, {d["flow_topic"]: previous})
+                                             .to_json(), "rows_before": rows_before}}
+            schema = json.dumps({"type": "struct", "fields": [
+                {"name": f, "type": t, "nullable": True, "metadata": {}} for f, t in (
+                    ("kafka_topic", "string"), ("kafka_partition", "long"), ("kafka_offset", "long"),
+                    ("record_key", "string"), ("record_value", "string"))]})
+            commit = create_with_files if round_ == 1 else append_with_files
+            commit(str(root), schema, files, marker, "ui-test", round_)
+            rows_before += batch.num_rows
+            committed = dict(previous)
+            time.sleep(1.2)  # the commits' times a second apart: rows/s between them
+        previous = ends
 
 
 @pytest.fixture
@@ -260,7 +327,8 @@ def browser():
 def _screenshot(driver, name: str, full: bool = True) -> Path:
     folder = Path(os.environ.get("EO_ARTIFACTS") or REPO / "artifacts")
     folder.mkdir(parents=True, exist_ok=True)
-    if full:
+    if full:  # measured in a small window: scrollHeight is at least the window's height
+        driver.set_window_size(1500, 800)
         height = driver.execute_script("return document.documentElement.scrollHeight")
         driver.set_window_size(1500, min(max(height + 40, 800), 6000))
     else:
@@ -271,8 +339,41 @@ def _screenshot(driver, name: str, full: bool = True) -> Path:
 
 
 def _cells(driver, pipeline: str, section: str, column: str) -> list[str]:
+    # textContent: the pipelines' tables are folded inside their flow card (text of hidden elements is "")
     css = f'td[data-pipeline="{pipeline}"][data-section="{section}"][data-column="{column}"]'
-    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+    return [e.get_attribute("textContent") for e in driver.find_elements(By.CSS_SELECTOR, css)]
+
+
+def _delta_log(path: str) -> list[tuple[float, int, int]]:
+    """Read the Delta log here, with json only: (commit time s, the stream's rows in total, its next offset)."""
+    found = []
+    for file in sorted((Path(path) / "_delta_log").glob("*.json")):
+        info = next(json.loads(line)["commitInfo"] for line in file.read_text().splitlines() if '"commitInfo"' in line)
+        body = next(iter(json.loads(info["userMetadata"]).values()))
+        found.append((info["timestamp"] / 1000, body["rows_before"] + int(info["operationMetrics"]["numOutputRows"]),
+                      next(iter(body["offsets"].values()))["0"]))
+    return found
+
+
+def _record_times(bootstrap: str, topic: str, end: int) -> list[tuple[int, float]]:
+    """Return (offset, record time s) of every committed record of partition 0 up to ``end``."""
+    consumer = _consumer(bootstrap)
+    found = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and consumer.position([TopicPartition(topic, 0)])[0].offset < end:
+            message = consumer.poll(0.5)
+            if message is not None and not message.error():
+                found.append((message.offset(), message.timestamp()[1] / 1000))
+    finally:
+        consumer.close()
+    return found
+
+
+def _seconds(text: str) -> float:
+    value, unit = text.split()
+    return float(value) * {"s": 1, "min": 60, "h": 3600}[unit]
 
 
 def test_status_page_shows_the_live_figures_after_logging_in(demo, api_server, browser, stack, monkeypatch):
@@ -289,11 +390,13 @@ def test_status_page_shows_the_live_figures_after_logging_in(demo, api_server, b
     assert "/auth/login" in browser.current_url
     browser.find_element(By.CSS_SELECTOR, "input[name=username], input[type=text]").send_keys(USER)
     browser.find_element(By.CSS_SELECTOR, "input[type=password]").send_keys(PASSWORD)
+    read_started = time.time()
     browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     p, p_wm = demo["p"], demo["p_wm"]
     wait.until(ready_.presence_of_element_located((By.CSS_SELECTOR, f'div.card[data-pipeline="{p}"]')))
     shot = _screenshot(browser, "exactly_once_status_page.png")
     assert shot.stat().st_size > 10_000
+    _check_delta_flow(browser, demo, read_started)
 
     # Ledger: the committed offset, sequence and records, read independently.
     committed = read_committed_offset({"bootstrap.servers": demo["bootstrap"]}, p, "0", demo["ledger"])
@@ -343,6 +446,11 @@ def test_status_page_shows_the_live_figures_after_logging_in(demo, api_server, b
     assert link == f"{url}/exactly-once/?pipeline={p}"
     browser.get(link)
     assert [c.get_attribute("data-pipeline") for c in browser.find_elements(By.CSS_SELECTOR, "div.card")] == [p]
+    # The stream's link opens its flow's card, with the producer's pipeline: the docs' screenshot, unfolded.
+    browser.get(f"{url}/exactly-once/?pipeline={demo['p_flow']}-apply")
+    assert [c.get_attribute("data-flow") for c in browser.find_elements(By.CSS_SELECTOR, "div.flow")] == [demo["p_flow"]]
+    browser.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
+    _screenshot(browser, "exactly_once_flow_page.png")
 
     # Inside the Airflow UI: the navigation entry frames the same page.
     browser.get(f"{url}/plugin/exactly-once")
@@ -351,3 +459,64 @@ def test_status_page_shows_the_live_figures_after_logging_in(demo, api_server, b
     wait.until(ready_.presence_of_element_located((By.CSS_SELECTOR, f'div.card[data-pipeline="{p}"]')))
     browser.switch_to.default_content()
     _screenshot(browser, "exactly_once_in_airflow_ui.png", full=False)
+
+
+def _check_delta_flow(browser, demo, read_started: float) -> None:
+    """The producer and its Delta stream on one card; every figure and chart point read here independently."""
+    pf = demo["p_flow"]
+    read_done = time.time()
+    flow = browser.find_element(By.CSS_SELECTOR, f'div.flow[data-flow="{pf}"]')
+    assert f"pipelines: {pf}, {pf}-apply" in flow.text
+    assert demo["flow_topic"] in flow.text and demo["delta"] in flow.text
+    flow.screenshot(str(_screenshot_path("exactly_once_flow_card.png")))
+
+    def figure(name: str):
+        return browser.find_element(By.CSS_SELECTOR, f'div.fig[data-flow="{pf}"][data-figure="{name}"]')
+
+    def points(chart: str) -> list:
+        element = browser.find_element(By.CSS_SELECTOR, f'div.chart[data-flow="{pf}"][data-chart="{chart}"]')
+        assert element.find_elements(By.CSS_SELECTOR, "svg polyline"), f"{chart}: no chart drawn"
+        return json.loads(element.get_attribute("data-points"))
+
+    # The position: the ledger's committed binlog position, not JSON; its GTID on hover.
+    committed = read_committed_offset({"bootstrap.servers": demo["bootstrap"]}, pf, "0", demo["ledger"])
+    position = figure("position")
+    assert position.find_element(By.TAG_NAME, "b").text == f"binlog.000001:{committed.offset['pos']}" \
+        == "binlog.000001:100004"
+    assert position.get_attribute("title") == f"GTID {committed.offset['gtid']}" == "GTID 0-1-1000"
+
+    # The Delta log, read here: three commits (rounds 1-3), each one round behind the producer.
+    log = _delta_log(demo["delta"])
+    assert [rows for _, rows, _ in log] == [100, 300, 600]
+    ends = _end_offsets(demo["bootstrap"], demo["flow_topic"], 1)
+    assert figure("lag").find_element(By.TAG_NAME, "b").text == f"{ends[0] - log[-1][2]:,}"
+    throughput = (log[-1][1] - log[0][1]) / (log[-1][0] - log[0][0])
+    assert float(figure("throughput").find_element(By.TAG_NAME, "b").text.split()[0]) == pytest.approx(throughput, abs=0.51)
+    rates = points("rows_per_second")
+    assert [v for _, v in rates] == pytest.approx(
+        [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(log, log[1:])], rel=1e-3)
+
+    # The lag at each commit: records written before the commit's time that it had not applied.
+    times = _record_times(demo["bootstrap"], demo["flow_topic"], ends[0])
+    expected = []
+    for at, _, next_offset in log:
+        later = [offset for offset, stamp in times if stamp >= at]
+        expected.append(max(0, (min(later) if later else ends[0]) - next_offset))
+    assert [v for _, v in points("lag")] == expected
+    assert expected[0] > 0 and all(v > 0 for v in expected)
+
+    # Freshness: how long the first record the sink has not applied has waited, at the time the page was read.
+    first_unapplied = next(stamp for offset, stamp in times if offset >= log[-1][2])
+    shown = _seconds(figure("freshness").find_element(By.TAG_NAME, "b").text)
+    low, high = read_started - first_unapplied, read_done - first_unapplied
+    slack = 1 if shown < 90 else 60
+    assert low - slack <= shown <= high + slack, (shown, low, high)
+
+    # The last reconciliation stored for the producer's name, read with SQL.
+    assert figure("reconciliation").find_element(By.TAG_NAME, "b").text == demo["reconciliation"]
+
+
+def _screenshot_path(name: str) -> Path:
+    folder = Path(os.environ.get("EO_ARTIFACTS") or REPO / "artifacts")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name

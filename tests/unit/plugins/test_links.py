@@ -12,6 +12,8 @@ from airflow.plugins_manager import AirflowPlugin
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
+from exactly_once_provider.operators.reconcile import ReconcileOperator
+from exactly_once_provider.operators.settlement_report import SettlementReportOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 from exactly_once_provider.operators.spark_submit import _StartedWatcher
@@ -40,6 +42,12 @@ def test_every_pipeline_operator_has_the_status_link_and_the_stream_has_the_spar
         assert "Pipeline status" in [link.name for link in operator.operator_extra_links], operator
     assert [link.name for link in SparkKafkaToSinkOperator.operator_extra_links] == ["Pipeline status", "Spark UI"]
     assert not MySqlFullLoadOperator.operator_extra_links  # no pipeline name to link to
+    # the reconciliation and the report link to the flow of the pipeline they check / settle
+    reconcile = ReconcileOperator(task_id="r", name="shop-orders", table="orders", sink="delta", sink_path="/t")
+    report = SettlementReportOperator(task_id="s", window_id="settle-pay/pay/2026-11-20", sink_path="/w",
+                                      report_table="r", source_table="pay", group_by=["c"], sum_columns=["a"])
+    assert PipelineStatusLink().get_link(reconcile, ti_key=None).endswith("/exactly-once/?pipeline=shop-orders")
+    assert PipelineStatusLink().get_link(report, ti_key=None).endswith("/exactly-once/?pipeline=settle-pay")
     for path in get_provider_info()["extra-links"]:
         module, name = path.rsplit(".", 1)
         assert getattr(importlib.import_module(module), name)().name

@@ -1,0 +1,92 @@
+"""Flows: a producer and the streams reading its topics on one card; the history from a Delta commit log; the
+charts, figures and position as the page shows them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from exactly_once_provider.plugins.discovery import PipelineSpec, SinkSpec
+from exactly_once_provider.plugins.flow_card import duration, rate, sparkline
+from exactly_once_provider.plugins.flows import Flow, Point, delta_history, group
+from exactly_once_provider.plugins.page import render_page
+from exactly_once_provider.plugins.status import (
+    Overview, PipelineStatus, Position, Section, _offset_text,
+)
+from tests.unit.plugins.test_status import _delta_commit
+
+
+def _status(name, topics=(), sources=(), sinks=(), sections=(), lag=0):
+    spec = PipelineSpec(name, topics=set(topics), sources=set(sources), sinks=set(sinks), found_in={"dag"})
+    return PipelineStatus(spec, list(sections), lag)
+
+
+def test_pipelines_sharing_a_topic_are_one_flow_producer_first():
+    capture = _status("shop", topics={"shop.eo.orders"}, sources={"eo.orders"})
+    apply = _status("shop-apply", topics={"shop.eo.orders"}, sinks={SinkSpec("delta", "/lake/orders")})
+    other = _status("settle", topics={"eo-pay"}, sources={"eo.pay"})
+    alone = _status("reconcile-only")
+    flows = {tuple(s.spec.name for s in g) for g in group([apply, other, capture, alone])}
+    assert flows == {("shop", "shop-apply"), ("settle",), ("reconcile-only",)}
+
+
+def test_delta_history_reads_the_pipelines_markers_oldest_first(tmp_path):
+    table = tmp_path / "t"
+    marker = lambda batch, before, offsets: {"eo_stream:p": {  # noqa: E731
+        "pipeline": "p", "checkpoint_id": "c", "batch_id": batch, "offsets": offsets, "rows_before": before}}
+    _delta_commit(table, 0, marker(0, 0, {"t": {"0": 10}}), rows=10, timestamp=1_000_000)
+    _delta_commit(table, 1, {"eo_stream:other": {"batch_id": 0}}, rows=99, timestamp=1_001_000)
+    _delta_commit(table, 2, marker(1, 10, {"t": {"0": 40}}), rows=30, timestamp=1_010_000)
+    _delta_commit(table, 3, marker(2, 40, {"t": {"0": 45}}), rows=5, timestamp=1_020_000)
+    assert delta_history(str(table), "p") == [(1000.0, 10, {"t": {"0": 10}}), (1010.0, 40, {"t": {"0": 40}}),
+                                              (1020.0, 45, {"t": {"0": 45}})]
+    assert [h[1] for h in delta_history(str(table), "p", limit=2)] == [40, 45]
+
+
+def test_binlog_offsets_show_as_file_colon_position_with_the_gtid():
+    shown = _offset_text({"format": 1, "file": "binlog.000001", "pos": 18146205, "gtid": "0-1-77", "tables": []})
+    assert shown == Position("binlog.000001:18146205", "0-1-77") and str(shown) == "binlog.000001:18146205"
+    ledger = Section("ledger", "Committed", ("offset",), rows=[{"offset": shown}])
+    html = render_page(Overview([_status("shop", sections=[ledger])], [], [], [], "now"))
+    assert '<span class="pos" title="GTID 0-1-77" data-gtid="0-1-77">binlog.000001:18146205</span>' in html
+    assert "{" not in re.sub(r"<style>.*</style>", "", html, flags=re.S)  # no JSON on the page
+
+
+def test_flow_card_shows_the_figures_and_both_charts():
+    capture = _status("shop", topics={"shop.eo.orders"}, sources={"eo.orders"})
+    apply = _status("shop-apply", topics={"shop.eo.orders"}, sinks={SinkSpec("delta", "/lake/orders")}, lag=12)
+    flow = Flow("shop", [capture, apply], sources=["eo.orders"], topics=["shop.eo.orders"],
+                sinks=["delta /lake/orders"], lag=12, freshness=42.0, throughput=150.0,
+                reconciliation={"result": "clean", "finished at": "2026-11-25T10:00:00+00:00"},
+                position=Position("binlog.000001:18146205", "0-1-77"),
+                history=[Point(1000, 10, 0), Point(1010, 40, 5, 3.0), Point(1020, 45, 12, 0.5)])
+    html = render_page(Overview([capture, apply], [], [], [], "now", [flow], 0.5), only="shop-apply")
+    assert html.count('<div class="flow"') == 1 and 'data-state="behind"' in html
+    assert "eo.orders" in html and "shop.eo.orders" in html and "delta /lake/orders" in html
+    figures = dict(re.findall(r'data-figure="(\w+)"[^>]*><b>([^<]*)</b>', html))
+    assert figures == {"freshness": "42 s", "lag": "12", "throughput": "150 rows/s", "reconciliation": "clean",
+                       "position": "binlog.000001:18146205"}
+    assert 'data-figure="position" title="GTID 0-1-77"' in html
+    charts = dict(re.findall(r'data-chart="(\w+)" data-points="([^"]*)"', html))
+    assert json.loads(charts["lag"].replace("&quot;", '"')) == [[1000, 0], [1010, 5], [1020, 12]]
+    assert json.loads(charts["rows_per_second"].replace("&quot;", '"')) == [[1010, 3.0], [1020, 0.5]]
+    assert html.count("<svg") == 2 and html.count("<polyline") == 2
+    assert html.count('<div class="card"') == 2  # both pipelines' details, folded inside the flow
+
+
+def test_a_chart_needs_two_commits_and_units_read_well():
+    assert "no chart yet" in sparkline("f", "lag", [1.0], [3], "lag") and "<svg" not in sparkline("f", "lag", [1.0], [3], "lag")
+    assert (duration(None), duration(0), duration(75), duration(600), duration(7200)) == ("—", "0 s", "75 s", "10 min", "2.0 h")
+    assert (rate(None), rate(2.345), rate(12345.6)) == ("—", "2.3 rows/s", "12,346 rows/s")
+
+
+def test_a_producer_in_a_flow_points_at_the_streams_for_its_lag():
+    from exactly_once_provider.plugins.flows import build
+
+    lag = Section("lag", "Kafka end offsets and consumer lag", ("topic",), note="No streaming job: lag is not known.")
+    capture = _status("shop", topics={"shop.eo.orders"}, sources={"eo.orders"}, sections=[lag])
+    apply = _status("shop-apply", topics={"shop.eo.orders"}, sinks={SinkSpec("postgres", "orders")})
+    [flow] = build([capture, apply], consumer_for=None)
+    assert lag.note == "The lag of this flow is measured at the sinks of shop-apply."
+    assert flow.notes == ["postgres sink orders: keeps its newest commit only, no history"]
+    assert (flow.freshness, flow.lag, flow.history) == (0.0, 0, [])
