@@ -285,29 +285,51 @@ def lag_section(spec: PipelineSpec, sink_rows: list[dict[str, Any]], connections
     return section, total
 
 
+RECENT_COMMITS = 200  # reloads older than this many commits are left to the table's Delta history
+
+
 def full_loads_section(spec: PipelineSpec) -> Section:
-    """Return every full load published into the pipeline's full-load tables (newest first)."""
+    """Return the full load each table builds on, and the reloads among its newest commits (newest first).
+
+    The current full load comes from :func:`~exactly_once_provider.full_load.handoff.read_handoff` (the newest
+    commit, or the one a stream commit points to): a table that takes a stream commit a second is never read
+    back to its first commit.
+    """
+    from itertools import islice
+
     from exactly_once_provider.full_load import handoff
 
     section = Section("full_loads", "Full loads and reloads (handoff records)", ("table", "Delta version", "load id", "rows",
                                                                    "chunks", "snapshot from", "snapshot to",
                                                                    "published at"))
 
+    def row(h, info: dict) -> dict:
+        published = info.get("timestamp")
+        return {"table": f"{h.schema}.{h.table}", "Delta version": h.table_version, "load id": h.load_id,
+                "rows": h.rows, "chunks": len(h.chunks), "snapshot from": str(h.min_position),
+                "snapshot to": str(h.max_position),
+                "published at": datetime.fromtimestamp(published / 1000, timezone.utc).isoformat()
+                if published else ""}
+
     def read() -> None:
         for path in sorted(spec.full_loads):
-            for version, actions in delta_commit.commits(path):
+            found = {}
+            for version, actions in islice(delta_commit.commits(path), RECENT_COMMITS):
                 info = actions.get("commitInfo", {})
                 marker = json.loads(info.get("userMetadata") or "{}")
-                if handoff.MARKER_KEY not in marker:
-                    continue
-                h = handoff.parse(version, marker)
-                published = info.get("timestamp")
-                section.rows.append({
-                    "table": f"{h.schema}.{h.table}", "Delta version": version, "load id": h.load_id,
-                    "rows": h.rows, "chunks": len(h.chunks), "snapshot from": str(h.min_position),
-                    "snapshot to": str(h.max_position),
-                    "published at": datetime.fromtimestamp(published / 1000, timezone.utc).isoformat()
-                    if published else ""})
+                if handoff.MARKER_KEY in marker:
+                    found[version] = row(handoff.parse(version, marker), info)
+            try:
+                current = handoff.read_handoff(path)
+            except LookupError:
+                current = None
+            if current is not None and current.table_version not in found:
+                try:
+                    info = delta_commit.read_commit(path, current.table_version).get("commitInfo", {})
+                except FileNotFoundError:  # removed by the log cleanup; the staging manifest had the marker
+                    info = {}
+                found[current.table_version] = row(current, info)
+            section.rows.extend(found[v] for v in sorted(found, reverse=True))
 
     return _guard(section, read)
 

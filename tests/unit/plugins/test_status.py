@@ -83,6 +83,20 @@ def test_full_loads_list_the_load_and_every_reload_newest_first(tmp_path):
     assert section.error is None
 
 
+def test_the_current_full_load_is_found_through_the_stream_commits_pointer_not_by_reading_the_whole_log(tmp_path):
+    from exactly_once_provider.sinks.current_table import full_load_pointer
+
+    path = tmp_path / "orders"
+    chunks = [{"index": 0, "lower": None, "upper": None, "file": "binlog.000003", "pos": 4711, "rows": 40}]
+    loaded = handoff.marker("load-1", "eo", "orders", ("id",), chunks)
+    _delta_commit(path, 0, loaded, rows=40)
+    for version in range(1, 501):
+        _delta_commit(path, version, {"eo_stream:x": {"full_load": full_load_pointer(0, loaded)}}, rows=3)
+    section = full_loads_section(PipelineSpec("p", full_loads={str(path)}))
+    assert [(r["Delta version"], r["load id"]) for r in section.rows] == [(0, "load-1")]
+    assert section.rows[0]["published at"]
+
+
 def test_state_is_error_then_behind_then_empty_or_ok():
     spec = PipelineSpec("p")
     row = Section("lag", "lag", ("lag",), rows=[{"lag": 3}])
