@@ -58,10 +58,10 @@ END=$($PY -c "import pendulum; n = pendulum.now('Asia/Shanghai'); e = n.start_of
 run_dag eo_settlement window "$END"
 run_dag eo_settlement rerun-reextract "$END" --conf '{"reextract": true}'
 
-step "4/4 the writer stops; a last increment reconciles the whole table"
+step "4/4 the writer stops; a last increment reconciles the whole table (the full_reconcile Param; increments check the changed keys)"
 kill $WRITER; wait $WRITER || true
 cat "$LOGS/writer.log"
-run_dag eo_history_stream final-increment
+run_dag eo_history_stream final-increment --conf '{"full_reconcile": true}'
 
 step "reconciliation (latest per pipeline; CDC compared at the common position)"
 $PY docker/local/demo_shop.py report
