@@ -27,6 +27,7 @@ from exactly_once_provider.sinks.base import offsets_from_json, offsets_to_json
 
 
 SCOPES = ("full", "changed")
+DELTA_READERS = ("auto", "spark", "delta-rs")
 
 
 class ReconciliationMismatch(AirflowException):
@@ -78,6 +79,10 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         records the sink applied since the last clean reconciliation of ``name``, plus its in-flight keys
         (:mod:`~exactly_once_provider.reconcile.scope`): its cost follows the changes, not the table. Without a
         clean reconciliation to start from, ``changed`` compares in full.
+    :param delta_reader: how a Delta sink is read: ``spark`` (a Spark application; any table size), ``delta-rs``
+        (in the task through the ``deltalake`` package, no application to start; the compared rows' keys and hashes
+        are held in memory, so meant for a ``changed`` scope or a small table) or ``auto``: ``delta-rs`` for a
+        ``changed`` scope of a plain local table, ``spark`` otherwise.
     :param fail_on_mismatch: fail the task when a real mismatch is found (in-flight keys never fail it).
     :param store_result: insert the result row into PostgreSQL (``postgres_conn_id``).
     :param fanout: sub-segments per bisection step.
@@ -112,7 +117,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         sink_version_column: str | None = None,
         capture_pipeline: str | None = None, capture_source_partition: str = "binlog",
         topics: Sequence[str] | None = None, sink_pipeline: str | None = None, full_load_path: str | None = None,
-        scope: str = "full", fail_on_mismatch: bool | str = True, store_result: bool = True, fanout: int = 16,
+        scope: str = "full", delta_reader: str = "auto", fail_on_mismatch: bool | str = True,
+        store_result: bool = True, fanout: int = 16,
         max_segments: int = 256, leaf_width: int = 16, mysql_conn_id: str = "mysql_default",
         postgres_conn_id: str = "postgres_default", spark_conn_id: str = "spark_default",
         kafka_config_id: str = "kafka_default", offsets_topic: str = "eo-offsets",
@@ -128,6 +134,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.capture_pipeline, self.capture_source_partition = capture_pipeline, capture_source_partition
         self.topics, self.sink_pipeline, self.full_load_path = topics, sink_pipeline, full_load_path
         self.scope, self.fail_on_mismatch, self.store_result = scope, fail_on_mismatch, store_result
+        self.delta_reader = delta_reader
         self.fanout, self.max_segments, self.leaf_width = fanout, max_segments, leaf_width
         self.mysql_conn_id, self.postgres_conn_id, self.spark_conn_id = mysql_conn_id, postgres_conn_id, spark_conn_id
         self.kafka_config_id, self.offsets_topic, self.spark_conf = kafka_config_id, offsets_topic, spark_conf or {}
@@ -149,6 +156,12 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         spec.validate()
         if self.scope not in SCOPES:
             raise ValueError(f"scope={self.scope!r}: use one of {SCOPES}.")
+        if self.delta_reader not in DELTA_READERS:
+            raise ValueError(f"delta_reader={self.delta_reader!r}: use one of {DELTA_READERS}.")
+        if self.delta_reader == "delta-rs" and (spec.kind != "delta" or spec.json_column or spec.filter):
+            raise ValueError("delta_reader='delta-rs' reads a plain Delta table (the current table, a full load): "
+                             "not a PostgreSQL sink, a JSON-record sink (sink_json_column) or a sink_filter (Spark "
+                             "SQL); use delta_reader='spark'.")
         if self.scope == "changed" and not self.capture_pipeline:
             raise ValueError("scope='changed' reads the change records the sink applied: it needs capture_pipeline, "
                              "topics and sink_pipeline (a CDC pipeline).")
@@ -219,10 +232,20 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                       "key ranges", len(keys), last["id"], since["sink_offsets"], len(ranges))
         return ranges
 
+    def _reads_with_delta_rs(self, spec: sides.SinkSpec, ranges: engine.Ranges | None) -> bool:
+        if self.delta_reader != "auto":
+            return self.delta_reader == "delta-rs"
+        plain_local = not (spec.json_column or spec.filter or "://" in spec.location.removeprefix("file://"))
+        return plain_local and ranges is not None
+
     def execute(self, context: Any) -> dict:
         spec = self._sink_spec()
         if spec.kind == "delta":
-            return super().execute(context)  # the Spark application: job_params -> driver -> job_result
+            self._delta_request = r = self._request()
+            if not self._reads_with_delta_rs(spec, r["scope"]):
+                self.log.info("Reading the Delta sink in a Spark application (delta_reader=%s)", self.delta_reader)
+                return super().execute(context)  # the Spark application: job_params -> driver -> job_result
+            return self._compare_with_delta_rs(context, r)
         r = self._request()
         pg_conn = self._postgres()
         try:
@@ -240,8 +263,30 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         finally:
             pg_conn.close()
 
+    def _compare_with_delta_rs(self, context: Any, r: dict[str, Any]) -> dict:
+        """Compare a Delta sink read in this task with delta-rs (no Spark application)."""
+        from exactly_once_provider.reconcile.deltars_side import delta_rs_side
+        from exactly_once_provider.sinks import delta_commit
+
+        spec: sides.SinkSpec = r["spec"]
+        version = delta_commit.newest_version(spec.location)  # pinned BEFORE the source snapshot opens
+        if version < 0:
+            raise ValueError(f"{spec.location} is not a Delta table (no _delta_log commits): check sink_path.")
+        self.log.info("Reading the Delta sink %s at version %d in the task with delta-rs (%s)", spec.location,
+                      version, "the whole table" if r["scope"] is None else f"{len(r['scope'])} key ranges")
+        sink_side = delta_rs_side(spec.location, version, r["key"], r["columns"], spec.key_column,
+                                  spec.deleted_column, r["scope"])
+        try:
+            report, common = compare(r["source_hook"], sink_side, r["schema"], r["table"], r["key"], r["columns"],
+                                     self.source_filter, r["captured"], fanout=self.fanout,
+                                     max_segments=self.max_segments, leaf_width=self.leaf_width, scope=r["scope"])
+        finally:
+            sink_side.close()
+        return self._finish(context, r, report, common.to_json() if common else None)
+
     def job_params(self, context: Any) -> dict[str, Any]:
-        self._delta_request = r = self._request()
+        r = getattr(self, "_delta_request", None) or self._request()
+        self._delta_request = r
         captured: BinlogPosition | None = r["captured"]
         return {"sink": asdict(r["spec"]), "schema": r["schema"], "table": r["table"], "key": r["key"].to_json(),
                 "columns": [c.to_json() for c in r["columns"]], "source_filter": self.source_filter,

@@ -1,4 +1,4 @@
-"""One canonical text per value, rendered identically by MariaDB, PostgreSQL and Spark SQL.
+"""One canonical text per value, rendered identically by MariaDB, PostgreSQL, Spark SQL and Python (delta-rs reads).
 
 A row's hash is ``md5`` over its columns' canonical texts joined by the unit separator (``chr(31)``), cut
 to its first 15 hex digits (60 bits) so that sums of hashes stay exact on all three engines (DECIMAL in
@@ -23,7 +23,11 @@ columns in ``columns`` to compare without them).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from typing import Any
 
 from exactly_once_provider.full_load.columns import Column
 
@@ -132,3 +136,35 @@ class Dialect:
 MARIADB = Dialect("mariadb")
 POSTGRES = Dialect("postgres")
 SPARK = Dialect("spark")
+
+
+def python_text(value: Any, column: Column) -> str:
+    """Return the canonical text of a value as read from a sink with Arrow (the table above, in Python).
+
+    ``value`` is what pyarrow hands back for the column's full-load type (:func:`~exactly_once_provider.full_load.
+    columns.arrow_type`): int, bool, Decimal, datetime (aware: rendered in UTC), date, bytes or str.
+    """
+    if value is None:
+        return NULL_TEXT
+    kind = kind_of(column)
+    if kind == "integer":
+        return str(int(value))
+    if kind == "decimal":
+        return f"{Decimal(value):.{column.scale or 0}f}"
+    if kind == "datetime":
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc)
+        return (f"{value.year:04d}-{value.month:02d}-{value.day:02d} "
+                f"{value.hour:02d}:{value.minute:02d}:{value.second:02d}.{value.microsecond:06d}")
+    if kind == "date":
+        value = value.date() if isinstance(value, datetime) else value
+        return f"{value.year:04d}-{value.month:02d}-{value.day:02d}" if isinstance(value, date) else str(value)
+    if kind == "binary":
+        return bytes(value).hex()
+    return str(value)
+
+
+def python_row_hash(values: Any, columns: list[Column]) -> int:
+    """Return a row's 60-bit hash, equal to :meth:`Dialect.row_hash` of the same values on every engine."""
+    text = chr(31).join(python_text(v, c) for v, c in zip(values, columns, strict=True))
+    return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS], 16)
