@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness test-templates
+.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -74,6 +74,9 @@ bench-history: stack-up  ## ledger reads, writer open, status page and files-sin
 
 bench-freshness: stack-up  ## continuous history -> stream: source commit -> visible in the current table, p50/p99 at 500 changes/s for 5 min (JSON in benchmarks/results/)
 	$(PY) benchmarks/bench_freshness.py $(BENCH_ARGS)
+
+bench-increment: stack-up  ## one increment of 1,000 changes of the scheduled history -> stream template at 10k and 1M rows: changed-keys vs full reconciliation (JSON in benchmarks/results/)
+	$(PY) benchmarks/bench_increment.py $(BENCH_ARGS)
 
 bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and planted differences vs COUNT(*) on both sides
 	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_reconcile.py $(BENCH_ARGS)

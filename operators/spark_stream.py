@@ -104,6 +104,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     job_name = "kafka_to_sink"
     job_module = "exactly_once_provider.spark_jobs.kafka_to_sink"
     default_conf = {"spark.sql.shuffle.partitions": "2"}
+    # A bounded run lives ~20 s: the JVM's C2 compiler threads then only compete with the job for the cores
+    # (measured: apply of 1,000 changes 21.3 -> 18.2 s on 2 cores, make bench-increment); a long stream keeps C2.
+    bounded_run_conf = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+                        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
 
     def __init__(
         self,
@@ -202,6 +206,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         return config
 
     # ------------------------------------------------------------------------------------------ run
+    def job_default_conf(self) -> dict[str, str]:
+        bounded = self.trigger == "available-now"
+        return {**self.default_conf, **(self.bounded_run_conf if bounded else {})}
+
     def job_params(self, context: Any) -> dict[str, Any]:
         return self._stream_spec().to_json()
 

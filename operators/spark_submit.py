@@ -178,6 +178,10 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
                 f"its spark.master.rest.port in connection {self.spark_conn_id!r}'s Extra as 'rest-port', or "
                 "pass deploy_mode='client'.") from err
 
+    def job_default_conf(self) -> dict[str, str]:
+        """Return the Spark settings this job gets unless ``conf`` sets them (default: :attr:`default_conf`)."""
+        return dict(self.default_conf)
+
     # ------------------------------------------------------------------------------------------ run
     def _get_hook(self) -> SparkSubmitHook:
         # The provider's own subclasses (SparkJDBCOperator) build their hook here; ours adds the clean
@@ -189,7 +193,7 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         master, deploy_mode, extra = self.spark_master()
         cluster = master.startswith("spark://") and deploy_mode == "cluster"
         secrets = self.job_secrets()
-        conf = {**self.default_conf, **self.conf}
+        conf = {**self.job_default_conf(), **self.conf}
         # Keeps the secrets out of Spark's UI and event log should a setting or option carry one.
         conf["spark.redaction.regex"] = spark_redaction_regex(self.conf.get("spark.redaction.regex"))
         jars = ",".join(self.jars) if self.jars else None

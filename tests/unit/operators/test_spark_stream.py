@@ -228,3 +228,13 @@ def test_a_files_sink_on_s3_gets_its_settings_in_the_secrets_file_only(connectio
 def test_only_the_files_sink_may_be_on_s3(connections):
     with pytest.raises(ValueError, match="only the files sink can be on S3 so far"):
         _op(sink="delta", sink_path="s3a://lake/t").execute({})
+
+
+def test_a_bounded_run_gets_a_c1_only_jvm_and_a_stream_or_the_user_keeps_their_own(connections, monkeypatch):
+    bounded = _submitted(monkeypatch, _op())["conf"]
+    assert bounded["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+    assert bounded["spark.sql.shuffle.partitions"] == "2"
+    stream = _submitted(monkeypatch, _op(trigger="processing-time"))["conf"]
+    assert "spark.driver.extraJavaOptions" not in stream and stream["spark.sql.shuffle.partitions"] == "2"
+    mine = _submitted(monkeypatch, _op(conf={"spark.driver.extraJavaOptions": "-Dmine=1"}))["conf"]
+    assert mine["spark.driver.extraJavaOptions"] == "-Dmine=1"
