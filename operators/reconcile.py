@@ -21,7 +21,8 @@ from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.positions import BinlogPosition, parse_position
 from exactly_once_provider.reconcile import engine, results, sides
 from exactly_once_provider.reconcile import scope as change_scope
-from exactly_once_provider.reconcile.canonical import INTEGER_TYPES, kind_of
+from exactly_once_provider.reconcile.canonical import kind_of
+from exactly_once_provider.reconcile.keys import Key
 from exactly_once_provider.reconcile.run import compare, report_from_json
 from exactly_once_provider.sinks.base import offsets_from_json, offsets_to_json
 
@@ -56,7 +57,10 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param sink: ``delta`` or ``postgres``.
     :param sink_path: the Delta table (``delta``).
     :param sink_table: the PostgreSQL table (``postgres``).
-    :param key_column: the integer key; default: the table's single-column primary key.
+    :param key_column: the key: one column or a list of columns unique together; default: the table's primary
+        key. A single integer column is bisected by value (index range reads on the source); any other key (text,
+        composite) by the 60-bit hash of its canonical text (:mod:`~exactly_once_provider.reconcile.keys`: each
+        bisection level scans the source table, and differences are named by the key's text).
     :param columns: the columns to compare; default: every source column.
     :param source_filter: SQL predicate (MariaDB) selecting the source rows to compare, e.g. a window.
     :param sink_filter: SQL predicate in the sink's dialect selecting the sink rows, e.g. a batch.
@@ -110,8 +114,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
     def __init__(
         self, *, name: str, table: str, sink: str, sink_path: str | None = None, sink_table: str | None = None,
-        key_column: str | None = None, columns: Sequence[str] | None = None, source_filter: str | None = None,
-        sink_filter: str | None = None, sink_key_column: str | None = None, sink_json_column: str | None = None,
+        key_column: str | Sequence[str] | None = None, columns: Sequence[str] | None = None,
+        source_filter: str | None = None, sink_filter: str | None = None, sink_key_column: str | None = None, sink_json_column: str | None = None,
         sink_json_path: str | None = None, sink_key_json_paths: Sequence[str] | None = None,
         sink_deleted_column: str | None = None, sink_binary_encoding: str = "hex", base_path: str | None = None,
         sink_version_column: str | None = None,
@@ -170,20 +174,20 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                              "sink must have applied everything the capture committed before comparing.")
         return spec
 
-    def _columns(self, cur: Any, schema: str, table: str) -> tuple[Column, list[Column]]:
+    def _columns(self, cur: Any, schema: str, table: str) -> tuple[Key, list[Column]]:
         found = table_columns(cur, schema, table)
         by_name = {c.name: c for c in found}
-        key_name = self.key_column
-        if key_name is None:
+        key_names = [self.key_column] if isinstance(self.key_column, str) else list(self.key_column or ())
+        if not key_names:
             cur.execute("SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND "
                         "TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX", (schema, table))
-            primary = [r[0] for r in cur.fetchall()]
-            if len(primary) != 1:
-                raise ValueError(f"{schema}.{table} has primary key {primary or 'none'}; reconciliation bisects one "
-                                 "integer key: pass key_column (a unique integer column).")
-            key_name = primary[0]
-        if key_name not in by_name or by_name[key_name].data_type not in INTEGER_TYPES:
-            raise ValueError(f"key_column {key_name!r} must be an integer column of {schema}.{table}.")
+            key_names = [r[0] for r in cur.fetchall()]
+            if not key_names:
+                raise ValueError(f"{schema}.{table} has no primary key; pass key_column (a unique column, or a "
+                                 "list of columns that are unique together).")
+        unknown = [n for n in key_names if n not in by_name]
+        if unknown:
+            raise ValueError(f"key_column {unknown} is not in {schema}.{table} (it has {list(by_name)}).")
         wanted = list(self.columns) if self.columns else [c.name for c in found]
         unknown = [n for n in wanted if n not in by_name]
         if unknown:
@@ -191,7 +195,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         chosen = [by_name[n] for n in wanted]
         for column in chosen:
             kind_of(column)  # refuses types without one canonical text, naming the column
-        return by_name[key_name], chosen
+        return Key.of([by_name[n] for n in key_names]), chosen
 
     # ------------------------------------------------------------------------------------------ run
     def _request(self) -> dict[str, Any]:
@@ -210,7 +214,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 "columns": columns, "captured": captured, "started_at": datetime.now(timezone.utc),
                 "sink_offsets": self._sink_offsets, "scope": self._scope_ranges(key)}
 
-    def _scope_ranges(self, key: Column) -> engine.Ranges | None:
+    def _scope_ranges(self, key: Key) -> engine.Ranges | None:
         """Return the key ranges of a ``changed`` reconciliation, or None to compare the whole table."""
         if self.scope != "changed":
             return None
@@ -225,7 +229,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                           self.name)
             return None
         keys = change_scope.changed_keys(kafka_client_config(self.kafka_config_id), offsets_from_json(since["sink_offsets"]),
-                                  self._sink_offsets or {}, key.name)
+                                  self._sink_offsets or {}, key)
         keys |= set(since.get("in_flight", ()))
         ranges = change_scope.key_ranges(keys)
         self.log.info("scope=changed: %d keys changed since the clean reconciliation %s (sink offsets %s): %d "
@@ -288,7 +292,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         r = getattr(self, "_delta_request", None) or self._request()
         self._delta_request = r
         captured: BinlogPosition | None = r["captured"]
-        return {"sink": asdict(r["spec"]), "schema": r["schema"], "table": r["table"], "key": r["key"].to_json(),
+        return {"sink": asdict(r["spec"]), "schema": r["schema"], "table": r["table"], "key": [c.to_json() for c in r["key"].columns],
                 "columns": [c.to_json() for c in r["columns"]], "source_filter": self.source_filter,
                 "captured": str(captured) if captured is not None else None, "fanout": self.fanout,
                 "max_segments": self.max_segments, "leaf_width": self.leaf_width,

@@ -15,6 +15,7 @@ from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.positions import parse_position
 from exactly_once_provider.reconcile import sides
+from exactly_once_provider.reconcile.keys import Key
 from exactly_once_provider.reconcile.run import compare, report_to_json, sink_spec_from_json
 from exactly_once_provider.spark_jobs.driver import run_job
 from exactly_once_provider.spark_jobs.spec import JobSpec
@@ -27,7 +28,7 @@ def _driver(job: JobSpec, secrets: dict) -> dict[str, Any]:
 
     p = job.params
     spec = sink_spec_from_json(p["sink"])
-    key, columns = Column(**p["key"]), [Column(**c) for c in p["columns"]]
+    key, columns = Key.of([Column(**c) for c in p["key"]]), [Column(**c) for c in p["columns"]]
     spark = driver_session(job)
     sink_side = None
     try:

@@ -16,8 +16,9 @@ import bisect
 import pyarrow as pa
 
 from exactly_once_provider.full_load.columns import Column
-from exactly_once_provider.reconcile.canonical import python_row_hash
+from exactly_once_provider.reconcile.canonical import SPARK, python_row_hash
 from exactly_once_provider.reconcile.engine import Ranges
+from exactly_once_provider.reconcile.keys import Key
 
 
 def _quote(identifier: str) -> str:
@@ -37,6 +38,10 @@ class PairsSide:
     label = "sink"
 
     def __init__(self, pairs: list[tuple[int, int]]) -> None:
+        self.labels: dict[int, str] = {}  # a hashed key's text
+        self.load(pairs)
+
+    def load(self, pairs: list[tuple[int, int]]) -> None:
         self.pairs = sorted(pairs)
         self.keys = [k for k, _ in self.pairs]
 
@@ -65,37 +70,54 @@ class PairsSide:
         return list(self._in(ranges))
 
 
-def delta_rs_side(path: str, version: int, key: Column, columns: list[Column], sink_key: str | None = None,
+def delta_rs_side(path: str, version: int, key: Key, columns: list[Column], sink_key: str | None = None,
                   deleted_column: str | None = None, scope: Ranges | None = None,
                   storage_options: dict[str, str] | None = None) -> PairsSide:
     """Return the Delta table's side at ``version``, read with delta-rs.
 
     :param path: the Delta table.
     :param version: the table version to read (pinned before the source snapshot opens).
-    :param key: the source's integer key column.
+    :param key: the key (a hashed key is filtered to ``scope`` here, after hashing: the scan reads every row).
     :param columns: the compared columns (the key is hashed first, as on every side).
-    :param sink_key: the sink's key column; default the source key's name.
+    :param sink_key: a single integer key's column on the sink; default the source key's name.
     :param deleted_column: tombstone column: rows where it is true are absent.
     :param scope: read only the keys in these ranges; None reads the whole table (held in memory: 2 ints a row).
     :param storage_options: delta-rs storage options (object storage).
     """
     from deltalake import DeltaTable
 
-    sink_key = sink_key or key.name
-    ordered = [key] + [c for c in columns if c.name != key.name]
-    names = [sink_key] + [c.name for c in ordered[1:]]
+    ordered = list(key.columns) + [c for c in columns if c.name not in key.names]
+    names = [c.name for c in ordered]
+    if sink_key and not key.hashed:
+        names[0] = sink_key
+    elif sink_key and sink_key != names[0]:
+        key.expression(SPARK, sink_key)  # raises: a renamed key works for a single integer key only
     table = DeltaTable(path, version=version, storage_options=storage_options)
     missing = sorted(set(names) - {f.name for f in table.schema().fields})
     if missing:
         raise ValueError(f"The Delta table {path} (version {version}) has no column(s) {missing}: reconcile the "
                          "columns it has (pass columns=[...]) or reload it.")
     conditions = [f"NOT {_quote(deleted_column)}"] if deleted_column else []
-    if scope is not None:
-        conditions.append(ranges_predicate(sink_key, scope))
+    if scope is not None and not key.hashed:
+        conditions.append(ranges_predicate(names[0], scope))
     # delta-rs hands back an Arrow C stream (arro3); pyarrow reads it without a copy
     reader = pa.RecordBatchReader.from_stream(table.scan(columns=names, predicate=" AND ".join(conditions) or None))
+    width = len(key.columns)
+    side = PairsSide([])
     pairs: list[tuple[int, int]] = []
     for batch in reader:
         values = [batch.column(i).to_pylist() for i in range(len(names))]
-        pairs.extend((int(row[0]), python_row_hash(row, ordered)) for row in zip(*values))
-    return PairsSide(pairs)
+        for row in zip(*values):
+            k = key.of_values(row[:width])
+            if scope is not None and key.hashed and not _in_ranges(k, scope):
+                continue
+            pairs.append((k, python_row_hash(row, ordered)))
+            if key.hashed:
+                side.labels[k] = key.label(row[:width])
+    side.load(pairs)
+    return side
+
+
+def _in_ranges(k: int, ranges: Ranges) -> bool:
+    i = bisect.bisect_right(ranges, (k, float("inf"))) - 1
+    return i >= 0 and ranges[i][0] <= k < ranges[i][1]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 Ranges = list[tuple[int, int]]  # half-open key ranges [lo, hi)
@@ -65,6 +65,7 @@ class Difference:
     kind: str  # missing | extra | duplicate | changed | in_flight
     source_rows: int
     sink_rows: int
+    label: str | None = None  # a hashed key's text (:mod:`.keys`): ``key`` is then its hash
 
 
 @dataclass
@@ -182,6 +183,9 @@ def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int =
             _compare_keys(src.rows(ranges), dst.rows(ranges), in_flight, report)
             break
         level_ranges, width = ranges, max(1, width // fanout)
+    labels = {**getattr(sink, "labels", {}), **getattr(source, "labels", {})}
+    if labels:
+        report.differences = [replace(d, label=labels.get(d.key)) for d in report.differences]
     report.seconds = time.monotonic() - started
     return report
 
@@ -233,7 +237,7 @@ def summary_table(report: Report, title: str = "reconciliation") -> str:
     shown = [d for d in report.differences][:20]
     if shown:
         lines.append(f"  {'key':>14} {'kind':<10} {'source':>6} {'sink':>6}")
-        lines += [f"  {d.key:>14} {d.kind:<10} {d.source_rows:>6} {d.sink_rows:>6}" for d in shown]
+        lines += [f"  {d.label or d.key:>14} {d.kind:<10} {d.source_rows:>6} {d.sink_rows:>6}" for d in shown]
         if len(report.differences) > len(shown):
             lines.append(f"  ... {len(report.differences) - len(shown)} more")
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.reconcile.keys import Key
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class CommonPosition:
                 "in_flight": sorted(self.in_flight_keys)}  # checked again by the next "changed" reconciliation
 
 
-def keys_changed_between(connection: dict[str, Any], schema: str, table: str, key: str, after: BinlogPosition,
+def keys_changed_between(connection: dict[str, Any], schema: str, table: str, key: Key, after: BinlogPosition,
                          until: BinlogPosition) -> tuple[frozenset[int], int]:
     """Return the keys of ``schema.table`` with a row change in ``(after, until]``, and how many changes.
 
@@ -56,7 +57,7 @@ def keys_changed_between(connection: dict[str, Any], schema: str, table: str, ke
     :param connection: ``host``, ``port``, ``user``, ``passwd`` of a user with REPLICATION SLAVE.
     :param schema: the database.
     :param table: the table.
-    :param key: the key column.
+    :param key: the key; the keys come back as the integers the engine bisects (:meth:`Key.of_values`).
     :param after: exclusive start (the captured position ``P``).
     :param until: inclusive end (the snapshot position ``S``).
     """
@@ -79,7 +80,7 @@ def keys_changed_between(connection: dict[str, Any], schema: str, table: str, ke
                 changes += 1
                 for image in ("values", "before_values", "after_values"):
                     if image in row:
-                        keys.add(int(row[image][key]))
+                        keys.add(key.of_values([row[image][name] for name in key.names]))
     finally:
         stream.close()
     return frozenset(keys), changes

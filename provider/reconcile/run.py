@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.reconcile import engine, position, sides
+from exactly_once_provider.reconcile.keys import HASHED_LEAF_WIDTH, Key
 
 if TYPE_CHECKING:  # the hook is the caller's; the domain only calls its public methods
     from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # the hook is the caller's; the domain only calls its public 
 log = logging.getLogger(__name__)
 
 
-def compare(source_hook: MySqlSourceHook, sink_side: Any, schema: str, table: str, key: Column,
+def compare(source_hook: MySqlSourceHook, sink_side: Any, schema: str, table: str, key: Key,
             columns: list[Column], source_filter: str | None, captured: BinlogPosition | None, *, fanout: int,
             max_segments: int, leaf_width: int, scope: engine.Ranges | None = None
             ) -> tuple[engine.Report, position.CommonPosition | None]:
@@ -31,7 +32,7 @@ def compare(source_hook: MySqlSourceHook, sink_side: Any, schema: str, table: st
     :param sink_side: the sink side, pinned before this call.
     :param schema: the source database.
     :param table: the source table.
-    :param key: the integer key column.
+    :param key: the key (a single integer column is bisected itself, any other key by its hash).
     :param columns: the columns compared.
     :param source_filter: SQL predicate selecting the source rows.
     :param captured: CDC: the position ``P`` the sink reached; keys changed between it and the snapshot are in
@@ -45,12 +46,14 @@ def compare(source_hook: MySqlSourceHook, sink_side: Any, schema: str, table: st
         common = None
         if captured is not None:
             keys, changes = position.keys_changed_between(
-                source_hook.connection_settings().replication_settings(), schema, table, key.name, captured,
+                source_hook.connection_settings().replication_settings(), schema, table, key, captured,
                 snapshot.position)
             common = position.CommonPosition(captured, snapshot.position, keys, changes)
             log.info("Common position: captured %s, source snapshot %s; %d changes of %d keys in between are in "
                      "flight", captured, snapshot.position, changes, len(keys))
         source = sides.source_side(snapshot.cursor, schema, table, key, columns, source_filter)
+        if key.hashed:
+            leaf_width = max(leaf_width, HASHED_LEAF_WIDTH)
         report = engine.reconcile(source, sink_side, fanout=fanout, max_segments=max_segments, leaf_width=leaf_width,
                                   in_flight_keys=common.in_flight_keys if common else (), scope=scope)
     return report, common

@@ -17,18 +17,20 @@ import uuid
 from typing import Any
 
 from exactly_once_provider.reconcile.engine import Ranges
+from exactly_once_provider.reconcile.keys import Key
 
 MAX_RANGES = 512
 
 
 def changed_keys(client_config: dict[str, Any], start: dict[str, dict[int, int]],
-                 end: dict[str, dict[int, int]], key_column: str, timeout: float = 300) -> set[int]:
-    """Return the integer keys of the change records between ``start`` and ``end`` (read_committed).
+                 end: dict[str, dict[int, int]], key: Key, timeout: float = 300) -> set[int]:
+    """Return the keys of the change records between ``start`` and ``end`` (read_committed), as the integers the
+    engine bisects (:meth:`Key.of_record_key`: the key itself, or a composite/text key's hash).
 
     :param client_config: confluent-kafka settings.
     :param start: per topic and partition, the offset to start at (a partition missing here: its beginning).
     :param end: per topic and partition, the exclusive end offset.
-    :param key_column: the key column in the record key's JSON (``{"id": 42}``).
+    :param key: the key; its columns are in the record key's JSON (``{"id": 42}``).
     :param timeout: seconds for each topic's read.
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer
@@ -44,12 +46,12 @@ def changed_keys(client_config: dict[str, Any], start: dict[str, dict[int, int]]
             starts = {p: start.get(topic, {}).get(p, OFFSET_BEGINNING) for p in ends}
             for message in read_until(consumer, topic, starts, ends, timeout):
                 try:
-                    keys.add(int(json.loads(message.key())[key_column]))
+                    keys.add(key.of_record_key(json.loads(message.key())))
                 except (TypeError, ValueError, KeyError) as err:
                     raise ValueError(
-                        f"Record at {topic}/{message.partition()}@{message.offset()} has no integer key "
-                        f"{key_column!r} in its JSON key ({err}): the incremental reconciliation reads the binlog "
-                        "capture's change records; use scope='full' for other topics.") from None
+                        f"Record at {topic}/{message.partition()}@{message.offset()} has no key {key.names} in its "
+                        f"JSON key ({err!r}): the incremental reconciliation reads the binlog capture's change "
+                        "records; use scope='full' for other topics.") from None
     finally:
         consumer.close()
     return keys

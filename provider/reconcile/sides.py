@@ -23,6 +23,7 @@ from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.reconcile.canonical import MARIADB, POSTGRES, SPARK, Dialect
 from exactly_once_provider.reconcile.engine import Ranges
+from exactly_once_provider.reconcile.keys import LABEL_SEPARATOR, Key
 
 SINK_KINDS = ("delta", "postgres")
 
@@ -79,9 +80,11 @@ class SqlSide:
     """A side answered by SQL on a DB-API cursor (the MariaDB source, a PostgreSQL sink)."""
 
     def __init__(self, label: str, dialect: Dialect, cursor: Any, relation: str, key_expr: str, hash_expr: str,
-                 where: str | None = None) -> None:
+                 where: str | None = None, key_label_expr: str | None = None) -> None:
         self.label, self.dialect, self.cursor = label, dialect, cursor
         self.relation, self.key, self.hash, self.where = relation, key_expr, hash_expr, where
+        self.key_label = key_label_expr
+        self.labels: dict[int, str] = {}  # a hashed key's text, for the keys rows() returned
 
     def _query(self, sql: str) -> list[tuple]:
         self.cursor.execute(sql)  # no parameters: every value in ``sql`` is an int rendered by this module
@@ -103,31 +106,38 @@ class SqlSide:
         return {int(seg): (int(n), int(total or 0)) for seg, n, total in rows}
 
     def rows(self, ranges: Ranges) -> list[tuple[int, int]]:
-        found = self._query(f"SELECT {self.key}, {self.hash} FROM {self.relation}{self._where(ranges)}")
-        return [(int(k), int(h)) for k, h in found]
+        label = f", {self.key_label}" if self.key_label else ""
+        found = self._query(f"SELECT {self.key}, {self.hash}{label} FROM {self.relation}{self._where(ranges)}")
+        if self.key_label:
+            self.labels.update((int(r[0]), str(r[2]).replace(chr(31), LABEL_SEPARATOR)) for r in found)
+        return [(int(r[0]), int(r[1])) for r in found]
 
 
-def source_side(cursor: Any, schema: str, table: str, key: Column, columns: list[Column],
+def source_side(cursor: Any, schema: str, table: str, key: Key, columns: list[Column],
                 where: str | None = None) -> SqlSide:
     """Return the MariaDB/MySQL source side; ``cursor`` should be inside a consistent snapshot.
 
     :param cursor: an open cursor of the source (UTC session).
     :param schema: the database.
     :param table: the table.
-    :param key: the integer key column.
+    :param key: the key (:class:`~exactly_once_provider.reconcile.keys.Key`).
     :param columns: the columns to compare (key included or not; the key is always hashed first).
     :param where: an SQL predicate on the source selecting the rows to compare.
     """
     q = MARIADB.quote
     parts = [MARIADB.canonical(q(c.name), c) for c in _with_key(key, columns)]
-    return SqlSide("source", MARIADB, cursor, f"{q(schema)}.{q(table)}", q(key.name), MARIADB.row_hash(parts), where)
+    return SqlSide("source", MARIADB, cursor, f"{q(schema)}.{q(table)}", key.expression(MARIADB),
+                   MARIADB.row_hash(parts), where, key.label_expression(MARIADB))
 
 
-def postgres_side(cursor: Any, spec: SinkSpec, key: Column, columns: list[Column]) -> SqlSide:
+def postgres_side(cursor: Any, spec: SinkSpec, key: Key, columns: list[Column]) -> SqlSide:
     """Return a PostgreSQL sink side (``cursor`` inside a REPEATABLE READ transaction)."""
     q = POSTGRES.quote
     relation = ".".join(q(part) for part in spec.location.split("."))
+    if spec.json_column and key.hashed:
+        raise ValueError(_JSON_KEY_ERROR)
     if spec.json_column:
+        key = key.columns[0]
         def raw(name: str, path: tuple[str, ...] = spec.json_path) -> str:
             return f"({q(spec.json_column)}::jsonb #>> '{{{','.join((*path, name))}}}')"
         key_paths = spec.key_json_paths or ((*spec.json_path, key.name),)
@@ -137,11 +147,12 @@ def postgres_side(cursor: Any, spec: SinkSpec, key: Column, columns: list[Column
             key_expr = key_expr[len("COALESCE("):-1]
         parts = [POSTGRES.canonical(raw(c.name), c, True, spec.binary_encoding) for c in _with_key(key, columns)]
     else:
-        key_expr = q(spec.key_column or key.name)
+        key_expr = key.expression(POSTGRES, spec.key_column)
         parts = [POSTGRES.canonical(q(c.name), c) for c in _with_key(key, columns)]
     where = " AND ".join(p for p in (spec.filter and f"({spec.filter})",
                                      spec.deleted_column and f"NOT {q(spec.deleted_column)}") if p) or None
-    return SqlSide("sink", POSTGRES, cursor, relation, key_expr, POSTGRES.row_hash(parts), where)
+    labels = key.label_expression(POSTGRES) if isinstance(key, Key) else None
+    return SqlSide("sink", POSTGRES, cursor, relation, key_expr, POSTGRES.row_hash(parts), where, labels)
 
 
 class SparkSide:
@@ -157,6 +168,8 @@ class SparkSide:
         from pyspark import StorageLevel
 
         self.frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        self.labeled = "label" in frame.columns  # a hashed key's text rides along (rows() keeps it)
+        self.labels: dict[int, str] = {}
 
     def close(self) -> None:
         self.frame.unpersist()
@@ -174,10 +187,13 @@ class SparkSide:
         return {int(r["seg"]): (int(r["count(1)"]), int(r["sum(h)"] or 0)) for r in rows}
 
     def rows(self, ranges: Ranges) -> list[tuple[int, int]]:
-        return [(int(r["k"]), int(r["h"])) for r in self._filtered(ranges).select("k", "h").collect()]
+        found = self._filtered(ranges).select("k", "h", *(["label"] if self.labeled else [])).collect()
+        if self.labeled:
+            self.labels.update((int(r["k"]), r["label"].replace(chr(31), LABEL_SEPARATOR)) for r in found)
+        return [(int(r["k"]), int(r["h"])) for r in found]
 
 
-def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column],
+def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
                scope: Ranges | None = None) -> SparkSide:
     """Return a Delta sink side read at the table's current version (pinned for the whole comparison).
 
@@ -196,9 +212,13 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column],
                 raise ValueError(f"{path} is not a Delta table (no _delta_log commits): check the sink path.")
         return spark.read.format("delta").option("versionAsOf", version).load(path)
 
+    key_expr = key.expression(SPARK, spec.key_column)
+    label = key.label_expression(SPARK)
+
     def plain(frame):
         parts = [SPARK.canonical(q(c.name), c) for c in cols]
-        return frame.selectExpr(f"CAST({q(spec.key_column or key.name)} AS BIGINT) AS k", f"{SPARK.row_hash(parts)} AS h")
+        return frame.selectExpr(f"{key_expr} AS k", f"{SPARK.row_hash(parts)} AS h",
+                                *([f"{label} AS label"] if label else []))
 
     if not spec.json_column:
         frame = pinned(spec.location)
@@ -207,16 +227,18 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column],
         if spec.deleted_column:
             frame = frame.where(f"NOT {q(spec.deleted_column)}")
         if scope is not None:
-            frame = frame.where(_ranges_predicate(f"CAST({q(spec.key_column or key.name)} AS BIGINT)", scope)
-                                if scope else "FALSE")
+            frame = frame.where(_ranges_predicate(key_expr, scope) if scope else "FALSE")
         return SparkSide(plain(frame))
+    if key.hashed:
+        raise ValueError(_JSON_KEY_ERROR)
+    key = key.columns[0]
 
     def path_of(*parts: str) -> str:
         return "$." + ".".join(parts)
 
     json = q(spec.json_column)
     key_paths = spec.key_json_paths or ((*spec.json_path, key.name),)
-    key_expr = "COALESCE(" + ", ".join(f"CAST(get_json_object({json}, '{path_of(*p)}') AS BIGINT)"
+    json_key = "COALESCE(" + ", ".join(f"CAST(get_json_object({json}, '{path_of(*p)}') AS BIGINT)"
                                        for p in key_paths) + ")"
     parts = [SPARK.canonical(f"get_json_object({json}, '{path_of(*spec.json_path, c.name)}')", c, True,
                              spec.binary_encoding) for c in cols]
@@ -229,7 +251,7 @@ def delta_side(spark: Any, spec: SinkSpec, key: Column, columns: list[Column],
         changes = changes.where(spec.filter)
     deleted = F.col(spec.deleted_column) if spec.deleted_column else F.lit(False)
     version = F.col(spec.version_column) if spec.version_column else F.lit(None)
-    keyed = changes.select(F.expr(key_expr).alias("k"), deleted.alias("eo_deleted"), version.alias("eo_version"),
+    keyed = changes.select(F.expr(json_key).alias("k"), deleted.alias("eo_deleted"), version.alias("eo_version"),
                            F.expr(SPARK.row_hash(parts)).alias("h"))
     if not spec.base_path:
         return SparkSide(keyed.where("NOT eo_deleted").select("k", "h"))
@@ -257,5 +279,11 @@ def snapshot_versions(loaded: handoff.Handoff, key: str) -> str:
     return f"(CASE {' '.join(cases)} ELSE {last} END)" if cases else str(last)
 
 
-def _with_key(key: Column, columns: list[Column]) -> list[Column]:
-    return [key] + [c for c in columns if c.name != key.name]
+_JSON_KEY_ERROR = ("A sink holding rows as JSON records (sink_json_column) is reconciled on a single integer key; "
+                   "reconcile the current table (a plain table) for composite or text keys.")
+
+
+def _with_key(key: Key | Column, columns: list[Column]) -> list[Column]:
+    keys = list(key.columns) if isinstance(key, Key) else [key]
+    names = {c.name for c in keys}
+    return keys + [c for c in columns if c.name not in names]

@@ -70,3 +70,43 @@ def test_changed_scope_checks_only_touched_keys_and_full_checks_all(stack, spark
     assert [(d["key"], d["kind"]) for d in full["differences"]] == [(105, "changed"), (2500, "changed")], full
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()
+
+
+def test_changed_scope_of_a_composite_key_table_names_the_touched_key_by_its_text(stack, spark, airflow_connections,
+                                                                                  tmp_path):
+    table, pipeline = unique_name("recck"), unique_name("recck")
+    conn = connect(stack)
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE `{table}` (region CHAR(2) NOT NULL, id INT NOT NULL, v INT NOT NULL, "
+                "PRIMARY KEY (region, id))")
+    cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, %s)",
+                    [(region, i, i) for region in ("EU", "US") for i in range(1, ROWS // 2 + 1)])
+    path, checkpoint = str(tmp_path / "current"), tmp_path / "checkpoint"
+    run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=table, sink_path=path))
+    cur.execute(f"UPDATE `{table}` SET v = v + 1 WHERE id BETWEEN 10 AND 20")
+    topic = _flow(stack, table, pipeline, path, checkpoint)
+
+    def reconcile(scope: str) -> dict:
+        return ReconcileOperator(
+            task_id="reconcile", name=pipeline, table=table, sink="delta", sink_path=path,
+            sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline, topics=[topic],
+            sink_pipeline=f"{pipeline}-apply", full_load_path=path, scope=scope, fail_on_mismatch=False,
+            spark_conf=stack.spark_conf()).execute({})
+
+    assert reconcile("changed")["clean"]  # nothing clean to start from: the whole table
+    cur.execute(f"UPDATE `{table}` SET v = v + 1 WHERE region = 'US' AND id BETWEEN 100 AND 110")
+    cur.execute(f"DELETE FROM `{table}` WHERE region = 'EU' AND id = 120")
+    cur.execute(f"INSERT INTO `{table}` VALUES ('CN', 1, 0)")
+    _flow(stack, table, pipeline, path, checkpoint)
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, path).update("(region = 'US' AND id = 105) OR (region = 'EU' AND id = 1200)",
+                                           {"v": "-1"})  # behind the pipeline's back: one touched key, one not
+    changed = reconcile("changed")
+    assert [(d["label"], d["kind"]) for d in changed["differences"]] == [("US, 105", "changed")], changed
+    assert changed["source_rows"] == 12 and changed["position"]["scope"]["kind"] == "changed"  # 11 + the insert
+    full = reconcile("full")
+    assert sorted((d["label"], d["kind"]) for d in full["differences"]) == [("EU, 1200", "changed"),
+                                                                            ("US, 105", "changed")], full
+    cur.execute(f"DROP TABLE `{table}`")
+    conn.close()

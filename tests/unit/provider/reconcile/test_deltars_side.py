@@ -13,6 +13,7 @@ import pytest
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.reconcile.canonical import NULL_TEXT, python_row_hash, python_text
 from exactly_once_provider.reconcile.deltars_side import PairsSide, delta_rs_side, ranges_predicate
+from exactly_once_provider.reconcile.keys import Key
 
 pytestmark = pytest.mark.unit
 
@@ -90,10 +91,30 @@ def test_delta_rs_side_reads_the_scope_at_the_pinned_version_without_tombstones(
                                     "amount": pa.array([Decimal(1)], pa.decimal128(12, 2)),
                                     "_eo_deleted": pa.array([False])}), mode="append")  # version 1
 
-    side = delta_rs_side(path, 0, key, [key, amount], deleted_column="_eo_deleted", scope=[(5, 25), (450, 600)])
+    side = delta_rs_side(path, 0, Key.of(key), [key, amount], deleted_column="_eo_deleted",
+                         scope=[(5, 25), (450, 600)])
     expected = [(i, python_row_hash((i, Decimal(i) / 4), [key, amount])) for i in range(5, 25) if i % 10]
     assert side.rows([(0, 10_000)]) == expected  # version 0: key 500 is not there yet; 10 and 20 are tombstones
-    newest = delta_rs_side(path, 1, key, [amount], deleted_column="_eo_deleted", scope=[(450, 600)])
+    newest = delta_rs_side(path, 1, Key.of(key), [amount], deleted_column="_eo_deleted", scope=[(450, 600)])
     assert newest.key_bounds() == (500, 500)
     with pytest.raises(ValueError, match=r"no column\(s\) \['missing'\]"):
-        delta_rs_side(path, 1, key, [col("missing", "int")])
+        delta_rs_side(path, 1, Key.of(key), [col("missing", "int")])
+
+
+def test_a_composite_key_is_bisected_by_its_hash_and_named_by_its_text(tmp_path):
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "t")
+    region, number, note = col("region", "varchar"), col("n", "int"), col("note", "varchar")
+    rows = [(r, n, f"{r}{n}") for r in ("EU", "US") for n in range(50)]
+    write_deltalake(path, pa.table({"region": [r[0] for r in rows], "n": pa.array([r[1] for r in rows], pa.int32()),
+                                    "note": [r[2] for r in rows]}))
+    key = Key.of([region, number])
+    assert key.hashed and key.of_values(("EU", 7)) == python_row_hash(("EU", 7), [region, number])
+    wanted = sorted(key.of_values(r[:2]) for r in rows[:10])
+    scope = [(h, h + 1) for h in wanted]
+    side = delta_rs_side(path, 0, key, [note], scope=scope)
+    assert [k for k, _ in side.rows([(0, 2**60)])] == wanted  # only the scope's keys, though the scan read all
+    assert side.labels[key.of_values(("EU", 3))] == "EU, 3"
+    assert dict(side.rows([(0, 2**60)]))[key.of_values(("EU", 3))] == python_row_hash(("EU", 3, "EU3"),
+                                                                                      [region, number, note])
