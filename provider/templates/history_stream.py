@@ -55,11 +55,11 @@ def history_stream_dag(
     dag_id: str,
     schema: str,
     table: str,
-    key_column: str,
     pipeline: str,
     table_path: str,
     checkpoint_location: str,
     start_date: datetime,
+    key_column: str | Sequence[str] | None = None,
     mode: str = "scheduled",
     every_minutes: int = 5,
     run_for: timedelta = timedelta(hours=1),
@@ -83,13 +83,14 @@ def history_stream_dag(
     :param dag_id: the DAG id.
     :param schema: the source database.
     :param table: the source table.
-    :param key_column: the table's integer primary key (reconciliation bisects it).
     :param pipeline: the pipeline name; the capture uses it (topic ``<pipeline>.<schema>.<table>``), the apply
         ``<pipeline>-apply``.
     :param table_path: the current table: the full load's Delta table the changes are merged into (declared as an
         Asset).
     :param checkpoint_location: the apply's Spark checkpoint.
     :param start_date: the first run.
+    :param key_column: the key the reconciliation compares by; default the table's primary key (any shape: one
+        integer column is bisected by value, a text or composite key by its hash).
     :param mode: ``scheduled`` (an increment every ``every_minutes``) or ``continuous`` (a long-running capture and
         Spark stream, restarted by the ``@continuous`` schedule after ``run_for``).
     :param every_minutes: scheduled: minutes between increments.
