@@ -1,7 +1,7 @@
 """Render a benchmark's JSON result as its Markdown table in docs/benchmarks.md (rewritten in place).
 
-Usage: python benchmarks/results_table.py [RESULT.json ...]   (default: the newest history-*.json and
-freshness-*.json in benchmarks/results/). A ``<kind>-*.json`` result's table goes between
+Usage: python benchmarks/results_table.py [RESULT.json ...]   (default: the newest history-*.json,
+freshness-*.json and increment-*.json in benchmarks/results/). A ``<kind>-*.json`` result's table goes between
 ``<!-- bench-<kind>:begin -->`` and ``<!-- bench-<kind>:end -->`` in docs/benchmarks.md.
 """
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("history", "freshness")
+KINDS = ("history", "freshness", "increment")
 
 
 def _machine(result: dict) -> str:
@@ -32,6 +32,23 @@ def freshness_table(result: dict) -> str:
         "|---|---|---|---|---|---|---|",
         f"| {result['p50_s']:.2f} | {result['p90_s']:.2f} | **{result['p99_s']:.2f}** | {result['max_s']:.2f} | "
         f"{result['measured']:,} | {result['applied_per_s']:,.0f} | {result['commits']} |", ""])
+
+
+STEPS = ("preflight", "capture", "apply", "reconcile")
+
+
+def increment_table(result: dict) -> str:
+    """Return the Markdown for one increment result: wall and step seconds per table size and reconciliation."""
+    lines = [f"{_machine(result)}; {result['changes']:,} source changes before each increment, median of "
+             f"{result['repeats']} runs a kind (ABBA); `wall` is the whole `airflow dags test` process, steps are "
+             "the tasks' own start → end.", "",
+             "| rows | reconciliation | wall s | tasks s (sum) | " + " | ".join(f"{s} s" for s in STEPS) + " |",
+             "|---" * (4 + len(STEPS)) + "|"]
+    for row in result["summary"]:
+        tasks = row["tasks_s"]
+        lines.append(f"| {row['rows']:,} | {row['kind']} | **{row['wall_s']:.1f}** | {sum(tasks.values()):.1f} | "
+                     + " | ".join(f"{tasks.get(s, 0):.1f}" for s in STEPS) + " |")
+    return "\n".join(lines + [""])
 
 
 def table(result: dict) -> str:
@@ -58,7 +75,7 @@ def main() -> None:
         newest[-1] for kind in KINDS
         if (newest := sorted(results.glob(f"{kind}-*.json"), key=lambda p: p.stat().st_mtime))]
     if not paths:
-        raise SystemExit("No benchmarks/results/*.json: run make bench-history or make bench-freshness first.")
+        raise SystemExit("No benchmarks/results/*.json: run make bench-history, bench-freshness or bench-increment first.")
     page = REPO / "docs" / "benchmarks.md"
     text = page.read_text()
     for path in paths:
@@ -67,7 +84,7 @@ def main() -> None:
         begin, end = f"<!-- bench-{kind}:begin -->", f"<!-- bench-{kind}:end -->"
         if begin not in text or end not in text:
             raise SystemExit(f"{page} has no {begin} ... {end} region.")
-        body = freshness_table(result) if kind == "freshness" else table(result)
+        body = {"freshness": freshness_table, "increment": increment_table}.get(kind, table)(result)
         head, rest = text.split(begin, 1)
         text = f"{head}{begin}\n<!-- from {path.relative_to(REPO)} -->\n{body}\n{end}{rest.split(end, 1)[1]}"
         print(body)
