@@ -4,7 +4,8 @@ MariaDB (a user created REQUIRE SSL; the binlog is read over TLS) -> binlog capt
 user with its own ACLs) -> the Spark job -> PostgreSQL (a role that may only use TLS). Every secret of the three
 connections is a marker; afterwards every log the run produced (the operators' task log, everything written to
 stdout/stderr including spark-submit's and the driver's output, Spark's event log) and the process arguments
-sampled while it ran are searched for the markers: none may appear. The sink is checked row by row against the
+sampled while it ran, and the status page (HTML and JSON) reading the same pipelines through the same connections
+are searched for the markers: none may appear. The sink is checked row by row against the
 source, read by the test's own clients.
 """
 
@@ -16,6 +17,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 
@@ -96,6 +98,26 @@ def _marker_users(stack) -> dict[str, str]:
     }
 
 
+def _status_page(table: str, pipeline: str, topic: str, sink_table: str, tmp_path) -> tuple[str, str, Any]:
+    """Render the status page (HTML and its JSON) of a DAG declaring the run's capture and apply."""
+    import pendulum
+    from airflow.sdk import DAG
+
+    from exactly_once_provider.plugins.app import _to_json
+    from exactly_once_provider.plugins.page import render_page
+    from exactly_once_provider.plugins.status import read_overview
+
+    with DAG(f"leak_{pipeline}".replace("-", "_"), schedule=None, start_date=pendulum.datetime(2026, 1, 1)) as dag:
+        BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline, mysql_conn_id="mysql_leak",
+                              kafka_config_id="kafka_leak")
+        SparkKafkaToSinkOperator(task_id="apply", pipeline=f"{pipeline}-apply", topics=[topic], sink="postgres",
+                                 sink_table=sink_table, mode="cdc", checkpoint_location=str(tmp_path / "checkpoint"),
+                                 kafka_conn_id="kafka_leak", postgres_conn_id="postgres_leak")
+    overview = read_overview([dag])
+    flow = next((f for f in overview.flows if f.has(f"{pipeline}-apply")), None)
+    return render_page(overview), json.dumps(_to_json(overview), default=str), flow
+
+
 def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_command_line(
         stack, airflow_connections, monkeypatch, tmp_path, caplog, capfd):
     tag = uuid.uuid4().hex[:8]
@@ -136,7 +158,12 @@ def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_comm
     finally:
         sampler.stop.set()
         sampler.join(10)
+        # The status page reads the same pipelines through the same connections (ledger, lag, sink commits).
+        with caplog.at_level(logging.DEBUG):
+            page, page_json, flow = _status_page(table, pipeline, topic, sink_table, tmp_path)
     output = capfd.readouterr()
+    assert flow is not None and flow.lag == 0, "the status page did not read the pipeline: the check proves nothing"
+    assert f"{pipeline}-apply" in page and json.loads(page_json)["errors"] == [], page_json[:2000]
 
     # Exactly once, read by the test's own clients: the sink's current rows equal the source table.
     assert captured["rows"] == 500 + 50 + 50 and captured["transactions"] == 7
@@ -156,7 +183,7 @@ def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_comm
     event_logs = "".join(path.read_text(errors="replace") for path in events.rglob("*") if path.is_file())
     assert event_logs, "Spark wrote no event log: the check below would prove nothing"
     places = {"task log": caplog.text, "stdout": output.out, "stderr": output.err, "Spark event log": event_logs,
-              "process arguments": "\n".join(sampler.seen)}
+              "process arguments": "\n".join(sampler.seen), "status page": page, "status page JSON": page_json}
     assert sampler.samples > 20 and any("spark" in args.lower() for args in sampler.seen), "sampling missed the run"
     leaks = [(kind, place) for kind, secret in secrets.items() for place, text in places.items() if secret in text]
     assert not leaks, f"secrets found: {leaks}"
