@@ -17,8 +17,11 @@ import pyarrow as pa
 
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.reconcile.canonical import SPARK, python_row_hash
-from exactly_once_provider.reconcile.engine import Ranges
+from exactly_once_provider.reconcile.engine import Ranges, split_ranges
 from exactly_once_provider.reconcile.keys import Key
+
+
+MAX_PUSHED_SPANS = 64
 
 
 def _quote(identifier: str) -> str:
@@ -26,10 +29,20 @@ def _quote(identifier: str) -> str:
 
 
 def ranges_predicate(key: str, ranges: Ranges) -> str:
-    """Return a DataFusion SQL predicate: ``key`` in any of the half-open ``ranges`` (FALSE for none)."""
+    """Return a DataFusion SQL predicate that prunes files and row groups to ``ranges`` (FALSE for none).
+
+    The singles go into one IN list; the wider ranges are ORed when few, else only their outer bounds are pushed
+    down (a long OR chain would strain the SQL planner): the rows are filtered exactly after the read anyway.
+    """
     if not ranges:
         return "FALSE"
-    return "(" + " OR ".join(f"({_quote(key)} >= {int(lo)} AND {_quote(key)} < {int(hi)})" for lo, hi in ranges) + ")"
+    singles, spans = split_ranges(ranges)
+    k = _quote(key)
+    if len(spans) > MAX_PUSHED_SPANS:
+        return f"({k} >= {int(ranges[0][0])} AND {k} < {int(ranges[-1][1])})"
+    terms = [f"{k} IN ({', '.join(str(int(x)) for x in singles)})"] if singles else []
+    terms += [f"({k} >= {int(lo)} AND {k} < {int(hi)})" for lo, hi in spans]
+    return "(" + " OR ".join(terms) + ")"
 
 
 class PairsSide:
@@ -109,7 +122,7 @@ def delta_rs_side(path: str, version: int, key: Key, columns: list[Column], sink
         values = [batch.column(i).to_pylist() for i in range(len(names))]
         for row in zip(*values):
             k = key.of_values(row[:width])
-            if scope is not None and key.hashed and not _in_ranges(k, scope):
+            if scope is not None and not _in_ranges(k, scope):  # the pushed-down predicate may be wider
                 continue
             pairs.append((k, python_row_hash(row, ordered)))
             if key.hashed:

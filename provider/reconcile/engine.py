@@ -136,6 +136,13 @@ class _Recorder:
         return found
 
 
+def split_ranges(ranges: Ranges) -> tuple[list[int], Ranges]:
+    """Return ``(single keys, wider ranges)`` of ``ranges``: a predicate tests the singles with one IN list (a hash
+    set, one index probe each) and ORs only the wider ranges, so thousands of changed keys stay one flat term."""
+    singles = [lo for lo, hi in ranges if hi - lo == 1]
+    return singles, [(lo, hi) for lo, hi in ranges if hi - lo > 1]
+
+
 def grid_width(lo: int, hi: int, fanout: int, max_segments: int) -> int:
     """Return the smallest power of ``fanout`` that covers ``[lo, hi]`` with at most ``max_segments`` segments."""
     width = 1

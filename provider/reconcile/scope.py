@@ -19,7 +19,9 @@ from typing import Any
 from exactly_once_provider.reconcile.engine import Ranges
 from exactly_once_provider.reconcile.keys import Key
 
-MAX_RANGES = 512
+# Ranges are cheap: single keys become one IN list on every side (split_ranges). Closing gaps to reach a small
+# count made 1,000 random changes of a 1M-row table cover ~110k rows (512 ranges; make bench-increment).
+MAX_RANGES = 4096
 
 
 def changed_keys(client_config: dict[str, Any], start: dict[str, dict[int, int]],

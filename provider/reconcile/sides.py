@@ -22,7 +22,7 @@ from exactly_once_provider.full_load import handoff
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.reconcile.canonical import MARIADB, POSTGRES, SPARK, Dialect
-from exactly_once_provider.reconcile.engine import Ranges
+from exactly_once_provider.reconcile.engine import Ranges, split_ranges
 from exactly_once_provider.reconcile.keys import LABEL_SEPARATOR, Key
 
 SINK_KINDS = ("delta", "postgres")
@@ -73,7 +73,24 @@ class SinkSpec:
 def _ranges_predicate(key: str, ranges: Ranges | None) -> str:
     if not ranges:
         return "TRUE"
-    return "(" + " OR ".join(f"({key} >= {int(lo)} AND {key} < {int(hi)})" for lo, hi in ranges) + ")"
+    singles, spans = split_ranges(ranges)
+    terms = [f"{key} IN ({', '.join(str(int(k)) for k in singles)})"] if singles else []
+    terms += [f"({key} >= {int(lo)} AND {key} < {int(hi)})" for lo, hi in spans]
+    return "(" + " OR ".join(terms) + ")"
+
+
+def _spark_ranges(key: Any, ranges: Ranges) -> Any:
+    """Return a Spark Column: ``key`` in ``ranges``, as a balanced tree (a chain of thousands of ORs would
+    overflow Catalyst's recursion)."""
+    from pyspark.sql import functions as F
+
+    singles, spans = split_ranges(ranges)
+    terms = ([key.isin(singles)] if singles else []) + [(key >= lo) & (key < hi) for lo, hi in spans]
+    if not terms:
+        return F.lit(False)
+    while len(terms) > 1:
+        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
 
 
 class SqlSide:
@@ -179,7 +196,9 @@ class SparkSide:
         return lo, hi
 
     def _filtered(self, ranges: Ranges | None):
-        return self.frame if not ranges else self.frame.where(_ranges_predicate("k", ranges))
+        from pyspark.sql import functions as F
+
+        return self.frame if not ranges else self.frame.where(_spark_ranges(F.col("k"), ranges))
 
     def segments(self, base: int, width: int, ranges: Ranges | None) -> dict[int, tuple[int, int]]:
         rows = (self._filtered(ranges).selectExpr(f"CAST(floor((k - {int(base)}) / {int(width)}) AS BIGINT) AS seg", "h")
@@ -227,7 +246,7 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
         if spec.deleted_column:
             frame = frame.where(f"NOT {q(spec.deleted_column)}")
         if scope is not None:
-            frame = frame.where(_ranges_predicate(key_expr, scope) if scope else "FALSE")
+            frame = frame.where(_spark_ranges(F.expr(key_expr), scope))
         return SparkSide(plain(frame))
     if key.hashed:
         raise ValueError(_JSON_KEY_ERROR)

@@ -118,3 +118,11 @@ def test_a_composite_key_is_bisected_by_its_hash_and_named_by_its_text(tmp_path)
     assert side.labels[key.of_values(("EU", 3))] == "EU, 3"
     assert dict(side.rows([(0, 2**60)]))[key.of_values(("EU", 3))] == python_row_hash(("EU", 3, "EU3"),
                                                                                       [region, number, note])
+
+
+def test_single_keys_are_one_in_list_and_many_spans_push_only_their_bounds():
+    from exactly_once_provider.reconcile.deltars_side import MAX_PUSHED_SPANS
+
+    assert ranges_predicate("k", [(3, 4), (7, 8), (10, 20)]) == '("k" IN (3, 7) OR ("k" >= 10 AND "k" < 20))'
+    spans = [(i * 10, i * 10 + 2) for i in range(MAX_PUSHED_SPANS + 1)]
+    assert ranges_predicate("k", spans) == f'("k" >= 0 AND "k" < {spans[-1][1]})'
