@@ -293,9 +293,9 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                 if item.gtid and gtids is not None:
                     advance(gtids, item.gtid)
             elif isinstance(item, SourceTransaction):
+                last = Gtid.parse(item.gtid) if item.gtid and gtids is not None else None
                 if item.rows:
-                    if item.gtid and gtids is not None:
-                        last = Gtid.parse(item.gtid)
+                    if last is not None:
                         for schema, table in item.tables:
                             table_gtids.setdefault(f"{schema}.{table}", {})[last.domain] = last
                     if handoff.active(item.end):
@@ -309,8 +309,8 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                     stats.transactions += 1
                     batch_txns += 1
                 position, gtid = item.end, item.gtid or gtid
-                if item.gtid and gtids is not None:
-                    advance(gtids, item.gtid)
+                if last is not None:
+                    gtids[last.domain] = last
             now = time.monotonic()
             if len(batch) >= request.policy.max_records or (
                     now - last_commit) * 1000 >= request.policy.commit_interval_ms:
