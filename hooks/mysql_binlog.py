@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow.sdk.exceptions import AirflowException
@@ -17,15 +16,6 @@ from exactly_once_provider.source.snapshot import ServerChunkLocator, server_ord
 
 if TYPE_CHECKING:
     from exactly_once_provider.full_load.handoff import Handoff
-
-
-@dataclass(frozen=True)
-class ServerIdentity:
-    """Which server a connection reaches and the GTIDs its binlog holds (MariaDB: ``gtid_binlog_state``)."""
-
-    server_id: int
-    is_mariadb: bool
-    gtid_state: list[gtid.Gtid] | None  # None: not MariaDB
 
 
 class MySqlBinlogHook(MySqlSourceHook):
@@ -80,7 +70,7 @@ class MySqlBinlogHook(MySqlSourceHook):
         if start.file not in retained:
             raise PurgedPositionError(purged_message(start, retained))
 
-    def server_identity(self) -> ServerIdentity:
+    def server_identity(self) -> gtid.ServerIdentity:
         """Return the server id of the server the connection reaches and, on MariaDB, its GTID state."""
         with self.cursor() as cur:
             cur.execute("SELECT @@server_id, VERSION()")
@@ -90,7 +80,7 @@ class MySqlBinlogHook(MySqlSourceHook):
             if is_mariadb:
                 cur.execute("SELECT @@gtid_binlog_state")
                 state = gtid.parse_list(cur.fetchone()[0])
-        return ServerIdentity(int(server_id), is_mariadb, state)
+        return gtid.ServerIdentity(int(server_id), is_mariadb, state)
 
     def gtid_position_at(self, position: BinlogPosition) -> gtid.GtidPosition:
         """Return the MariaDB GTID position at a binlog position of this server (``BINLOG_GTID_POS``).

@@ -37,7 +37,7 @@ from exactly_once_provider.source import gtid
 
 if TYPE_CHECKING:
     from exactly_once_provider.capture.loop import CaptureRequest
-    from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook, ServerIdentity
+    from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 
 
 class DivergedSourceError(AirflowException):
@@ -83,7 +83,7 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
     server = hook.server_identity()
     position, first_run = start_position(request, committed, check_tables=committed is None)
     if first_run:
-        at = hook.gtid_position_at(position) if server.is_mariadb else None
+        at = _gtids_at(hook, position) if server.is_mariadb else None
         return Resume(position, True, at, server.server_id, how="first run: smallest full-load snapshot or "
                                                                 "start_position")
     offset = committed.offset
@@ -130,15 +130,52 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
                       f"{server.server_id} (version base {new_base})")
 
 
-def _same_gtids(hook: MySqlBinlogHook, position: BinlogPosition, delivered: gtid.GtidPosition) -> bool:
-    """Return whether this server's binlog at ``position`` is at the delivered GTIDs (their domains only)."""
+def committed_position_on(hook: MySqlBinlogHook, offset: dict, dump_server_id: int) -> tuple[BinlogPosition, str]:
+    """
+    Return the ledger record's position on the server the connection names, and how it was found.
+
+    For the retention guard and lag figures: they must measure the server the capture reads, also after a
+    failover before the capture has resumed there. Same checks as a resume (divergence first).
+
+    :param hook: the binlog hook of the server the connection names.
+    :param offset: the capture's ledger offset.
+    :param dump_server_id: the replica server id for the GTID dump (not the capture's: that would end its stream).
+    :raises DivergedSourceError: the server lacks delivered transactions.
+    """
+    position, recorded = parse_position(offset), offset.get("server_id")
+    if recorded is None:
+        return position, "committed offset"
+    server = hook.server_identity()
+    if recorded == server.server_id:
+        return position, f"committed offset (server_id {recorded})"
+    delivered = _delivered(offset)
+    if not server.is_mariadb or not delivered:
+        raise AirflowException(
+            f"The capture's committed position {position} is on server_id {recorded}, but the connection reaches "
+            f"server_id {server.server_id}, and the ledger holds no GTID position to find it there: the capture "
+            "will refuse to resume on this server. Point the connection back, or run a full reload (full_reload=true).")
+    table_gtids = {name: gtid.parse_position(text) for name, text in (offset.get("table_gtids") or {}).items()}
+    check_divergence(delivered, server, table_gtids, offset)
+    found = hook.locate_gtid(delivered, dump_server_id)
+    return found, (f"GTID position {gtid.format_position(delivered)} of server_id {recorded} (committed at {position}),"
+                   f" at {found} on server_id {server.server_id}")
+
+
+def _gtids_at(hook: MySqlBinlogHook, position: BinlogPosition) -> gtid.GtidPosition | None:
+    """Return the GTID position at ``position``, None where the server cannot tell (a purged file: the capture's
+    own check then asks for a full reload)."""
     from exactly_once_provider.source.binlog import PurgedPositionError
 
     try:
-        at = hook.gtid_position_at(position)
+        return hook.gtid_position_at(position)
     except PurgedPositionError:
-        return False
-    return {domain: at.get(domain) for domain in delivered} == delivered
+        return None
+
+
+def _same_gtids(hook: MySqlBinlogHook, position: BinlogPosition, delivered: gtid.GtidPosition) -> bool:
+    """Return whether this server's binlog at ``position`` is at the delivered GTIDs (their domains only)."""
+    at = _gtids_at(hook, position)
+    return at is not None and {domain: at.get(domain) for domain in delivered} == delivered
 
 
 def _delivered(offset: dict) -> gtid.GtidPosition:
@@ -151,7 +188,7 @@ def _delivered(offset: dict) -> gtid.GtidPosition:
     return {}
 
 
-def check_divergence(delivered: gtid.GtidPosition, server: ServerIdentity,
+def check_divergence(delivered: gtid.GtidPosition, server: gtid.ServerIdentity,
                      table_gtids: dict[str, gtid.GtidPosition], offset: dict) -> None:
     """
     Stop with :class:`DivergedSourceError` unless the server's binlog holds every delivered GTID.

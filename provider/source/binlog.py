@@ -395,7 +395,9 @@ def first_transaction_after(connection: dict[str, Any], gtid_position: str, serv
     except pymysql.err.OperationalError as error:
         if error.args and error.args[0] == _ER_MASTER_FATAL_READING_BINLOG:
             raise GtidNotInBinlogError(
-                f"The server refuses to send its binlog from GTID position {gtid_position}: {error.args[1]}") from None
+                f"The server refuses to send its binlog from GTID position {gtid_position}: {error.args[1]}. Its "
+                "binlog no longer holds (purged) or never held that position, so the capture cannot continue from it "
+                "on this server: run a full reload (trigger the DAG with full_reload=true).") from None
         raise
     finally:
         stream.close()

@@ -86,6 +86,15 @@ def advance(position: GtidPosition, gtid: str) -> None:
 
 
 @dataclass(frozen=True)
+class ServerIdentity:
+    """Which server a connection reaches and the GTIDs its binlog holds (MariaDB: ``gtid_binlog_state``)."""
+
+    server_id: int
+    is_mariadb: bool
+    gtid_state: list[Gtid] | None  # None: not MariaDB
+
+
+@dataclass(frozen=True)
 class MissingRange:
     """Transactions delivered downstream that a server's binlog does not hold.
 
@@ -130,5 +139,5 @@ def missing(delivered: Mapping[int, Gtid], state: Iterable[Gtid]) -> list[Missin
     return found
 
 
-__all__ = ["Gtid", "GtidPosition", "MissingRange", "advance", "format_position", "missing", "parse_list",
+__all__ = ["Gtid", "GtidPosition", "MissingRange", "ServerIdentity", "advance", "format_position", "missing", "parse_list",
            "parse_position"]

@@ -20,7 +20,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from exactly_once_provider.capture.resume import DivergedSourceError
 from exactly_once_provider.kafka.offsets import topic_end_offsets
+from exactly_once_provider.operators.backpressure import BinlogRetentionGuardOperator
 from tests.capture_support import Writer, check_transactions, create_tables, main_row, replay, seed, source_table, \
     topic_records
 from tests.mysql_support import connect, unique_name
@@ -133,8 +135,17 @@ def _held(replica, committed, server_id):
     return [c for c in committed if c[0].split("-")[1] != str(server_id) or int(c[0].split("-")[2]) <= last]
 
 
+def _guard(stack, server, args, monkeypatch):
+    """Run the retention guard of the capture against ``server`` (the connection switched to it)."""
+    for key, value in _connection(stack, server).items():
+        monkeypatch.setenv(key, value)
+    return BinlogRetentionGuardOperator(task_id="guard", capture_pipeline=args["pipeline"],
+                                        capture_source_partition="binlog", mysql_conn_id=CONN_ID,
+                                        offsets_topic=args["offsets_topic"]).execute({})
+
+
 def test_capture_moves_to_the_promoted_replica_by_gtid_with_writers_running(stack, airflow_connections, pair,
-                                                                           fault_outcome):
+                                                                           fault_outcome, monkeypatch):
     primary, replica = pair
     main, side, args = _setup(stack, primary, replica)
     old = _server(stack, primary)
@@ -146,6 +157,9 @@ def test_capture_moves_to_the_promoted_replica_by_gtid_with_writers_running(stac
     primary.kill()  # SIGKILL with the writers still committing: their last commits may never reach the replica
     _stop(writers)
     replica.promote()
+    # The retention guard measures the server the connection names, before the capture has moved there too.
+    headroom = _guard(stack, replica, args, monkeypatch)
+    assert headroom["position"].startswith("binlog.000001:") and not headroom["purged"], headroom
 
     new = _server(stack, replica)
     live = set().union(*(w.live for w in writers))
@@ -181,7 +195,7 @@ def test_capture_moves_to_the_promoted_replica_by_gtid_with_writers_running(stac
     assert all(w.error is None for w in after), [w.error for w in after]
 
 
-def test_capture_refuses_a_replica_that_lacks_delivered_transactions(stack, airflow_connections, pair):
+def test_capture_refuses_a_replica_that_lacks_delivered_transactions(stack, airflow_connections, pair, monkeypatch):
     primary, replica = pair
     main, side, args = _setup(stack, primary, replica)
     replica.query("STOP SLAVE")  # replication stops shortly before the primary dies
@@ -209,6 +223,8 @@ def test_capture_refuses_a_replica_that_lacks_delivered_transactions(stack, airf
                       for r in topic_records(stack, t) if int(r["source"]["gtid"].split("-")[2]) >= first_missing})
     assert f"tables touched: {', '.join(touched)}" in out, out[-3000:]
     assert "full_reload=true" in out
+    with pytest.raises(DivergedSourceError, match=f"0-101-{first_missing} .. {delivered}"):
+        _guard(stack, replica, args, monkeypatch)  # the retention guard fails the same way
     after = {t: topic_end_offsets(plain, t) for t in [*topics, args["offsets_topic"]]}
     assert after == before  # nothing written to the topics or the ledger after the stop
     how, _, out = _capture(stack, replica, {**args, "mode": "continuous", "max_runtime": 5})

@@ -9,10 +9,9 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from exactly_once_provider.capture.resume import DivergedSourceError, resolve
-from exactly_once_provider.hooks.mysql_binlog import ServerIdentity
+from exactly_once_provider.capture.resume import DivergedSourceError, committed_position_on, resolve
 from exactly_once_provider.positions import BinlogPosition
-from exactly_once_provider.source.gtid import parse_list, parse_position
+from exactly_once_provider.source.gtid import ServerIdentity, parse_list, parse_position
 from tests.unit.provider.capture.test_loop import HANDOFF, pos, request
 
 
@@ -115,3 +114,25 @@ def test_a_first_run_starts_at_the_handoff_and_records_the_gtid_position_there()
     server = Server(at={pos(300): "0-1-40"})
     found = resolve(server, request(handoffs={("eo", "t"): HANDOFF}), None)
     assert (found.position, found.first_run, found.gtid_position) == (pos(300), True, parse_position("0-1-40"))
+
+
+def test_a_first_run_at_a_position_the_server_cannot_place_leaves_the_purge_check_to_the_capture():
+    class Purged(Server):
+        def gtid_position_at(self, position):
+            from exactly_once_provider.source.binlog import PurgedPositionError
+            raise PurgedPositionError("gone")
+
+    found = resolve(Purged(), request(handoffs={("eo", "t"): HANDOFF}), None)
+    assert (found.position, found.gtid_position) == (pos(300), None)
+
+
+def test_the_retention_guard_measures_the_committed_position_on_the_server_the_connection_names():
+    offset = ledger(server_id=1, gtid_pos="0-1-100").offset
+    assert committed_position_on(Server(server_id=1), offset, 9) == (pos(4000), "committed offset (server_id 1)")
+    replica = Server(server_id=2, located=BinlogPosition("binlog.000001", 900))
+    found, how = committed_position_on(replica, offset, 9)
+    assert found == BinlogPosition("binlog.000001", 900) and "at binlog.000001:900 on server_id 2" in how
+    with pytest.raises(DivergedSourceError, match="0-1-96 .. 0-1-100"):
+        committed_position_on(Server(server_id=2, state="0-1-95"), offset, 9)
+    with pytest.raises(AirflowException, match="no GTID position"):
+        committed_position_on(Server(server_id=2, mariadb=False), ledger(server_id=1).offset, 9)
