@@ -795,6 +795,10 @@ class MariadbServer:
         """Stop the server and delete its data."""
         stop_all([self.process], timeout=30)
         shutil.rmtree(self.directory, ignore_errors=True)
+        try:
+            self.directory.parent.rmdir()  # the pair's directory, once both servers are gone
+        except OSError:
+            pass
 
 
 def mariadb_pair(name: str, ports: tuple[int, int] = MARIADB_PAIR_PORTS,

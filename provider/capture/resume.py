@@ -97,10 +97,12 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
         start_position(request, committed)  # tables added behind the capture: positions of this server
         return Resume(position, False, delivered or None, server.server_id, base, table_gtids,
                       how=f"last committed offset (server_id {server.server_id}, by file/position)")
-    if recorded is None and (not delivered or _same_gtids(hook, position, delivered)):
-        # A ledger record from before server ids were recorded: the server it was read from is unknown.
+    at = _gtids_at(hook, position) if recorded is None and server.is_mariadb else None
+    if recorded is None and (not delivered or _same_gtids(at, delivered)):
+        # A ledger record from before server ids were recorded: the server it was read from is unknown. Its GTID
+        # matches the binlog there: the full GTID position (every domain) is tracked from now on.
         start_position(request, committed)
-        return Resume(position, False, delivered or None, server.server_id, base, table_gtids,
+        return Resume(position, False, at or delivered or None, server.server_id, base, table_gtids,
                       how="last committed offset (by file/position; the record names no server)")
     where = f"server_id {recorded}" if recorded is not None else "a server whose binlog is at another GTID there"
     if not server.is_mariadb or not delivered:
@@ -172,9 +174,8 @@ def _gtids_at(hook: MySqlBinlogHook, position: BinlogPosition) -> gtid.GtidPosit
         return None
 
 
-def _same_gtids(hook: MySqlBinlogHook, position: BinlogPosition, delivered: gtid.GtidPosition) -> bool:
-    """Return whether this server's binlog at ``position`` is at the delivered GTIDs (their domains only)."""
-    at = _gtids_at(hook, position)
+def _same_gtids(at: gtid.GtidPosition | None, delivered: gtid.GtidPosition) -> bool:
+    """Return whether the server's GTID position ``at`` is at the delivered GTIDs (their domains only)."""
     return at is not None and {domain: at.get(domain) for domain in delivered} == delivered
 
 

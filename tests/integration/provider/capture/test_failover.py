@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from exactly_once_provider.capture.resume import DivergedSourceError
+from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.offsets import topic_end_offsets
 from exactly_once_provider.operators.backpressure import BinlogRetentionGuardOperator
 from tests.capture_support import Writer, check_transactions, create_tables, main_row, replay, seed, source_table, \
@@ -234,3 +235,49 @@ def test_capture_refuses_a_replica_that_lacks_delivered_transactions(stack, airf
     how, _, out = _capture(stack, replica, {**args, "mode": "continuous", "max_runtime": 5})
     assert how == "failed" and "DivergedSourceError" in out  # and it keeps refusing
     assert {t: topic_end_offsets(plain, t) for t in [*topics, args["offsets_topic"]]} == before
+
+
+def test_a_ledger_record_from_before_gtid_positions_resumes_on_the_same_server(stack, airflow_connections, pair):
+    primary, replica = pair
+    main, side, args = _setup(stack, primary, replica)
+    how, first, out = _capture(stack, primary, {**args, "mode": "bounded"})
+    assert how == "ok", out[-3000:]
+    # The ledger record as captures wrote it before server_id/gtid_pos/version_base/table_gtids existed.
+    producer = TransactionalProducerHook("kafka_default", pipeline=args["pipeline"], source_partition="binlog",
+                                         delivery_mode="exactly_once", offsets_topic=args["offsets_topic"])
+    writer = producer.open_writer(track_partition_offsets=False)
+    try:
+        offset = writer.last_committed.offset
+        assert offset["server_id"] == 101 and offset["gtid_pos"] == first["gtid"]
+        old = {key: offset[key] for key in ("format", "file", "pos", "gtid", "tables")}
+        writer.write_batch(first["topics"][f"{stack.DB_NAME}.{main}"], [], old)
+    finally:
+        writer.close()
+    writers = _writers(_server(stack, primary), main, side, (61, 62), ("a", "b"), (1_000_000, 5_000_000),
+                       ({i for i in range(400) if i % 2 == 0}, {i for i in range(400) if i % 2}))
+    time.sleep(2)
+    _stop(writers)
+    how, final, out = _capture(stack, primary, {**args, "mode": "bounded"})
+    assert how == "ok", out[-3000:]
+    assert "by file/position; the record names no server" in out and final["resumed_from"] == str(first[
+        "committed_position"]), out[-3000:]
+    records = [*topic_records(stack, final["topics"][f"{stack.DB_NAME}.{main}"]),
+               *topic_records(stack, final["topics"][f"{stack.DB_NAME}.{side}"])]
+    main_records = [r for r in records if r["source"]["table"] == main]
+    assert {k: main_row(v) for k, v in replay({}, main_records).items()} == {
+        json.dumps({"id": r["id"]}): main_row(r) for r in source_table(_server(stack, primary), main)}
+    counts = check_transactions(records, [c for w in writers for c in w.committed],
+                                [t for w in writers for t in w.rolled_back], 0, {main, side})
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    # From this run on the ledger holds the full GTID position again (a later failover can find it).
+    assert _ledger(stack, args)["gtid_pos"] == final["gtid"]
+
+
+def _ledger(stack, args) -> dict:
+    producer = TransactionalProducerHook("kafka_default", pipeline=args["pipeline"], source_partition="binlog",
+                                         delivery_mode="exactly_once", offsets_topic=args["offsets_topic"])
+    writer = producer.open_writer(track_partition_offsets=False)
+    try:
+        return writer.last_committed.offset
+    finally:
+        writer.close()

@@ -90,9 +90,10 @@ def test_file_position_on_another_server_without_gtids_is_refused():
 
 
 def test_an_old_ledger_record_resumes_on_the_same_server_after_checking_its_gtid():
-    server = Server(server_id=1, at={pos(4000): "0-1-100"})
+    server = Server(server_id=1, at={pos(4000): "0-1-100,1-3-5"})
     found = resolve(server, request(), ledger(gtid="0-1-100"))
     assert (found.position, found.version_base) == (pos(4000), 0)
+    assert found.gtid_position == parse_position("0-1-100,1-3-5")  # every domain from now on
     assert server.asked == [("at", pos(4000))]
     assert resolve(Server(), request(), ledger(gtid=None)).position == pos(4000)  # nothing to check with
 
