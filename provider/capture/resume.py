@@ -54,8 +54,8 @@ class Resume:
     :param server_id: the server's ``server_id``.
     :param version_base: added to every change-record version (raised at a failover).
     :param table_gtids: ``{"schema.table": GTID position of its last delivered change}``, from the ledger.
-    :param apply_handoffs: the full loads' handoff positions are on this server's binlog (False after a failover,
-        once the capture is past every snapshot).
+    :param handed_off: ``"schema.table"`` names whose full load's handoff the capture has passed (ledger). Their
+        handoff positions are never compared again: after a failover they are coordinates of another server.
     :param how: how the position was found, for the task log.
     """
 
@@ -65,7 +65,7 @@ class Resume:
     server_id: int
     version_base: int = 0
     table_gtids: dict[str, gtid.GtidPosition] | None = None
-    apply_handoffs: bool = True
+    handed_off: frozenset[str] = frozenset()
     how: str = ""
 
 
@@ -91,18 +91,19 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
     delivered = _delivered(offset)
     table_gtids = {name: gtid.parse_position(text) for name, text in (offset.get("table_gtids") or {}).items()}
     base = int(offset.get("version_base") or 0)
+    handed_off = frozenset(offset.get("handed_off") or ())
     if server.is_mariadb and delivered:
         check_divergence(delivered, server, table_gtids, offset)
     if recorded == server.server_id:
         start_position(request, committed)  # tables added behind the capture: positions of this server
-        return Resume(position, False, delivered or None, server.server_id, base, table_gtids,
+        return Resume(position, False, delivered or None, server.server_id, base, table_gtids, handed_off,
                       how=f"last committed offset (server_id {server.server_id}, by file/position)")
     at = _gtids_at(hook, position) if recorded is None and server.is_mariadb else None
     if recorded is None and (not delivered or _same_gtids(at, delivered)):
         # A ledger record from before server ids were recorded: the server it was read from is unknown. Its GTID
         # matches the binlog there: the full GTID position (every domain) is tracked from now on.
         start_position(request, committed)
-        return Resume(position, False, at or delivered or None, server.server_id, base, table_gtids,
+        return Resume(position, False, at or delivered or None, server.server_id, base, table_gtids, handed_off,
                       how="last committed offset (by file/position; the record names no server)")
     where = f"server_id {recorded}" if recorded is not None else "a server whose binlog is at another GTID there"
     if not server.is_mariadb or not delivered:
@@ -114,7 +115,8 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
                server.is_mariadb else "The ledger holds no GTID position to find the place on this server. ")
             + "Point the connection back at the server the capture read, or run a full reload (trigger the DAG "
             "with full_reload=true) to start the pipeline from a new snapshot of this server.")
-    late = sorted(f"{s}.{t}" for (s, t), h in request.handoffs.items() if position < h.max_position)
+    late = sorted(f"{s}.{t}" for (s, t), h in request.handoffs.items()
+                  if f"{s}.{t}" not in handed_off and position < h.max_position)
     if late:
         raise AirflowException(
             f"The capture stopped at {position} on {where}, before the full load snapshots of {late} were all "
@@ -127,7 +129,8 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
                          "on the new server first, then add them (after their full load on that server).")
     found = hook.locate_gtid(delivered, request.server_id)
     new_base = base + max(0, position.version - found.version)
-    return Resume(found, False, delivered, server.server_id, new_base, table_gtids, apply_handoffs=False,
+    passed = frozenset(offset.get("handed_off") or ()) | {f"{s}.{t}" for s, t in request.handoffs}
+    return Resume(found, False, delivered, server.server_id, new_base, table_gtids, passed,
                   how=f"GTID position {gtid.format_position(delivered)} of {where}, found at {found} on server_id "
                       f"{server.server_id} (version base {new_base})")
 
