@@ -22,7 +22,7 @@ import pytest
 
 from exactly_once_provider.capture.resume import DivergedSourceError
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
-from exactly_once_provider.kafka.offsets import topic_end_offsets
+from exactly_once_provider.kafka.offsets import read_committed_offset, topic_end_offsets
 from exactly_once_provider.operators.backpressure import BinlogRetentionGuardOperator
 from tests.capture_support import Writer, check_transactions, create_tables, main_row, replay, seed, source_table, \
     topic_records
@@ -67,16 +67,21 @@ def _connection(stack, server) -> dict[str, str]:
          "password": stack.DB_PASSWORD, "schema": stack.DB_NAME})}
 
 
-def _capture(stack, server, args: dict, kill_after: float | None = None, timeout: float = 240):
-    """Run one capture process against ``server``; return (how it ended, result or None, output)."""
+def _capture(stack, server, args: dict, kill_when=None, timeout: float = 240):
+    """Run one capture process against ``server``; return (how it ended, result or None, output).
+
+    :param kill_when: SIGKILL the process once this returns true (polled; the machine's load decides how fast the
+        capture gets anywhere, so a fixed delay would not say what it did before the kill).
+    """
     env = {**os.environ, **_connection(stack, server)}
     proc = subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(args)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        if kill_after is not None:
-            try:
-                proc.wait(kill_after)
-            except subprocess.TimeoutExpired:
+        if kill_when is not None:
+            deadline = time.monotonic() + 180
+            while proc.poll() is None and not kill_when() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=timeout)
     finally:
@@ -152,8 +157,9 @@ def test_capture_moves_to_the_promoted_replica_by_gtid_with_writers_running(stac
     old = _server(stack, primary)
     writers = _writers(old, main, side, (31, 32), ("a", "b"), (1_000_000, 5_000_000),
                        ({i for i in range(400) if i % 2 == 0}, {i for i in range(400) if i % 2}))
-    how, _, out = _capture(stack, primary, {**args, "mode": "continuous", "max_runtime": 60}, kill_after=8)
-    assert how == "killed", out[-3000:]  # the capture dies with the primary's host
+    how, _, out = _capture(stack, primary, {**args, "mode": "continuous", "max_runtime": 120},
+                           kill_when=lambda: _commits(stack, args) >= 20)
+    assert how == "killed", out[-3000:]  # the capture dies with the primary's host, 20 commits in
     replica.caught_up(primary)  # everything the capture can have read is on the replica
     primary.kill()  # SIGKILL with the writers still committing: their last commits may never reach the replica
     _stop(writers)
@@ -271,6 +277,16 @@ def test_a_ledger_record_from_before_gtid_positions_resumes_on_the_same_server(s
     assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
     # From this run on the ledger holds the full GTID position again (a later failover can find it).
     assert _ledger(stack, args)["gtid_pos"] == final["gtid"]
+
+
+def _commits(stack, args) -> int:
+    """Return how many Kafka transactions the capture has committed (its ledger record's sequence; read only)."""
+    try:
+        committed = read_committed_offset({"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"},
+                                          args["pipeline"], "binlog", args["offsets_topic"], timeout=30)
+    except ValueError:  # the capture has not created its offsets topic yet
+        return 0
+    return committed.sequence if committed is not None else 0
 
 
 def _ledger(stack, args) -> dict:
