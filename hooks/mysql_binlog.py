@@ -108,24 +108,22 @@ class MySqlBinlogHook(MySqlSourceHook):
         :param attempts: how often to retry when new transactions arrive while the end of the binlog is checked.
         """
         text = gtid.format_position(position)
-        for _ in range(attempts):
+        for attempt in range(1, attempts + 1):
             found = first_transaction_after(self.connection_settings().replication_settings(), text, server_id)
-            if found is None:
+            at_end = found is None
+            if at_end:
                 found = self.binlog_end()
-                at = self.gtid_position_at(found)
-                if at != position:
-                    continue  # a transaction was written after the dump ended: look again
-            else:
-                at = self.gtid_position_at(found)
-            if at != position:
-                raise AirflowException(
-                    f"GTID position {text} is at {found} in this server's binlog, but the GTID position there is "
-                    f"{gtid.format_position(at) or 'empty'}: the binlog before it holds transactions of other domains "
-                    "(or other GTIDs) the capture never delivered. Resuming there would skip them; check the "
-                    "replication topology (gtid_domain_id, gtid_strict_mode=ON on every server).")
-            return found
-        raise AirflowException(f"Could not find GTID position {text} in this server's binlog: new transactions kept "
-                               f"arriving at its end in {attempts} attempts. Retry the task.")
+            at = self.gtid_position_at(found)
+            if at == position:
+                return found
+            if at_end and attempt < attempts:
+                continue  # a transaction may have been written after the dump ended: look again
+            break
+        raise AirflowException(
+            f"GTID position {text} is at {found} in this server's binlog, but the GTID position there is "
+            f"{gtid.format_position(at) or 'empty'}: the binlog before it holds transactions of other domains (or "
+            "other GTIDs) the capture never delivered. Resuming there would skip them; check the replication "
+            "topology (gtid_domain_id, gtid_strict_mode=ON on every server).")
 
     def table_key(self, schema: str, table: str) -> tuple[str, ...]:
         """Return the primary key columns of a table (for tables captured without a full load)."""
