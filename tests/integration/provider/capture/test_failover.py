@@ -224,10 +224,17 @@ def test_capture_refuses_a_replica_that_lacks_delivered_transactions(stack, airf
     before = {t: topic_end_offsets(plain, t) for t in [*topics, args["offsets_topic"]]}
     primary.kill()
     replica.promote()
+    # The new primary takes writes before the capture comes back: its sequence numbers pass the delivered ones
+    # (0-102-n, n > delivered), which must not hide that it lacks 0-101-...
+    first_missing, last_delivered = int(lagging.split("-")[2]) + 1, int(delivered.split("-")[2])
+    conn = connect(_server(stack, replica))
+    for i in range(last_delivered - first_missing + 5):
+        conn.cursor().execute(f"INSERT INTO `{main}` VALUES (%s, 1, 1.00, 'new primary', NULL, NULL)", (20_000_000 + i,))
+    conn.close()
+    assert int(replica.gtid_binlog_pos().split("-")[2]) > last_delivered
 
     how, _, out = _capture(stack, replica, {**args, "mode": "bounded"})
     assert how == "failed", out[-3000:]
-    first_missing = int(lagging.split("-")[2]) + 1
     assert "DivergedSourceError" in out and "lacks transactions the capture already delivered" in out, out[-3000:]
     assert f"0-101-{first_missing} .. {delivered}" in out, (lagging, delivered, out[-3000:])
     touched = sorted({f"{r['source']['schema']}.{r['source']['table']}" for t in topics
