@@ -14,7 +14,9 @@ there (``gtid_pos``: the last GTID of each domain). At every resume, before anyt
 3. **Another server** (a failover: the connection's host now names the new primary): resume by GTID. The
    server finds the first transaction after the ledger's GTID position (a GTID dump in strict mode) and
    ``BINLOG_GTID_POS`` there must equal that position. From then on the capture reads that server by
-   file/position like any other run, and the next ledger record names it.
+   file/position like any other run, and the next ledger record names it. The stream itself is never read in
+   python-mysql-replication's GTID mode: its reconnect there resends the first GTID and repeats events (#367),
+   while the reader's file/position restarts at transaction boundaries are tested (:mod:`exactly_once_provider.source.binlog`).
    Change-record versions (``file_index * 2**32 + offset``) of another server's binlog are not comparable with
    the old server's, so the ledger carries a ``version_base`` added to every version: raised at a failover so
    the first change on the new server is newer than everything delivered before ("newer version wins" in the
