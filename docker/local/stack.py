@@ -795,6 +795,7 @@ class MariadbServer:
         """Stop the server and delete its data."""
         stop_all([self.process], timeout=30)
         shutil.rmtree(self.directory, ignore_errors=True)
+        self.process.logfile.unlink(missing_ok=True)
         try:
             self.directory.parent.rmdir()  # the pair's directory, once both servers are gone
         except OSError:
