@@ -18,7 +18,7 @@ Ledger offset (JSON)::
      "gtid_pos": "0-1-77",                                  # MariaDB: last GTID of each domain (null: no GTIDs)
      "version_base": 0,                                     # added to change-record versions (raised at failover)
      "table_gtids": {"eo.orders": "0-1-75"},                # each table's last delivered change (GTID position)
-     "handed_off": ["eo.orders"]}                           # tables whose full-load handoff is passed
+     "handed_off": {"eo.orders": "load-id"}}                # full loads whose handoff the capture has passed
 
 ``server_id``, ``gtid_pos``, ``version_base``, ``table_gtids`` and ``handed_off`` are optional (older records lack them); where a
 capture resumes and the divergence check are in :mod:`exactly_once_provider.capture.resume`.
@@ -244,8 +244,8 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
     deadline = time.monotonic() + request.max_runtime if request.max_runtime else None
     # A handoff the capture has passed is never compared again: after a failover its positions are another
     # server's coordinates. The rest are passed once the committed position reaches their largest chunk position.
-    handed_off = set(where.handed_off)
-    pending_handoffs = {n: h for n, h in request.handoffs.items() if f"{n[0]}.{n[1]}" not in handed_off}
+    handed_off = dict(where.handed_off)
+    pending_handoffs = {n: h for n, h in request.handoffs.items() if handed_off.get(f"{n[0]}.{n[1]}") != h.load_id}
     handoff = HandoffFilter(pending_handoffs, request.chunk_locators)
     stats = CaptureStats()
     progress_log.info("Capturing %s from %s (%s)%s", ", ".join(request.table_names), resume, where.how,
@@ -271,9 +271,10 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
         nonlocal batch, batch_txns, last_commit, committed_position, submitted_position
         if position == submitted_position and not batch:
             return
-        handed_off.update(f"{s}.{t}" for (s, t), h in pending_handoffs.items() if position >= h.max_position)
+        handed_off.update({f"{s}.{t}": h.load_id for (s, t), h in pending_handoffs.items()
+                           if position >= h.max_position})
         offset = {"format": OFFSET_FORMAT, **position.to_json(), "gtid": gtid, "tables": request.table_names,
-                  "handed_off": sorted(handed_off),
+                  "handed_off": handed_off,
                   "server_id": where.server_id, "gtid_pos": gtid_text(gtids) if gtids else None,
                   "version_base": base, "table_gtids": {name: gtid_text(at) for name, at in table_gtids.items()}}
         if writer.submit_batch(next(iter(request.topics.values())), batch, offset) is not None:

@@ -29,7 +29,7 @@ hold the last transaction's GTID, the position is checked against it with ``BINL
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
@@ -56,8 +56,9 @@ class Resume:
     :param server_id: the server's ``server_id``.
     :param version_base: added to every change-record version (raised at a failover).
     :param table_gtids: ``{"schema.table": GTID position of its last delivered change}``, from the ledger.
-    :param handed_off: ``"schema.table"`` names whose full load's handoff the capture has passed (ledger). Their
-        handoff positions are never compared again: after a failover they are coordinates of another server.
+    :param handed_off: ``{"schema.table": load id}`` of the full loads whose handoff the capture has passed
+        (ledger). Their positions are never compared again: after a failover they are another server's
+        coordinates. A new full load of the table (``full_reload``) has a new load id and is filtered as usual.
     :param how: how the position was found, for the task log.
     """
 
@@ -67,7 +68,7 @@ class Resume:
     server_id: int
     version_base: int = 0
     table_gtids: dict[str, gtid.GtidPosition] | None = None
-    handed_off: frozenset[str] = frozenset()
+    handed_off: dict[str, str] = field(default_factory=dict)
     how: str = ""
 
 
@@ -93,7 +94,7 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
     delivered = _delivered(offset)
     table_gtids = {name: gtid.parse_position(text) for name, text in (offset.get("table_gtids") or {}).items()}
     base = int(offset.get("version_base") or 0)
-    handed_off = frozenset(offset.get("handed_off") or ())
+    handed_off = dict(offset.get("handed_off") or {})
     if server.is_mariadb and delivered:
         check_divergence(delivered, server, table_gtids, offset)
     if recorded == server.server_id:
@@ -118,7 +119,7 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
             + "Point the connection back at the server the capture read, or run a full reload (trigger the DAG "
             "with full_reload=true) to start the pipeline from a new snapshot of this server.")
     late = sorted(f"{s}.{t}" for (s, t), h in request.handoffs.items()
-                  if f"{s}.{t}" not in handed_off and position < h.max_position)
+                  if handed_off.get(f"{s}.{t}") != h.load_id and position < h.max_position)
     if late:
         raise AirflowException(
             f"The capture stopped at {position} on {where}, before the full load snapshots of {late} were all "
@@ -131,7 +132,7 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
                          "on the new server first, then add them (after their full load on that server).")
     found = hook.locate_gtid(delivered, request.server_id)
     new_base = base + max(0, position.version - found.version)
-    passed = frozenset(offset.get("handed_off") or ()) | {f"{s}.{t}" for s, t in request.handoffs}
+    passed = {**handed_off, **{f"{s}.{t}": h.load_id for (s, t), h in request.handoffs.items()}}  # all passed
     return Resume(found, False, delivered, server.server_id, new_base, table_gtids, passed,
                   how=f"GTID position {gtid.format_position(delivered)} of {where}, found at {found} on server_id "
                       f"{server.server_id} (version base {new_base})")

@@ -43,7 +43,7 @@ def ledger(**offset):
 def test_the_same_server_resumes_by_file_position_without_scanning_the_binlog():
     server = Server(server_id=1)
     found = resolve(server, request(), ledger(server_id=1, gtid_pos="0-1-100", gtid="0-1-100", version_base=7))
-    assert (found.position, found.first_run, found.version_base, found.handed_off) == (pos(4000), False, 7, set())
+    assert (found.position, found.first_run, found.version_base, found.handed_off) == (pos(4000), False, 7, {})
     assert server.asked == []  # no BINLOG_GTID_POS, no GTID dump
 
 
@@ -54,7 +54,7 @@ def test_another_server_resumes_by_gtid_with_a_version_base_above_everything_del
     assert found.position == BinlogPosition("binlog.000001", 900)
     assert found.version_base == 5 + pos(4000).version - BinlogPosition("binlog.000001", 900).version
     assert found.version_base + found.position.version == 5 + pos(4000).version
-    assert found.handed_off == {"eo.t"} and found.server_id == 2  # never compared with the new server's positions
+    assert found.handed_off == {"eo.t": "load"} and found.server_id == 2  # never compared with the new server's
     assert replica.asked == [("locate", parse_position("0-1-100"))]
     assert "found at binlog.000001:900 on server_id 2" in found.how
 
@@ -101,7 +101,7 @@ def test_an_old_ledger_record_resumes_on_the_same_server_after_checking_its_gtid
 def test_an_old_ledger_record_on_another_server_moves_by_its_last_gtid():
     replica = Server(server_id=2, at={pos(4000): "0-2-7"}, located=BinlogPosition("binlog.000001", 500))
     found = resolve(replica, request(), ledger(gtid="0-1-100"))
-    assert found.position == BinlogPosition("binlog.000001", 500) and found.handed_off == {"eo.t"}
+    assert found.position == BinlogPosition("binlog.000001", 500) and found.handed_off == {"eo.t": "load"}
 
 
 def test_a_failover_before_the_full_load_snapshots_were_passed_is_refused():
@@ -141,13 +141,17 @@ def test_the_retention_guard_measures_the_committed_position_on_the_server_the_c
 
 def test_handoffs_passed_before_a_failover_stay_passed_on_the_new_server():
     # The first run on the new server recorded them; the next run is a same-server resume.
-    found = resolve(Server(server_id=2), request(), ledger(server_id=2, gtid_pos="0-1-100", handed_off=["eo.t"],
-                                                          file="binlog.000001", pos=10))
-    assert found.handed_off == {"eo.t"}
+    found = resolve(Server(server_id=2), request(), ledger(server_id=2, gtid_pos="0-1-100", handed_off={
+        "eo.t": "load"}, file="binlog.000001", pos=10))
+    assert found.handed_off == {"eo.t": "load"}
     # A failover of a capture that recorded the handoff as passed is not refused for it.
     replica = Server(server_id=3, located=BinlogPosition("binlog.000001", 500))
-    assert resolve(replica, request(), ledger(server_id=2, gtid_pos="0-1-100", handed_off=["eo.t"], file=
+    assert resolve(replica, request(), ledger(server_id=2, gtid_pos="0-1-100", handed_off={"eo.t": "load"}, file=
                                               "binlog.000001", pos=10)).position == BinlogPosition("binlog.000001", 500)
+    # A full reload (a new load id) is not passed: on another server its positions cannot be placed.
+    with pytest.raises(AirflowException, match="before the full load snapshots"):
+        resolve(replica, request(), ledger(server_id=2, gtid_pos="0-1-100", handed_off={"eo.t": "older-load"},
+                                           file="binlog.000001", pos=10))
 
 
 class Capture(Server):
@@ -202,5 +206,5 @@ def test_the_ledger_records_each_handoff_once_the_capture_has_passed_it():
     writer = Ledger(ledger(server_id=1, gtid_pos="0-1-100", pos=800).offset)  # before the last chunk (900)
     result = run_capture(source, writer, request())
     assert result.position == pos(1000)
-    assert writer.offsets[-1]["handed_off"] == ["eo.t"] and writer.offsets[-1]["gtid_pos"] == "0-1-102"
+    assert writer.offsets[-1]["handed_off"] == {"eo.t": "load"} and writer.offsets[-1]["gtid_pos"] == "0-1-102"
     assert writer.offsets[-1]["server_id"] == 1 and writer.offsets[-1]["version_base"] == 0
