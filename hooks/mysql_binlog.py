@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from airflow.sdk.exceptions import AirflowException
+
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.positions import BinlogPosition
-from exactly_once_provider.source import preflight
-from exactly_once_provider.source.binlog import BinlogReader, PurgedPositionError, TableName, purged_message
+from exactly_once_provider.source import gtid, preflight
+from exactly_once_provider.source.binlog import BinlogReader, PurgedPositionError, TableName, \
+    first_transaction_after, purged_message
 from exactly_once_provider.source.snapshot import ServerChunkLocator, server_ordered_columns
 
 if TYPE_CHECKING:
@@ -66,6 +69,61 @@ class MySqlBinlogHook(MySqlSourceHook):
         retained = [name for name, _ in self.binlog_files()]
         if start.file not in retained:
             raise PurgedPositionError(purged_message(start, retained))
+
+    def server_identity(self) -> gtid.ServerIdentity:
+        """Return the server id of the server the connection reaches and, on MariaDB, its GTID state."""
+        with self.cursor() as cur:
+            cur.execute("SELECT @@server_id, VERSION()")
+            server_id, version = cur.fetchone()
+            is_mariadb = "mariadb" in str(version).lower()
+            state = None
+            if is_mariadb:
+                cur.execute("SELECT @@gtid_binlog_state")
+                state = gtid.parse_list(cur.fetchone()[0])
+        return gtid.ServerIdentity(int(server_id), is_mariadb, state)
+
+    def gtid_position_at(self, position: BinlogPosition) -> gtid.GtidPosition:
+        """Return the MariaDB GTID position at a binlog position of this server (``BINLOG_GTID_POS``).
+
+        The server reads the binlog file from its start up to ``position`` to answer.
+        """
+        with self.cursor() as cur:
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (position.file, position.pos))
+            row = cur.fetchone()
+        if row is None or row[0] is None:
+            raise PurgedPositionError(f"The server has no binlog position {position}: BINLOG_GTID_POS returned NULL "
+                                      "(the file is not in its binlog, or the offset is not an event boundary).")
+        return gtid.parse_position(row[0])
+
+    def locate_gtid(self, position: gtid.GtidPosition, server_id: int, attempts: int = 5) -> BinlogPosition:
+        """
+        Return this server's binlog position at a MariaDB GTID position: where the transaction after it starts,
+        or the binlog end when none follows yet.
+
+        Checked with ``BINLOG_GTID_POS``: the answer's GTID position must equal ``position`` exactly (same
+        domains, same GTIDs), otherwise transactions before it were never read and the capture would skip them.
+
+        :param position: the last GTID of each domain already delivered.
+        :param server_id: the replica server id to register the locating dump with.
+        :param attempts: how often to retry when new transactions arrive while the end of the binlog is checked.
+        """
+        text = gtid.format_position(position)
+        for attempt in range(1, attempts + 1):
+            found = first_transaction_after(self.connection_settings().replication_settings(), text, server_id)
+            at_end = found is None
+            if at_end:
+                found = self.binlog_end()
+            at = self.gtid_position_at(found)
+            if at == position:
+                return found
+            if at_end and attempt < attempts:
+                continue  # a transaction may have been written after the dump ended: look again
+            break
+        raise AirflowException(
+            f"GTID position {text} is at {found} in this server's binlog, but the GTID position there is "
+            f"{gtid.format_position(at) or 'empty'}: the binlog before it holds transactions of other domains (or "
+            "other GTIDs) the capture never delivered. Resuming there would skip them; check the replication "
+            "topology (gtid_domain_id, gtid_strict_mode=ON on every server).")
 
     def table_key(self, schema: str, table: str) -> tuple[str, ...]:
         """Return the primary key columns of a table (for tables captured without a full load)."""

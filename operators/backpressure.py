@@ -9,10 +9,11 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException
 
-from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.capture.resume import committed_position_on
+from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
+from exactly_once_provider.source.binlog import GtidNotInBinlogError, replica_server_id
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
-from exactly_once_provider.positions import parse_position
 from exactly_once_provider.source.retention import headroom
 from exactly_once_provider.storage import is_s3
 from exactly_once_provider.storage.s3 import S3Settings
@@ -114,7 +115,9 @@ class BinlogRetentionGuardOperator(BaseOperator):
     Warn before the capture falls behind what the source server still keeps; fail once it has.
 
     Compares the capture's committed binlog position (its offsets-ledger record) with ``SHOW BINARY LOGS``
-    (:mod:`exactly_once_provider.source.retention`). A purged position fails the task and asks for a ``full_reload``
+    (:mod:`exactly_once_provider.source.retention`) of the server ``mysql_conn_id`` names: the server the capture
+    reads. After a failover, before the capture has resumed there, the position is found on it by GTID (and a
+    server lacking delivered transactions fails the task like the capture would; docs/failover.md). A purged position fails the task and asks for a ``full_reload``
     run; low headroom logs a warning (or fails with ``fail_on_warning``).
 
     :param capture_pipeline: the capture's pipeline name in the offsets ledger.
@@ -145,7 +148,16 @@ class BinlogRetentionGuardOperator(BaseOperator):
             self.log.info("Capture %s/%s has not committed yet: nothing to guard.", self.capture_pipeline,
                           self.capture_source_partition)
             return None
-        found = headroom(parse_position(committed.offset), MySqlSourceHook(self.mysql_conn_id).binary_log_sizes())
+        hook = MySqlBinlogHook(mysql_conn_id=self.mysql_conn_id)
+        # The server the connection names, which after a failover is not the one the ledger's position is on.
+        try:
+            position, how = committed_position_on(hook, committed.offset, replica_server_id(
+                f"{self.capture_pipeline}/{self.capture_source_partition}/retention-guard"))
+        except GtidNotInBinlogError as err:
+            raise AirflowException(f"{err}. The capture cannot resume on this server: its binlog no longer holds "
+                                   "the capture's GTID position. Trigger the DAG with full_reload=true.") from None
+        self.log.info("Binlog retention of the capture's position: %s", how)
+        found = headroom(position, hook.binary_log_sizes())
         if found.purged:
             raise AirflowException(
                 f"The capture's committed binlog position {found.position} was purged (the server keeps "

@@ -38,6 +38,10 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
     increments); ``mode="continuous"`` runs until ``max_runtime`` seconds or a stop (task kill / ``on_kill``),
     committing every ``commit_interval_ms``. XCom mirrors the committed position and counts for display.
 
+    After a failover of the source, switch the host of ``mysql_conn_id`` to the new primary: the run checks that
+    the server holds every transaction already delivered and resumes there by GTID (MariaDB;
+    :mod:`exactly_once_provider.capture.resume`, docs/failover.md).
+
     :param tables: ``table`` or ``schema.table`` names (schema defaults to the connection's).
     :param pipeline: the pipeline name (transactional id, ledger key, default topic prefix).
     :param full_load_paths: ``{table: Delta path}`` of the tables' full loads (their handoff positions).

@@ -690,6 +690,129 @@ def _mariadbd() -> str:
     raise RuntimeError("mariadbd not found: install the Debian package mariadb-server (make setup does).")
 
 
+# ------------------------------------------------------------------ MariaDB replication pairs (failover tests)
+# A primary and a GTID replica of their own, started only by the tests that need them (and `stack.py pair-up`),
+# never by `up`: a test may SIGKILL its primary and promote its replica without touching the shared MariaDB.
+# Both run the capture's settings plus what GTID failover needs on every server of a cluster.
+MARIADB_REPLICATION_SETTINGS = {"log_slave_updates": "ON", "gtid_strict_mode": "ON"}
+# Small, explicit budget per server of a pair (the shared server has 256M of buffer pool).
+MARIADB_PAIR_MEMORY = {"innodb_buffer_pool_size": "48M", "innodb_log_file_size": "16M", "max_connections": "40",
+                       "performance_schema": "OFF", "innodb_log_buffer_size": "4M"}
+MARIADB_PAIR_PORTS = (13316 + PORT_OFFSET, 13317 + PORT_OFFSET)  # stack.py pair-up; tests pick free ports
+
+
+@dataclass(frozen=True)
+class MariadbServer:
+    """One server of a replication pair: own data dir, port and server_id; the stack's user and database."""
+
+    name: str
+    directory: Path
+    port: int
+    server_id: int
+
+    @property
+    def process(self) -> Process:
+        return Process(self.name)
+
+    @property
+    def socket(self) -> str:
+        return str(self.directory / "mariadb.sock")
+
+    def cnf(self) -> Path:
+        settings = {**MARIADB_SETTINGS, **MARIADB_REPLICATION_SETTINGS, **MARIADB_PAIR_MEMORY,
+                    "server_id": str(self.server_id)}
+        lines = ["[mariadbd]", f"datadir={self.directory / 'data'}", f"socket={self.socket}",
+                 f"pid-file={self.directory / 'mariadbd.pid'}", f"port={self.port}", f"bind-address={HOST}",
+                 f"log_error={self.directory / 'mariadb.err'}", f"tmpdir={self.directory / 'tmp'}", "user=root",
+                 *(f"{key}={value}" for key, value in settings.items()), ""]
+        (self.directory / "tmp").mkdir(parents=True, exist_ok=True)
+        cnf = self.directory / "my.cnf"
+        cnf.write_text("\n".join(lines))
+        return cnf
+
+    def root(self):
+        import MySQLdb
+
+        return MySQLdb.connect(unix_socket=self.socket, user="root", connect_timeout=5, autocommit=True)
+
+    def query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """Run one statement as root over the socket; return its rows."""
+        conn = self.root()
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, args or None)
+            return list(cur.fetchall() or [])
+        finally:
+            conn.close()
+
+    def start(self, primary: MariadbServer | None = None, timeout: float = 90) -> None:
+        """Initialise (once) and start the server; a replica replicates ``primary`` by GTID from its start."""
+        cnf = self.cnf()
+        fresh = not (self.directory / "data" / "mysql").exists()
+        if fresh:
+            run(["mariadb-install-db", f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
+                 "--skip-test-db"])
+        self.process.start([_mariadbd(), f"--defaults-file={cnf}"])
+        wait_ready(self.process, lambda: self.query("SELECT 1"), timeout)
+        if primary is None:  # idempotent: a start after a failed first one finishes the job
+            self.query(f"CREATE DATABASE IF NOT EXISTS `{DB_NAME}` CHARACTER SET utf8mb4")
+            self.query("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (DB_USER, DB_PASSWORD))
+            self.query(f"GRANT ALL PRIVILEGES ON *.* TO `{DB_USER}`@'%' WITH GRANT OPTION")
+        elif fresh:
+            # Nothing of its own in its binlog (strict mode refuses a replica whose GTIDs differ); the user and
+            # database arrive by replication from the primary's binlog.
+            self.query("RESET MASTER")
+            self.query("SET GLOBAL gtid_slave_pos = ''")
+            self.query(f"CHANGE MASTER TO MASTER_HOST='{HOST}', MASTER_PORT={primary.port}, MASTER_USER=%s, "
+                       "MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
+                       (DB_USER, DB_PASSWORD))
+            self.query("START SLAVE")
+            wait_ready(self.process, lambda: self.caught_up(primary), timeout)
+        log("%s ready on %s:%s (server_id %s)%s", self.name, HOST, self.port, self.server_id,
+            f", replica of {primary.name}" if primary else "")
+
+    def gtid_binlog_pos(self) -> str:
+        return self.query("SELECT @@gtid_binlog_pos")[0][0]
+
+    def caught_up(self, primary: MariadbServer, timeout: float = 60) -> str:
+        """Wait until this replica applied everything in the primary's binlog now; return that GTID position."""
+        target = primary.gtid_binlog_pos()
+        if self.query("SELECT MASTER_GTID_WAIT(%s, %s)", (target, timeout))[0][0] != 0:
+            raise RuntimeError(f"{self.name} did not reach {target} in {timeout}s: "
+                               f"{self.query('SHOW SLAVE STATUS')}")
+        return target
+
+    def promote(self) -> None:
+        """Make this replica a primary: stop replicating, forget the old primary, accept writes."""
+        self.query("STOP SLAVE")
+        self.query("RESET SLAVE ALL")
+        self.query("SET GLOBAL read_only = OFF")
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def remove(self) -> None:
+        """Stop the server and delete its data."""
+        stop_all([self.process], timeout=30)
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.process.logfile.unlink(missing_ok=True)
+        try:
+            self.directory.parent.rmdir()  # the pair's directory, once both servers are gone
+        except OSError:
+            pass
+
+
+def mariadb_pair(name: str, ports: tuple[int, int] = MARIADB_PAIR_PORTS,
+                 server_ids: tuple[int, int] = (101, 102)) -> tuple[MariadbServer, MariadbServer]:
+    """Start a primary and its GTID replica (``HOME/pairs/NAME``); remove them with ``MariadbServer.remove``."""
+    base = HOME / "pairs" / name
+    primary = MariadbServer(f"{name}-primary", base / "primary", ports[0], server_ids[0])
+    replica = MariadbServer(f"{name}-replica", base / "replica", ports[1], server_ids[1])
+    primary.start()
+    replica.start(primary)
+    return primary, replica
+
+
 # ----------------------------------------------------------------------------------------- PostgreSQL
 POSTGRES = Process("postgres", stop_signal=signal.SIGINT)  # SIGINT = fast shutdown, no waiting for clients
 
@@ -1205,6 +1328,9 @@ def main(argv: list[str] | None = None) -> int:
     p_kill.add_argument("service")
     p_start = sub.add_parser("start", help="start one service again and wait until ready")
     p_start.add_argument("service")
+    sub.add_parser("pair-up", help="start a MariaDB primary + GTID replica pair (ports %d, %d), not part of up"
+                   % MARIADB_PAIR_PORTS)
+    sub.add_parser("pair-down", help="stop the pair of pair-up and delete its data")
     args = parser.parse_args(argv)
 
     if args.command == "up":
@@ -1226,6 +1352,12 @@ def main(argv: list[str] | None = None) -> int:
         process_by_name(args.service).kill()
     elif args.command == "start":
         start_by_name(args.service)
+    elif args.command == "pair-up":
+        mariadb_pair("pair")
+    elif args.command == "pair-down":
+        for server in (MariadbServer("pair-primary", HOME / "pairs" / "pair" / "primary", MARIADB_PAIR_PORTS[0], 101),
+                       MariadbServer("pair-replica", HOME / "pairs" / "pair" / "replica", MARIADB_PAIR_PORTS[1], 102)):
+            server.remove()
     return 0
 
 

@@ -36,7 +36,8 @@ spelled as Python's ``repr`` (orjson would write ``1e-5`` where Python writes ``
 
 ``version`` = ``file_index * 2**32 + event_start + row``: a row occupies at least one byte of its rows event, so
 ``event_start + row`` stays below the next event's start, and the number strictly increases with binlog order
-(fits a signed 64-bit integer; Spark's CDC mode reads it as ``bigint``). An UPDATE that changes the key is
+(fits a signed 64-bit integer; Spark's CDC mode reads it as ``bigint``). After a failover to another server the
+capture adds a ``version_base`` (kept in its ledger record) so versions keep growing across servers. An UPDATE that changes the key is
 written as a delete of the old key and a create of the new one (same version, different keys).
 """
 
@@ -122,7 +123,8 @@ def _iso(seconds: int) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str]) -> Iterator[ChangeRecord]:
+def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str],
+               version_base: int = 0) -> Iterator[ChangeRecord]:
     """
     Yield the change records of a committed transaction, in binlog order.
 
@@ -131,6 +133,8 @@ def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str]) -> It
 
     :param txn: the transaction.
     :param topics: the topic of each captured ``(schema, table)``.
+    :param version_base: added to every version: raised when the capture moves to another server (a failover),
+        whose binlog positions are not comparable with the old server's (:mod:`exactly_once_provider.capture.resume`).
     """
     changes = list(_split_key_changes(txn.rows))
     tail = (b'"gtid":%b,"commit_file":%b,"commit_pos":%d,"txn_rows":%d,"txn_row":'
@@ -150,7 +154,7 @@ def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str]) -> It
         topic, key_columns, encode, closing = table
         file = files.get(row.file)
         if file is None:
-            file = files[row.file] = (_dumps(row.file), _file_index(row.file) << 32)
+            file = files[row.file] = (_dumps(row.file), (_file_index(row.file) << 32) + version_base)
         image = after if after is not None else before
         key = encode({column: image[column] for column in key_columns})
         value = _VALUE % (FORMAT, _OPS[op], key, b"null" if before is None else encode(before),

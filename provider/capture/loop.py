@@ -13,7 +13,15 @@ Where the guarantees live:
 Ledger offset (JSON)::
 
     {"format": 1, "file": "binlog.000003", "pos": 4711,      # end of the last committed source transaction
-     "gtid": "0-1-77", "tables": ["eo.orders", ...]}        # the captured tables when it was committed
+     "gtid": "0-1-77", "tables": ["eo.orders", ...],        # its GTID; the captured tables when it was committed
+     "server_id": 1,                                        # the server the file/position is on
+     "gtid_pos": "0-1-77",                                  # MariaDB: last GTID of each domain (null: no GTIDs)
+     "version_base": 0,                                     # added to change-record versions (raised at failover)
+     "table_gtids": {"eo.orders": "0-1-75"},                # each table's last delivered change (GTID position)
+     "handed_off": {"eo.orders": "load-id"}}                # full loads whose handoff the capture has passed
+
+``server_id``, ``gtid_pos``, ``version_base``, ``table_gtids`` and ``handed_off`` are optional (older records lack them); where a
+capture resumes and the divergence check are in :mod:`exactly_once_provider.capture.resume`.
 """
 
 from __future__ import annotations
@@ -36,8 +44,11 @@ from exactly_once_provider.full_load.handoff import Handoff
 from exactly_once_provider.kafka.writer import Message, PipelineWriter, TransactionPolicy
 from exactly_once_provider.source.binlog import SchemaChange, SourceTransaction, TableName
 from exactly_once_provider.positions import BinlogPosition, parse_position
+from exactly_once_provider.source.gtid import Gtid, advance
+from exactly_once_provider.source.gtid import format_position as gtid_text
 
 if TYPE_CHECKING:  # the hook is the caller's; the domain only calls its public methods
+    from exactly_once_provider.capture.resume import Resume
     from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 
 OFFSET_FORMAT = 1
@@ -149,12 +160,23 @@ class CaptureResult:
     first_run: bool
 
 
-def start_position(request: CaptureRequest, committed: Any) -> tuple[BinlogPosition, bool]:
+def resolve_resume(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> Resume:
+    """Return where this run resumes (:func:`exactly_once_provider.capture.resume.resolve`)."""
+    from exactly_once_provider.capture.resume import resolve
+
+    return resolve(hook, request, committed)
+
+
+def start_position(request: CaptureRequest, committed: Any, check_tables: bool = True) -> tuple[BinlogPosition, bool]:
     """
     Return where to read from: the ledger's offset, or (first run) the smallest handoff/start position.
 
+    Where the ledger's offset is on another server (a failover), :mod:`exactly_once_provider.capture.resume`
+    finds the place on the server the connection names.
+
     :param request: the capture request.
     :param committed: the writer's last committed ledger record (or None).
+    :param check_tables: refuse tables added behind the ledger's position (only meaningful on its server).
     """
     if committed is not None:
         offset = committed.offset
@@ -163,7 +185,7 @@ def start_position(request: CaptureRequest, committed: Any) -> tuple[BinlogPosit
                              "kind of pipeline uses the same pipeline/source_partition name. Use a new name.")
         position = parse_position(offset)
         known = set(offset.get("tables", []))
-        for (schema, table), handoff in request.handoffs.items():
+        for (schema, table), handoff in (request.handoffs.items() if check_tables else ()):
             name = f"{schema}.{table}"
             if name not in known and handoff.min_position < position:
                 raise ValueError(
@@ -215,16 +237,23 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
     :param should_stop: polled between transactions and at heartbeats (continuous mode's stop signal).
     :param progress_log: where progress lines go (the task log).
     """
-    resume, first_run = start_position(request, writer.last_committed)
+    where = resolve_resume(hook, request, writer.last_committed)  # divergence check first: may refuse
+    resume, first_run = where.position, where.first_run
     hook.check_capture(resume)
     until = hook.binlog_end() if request.mode == "bounded" else None
     deadline = time.monotonic() + request.max_runtime if request.max_runtime else None
-    handoff = HandoffFilter(request.handoffs, request.chunk_locators)
+    # A handoff the capture has passed is never compared again: after a failover its positions are another
+    # server's coordinates. The rest are passed once the committed position reaches their largest chunk position.
+    handed_off = dict(where.handed_off)
+    pending_handoffs = {n: h for n, h in request.handoffs.items() if handed_off.get(f"{n[0]}.{n[1]}") != h.load_id}
+    handoff = HandoffFilter(pending_handoffs, request.chunk_locators)
     stats = CaptureStats()
-    progress_log.info("Capturing %s from %s (%s)%s", ", ".join(request.table_names), resume,
-                      "first run: smallest full-load snapshot or start_position" if first_run else "last committed offset",
+    progress_log.info("Capturing %s from %s (%s)%s", ", ".join(request.table_names), resume, where.how,
                       f" up to the binlog end {until}" if until else f", continuous for {request.max_runtime}s"
                       if request.max_runtime else ", continuous until stopped")
+    gtids = dict(where.gtid_position) if where.gtid_position is not None else None
+    table_gtids = {name: dict(at) for name, at in (where.table_gtids or {}).items()}
+    base = where.version_base
     batch: list[Message] = []
     batch_txns = 0
     position = resume
@@ -242,8 +271,12 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
         nonlocal batch, batch_txns, last_commit, committed_position, submitted_position
         if position == submitted_position and not batch:
             return
-        offset = {"format": OFFSET_FORMAT, **position.to_json(), "gtid": gtid,
-                  "tables": request.table_names}
+        handed_off.update({f"{s}.{t}": h.load_id for (s, t), h in pending_handoffs.items()
+                           if position >= h.max_position})
+        offset = {"format": OFFSET_FORMAT, **position.to_json(), "gtid": gtid, "tables": request.table_names,
+                  "handed_off": handed_off,
+                  "server_id": where.server_id, "gtid_pos": gtid_text(gtids) if gtids else None,
+                  "version_base": base, "table_gtids": {name: gtid_text(at) for name, at in table_gtids.items()}}
         if writer.submit_batch(next(iter(request.topics.values())), batch, offset) is not None:
             committed_position = submitted_position
         submitted_position = position
@@ -265,19 +298,27 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                     settle()
                     raise stop
                 position, gtid = item.end, item.gtid or gtid
+                if item.gtid and gtids is not None:
+                    advance(gtids, item.gtid)
             elif isinstance(item, SourceTransaction):
+                last = Gtid.parse(item.gtid) if item.gtid and gtids is not None else None
                 if item.rows:
+                    if last is not None:
+                        for schema, table in item.tables:
+                            table_gtids.setdefault(f"{schema}.{table}", {})[last.domain] = last
                     if handoff.active(item.end):
-                        for record in records_of(item, request.topics):
+                        for record in records_of(item, request.topics, base):
                             if handoff.already_loaded((record.schema, record.table), record.key_values, item.end):
                                 stats.dropped_by_handoff += 1
                                 continue
                             batch.append(record)
                     else:
-                        batch.extend(records_of(item, request.topics))  # a ChangeRecord is a Message
+                        batch.extend(records_of(item, request.topics, base))  # a ChangeRecord is a Message
                     stats.transactions += 1
                     batch_txns += 1
                 position, gtid = item.end, item.gtid or gtid
+                if last is not None:
+                    gtids[last.domain] = last
             now = time.monotonic()
             if len(batch) >= request.policy.max_records or (
                     now - last_commit) * 1000 >= request.policy.commit_interval_ms:

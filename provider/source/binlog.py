@@ -302,6 +302,7 @@ class SourceTransaction:
     commit_ts: int  # seconds since the epoch, from the commit event header
     rows: list[RowChange] = field(default_factory=list)
     standalone: bool = False  # a MariaDB group of one statement (DDL): no COMMIT/XID follows
+    tables: set[TableName] = field(default_factory=set)  # the captured tables its rows change
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,44 @@ def ddl_tables(query: str, default_schema: str) -> tuple[str, list[TableName]]:
 def _qualified(found: re.Match, default_schema: str) -> TableName:
     first, second = found.group(1), found.group(2)
     return (_unquote(first), _unquote(second)) if second else (default_schema, _unquote(first))
+
+
+def first_transaction_after(connection: dict[str, Any], gtid_position: str, server_id: int) -> BinlogPosition | None:
+    """
+    Return where the first transaction after a MariaDB GTID position starts in this server's binlog, or None
+    when the binlog holds none yet (the position is its end).
+
+    The server itself finds the place, as for a replica connecting with ``MASTER_USE_GTID``: the dump starts
+    at ``@slave_connect_state`` in strict mode (a position the server's binlog does not hold is refused with
+    error 1236). The caller checks the answer with ``BINLOG_GTID_POS`` (:meth:`MySqlBinlogHook.locate_gtid`).
+
+    :param connection: the replication connection settings.
+    :param gtid_position: ``"0-1-77,..."``: the last GTID of each domain already read.
+    :param server_id: the replica server id to register with.
+    """
+    stream = BinLogStreamReader(dict(connection), server_id=server_id, is_mariadb=True, auto_position=gtid_position,
+                                blocking=False, only_events=[RotateEvent, MariadbGtidEvent], enable_logging=False)
+    file = None
+    try:
+        for event in stream:
+            if isinstance(event, RotateEvent):
+                file = event.next_binlog
+            elif isinstance(event, MariadbGtidEvent) and event.packet.log_pos and file is not None:
+                return BinlogPosition(file, event.packet.log_pos - event.packet.event_size)
+    except pymysql.err.OperationalError as error:
+        if error.args and error.args[0] == _ER_MASTER_FATAL_READING_BINLOG:
+            raise GtidNotInBinlogError(
+                f"The server refuses to send its binlog from GTID position {gtid_position}: {error.args[1]}. Its "
+                "binlog no longer holds (purged) or never held that position, so the capture cannot continue from it "
+                "on this server: run a full reload (trigger the DAG with full_reload=true).") from None
+        raise
+    finally:
+        stream.close()
+    return None
+
+
+class GtidNotInBinlogError(AirflowException):
+    """Raise when the server's binlog does not hold a GTID position the capture must resume from."""
 
 
 def replica_server_id(pipeline: str) -> int:
@@ -499,6 +538,7 @@ class BinlogReader:
                     current = SourceTransaction(None, packet.server_id, BinlogPosition(file, event_start), boundary,
                                                 packet.timestamp)
                 current.rows.extend(_row_changes(event, shape, file, event_start))
+                current.tables.add((shape.schema, shape.table))
                 continue
             if isinstance(event, XidEvent):
                 if current is None:
@@ -580,6 +620,6 @@ def _row_changes(event: Any, shape: TableShape, file: str, event_start: int) -> 
                             event_start, index)
 
 
-__all__ = ["BinlogReader", "Idle", "MySqlBinlogHook", "PurgedPositionError", "RowChange", "SchemaChange",
-           "SourceTransaction", "TableShape", "column_converter", "ddl_tables", "replica_server_id",
+__all__ = ["BinlogReader", "GtidNotInBinlogError", "Idle", "MySqlBinlogHook", "PurgedPositionError", "RowChange", "SchemaChange",
+           "SourceTransaction", "TableShape", "column_converter", "ddl_tables", "first_transaction_after", "replica_server_id",
            "table_shape"]
