@@ -46,6 +46,28 @@ class DivergedSourceError(AirflowException):
     """Raise when the source server lacks transactions the capture already delivered downstream."""
 
 
+def check_new_full_loads(version_base: int, pending: dict[tuple[str, str], Any], pipeline: str) -> None:
+    """Refuse a full load taken after a failover (known gap, raised instead of a silently wrong current table).
+
+    After a failover every change record carries ``version_base`` on top of its binlog coordinates, while a full
+    load's rows carry their snapshot's coordinates only (:func:`~exactly_once_provider.sinks.current_table.
+    snapshot_version`). Changes read before such a snapshot but not yet merged would then win over the newer
+    snapshot rows. Until the full load takes ``version_base`` too, the capture stops before writing anything.
+
+    :param version_base: the ledger's version base (0: no failover happened).
+    :param pending: the full loads whose handoff the capture has not passed, ``{(schema, table): handoff}``.
+    :param pipeline: the capture's pipeline (named in the message).
+    """
+    if version_base and pending:
+        tables = ", ".join(f"{s}.{t} (load {h.load_id})" for (s, t), h in sorted(pending.items()))
+        raise AirflowException(
+            f"Capture {pipeline!r} moved to another server (a failover; version_base {version_base}) and a full "
+            f"load was taken since: {tables}. Its rows' versions would sort below changes already in Kafka, which "
+            "could then overwrite newer rows; this is not supported yet. Nothing was written. The way back: start "
+            "the table afresh under a new pipeline name (its own ledger key, topic and current table) with a full "
+            "load (docs/failover.md).")
+
+
 @dataclass(frozen=True)
 class Resume:
     """Where and how a capture run starts.

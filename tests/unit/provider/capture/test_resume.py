@@ -188,6 +188,8 @@ class Capture(Server):
 
 
 class Ledger:
+    pipeline = "p"
+
     def __init__(self, offset=None):
         self.last_committed = SimpleNamespace(offset=offset) if offset else None
         self.offsets = []
@@ -208,3 +210,15 @@ def test_the_ledger_records_each_handoff_once_the_capture_has_passed_it():
     assert result.position == pos(1000)
     assert writer.offsets[-1]["handed_off"] == {"eo.t": "load"} and writer.offsets[-1]["gtid_pos"] == "0-1-102"
     assert writer.offsets[-1]["server_id"] == 1 and writer.offsets[-1]["version_base"] == 0
+
+
+def test_a_full_load_taken_after_a_failover_is_refused_naming_the_way_back():
+    from airflow.sdk.exceptions import AirflowException
+
+    from exactly_once_provider.capture.resume import check_new_full_loads
+
+    pending = {("eo", "orders"): SimpleNamespace(load_id="load-2")}
+    check_new_full_loads(0, pending, "p")  # no failover: a full reload works as always
+    check_new_full_loads(2**40, {}, "p")  # a failover, no new full load
+    with pytest.raises(AirflowException, match=r"eo\.orders \(load load-2\).*new pipeline name"):
+        check_new_full_loads(2**40, pending, "p")
