@@ -183,7 +183,7 @@ class DeltaSink:
                 marker[self.key]["schema"] = self.schema_state
             on, newer = current_table.merge_condition(self.key_columns, replace_equal=self.backfill)
             if self.schema_changed:  # the new columns and the filled rows land in this one commit, or nothing
-                faults.fault_point(f"current_schema_changed_{commit.batch_id}")
+                faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
             delta_commit.merge_with_marker(df, self.path, on, marker, app_id, commit.batch_id, update_when=newer,
                                            evolve_schema=self.schema_changed)
             return True

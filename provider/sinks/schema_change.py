@@ -29,6 +29,7 @@ partition clauses and character set conversions.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from exactly_once_provider.full_load.columns import Column, arrow_type
@@ -79,9 +80,9 @@ def refusal(record: SchemaRecord, table: str, why: str) -> RefusedSchemaChange:
     """Return the error that stops ``table`` at ``record``."""
     return RefusedSchemaChange(
         f"{record.query[:300]!r} at {record.position} on {table} cannot be followed by the current table: {why}. "
-        "The batches before the one holding it are committed; nothing from that batch on is. Run a full reload of the table (trigger "
-        "the DAG with full_reload=true): its snapshot is taken after the statement, so the stream continues "
-        "past it.")
+        "The batches before the one holding it are committed; nothing from that batch on is. Run a full reload "
+        "of the table (trigger the DAG with full_reload=true): its snapshot is taken after the statement, so the "
+        "stream continues past it.")
 
 
 def _split(text: str, sep: str = ",") -> list[str]:
@@ -137,7 +138,7 @@ class _Definition:
     after: str  # what follows the type and attributes the caller must not ignore ("" when none)
 
 
-def _definition(name: str, text: str, why: callable) -> _Definition:
+def _definition(name: str, text: str, why: Callable[[str], RefusedSchemaChange]) -> _Definition:
     """Parse ``type [attributes]`` of a column definition; refuse what the binlog cannot give old rows."""
     found = _TYPE.match(text.strip())
     if not found:
@@ -194,7 +195,7 @@ def _definition(name: str, text: str, why: callable) -> _Definition:
     return _Definition(column, nullable, default, has_default, rest)
 
 
-def _position_only(rest: str, name: str, why: callable) -> None:
+def _position_only(rest: str, name: str, why: Callable[[str], RefusedSchemaChange]) -> None:
     """Accept ``FIRST`` / ``AFTER col`` (the sink keeps columns by name); refuse any other attribute left."""
     if not rest or re.fullmatch(rf"(FIRST|AFTER\s+{_IDENT})", rest.strip(), re.IGNORECASE):
         return
@@ -208,7 +209,7 @@ def _position_only(rest: str, name: str, why: callable) -> None:
     raise why(f"the clause {rest[:60]!r} of column {name!r} is not understood")
 
 
-def _old_rows_value(definition: _Definition, why: callable) -> str | None:
+def _old_rows_value(definition: _Definition, why: Callable[[str], RefusedSchemaChange]) -> str | None:
     """Return the text of the value the server gave the rows that existed when the column was added."""
     column = definition.column
     t = column.data_type

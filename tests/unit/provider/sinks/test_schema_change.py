@@ -41,7 +41,8 @@ def test_add_column_is_followed_with_the_value_old_rows_hold(query, added, fills
     assert found == fills
 
 
-@pytest.mark.parametrize("query", ["ALTER TABLE t MODIFY s VARCHAR(50) NOT NULL", "ALTER TABLE t MODIFY d DECIMAL(8,2) NOT NULL",
+@pytest.mark.parametrize("query", ["ALTER TABLE t MODIFY s VARCHAR(50) NOT NULL",
+                                   "ALTER TABLE t MODIFY d DECIMAL(8,2) NOT NULL",
                                    "ALTER TABLE t CHANGE s s TEXT", "ALTER TABLE t ADD UNIQUE KEY u (s), COMMENT 'x'",
                                    "ALTER TABLE t ALTER COLUMN v SET DEFAULT 3", "ALTER TABLE t ENGINE=InnoDB"])
 def test_changes_that_widen_within_the_loaded_type_or_touch_no_row_are_followed(query):
