@@ -52,7 +52,6 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from exactly_once_provider.kafka.writer import Message
 from exactly_once_provider.source.binlog import RowChange, SchemaChange, SourceTransaction, TableShape
 from exactly_once_provider.positions import BinlogPosition
 
@@ -160,7 +159,7 @@ def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str]) -> It
         yield ChangeRecord(value, key, None, topic, key_values, shape.schema, shape.table)
 
 
-def schema_record(change: SchemaChange, topics: dict[tuple[str, str], str]) -> list[Message]:
+def schema_record(change: SchemaChange, topics: dict[tuple[str, str], str]) -> list[ChangeRecord]:
     """
     Return the schema record of an ``ALTER TABLE`` for the topic of each captured table it touches.
 
@@ -173,7 +172,7 @@ def schema_record(change: SchemaChange, topics: dict[tuple[str, str], str]) -> l
     ``version`` is the version of the position after the statement
     (:attr:`~exactly_once_provider.positions.BinlogPosition.version`): every change before it has a lower
     version, every change after it one at least as high, so a typed sink tells which rows the statement
-    found (:mod:`exactly_once_provider.sinks.schema_change`). The record is written in binlog order with the
+    found (:mod:`exactly_once_provider.spark_jobs.schema_change`). The record is written in binlog order with the
     change records, in the same Kafka transactions; a topic of one partition keeps that order for readers.
 
     :param change: the statement.
@@ -184,7 +183,7 @@ def schema_record(change: SchemaChange, topics: dict[tuple[str, str], str]) -> l
         value = {"format": FORMAT, "op": "ddl", "ddl": change.query, "version": change.end.version,
                  "source": {"file": change.end.file, "pos": change.end.pos,
                             "gtid": change.gtid, "schema": schema, "table": table}}
-        records.append(Message(_dumps(value), None, None, topics[(schema, table)]))
+        records.append(ChangeRecord(_dumps(value), None, None, topics[(schema, table)], (), schema, table))
     return records
 
 

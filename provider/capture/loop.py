@@ -265,7 +265,7 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                     settle()
                     raise stop
                 if item.kind == "alter" and not _covered(item, request):
-                    # A typed sink evolves its columns from the statement (sinks.schema_change).
+                    # A typed sink evolves its columns from the statement (spark_jobs.schema_change).
                     batch.extend(schema_record(item, request.topics))
                 position, gtid = item.end, item.gtid or gtid
             elif isinstance(item, SourceTransaction):

@@ -3,7 +3,7 @@
 The table and its merge rule are :mod:`exactly_once_provider.sinks.current_table`'s; this module only reads the
 binlog capture's change records (:mod:`exactly_once_provider.capture.change_record`) into the full load's types,
 and follows the table's schema changes (:class:`CurrentChanges`, rules in
-:mod:`exactly_once_provider.sinks.schema_change`).
+:mod:`exactly_once_provider.spark_jobs.schema_change`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 from exactly_once_provider.full_load.columns import Column, is_binary
 from exactly_once_provider.full_load.spark_source import spark_schema
 from exactly_once_provider.sinks.current_table import DELETED_COLUMN, VERSION_COLUMN, quoted
-from exactly_once_provider.sinks.schema_change import DDL_OP, Fill, SchemaRecord, evolve
+from exactly_once_provider.spark_jobs.schema_change import DDL_OP, Fill, SchemaRecord, evolve
 
 log = logging.getLogger(__name__)
 # A schema record's value starts like this (compact JSON, keys in the documented order): a prefix test is
@@ -60,7 +60,7 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
     """Return the newest change per key of ``records`` as rows of the current table.
 
     Schema records (``op`` ``ddl``) are left out: :class:`CurrentChanges` reads them. A change older than a
-    :class:`~exactly_once_provider.sinks.schema_change.Fill` of a column takes the fill's value in it (the
+    :class:`~exactly_once_provider.spark_jobs.schema_change.Fill` of a column takes the fill's value in it (the
     value the server gave the row by the statement, without a row event).
 
     A record of another source table, or without a version or an image, fails the batch before anything is
@@ -121,7 +121,7 @@ class CurrentChanges:
     The sink's columns are the full load's, evolved by every schema record applied since (the state rides in
     each commit's marker under :data:`SCHEMA_MARKER`: columns, fills, the version of the last statement applied,
     the full load they build on; a new full load starts again from its own columns). A batch holding a new
-    schema record evolves the columns (:func:`~exactly_once_provider.sinks.schema_change.evolve`, which also
+    schema record evolves the columns (:func:`~exactly_once_provider.spark_jobs.schema_change.evolve`, which also
     refuses what cannot be followed, failing the batch before anything of it is committed) and hands the sink:
 
     * ``schema_state``: the state its commit records, and ``schema_changed``: the commit must evolve the table

@@ -11,7 +11,7 @@ from exactly_once_provider.capture.change_record import schema_record, version_o
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.sinks.current_table import merge_condition
-from exactly_once_provider.sinks.schema_change import Fill, RefusedSchemaChange, SchemaRecord, evolve
+from exactly_once_provider.spark_jobs.schema_change import Fill, RefusedSchemaChange, SchemaRecord, evolve
 from exactly_once_provider.source.binlog import SchemaChange
 
 pytestmark = pytest.mark.unit
