@@ -43,16 +43,21 @@ def _typed(column: Column, text: Any, spark_type: Any) -> Any:
     return text.cast(spark_type)
 
 
-def _filled(column: Column, fills: list[Fill], version: Any, value: Any, spark_type: Any) -> Any:
-    """Return ``value`` unless a fill of ``column`` is newer than ``version`` (the newest such fill wins)."""
+def _filled(name: str, fills: list[Fill], version: Any, value_of: Any, spark_type: Any) -> Any:
+    """Return the row's value of column ``name`` (``value_of(name)``) unless a fill of it is newer than
+    ``version``; the newest such fill wins, and a renamed column's fill is its source column's value then."""
     from pyspark.sql import functions as F
 
     chain = None
-    for fill in sorted((f for f in fills if f.column == column.name), key=lambda f: -f.version):
-        literal = F.lit(None).cast(spark_type) if fill.value is None else F.lit(fill.value).cast(spark_type)
+    for fill in sorted((f for f in fills if f.column == name), key=lambda f: -f.version):
+        if fill.source is not None:
+            earlier = [f for f in fills if f.version < fill.version]
+            literal = _filled(fill.source, earlier, version, value_of, spark_type).cast(spark_type)
+        else:
+            literal = F.lit(fill.value).cast(spark_type)
         condition = version < F.lit(fill.version)
         chain = F.when(condition, literal) if chain is None else chain.when(condition, literal)
-    return value if chain is None else chain.otherwise(value)
+    return value_of(name) if chain is None else chain.otherwise(value_of(name))
 
 
 def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], schema: str, table: str,
@@ -96,13 +101,18 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
                                      F.lit(" is not a change record of the binlog capture."))))
         .otherwise(version))
     as_text = StructType([StructField(c.name, StringType()) for c in columns])
+    by_name = {c.name: c for c in columns}
+
+    def image_value(name: str) -> Any:
+        return _typed(by_name[name], F.col("image")[name], types[name])
+
     parsed = records.filter(~F.col("record_value").startswith(DDL_PREFIX)).select(
         checked.alias(VERSION_COLUMN),
         (F.get_json_object("record_value", "$.op") == F.lit("d")).alias(DELETED_COLUMN),
         F.from_json(image, as_text).alias("image"), "kafka_offset")
     rows = parsed.select(
-        *[_filled(c, list(fills), F.col(VERSION_COLUMN), _typed(c, F.col("image")[c.name], types[c.name]),
-                  types[c.name]).alias(c.name) for c in columns],
+        *[_filled(c.name, list(fills), F.col(VERSION_COLUMN), image_value, types[c.name]).alias(c.name)
+          for c in columns],
         VERSION_COLUMN, DELETED_COLUMN, "kafka_offset")
     newest = F.max_by(F.struct(*[F.col(quoted(c)) for c in rows.columns]),
                       F.struct(VERSION_COLUMN, "kafka_offset"))
@@ -165,7 +175,7 @@ class CurrentChanges:
                      record.position, self.name, record.query[:200], [c.name for c in columns], len(added))
         fills = fills + new_fills
         self.sink.schema_state = {"load_id": self.source.load_id, "columns": [c.to_json() for c in columns],
-                                  "fills": [[f.column, f.version, f.value] for f in fills], "applied": applied}
+                                  "fills": [[f.column, f.version, f.value, f.source] for f in fills], "applied": applied}
         self.sink.schema_changed = applied != started_at
         self.sink.backfill = bool(new_fills)
         changes = typed_changes(df, columns, self.source.key, self.source.schema, self.source.table, fills)
@@ -180,9 +190,13 @@ class CurrentChanges:
         held = set(table.columns)
         newest = max(f.version for f in fills)
         version = F.col(VERSION_COLUMN)
+
+        def held_value(name: str) -> Any:
+            return F.col(quoted(name)) if name in held else F.lit(None).cast(types[name])
+
         old = table.filter(version < F.lit(newest)).select(
-            *[_filled(c, fills, version, F.col(quoted(c.name)) if c.name in held else F.lit(None).cast(types[c.name]),
-                      types[c.name]).alias(c.name) for c in columns], VERSION_COLUMN, DELETED_COLUMN)
+            *[_filled(c.name, fills, version, held_value, types[c.name]).alias(c.name) for c in columns],
+            VERSION_COLUMN, DELETED_COLUMN)
         both = changes.withColumn("_eo_change", F.lit(1)).unionByName(old.withColumn("_eo_change", F.lit(0)))
         names = [c.name for c in columns] + [VERSION_COLUMN, DELETED_COLUMN]
         newest_row = F.max_by(F.struct(*[F.col(quoted(n)) for n in names]), F.struct(VERSION_COLUMN, "_eo_change"))

@@ -17,12 +17,14 @@ What is followed (docs/schema-changes.md has the table):
 * ``DROP COLUMN``: the column stays in the sink (Delta drops a column only with column mapping, which older
   readers cannot read), and every row takes NULL in it (a :class:`Fill` of NULL): the column reads as gone
   rather than as stale values next to NULLs.
+* ``RENAME COLUMN a TO b`` / ``CHANGE a b type`` (same loaded type): ``b`` is added holding ``a``'s values (a
+  :class:`Fill` from ``a``), ``a`` stays and reads NULL, like a dropped column.
 * Index, comment, engine, ``ALGORITHM``/``LOCK`` and ``SET DEFAULT`` clauses change no row: ignored.
 
 Everything else is refused (:class:`RefusedSchemaChange`, naming the statement, its position and the fix,
 ``full_reload`` of the table): a default the binlog does not hold (``CURRENT_TIMESTAMP``, expressions,
 ``AUTO_INCREMENT`` numbering of old rows, generated columns), a type change that narrows or changes the
-loaded type (``INT`` -> ``BIGINT`` included: see docs/schema-changes.md), ``RENAME COLUMN``, key changes,
+loaded type (``INT`` -> ``BIGINT`` included: see docs/schema-changes.md), key changes (renames included),
 partition clauses and character set conversions.
 """
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from exactly_once_provider.full_load.columns import Column, arrow_type
 
@@ -55,11 +57,13 @@ class RefusedSchemaChange(ValueError):
 
 @dataclass(frozen=True)
 class Fill:
-    """A value every row older than ``version`` takes in ``column`` (``value`` is the column's text, or None)."""
+    """A value every row older than ``version`` takes in ``column``: ``value`` (the column's text, or None), or
+    the row's value of column ``source`` at that version (a renamed column)."""
 
     column: str
     version: int
     value: str | None
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -280,6 +284,18 @@ def evolve(columns: list[Column], key: tuple[str, ...], record: SchemaRecord,
     by_name = {c.name.lower(): c for c in columns}
     order = [c.name for c in columns]
     fills: list[Fill] = []
+
+    def rename(old: Column, new: Column) -> None:
+        # The new name is a new column holding the old one's values; the old one reads NULL from here on, like
+        # a dropped column (Delta renames only with column mapping, which older readers cannot read).
+        if old.name in key:
+            raise why(f"it renames key column {old.name!r}")
+        if new.name.lower() in by_name:
+            raise why(f"column {new.name!r} is already in the current table (a dropped or renamed column stays "
+                      "in it)")
+        by_name[new.name.lower()] = new
+        order.append(new.name)
+        fills.extend([Fill(new.name, record.version, None, old.name), Fill(old.name, record.version, None)])
     for clause in _split(head.group(3)):
         if re.match(r"^(ADD|DROP|MODIFY|CHANGE|ALTER|RENAME)\s+PRIMARY\b|^(ADD|DROP)\s+(CONSTRAINT\s+\S+\s+)?"
                     r"PRIMARY\s+KEY\b", clause, re.IGNORECASE):
@@ -319,9 +335,7 @@ def evolve(columns: list[Column], key: tuple[str, ...], record: SchemaRecord,
             old = by_name.get(old_name.lower())
             if old is None:
                 raise why(f"column {old_name!r} is not a column the sink holds")
-            if new_name.lower() != old_name.lower():
-                raise why(f"it renames column {old_name!r} to {new_name!r} (renames are not followed yet)")
-            definition = _definition(old.name, rest, why)
+            definition = _definition(new_name if new_name.lower() != old_name.lower() else old.name, rest, why)
             _position_only(definition.after, old_name, why)
             if old.name in key and not _widens(old, definition.column):
                 raise why(f"it changes the type of key column {old.name!r}")
@@ -329,7 +343,10 @@ def evolve(columns: list[Column], key: tuple[str, ...], record: SchemaRecord,
                 raise why(f"it changes column {old.name!r} from {old.column_type} to "
                           f"{definition.column.column_type}, which narrows it or changes the type the sink "
                           "stores it as")
-            by_name[old.name.lower()] = definition.column
+            if new_name.lower() != old_name.lower():
+                rename(old, definition.column)
+            else:
+                by_name[old.name.lower()] = definition.column
             continue
         found = re.match(rf"^DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?{_IDENT}\s*(RESTRICT|CASCADE)?$", clause,
                          re.IGNORECASE)
@@ -342,7 +359,12 @@ def evolve(columns: list[Column], key: tuple[str, ...], record: SchemaRecord,
                 raise why(f"it drops key column {old.name!r}")
             fills.append(Fill(old.name, record.version, None))
             continue
-        if re.match(r"^RENAME\s+COLUMN\b", clause, re.IGNORECASE):
-            raise why("it renames a column (renames are not followed yet)")
+        found = re.match(rf"^RENAME\s+COLUMN\s+{_IDENT}\s+TO\s+{_IDENT}$", clause, re.IGNORECASE)
+        if found:
+            old = by_name.get(_name(found.group(1)).lower())
+            if old is None:
+                raise why(f"column {_name(found.group(1))!r} is not a column the sink holds")
+            rename(old, replace(old, name=_name(found.group(2))))
+            continue
         raise why(f"the clause {clause[:80]!r} is not one the sink follows")
     return [by_name[n.lower()] for n in order], fills

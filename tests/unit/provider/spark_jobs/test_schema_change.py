@@ -55,6 +55,13 @@ def test_drop_column_keeps_it_and_sets_it_null_in_every_row():
     assert [c.name for c in columns] == ["id", "v", "s", "d"] and fills == [Fill("v", 77, None)]
 
 
+@pytest.mark.parametrize("query", ["ALTER TABLE t RENAME COLUMN v TO w", "ALTER TABLE t CHANGE COLUMN v w INT NULL"])
+def test_rename_adds_the_new_name_with_the_old_values_and_empties_the_old_one(query):
+    columns, fills = _evolve(query)
+    assert [c.name for c in columns] == ["id", "v", "s", "d", "w"] and columns[-1].data_type == "int"
+    assert fills == [Fill("w", 77, None, "v"), Fill("v", 77, None)]
+
+
 @pytest.mark.parametrize("query, reason", [
     ("ALTER TABLE t MODIFY v BIGINT", "from int(11) to bigint"),
     ("ALTER TABLE t MODIFY v MEDIUMINT", "from int(11) to mediumint"),
@@ -68,8 +75,9 @@ def test_drop_column_keeps_it_and_sets_it_null_in_every_row():
     ("ALTER TABLE t ADD g INT AS (v + 1) STORED", "generated"),
     ("ALTER TABLE t DROP PRIMARY KEY, ADD PRIMARY KEY (id, v)", "primary key"),
     ("ALTER TABLE t DROP COLUMN id", "key column 'id'"),
-    ("ALTER TABLE t RENAME COLUMN v TO w", "renames a column"),
-    ("ALTER TABLE t CHANGE v w INT", "renames column 'v' to 'w'"),
+    ("ALTER TABLE t RENAME COLUMN id TO key_id", "renames key column 'id'"),
+    ("ALTER TABLE t CHANGE v s INT", "column 's' is already in the current table"),
+    ("ALTER TABLE t CHANGE v w BIGINT", "from int(11) to bigint"),
     ("ALTER TABLE t PARTITION BY HASH(id) PARTITIONS 4", "partition"),
     ("ALTER TABLE t TRUNCATE PARTITION p0", "partition"),
     ("ALTER TABLE t CONVERT TO CHARACTER SET utf8mb4", "CONVERT TO CHARACTER SET"),
