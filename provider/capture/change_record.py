@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from exactly_once_provider.source.binlog import RowChange, SourceTransaction, TableShape
+from exactly_once_provider.source.binlog import RowChange, SchemaChange, SourceTransaction, TableShape
 from exactly_once_provider.positions import BinlogPosition
 
 FORMAT = 1
@@ -161,6 +161,34 @@ def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str],
                           b"null" if after is None else encode(after), file[1] + row.event_pos + row.row_index,
                           server_id, file[0], row.event_pos, row.row_index, tail, index, closing)
         yield ChangeRecord(value, key, None, topic, key_values, shape.schema, shape.table)
+
+
+def schema_record(change: SchemaChange, topics: dict[tuple[str, str], str]) -> list[ChangeRecord]:
+    """
+    Return the schema record of an ``ALTER TABLE`` for the topic of each captured table it touches.
+
+    Value (format 1, no key: it names no row; consumers of rows skip it)::
+
+        {"format": 1, "op": "ddl", "ddl": "ALTER TABLE ...", "version": 4294971391,
+         "source": {"file": "binlog.000001", "pos": 4200, "gtid": "0-1-78",
+                    "schema": "eo", "table": "orders"}}
+
+    ``version`` is the version of the position after the statement
+    (:attr:`~exactly_once_provider.positions.BinlogPosition.version`): every change before it has a lower
+    version, every change after it one at least as high, so a typed sink tells which rows the statement
+    found (:mod:`exactly_once_provider.spark_jobs.schema_change`). The record is written in binlog order with the
+    change records, in the same Kafka transactions; a topic of one partition keeps that order for readers.
+
+    :param change: the statement.
+    :param topics: the topic of each captured ``(schema, table)``.
+    """
+    records = []
+    for schema, table in change.tables:
+        value = {"format": FORMAT, "op": "ddl", "ddl": change.query, "version": change.end.version,
+                 "source": {"file": change.end.file, "pos": change.end.pos,
+                            "gtid": change.gtid, "schema": schema, "table": table}}
+        records.append(ChangeRecord(_dumps(value), None, None, topics[(schema, table)], (), schema, table))
+    return records
 
 
 def _image_encoder(shape: TableShape) -> Callable[[dict[str, Any]], bytes]:

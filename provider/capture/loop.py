@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from exactly_once_provider.capture.change_record import records_of
+from exactly_once_provider.capture.change_record import records_of, schema_record
 from exactly_once_provider.full_load.handoff import Handoff
 from exactly_once_provider.kafka.writer import Message, PipelineWriter, TransactionPolicy
 from exactly_once_provider.source.binlog import SchemaChange, SourceTransaction, TableName
@@ -300,6 +300,9 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                     commit()  # everything before the statement; the position stays before it
                     settle()
                     raise stop
+                if item.kind == "alter" and not _covered(item, request):
+                    # A typed sink evolves its columns from the statement (spark_jobs.schema_change).
+                    batch.extend(schema_record(item, request.topics))
                 position, gtid = item.end, item.gtid or gtid
                 if item.gtid and gtids is not None:
                     advance(gtids, item.gtid)
@@ -341,13 +344,17 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
     return CaptureResult(position, gtid, stats, resume, first_run)
 
 
+def _covered(change: SchemaChange, request: CaptureRequest) -> bool:
+    """Return whether the statement is before the full load's snapshot of every table it touches."""
+    return all((s, t) in request.handoffs and change.end <= request.handoffs[(s, t)].min_position
+               for s, t in change.tables)
+
+
 def _schema_change(change: SchemaChange, request: CaptureRequest, stats: CaptureStats,
                    progress_log: Any) -> AirflowException | None:
     """Log a DDL on a captured table; return the error to stop with if the stream cannot follow it."""
     names = ", ".join(f"{s}.{t}" for s, t in change.tables)
-    covered = all(
-        (s, t) in request.handoffs and change.end <= request.handoffs[(s, t)].min_position for s, t in change.tables)
-    if covered:
+    if _covered(change, request):
         progress_log.info("DDL at %s on %s is before the full load's snapshot; skipped: %s", change.end, names,
                           change.query[:200])
         return None

@@ -47,6 +47,8 @@ def changed_keys(client_config: dict[str, Any], start: dict[str, dict[int, int]]
         for topic, ends in end.items():
             starts = {p: start.get(topic, {}).get(p, OFFSET_BEGINNING) for p in ends}
             for message in read_until(consumer, topic, starts, ends, timeout):
+                if message.key() is None:  # a schema record (ALTER TABLE, capture.change_record.schema_record)
+                    continue
                 try:
                     keys.add(key.of_record_key(json.loads(message.key())))
                 except (TypeError, ValueError, KeyError) as err:

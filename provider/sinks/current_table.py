@@ -55,13 +55,17 @@ def quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def merge_condition(key: list[str] | tuple[str, ...]) -> tuple[str, str]:
+def merge_condition(key: list[str] | tuple[str, ...], replace_equal: bool = False) -> tuple[str, str]:
     """Return ``(on, update_when)`` of the MERGE of changes ``s`` into the current table ``t``.
 
     :param key: the source table's primary key columns.
+    :param replace_equal: also replace a row by a source row of the same version: the batch that follows a
+        schema change carries the table's older rows with the value the change gave them
+        (:class:`exactly_once_provider.spark_jobs.current_changes.CurrentChanges`). A version names one state
+        of one key (a change, or a full-load snapshot), so a row of equal version is the same row.
     """
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key)
-    return on, f"s.{VERSION_COLUMN} > t.{VERSION_COLUMN}"
+    return on, f"s.{VERSION_COLUMN} {'>=' if replace_equal else '>'} t.{VERSION_COLUMN}"
 
 
 def full_load_pointer(version: int, marker: dict) -> dict:

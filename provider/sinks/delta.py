@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 
+from exactly_once_provider import faults
 from exactly_once_provider.sinks import current_table, delta_commit
 from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, require_newer_windows,
                                               require_predecessor)
@@ -71,6 +72,11 @@ class DeltaSink:
         self.mode = mode
         self.commit_with = commit_with
         self.key = f"eo_stream:{pipeline}"
+        # Current mode: set for each batch by spark_jobs.current_changes.CurrentChanges (the schema the
+        # commit records, whether it evolves the table, whether the batch carries rows filled by a change).
+        self.schema_state: dict | None = None
+        self.schema_changed = False
+        self.backfill = False
 
     def _latest(self) -> tuple[dict, dict, int] | None:
         """Return ``(marker body, commitInfo, table version)`` of the newest commit with this pipeline's marker."""
@@ -173,8 +179,13 @@ class DeltaSink:
             return True
         if self.mode == "current":  # the full load created the table; a change merges only if it is newer
             marker[self.key][current_table.POINTER] = self._full_load_pointer()
-            on, newer = current_table.merge_condition(self.key_columns)
-            delta_commit.merge_with_marker(df, self.path, on, marker, app_id, commit.batch_id, update_when=newer)
+            if self.schema_state is not None:
+                marker[self.key]["schema"] = self.schema_state
+            on, newer = current_table.merge_condition(self.key_columns, replace_equal=self.backfill)
+            if self.schema_changed:  # the new columns and the filled rows land in this one commit, or nothing
+                faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
+            delta_commit.merge_with_marker(df, self.path, on, marker, app_id, commit.batch_id, update_when=newer,
+                                           evolve_schema=self.schema_changed)
             return True
         if next(delta_commit.commits(self.path), None) is None:
             # MERGE needs a table: create it empty (no marker; a crash here is harmless, the next try reuses it).

@@ -227,7 +227,8 @@ _TXN_CONFS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.w
 
 
 def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str, version: int,
-                      update_when: str | None = None, delete_when: str | None = None) -> int:
+                      update_when: str | None = None, delete_when: str | None = None,
+                      evolve_schema: bool = False) -> int:
     """MERGE ``source`` into the Delta table at ``path`` as one commit carrying ``marker``; return its version.
 
     The MERGE counterpart of :func:`commit_with_marker` (added for the streaming CDC apply): Delta takes the
@@ -245,6 +246,8 @@ def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str
     :param version: the writer's version for this commit (Delta ``txnVersion``).
     :param update_when: extra condition for matched rows, e.g. ``"s.v > t.v"``.
     :param delete_when: condition (on matched rows that pass ``update_when``) to delete instead of update.
+    :param evolve_schema: add the source's columns the table lacks, in the same commit (Delta schema evolution:
+        the commit carries the new ``metaData``).
     """
     from delta.tables import DeltaTable
 
@@ -261,6 +264,8 @@ def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str
             cond = f"({update_when}) AND ({delete_when})" if update_when else delete_when
             merge = merge.whenMatchedDelete(condition=cond)
         merge = merge.whenMatchedUpdateAll(condition=update_when).whenNotMatchedInsertAll()
+        if evolve_schema:
+            merge = merge.withSchemaEvolution()
         merge.execute()
     finally:
         for key in _TXN_CONFS:

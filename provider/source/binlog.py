@@ -361,7 +361,9 @@ def ddl_tables(query: str, default_schema: str) -> tuple[str, list[TableName]]:
         found = _QUALIFIED.match(rest.strip())
         if found:
             names.append(_qualified(found, default_schema))
-    kind = "alter" if verb == "ALTER" and not re.search(r"\bRENAME\b", rest, re.IGNORECASE) else "rewrite"
+    # ALTER ... RENAME [TO|AS] new_name moves the table; RENAME COLUMN / INDEX / KEY keep its rows (followed).
+    renames = re.search(r"\bRENAME\s+(?!(?:COLUMN|INDEX|KEY)\s)", rest, re.IGNORECASE)
+    kind = "alter" if verb == "ALTER" and not renames else "rewrite"
     return kind, names
 
 

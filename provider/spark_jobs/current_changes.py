@@ -1,16 +1,27 @@
 """The Kafka -> Delta job's ``current`` mode: change records -> typed rows of the current table, newest per key.
 
 The table and its merge rule are :mod:`exactly_once_provider.sinks.current_table`'s; this module only reads the
-binlog capture's change records (:mod:`exactly_once_provider.capture.change_record`) into the full load's types.
+binlog capture's change records (:mod:`exactly_once_provider.capture.change_record`) into the full load's types,
+and follows the table's schema changes (:class:`CurrentChanges`, rules in
+:mod:`exactly_once_provider.spark_jobs.schema_change`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import json
+import logging
+
 from exactly_once_provider.full_load.columns import Column, is_binary
 from exactly_once_provider.full_load.spark_source import spark_schema
 from exactly_once_provider.sinks.current_table import DELETED_COLUMN, VERSION_COLUMN, quoted
+from exactly_once_provider.spark_jobs.schema_change import DDL_OP, Fill, SchemaRecord, evolve
+
+log = logging.getLogger(__name__)
+# A schema record's value starts like this (compact JSON, keys in the documented order): a prefix test is
+# cheaper than parsing every record of the batch.
+DDL_PREFIX = '{"format":1,"op":"%s"' % DDL_OP
 
 
 def _typed(column: Column, text: Any, spark_type: Any) -> Any:
@@ -32,8 +43,30 @@ def _typed(column: Column, text: Any, spark_type: Any) -> Any:
     return text.cast(spark_type)
 
 
-def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], schema: str, table: str) -> Any:
+def _filled(name: str, fills: list[Fill], version: Any, value_of: Any, spark_type: Any) -> Any:
+    """Return the row's value of column ``name`` (``value_of(name)``) unless a fill of it is newer than
+    ``version``; the newest such fill wins, and a renamed column's fill is its source column's value then."""
+    from pyspark.sql import functions as F
+
+    chain = None
+    for fill in sorted((f for f in fills if f.column == name), key=lambda f: -f.version):
+        if fill.source is not None:
+            earlier = [f for f in fills if f.version < fill.version]
+            literal = _filled(fill.source, earlier, version, value_of, spark_type).cast(spark_type)
+        else:
+            literal = F.lit(fill.value).cast(spark_type)
+        condition = version < F.lit(fill.version)
+        chain = F.when(condition, literal) if chain is None else chain.when(condition, literal)
+    return value_of(name) if chain is None else chain.otherwise(value_of(name))
+
+
+def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], schema: str, table: str,
+                  fills: list[Fill] = ()) -> Any:
     """Return the newest change per key of ``records`` as rows of the current table.
+
+    Schema records (``op`` ``ddl``) are left out: :class:`CurrentChanges` reads them. A change older than a
+    :class:`~exactly_once_provider.spark_jobs.schema_change.Fill` of a column takes the fill's value in it (the
+    value the server gave the row by the statement, without a row event).
 
     A record of another source table, or without a version or an image, fails the batch before anything is
     committed (Spark's ``raise_error``, evaluated while the MERGE reads its source: no extra pass over the batch).
@@ -43,6 +76,7 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
     :param key: the primary key columns.
     :param schema: the source database the table's changes come from.
     :param table: the source table.
+    :param fills: the values rows older than a schema change take (see above).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
@@ -67,12 +101,18 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
                                      F.lit(" is not a change record of the binlog capture."))))
         .otherwise(version))
     as_text = StructType([StructField(c.name, StringType()) for c in columns])
-    parsed = records.select(
+    by_name = {c.name: c for c in columns}
+
+    def image_value(name: str) -> Any:
+        return _typed(by_name[name], F.col("image")[name], types[name])
+
+    parsed = records.filter(~F.col("record_value").startswith(DDL_PREFIX)).select(
         checked.alias(VERSION_COLUMN),
         (F.get_json_object("record_value", "$.op") == F.lit("d")).alias(DELETED_COLUMN),
         F.from_json(image, as_text).alias("image"), "kafka_offset")
     rows = parsed.select(
-        *[_typed(c, F.col("image")[c.name], types[c.name]).alias(c.name) for c in columns],
+        *[_filled(c.name, list(fills), F.col(VERSION_COLUMN), image_value, types[c.name]).alias(c.name)
+          for c in columns],
         VERSION_COLUMN, DELETED_COLUMN, "kafka_offset")
     newest = F.max_by(F.struct(*[F.col(quoted(c)) for c in rows.columns]),
                       F.struct(VERSION_COLUMN, "kafka_offset"))
@@ -80,3 +120,85 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
             .select(*[F.col("c")[c.name].alias(c.name) for c in columns],
                     F.col("c")[VERSION_COLUMN].alias(VERSION_COLUMN),
                     F.col("c")[DELETED_COLUMN].alias(DELETED_COLUMN)))
+
+
+SCHEMA_MARKER = "schema"  # in each stream commit's marker: the columns the current table follows (see below)
+
+
+class CurrentChanges:
+    """The ``current`` mode's batch -> changes step, following the source table's ``ALTER TABLE`` statements.
+
+    The sink's columns are the full load's, evolved by every schema record applied since (the state rides in
+    each commit's marker under :data:`SCHEMA_MARKER`: columns, fills, the version of the last statement applied,
+    the full load they build on; a new full load starts again from its own columns). A batch holding a new
+    schema record evolves the columns (:func:`~exactly_once_provider.spark_jobs.schema_change.evolve`, which also
+    refuses what cannot be followed, failing the batch before anything of it is committed) and hands the sink:
+
+    * ``schema_state``: the state its commit records, and ``schema_changed``: the commit must evolve the table
+      (Delta schema evolution in the MERGE: a ``metaData`` action in the same commit as the batch);
+    * ``backfill``: the rows written before the statement take the value the server gave them without a row
+      event (an added column's default, NULL in a dropped column). They are merged as part of the batch's
+      source, rewritten in the same commit, with the update rule relaxed to ``>=``: a row equal in version to
+      its source row is that row (versions are unique per key), so re-applying it only adds the fill.
+
+    :param source: the handoff of the full load the table builds on.
+    :param sink: the :class:`~exactly_once_provider.sinks.delta.DeltaSink` (current mode) of the table.
+    """
+
+    def __init__(self, source: Any, sink: Any) -> None:
+        self.source = source
+        self.sink = sink
+        self.name = f"{source.schema}.{source.table}"
+
+    def _state(self) -> tuple[list[Column], list[Fill], int]:
+        previous = self.sink.committed()
+        body = previous.extra.get(SCHEMA_MARKER) if previous else None
+        if body and body.get("load_id") == self.source.load_id:
+            return ([Column(**c) for c in body["columns"]], [Fill(*f) for f in body["fills"]],
+                    int(body["applied"]))
+        # A statement at or before the snapshot is in the full load's columns already (the capture skips it).
+        return list(self.source.columns), [], self.source.min_position.version
+
+    def __call__(self, df: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        columns, fills, applied = self._state()
+        started_at = applied
+        found = [SchemaRecord.from_json(json.loads(row[0])) for row in
+                 df.filter(F.col("record_value").startswith(DDL_PREFIX)).select("record_value").collect()]
+        new_fills: list[Fill] = []
+        for record in sorted((r for r in found if r.version > applied), key=lambda r: r.version):
+            columns, added = evolve(columns, self.source.key, record, self.name)
+            new_fills += added
+            applied = record.version
+            log.info("Schema change at %s on %s followed: %s (columns now %s; %d fill(s) of older rows)",
+                     record.position, self.name, record.query[:200], [c.name for c in columns], len(added))
+        fills = fills + new_fills
+        self.sink.schema_state = {"load_id": self.source.load_id, "columns": [c.to_json() for c in columns],
+                                  "fills": [[f.column, f.version, f.value, f.source] for f in fills], "applied": applied}
+        self.sink.schema_changed = applied != started_at
+        self.sink.backfill = bool(new_fills)
+        changes = typed_changes(df, columns, self.source.key, self.source.schema, self.source.table, fills)
+        return self._with_backfill(changes, columns, new_fills) if new_fills else changes
+
+    def _with_backfill(self, changes: Any, columns: list[Column], fills: list[Fill]) -> Any:
+        """Add the table's rows older than the newest fill, filled, to ``changes`` (newest per key kept)."""
+        from pyspark.sql import functions as F
+
+        types = {f.name: f.dataType for f in spark_schema(columns).fields}
+        table = changes.sparkSession.read.format("delta").load(self.sink.path)
+        held = set(table.columns)
+        newest = max(f.version for f in fills)
+        version = F.col(VERSION_COLUMN)
+
+        def held_value(name: str) -> Any:
+            return F.col(quoted(name)) if name in held else F.lit(None).cast(types[name])
+
+        old = table.filter(version < F.lit(newest)).select(
+            *[_filled(c.name, fills, version, held_value, types[c.name]).alias(c.name) for c in columns],
+            VERSION_COLUMN, DELETED_COLUMN)
+        both = changes.withColumn("_eo_change", F.lit(1)).unionByName(old.withColumn("_eo_change", F.lit(0)))
+        names = [c.name for c in columns] + [VERSION_COLUMN, DELETED_COLUMN]
+        newest_row = F.max_by(F.struct(*[F.col(quoted(n)) for n in names]), F.struct(VERSION_COLUMN, "_eo_change"))
+        return (both.groupBy(*[F.col(quoted(k)) for k in self.source.key]).agg(newest_row.alias("c"))
+                .select(*[F.col("c")[n].alias(n) for n in names]))

@@ -35,7 +35,7 @@ from exactly_once_provider.spark_jobs.driver import exit_with_the_jvm, run_job
 from exactly_once_provider.spark_jobs.session import register_storage, with_storage_conf
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
 from exactly_once_provider.spark_jobs.stream_spec import StreamSpec, split_topics
-from exactly_once_provider.spark_jobs.current_changes import typed_changes
+from exactly_once_provider.spark_jobs.current_changes import DDL_PREFIX, CurrentChanges
 from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, fault_point, read_kafka_range,
                                                     wal_offsets)
 from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
@@ -161,7 +161,8 @@ def cdc_changes(df, key_field: str, version_field: str, op_field: str):
     """
     from pyspark.sql import functions as F
 
-    parsed = df.select(
+    # The capture's schema records (ALTER TABLE) are no change: the raw-record CDC table has nothing to evolve.
+    parsed = df.filter(~F.col("record_value").startswith(DDL_PREFIX)).select(
         F.get_json_object("record_value", f"$.{key_field}").alias("pk"),
         F.get_json_object("record_value", f"$.{version_field}").cast("bigint").alias("source_version"),
         F.coalesce(F.get_json_object("record_value", f"$.{op_field}").isin("d", "delete"), F.lit(False))
@@ -359,8 +360,7 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
         def to_changes(df):
             return cdc_changes(df, args.key_field, args.version_field, args.op_field)
     elif source is not None:
-        def to_changes(df):
-            return typed_changes(df, list(source.columns), source.key, source.schema, source.table)
+        to_changes = CurrentChanges(source, sink)
     def each_batch(df, batch_id: int) -> None:
         if args.mode == "window":
             process_window_batch(sink, args.pipeline, args.checkpoint, kafka_options, spark, batch_id)

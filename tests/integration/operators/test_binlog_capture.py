@@ -139,7 +139,14 @@ def test_ddl_mid_stream_new_schema_version_then_truncate_stops_cleanly(stack, ai
     op = dict(task_id="capture", tables=[table], pipeline=unique_name("cap_ddl"), start_position=start)
     with pytest.raises(AirflowException, match=r"TRUNCATE.*full reload"):
         BinlogCaptureOperator(**op).execute({})
-    records = topic_records(stack, f"{op['pipeline']}.{stack.DB_NAME}.{table}")
+    everything = topic_records(stack, f"{op['pipeline']}.{stack.DB_NAME}.{table}")
+    # Each ALTER TABLE rides in the topic as a schema record, in binlog order (typed sinks follow it).
+    assert [r["op"] for r in everything] == ["c", "c", "ddl", "u", "ddl", "c"]
+    ddl = [r for r in everything if r["op"] == "ddl"]
+    assert [r["ddl"] for r in ddl] == [f"ALTER TABLE `{table}` ADD COLUMN c DECIMAL(6,2) DEFAULT 1.50",
+                                       f"ALTER TABLE `{table}` DROP COLUMN b, MODIFY COLUMN a BIGINT UNSIGNED"]
+    assert everything[1]["version"] < ddl[0]["version"] <= everything[3]["version"] < ddl[1]["version"]
+    records = [r for r in everything if r["op"] != "ddl"]
     assert [(r["op"], r["pk"]["id"]) for r in records] == [("c", 1), ("c", 2), ("u", 1), ("c", 3)]
     versions = [r["schema_version"] for r in records]
     assert versions[0] == versions[1] != versions[2] != versions[3] != versions[0]
@@ -147,7 +154,7 @@ def test_ddl_mid_stream_new_schema_version_then_truncate_stops_cleanly(stack, ai
     assert records[3]["after"] == {"id": 3, "a": 18446744073709551615, "c": "2.25"}
     with pytest.raises(AirflowException, match="TRUNCATE"):  # a rerun stops at the same statement: nothing skipped
         BinlogCaptureOperator(**op).execute({})
-    assert len(topic_records(stack, f"{op['pipeline']}.{stack.DB_NAME}.{table}")) == 4
+    assert len(topic_records(stack, f"{op['pipeline']}.{stack.DB_NAME}.{table}")) == 6
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()
 

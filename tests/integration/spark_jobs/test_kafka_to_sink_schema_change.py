@@ -1,0 +1,153 @@
+"""ALTER TABLE mid-stream into the current table (issue 25): followed statements (ADD COLUMN nullable / with a
+DEFAULT / in any position, a widening MODIFY, DROP COLUMN, RENAME COLUMN) land typed, with the values the server
+gave the existing rows; refused ones stop the table with their statement, position and fix.
+
+A writer thread keeps changing other rows while the statements run. The Spark driver is killed once right
+before the commit that changes the table's schema; the rerun commits it once. After it all, the current table
+read by Spark and by delta-rs equals the source row by row (defaults of the pre-existing rows included).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+
+from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
+from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
+from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks.current_table import CURRENT_ROWS, DELETED_COLUMN
+from tests import spark_job_support as jobs
+from tests.mysql_support import assert_same_rows, connect, normalise, source_rows, unique_name
+
+ROWS = 300
+COLUMNS = ["id", "n", "c", "s", "amount", "e"]  # the source's columns after the statements (v dropped, d renamed)
+STATEMENTS = [
+    "UPDATE {t} SET v = v + 100 WHERE id <= 20",
+    "ALTER TABLE {t} ADD COLUMN c INT NOT NULL DEFAULT 7 AFTER id",
+    "UPDATE {t} SET c = 8 WHERE id BETWEEN 10 AND 30",
+    "ALTER TABLE {t} ADD COLUMN n VARCHAR(20) NULL FIRST, ADD COLUMN e VARCHAR(5) NOT NULL DEFAULT 'é''x', "
+    "ADD INDEX by_s (s)",
+    "INSERT INTO {t} (id, s, n) VALUES (2000, 'new', 'named')",
+    "ALTER TABLE {t} MODIFY s VARCHAR(40)",
+    "UPDATE {t} SET s = 'a string longer than ten' WHERE id IN (40, 41)",
+    "ALTER TABLE {t} DROP COLUMN v",
+    "ALTER TABLE {t} RENAME COLUMN d TO amount",
+    "UPDATE {t} SET amount = 9.99 WHERE id = 70",
+    "DELETE FROM {t} WHERE id = 50",
+    "UPDATE {t} SET e = 'zz' WHERE id = 60",
+]
+
+
+def _writer(stack, table: str, stop: threading.Event, done: list[int]) -> None:
+    """Small transactions on other rows (only columns every statement keeps), until stopped."""
+    conn = connect(stack)
+    cur = conn.cursor()
+    rng = random.Random(25)
+    key = 5000
+    while not stop.is_set():
+        if rng.random() < 0.5:
+            cur.execute(f"UPDATE `{table}` SET s = %s WHERE id = %s", (f"w{key}", rng.randint(100, ROWS)))
+        else:
+            cur.execute(f"INSERT INTO `{table}` (id, s) VALUES (%s, 'ins')", (key,))
+        key += 1
+        done.append(key)
+        time.sleep(0.005)
+    conn.close()
+
+
+def _spark_rows(spark, path: str) -> Counter:
+    frame = spark.read.format("delta").load(path)
+    assert frame.groupBy("id").count().filter("count > 1").count() == 0, "a key is in the table twice"
+    return Counter(tuple(normalise(v) for v in row) for row in frame.filter(CURRENT_ROWS).select(*COLUMNS).collect())
+
+
+def _delta_rs_rows(path: str) -> Counter:
+    from deltalake import DeltaTable
+
+    table = DeltaTable(path).to_pyarrow_table()
+    rows = zip(*(table.column(c).to_pylist() for c in [*COLUMNS, DELETED_COLUMN]))
+    return Counter(tuple(normalise(v) for v in row[:-1]) for row in rows if not row[-1])
+
+
+def _setup(stack, spark, tmp_path, table: str) -> str:
+    cur = connect(stack).cursor()
+    cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v INT, s VARCHAR(10), d DECIMAL(8,2))")
+    cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, %s, %s)",
+                    [(i, i * 3, f"s{i}", f"{i}.25") for i in range(1, ROWS + 1)])
+    path = str(tmp_path / "current")
+    run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=table, sink_path=path))
+    return path
+
+
+def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, spark, airflow_connections,
+                                                                         tmp_path):
+    table, pipeline = unique_name("sch"), unique_name("sch")
+    path = _setup(stack, spark, tmp_path, table)
+    conn = connect(stack)
+    cur = conn.cursor()
+    stop, written = threading.Event(), []
+    writer = threading.Thread(target=_writer, args=(stack, table, stop, written))
+    writer.start()
+    try:
+        for statement in STATEMENTS:
+            cur.execute(statement.format(t=f"`{table}`"))
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        writer.join()
+    assert len(written) > 50, "the writer ran alongside the statements"
+    result = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
+                                   full_load_paths={table: path}).execute({})
+    topic = result["topics"][f"{stack.DB_NAME}.{table}"]
+    args = jobs.job_args(stack, f"{pipeline}-apply", topic, tmp_path / "checkpoint", "delta", path,
+                         max_offsets=40, mode="current")
+    killed = jobs.run_job(stack, args, {"EO_FAULT_AT": "current_schema_changed", "EO_FAULT_ACTION": "kill-group"})
+    assert killed.returncode in (-9, 137), killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert "c" not in spark.read.format("delta").load(path).columns, "the schema changed without its batch"
+    final = jobs.run_job(stack, args)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-4000:]
+    state = jobs.result_line(final.stdout)
+    assert state["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(
+        f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}}
+
+    source = source_rows(stack, table, COLUMNS)
+    assert source[(10, None, 8, "s10", "10.25", "é'x")] == 1  # the pre-existing rows' defaults, as the source shows
+    assert_same_rows(_spark_rows(spark, path), source, COLUMNS)
+    assert_same_rows(_delta_rs_rows(path), source, COLUMNS)
+    gone = spark.read.format("delta").load(path).filter("v IS NOT NULL OR d IS NOT NULL").count()
+    assert gone == 0, "a dropped column, and a renamed column's old name, read NULL in every row"
+    cur.execute(f"DROP TABLE `{table}`")
+    conn.close()
+
+
+def test_a_refused_alter_table_stops_the_table_with_its_statement_and_fix(stack, spark, airflow_connections,
+                                                                          tmp_path):
+    table, pipeline = unique_name("schr"), unique_name("schr")
+    path = _setup(stack, spark, tmp_path, table)
+    conn = connect(stack)
+    cur = conn.cursor()
+    cur.execute(f"UPDATE `{table}` SET v = 1 WHERE id = 1")
+    result = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
+                                   full_load_paths={table: path}).execute({})
+    topic = result["topics"][f"{stack.DB_NAME}.{table}"]
+    args = jobs.job_args(stack, f"{pipeline}-apply", topic, tmp_path / "checkpoint", "delta", path, mode="current")
+    first = jobs.run_job(stack, args)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-4000:]
+    before = delta_commit.newest_version(path)
+
+    cur.execute(f"ALTER TABLE `{table}` MODIFY v BIGINT")
+    cur.execute(f"UPDATE `{table}` SET v = 5000000000 WHERE id = 2")
+    BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
+                          full_load_paths={table: path}).execute({})
+    refused = jobs.run_job(stack, args)
+    assert refused.returncode != 0
+    output = refused.stdout + refused.stderr
+    assert f"'ALTER TABLE `{table}` MODIFY v BIGINT' at binlog." in output, output[-4000:]
+    assert "changes column 'v' from int(11) to bigint" in output
+    assert "full_reload=true" in output
+    assert delta_commit.newest_version(path) == before, "something after the statement was committed"
+    cur.execute(f"DROP TABLE `{table}`")
+    conn.close()
