@@ -36,6 +36,28 @@ def target_for(sink: str, tmp_path, topic: str, stack=None) -> str:
     return f"eo_it_{topic.replace('-', '_')}" if sink == "postgres" else str(tmp_path / f"{sink}-sink")
 
 
+def s3_settings_for(sink: str):
+    """The S3 settings of a ``*-s3`` variant (the ``aws_default`` connection: the stack's MinIO), else None."""
+    return S3Settings.from_connection("aws_default") if sink.endswith("-s3") else None
+
+
+def checkpoint_for(sink: str, tmp_path, topic: str, stack, name: str = "checkpoint"):
+    """The job's checkpoint: a local directory, or for ``delta-s3`` a prefix in the bucket (reached through s3a)."""
+    if sink == "delta-s3":
+        return f"s3a://{stack.MINIO_BUCKETS[0]}/it-checkpoints/{topic}-{name}-{uuid.uuid4().hex[:8]}"
+    return tmp_path / name
+
+
+def reader_for(sink: str, location: str, s3):
+    """What the tests read a sink back through: the storage of a files sink or an S3 sink, else the location."""
+    return open_storage(location, s3) if sink.startswith("files") or s3 else location
+
+
+def checkpoint_has(checkpoint, key: str, s3=None) -> bool:
+    """Whether the checkpoint (a local directory or an S3 URI) holds ``key``, e.g. ``offsets/1``."""
+    return open_storage(str(checkpoint), s3).exists(key)
+
+
 def sink_state(stack, sink: str, target, pipeline: str):
     if sink == "delta":  # a path or a storage (S3)
         if isinstance(target, str):
@@ -53,14 +75,11 @@ def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
     location = target_for(sink, tmp_path, topic, stack)
-    checkpoint = tmp_path / "checkpoint"
     pipeline = f"it-{topic}"  # the PostgreSQL offsets table is shared by every test run: unique names
-    s3 = S3Settings.from_connection("aws_default") if sink.endswith("-s3") else None
-    if sink == "delta-s3":  # the checkpoint in the bucket too; Spark reaches both through s3a
-        checkpoint = f"s3a://{stack.MINIO_BUCKETS[0]}/it-checkpoints/{topic}-{uuid.uuid4().hex[:8]}"
-    sink, target = sink.removesuffix("-s3"), location
-    if sink == "files" or s3:  # read back through the storage layer, on local disk or MinIO alike
-        target = open_storage(location, s3)
+    s3 = s3_settings_for(sink)
+    checkpoint = checkpoint_for(sink, tmp_path, topic, stack)  # delta-s3: in the bucket too (through s3a)
+    target = reader_for(sink, location, s3)  # read back through the storage layer, on local disk or MinIO alike
+    sink = sink.removesuffix("-s3")
     args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, location, max_offsets=120,
                          s3=s3.to_json() if s3 else None)
     if s3:  # the credentials travel in the 0600 secrets file only, never on spark-submit's command line
