@@ -93,6 +93,8 @@ def test_spark_delta_and_delta_rs_read_the_provider_table_identically(spark, tab
     _same_through_both_readers(spark, storage, options, expected)
     spark.sql(f"VACUUM delta.`{uri}` RETAIN 0 HOURS").collect()
     _same_through_both_readers(spark, storage, options, expected)
+    data = [k for k in storage.list() if k.endswith(".parquet") and not k.startswith("_delta_log/")]
+    assert len(data) == 1, f"VACUUM should have left only OPTIMIZE's file, found {data}"
     own(5, 50, 10)
     assert delta_commit.append_with_marker(_rows(spark, "own", 50, 10), storage, {"b": 5}, "eo-stream", 5) \
         == delta_commit.newest_version(storage)  # a replay after VACUUM: nothing written

@@ -99,3 +99,14 @@ def test_preflight_names_what_to_fix_when_the_probe_write_is_refused(code, messa
     client.put_object = refuse
     with pytest.raises(ServiceAccessError, match=message):
         preflight(_storage_with(client))
+
+
+def test_delta_rs_options_carry_the_connection_and_conditional_put():
+    from exactly_once_provider.storage.s3 import S3Settings
+
+    minio = S3Settings("AK", "SK", None, "http://127.0.0.1:19000", "us-east-1", "path")
+    assert minio.delta_rs_options() == {
+        "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:19000", "conditional_put": "etag", "AWS_ALLOW_HTTP": "true"}
+    aws = S3Settings(region_name="eu-west-1", addressing_style="virtual").delta_rs_options()
+    assert aws == {"AWS_REGION": "eu-west-1", "conditional_put": "etag", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "true"}
