@@ -42,6 +42,17 @@ Two ways to write the commit:
   feed, clustering / domain metadata, V2 checkpoints, generated / identity / default columns, partitioning,
   CHECK constraints, invariants, NOT NULL columns, unknown ``delta.*`` table properties, and a batch whose
   columns differ from the table's.
+
+On S3 (measured on the stack's MinIO, 2026-11-25): the own commit stays the append path rather than delta-rs
+(``deltalake`` 1.6.6, which commits safely with ``conditional_put=etag`` and refuses a same-app txn from a
+stale snapshot, but accepts a REPLAY of an already committed ``(app id, version)`` from a fresh snapshot, so
+the caller's txn check is needed anyway, and it would need Spark's rows on the driver as Arrow): 20 commits,
+median own 37 ms vs delta-rs 41 ms on MinIO, 4 vs 7 ms locally. Delta's own writer (MERGE, replaceWhere, the
+txn-id option) goes through Delta's ``S3SingleDriverLogStore`` on ``s3a://``: its put-if-absent is an
+existence check then a plain PUT (safe for one driver at a time, not atomic across drivers: hadoop-aws 3.5.0's
+conditional create is only reachable through ``createFile()`` options Delta does not pass). The modes that use
+it are idempotent per key (a MERGE by source version, a window replaced whole), every such commit is verified
+afterwards (:func:`find_commit` of its txn) and the sink's marker is the source of truth on the next run.
 """
 
 from __future__ import annotations
