@@ -250,10 +250,14 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
 
         if self.sink != "delta" or not self.sink_path:
             return -1
+        state = table_state(self._delta_table())
+        return state.version if state else -1
+
+    def _delta_table(self):
+        """The Delta sink's location, or on S3 its storage (the Airflow side has the settings, not a registry)."""
         from exactly_once_provider.storage import open_storage
 
-        state = table_state(open_storage(self.sink_path, self._s3_settings()) if self._sink_on_s3() else self.sink_path)
-        return state.version if state else -1
+        return open_storage(self.sink_path, self._s3_settings()) if self._sink_on_s3() else self.sink_path
 
     def sink_dataset(self) -> lineage.DatasetName:
         """Name the sink: the PostgreSQL table, or the Delta table / files directory by its location."""
@@ -267,12 +271,12 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         sink = self.sink_dataset()
         fields = None
         if self.sink == "delta":
-            fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self.sink_path))
+            fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self._delta_table()))
         if result is None:
             return inputs, [facets.output_dataset(sink, fields)]
         size = files = None
         if self.sink == "delta":
-            size, files = facets.delta_commit_size(self.sink_path, self._before_version, self._delta_version())
+            size, files = facets.delta_commit_size(self._delta_table(), self._before_version, self._delta_version())
         commit = facets.CommitFacet(pipeline=self.pipeline, kafkaOffsets=result["offsets"],
                                     sinkVersion=result["batch_id"])
         return inputs, [facets.output_dataset(sink, fields, rows=result["rows_this_run"], size=size, files=files,
