@@ -203,7 +203,9 @@ class S3Storage:
             except Exception as exc:
                 code = _code(exc)
                 if code == "PreconditionFailed":
-                    return False
+                    # boto3 retries a PUT whose answer was lost; the retry is then refused by our own first
+                    # write. The same bytes under the key are that write (commits carry unique ids): ours.
+                    return self.read(key) == data
                 if code != "ConditionalRequestConflict" or attempt == CONFLICT_RETRIES - 1:
                     raise
                 time.sleep(0.2 * (attempt + 1))
