@@ -46,8 +46,9 @@ Two ways to write the commit:
 On S3 (measured on the stack's MinIO, 2026-11-25): the own commit stays the append path rather than delta-rs
 (``deltalake`` 1.6.6, which commits safely with ``conditional_put=etag`` and refuses a same-app txn from a
 stale snapshot, but accepts a REPLAY of an already committed ``(app id, version)`` from a fresh snapshot, so
-the caller's txn check is needed anyway, and it would need Spark's rows on the driver as Arrow): 20 commits,
-median own 37 ms vs delta-rs 41 ms on MinIO, 4 vs 7 ms locally. Delta's own writer (MERGE, replaceWhere, the
+the caller's txn check is needed anyway, and it would need Spark's rows on the driver as Arrow). Per commit
+they cost the same (``benchmarks/bench_delta_commit.py``, 20 commits, medians of two runs: MinIO own 37 / 47 ms,
+delta-rs 41 / 40 ms; local 4 / 4 ms vs 7 / 5 ms). Delta's own writer (MERGE, replaceWhere, the
 txn-id option) goes through Delta's ``S3SingleDriverLogStore`` on ``s3a://``: its put-if-absent is an
 existence check then a plain PUT (safe for one driver at a time, not atomic across drivers: hadoop-aws 3.5.0's
 conditional create is only reachable through ``createFile()`` options Delta does not pass). The modes that use
