@@ -15,6 +15,7 @@ re-reads a kept topic instead of producing again.
     .venv/bin/python benchmarks/bench_spark_sinks.py --records 200000 --sinks files
     make bench-spark-sinks BENCH_ARGS="--sinks delta --repeat 3"
     make bench-spark-sinks BENCH_ARGS="--sinks files,files-s3"   # files-s3: the files sink on the stack's MinIO
+    make bench-spark-sinks BENCH_ARGS="--sinks delta,delta-s3"   # delta-s3: the Delta table on MinIO
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def s3_storage(target: str):
 
 
 def sink_row_count(sink: str, target: str) -> int:
+    if sink == "delta-s3":  # the live files of the log (not a checkpoint's Parquet, not an uncommitted file)
+        import pyarrow.parquet as pq
+
+        storage = s3_storage(target)
+        return sum(pq.read_metadata(path, filesystem=fs).num_rows
+                   for fs, path in map(storage.arrow_path, jobs.delta_live_files(storage)))
     if sink == "files-s3":
         import pyarrow.parquet as pq
 
@@ -115,7 +122,7 @@ def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run:
     if sink == "postgres":
         PG_TABLES.append(name)
     s3 = None
-    if sink == "files-s3":
+    if sink.endswith("-s3"):
         target = f"s3://{stack.MINIO_BUCKETS[0]}/bench/{name}"
         s3 = s3_storage(target).settings.to_json()
     delivery, extra = CANDIDATES[candidate]
@@ -129,7 +136,7 @@ def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run:
     rows = sink_row_count(sink, target)
     if sink == "postgres":
         drop_postgres_tables()
-    elif sink == "files-s3":
+    elif sink.endswith("-s3"):
         s3_storage(target).delete_prefix("")
     else:
         shutil.rmtree(target, ignore_errors=True)
@@ -159,7 +166,8 @@ def main() -> int:
     table = []
     try:
         for sink in (s.strip() for s in args.sinks.split(",")):
-            candidates = ["exactly-once"] + (["eo-delta-writer"] if sink == "delta" else []) + ["at-least-once"]
+            delta = sink.startswith("delta")
+            candidates = ["exactly-once"] + (["eo-delta-writer"] if delta else []) + ["at-least-once"]
             measured: dict[str, list[float]] = {c: [] for c in candidates}
             for run in range(args.repeat):
                 for candidate in (candidates if run % 2 == 0 else candidates[::-1]):
@@ -171,8 +179,8 @@ def main() -> int:
                           f" = {rows / seconds:9.0f} rows/s; batches (s): "
                           + " ".join(f"{b:.1f}" for b in batches), flush=True)
             table.append((sink, measured["exactly-once"], measured["at-least-once"]))
-            if sink == "delta":
-                table.append(("delta, Delta's writer commits (txn-id option)", measured["eo-delta-writer"],
+            if delta:
+                table.append((f"{sink}, Delta's writer commits (txn-id option)", measured["eo-delta-writer"],
                               measured["at-least-once"]))
     finally:
         shutil.rmtree(work, ignore_errors=True)

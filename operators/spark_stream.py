@@ -40,9 +40,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     :param topics: Kafka topics to read (read_committed).
     :param sink: ``delta``, ``postgres`` or ``files``.
     :param checkpoint_location: this pipeline's Spark checkpoint directory.
-    :param sink_path: the Delta table or files sink directory (``delta`` / ``files``); the files sink may also be
-        on S3 or an S3-compatible store, ``s3://bucket/prefix`` (Spark writes it through ``s3a``).
-    :param aws_conn_id: the standard ``aws`` connection of an ``s3://`` sink path (credentials, ``endpoint_url``
+    :param sink_path: the Delta table or files sink directory (``delta`` / ``files``), local or on S3 or an
+        S3-compatible store, ``s3://bucket/prefix`` (Spark writes it through ``s3a``); the checkpoint location
+        may be on S3 as well.
+    :param aws_conn_id: the standard ``aws`` connection of an ``s3://`` sink path or checkpoint (credentials, ``endpoint_url``
         and ``region_name`` in its extra); they reach the driver in the job's secrets file, never the command
         line. The location is checked before the job starts (reachable, credentials, bucket, conditional writes).
     :param sink_table: the PostgreSQL table (``postgres``); the offsets table ``eo_stream_offsets`` sits next to it.
@@ -181,12 +182,11 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             mode=self.mode, key_field=self.key_field, version_field=self.version_field, op_field=self.op_field,
             delivery=self.delivery).validate()
 
+    def _sink_on_s3(self) -> bool:
+        return self.sink != "postgres" and bool(self.sink_path) and is_s3(self.sink_path)
+
     def _on_s3(self) -> bool:
-        on_s3 = self.sink != "postgres" and bool(self.sink_path) and is_s3(self.sink_path)
-        if on_s3 and self.sink != "files":
-            raise ValueError(f"sink_path {self.sink_path!r}: only the files sink can be on S3 so far; give the "
-                             f"{self.sink} sink a local path.")
-        return on_s3
+        return self._sink_on_s3() or is_s3(self.checkpoint_location or "")
 
     def _s3_settings(self):
         """Return the S3 settings of ``aws_conn_id`` (read once per run), or None for a local sink path."""
@@ -237,7 +237,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         return state.to_json() if state else None
 
     def before_submit(self) -> None:
-        if self._s3_settings() is not None:  # an unusable S3 location fails here, before anything is written
+        if self._sink_on_s3():  # an unusable S3 location fails here, before anything is written
             from exactly_once_provider.storage import open_storage
             from exactly_once_provider.storage.preflight import preflight
 
@@ -248,8 +248,16 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     def _delta_version(self) -> int:
         from exactly_once_provider.sinks.delta_log import table_state
 
-        state = table_state(self.sink_path) if self.sink == "delta" and self.sink_path else None
+        if self.sink != "delta" or not self.sink_path:
+            return -1
+        state = table_state(self._delta_table())
         return state.version if state else -1
+
+    def _delta_table(self):
+        """The Delta sink's location, or on S3 its storage (the Airflow side has the settings, not a registry)."""
+        from exactly_once_provider.storage import open_storage
+
+        return open_storage(self.sink_path, self._s3_settings()) if self._sink_on_s3() else self.sink_path
 
     def sink_dataset(self) -> lineage.DatasetName:
         """Name the sink: the PostgreSQL table, or the Delta table / files directory by its location."""
@@ -263,12 +271,12 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         sink = self.sink_dataset()
         fields = None
         if self.sink == "delta":
-            fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self.sink_path))
+            fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self._delta_table()))
         if result is None:
             return inputs, [facets.output_dataset(sink, fields)]
         size = files = None
         if self.sink == "delta":
-            size, files = facets.delta_commit_size(self.sink_path, self._before_version, self._delta_version())
+            size, files = facets.delta_commit_size(self._delta_table(), self._before_version, self._delta_version())
         commit = facets.CommitFacet(pipeline=self.pipeline, kafkaOffsets=result["offsets"],
                                     sinkVersion=result["batch_id"])
         return inputs, [facets.output_dataset(sink, fields, rows=result["rows_this_run"], size=size, files=files,

@@ -38,10 +38,10 @@ def mysql_fields(cur: Any, table: str, default_schema: str | None = None) -> lis
     return [(c.name, c.column_type) for c in table_columns(cur, schema or default_schema or "", name)]
 
 
-def delta_fields(location: str) -> list[tuple[str, str]]:
+def delta_fields(location) -> list[tuple[str, str]]:
     """Return ``(column, type)`` of a Delta table's newest schema; empty when it has no commit yet.
 
-    :param location: the table's location.
+    :param location: the table's location (or the storage rooted at it: a table on S3).
     """
     from exactly_once_provider.sinks.delta_log import table_state
 
@@ -52,18 +52,18 @@ def delta_fields(location: str) -> list[tuple[str, str]]:
             for f in json.loads(state.metadata["schemaString"])["fields"]]
 
 
-def delta_commit_size(location: str, after_version: int, upto_version: int) -> tuple[int, int]:
+def delta_commit_size(location, after_version: int, upto_version: int) -> tuple[int, int]:
     """Return ``(bytes, files)`` the commits ``after_version < v <= upto_version`` of a Delta table added.
 
-    :param location: the table's location.
+    :param location: the table's location (or the storage rooted at it: a table on S3).
     :param after_version: the newest version before the run (-1: none).
     :param upto_version: the newest version after it.
     """
-    from exactly_once_provider.sinks.delta_log import log_dir, read_actions
+    from exactly_once_provider.sinks.delta_log import read_log_file
 
     size = files = 0
     for version in range(after_version + 1, upto_version + 1):
-        for action in read_actions(log_dir(location) / f"{version:020d}.json"):
+        for action in read_log_file(location, f"{version:020d}.json"):
             if "add" in action:
                 size += int(action["add"].get("size") or 0)
                 files += 1

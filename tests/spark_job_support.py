@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def produce_plain(bootstrap: str, topic: str, count: int, partitions: int = 1) -
     producer.flush(120)
 
 
-def job_args(stack, pipeline: str, topic: str, checkpoint: Path, sink: str, target: str,
+def job_args(stack, pipeline: str, topic: str, checkpoint: Path | str, sink: str, target: str,
              max_offsets: int | None = None, delivery: str = "exactly-once", mode: str = "append",
              s3: dict | None = None) -> list[str]:
     """:param s3: the S3 settings (``S3Settings.to_json()``) of a sink on S3, for the secrets file."""
@@ -63,7 +64,9 @@ def job_args(stack, pipeline: str, topic: str, checkpoint: Path, sink: str, targ
         secrets["libpq"] = pg_env(stack)
     if s3:
         secrets["s3"] = s3
-    secrets_file = write_secret_file(str(checkpoint.parent), secrets, prefix="connections-")
+    # beside a local checkpoint; a checkpoint on S3 (a URI): in a private temporary directory
+    folder = str(checkpoint.parent) if isinstance(checkpoint, Path) else tempfile.mkdtemp(prefix="eo-job-")
+    secrets_file = write_secret_file(folder, secrets, prefix="connections-")
     args = ["--pipeline", pipeline, "--secrets-file", secrets_file, "--topics", topic,
             "--checkpoint", str(checkpoint), "--sink", sink, "--delivery", delivery, "--mode", mode]
     args += ["--table", target] if sink == "postgres" else ["--path", target]
@@ -138,21 +141,39 @@ def result_line(stdout: str) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------------- sink reads
-def delta_live_files(path: str) -> list[str]:
-    """Return a Delta table's live files (add minus remove actions of its JSON log), read without Spark."""
+def delta_live_files(path) -> list[str]:
+    """Return a Delta table's live files (add minus remove actions of its JSON log), read without Spark.
+
+    :param path: a local table path, or the storage rooted at a table (e.g. on S3: then the keys are returned).
+    """
+    from urllib.parse import unquote
+
+    from exactly_once_provider.sinks import delta_log
+
     live: dict[str, bool] = {}
-    for file in sorted((Path(path) / "_delta_log").glob("[0-9]*.json")):
-        for line in file.read_text().splitlines():
-            action = json.loads(line) if line.strip() else {}
+    for version in delta_log.commit_versions(delta_log.log_names(path)):
+        for action in delta_log.read_log_file(path, f"{version:020d}.json"):
             if "add" in action:
                 live[action["add"]["path"]] = True
             elif "remove" in action:
                 live.pop(action["remove"]["path"], None)
-    return [str(Path(path) / name) for name in live]
+    if isinstance(path, str):
+        return [str(Path(path) / unquote(name)) for name in live]
+    return [unquote(name) for name in live]
 
 
-def delta_rows(path: str) -> list[tuple]:
-    return arrow_rows(delta_live_files(path))
+def delta_rows(path, columns=("kafka_partition", "kafka_offset", "record_key", "record_value")) -> list[tuple]:
+    """Return the rows of a Delta table's live files (``path``: a local path or the storage of a table)."""
+    if isinstance(path, str):
+        return arrow_rows(delta_live_files(path), columns)
+    import pyarrow.parquet as pq
+
+    rows: list[tuple] = []
+    for key in delta_live_files(path):
+        filesystem, location = path.arrow_path(key)
+        table = pq.read_table(location, columns=list(columns), filesystem=filesystem)
+        rows += list(zip(*(table.column(i).to_pylist() for i in range(len(columns)))))
+    return rows
 
 
 def arrow_rows(files: list[str], columns=("kafka_partition", "kafka_offset", "record_key", "record_value")) -> list[tuple]:

@@ -38,6 +38,7 @@ from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
 from exactly_once_provider.full_load.spark_source import chunk_read_options, read_chunks, spark_schema
 from exactly_once_provider.full_load.staging import Staging
+from exactly_once_provider.storage import is_s3
 from exactly_once_provider.source.identifiers import quote_table
 from exactly_once_provider.source.snapshot import plan_chunks
 
@@ -305,6 +306,8 @@ def _can_adopt(sink: str, staging, load_id: str) -> bool:
     Files an unpublished earlier load moved into the sink directory (same name pattern, another load id)
     are deleted: they were never part of a table (there is no Delta log) and never will be.
     """
+    if is_s3(sink):  # no rename on object stores: Delta's writer rewrites the staged files into the table
+        return False
     if os.path.isdir(os.path.join(sink, "_delta_log")) and any(
             n.endswith(".json") and not n.startswith(".") for n in os.listdir(os.path.join(sink, "_delta_log"))):
         return False

@@ -206,13 +206,13 @@ def open_sink(kind: str, location: str, pipeline: str, *,
     :param mode: ``append``, ``cdc``, ``current`` or ``window`` (the writer side's mode).
     :param commit_with: Delta append mode: ``own`` or ``delta`` (see :class:`~.delta.DeltaSink`).
     :param key: Delta ``current`` mode: the source table's primary key columns.
-    :param s3: ``files`` on ``s3://``: the :class:`~exactly_once_provider.storage.s3.S3Settings` (default: those
+    :param s3: ``files``/``delta`` on ``s3://``: the :class:`~exactly_once_provider.storage.s3.S3Settings` (default: those
         the process registered).
     """
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
 
-        return DeltaSink(location, pipeline, mode, commit_with=commit_with, key=key)
+        return DeltaSink(location, pipeline, mode, commit_with=commit_with, key=key, s3=s3)
     if kind == "files":
         from exactly_once_provider.sinks.files import FilesSink
         from exactly_once_provider.storage import open_storage

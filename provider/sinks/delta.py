@@ -51,23 +51,32 @@ def _output_rows(info: dict) -> int:
 class DeltaSink:
     """Append a pipeline's batches to the Delta table at ``path``.
 
-    :param path: the Delta table's location (local path or ``file://``).
+    :param path: the Delta table's location: a local path, ``file://``, or ``s3://``/``s3a://`` (the log read and
+        the commits written through the storage layer, the rows by Spark through s3a).
     :param pipeline: the pipeline's stable name.
     :param mode: ``append`` (records) or ``cdc`` (changes by ``pk``, newer ``source_version`` wins).
     :param commit_with: append mode: ``own`` (the provider writes the Delta commit) or ``delta`` (Delta's writer).
     :param key: ``current`` mode: the source table's primary key columns.
+    :param s3: an ``s3://`` path: its :class:`~exactly_once_provider.storage.s3.S3Settings` (default: those the
+        process registered, as a Spark driver does from its secrets file).
     """
 
     kind = "delta"
 
     def __init__(self, path: str, pipeline: str, mode: str = "append", commit_with: str = "own",
-                 key: tuple[str, ...] = ()) -> None:
+                 key: tuple[str, ...] = (), s3: object = None) -> None:
         if commit_with not in ("own", "delta"):
             raise ValueError(f"commit_with must be 'own' or 'delta', got {commit_with!r}.")
         if mode == "current" and not key:
             raise ValueError("mode='current' needs the source table's key columns.")
         self.key_columns = tuple(key)
         self.path = path
+        # what every log read and commit goes through: the location (the process's settings) or its storage
+        self.table = path
+        if s3 is not None:
+            from exactly_once_provider.storage import open_storage
+
+            self.table = open_storage(path, s3)
         self.pipeline = pipeline
         self.mode = mode
         self.commit_with = commit_with
@@ -80,7 +89,7 @@ class DeltaSink:
 
     def _latest(self) -> tuple[dict, dict, int] | None:
         """Return ``(marker body, commitInfo, table version)`` of the newest commit with this pipeline's marker."""
-        for version, actions in delta_commit.commits(self.path):
+        for version, actions in delta_commit.commits(self.table):
             info = actions.get("commitInfo", {})
             raw = info.get("userMetadata")
             if raw:
@@ -94,7 +103,7 @@ class DeltaSink:
         pipeline's last one (which carries the pointer it built on); the first commit scans back once."""
         found = self._latest()
         held = found[0].get(current_table.POINTER) if found else None
-        for version, actions in delta_commit.commits(self.path):
+        for version, actions in delta_commit.commits(self.table):
             if held is not None and version <= found[2]:
                 return held
             raw = actions.get("commitInfo", {}).get("userMetadata")
@@ -124,7 +133,7 @@ class DeltaSink:
             rows = int(body["rows_before"]) + _output_rows(info)
         else:  # markers written before rows_before existed: sum the log once
             rows = 0
-            for _, actions in delta_commit.commits(self.path):
+            for _, actions in delta_commit.commits(self.table):
                 raw = actions.get("commitInfo", {}).get("userMetadata")
                 if raw and self.key in json.loads(raw):
                     rows += _output_rows(actions["commitInfo"])
@@ -146,7 +155,7 @@ class DeltaSink:
         window replace, tables the own commit does not write) gets the check before the write only; MERGE by
         source version and the window replace rewrite the same rows if a zombie commits them again.
         """
-        read_version = delta_commit.newest_version(self.path)
+        read_version = delta_commit.newest_version(self.table)
         previous = self.committed()
         require_predecessor(previous, expected, commit, self.kind)
         return previous, (self.key, read_version)
@@ -160,13 +169,13 @@ class DeltaSink:
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
         """
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
-        if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
+        if delta_commit.find_commit(self.table, app_id, commit.batch_id) is not None:
             return False
         previous, fence = self._planned_on(commit, expected)
         marker = {self.key: dict(commit.to_json(), rows_before=previous.rows_total if previous else 0)}
         if self.mode == "append" and self.commit_with == "own":
             try:
-                delta_commit.append_with_marker(df, self.path, marker, app_id, commit.batch_id,
+                delta_commit.append_with_marker(df, self.table, marker, app_id, commit.batch_id,
                                                 fence=None if expected is UNCHECKED else fence)
             except delta_commit.ForeignProgressError as err:
                 raise StaleBatchError(
@@ -175,7 +184,7 @@ class DeltaSink:
                     "driver (a zombie of an earlier run, or two jobs on one pipeline).") from None
             return True
         if self.mode == "append":
-            delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="append")
+            delta_commit.commit_with_marker(df, self.table, marker, app_id, commit.batch_id, mode="append")
             return True
         if self.mode == "current":  # the full load created the table; a change merges only if it is newer
             marker[self.key][current_table.POINTER] = self._full_load_pointer()
@@ -184,13 +193,13 @@ class DeltaSink:
             on, newer = current_table.merge_condition(self.key_columns, replace_equal=self.backfill)
             if self.schema_changed:  # the new columns and the filled rows land in this one commit, or nothing
                 faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
-            delta_commit.merge_with_marker(df, self.path, on, marker, app_id, commit.batch_id, update_when=newer,
+            delta_commit.merge_with_marker(df, self.table, on, marker, app_id, commit.batch_id, update_when=newer,
                                            evolve_schema=self.schema_changed)
             return True
-        if next(delta_commit.commits(self.path), None) is None:
+        if next(delta_commit.commits(self.table), None) is None:
             # MERGE needs a table: create it empty (no marker; a crash here is harmless, the next try reuses it).
-            df.limit(0).write.format("delta").mode("append").save(self.path)
-        delta_commit.merge_with_marker(df, self.path, "t.pk = s.pk", marker, app_id, commit.batch_id,
+            df.limit(0).write.format("delta").mode("append").save(delta_commit.spark_path(self.table))
+        delta_commit.merge_with_marker(df, self.table, "t.pk = s.pk", marker, app_id, commit.batch_id,
                                        update_when="s.source_version > t.source_version")
         return True
 
@@ -206,7 +215,7 @@ class DeltaSink:
         :return: False if the batch was already committed.
         """
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
-        if delta_commit.find_commit(self.path, app_id, commit.batch_id) is not None:
+        if delta_commit.find_commit(self.table, app_id, commit.batch_id) is not None:
             return False
         previous, _ = self._planned_on(commit, expected)  # window mode: its marker holds the table's windows
         state = dict(previous.extra.get("windows", {})) if previous else {}
@@ -217,12 +226,12 @@ class DeltaSink:
         marker = {self.key: body}
         if windows:
             where = "window_id IN ({})".format(", ".join(_sql_string(w) for w in sorted(windows)))
-            delta_commit.commit_with_marker(df, self.path, marker, app_id, commit.batch_id, mode="overwrite",
+            delta_commit.commit_with_marker(df, self.table, marker, app_id, commit.batch_id, mode="overwrite",
                                             replace_where=where)
         else:  # nothing to publish, the offsets move on (e.g. past stale versions): an empty commit
-            delta_commit.commit_with_marker(df.limit(0), self.path, marker, app_id, commit.batch_id, mode="append")
+            delta_commit.commit_with_marker(df.limit(0), self.table, marker, app_id, commit.batch_id, mode="append")
         return True
 
     def append(self, df) -> None:
         """At-least-once baseline: a plain Delta append, no marker, no txn id."""
-        df.write.format("delta").mode("append").save(self.path)
+        df.write.format("delta").mode("append").save(delta_commit.spark_path(self.table))

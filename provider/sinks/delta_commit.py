@@ -8,7 +8,10 @@ it) is skipped, so a retry after a crash between the commit and the caller's boo
 returns the same commit.
 
 Markers are read back from the transaction log's JSON commit files with plain Python (no Spark needed), so
-a capture process can read them; this reads local/mounted paths only.
+a capture process can read them. Every file of the log is read and written through the storage layer
+(:mod:`exactly_once_provider.storage`): a table is a local path or an ``s3://``/``s3a://`` URI (or the
+:class:`~exactly_once_provider.storage.Storage` rooted at it), and the commit step is the storage's put-if-absent
+(a hard link locally, ``If-None-Match: *`` on S3), never a rename.
 
 Two ways to write the commit:
 
@@ -27,7 +30,8 @@ Two ways to write the commit:
   ``txn`` and one ``add`` per file (``dataChange``, ``stats``: ``numRecords``, and min/max/null counts of
   the integer columns from the Parquet footers; none for strings, so no data skipping on those). L, the protocol, the metadata and the txn versions come from the newest checkpoint plus the
   JSON commits after it (:mod:`exactly_once_provider.sinks.delta_log`), no Spark job. **The fence is kept**: the
-  file is created with put-if-absent (hard link of an fsynced file); a writer that loses ``L+1`` reads the
+  file is created with put-if-absent (hard link of an fsynced file; on S3 ``If-None-Match: *``); a writer that
+  loses ``L+1`` reads the
   winning commit, and if it carries the same app id with the same or a newer version it writes nothing (a
   zombie driver replaying a batch can never add a second copy), with a lower version it fails like Delta;
   otherwise it re-checks protocol and metadata and retries at ``L+2``. Every ``delta.checkpointInterval``
@@ -38,22 +42,31 @@ Two ways to write the commit:
   feed, clustering / domain metadata, V2 checkpoints, generated / identity / default columns, partitioning,
   CHECK constraints, invariants, NOT NULL columns, unknown ``delta.*`` table properties, and a batch whose
   columns differ from the table's.
+
+On S3 (measured on the stack's MinIO, 2026-11-25): the own commit stays the append path rather than delta-rs
+(``deltalake`` 1.6.6, which commits safely with ``conditional_put=etag`` and refuses a same-app txn from a
+stale snapshot, but accepts a REPLAY of an already committed ``(app id, version)`` from a fresh snapshot, so
+the caller's txn check is needed anyway, and it would need Spark's rows on the driver as Arrow). Per commit
+they cost the same (``benchmarks/bench_delta_commit.py``, 20 commits, medians of two runs: MinIO own 37 / 47 ms,
+delta-rs 41 / 40 ms; local 4 / 4 ms vs 7 / 5 ms). Delta's own writer (MERGE, replaceWhere, the
+txn-id option) goes through Delta's ``S3SingleDriverLogStore`` on ``s3a://``: its put-if-absent is an
+existence check then a plain PUT (safe for one driver at a time, not atomic across drivers: hadoop-aws 3.5.0's
+conditional create is only reachable through ``createFile()`` options Delta does not pass). The modes that use
+it are idempotent per key (a MERGE by source version, a window replaced whole), every such commit is verified
+afterwards (:func:`find_commit` of its txn) and the sink's marker is the source of truth on the next run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.sinks import delta_log
-from exactly_once_provider.sinks import durable
-from exactly_once_provider.sinks.durable import fsync_dir
+from exactly_once_provider.sinks.delta_log import Table, spark_path, table_storage
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +83,9 @@ class UnsupportedTableError(CommitMarkerError):
     """Raise when the own append commit cannot write this table correctly (a feature it does not implement)."""
 
 
-_COMMIT = delta_log.COMMIT
-_log_dir = delta_log.log_dir
-
-
-def _read_commit(file: Path) -> dict[str, Any]:
+def _read_commit(table: Table, version: int) -> dict[str, Any]:
     actions: dict[str, Any] = {"txn": []}
-    for line in file.read_text().splitlines():
-        if not line.strip():
-            continue
-        action = json.loads(line)
+    for action in delta_log.read_log_file(table, f"{version:020d}.json"):
         if "commitInfo" in action:
             actions["commitInfo"] = action["commitInfo"]
         elif "txn" in action:
@@ -91,49 +97,46 @@ class ForeignProgressError(CommitMarkerError):
     """A commit carrying the caller's progress-marker key landed after the caller read the table."""
 
 
-def read_commit(path: str, version: int) -> dict[str, Any]:
+def read_commit(path: Table, version: int) -> dict[str, Any]:
     """Return the actions of commit ``version`` of the Delta table at ``path`` (as :func:`commits` gives them).
 
     :raises FileNotFoundError: the commit file does not exist (never written, or removed by log cleanup).
     """
-    return _read_commit(_log_dir(path) / f"{version:020d}.json")
+    return _read_commit(path, version)
 
 
-def newest_version(path: str) -> int:
+def newest_version(path: Table) -> int:
     """Return the table's newest commit version (-1 when there is no Delta log yet)."""
-    log_dir = _log_dir(path)
-    names = os.listdir(log_dir) if log_dir.is_dir() else []
-    return max((int(n[:20]) for n in names if _COMMIT.match(n)), default=-1)
+    return max(delta_log.commit_versions(delta_log.log_names(path)), default=-1)
 
 
-def _check_fence(log_dir: Path, fence: tuple[str, int] | None, upto: int) -> None:
+def _check_fence(table: Table, fence: tuple[str, int] | None, upto: int) -> None:
     """Fail if a commit after the fence's read version, up to ``upto``, carries the fence's marker key."""
     if fence is None:
         return
     key, read_version = fence
     for version in range(read_version + 1, upto + 1):
-        raw = _read_commit(log_dir / f"{version:020d}.json").get("commitInfo", {}).get("userMetadata")
+        raw = _read_commit(table, version).get("commitInfo", {}).get("userMetadata")
         marker = json.loads(raw) if raw else None
         if isinstance(marker, dict) and key in marker:
             raise ForeignProgressError(
-                f"Version {version} of {log_dir.parent} carries a {key!r} marker committed after this writer read "
+                f"Version {version} of {table_storage(table).uri()} carries a {key!r} marker committed after this writer read "
                 f"the table at version {read_version}: another writer commits the same progress.")
 
 
-def commits(path: str) -> Iterator[tuple[int, dict]]:
+def commits(path: Table) -> Iterator[tuple[int, dict]]:
     """Yield ``(version, actions)`` of a Delta table's JSON commits, newest first.
 
     ``actions`` maps ``commitInfo`` to its dict and ``txn`` to the list of transaction actions.
 
-    :param path: the Delta table's location (local path or ``file://`` URI).
+    :param path: the Delta table's location (local path, ``file://`` or ``s3://`` URI) or its storage.
     """
-    log_dir = _log_dir(path)
-    names = os.listdir(log_dir) if log_dir.is_dir() else []
-    for version in sorted((int(n[:20]) for n in names if _COMMIT.match(n)), reverse=True):
-        yield version, _read_commit(log_dir / f"{version:020d}.json")
+    storage = table_storage(path)
+    for version in reversed(delta_log.commit_versions(delta_log.log_names(storage))):
+        yield version, _read_commit(storage, version)
 
 
-def find_commit(path: str, app_id: str, version: int) -> int | None:
+def find_commit(path: Table, app_id: str, version: int) -> int | None:
     """Return the table version that committed ``(app_id, version)``, or None if none did.
 
     Cheap on long logs: only the JSON commits after the newest Delta checkpoint are parsed (newest first; a
@@ -147,17 +150,17 @@ def find_commit(path: str, app_id: str, version: int) -> int | None:
     :param app_id: the writer's stable application id.
     :param version: the writer's monotonically increasing version for that app id.
     """
-    log_dir = _log_dir(path)
-    if not log_dir.is_dir():
+    storage = table_storage(path)
+    names = delta_log.log_names(storage)
+    versions = list(reversed(delta_log.commit_versions(names)))
+    if not versions:
         return None
-    names = os.listdir(log_dir)
-    versions = sorted((int(n[:20]) for n in names if _COMMIT.match(n)), reverse=True)
     newest_checkpoint = delta_log.newest_checkpoint(names)
     checkpoint = newest_checkpoint[0] if newest_checkpoint else None
 
     def matches(table_version: int) -> bool:
         return any(t.get("appId") == app_id and int(t.get("version", -1)) == version
-                   for t in _read_commit(log_dir / f"{table_version:020d}.json")["txn"])
+                   for t in _read_commit(storage, table_version)["txn"])
 
     for table_version in versions:
         if checkpoint is not None and table_version <= checkpoint:
@@ -166,13 +169,13 @@ def find_commit(path: str, app_id: str, version: int) -> int | None:
             return table_version
     if newest_checkpoint is None:
         return None
-    newest = delta_log.checkpoint_state(log_dir, newest_checkpoint[1])[2].get(app_id)
+    newest = delta_log.checkpoint_state(storage, newest_checkpoint[1])[2].get(app_id)
     if newest is None or newest < version:
         return None
     return next((v for v in versions if v <= checkpoint and matches(v)), checkpoint)
 
 
-def latest_marker(path: str, key: str) -> tuple[int, dict] | None:
+def latest_marker(path: Table, key: str) -> tuple[int, dict] | None:
     """Return ``(table version, marker)`` of the newest commit whose marker has top-level ``key``.
 
     :param path: the Delta table's location.
@@ -187,7 +190,7 @@ def latest_marker(path: str, key: str) -> tuple[int, dict] | None:
     return None
 
 
-def commit_with_marker(df: Any, path: str, marker: dict, app_id: str, version: int, mode: str = "overwrite",
+def commit_with_marker(df: Any, path: Table, marker: dict, app_id: str, version: int, mode: str = "overwrite",
                        replace_where: str | None = None) -> int:
     """Write ``df`` to the Delta table at ``path`` as one commit carrying ``marker``; return the table version.
 
@@ -215,7 +218,7 @@ def commit_with_marker(df: Any, path: str, marker: dict, app_id: str, version: i
         writer = writer.option("replaceWhere", replace_where)
     elif mode == "overwrite":
         writer = writer.option("overwriteSchema", "true")
-    writer.save(path)
+    writer.save(spark_path(path))
     done = find_commit(path, app_id, version)
     if done is None:
         raise CommitMarkerError(f"Delta write to {path} finished but no commit records txn ({app_id}, {version}).")
@@ -226,7 +229,7 @@ _TXN_CONFS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.w
               "spark.databricks.delta.commitInfo.userMetadata")
 
 
-def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str, version: int,
+def merge_with_marker(source: Any, path: Table, on: str, marker: dict, app_id: str, version: int,
                       update_when: str | None = None, delete_when: str | None = None,
                       evolve_schema: bool = False) -> int:
     """MERGE ``source`` into the Delta table at ``path`` as one commit carrying ``marker``; return its version.
@@ -259,7 +262,7 @@ def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str
     for key, value in zip(_TXN_CONFS, values):
         spark.conf.set(key, value)
     try:
-        merge = DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
+        merge = DeltaTable.forPath(spark, spark_path(path)).alias("t").merge(source.alias("s"), on)
         if delete_when:
             cond = f"({update_when}) AND ({delete_when})" if update_when else delete_when
             merge = merge.whenMatchedDelete(condition=cond)
@@ -276,8 +279,7 @@ def merge_with_marker(source: Any, path: str, on: str, marker: dict, app_id: str
     return done
 
 
-
-def create_with_files(path: str, schema_json: str, files: list[dict], marker: dict, app_id: str,
+def create_with_files(path: Table, schema_json: str, files: list[dict], marker: dict, app_id: str,
                       version: int, engine: str = "exactly-once-provider") -> int:
     """Create a NEW Delta table at ``path`` from Parquet files already in it, in one commit carrying ``marker``.
 
@@ -293,7 +295,7 @@ def create_with_files(path: str, schema_json: str, files: list[dict], marker: di
     Only for a table that has no commit yet (an existing one raises: replace it with
     :func:`commit_with_marker`). Idempotent per ``(app_id, version)`` like :func:`commit_with_marker`.
 
-    :param path: the table's directory (local path or ``file://`` URI); the files are in it.
+    :param path: the table's location (or its storage); the files are in it.
     :param schema_json: the Spark schema as JSON (``StructType.json()``); flat, no column mapping.
     :param files: ``{"name", "bytes", "rows"}`` per Parquet file, ``name`` relative to ``path``.
     :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
@@ -304,14 +306,13 @@ def create_with_files(path: str, schema_json: str, files: list[dict], marker: di
     done = find_commit(path, app_id, version)
     if done is not None:
         return done
-    log_dir = _log_dir(path)
-    if log_dir.is_dir() and any(_COMMIT.match(name) for name in os.listdir(log_dir)):
-        raise TableExistsError(f"{path} already is a Delta table: replace it with commit_with_marker().")
+    storage = table_storage(path)
+    if delta_log.commit_versions(delta_log.log_names(storage)):
+        raise TableExistsError(f"{storage.uri()} already is a Delta table: replace it with commit_with_marker().")
     import time
     import uuid
 
     now = int(time.time() * 1000)
-    root = Path(path.removeprefix("file://"))
     # Delta upgrades a new table with a TIMESTAMP_NTZ column to table features (reader 3, writer 7) and
     # lists the legacy writer features of writer version 2 with it; otherwise the table is (1, 2).
     if '"timestamp_ntz"' in schema_json:
@@ -326,10 +327,10 @@ def create_with_files(path: str, schema_json: str, files: list[dict], marker: di
                       "createdTime": now}},
         {"protocol": protocol},
         {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
-        *_add_actions(root, files),
+        *_add_actions(storage, files, now),
     ]
-    if not _put_if_absent(log_dir, 0, actions):
-        raise TableExistsError(f"Another writer created the Delta table at {path} first.")
+    if not _put_if_absent(storage, 0, actions):
+        raise TableExistsError(f"Another writer created the Delta table at {storage.uri()} first.")
     return 0
 
 
@@ -347,30 +348,33 @@ def _commit_info(now: int, mode: str, files: list[dict], marker: dict, engine: s
     return info
 
 
-def _add_actions(root: Path, files: list[dict]) -> list[dict]:
+def _add_actions(storage: Any, files: list[dict], now: int) -> list[dict]:
     """Return one ``add`` per file (row count and the file's optional column ``stats`` as ``stats``), checking
-    each file's size on disk."""
+    each file's size in storage (one listing-free stat per file: local ``stat``, S3 ``HEAD``)."""
     from urllib.parse import quote
 
     adds = []
     for f in files:
-        stat = (root / f["name"]).stat()
-        if stat.st_size != f["bytes"]:
-            raise CommitMarkerError(f"{root / f['name']} has {stat.st_size} bytes, not {f['bytes']}.")
+        filesystem, location = storage.arrow_path(f["name"])
+        info = filesystem.get_file_info(location)
+        if info.size != f["bytes"]:
+            raise CommitMarkerError(f"{storage.uri(f['name'])} has {info.size} bytes, not {f['bytes']}.")
+        mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else now
         adds.append({"add": {"path": quote(f["name"]), "partitionValues": {}, "size": f["bytes"],
-                             "modificationTime": int(stat.st_mtime * 1000), "dataChange": True,
+                             "modificationTime": mtime, "dataChange": True,
                              "stats": json.dumps({"numRecords": f["rows"], **f.get("stats", {})})}})
     return adds
 
 
-def _put_if_absent(log_dir: Path, version: int, actions: list[dict]) -> bool:
+def _put_if_absent(storage: Any, version: int, actions: list[dict]) -> bool:
     """Create the commit file of ``version`` with ``actions``; return False if it already exists.
 
-    :func:`~exactly_once_provider.sinks.durable.put_if_absent`: of two writers of the same version exactly one
-    wins, and a reader never sees a partial commit (the same atomic step Delta's local log store takes).
+    The storage's put-if-absent (:meth:`~exactly_once_provider.storage.Storage.put_if_absent`: a hard link
+    locally, ``If-None-Match: *`` on S3): of two writers of the same version exactly one wins, and a reader
+    never sees a partial commit. THE commit step of every own commit.
     """
     data = "".join(json.dumps(a) + "\n" for a in actions).encode()
-    return durable.put_if_absent(log_dir / f"{version:020d}.json", data)
+    return storage.put_if_absent(f"{delta_log.LOG}{version:020d}.json", data)
 
 
 # ------------------------------------------------------------------------------------- own append commits
@@ -388,8 +392,9 @@ _NEUTRAL_PROPERTIES = frozenset({
 _OFF_PROPERTIES = {"delta.enableChangeDataFeed": "false", "delta.enableDeletionVectors": "false",
                    "delta.enableRowTracking": "false", "delta.enableInCommitTimestamps": "false",
                    "delta.columnMapping.mode": "none", "delta.enableTypeWidening": "false"}
-STAGING_DIR = "_eo_staging"  # under the table; names starting with "_" are invisible to Delta and VACUUM
-_STAGING_MAX_AGE = 24 * 3600  # a staging directory this old was left by a killed writer
+# Each own append's files: a new directory of the table (visible to VACUUM, which removes a killed writer's
+# orphans after the retention period; names starting with "_" or "." would hide them from it forever).
+DATA_PREFIX = "eo-"
 
 
 def _fields(schema: dict, prefix: str = "") -> Iterator[tuple[str, dict]]:
@@ -491,7 +496,7 @@ def _column_list(schema: dict) -> str:
                      for f in schema.get("fields", []))
 
 
-def append_with_files(path: str, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
+def append_with_files(path: Table, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
                       engine: str = "exactly-once-provider", fence: tuple[str, int] | None = None) -> tuple[int, bool]:
     """Append Parquet files already in the table's directory as ONE commit carrying ``marker``.
 
@@ -504,7 +509,7 @@ def append_with_files(path: str, schema_json: str, files: list[dict], marker: di
     commit: the loser finds the winner's txn and writes nothing. A concurrent commit of the same app id with
     a lower version fails the call, as Delta's ``ConcurrentTransactionException`` does.
 
-    :param path: the table's directory (local path or ``file://`` URI); the files are in it.
+    :param path: the table's location (or its storage); the files are in it.
     :param schema_json: the files' Spark schema as JSON; it must be the table's (:func:`check_appendable`).
     :param files: ``{"name", "bytes", "rows"}`` per Parquet file, ``name`` relative to ``path``.
     :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
@@ -522,93 +527,92 @@ def append_with_files(path: str, schema_json: str, files: list[dict], marker: di
     """
     import time
 
-    state = delta_log.table_state(path)
+    storage = table_storage(path)
+    state = delta_log.table_state(storage)
     if state is None:
-        raise CommitMarkerError(f"No Delta table at {path}: create it with create_with_files().")
-    log_dir = _log_dir(path)
-    adds = _add_actions(Path(path.removeprefix("file://")), files)
+        raise CommitMarkerError(f"No Delta table at {storage.uri()}: create it with create_with_files().")
+    adds = _add_actions(storage, files, int(time.time() * 1000))
     seen = state.txns.get(app_id)
     while True:
         newest = state.txns.get(app_id)
         if newest is not None and newest >= version:
-            done = find_commit(path, app_id, version)
+            done = find_commit(storage, app_id, version)
             return (state.version if done is None else done), False
         if newest != seen:
             raise CommitMarkerError(
-                f"Another writer committed txn ({app_id}, {newest}) to {path} while this one was committing "
+                f"Another writer committed txn ({app_id}, {newest}) to {storage.uri()} while this one was committing "
                 f"({app_id}, {version}): two writers share one app id; run one writer per app id.")
         check_appendable(state, schema_json)
-        _check_fence(log_dir, fence, state.version)
+        _check_fence(storage, fence, state.version)
         now = int(time.time() * 1000)
         actions = [{"commitInfo": _commit_info(now, "Append", files, marker, engine, read_version=state.version)},
                    {"txn": {"appId": app_id, "version": version, "lastUpdated": now}}, *adds]
-        if _put_if_absent(log_dir, state.version + 1, actions):
+        if _put_if_absent(storage, state.version + 1, actions):
             return state.version + 1, True
         lost_to = state.version + 1
-        state = delta_log.table_state(path)
+        state = delta_log.table_state(storage)
         if state.version < lost_to:
-            raise CommitMarkerError(f"{log_dir} holds commit {lost_to} but lists only up to {state.version}.")
+            raise CommitMarkerError(f"{storage.uri(delta_log.LOG)} holds commit {lost_to} but lists only up to "
+                                    f"{state.version}.")
 
 
-def append_with_marker(df: Any, path: str, marker: dict, app_id: str, version: int,
+def append_with_marker(df: Any, path: Table, marker: dict, app_id: str, version: int,
                        fence: tuple[str, int] | None = None) -> int:
     """Append ``df`` to the Delta table at ``path`` as one commit carrying ``marker``; return the table version.
 
     The fast path of :func:`commit_with_marker` ``mode="append"`` (same result, same idempotence per
-    ``(app_id, version)``): Spark writes the rows as Parquet under ``<path>/_eo_staging/``, the files are
-    moved (hard link + unlink, same filesystem: never over an existing name) into the table's directory and
-    committed by :func:`append_with_files` (:func:`create_with_files` for the table's first commit), so no
-    Delta state reconstruction runs per commit. Every ``delta.checkpointInterval`` versions Delta writes a
-    checkpoint (:func:`checkpoint_if_due`), as its own writer does after a commit. A table with a feature
+    ``(app_id, version)``): Spark writes the rows as Parquet into a new directory of the table,
+    ``<path>/eo-<uuid>/`` (nothing is moved afterwards: object stores have no rename), and they are
+    committed where they are by :func:`append_with_files` (:func:`create_with_files` for the table's first
+    commit), so no Delta state reconstruction runs per commit. Files a writer wrote but did not commit (a
+    lost race, a replay) are deleted; those of a killed writer are orphans no commit names, removed by
+    ``VACUUM`` like the orphans of Delta's own writer. Every ``delta.checkpointInterval`` versions Delta writes
+    a checkpoint (:func:`checkpoint_if_due`), as its own writer does after a commit. A table with a feature
     the own commit does not write (:func:`check_appendable`) is written by Delta's writer instead
     (:func:`commit_with_marker`), with a WARNING naming the feature.
 
     :param df: the Spark DataFrame to append.
-    :param path: the Delta table's location (local path or ``file://`` URI).
+    :param path: the Delta table's location (local path, ``file://`` or ``s3://``/``s3a://`` URI) or its storage.
     :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
     :param app_id: stable id of the writer (Delta ``txnAppId``).
     :param version: the writer's version for this commit (Delta ``txnVersion``).
     :param fence: see :func:`append_with_files` (a table Delta's writer commits is checked before the write only).
     """
-    import shutil
     import uuid
 
-    done = find_commit(path, app_id, version)
+    storage = table_storage(path)
+    done = find_commit(storage, app_id, version)
     if done is not None:
         return done
     schema_json = nullable_schema(df.schema.json())
-    state = delta_log.table_state(path)
+    state = delta_log.table_state(storage)
     try:
         if state is not None:
             check_appendable(state, schema_json)
     except UnsupportedTableError as err:
-        _check_fence(_log_dir(path), fence, newest_version(path))
-        return _with_delta_writer(df, path, marker, app_id, version, err)
-    root = Path(path.removeprefix("file://"))
-    _sweep_staging(root / STAGING_DIR)
-    staging = root / STAGING_DIR / uuid.uuid4().hex
+        _check_fence(storage, fence, newest_version(storage))
+        return _with_delta_writer(df, storage, marker, app_id, version, err)
+    folder = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+    written = False
     try:
-        df.write.parquet(str(staging))
-        files = _adopt(staging, root, json.loads(schema_json))
+        df.write.parquet(storage.spark_uri(folder))
+        files = _written_files(storage, folder, json.loads(schema_json))
         try:
-            table_version, written = _commit_files(path, schema_json, files, marker, app_id, version, state, fence)
+            table_version, written = _commit_files(storage, schema_json, files, marker, app_id, version, state,
+                                                   fence)
         except UnsupportedTableError as err:  # the table changed under us: nothing of ours was committed
-            _remove(root, files)
-            _check_fence(_log_dir(path), fence, newest_version(path))
-            return _with_delta_writer(df, path, marker, app_id, version, err)
-        except ForeignProgressError:
-            _remove(root, files)
-            raise
-        if not written:
-            _remove(root, files)
+            storage.delete_prefix(folder + "/")
+            _check_fence(storage, fence, newest_version(storage))
+            return _with_delta_writer(df, storage, marker, app_id, version, err)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not written:  # a replay, a lost race, a failure: no commit names these files
+            storage.delete_prefix(folder + "/")
     if written:
-        checkpoint_if_due(df.sparkSession, path, table_version)
+        checkpoint_if_due(df.sparkSession, storage, table_version)
     return table_version
 
 
-def _commit_files(path: str, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
+def _commit_files(path: Any, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
                   state: delta_log.TableState | None, fence: tuple[str, int] | None) -> tuple[int, bool]:
     if state is None:
         try:
@@ -618,32 +622,31 @@ def _commit_files(path: str, schema_json: str, files: list[dict], marker: dict, 
     return append_with_files(path, schema_json, files, marker, app_id, version, fence=fence)
 
 
-def _with_delta_writer(df: Any, path: str, marker: dict, app_id: str, version: int, err: Exception) -> int:
+def _with_delta_writer(df: Any, path: Table, marker: dict, app_id: str, version: int, err: Exception) -> int:
     log.warning("%s Committing (%s, %d) through Delta's own writer instead (slower: it rebuilds the table "
                 "state for the txn id on every commit).", err, app_id, version)
     return commit_with_marker(df, path, marker, app_id, version, mode="append")
 
 
-def _adopt(staging: Path, root: Path, schema: dict) -> list[dict]:
-    """Move the Parquet files Spark wrote under ``staging`` into ``root``; return their names, sizes, rows, stats.
+def _written_files(storage: Any, folder: str, schema: dict) -> list[dict]:
+    """Return name (relative to the table), size, rows and stats of each Parquet file Spark wrote in ``folder``.
 
-    Files without rows are left behind (Spark writes one for an empty batch). Spark's file names carry its
-    write job's UUID; a hard link fails rather than replace a file that has the name already.
+    Files without rows are left out (Spark writes one for an empty batch), and so is everything hidden
+    (``_SUCCESS``, ``_temporary/`` of failed task attempts): only what Spark's job commit published.
     """
     import pyarrow.parquet as pq
 
     files = []
-    for name in sorted(os.listdir(staging)):
-        if not name.endswith(".parquet") or name.startswith((".", "_")):
+    for key in storage.list(folder + "/"):
+        name = key[len(folder) + 1:]
+        if "/" in name or not name.endswith(".parquet") or name.startswith((".", "_")):
             continue
-        footer = pq.read_metadata(staging / name)
+        filesystem, location = storage.arrow_path(key)
+        footer = pq.read_metadata(location, filesystem=filesystem)
         if footer.num_rows == 0:
             continue
-        os.link(staging / name, root / name)
-        os.unlink(staging / name)
-        files.append({"name": name, "bytes": (root / name).stat().st_size, "rows": footer.num_rows,
+        files.append({"name": key, "bytes": filesystem.get_file_info(location).size, "rows": footer.num_rows,
                       "stats": _column_stats(footer, schema)})
-    fsync_dir(root)
     return files
 
 
@@ -686,29 +689,7 @@ def _column_stats(footer: Any, schema: dict) -> dict:
     return {k: v for k, v in result.items() if v}
 
 
-def _remove(root: Path, files: list[dict]) -> None:
-    """Delete files this writer moved into the table but did not commit (no commit refers to them)."""
-    for f in files:
-        (root / f["name"]).unlink(missing_ok=True)
-
-
-def _sweep_staging(staging_root: Path) -> None:
-    """Remove staging directories a killed writer left (older than a day: no live writer still uses them)."""
-    import shutil
-    import time
-
-    if not staging_root.is_dir():
-        return
-    for entry in staging_root.iterdir():
-        try:
-            stale = time.time() - entry.stat().st_mtime > _STAGING_MAX_AGE
-        except FileNotFoundError:  # its writer just removed it
-            continue
-        if stale:
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def checkpoint_if_due(spark: Any, path: str, version: int) -> bool:
+def checkpoint_if_due(spark: Any, path: Table, version: int) -> bool:
     """Have Delta checkpoint ``version`` of the table if its log has ``delta.checkpointInterval`` commits since
     the newest checkpoint; return whether a checkpoint of ``version`` now exists.
 
@@ -726,10 +707,10 @@ def checkpoint_if_due(spark: Any, path: str, version: int) -> bool:
     if version - (state.checkpoint or 0) < interval:
         return False
     jvm = spark._jvm
-    table_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    table_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, spark_path(path))
     none = jvm.scala.Option.empty()
     table_log.checkpoint(table_log.getSnapshotAt(version, none, none, False), none)
-    written = delta_log.newest_checkpoint(os.listdir(_log_dir(path)))
+    written = delta_log.newest_checkpoint(delta_log.log_names(path))
     if written is None or written[0] < version:
         log.warning("Delta wrote no checkpoint of version %d of %s (its error is in the Spark log); the next "
                     "commit tries again.", version, path)

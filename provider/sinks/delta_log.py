@@ -1,22 +1,30 @@
-"""A Delta table's current state read from its transaction log with plain Python (no Spark, local paths only).
+"""A Delta table's current state read from its transaction log with plain Python (no Spark), local or on S3.
 
 What the own commits of :mod:`exactly_once_provider.sinks.delta_commit` need before writing version ``L + 1``: the
 newest version ``L``, the table's ``protocol`` and ``metaData`` and the newest ``txn`` version per app id.
 Like Delta's own snapshot it starts from the newest COMPLETE checkpoint (only its ``protocol``, ``metaData``
 and ``txn`` columns are read, once per checkpoint file) and replays the JSON commits after it; a table
 without a checkpoint is replayed from its first commit.
+
+The log is read through the storage layer (:mod:`exactly_once_provider.storage`): a table is a local path,
+``file://`` URI, ``s3://``/``s3a://`` URI (the process's registered S3 settings) or a
+:class:`~exactly_once_provider.storage.Storage` rooted at the table (:func:`table_storage`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
+if TYPE_CHECKING:
+    from exactly_once_provider.storage import Storage
+
+Table = Union[str, "Storage"]  # a table's location, or the storage rooted at it
+LOG = "_delta_log/"
 COMMIT = re.compile(r"^(\d{20})\.json$")
 # classic (one file or parts "<part>.<parts>") and V2 (UUID-named top-level file) checkpoints
 _CLASSIC_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
@@ -24,12 +32,59 @@ _V2_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint\.[0-9a-fA-F-]{36}\.(?:json|p
 
 
 def log_dir(path: str) -> Path:
-    """Return the ``_delta_log`` directory of the table at ``path`` (local path or ``file://`` URI)."""
+    """Return the ``_delta_log`` directory of the LOCAL table at ``path`` (local path or ``file://`` URI)."""
     return Path(path.removeprefix("file://")) / "_delta_log"
 
 
+@lru_cache(maxsize=64)
+def _s3_table(location: str, settings: Any) -> Storage:
+    from exactly_once_provider.storage import open_storage
+
+    return open_storage(location, settings)  # one client per table and settings: a new one costs ~50 ms
+
+
+def table_storage(table: Table) -> Storage:
+    """Return the storage rooted at the Delta table ``table`` (a location, or already a storage)."""
+    if not isinstance(table, str):
+        return table
+    from exactly_once_provider.storage import is_s3, open_storage
+
+    if is_s3(table):
+        from exactly_once_provider.storage.s3 import registered_settings
+
+        return _s3_table(table, registered_settings())
+    return open_storage(table)
+
+
+def spark_path(table: Table) -> str:
+    """Return the table's location as Spark names it (``s3a://`` on S3)."""
+    return table_storage(table).spark_uri()
+
+
+def log_names(table: Table) -> list[str]:
+    """Return the file names in the table's ``_delta_log`` (not those of its subdirectories), sorted."""
+    keys = table_storage(table).list(LOG)
+    return [k[len(LOG):] for k in keys if "/" not in k[len(LOG):]]
+
+
+def commit_versions(names: list[str]) -> list[int]:
+    """Return the versions of the JSON commits among the log's ``names``, ascending."""
+    return sorted(int(m.group(1)) for n in names if (m := COMMIT.match(n)))
+
+
+def read_log_file(table: Table, name: str) -> list[dict[str, Any]]:
+    """Return the actions of the log file ``name`` (a JSON commit or V2 checkpoint), in order.
+
+    :raises FileNotFoundError: there is no such file (never written, or removed by log cleanup).
+    """
+    data = table_storage(table).read(LOG + name)
+    if data is None:
+        raise FileNotFoundError(f"{table_storage(table).uri(LOG + name)} does not exist.")
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
 def read_actions(file: Path) -> list[dict[str, Any]]:
-    """Return the actions of one JSON commit (or V2 checkpoint) file, in order."""
+    """Return the actions of one local JSON commit (or V2 checkpoint) file, in order."""
     return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
 
 
@@ -60,19 +115,27 @@ def _metadata(value: dict) -> dict:
             "format": {**fmt, "options": _map(fmt.get("options"))}}
 
 
-@lru_cache(maxsize=32)
-def _checkpoint_file(file: str, size: int, mtime_ns: int) -> tuple[dict | None, dict | None, dict[str, int]]:
-    """Return ``(protocol, metaData, {app id: txn version})`` held by one checkpoint file (cached per file)."""
+_checkpoints: dict[tuple[str, int], tuple[dict | None, dict | None, dict[str, int]]] = {}
+
+
+def _checkpoint_file(storage: Storage, name: str) -> tuple[dict | None, dict | None, dict[str, int]]:
+    """Return ``(protocol, metaData, {app id: txn version})`` held by one checkpoint file (cached per file and
+    size: a checkpoint of a version always holds the same state, whoever rewrites it)."""
+    filesystem, file = storage.arrow_path(LOG + name)
+    size = filesystem.get_file_info(file).size
+    cached = _checkpoints.get((storage.uri(LOG + name), size))
+    if cached is not None:
+        return cached
     protocol = metadata = None
     txns: dict[str, int] = {}
-    if file.endswith(".json"):  # a V2 checkpoint's top-level JSON file
-        actions = read_actions(Path(file))
+    if name.endswith(".json"):  # a V2 checkpoint's top-level JSON file
+        actions = read_log_file(storage, name)
         columns = {c: [a[c] for a in actions if a.get(c)] for c in ("protocol", "metaData", "txn")}
     else:
         import pyarrow.parquet as pq
 
-        names = [c for c in ("protocol", "metaData", "txn") if c in pq.read_schema(file).names]
-        table = pq.read_table(file, columns=names)
+        names = [c for c in ("protocol", "metaData", "txn") if c in pq.read_schema(file, filesystem=filesystem).names]
+        table = pq.read_table(file, columns=names, filesystem=filesystem)
         columns = {c: [v for v in table.column(c).to_pylist() if v] for c in names}
     for value in columns.get("protocol", []):
         protocol = value
@@ -81,16 +144,19 @@ def _checkpoint_file(file: str, size: int, mtime_ns: int) -> tuple[dict | None, 
     for txn in columns.get("txn", []):
         if txn.get("appId") is not None:
             txns[txn["appId"]] = max(txns.get(txn["appId"], -1), int(txn["version"]))
+    if len(_checkpoints) >= 32:
+        _checkpoints.clear()
+    _checkpoints[(storage.uri(LOG + name), size)] = (protocol, metadata, txns)
     return protocol, metadata, txns
 
 
-def checkpoint_state(directory: Path, files: list[str]) -> tuple[dict | None, dict | None, dict[str, int]]:
+def checkpoint_state(table: Table, files: list[str]) -> tuple[dict | None, dict | None, dict[str, int]]:
     """Return ``(protocol, metaData, {app id: newest txn version})`` of a checkpoint's files."""
+    storage = table_storage(table)
     protocol = metadata = None
     txns: dict[str, int] = {}
     for name in files:
-        stat = (directory / name).stat()
-        p, m, t = _checkpoint_file(str(directory / name), stat.st_size, stat.st_mtime_ns)
+        p, m, t = _checkpoint_file(storage, name)
         protocol, metadata = p or protocol, m or metadata
         for app_id, version in t.items():
             txns[app_id] = max(txns.get(app_id, -1), version)
@@ -101,7 +167,7 @@ def checkpoint_state(directory: Path, files: list[str]) -> tuple[dict | None, di
 class TableState:
     """What a writer of version ``version + 1`` must know of a Delta table."""
 
-    path: str
+    path: Table
     version: int
     protocol: dict
     metadata: dict
@@ -113,11 +179,11 @@ class TableState:
         return self.metadata.get("configuration") or {}
 
 
-def table_state(path: str) -> TableState | None:
+def table_state(path: Table) -> TableState | None:
     """Return the state of the Delta table at ``path`` as of its newest commit, or None if it has none."""
-    directory = log_dir(path)
-    names = os.listdir(directory) if directory.is_dir() else []
-    versions = sorted(int(m.group(1)) for n in names if (m := COMMIT.match(n)))
+    storage = table_storage(path)
+    names = log_names(storage)
+    versions = commit_versions(names)
     if not versions:
         return None
     protocol = metadata = None
@@ -125,10 +191,10 @@ def table_state(path: str) -> TableState | None:
     checkpoint = newest_checkpoint(names)
     start = 0
     if checkpoint is not None:
-        protocol, metadata, txns = checkpoint_state(directory, checkpoint[1])
+        protocol, metadata, txns = checkpoint_state(storage, checkpoint[1])
         start = checkpoint[0] + 1
     for version in (v for v in versions if v >= start):
-        for action in read_actions(directory / f"{version:020d}.json"):
+        for action in read_log_file(storage, f"{version:020d}.json"):
             if "protocol" in action:
                 protocol = action["protocol"]
             elif "metaData" in action:
@@ -137,6 +203,6 @@ def table_state(path: str) -> TableState | None:
                 app_id = action["txn"]["appId"]
                 txns[app_id] = max(txns.get(app_id, -1), int(action["txn"]["version"]))
     if protocol is None or metadata is None:
-        raise ValueError(f"the Delta log in {directory} has no protocol or metaData up to version {versions[-1]}: "
+        raise ValueError(f"the Delta log in {storage.uri(LOG)} has no protocol or metaData up to version {versions[-1]}: "
                          "it is incomplete (commits before a missing checkpoint were removed?).")
     return TableState(path, versions[-1], protocol, metadata, checkpoint[0] if checkpoint else None, txns)

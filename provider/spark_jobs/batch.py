@@ -7,43 +7,54 @@ deleted, so batch ids that restart at 0 under a new checkpoint never collide wit
 The batch's Kafka end offsets come from ``<checkpoint>/offsets/<batch id>``, which Spark writes BEFORE the
 batch runs, so they are exact even when the batch's last records are transaction markers (read_committed
 skips them, and ``max(offset) + 1`` of the rows would lag behind).
+
+The checkpoint is read through the storage layer: a local path or an ``s3://``/``s3a://`` URI (the driver's
+registered S3 settings), where Spark keeps it through s3a.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from exactly_once_provider import faults
 from exactly_once_provider.sinks.base import BatchCommit, Offsets, StaleBatchError, UNCHECKED, offsets_from_json, offsets_to_json, require_predecessor
 
-def _local(path: str) -> Path:
-    return Path(path.removeprefix("file://"))
+def checkpoint_storage(checkpoint: str):
+    """Return the storage rooted at a query's checkpoint location (local path, ``file://``, ``s3://``/``s3a://``)."""
+    from exactly_once_provider.sinks.delta_log import table_storage
+
+    return table_storage(checkpoint)  # S3: one client per location, not one per micro-batch
+
+
+def _read(checkpoint: str, key: str) -> str:
+    data = checkpoint_storage(checkpoint).read(key)
+    if data is None:
+        raise FileNotFoundError(f"{checkpoint_storage(checkpoint).uri(key)} does not exist.")
+    return data.decode()
 
 
 def checkpoint_id(checkpoint: str) -> str:
     """Return the streaming query id stored in ``<checkpoint>/metadata`` (written when the query starts)."""
-    return json.loads((_local(checkpoint) / "metadata").read_text().splitlines()[0])["id"]
+    return json.loads(_read(checkpoint, "metadata").splitlines()[0])["id"]
 
 
-def _log_entries(directory: Path) -> list[int]:
-    if not directory.is_dir():
-        return []
-    return sorted(int(f.name) for f in directory.iterdir() if f.name.isdigit())
+def _log_entries(storage, folder: str) -> list[int]:
+    names = (key[len(folder) + 1:] for key in storage.list(folder + "/"))
+    return sorted(int(name) for name in names if name.isdigit())
 
 
 def wal_offsets(checkpoint: str, batch_id: int) -> Offsets:
     """Return the end offsets Spark planned for ``batch_id`` (its offsets-log entry; one Kafka source).
 
-    :param checkpoint: the query's checkpoint location (local path or ``file://``).
+    :param checkpoint: the query's checkpoint location (local path, ``file://``, ``s3://``/``s3a://``).
     :param batch_id: the micro-batch id.
     """
-    entry = _local(checkpoint) / "offsets" / str(batch_id)
-    lines = entry.read_text().splitlines()
+    entry = f"offsets/{batch_id}"
+    lines = _read(checkpoint, entry).splitlines()
     # line 0: log version, line 1: batch metadata, then one line per source.
     sources = [line for line in lines[2:] if line.strip()]
     if len(sources) != 1:
-        raise ValueError(f"{entry}: expected exactly one Kafka source, found {len(sources)}.")
+        raise ValueError(f"{checkpoint}/{entry}: expected exactly one Kafka source, found {len(sources)}.")
     return offsets_from_json(json.loads(sources[0]))
 
 
@@ -52,9 +63,9 @@ def checkpoint_positions(checkpoint: str) -> tuple[Offsets | None, Offsets | Non
 
     Either is None when the checkpoint has no such batch (missing checkpoint: ``(None, None)``).
     """
-    root = _local(checkpoint)
-    planned = _log_entries(root / "offsets")
-    committed = _log_entries(root / "commits")
+    storage = checkpoint_storage(checkpoint)
+    planned = _log_entries(storage, "offsets")
+    committed = _log_entries(storage, "commits")
     last_committed = wal_offsets(checkpoint, committed[-1]) if committed else None
     last_planned = wal_offsets(checkpoint, planned[-1]) if planned else None
     return last_committed, last_planned

@@ -27,7 +27,6 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 from exactly_once_provider.connections import read_secret_file, spark_kafka_options
 from exactly_once_provider.sinks import poison
@@ -36,8 +35,8 @@ from exactly_once_provider.spark_jobs.session import register_storage, with_stor
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
 from exactly_once_provider.spark_jobs.stream_spec import StreamSpec, split_topics
 from exactly_once_provider.spark_jobs.current_changes import DDL_PREFIX, CurrentChanges
-from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, fault_point, read_kafka_range,
-                                                    wal_offsets)
+from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, checkpoint_storage,
+                                                    fault_point, read_kafka_range, wal_offsets)
 from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
 
 log = logging.getLogger("exactly_once_provider.kafka_to_sink")
@@ -123,22 +122,39 @@ def reconcile_start(checkpoint: str, sink_offsets: Offsets | None, partitions: d
     or of its last planned batch (crash after the sink commit, before the checkpoint commit: Spark replays
     that batch and the sink skips it). Anything else means the checkpoint is missing, behind or ahead of the
     sink, and the sink wins. ``startingOffsets`` only applies to a query without a checkpoint.
+
+    The checkpoint may be on S3 (``s3://``/``s3a://``): it is read through the storage layer and set aside by
+    copying its objects to the ``.stale-<time>`` sibling, then deleting them (no rename on object stores; a
+    crash in between leaves a partial copy beside a checkpoint that is set aside again next time).
     """
-    path = Path(checkpoint.removeprefix("file://"))
-    if path.exists():
+    storage = checkpoint_storage(checkpoint)
+    if storage.list():
         committed, planned = checkpoint_positions(checkpoint)
         if sink_offsets in (committed, planned) and not (sink_offsets is None and committed is not None):
             log.info("checkpoint %s agrees with the sink (%s): resuming from it", checkpoint, sink_offsets)
             return "earliest"
-        aside = path.with_name(f"{path.name}.stale-{int(time.time())}")
+        aside = f"{checkpoint.rstrip('/')}.stale-{int(time.time())}"
         log.warning("checkpoint %s (committed %s, planned %s) disagrees with the sink (%s): moved to %s; "
                     "starting from the sink's offsets", checkpoint, committed, planned, sink_offsets, aside)
-        shutil.move(str(path), str(aside))
+        _set_aside(checkpoint, aside)
     if sink_offsets is None:
         return "earliest"
     start = {t: {str(p): sink_offsets.get(t, {}).get(p, -2) for p in parts} for t, parts in partitions.items()}
     log.info("starting from the sink's committed offsets %s", start)
     return json.dumps(start)
+
+
+def _set_aside(checkpoint: str, aside: str) -> None:
+    """Move a checkpoint out of the query's way: a rename locally, copy + delete on S3."""
+    from exactly_once_provider.storage import is_s3
+
+    if not is_s3(checkpoint):
+        shutil.move(checkpoint.removeprefix("file://"), aside.removeprefix("file://"))
+        return
+    source, target = checkpoint_storage(checkpoint), checkpoint_storage(aside)
+    for key in source.list():
+        target.put(key, source.read(key) or b"")
+    source.delete_prefix("")
 
 
 def _not_yet_committed(df, offsets: Offsets):
@@ -369,7 +385,7 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
                           kafka_options)
 
     writer = (frame.writeStream.queryName(args.pipeline)
-              .option("checkpointLocation", args.checkpoint)
+              .option("checkpointLocation", checkpoint_storage(args.checkpoint).spark_uri())
               .foreachBatch(each_batch))
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)

@@ -107,6 +107,21 @@ class S3Settings:
             options["tls_ca_file_path"] = self.verify
         return fs.S3FileSystem(**{k: v for k, v in options.items() if v is not None})
 
+    def delta_rs_options(self) -> dict[str, str]:
+        """Return delta-rs (``deltalake``) storage options with these settings, secrets included (never log them).
+
+        Conditional put (``etag``: ``If-None-Match: *`` on a log entry) makes delta-rs's own commits safe with
+        several writers, as the provider's own commits are; plain HTTP is allowed only for an ``http://`` endpoint.
+        """
+        options = {"AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+                   "AWS_SESSION_TOKEN": self.session_token, "AWS_REGION": self.region_name,
+                   "AWS_ENDPOINT_URL": self.endpoint_url, "conditional_put": "etag"}
+        if self.endpoint_url and self.endpoint_url.startswith("http://"):
+            options["AWS_ALLOW_HTTP"] = "true"
+        if self.addressing_style == "virtual":
+            options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "true"
+        return {k: v for k, v in options.items() if v}
+
     def hadoop_conf(self) -> dict[str, str]:
         """Return Spark's s3a settings (``spark.hadoop.fs.s3a.*``), secrets included: for in-process config only."""
         conf = {"fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
@@ -188,7 +203,9 @@ class S3Storage:
             except Exception as exc:
                 code = _code(exc)
                 if code == "PreconditionFailed":
-                    return False
+                    # boto3 retries a PUT whose answer was lost; the retry is then refused by our own first
+                    # write. The same bytes under the key are that write (commits carry unique ids): ours.
+                    return self.read(key) == data
                 if code != "ConditionalRequestConflict" or attempt == CONFLICT_RETRIES - 1:
                     raise
                 time.sleep(0.2 * (attempt + 1))

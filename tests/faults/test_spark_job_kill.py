@@ -15,7 +15,8 @@ import pytest
 
 from tests import spark_job_support as jobs
 from tests.fault_support import check
-from tests.integration.spark_jobs.test_kafka_to_sink import SINKS, sink_state, target_for
+from tests.integration.spark_jobs.test_kafka_to_sink import (SINKS, checkpoint_for, checkpoint_has, reader_for,
+                                                             s3_settings_for, sink_state, target_for)
 from tests.kafka_support import new_topic
 
 pytestmark = pytest.mark.slow
@@ -26,17 +27,22 @@ def killed(result) -> bool:
 
 
 # The default suite keeps the kill that matters most (between the sink commit and Spark's checkpoint commit)
-# on Delta, then the run that finishes; every sink's full chain of kills runs in make faults-matrix.
+# on Delta, then the run that finishes; every sink's full chain of kills runs in make faults-matrix, and so do
+# the Delta sink's on MinIO (delta-s3: the table and the checkpoint in the bucket).
 @pytest.mark.parametrize("sink,chain", [("delta", "short")] + [
-    pytest.param(s, "full", marks=pytest.mark.matrix) for s in SINKS])
-def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack, tmp_path, sink, chain,
+    pytest.param(s, "full", marks=pytest.mark.matrix) for s in (*SINKS, "delta-s3")] + [
+    pytest.param("delta-s3", "short", marks=pytest.mark.matrix)])
+def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack, airflow_connections, tmp_path, sink, chain,
                                                                           fault_outcome):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
-    target = target_for(sink, tmp_path, topic)
-    checkpoint = tmp_path / "checkpoint"
+    location = target_for(sink, tmp_path, topic, stack)
+    checkpoint = checkpoint_for(sink, tmp_path, topic, stack)
     pipeline = f"fault-{topic}"  # the PostgreSQL offsets table is shared by every test run: unique names
-    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, target, max_offsets=60)
+    s3 = s3_settings_for(sink)
+    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink.removesuffix("-s3"), location, max_offsets=60,
+                         s3=s3.to_json() if s3 else None)
+    target, sink = reader_for(sink, location, s3), sink.removesuffix("-s3")
     log = tmp_path / "job.log"
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=9, per_transaction=40, partitions=2)
 
@@ -44,7 +50,7 @@ def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack,
     run = jobs.run_job(stack, args, jobs.kill_driver_at("after_sink_commit", 1), log_file=log)
     assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
     assert sink_state(stack, sink, target, pipeline).batch_id == 1
-    assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
+    assert checkpoint_has(checkpoint, "offsets/1", s3) and not checkpoint_has(checkpoint, "commits/1", s3)
 
     replay_skipped = r"batch 1 already committed to the \w+ sink \(replay after a crash\): skipped"
     if chain == "full":

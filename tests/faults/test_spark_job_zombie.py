@@ -16,7 +16,8 @@ import pytest
 
 from tests import spark_job_support as jobs
 from tests.fault_support import check
-from tests.integration.spark_jobs.test_kafka_to_sink import SINKS, sink_state, target_for
+from tests.integration.spark_jobs.test_kafka_to_sink import (SINKS, checkpoint_for, reader_for, s3_settings_for,
+                                                             sink_state, target_for)
 from tests.kafka_support import new_topic
 
 pytestmark = pytest.mark.slow
@@ -29,13 +30,20 @@ def _wait_for(path, timeout: float = 240) -> None:
         time.sleep(0.2)
 
 
-# The default suite runs the Delta sink (its own put-if-absent commit); every sink runs in make faults-matrix.
-@pytest.mark.parametrize("sink", ["delta"] + [pytest.param(s, marks=pytest.mark.matrix) for s in SINKS
+# The default suite runs the Delta sink (its own put-if-absent commit); every sink runs in make faults-matrix, and
+# the Delta sink on MinIO (delta-s3: the table and both checkpoints in the bucket).
+@pytest.mark.parametrize("sink", ["delta"] + [pytest.param(s, marks=pytest.mark.matrix) for s in (*SINKS, "delta-s3")
                                               if s != "delta"])
-def test_a_zombie_of_an_older_checkpoint_commits_nothing_after_the_next_run(stack, tmp_path, sink, fault_outcome):
+def test_a_zombie_of_an_older_checkpoint_commits_nothing_after_the_next_run(stack, airflow_connections, tmp_path, sink,
+                                                                           fault_outcome):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
-    target = target_for(sink, tmp_path, topic)
+    location = target_for(sink, tmp_path, topic, stack)
+    s3 = s3_settings_for(sink)
+    checkpoint_a = checkpoint_for(sink, tmp_path, topic, stack, "checkpoint-a")
+    checkpoint_b = checkpoint_for(sink, tmp_path, topic, stack, "checkpoint-b")
+    target, kind = reader_for(sink, location, s3), sink.removesuffix("-s3")
+    secrets = {"s3": s3.to_json()} if s3 else {}
     pipeline = f"zombie-{topic}"  # the PostgreSQL offsets table is shared by every test run: unique names
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=6, per_transaction=40, partitions=2)
     paused = tmp_path / "zombie-paused"
@@ -43,20 +51,20 @@ def test_a_zombie_of_an_older_checkpoint_commits_nothing_after_the_next_run(stac
     # A: batches 0 and 1 commit, then A stops right before committing batch 2 (it planned it on batch 1).
     zombie_log = tmp_path / "zombie.log"
     zombie = jobs.start_job(
-        stack, jobs.job_args(stack, pipeline, topic, tmp_path / "checkpoint-a", sink, target, max_offsets=60),
+        stack, jobs.job_args(stack, pipeline, topic, checkpoint_a, kind, location, max_offsets=60, **secrets),
         zombie_log, {"EO_FAULT_AT": "before_sink_commit_2", "EO_FAULT_ACTION": "pause:600",
                      "EO_FAULT_FILE": str(paused)})
     try:
         _wait_for(paused)
-        assert sink_state(stack, sink, target, pipeline).batch_id == 1
+        assert sink_state(stack, kind, target, pipeline).batch_id == 1
 
         # B: A's checkpoint is not there for it (a new checkpoint): it starts from the sink and commits everything.
-        run = jobs.run_job(stack, jobs.job_args(stack, pipeline, topic, tmp_path / "checkpoint-b", sink, target,
-                                                max_offsets=60), log_file=tmp_path / "next.log")
+        run = jobs.run_job(stack, jobs.job_args(stack, pipeline, topic, checkpoint_b, kind, location,
+                                                max_offsets=60, **secrets), log_file=tmp_path / "next.log")
         assert run.returncode == 0, run.stderr[-4000:]
         assert "starting from the sink's committed offsets" in run.stdout
         state = jobs.result_line(run.stdout)
-        jobs.assert_exactly(jobs.sink_rows(stack, sink, target), committed)
+        jobs.assert_exactly(jobs.sink_rows(stack, kind, target), committed)
 
         # A wakes up and tries to commit its batch 2: refused, nothing written.
         paused.unlink()
@@ -66,7 +74,7 @@ def test_a_zombie_of_an_older_checkpoint_commits_nothing_after_the_next_run(stac
             jobs.sigkill_group(zombie)
     text = zombie_log.read_text(errors="replace")
     assert "StaleBatchError" in text and "another driver commits this" in text, text[-3000:]
-    assert sink_state(stack, sink, target, pipeline).to_json() == state
-    rows = jobs.sink_rows(stack, sink, target)
+    assert sink_state(stack, kind, target, pipeline).to_json() == state
+    rows = jobs.sink_rows(stack, kind, target)
     check(fault_outcome, committed, [(key, value) for _, _, key, value in rows], "records")
     jobs.assert_exactly(rows, committed)

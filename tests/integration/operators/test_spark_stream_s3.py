@@ -64,8 +64,26 @@ def test_an_unusable_s3_location_fails_before_submitting(stack, airflow_connecti
         assert open_storage(location, S3Settings.from_connection("aws_default")).list() == []
 
 
-def test_only_the_files_sink_may_be_on_s3(stack, airflow_connections, tmp_path):
-    op = _operator(stack, tmp_path, pipeline="op-s3-delta", topics=["t"], sink="delta",
-                   sink_path=f"s3://{stack.MINIO_BUCKETS[0]}/delta")
-    with pytest.raises(ValueError, match="only the files sink can be on S3 so far"):
-        op.execute({})
+def test_delta_sink_and_checkpoint_on_minio_are_exact_and_a_retry_is_a_no_op(stack, airflow_connections, tmp_path):
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=2)
+    location = f"s3://{stack.MINIO_BUCKETS[0]}/op-delta/{topic}"
+    checkpoint = f"s3://{stack.MINIO_BUCKETS[0]}/op-checkpoints/{topic}"
+    committed = jobs.produce_interleaved(bootstrap, topic, transactions=4, per_transaction=30, partitions=2)
+    op = _operator(stack, tmp_path, pipeline=f"op-s3d-{topic}", topics=[topic], sink="delta", sink_path=location,
+                   checkpoint_location=checkpoint, max_offsets_per_trigger=50)
+
+    state = op.execute({})
+    s3 = S3Settings.from_connection("aws_default")
+    storage = open_storage(location, s3)
+    assert state["rows_total"] == state["rows_this_run"] == len(committed)
+    jobs.assert_exactly(jobs.delta_rows(storage), committed)
+    assert open_storage(checkpoint, s3).list("offsets/"), "the checkpoint should be in the bucket"
+    assert not (tmp_path / "checkpoint").exists()
+    assert stack.MINIO_SECRET_KEY not in json.dumps(op._submit_settings, default=str)
+
+    retry = op.execute({})
+    assert retry["rows_this_run"] == 0 and retry["offsets"] == state["offsets"]
+    jobs.assert_exactly(jobs.delta_rows(storage), committed)
+    storage.delete_prefix("")
+    open_storage(checkpoint, s3).delete_prefix("")

@@ -49,7 +49,7 @@ def produce_changes(bootstrap: str, topic: str) -> dict[str, tuple[int, bool, st
     return expected
 
 
-def sink_state(stack, sink: str, target: str) -> dict[str, tuple[int, bool, str]]:
+def sink_state(stack, sink: str, target) -> dict[str, tuple[int, bool, str]]:
     if sink == "postgres":
         conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME,
                                 user=stack.DB_USER, password=stack.DB_PASSWORD)
@@ -60,21 +60,28 @@ def sink_state(stack, sink: str, target: str) -> dict[str, tuple[int, bool, str]
         finally:
             conn.close()
     else:
-        rows = jobs.arrow_rows(jobs.delta_live_files(target), ("pk", "source_version", "deleted", "record_value"))
+        rows = jobs.delta_rows(target, ("pk", "source_version", "deleted", "record_value"))
     keys = [row[0] for row in rows]
     assert len(keys) == len(set(keys)), "a key is in the sink twice"
     return {pk: (version, deleted, value) for pk, version, deleted, value in rows}
 
 
-@pytest.mark.parametrize("sink", ("delta", "postgres"))
+# delta-s3 (matrix): the changes table and the checkpoint on the stack's MinIO.
+@pytest.mark.parametrize("sink", ("delta", "postgres", pytest.param("delta-s3", marks=pytest.mark.matrix)))
 def test_cdc_apply_keeps_the_newest_committed_change_per_key(stack, tmp_path, sink):
+    from tests.integration.spark_jobs.test_kafka_to_sink import checkpoint_for, reader_for, target_for
+
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
     target = f"eo_cdc_{topic.replace('-', '_')}" if sink == "postgres" else str(tmp_path / "delta-cdc")
+    s3 = stack.minio_settings() if sink == "delta-s3" else None
+    if s3:
+        target = target_for(sink, tmp_path, topic, stack)
     expected = produce_changes(bootstrap, topic)
     assert any(deleted for _, deleted, _ in expected.values()), "the input should contain deletes"
-    args = jobs.job_args(stack, f"cdc-{topic}", topic, tmp_path / "checkpoint", sink, target, max_offsets=70,
-                         mode="cdc")
+    args = jobs.job_args(stack, f"cdc-{topic}", topic, checkpoint_for(sink, tmp_path, topic, stack),
+                         sink.removesuffix("-s3"), target, max_offsets=70, mode="cdc", s3=s3.to_json() if s3 else None)
+    target, sink = reader_for(sink, target, s3), sink.removesuffix("-s3")
 
     killed = jobs.run_job(stack, args, jobs.kill_driver_at("after_sink_commit", 1))
     assert killed.returncode in (-9, 137), killed.stdout[-3000:]

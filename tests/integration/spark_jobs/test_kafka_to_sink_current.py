@@ -3,12 +3,16 @@
 Every column type the full load maps travels through a change record and lands typed exactly as the full load
 loaded it; updates, deletes (tombstones), inserts, a key change and a delete-then-reinsert of one key apply; a
 driver killed between the sink commit and the checkpoint commit changes nothing; after it all,
-``WHERE NOT _eo_deleted`` equals the source row by row and every key is in the table once.
+``WHERE NOT _eo_deleted`` equals the source row by row and every key is in the table once. The ``s3`` variant
+(matrix) keeps the current table and the job's checkpoint on the stack's MinIO (the full load stages locally).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
+
+import pytest
 
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
@@ -50,15 +54,35 @@ def _change_the_source(cur, table: str) -> None:
         cur.execute(f"UPDATE {t} SET ti = ti DIV 2, vb = x'{i:04x}' WHERE id = {i}")
 
 
-def test_changes_merge_into_the_full_load_table_typed_once_per_key(stack, spark, airflow_connections, tmp_path):
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.matrix)])
+def location(request, stack, tmp_path):
+    """``(table path, checkpoint, S3 settings)``: local, or on MinIO (the settings registered for this process,
+    as a Spark driver registers those of its secrets file, so the test's own reads reach the bucket)."""
+    from exactly_once_provider.storage import open_storage
+    from exactly_once_provider.storage.s3 import register_settings, registered_settings
+
+    if request.param == "local":
+        yield str(tmp_path / "current"), tmp_path / "checkpoint", None
+        return
+    s3, before = stack.minio_settings(), registered_settings()
+    register_settings(s3)
+    prefix = f"s3a://{stack.MINIO_BUCKETS[0]}/it-current/{uuid.uuid4().hex}"
+    yield f"{prefix}/current", f"{prefix}/checkpoint", s3
+    open_storage(prefix, s3).delete_prefix("")
+    register_settings(before)
+
+
+def test_changes_merge_into_the_full_load_table_typed_once_per_key(stack, spark, airflow_connections, tmp_path,
+                                                                   location):
     table, pipeline = unique_name("cur"), unique_name("cur")
     conn = connect(stack)
     cur = conn.cursor()
     cur.execute(f"CREATE TABLE `{table}` {ALL_TYPES}")
     cur.executemany(f"INSERT INTO `{table}` VALUES (" + ", ".join(["%s"] * 20) + ")", all_types_rows(ROWS))
-    path = str(tmp_path / "current")
+    path, checkpoint, s3 = location
     handoff = run_full_load(spark, MySqlSourceHook(), FullLoadRequest(
-        schema=stack.DB_NAME, table=table, sink_path=path, chunk_rows=150)).handoff
+        schema=stack.DB_NAME, table=table, sink_path=path, chunk_rows=150,
+        staging_path=str(tmp_path / "staging") if s3 else None)).handoff
     loaded = spark.read.format("delta").load(path)
     assert loaded.filter(f"{DELETED_COLUMN} OR {VERSION_COLUMN} IS NULL").count() == 0
     versions = {r[0] for r in loaded.select(VERSION_COLUMN).distinct().collect()}
@@ -68,8 +92,8 @@ def test_changes_merge_into_the_full_load_table_typed_once_per_key(stack, spark,
     result = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
                                    full_load_paths={table: path}).execute({})
     topic = result["topics"][f"{stack.DB_NAME}.{table}"]
-    args = jobs.job_args(stack, f"{pipeline}-apply", topic, tmp_path / "checkpoint", "delta", path,
-                         max_offsets=60, mode="current")
+    args = jobs.job_args(stack, f"{pipeline}-apply", topic, checkpoint, "delta", path,
+                         max_offsets=60, mode="current", s3=s3.to_json() if s3 else None)
     killed = jobs.run_job(stack, args, jobs.kill_driver_at("after_sink_commit", 1))
     assert killed.returncode in (-9, 137), killed.stdout[-3000:]
     final = jobs.run_job(stack, args)

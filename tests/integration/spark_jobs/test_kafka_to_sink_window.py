@@ -25,7 +25,7 @@ from exactly_once_provider.operators.watermark_extract import WatermarkExtractOp
 from exactly_once_provider.spark_jobs import kafka_to_sink
 from exactly_once_provider.storage import open_storage
 from tests import spark_job_support as jobs
-from tests.integration.spark_jobs.test_kafka_to_sink import sink_state, target_for
+from tests.integration.spark_jobs.test_kafka_to_sink import checkpoint_for, sink_state, target_for
 from tests.kafka_support import new_topic
 from tests.mysql_support import connect
 
@@ -60,11 +60,11 @@ class Source:
         return Counter(cur.fetchall())
 
 
-def window_rows(stack, sink: str, target: str) -> list[tuple]:
+def window_rows(stack, sink: str, target) -> list[tuple]:
     """Return ``(window_id, window_version, kafka_partition, kafka_offset, record_value)`` of the sink."""
     columns = ("window_id", "window_version", "kafka_partition", "kafka_offset", "record_value")
-    if sink == "delta":
-        return jobs.arrow_rows(jobs.delta_live_files(target), columns)
+    if sink == "delta":  # a path or a storage (MinIO)
+        return jobs.delta_rows(target, columns)
     if sink == "files":  # a path or a storage (MinIO)
         return jobs.files_rows(target, columns)
     return jobs.postgres_rows(stack, target, columns)
@@ -91,7 +91,8 @@ def run_job(args: list[str], capsys) -> dict | None:
 # commit paths).
 @pytest.mark.parametrize("sink", (pytest.param("delta", marks=pytest.mark.matrix), "postgres",
                                   pytest.param("files", marks=pytest.mark.matrix),
-                                  pytest.param("files-s3", marks=pytest.mark.matrix)))
+                                  pytest.param("files-s3", marks=pytest.mark.matrix),
+                                  pytest.param("delta-s3", marks=pytest.mark.matrix)))
 def test_window_versions_replace_whole_windows_across_a_lost_checkpoint(
         stack, airflow_connections, spark, tmp_path, monkeypatch, capsys, caplog, sink):
     for key, value in jobs.pg_env(stack).items():
@@ -101,10 +102,10 @@ def test_window_versions_replace_whole_windows_across_a_lost_checkpoint(
     topic = new_topic(bootstrap, partitions=2)
     source = Source(stack, topic, f"ledger-{uuid.uuid4().hex[:8]}")
     location = target_for(sink, tmp_path, topic, stack)
-    s3 = stack.minio_settings() if sink == "files-s3" else None
+    s3 = stack.minio_settings() if sink.endswith("-s3") else None
+    checkpoint = checkpoint_for(sink, tmp_path, topic, stack)  # delta-s3: on MinIO too
     sink = sink.removesuffix("-s3")
-    target = open_storage(location, s3) if sink == "files" else location
-    checkpoint = tmp_path / "checkpoint"
+    target = open_storage(location, s3) if sink == "files" or s3 else location
     pipeline = f"win-{topic}"
     args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, location, max_offsets=10, mode="window",
                          s3=s3.to_json() if s3 else None)
@@ -128,7 +129,10 @@ def test_window_versions_replace_whole_windows_across_a_lost_checkpoint(
     assert_windows(window_rows(stack, sink, target), source.rows(), {w1: 2, w2: 1})
 
     # Lose the checkpoint; the second window is re-extracted meanwhile: only it is replaced.
-    shutil.rmtree(checkpoint)
+    if isinstance(checkpoint, str):
+        open_storage(checkpoint, s3).delete_prefix("")
+    else:
+        shutil.rmtree(checkpoint)
     source.update("d2", 3)
     assert source.extract("d2", reextract=True)["batch_version"] == 2
     jobs.wait_for_committed_end(bootstrap, topic, 2)

@@ -225,9 +225,19 @@ def test_a_files_sink_on_s3_gets_its_settings_in_the_secrets_file_only(connectio
     assert "lake-s3cret" not in visible and "AKIA-lake" not in visible
 
 
-def test_only_the_files_sink_may_be_on_s3(connections):
-    with pytest.raises(ValueError, match="only the files sink can be on S3 so far"):
-        _op(sink="delta", sink_path="s3a://lake/t").execute({})
+def test_a_delta_sink_and_a_checkpoint_on_s3_get_the_settings_in_the_secrets_file_only(connections, monkeypatch):
+    from exactly_once_provider.storage import preflight as preflight_module
+
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_LAKE", json.dumps(
+        {"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret",
+         "extra": {"endpoint_url": "http://127.0.0.1:9"}}))
+    checked = []
+    monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
+    monkeypatch.setattr(SparkKafkaToSinkOperator, "_delta_version", lambda self: -1)
+    call = _submitted(monkeypatch, _op(sink="delta", sink_path="s3a://lake/t", aws_conn_id="aws_lake",
+                                       checkpoint_location="s3://lake/_checkpoints/p"))
+    assert checked == ["s3://lake/t"] and call["secrets"]["s3"]["secret_access_key"] == "lake-s3cret"
+    assert "org.apache.hadoop:hadoop-aws:" in call["packages"]
 
 
 def test_a_bounded_run_gets_a_c1_only_jvm_and_a_stream_or_the_user_keeps_their_own(connections, monkeypatch):

@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -89,46 +90,73 @@ def test_delta_reads_writes_time_travels_and_vacuums_a_table_of_own_commits_acro
     assert spark.read.format("delta").load(path).where("writer = 'a' AND n BETWEEN 12 AND 26").count() == 15
 
     # VACUUM (dry run) lists only files no version references: an orphan a killed writer left, not our
-    # live files, not the staging area.
+    # live files (each own append's files are in their own eo-<uuid>/ directory).
     orphan = Path(path) / "part-orphan.snappy.parquet"
     orphan.write_bytes(b"x")
     old = time.time() - 8 * 24 * 3600
     os.utime(orphan, (old, old))
-    (Path(path) / delta_commit.STAGING_DIR).mkdir(exist_ok=True)
     vacuumed = [r[0] for r in spark.sql(f"VACUUM delta.`{path}` DRY RUN").collect()]
     assert [os.path.basename(p) for p in vacuumed] == [orphan.name]
 
 
-def race(path: str, app_id: str, versions: list[int], writer: str, barrier, results) -> None:
-    """One writer process: per version, stage its own file, wait for the others, commit."""
+def race(location: str, s3: dict | None, app_id: str, versions: list[int], writer: str, barrier, results) -> None:
+    """One writer process: per version, stage its own file, wait for the others, commit (its own storage client,
+    as a separate driver has)."""
+    import io
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from exactly_once_provider.storage import open_storage
+    from exactly_once_provider.storage.s3 import S3Settings
+
+    storage = open_storage(location, S3Settings.from_json(s3) if s3 else None)
     for version in versions:
         name = f"part-{writer}-{app_id}-{version}.parquet"
-        pq.write_table(pa.table({"writer": [writer] * 3, "n": pa.array([version] * 3, pa.int64())}),
-                       Path(path) / name)
-        files = [{"name": name, "bytes": (Path(path) / name).stat().st_size, "rows": 3}]
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"writer": [writer] * 3, "n": pa.array([version] * 3, pa.int64())}), buffer)
+        storage.put(name, buffer.getvalue())
+        files = [{"name": name, "bytes": len(buffer.getvalue()), "rows": 3}]
         barrier.wait(60)
-        table_version, written = delta_commit.append_with_files(path, ROWS_SCHEMA, files, {"w": writer}, app_id,
+        table_version, written = delta_commit.append_with_files(storage, ROWS_SCHEMA, files, {"w": writer}, app_id,
                                                                 version)
         if not written:
-            os.unlink(Path(path) / name)
+            storage.delete(name)
         results.put((writer, app_id, version, table_version, written))
 
 
+@pytest.fixture(params=[pytest.param("local", marks=pytest.mark.matrix), "s3"])
+def table_location(request, tmp_path):
+    """A new table's location, its S3 settings and its storage: on local disk, or on the stack's MinIO
+    (put-if-absent = ``If-None-Match: *``)."""
+    from exactly_once_provider.storage import open_storage
+
+    if request.param == "local":
+        path = str(tmp_path / "t")
+        yield path, None, open_storage(path)
+        return
+    stack = request.getfixturevalue("stack")
+    s3 = stack.minio_settings()
+    location = f"s3a://{stack.MINIO_BUCKETS[0]}/it-delta-race/{uuid.uuid4().hex}"
+    storage = open_storage(location, s3)
+    yield location, s3, storage
+    storage.delete_prefix("")
+
+
 def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_without_loss(small_delta_jobs,
-                                                                                               tmp_path):
+                                                                                               table_location):
     spark = small_delta_jobs
-    path = str(tmp_path / "t")
-    delta_commit.create_with_files(path, ROWS_SCHEMA, [], {}, "setup", 0)
+    path, s3, storage = table_location
+    delta_commit.create_with_files(storage, ROWS_SCHEMA, [], {}, "setup", 0)
     ctx = multiprocessing.get_context("fork")
     barrier, results = ctx.Barrier(4), ctx.Queue()
     versions = list(range(1, 9))
+    settings = s3.to_json() if s3 else None
     # zombies: three processes commit the SAME (app "zombie", version) at once; a fourth, another app id,
     # commits its own versions at the same instants
-    writers = [ctx.Process(target=race, args=(path, "zombie", versions, f"z{i}", barrier, results)) for i in range(3)]
-    writers.append(ctx.Process(target=race, args=(path, "other", versions, "o", barrier, results)))
+    writers = [ctx.Process(target=race, args=(path, settings, "zombie", versions, f"z{i}", barrier, results))
+               for i in range(3)]
+    writers.append(ctx.Process(target=race, args=(path, settings, "other", versions, "o", barrier, results)))
     for w in writers:
         w.start()
     outcomes = [results.get(timeout=120) for _ in range(4 * len(versions))]
@@ -143,14 +171,13 @@ def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_
     assert sorted(o[3] for o in outcomes if o[4]) == list(range(1, 2 * len(versions) + 1))  # no gap, no clash
 
     txns = [a["txn"] for v in range(2 * len(versions) + 1)
-            for a in map(json.loads, (Path(path) / "_delta_log" / f"{v:020d}.json").read_text().splitlines())
-            if "txn" in a]
+            for a in delta_log.read_log_file(storage, f"{v:020d}.json") if "txn" in a]
     assert sorted((t["appId"], t["version"]) for t in txns if t["appId"] != "setup") == sorted(
         [("zombie", v) for v in versions] + [("other", v) for v in versions])
-    rows = spark.read.format("delta").load(path).groupBy("n").agg({"writer": "collect_list"}).collect()
+    rows = spark.read.format("delta").load(storage.spark_uri()).groupBy("n").agg({"writer": "collect_list"}).collect()
     per_version = {r["n"]: sorted(r[1]) for r in rows}
     assert set(per_version) == set(versions)
     for version, names in per_version.items():  # 3 rows of the other app + 3 rows of ONE zombie, per version
         assert names.count("o") == 3 and len(names) == 6 and len({n for n in names if n != "o"}) == 1, names
-    assert sorted(p.name for p in Path(path).glob("part-*")) == sorted(
+    assert sorted(k for k in storage.list("part-")) == sorted(
         f"part-{w}-{a}-{v}.parquet" for w, a, v, _, written in outcomes if written)

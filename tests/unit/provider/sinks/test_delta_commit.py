@@ -241,3 +241,27 @@ def test_append_with_files_fenced_on_a_marker_fails_if_the_marker_moved_after_th
                                        fence=("eo_stream:p", delta_commit.newest_version(str(tmp_path))))
     assert delta_commit.newest_version(str(tmp_path)) == 3
     assert not any("add" in a for a in _actions(tmp_path, 3))
+
+
+def test_a_delta_sink_on_s3_reads_and_commits_through_its_storage_spark_through_s3a():
+    from exactly_once_provider.sinks.delta import DeltaSink
+    from exactly_once_provider.storage.s3 import S3Settings, S3Storage
+
+    sink = DeltaSink("s3://lake/orders", "p", s3=S3Settings("AK", "SK", endpoint_url="http://127.0.0.1:9"))
+    assert isinstance(sink.table, S3Storage) and sink.table.uri() == "s3://lake/orders"
+    assert delta_commit.spark_path(sink.table) == "s3a://lake/orders"
+    with pytest.raises(ValueError, match="no S3 settings were given"):  # a driver without registered settings
+        delta_commit.newest_version("s3a://lake/other")
+
+
+def test_own_commits_go_through_a_storage_object_as_through_a_path(tmp_path):
+    from exactly_once_provider.storage import open_storage
+
+    storage = open_storage(str(tmp_path))
+    schema = json.dumps({"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True,
+                                                       "metadata": {}}]})
+    assert delta_commit.create_with_files(storage, schema, [], {"m": 0}, "app", 0) == 0
+    assert delta_commit.append_with_files(storage, schema, [], {"m": 1}, "app", 1) == (1, True)
+    assert delta_commit.append_with_files(str(tmp_path), schema, [], {"m": 1}, "app", 1) == (1, False)  # replay
+    assert delta_commit.newest_version(storage) == 1 and delta_commit.find_commit(storage, "app", 1) == 1
+    assert [v for v, _ in delta_commit.commits(storage)] == [1, 0]

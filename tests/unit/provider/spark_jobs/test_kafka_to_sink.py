@@ -117,3 +117,18 @@ def test_require_predecessor_compares_the_batch_identity_not_the_row_count():
                   BatchCommit("p", "c1", 3, {"t": {0: 10}})):
         with pytest.raises(StaleBatchError, match="another driver commits this pipeline"):
             require_predecessor(moved, planned, BatchCommit("p", "c1", 4, {"t": {0: 12}}), "fake")
+
+
+def test_a_checkpoint_on_s3_is_set_aside_by_copy_and_delete(tmp_path, monkeypatch):
+    """No rename on object stores: the objects are copied to the .stale-<time> sibling, then deleted (the same
+    storage calls as on S3, run on a local storage here)."""
+    from exactly_once_provider import storage as storage_module
+    from exactly_once_provider.storage.local import LocalStorage
+
+    cp = _checkpoint(tmp_path / "cp", {0: {"t": {"0": 5, "1": 7}}}, [0])
+    monkeypatch.setattr(storage_module, "is_s3", lambda location: True)
+    monkeypatch.setattr(kafka_to_sink, "checkpoint_storage", LocalStorage)
+    kafka_to_sink._set_aside(str(cp), f"{cp}.stale-1")
+    aside = LocalStorage(f"{cp}.stale-1")
+    assert aside.list() == ["commits/0", "metadata", "offsets/0"] and aside.read("metadata") == b'{"id": "query-1"}\n'
+    assert LocalStorage(cp).list() == []

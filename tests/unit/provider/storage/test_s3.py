@@ -99,3 +99,33 @@ def test_preflight_names_what_to_fix_when_the_probe_write_is_refused(code, messa
     client.put_object = refuse
     with pytest.raises(ServiceAccessError, match=message):
         preflight(_storage_with(client))
+
+
+def test_delta_rs_options_carry_the_connection_and_conditional_put():
+    from exactly_once_provider.storage.s3 import S3Settings
+
+    minio = S3Settings("AK", "SK", None, "http://127.0.0.1:19000", "us-east-1", "path")
+    assert minio.delta_rs_options() == {
+        "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:19000", "conditional_put": "etag", "AWS_ALLOW_HTTP": "true"}
+    aws = S3Settings(region_name="eu-west-1", addressing_style="virtual").delta_rs_options()
+    assert aws == {"AWS_REGION": "eu-west-1", "conditional_put": "etag", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "true"}
+
+
+class _LostAnswer(_IgnoresConditions):
+    """A store whose answer to the first PutObject is lost: boto3's retry then meets the object it created."""
+
+    def put_object(self, Bucket, Key, Body, **conditions):
+        from botocore.exceptions import ClientError
+
+        if Key in self.objects and conditions.get("IfNoneMatch") == "*":
+            raise ClientError({"Error": {"Code": "PreconditionFailed"}}, "PutObject")
+        self.objects[Key] = Body
+
+
+def test_put_if_absent_meeting_its_own_earlier_attempt_reports_the_write_as_its_own():
+    client = _LostAnswer()
+    storage = _storage_with(client)
+    client.objects["lake/_delta_log/00000000000000000001.json"] = b"mine"  # the attempt whose answer was lost
+    assert storage.put_if_absent("_delta_log/00000000000000000001.json", b"mine")
+    assert not storage.put_if_absent("_delta_log/00000000000000000001.json", b"another writer's")
