@@ -25,6 +25,7 @@ from exactly_once_provider.reconcile.canonical import kind_of
 from exactly_once_provider.reconcile.keys import Key
 from exactly_once_provider.reconcile.run import compare, report_from_json
 from exactly_once_provider.sinks.base import offsets_from_json, offsets_to_json
+from exactly_once_provider.storage import is_s3, open_storage
 
 
 SCOPES = ("full", "changed")
@@ -86,7 +87,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param delta_reader: how a Delta sink is read: ``spark`` (a Spark application; any table size), ``delta-rs``
         (in the task through the ``deltalake`` package, no application to start; the compared rows' keys and hashes
         are held in memory, so meant for a ``changed`` scope or a small table) or ``auto``: ``delta-rs`` for a
-        ``changed`` scope of a plain local table, ``spark`` otherwise.
+        ``changed`` scope of a plain table (local or on S3), ``spark`` otherwise.
     :param fail_on_mismatch: fail the task when a real mismatch is found (in-flight keys never fail it).
     :param store_result: insert the result row into PostgreSQL (``postgres_conn_id``).
     :param fanout: sub-segments per bisection step.
@@ -99,6 +100,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         arguments).
     :param kafka_config_id: the ``kafka`` connection (CDC).
     :param offsets_topic: the offsets ledger topic (CDC).
+    :param aws_conn_id: the standard ``aws`` connection of a Delta sink on ``s3://`` (credentials, ``endpoint_url``).
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the Delta connector).
     """
 
@@ -126,7 +128,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         max_segments: int = 256, leaf_width: int = 16, mysql_conn_id: str = "mysql_default",
         postgres_conn_id: str = "postgres_default", spark_conn_id: str = "spark_default",
         kafka_config_id: str = "kafka_default", offsets_topic: str = "eo-offsets",
-        spark_conf: dict[str, str] | None = None, **kwargs: Any,
+        aws_conn_id: str = "aws_default", spark_conf: dict[str, str] | None = None, **kwargs: Any,
     ) -> None:
         kwargs.setdefault("durable", False)  # the report exists only in this try's result file; a rerun only reads
         super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
@@ -142,6 +144,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.fanout, self.max_segments, self.leaf_width = fanout, max_segments, leaf_width
         self.mysql_conn_id, self.postgres_conn_id, self.spark_conn_id = mysql_conn_id, postgres_conn_id, spark_conn_id
         self.kafka_config_id, self.offsets_topic, self.spark_conf = kafka_config_id, offsets_topic, spark_conf or {}
+        self.aws_conn_id = aws_conn_id
 
     @property
     def status_pipeline(self) -> str:
@@ -239,11 +242,14 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     def _reads_with_delta_rs(self, spec: sides.SinkSpec, ranges: engine.Ranges | None) -> bool:
         if self.delta_reader != "auto":
             return self.delta_reader == "delta-rs"
-        plain_local = not (spec.json_column or spec.filter or "://" in spec.location.removeprefix("file://"))
-        return plain_local and ranges is not None
+        return not (spec.json_column or spec.filter) and ranges is not None
 
     def execute(self, context: Any) -> dict:
         spec = self._sink_spec()
+        if self._s3_settings() is not None:  # every read of the sink's log in this task goes through them
+            from exactly_once_provider.storage.s3 import register_settings
+
+            register_settings(self._s3_settings())
         if spec.kind == "delta":
             self._delta_request = r = self._request()
             if not self._reads_with_delta_rs(spec, r["scope"]):
@@ -273,13 +279,16 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         from exactly_once_provider.sinks import delta_commit
 
         spec: sides.SinkSpec = r["spec"]
-        version = delta_commit.newest_version(spec.location)  # pinned BEFORE the source snapshot opens
+        s3 = self._s3_settings()
+        table = open_storage(spec.location, s3) if s3 is not None else spec.location
+        version = delta_commit.newest_version(table)  # pinned BEFORE the source snapshot opens
         if version < 0:
             raise ValueError(f"{spec.location} is not a Delta table (no _delta_log commits): check sink_path.")
         self.log.info("Reading the Delta sink %s at version %d in the task with delta-rs (%s)", spec.location,
                       version, "the whole table" if r["scope"] is None else f"{len(r['scope'])} key ranges")
-        sink_side = delta_rs_side(spec.location, version, r["key"], r["columns"], spec.key_column,
-                                  spec.deleted_column, r["scope"])
+        sink_side = delta_rs_side(spec.location.replace("s3a://", "s3://", 1), version, r["key"], r["columns"],
+                                  spec.key_column, spec.deleted_column, r["scope"],
+                                  s3.delta_rs_options() if s3 is not None else None)
         try:
             report, common = compare(r["source_hook"], sink_side, r["schema"], r["table"], r["key"], r["columns"],
                                      self.source_filter, r["captured"], fanout=self.fanout,
@@ -298,10 +307,23 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 "max_segments": self.max_segments, "leaf_width": self.leaf_width,
                 "mysql_conn_id": self.mysql_conn_id, "scope": r["scope"]}
 
+    def _s3_settings(self):
+        """Return the S3 settings of ``aws_conn_id`` for a Delta sink on S3 (read once per run), else None."""
+        if self.sink != "delta" or not self.sink_path or not is_s3(self.sink_path):
+            return None
+        if getattr(self, "_s3", None) is None:
+            from exactly_once_provider.storage.s3 import S3Settings
+
+            self._s3 = S3Settings.from_connection(self.aws_conn_id)
+        return self._s3
+
     def job_secrets(self) -> dict[str, Any]:
         conn = BaseHook.get_connection(self.mysql_conn_id)
         # The driver's MySqlSourceHook finds it under the same id, read as Airflow reads AIRFLOW_CONN_* JSON.
-        return {"env": {f"AIRFLOW_CONN_{self.mysql_conn_id.upper()}": conn.as_json()}}
+        secrets: dict[str, Any] = {"env": {f"AIRFLOW_CONN_{self.mysql_conn_id.upper()}": conn.as_json()}}
+        if self._s3_settings() is not None:  # the driver's storage and s3a settings (never a command line)
+            secrets["s3"] = self._s3_settings().to_json()
+        return secrets
 
     def job_result(self, result: Any, context: Any) -> dict:
         if result is None:

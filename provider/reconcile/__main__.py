@@ -24,8 +24,9 @@ JOB = "reconcile"
 
 
 def _driver(job: JobSpec, secrets: dict) -> dict[str, Any]:
-    from exactly_once_provider.spark_jobs.session import driver_session
+    from exactly_once_provider.spark_jobs.session import driver_session, register_storage
 
+    register_storage(secrets)  # a Delta sink on s3://: its settings, for the log reads and for Spark's s3a
     p = job.params
     spec = sink_spec_from_json(p["sink"])
     key, columns = Key.of([Column(**c) for c in p["key"]]), [Column(**c) for c in p["columns"]]

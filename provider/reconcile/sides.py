@@ -229,7 +229,7 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
             version = delta_commit.newest_version(path)  # from the log's file names, no Spark job
             if version < 0:
                 raise ValueError(f"{path} is not a Delta table (no _delta_log commits): check the sink path.")
-        return spark.read.format("delta").option("versionAsOf", version).load(path)
+        return spark.read.format("delta").option("versionAsOf", version).load(delta_commit.spark_path(path))
 
     key_expr = key.expression(SPARK, spec.key_column)
     label = key.label_expression(SPARK)
