@@ -31,6 +31,15 @@ def _flow(stack, table: str, pipeline: str, path: str, checkpoint) -> str:
     return topic
 
 
+def _reconcile(stack, table: str, pipeline: str, path: str, topic: str, scope: str) -> dict:
+    """Reconcile the current table as the template does (the key: the table's primary key, whatever its shape)."""
+    return ReconcileOperator(
+        task_id="reconcile", name=pipeline, table=table, sink="delta", sink_path=path,
+        sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline, topics=[topic],
+        sink_pipeline=f"{pipeline}-apply", full_load_path=path, scope=scope, fail_on_mismatch=False,
+        spark_conf=stack.spark_conf()).execute({})
+
+
 def test_changed_scope_checks_only_touched_keys_and_full_checks_all(stack, spark, airflow_connections, tmp_path):
     table, pipeline = unique_name("recch"), unique_name("recch")
     conn = connect(stack)
@@ -43,11 +52,7 @@ def test_changed_scope_checks_only_touched_keys_and_full_checks_all(stack, spark
     topic = _flow(stack, table, pipeline, path, checkpoint)
 
     def reconcile(scope: str) -> dict:
-        return ReconcileOperator(
-            task_id="reconcile", name=pipeline, table=table, key_column="id", sink="delta", sink_path=path,
-            sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline, topics=[topic],
-            sink_pipeline=f"{pipeline}-apply", full_load_path=path, scope=scope, fail_on_mismatch=False,
-            spark_conf=stack.spark_conf()).execute({})
+        return _reconcile(stack, table, pipeline, path, topic, scope)
 
     first = reconcile("changed")  # nothing clean to start from: the whole table
     assert first["clean"] and first["source_rows"] == ROWS and first["position"]["scope"] == {"kind": "full"}
@@ -87,11 +92,7 @@ def test_changed_scope_of_a_composite_key_table_names_the_touched_key_by_its_tex
     topic = _flow(stack, table, pipeline, path, checkpoint)
 
     def reconcile(scope: str) -> dict:
-        return ReconcileOperator(
-            task_id="reconcile", name=pipeline, table=table, sink="delta", sink_path=path,
-            sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline, topics=[topic],
-            sink_pipeline=f"{pipeline}-apply", full_load_path=path, scope=scope, fail_on_mismatch=False,
-            spark_conf=stack.spark_conf()).execute({})
+        return _reconcile(stack, table, pipeline, path, topic, scope)
 
     assert reconcile("changed")["clean"]  # nothing clean to start from: the whole table
     cur.execute(f"UPDATE `{table}` SET v = v + 1 WHERE region = 'US' AND id BETWEEN 100 AND 110")
