@@ -10,7 +10,6 @@ PY=$PWD/.venv/bin/python
 AIRFLOW=$PWD/.venv/bin/airflow
 STACK_HOME=${EO_STACK_HOME:-/var/tmp/exactly-once-stack}
 
-export AIRFLOW_HOME=${AIRFLOW_HOME:-$STACK_HOME/airflow-demo}
 export AIRFLOW__CORE__DAGS_FOLDER=$PWD/dags
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export PYSPARK_PYTHON=$PY
@@ -18,6 +17,9 @@ eval "$($PY docker/local/stack.py env)"
 # Each demo run gets its own pipelines, topics and data directory, so a second demo starts clean.
 export EO_DEMO_RUN=-$(date -u +%m%d%H%M%S)
 export EO_DATA_DIR=$STACK_HOME/demo-data/run$EO_DEMO_RUN
+# Its own Airflow home too: the DAGs' assets name this run's tables, and Airflow keeps an asset of the same name
+# with an older URI active, failing the new run's tasks (AirflowInactiveAssetInInletOrOutletException).
+export AIRFLOW_HOME=${AIRFLOW_HOME:-$EO_DATA_DIR/airflow}
 export EO_SPARK_JARS=$($PY -c "import sys; sys.path.insert(0, 'docker/local'); import stack; print(stack.spark_conf()['spark.jars'])")
 mkdir -p "$EO_DATA_DIR"
 LOGS=$EO_DATA_DIR/logs

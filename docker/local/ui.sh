@@ -8,12 +8,14 @@
 #
 # standalone starts each component as `airflow ...` from PATH, so the venv's bin/ goes first on PATH here: run
 # as `.venv/bin/airflow standalone` without it, the components fail with FileNotFoundError: 'airflow'.
-# Settings: AIRFLOW_HOME (default: the demo's), AIRFLOW__API__PORT (default 8080), AIRFLOW__API__WORKERS
+# Settings: AIRFLOW_HOME (default: the newest demo run's), AIRFLOW__API__PORT (default 8080), AIRFLOW__API__WORKERS
 # (default 1: a small machine), EO_DEMO_RUN / EO_DATA_DIR (which demo run the example DAGs name).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 STACK_HOME=${EO_STACK_HOME:-/var/tmp/exactly-once-stack}
-HOME_DIR=${AIRFLOW_HOME:-$STACK_HOME/airflow-demo}
+# default: the newest demo run's own Airflow home (make demo prints the exact command)
+NEWEST=$(ls -1dt "$STACK_HOME"/demo-data/run-*/airflow 2>/dev/null | head -1 || true)
+HOME_DIR=${AIRFLOW_HOME:-${NEWEST:-$STACK_HOME/airflow-demo}}
 PORT=${AIRFLOW__API__PORT:-8080}
 
 if [ "${1:-}" = "--instructions" ]; then
