@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
+.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -24,18 +24,23 @@ stack-clean:
 demo: stack-up  ## the end-to-end demo on the local stack
 	bash docker/local/demo.sh
 
-# The default suite in two parts: everything that shares the services peacefully on TEST_WORKERS pytest workers
-# (most tests wait on Kafka, Spark or Airflow, so two workers use the 2 cores better than one), then the
-# `exclusive` tests (they kill shared services or change server globals) alone. PYTEST_ARGS runs just those args.
+# The whole proof in two parts: everything that shares the services peacefully on TEST_WORKERS pytest workers
+# (most tests wait on Kafka, Spark or Airflow, so two workers use the 2 cores better than one; tests/conftest.py
+# groups and orders them), then the `exclusive` tests (they kill shared services or change server globals) alone.
+# `make test` (CI) = unit + integration + the templates end to end + every fault scenario and variant once;
+# `make test-fast` leaves out the templates (e2e) and the fault variants (matrix). PYTEST_ARGS runs just those args.
 TEST_WORKERS ?= 2
-DEFAULT_SUITE := not soak and not matrix and not e2e
-test: stack-up  ## the whole default suite: unit + integration + one representative per fault scenario
+SUITE ?= not soak
+test: stack-up  ## the whole proof, as CI runs it: unit + integration + templates end to end + the fault matrix once
 	@t0=$$(date +%s); \
-	if [ -n "$(PYTEST_ARGS)" ]; then $(PY) -m pytest -m "$(DEFAULT_SUITE)" $(PYTEST_ARGS); rc=$$?; else \
-	  $(PY) -m pytest -m "$(DEFAULT_SUITE) and not exclusive" -n $(TEST_WORKERS) --dist loadfile --durations=15; rc=$$?; \
+	if [ -n "$(PYTEST_ARGS)" ]; then $(PY) -m pytest -m "$(SUITE)" $(PYTEST_ARGS); rc=$$?; else \
+	  $(PY) -m pytest -m "$(SUITE) and not exclusive" -n $(TEST_WORKERS) --dist loadgroup --durations=25; rc=$$?; \
 	  echo "[make] parallel part: $$(( $$(date +%s) - t0 ))s"; \
-	  $(PY) -m pytest -m "$(DEFAULT_SUITE) and exclusive" --durations=10; rc2=$$?; [ $$rc -ne 0 ] || rc=$$rc2; fi; \
+	  $(PY) -m pytest -m "$(SUITE) and exclusive" --durations=10; rc2=$$?; [ $$rc -ne 0 ] || rc=$$rc2; fi; \
 	  echo "[make] test suite: $$(( $$(date +%s) - t0 ))s"; exit $$rc
+
+test-fast:  ## the suite without the templates end to end and the fault variants (one representative per scenario)
+	$(MAKE) test SUITE="not soak and not matrix and not e2e"
 
 docs:  ## rewrite the examples in README.md, CONTRIBUTING.md and docs/ from the marked regions of the example DAGs
 	python3 docs/include.py

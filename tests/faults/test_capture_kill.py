@@ -120,6 +120,7 @@ def test_capture_sigkilled_twelve_times(stack, airflow_connections, fault_outcom
 
 @pytest.mark.matrix
 @pytest.mark.slow
+@pytest.mark.exclusive  # restarts the shared MariaDB
 def test_mariadb_restarted_under_a_running_capture(stack, airflow_connections, fault_outcome):
     import threading
 

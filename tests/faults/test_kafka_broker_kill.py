@@ -10,6 +10,7 @@ from tests.kafka_support import new_topic, produce_transaction, read_all, transa
 
 # Matrix only: the default suite's broker bounce is test_producer_kill's (the operator, with its ledger).
 @pytest.mark.matrix
+@pytest.mark.exclusive  # restarts the shared broker
 def test_broker_sigkill_mid_transaction_then_restart(stack, fault_outcome):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap)

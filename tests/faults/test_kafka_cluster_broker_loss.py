@@ -23,7 +23,7 @@ from tests.kafka_support import QUIET, new_topic, read_all
 
 # Matrix only: three more brokers cost the default suite too much; its representative of a broker lost under a
 # transaction is tests/integration/stack/test_kafka_cluster.py (and test_producer_kill's single-broker bounce).
-pytestmark = [pytest.mark.slow, pytest.mark.matrix]
+pytestmark = [pytest.mark.slow, pytest.mark.matrix, pytest.mark.exclusive]  # 3 more brokers, leader elections
 
 
 def _leader(bootstrap: str, topic: str, partition: int) -> int:

@@ -83,6 +83,7 @@ def test_producer_sigkill_then_restart_holds_every_record_exactly_once(stack, ai
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # restarts the shared broker
 def test_broker_sigkill_during_a_transaction_loses_and_duplicates_nothing(stack, airflow_connections, tmp_path,
                                                                          fault_outcome):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
