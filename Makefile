@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: docs setup stack-up stack-down stack-status stack-clean demo test test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
+.PHONY: docs docs-tables setup stack-up stack-down stack-status stack-clean demo test test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -27,20 +27,24 @@ demo: stack-up  ## the end-to-end demo on the local stack
 # The whole proof in two parts: everything that shares the services peacefully on TEST_WORKERS pytest workers
 # (most tests wait on Kafka, Spark or Airflow, so two workers use the 2 cores better than one; tests/conftest.py
 # groups and orders them), then the `exclusive` tests (they kill shared services or change server globals) alone.
-# `make test` (CI) = unit + integration + the templates end to end + every fault scenario and variant once;
+# `make test` (CI) = unit + integration + the templates under a real Airflow (REST API) + every fault scenario and
+# variant once; not the `airflow dags test` runs of the templates (dags_test: make test-templates, ~24 min more).
 # `make test-fast` leaves out the templates (e2e) and the fault variants (matrix). PYTEST_ARGS runs just those args.
 TEST_WORKERS ?= 2
-SUITE ?= not soak
-test: stack-up  ## the whole proof, as CI runs it: unit + integration + templates end to end + the fault matrix once
+SUITE ?= not soak and not dags_test and not harness
+test: stack-up  ## the whole proof, as CI runs it: unit + integration + templates under a real Airflow + the fault matrix once
 	@t0=$$(date +%s); \
 	if [ -n "$(PYTEST_ARGS)" ]; then $(PY) -m pytest -m "$(SUITE)" $(PYTEST_ARGS); rc=$$?; else \
-	  $(PY) -m pytest -m "$(SUITE) and not exclusive" -n $(TEST_WORKERS) --dist loadgroup --durations=25; rc=$$?; \
+	  $(PY) -m pytest -m "$(SUITE) and not exclusive" -n $(TEST_WORKERS) --dist loadgroup --durations=25 --junitxml=.test-results/parallel.xml; rc=$$?; \
 	  echo "[make] parallel part: $$(( $$(date +%s) - t0 ))s"; \
-	  $(PY) -m pytest -m "$(SUITE) and exclusive" --durations=10; rc2=$$?; [ $$rc -ne 0 ] || rc=$$rc2; fi; \
+	  $(PY) -m pytest -m "$(SUITE) and exclusive" --durations=10 --junitxml=.test-results/exclusive.xml; rc2=$$?; [ $$rc -ne 0 ] || rc=$$rc2; fi; \
 	  echo "[make] test suite: $$(( $$(date +%s) - t0 ))s"; exit $$rc
 
 test-fast:  ## the suite without the templates end to end and the fault variants (one representative per scenario)
 	$(MAKE) test SUITE="not soak and not matrix and not e2e"
+
+docs-tables:  ## regenerate the results tables in docs/ from the newest JSON results (benchmarks, fault matrix)
+	$(PY) benchmarks/results_table.py
 
 docs:  ## rewrite the examples in README.md, CONTRIBUTING.md and docs/ from the marked regions of the example DAGs
 	python3 docs/include.py
@@ -86,8 +90,8 @@ bench-increment: stack-up  ## one increment of 1,000 changes of the scheduled hi
 bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and planted differences vs COUNT(*) on both sides
 	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_reconcile.py $(BENCH_ARGS)
 
-test-templates: stack-up  ## the DAG templates end to end (airflow dags test, real stack, several Spark runs each)
-	$(PY) -m pytest -m e2e --durations=15 tests/integration/dags $(PYTEST_ARGS)
+test-templates: stack-up  ## the DAG templates end to end through airflow dags test, with their OpenLineage events (not in CI)
+	$(PY) -m pytest -m dags_test --durations=15 tests/integration/dags $(PYTEST_ARGS)
 
 test-airflow: stack-up  ## the templates under a real Airflow (api-server, scheduler, LocalExecutor), driven by its REST API
 	$(PY) -m pytest -m e2e --durations=15 tests/integration/airflow $(PYTEST_ARGS)

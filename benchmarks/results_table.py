@@ -1,8 +1,8 @@
 """Render a benchmark's JSON result as its Markdown table in docs/benchmarks.md (rewritten in place).
 
-Usage: python benchmarks/results_table.py [RESULT.json ...]   (default: the newest history-*.json,
-freshness-*.json and increment-*.json in benchmarks/results/). A ``<kind>-*.json`` result's table goes between
-``<!-- bench-<kind>:begin -->`` and ``<!-- bench-<kind>:end -->`` in docs/benchmarks.md.
+Usage: python benchmarks/results_table.py [RESULT.json ...]   (default: the newest result of each kind in
+benchmarks/results/). A ``<kind>-*.json`` result's table goes between ``<!-- bench-<kind>:begin -->`` and
+``<!-- bench-<kind>:end -->`` in docs/benchmarks.md (the fault matrix's, ``matrix``, in docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("history", "freshness", "increment")
+KINDS = ("history", "freshness", "increment", "matrix")
+PAGES = {"matrix": "reliability.md"}
 
 
 def _machine(result: dict) -> str:
@@ -51,6 +52,20 @@ def increment_table(result: dict) -> str:
     return "\n".join(lines + [""])
 
 
+def matrix_table(result: dict) -> str:
+    """Return the Markdown for one fault-matrix result: a line per scenario, its runs summed."""
+    lines = [f"{_machine(result)}; {result['runs']} run(s) of every scenario, {result['minutes']:.0f} min in all.", "",
+             "| scenario | runs | rows per run | lost | duplicated | result | mean s |",
+             "|---|---:|---:|---:|---:|---|---:|"]
+    for name, s in result["scenarios"].items():
+        rows = "-" if not s["rows"] else (str(s["rows"][0]) if min(s["rows"]) == max(s["rows"])
+                                          else f"{min(s['rows'])}-{max(s['rows'])}")
+        verdict = f"pass {s['passed']}/{s['runs']}" if s["ok"] else f"**FAIL** {s['runs'] - s['passed']}/{s['runs']}"
+        lines.append(f"| {name} | {s['runs']} | {rows} | {s['lost']} | {s['duplicated']} | {verdict} | "
+                     f"{s['mean_s']:.0f} |")
+    return "\n".join(lines + [""])
+
+
 def table(result: dict) -> str:
     """Return the Markdown for one result: medians in ms per size, and the largest / smallest size ratio."""
     lines = [f"{_machine(result)}; median of {result['repeats']} interleaved runs (files: 5x as many), ms.", ""]
@@ -76,19 +91,19 @@ def main() -> None:
         if (newest := sorted(results.glob(f"{kind}-*.json"), key=lambda p: p.stat().st_mtime))]
     if not paths:
         raise SystemExit("No benchmarks/results/*.json: run make bench-history, bench-freshness or bench-increment first.")
-    page = REPO / "docs" / "benchmarks.md"
-    text = page.read_text()
     for path in paths:
         result = json.loads(path.read_text())
         kind = result.get("benchmark", "history")
+        page = REPO / "docs" / PAGES.get(kind, "benchmarks.md")
+        text = page.read_text()
         begin, end = f"<!-- bench-{kind}:begin -->", f"<!-- bench-{kind}:end -->"
         if begin not in text or end not in text:
             raise SystemExit(f"{page} has no {begin} ... {end} region.")
-        body = {"freshness": freshness_table, "increment": increment_table}.get(kind, table)(result)
+        body = {"freshness": freshness_table, "increment": increment_table, "matrix": matrix_table}.get(
+            kind, table)(result)
         head, rest = text.split(begin, 1)
-        text = f"{head}{begin}\n<!-- from {path.relative_to(REPO)} -->\n{body}\n{end}{rest.split(end, 1)[1]}"
+        page.write_text(f"{head}{begin}\n<!-- from {path.relative_to(REPO)} -->\n{body}\n{end}{rest.split(end, 1)[1]}")
         print(body)
-    page.write_text(text)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,12 @@ class AirflowClient:
         body = {"logical_date": logical_date, "conf": conf or {}}
         return self.request("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
 
+    def backfill(self, dag_id: str, from_date: str, to_date: str, max_active_runs: int = 1) -> dict:
+        """Create a backfill of the intervals whose logical date is in [from_date, to_date] (the UI's "Backfill")."""
+        body = {"dag_id": dag_id, "from_date": from_date, "to_date": to_date, "max_active_runs": max_active_runs,
+                "run_backwards": False, "reprocess_behavior": "none", "dag_run_conf": {}}
+        return self.request("POST", "/backfills", json=body)
+
     def runs(self, dag_id: str) -> list[dict]:
         """The DAG's runs, newest first (scheduled ones included)."""
         return self.request("GET", f"/dags/{dag_id}/dagRuns", params={"order_by": "-start_date"})["dag_runs"]

@@ -29,6 +29,7 @@ def _load_stack_module():
 STACK = _load_stack_module()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     """Mark tests by folder so ``-m unit`` / ``-m integration`` / ``-m faults`` select them; group and order them.
 
@@ -109,19 +110,6 @@ def airflow_cli(airflow_home):
                               timeout=timeout)
 
     return run
-
-
-@pytest.fixture(scope="session")
-def airflow_server(stack, tmp_path_factory):
-    """A real Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor; PostgreSQL metadata DB)."""
-    from tests.airflow_support import AirflowServer
-
-    server = AirflowServer(stack, tmp_path_factory.mktemp("airflow_server"))
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,9 @@ Every fault test reports what its oracle counted through the ``fault_outcome`` f
 file named by ``EO_FAULT_REPORT``; pass/fail comes from pytest's JUnit XML. The table has one line per
 scenario: runs, rows checked per run, lost and duplicated summed over the runs, passes, mean seconds.
 The exit status is non-zero if any run of any scenario failed or counted a lost or duplicated row.
+
+The outcome is also written as ``benchmarks/results/matrix-<commit>-<time>.json`` (commit, machine, load, every
+scenario's figures); ``python benchmarks/results_table.py`` renders the newest one into docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from benchmarks._support import result_header, write_result  # noqa: E402
+from benchmarks.results_table import matrix_table  # noqa: E402
 
 
 @dataclass
@@ -102,23 +108,13 @@ def collect(results_per_run: list[list[tuple[str, str, float, str | None]]], rep
     return dict(scenarios)
 
 
-def table(scenarios: dict[str, Scenario]) -> str:
-    """Return the matrix as a Markdown table (it goes into docs/reliability.md as printed)."""
-    lines = ["| scenario | runs | rows per run | lost | duplicated | result | mean s |",
-             "|---|---:|---:|---:|---:|---|---:|"]
-    for nodeid in sorted(scenarios):
-        s = scenarios[nodeid]
-        rows = "-" if not s.rows else (str(s.rows[0]) if min(s.rows) == max(s.rows) else f"{min(s.rows)}-{max(s.rows)}")
-        if s.ok:
-            result = f"pass {s.passed}/{s.runs}"
-        elif s.passed == s.runs and s.reported != s.runs:
-            result = f"NO ORACLE ({s.reported}/{s.runs} reported)"
-        else:
-            result = f"FAIL {s.runs - s.passed}/{s.runs}"
-        name = nodeid.removeprefix("tests/faults/")
-        lines.append(f"| {name} | {s.runs} | {rows} | {s.lost} | {s.duplicated} | {result} | "
-                     f"{s.seconds / max(s.runs, 1):.0f} |")
-    return "\n".join(lines)
+def result(scenarios: dict[str, Scenario], runs: int, pytest_args: list[str], header: dict) -> dict:
+    """Return the JSON result of a matrix run: every scenario's runs, passes, rows, lost, duplicated, mean seconds."""
+    return {**header, "runs": runs, "pytest_args": pytest_args, "scenarios": {
+        nodeid.removeprefix("tests/faults/"): {
+            "runs": s.runs, "passed": s.passed, "reported": s.reported, "rows": s.rows, "lost": s.lost,
+            "duplicated": s.duplicated, "ok": s.ok, "mean_s": round(s.seconds / max(s.runs, 1), 1),
+            "failures": s.failures[:3]} for nodeid, s in sorted(scenarios.items())}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--table-only needs --report")
     report = args.report or Path(tempfile.mkdtemp(prefix="eo-faults-matrix-")) / "outcomes.jsonl"
     started = time.monotonic()
+    header = result_header("matrix", {})
     if args.table_only:
         results = [junit_results(xml) for xml in sorted(report.parent.glob(f"{report.stem}-run*.xml"))]
     else:
@@ -144,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = collect(results, report)
     print(f"\nFault matrix: {len(results)} run(s), {len(scenarios)} scenarios, "
           f"{(time.monotonic() - started) / 60:.1f} min; outcomes in {report}\n")
-    print(table(scenarios))
+    outcome = {**result(scenarios, len(results), args.pytest_args, header),
+               "minutes": round((time.monotonic() - started) / 60, 1), "loadavg_after": os.getloadavg()}
+    print(matrix_table(outcome))
+    if not args.table_only:
+        path = write_result(outcome)
+        print(f"\nresult: {path.relative_to(REPO)} (python benchmarks/results_table.py puts it into docs/reliability.md)")
     failed = {nodeid: s for nodeid, s in scenarios.items() if not s.ok}
     for nodeid, s in sorted(failed.items()):
         print(f"\n{nodeid}: " + "; ".join(s.failures[:3] or ["no fault_outcome line / lost or duplicated rows"]))

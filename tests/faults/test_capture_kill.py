@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -22,10 +23,11 @@ from tests.capture_support import Writer, check_transactions, create_tables, mai
 from tests.mysql_support import connect, unique_name
 
 RUNNER = """
-import json, sys
+import json, signal, sys
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
-result = BinlogCaptureOperator(task_id="capture", **json.loads(sys.argv[1])).execute({})
-print("RESULT " + json.dumps(result), flush=True)
+op = BinlogCaptureOperator(task_id="capture", **json.loads(sys.argv[1]))
+signal.signal(signal.SIGTERM, lambda *_: op.on_kill())  # as Airflow does: stop at a boundary, commit, return
+print("RESULT " + json.dumps(op.execute({})), flush=True)
 """
 
 
@@ -66,8 +68,13 @@ def _setup(stack):
     return conn, main, side, args
 
 
-def _verify(stack, fault_outcome, main, side, args, writer, extra_committed=()) -> None:
-    _, final = _capture({**args, "mode": "bounded"})  # catch up, no fault
+def _verify(stack, fault_outcome, main, side, args, writer, extra_committed=(), caught_up: bool = False) -> None:
+    """Catch up with a bounded capture (no fault), then compare the topics with the source tables.
+
+    :param caught_up: the capture under test must already have committed everything: the catch-up adds nothing.
+    """
+    _, final = _capture({**args, "mode": "bounded"})
+    assert not caught_up or final["rows"] == 0, final
     main_records = topic_records(stack, final["topics"][f"{stack.DB_NAME}.{main}"])
     side_records = topic_records(stack, final["topics"][f"{stack.DB_NAME}.{side}"])
     assert {k: main_row(v) for k, v in replay({}, main_records).items()} == {
@@ -121,35 +128,70 @@ def test_capture_sigkilled_twelve_times(stack, airflow_connections, fault_outcom
 @pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.exclusive  # restarts the shared MariaDB
-def test_mariadb_restarted_under_a_running_capture(stack, airflow_connections, fault_outcome):
-    import threading
-
+def test_mariadb_restarted_under_a_running_capture(stack, airflow_connections, fault_outcome, tmp_path):
     conn, main, side, args = _setup(stack)
     writer = Writer(stack, main, side, seeded=300, reserved=0, seed_value=5, pause=0.02)
     writer.start()
-    result: dict = {}
-    capture = threading.Thread(target=lambda: result.update(
-        dict([_capture({**args, "mode": "continuous", "max_runtime": 45}, timeout=300)])))
-    capture.start()
-    time.sleep(8)
-    writer.stop.set()  # the writer's in-doubt commits would have no GTID to check; stop it first
-    writer.join(30)
-    mariadb = stack.process_by_name("mariadb")
-    mariadb.kill()
-    time.sleep(2)
-    stack.start_by_name("mariadb")
-    restarted = Writer(stack, main, side, seeded=0, reserved=0, seed_value=6, pause=0.02, tag_prefix="r")
-    restarted.live, restarted.next_id = set(writer.live), writer.next_id + 100_000
-    restarted.side_ids = list(writer.side_ids)
-    restarted.start()
-    time.sleep(5)
-    restarted.stop.set()
-    restarted.join(30)
-    capture.join(300)
+    log = tmp_path / "capture.log"
+    proc = _start_capture({**args, "mode": "continuous", "max_runtime": 240, "progress_interval": 0.5}, log)
+    try:
+        # Mid-stream: the capture has committed a position while the writer is still committing.
+        _wait_for(lambda: _positions(log, "committed") and len(writer.committed) > 20, 120, log)
+        writer.stop.set()  # the writer's in-doubt commits would have no GTID to check; stop it first
+        writer.join(30)
+        mariadb = stack.process_by_name("mariadb")
+        mariadb.kill()
+        assert mariadb.pid() is None
+        stack.start_by_name("mariadb")
+        restarted = Writer(stack, main, side, seeded=0, reserved=0, seed_value=6, pause=0.02, tag_prefix="r")
+        restarted.live, restarted.next_id = set(writer.live), writer.next_id + 100_000
+        restarted.side_ids = list(writer.side_ids)
+        restarted.start()
+        _wait_for(lambda: len(restarted.committed) > 20, 120, log)
+        restarted.stop.set()
+        restarted.join(30)
+        after = connect(stack)
+        cursor = after.cursor()
+        cursor.execute("SHOW MASTER STATUS")
+        end = _position(*cursor.fetchone()[:2])
+        after.close()
+        # Reconnected: the same capture process reads every change written after the restart.
+        _wait_for(lambda: _positions(log, "read up to") and _positions(log, "read up to")[-1] >= end, 120, log)
+        proc.send_signal(signal.SIGTERM)  # stop at a boundary and commit what it read (Airflow's on_kill)
+        assert proc.wait(120) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert "Binlog stream interrupted" in output, output[-4000:]
+    assert [x for x in output.splitlines() if x.startswith("RESULT ")], output[-4000:]
     assert writer.error is None and restarted.error is None, (writer.error, restarted.error)
-    assert "ok" in result, result  # the capture rode out the restart and finished on its own
     writer.rolled_back += restarted.rolled_back
-    _verify(stack, fault_outcome, main, side, args, writer, extra_committed=restarted.committed)
+    # ... and committed it: a bounded capture after it finds nothing left to produce.
+    _verify(stack, fault_outcome, main, side, args, writer, extra_committed=restarted.committed, caught_up=True)
     conn = connect(stack)
     conn.cursor().execute(f"DROP TABLE `{main}`, `{side}`")
     conn.close()
+
+
+def _start_capture(args: dict, log) -> subprocess.Popen:
+    """Start a capture process that stops cleanly on SIGTERM (the operator's on_kill), its output in ``log``."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(args)], stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _position(file: str, pos) -> tuple[str, int]:
+    return file, int(pos)
+
+
+def _positions(log, label: str) -> list[tuple[str, int]]:
+    """The positions the capture's progress lines report after ``label`` ("read up to", "committed"), in order."""
+    return [_position(*m.groups()) for m in re.finditer(rf"{label} (binlog\.\d+):(\d+)[;,]", log.read_text())]
+
+
+def _wait_for(condition, timeout: float, log) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out; capture log:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)

@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from collections import Counter
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -30,15 +31,17 @@ ENDS = ["2026-11-19T18:00:00+00:00", "2026-11-20T18:00:00+00:00"]
 STAMPS = ["2026-11-18 20:00:00", "2026-11-19 21:30:00", "2026-11-21 09:00:00"]
 
 
-def _settlement(stack, server, tmp_path, rows_per_stamp: int, retries: int = 0) -> dict:
-    """A source table with rows at each of STAMPS, and a settlement DAG over it parsed and unpaused."""
+def _settlement(stack, server, tmp_path, rows_per_stamp: int, retries: int = 0, stamps: list[str] = STAMPS,
+                timezone: str = "UTC") -> dict:
+    """A source table with rows at each of ``stamps`` (UTC), and a settlement DAG over it parsed and unpaused."""
     name = f"af_{uuid.uuid4().hex[:6]}"
     conn = connect(stack)
     cur = conn.cursor()
+    cur.execute("SET time_zone = '+00:00'")  # the stamps and every window bound here are UTC
     cur.execute(f"CREATE TABLE {name} (id INT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, "
                 "currency CHAR(3) NOT NULL, updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) "
                 "ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))")
-    for n, stamp in enumerate(STAMPS):
+    for n, stamp in enumerate(stamps):
         cur.execute(f"SET TIMESTAMP = UNIX_TIMESTAMP('{stamp}')")
         cur.executemany(f"INSERT INTO {name} (amount, currency) VALUES (%s, %s)",
                         [(Decimal(f"{n * 1000 + i}.{i % 100:02d}"), CURRENCIES[(i * 7 + n) % 3])
@@ -55,19 +58,20 @@ def _settlement(stack, server, tmp_path, rows_per_stamp: int, retries: int = 0) 
         "checkpoint_location": str(tmp_path / "checkpoint"), "report_table": case["report"],
         # A start date in the future: the scheduler creates no runs of its own; every run here is manual.
         "start_date": "2099-01-01T00:00:00+00:00", "safety_lag": 1, "spark_conf": stack.spark_conf(),
-        "retries": retries})
+        "retries": retries, "timezone": timezone})
     client = server.client
     client.wait_dag(dag_id)
     client.unpause(dag_id)
     return case
 
 
-def _source_by_window(stack, table: str) -> dict[str, dict]:
+def _source_by_window(stack, table: str, ends: list[str]) -> dict[str, dict]:
     """Per window (by its end): the source's rows {id: (amount, currency)} by plain SQL on the cursor column."""
     conn = connect(stack)
     cur = conn.cursor()
+    cur.execute("SET time_zone = '+00:00'")
     windows, lower = {}, None
-    for end in ENDS:
+    for end in ends:
         upper = end.replace("T", " ").removesuffix("+00:00")
         where = f"updated_at < '{upper}'" + (f" AND updated_at >= '{lower}'" if lower else "")
         cur.execute(f"SELECT id, amount, currency FROM {table} WHERE {where}")
@@ -102,11 +106,11 @@ def _report(stack, table: str) -> dict[str, dict[str, tuple]]:
     return report
 
 
-def _assert_once_each(stack, case: dict) -> dict:
+def _assert_once_each(stack, case: dict, ends: list[str] = ENDS) -> dict:
     """Every window in the sink exactly once (0 lost, 0 duplicated vs the source), reported with the source's sums."""
-    source = _source_by_window(stack, case["name"])
+    source = _source_by_window(stack, case["name"], ends)
     sink = _sink_by_window(case["sink"])
-    ids = {f"{case['pipeline']}/{case['name']}/{end}": end for end in ENDS}
+    ids = {f"{case['pipeline']}/{case['name']}/{end}": end for end in ends}
     assert set(sink) == set(ids), f"sink windows {sorted(sink)} != {sorted(ids)}"
     report = _report(stack, case["report"])
     assert set(report) == set(ids), f"report windows {sorted(report)} != {sorted(ids)}"
@@ -194,3 +198,34 @@ def test_load_marked_failed_mid_run_kills_spark_and_retry_settles_once(stack, ai
     run_id = client.trigger(dag_id, conf={"window_end": ENDS[1]})
     client.wait_run(dag_id, run_id, timeout=1500)
     _assert_once_each(stack, case)
+
+
+# Europe/Berlin leaves summer time on 2026-10-25 at 03:00 CEST (01:00 UTC): the nightly 02:00 interval that ends
+# that night is 25 hours long, and 02:00-03:00 local happens twice. Rows sit in both passes of that hour, at the
+# instant a window ends (it belongs to the next window) and after the last window (no window may take it).
+DST_STAMPS = ["2026-10-24 06:00:00", "2026-10-25 00:30:00", "2026-10-25 01:00:00", "2026-10-25 01:30:00",
+              "2026-10-26 00:59:59", "2026-10-26 01:00:00"]
+DST_ENDS = ["2026-10-25T01:00:00+00:00", "2026-10-26T01:00:00+00:00"]
+
+
+def test_backfill_across_the_dst_change_settles_each_night_once(stack, airflow_server, tmp_path):
+    client = airflow_server.client
+    case = _settlement(stack, airflow_server, tmp_path, rows_per_stamp=4, stamps=DST_STAMPS, timezone="Europe/Berlin")
+    dag_id = case["dag_id"]
+    # the intervals starting 2026-10-24 02:00 CEST and 2026-10-25 02:00 CET (the second pass of 02:00)
+    backfill = client.backfill(dag_id, "2026-10-24T00:00:00Z", "2026-10-25T01:00:00Z")
+    deadline = time.monotonic() + 2400
+    while True:  # the scheduler runs the backfill's runs one after the other, oldest first
+        runs = [r for r in client.runs(dag_id) if r["run_type"] == "backfill"]
+        if len(runs) == len(DST_ENDS) and all(r["state"] == "success" for r in runs):
+            break
+        failed = [r for r in runs if r["state"] == "failed"]
+        assert not failed, client.describe(dag_id, failed[0]["dag_run_id"])
+        assert time.monotonic() < deadline, f"backfill {backfill['id']} not done: {[r['state'] for r in runs]}"
+        time.sleep(5)
+    intervals = sorted((datetime.fromisoformat(r["data_interval_start"].replace("Z", "+00:00")),
+                        datetime.fromisoformat(r["data_interval_end"].replace("Z", "+00:00"))) for r in runs)
+    assert [end.isoformat() for _, end in intervals] == DST_ENDS, intervals
+    hours = [(end - start).total_seconds() / 3600 for start, end in intervals]
+    assert hours == [25, 24], hours  # the night the clocks go back is one hour longer
+    _assert_once_each(stack, case, DST_ENDS)

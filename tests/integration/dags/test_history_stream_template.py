@@ -19,7 +19,7 @@ from tests import spark_job_support as jobs
 from tests.mysql_support import connect
 from tests.template_support import TemplateDag
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.dags_test, pytest.mark.timeout(3600)]
 ROWS = 3000
 
 

@@ -15,7 +15,7 @@ from tests import spark_job_support as jobs
 from tests.mysql_support import connect
 from tests.template_support import TemplateDag
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.dags_test, pytest.mark.timeout(3600)]
 
 # 02:00 Asia/Shanghai = 18:00 UTC: the intervals end at these instants.
 ENDS = ["2026-11-18T18:00:00+00:00", "2026-11-19T18:00:00+00:00", "2026-11-20T18:00:00+00:00"]

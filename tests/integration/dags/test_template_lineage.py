@@ -23,7 +23,7 @@ from tests.kafka_support import read_all
 from tests.mysql_support import connect
 from tests.template_support import TemplateDag
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.dags_test, pytest.mark.timeout(3600)]
 
 
 def _events(path: Path) -> list[dict]:

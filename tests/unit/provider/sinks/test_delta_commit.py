@@ -243,9 +243,12 @@ def test_append_with_files_fenced_on_a_marker_fails_if_the_marker_moved_after_th
     assert not any("add" in a for a in _actions(tmp_path, 3))
 
 
-def test_a_delta_sink_on_s3_reads_and_commits_through_its_storage_spark_through_s3a():
+def test_a_delta_sink_on_s3_reads_and_commits_through_its_storage_spark_through_s3a(monkeypatch):
     from exactly_once_provider.sinks.delta import DeltaSink
+    from exactly_once_provider.storage import s3
     from exactly_once_provider.storage.s3 import S3Settings, S3Storage
+
+    monkeypatch.setattr(s3, "_registered", None)  # an earlier test in this process may have registered settings
 
     sink = DeltaSink("s3://lake/orders", "p", s3=S3Settings("AK", "SK", endpoint_url="http://127.0.0.1:9"))
     assert isinstance(sink.table, S3Storage) and sink.table.uri() == "s3://lake/orders"
