@@ -25,8 +25,8 @@ demo: stack-up  ## the end-to-end demo on the local stack
 	bash docker/local/demo.sh
 
 # The whole proof in two parts: everything that shares the services peacefully on TEST_WORKERS pytest workers
-# (most tests wait on Kafka, Spark or Airflow, so two workers use the 2 cores better than one; tests/conftest.py
-# groups and orders them), then the `exclusive` tests (they kill shared services or change server globals) alone.
+# (most tests wait on Kafka, Spark or Airflow, so two workers use the 2 cores better than one; each test goes to the
+# next free worker, longest first: tests/conftest.py), then the `exclusive` tests (they kill shared services or change server globals) alone.
 # `make test` (CI) = unit + integration + the templates under a real Airflow (REST API) + every fault scenario and
 # variant once; not the `airflow dags test` runs of the templates (dags_test: make test-templates, ~24 min more).
 # `make test-fast` leaves out the templates (e2e) and the fault variants (matrix). PYTEST_ARGS runs just those args.

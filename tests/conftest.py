@@ -29,27 +29,22 @@ def _load_stack_module():
 STACK = _load_stack_module()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(items):
-    """Mark tests by folder so ``-m unit`` / ``-m integration`` / ``-m faults`` select them; group and order them.
+    """Mark tests by folder so ``-m unit`` / ``-m integration`` / ``-m faults`` select them; order them.
 
     ``make test`` runs every test but the ``exclusive`` ones (they restart a shared service or change a server
-    global: marked one by one) on two xdist workers with ``--dist loadgroup``: a file is one group, all the real
-    Airflow tests one (they share one Airflow), and the longest groups (``e2e``, then ``slow``) start first so
-    no worker is left alone with an hour of work at the end. The exclusive tests run afterwards, alone.
+    global: marked one by one) on two xdist workers with ``--dist loadgroup`` and no group marks: each test is
+    its own unit, handed to the next free worker in this order. The longest tests (``e2e``, then ``slow``) come
+    first, so no worker is left alone with a long test at the end. (xdist 3.8 cannot add a group to a node id
+    under pytest 9: ``xdist_group`` marks have no effect here.)
     """
     for item in items:
         parts = Path(item.fspath).relative_to(REPO / "tests").parts
         if parts[0] in ("unit", "integration", "faults"):
             item.add_marker(getattr(pytest.mark, parts[0]))
-        group = "airflow-server" if parts[:2] == ("integration", "airflow") else "/".join(parts)
-        item.add_marker(pytest.mark.xdist_group(group))
-    weight = {}
-    for item in items:
-        group = item.get_closest_marker("xdist_group").args[0]
-        rank = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
-        weight[group] = min(weight.get(group, 2), rank)
-    items.sort(key=lambda item: weight[item.get_closest_marker("xdist_group").args[0]])  # stable: files stay in order
+    rank = {id(item): 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
+            for item in items}
+    items.sort(key=lambda item: rank[id(item)])  # stable: the rest keeps the collection order
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """The real Airflow these tests share: started for the first of them, stopped after the last (package scope).
 
 A session fixture would keep its scheduler, triggerer, dag-processor and api-server polling for the rest of
-the session on that xdist worker; these tests are one xdist group, so they run back to back on one worker.
+the session on that xdist worker. ``make test`` hands these tests out first (tests/conftest.py), so each worker
+runs its share back to back on one Airflow and stops it when it moves on.
 """
 
 from __future__ import annotations
