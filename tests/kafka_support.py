@@ -14,10 +14,6 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 QUIET = {"logger": logging.getLogger("tests.rdkafka")}
 
 
-# librdkafka's own log lines (connection retries while a broker is down) go to logging, which pytest captures.
-QUIET = {"logger": logging.getLogger("tests.rdkafka")}
-
-
 def new_topic(bootstrap: str, partitions: int = 1, replication_factor: int = 1, prefix: str = "t") -> str:
     """Create a uniquely named topic and return its name."""
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"
