@@ -22,6 +22,12 @@ locks an InnoDB table; the one-second margin, and ``safety_lag`` for transaction
 that gap). Known limit, not handled yet: a first statement that waits longer than that before InnoDB
 starts its transaction (e.g. on a metadata lock behind DDL) can write a NOW() below ``upper``;
 ``information_schema.PROCESSLIST.TIME_MS`` of running statements would bound that case too.
+
+``innodb_trx`` is a cache: InnoDB refills it only when nobody has read it for 100 ms (measured on MariaDB
+10.11: a read right after another misses a transaction begun in between; a session polling every 50 ms kept
+it stale for 3 s and counting). Every guard read here therefore waits :data:`TRX_CACHE_IDLE` first, so the
+answer is as of the read, not as of the previous reader's. A monitor that polls ``innodb_trx`` more often than
+every 100 ms defeats that: the window then relies on ``safety_lag``.
 ``upper`` is truncated to the column's fractional precision, so a row stored with a truncated NOW() in the
 same second lands in the next window, never below a bound already read.
 
@@ -61,6 +67,8 @@ ID_TYPES = ("tinyint", "smallint", "mediumint", "int", "bigint")
 # information_schema.innodb_trx needs PROCESS: access denied codes mean "not readable", not "no writers".
 ACCESS_DENIED = {1044, 1142, 1227}
 GUARD_MARGIN = timedelta(seconds=1)
+# innodb_trx is refilled only after 100 ms without a reader; waiting a little longer makes our read refill it.
+TRX_CACHE_IDLE = 0.12
 CURSOR_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 
 
@@ -307,6 +315,7 @@ def _open_transactions(cur: Any, log: Any) -> set[tuple[int, datetime]] | None:
     cur.execute("SELECT @@session.time_zone")
     zone = cur.fetchone()[0]
     cur.execute("SET time_zone = 'SYSTEM'")
+    time.sleep(TRX_CACHE_IDLE)  # let InnoDB refill its innodb_trx cache (module docstring)
     try:
         cur.execute("SELECT trx_mysql_thread_id, UNIX_TIMESTAMP(trx_started) FROM information_schema.innodb_trx "
                     "WHERE trx_mysql_thread_id <> CONNECTION_ID() AND trx_is_read_only = 0")

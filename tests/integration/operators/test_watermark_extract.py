@@ -21,6 +21,7 @@ import pytest
 
 from exactly_once_provider.kafka.offsets import read_committed_offset
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
+from exactly_once_provider.source.watermark import TRX_CACHE_IDLE
 from tests.kafka_support import new_topic, read_all
 
 FMT = "%Y-%m-%d %H:%M:%S.%f"
@@ -117,6 +118,7 @@ class Writer:
         cur = late.cursor()
         cur.execute("BEGIN")
         cur.execute(f"INSERT INTO {self.table} (tag) VALUES (%s), (%s)", (tag, tag))
+        time.sleep(TRX_CACHE_IDLE)  # innodb_trx is a cache refilled only after 100 ms without a reader
         self.cur.execute("SELECT trx_started FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = %s",
                          (late.thread_id(),))
         return late, self.cur.fetchone()[0]  # the system zone of the test server is UTC, like the session

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from datetime import datetime
 
@@ -119,3 +120,38 @@ def test_without_the_process_privilege_the_log_says_the_guard_is_off_and_the_lag
         other.close()
         limited.close()
         cur.execute(f"DROP USER '{user}'@'%'")
+
+
+@pytest.mark.parametrize("cursor_kind", ["timestamp", "id"])
+def test_a_writer_begun_right_after_another_reader_of_innodb_trx_still_holds_the_window(conn, stack, cursor_kind):
+    # innodb_trx is a cache InnoDB refills only after 100 ms without a reader: a guard that read it right
+    # after someone else would not see this writer, and its row (below upper) would never be extracted.
+    name = table(conn, "id INT AUTO_INCREMENT PRIMARY KEY, u TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), "
+                       "KEY (u)")
+    conn.cursor().execute(f"INSERT INTO {name} (id, u) VALUES (1, NOW(6) - INTERVAL 5 SECOND)")
+    spec = preflight(conn, name, "u" if cursor_kind == "timestamp" else "id", cursor_kind)
+    monitor = conn.cursor()
+    writer = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER,
+                             password=stack.DB_PASSWORD, database=stack.DB_NAME, autocommit=True)
+    reader = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER,
+                             password=stack.DB_PASSWORD, database=stack.DB_NAME, autocommit=True,
+                             init_command="SET time_zone = '+00:00'")
+    try:
+        monitor.execute("SELECT COUNT(*) FROM information_schema.innodb_trx")  # fills the cache without the writer
+        writer.cursor().execute("BEGIN")
+        writer.cursor().execute(f"INSERT INTO {name} (id) VALUES (2)")
+        if cursor_kind == "id":  # a committed higher id: the writer's id 2 is below MAX(id)
+            conn.cursor().execute(f"INSERT INTO {name} (id) VALUES (3)")
+            threading.Timer(1.0, lambda: writer.cursor().execute("COMMIT")).start()
+        window = read_window(reader, spec, None, safety_lag=0, open_transaction_timeout=30,
+                             log=logging.getLogger("test"))
+        if cursor_kind == "timestamp":
+            writer.cursor().execute("COMMIT")
+            assert window.upper_reason == "open_transaction", window
+            assert [row["id"] for row in window.rows] == [1], window
+        else:  # the read waited for the writer: its id is in the window
+            assert (window.upper, window.guard) == (4, "older open transactions ended"), window
+            assert [row["id"] for row in window.rows] == [1, 2, 3], window
+    finally:
+        writer.close()
+        reader.close()
