@@ -68,9 +68,12 @@ def matrix_table(result: dict) -> str:
 
 def table(result: dict) -> str:
     """Return the Markdown for one result: medians in ms per size, and the largest / smallest size ratio."""
-    lines = [f"{_machine(result)}; median of {result['repeats']} interleaved runs (files: 5x as many), ms.", ""]
-    for kind, unit in (("ledger", "records of other pipelines' history"), ("files", "published manifests")):
-        sizes = list(result[kind])
+    lines = [f"{_machine(result)}; median of {result['repeats']} interleaved runs (files: 5x as many, Delta: 3x), "
+             "ms.", ""]
+    for kind, unit in (("ledger", "records of other pipelines' history"), ("files", "published manifests"),
+                       ("delta (local)", "commits in the log"), ("delta (minio)", "commits in the log"),
+                       ("postgres", "rows of other pipelines")):
+        sizes = list(result.get(kind, {}))
         if not sizes:
             continue
         lines.append(f"| {kind}: what \\ {unit} | " + " | ".join(f"{int(s):,}" for s in sizes)

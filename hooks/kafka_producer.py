@@ -111,10 +111,10 @@ class TransactionalProducerHook(KafkaBaseHook):
         config = self.build_producer_config()
         client_config = self.client_config()
         # A wrong password or an untrusted certificate otherwise shows as "Broker transport failure" after a timeout.
-        check_kafka_access(client_config, self.kafka_config_id)
+        admin = check_kafka_access(client_config, self.kafka_config_id)
         with self._explain_denials(client_config, f"Create/Describe/Read/Write on offsets topic {self.offsets_topic!r}"):
             if ensure_topic:
-                ensure_offsets_topic(client_config, self.offsets_topic)
+                ensure_offsets_topic(client_config, self.offsets_topic, admin=admin)
         writer = PipelineWriter(
             producer_factory=lambda: self._get_client(dict(config)), client_config=self.client_config(),
             pipeline=self.pipeline, source_partition=self.source_partition,

@@ -25,6 +25,7 @@ Airflow is imported inside the functions that read connections: the Spark driver
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -81,7 +82,7 @@ def kafka_client_config(kafka_config_id: str) -> dict[str, Any]:
             '{"bootstrap.servers": "host:9092"}, or pass the id of a kafka connection.') from None
 
 
-def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: float = 20.0) -> None:
+def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: float = 20.0) -> Any:
     """Reach the brokers with a connection's settings; when they refuse, raise an error that says what to fix.
 
     librdkafka reports a wrong password, an untrusted broker certificate or a plaintext client on a TLS listener
@@ -91,6 +92,7 @@ def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: fl
     :param config: the connection's confluent-kafka settings (:func:`kafka_client_config`; no producer settings).
     :param kafka_config_id: the connection id, for the message.
     :param timeout: seconds to wait for the brokers.
+    :return: the connected AdminClient, for the caller's next admin requests (no second handshake).
     """
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
@@ -101,11 +103,14 @@ def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: fl
     admin = AdminClient({**config, "error_cb": lambda err: causes.append(err.str()),
                          "logger": _CollectingLogger(causes)})
     try:
-        admin.list_topics(timeout=timeout)
-        return
+        # not list_topics(): a full listing costs what the cluster holds (provider/kafka/topics.py)
+        admin.describe_cluster(request_timeout=timeout).result(timeout + 5)
+        return admin
     except KafkaException as err:
-        admin.poll(0.5)  # deliver the error callbacks and log lines that name the cause
         failure = err.args[0].str()
+    except concurrent.futures.TimeoutError:
+        failure = f"no answer in {timeout:.0f}s"
+    admin.poll(0.5)  # deliver the error callbacks and log lines that name the cause
     raise ServiceAccessError(f"Kafka connection {kafka_config_id!r}: {_kafka_refusal(config, causes, failure)}")
 
 

@@ -39,6 +39,9 @@ def check_put_read_list_delete(storage) -> None:
     assert storage.list("_manifests/") == ["_manifests/00.json", "_manifests/01.json"]
     assert storage.list("data") == ["data-other.txt", "data/x/part-0.parquet", "data/x/part-1.parquet"]  # a prefix
     assert storage.list("nowhere/") == []
+    assert storage.list("_manifests/", start_after="_manifests/00") == ["_manifests/00.json", "_manifests/01.json"]
+    assert storage.list("_manifests/", start_after="_manifests/00.json") == ["_manifests/01.json"]
+    assert storage.list("data", start_after="data/x/part-0.parquet") == ["data/x/part-1.parquet"]
     storage.delete("_manifests/00.json")
     storage.delete("_manifests/00.json")  # missing: no error
     assert storage.list("_manifests/") == ["_manifests/01.json"]

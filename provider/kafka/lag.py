@@ -15,6 +15,8 @@ from typing import Any
 from confluent_kafka import Consumer, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from exactly_once_provider.kafka.topics import topic_partitions
+
 # {topic: {partition: offset}}
 Offsets = dict[str, dict[int, int]]
 
@@ -30,15 +32,13 @@ def stable_end_offsets(client_config: dict[str, Any], topics: list[str], timeout
     """
     admin = AdminClient({k: v for k, v in client_config.items() if k == "bootstrap.servers"
                          or k.startswith(("security.", "sasl.", "ssl."))})
-    metadata = admin.list_topics(timeout=timeout).topics
     request = {}
-    for topic in topics:
-        info = metadata.get(topic)
-        if info is None or info.error is not None:
+    for topic, partitions in topic_partitions(admin, topics, timeout).items():
+        if partitions is None:
             if missing_ok:
                 continue
             raise ValueError(f"Kafka topic {topic!r} does not exist; check the pipeline's topics.")
-        for partition in info.partitions:
+        for partition in partitions:
             request[TopicPartition(topic, partition)] = OffsetSpec.latest()
     if not request:
         return {}
@@ -55,8 +55,8 @@ def group_offsets(client_config: dict[str, Any], group_id: str, topics: list[str
                   or k.startswith(("security.", "sasl.", "ssl."))}  # SASL/TLS too, as in stable_end_offsets
     consumer = Consumer({**connection, "group.id": group_id, "enable.auto.commit": False})
     try:
-        metadata = consumer.list_topics(timeout=timeout).topics
-        wanted = [TopicPartition(t, p) for t in topics for p in metadata[t].partitions]
+        wanted = [TopicPartition(t, p) for t in topics  # by name: a full listing costs what the cluster holds
+                  for p in consumer.list_topics(t, timeout=timeout).topics[t].partitions]
         return _by_topic(consumer.committed(wanted, timeout=timeout))
     finally:
         consumer.close()

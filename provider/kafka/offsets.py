@@ -55,6 +55,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from exactly_once_provider.kafka.topic_reader import read_until
+from exactly_once_provider.kafka.topics import topic_partitions
 
 OFFSETS_SCHEMA_VERSION = 1
 DEFAULT_OFFSETS_TOPIC = "eo-offsets"
@@ -235,7 +236,7 @@ def marker_value(kind: str, committed: CommittedOffset, partition_records: int |
 
 
 def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TOPIC,
-                         replication_factor: int = -1, timeout: float = 30) -> int:
+                         replication_factor: int = -1, timeout: float = 30, admin: Any = None) -> int:
     """
     Create the offsets topic if missing; refuse an existing topic that is not compacted; return its partitions.
 
@@ -248,9 +249,10 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
     :param topic: the offsets topic name.
     :param replication_factor: -1 uses the broker's ``default.replication.factor``.
     :param timeout: seconds to wait for the broker.
+    :param admin: an AdminClient already connected with ``admin_config`` (saves a TLS and SASL handshake).
     """
-    admin = AdminClient(connection_only(admin_config))
-    if topic not in admin.list_topics(timeout=timeout).topics:
+    admin = admin or AdminClient(connection_only(admin_config))
+    if topic_partitions(admin, [topic], timeout)[topic] is None:
         future = admin.create_topics(
             [NewTopic(topic, LEDGER_PARTITIONS, replication_factor, config=dict(COMPACTION_CONFIG))])[topic]
         try:
@@ -263,9 +265,9 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
     while True:
         try:
             config = admin.describe_configs([resource])[resource].result(timeout=timeout)
-            metadata = admin.list_topics(topic, timeout=timeout).topics[topic]
-            if metadata.error is not None:
-                raise KafkaException(metadata.error)
+            partitions = topic_partitions(admin, [topic], timeout)[topic]
+            if partitions is None:
+                raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
             break
         except KafkaException as err:
             # A topic just created may not be known to the broker's metadata cache yet.
@@ -284,7 +286,7 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
                     "traffic. Alter it with kafka-configs.sh --alter --add-config %s", topic,
                     ", ".join(ineffective), ",".join(f"{k}={v}" for k, v in COMPACTION_CONFIG.items() if k !=
                                                      "cleanup.policy"))
-    return check_ledger_partitions(topic, len(metadata.partitions))
+    return check_ledger_partitions(topic, len(partitions))
 
 
 def compaction_problems(config: dict[str, str | None]) -> list[str]:

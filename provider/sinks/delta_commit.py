@@ -107,7 +107,7 @@ def read_commit(path: Table, version: int) -> dict[str, Any]:
 
 def newest_version(path: Table) -> int:
     """Return the table's newest commit version (-1 when there is no Delta log yet)."""
-    return max(delta_log.commit_versions(delta_log.log_names(path)), default=-1)
+    return max(delta_log.commit_versions(delta_log.log_names(path, recent=True)), default=-1)
 
 
 def _check_fence(table: Table, fence: tuple[str, int] | None, upto: int) -> None:
@@ -132,14 +132,20 @@ def commits(path: Table) -> Iterator[tuple[int, dict]]:
     :param path: the Delta table's location (local path, ``file://`` or ``s3://`` URI) or its storage.
     """
     storage = table_storage(path)
-    for version in reversed(delta_log.commit_versions(delta_log.log_names(storage))):
+    recent = delta_log.commit_versions(delta_log.log_names(storage, recent=True))
+    for version in reversed(recent):
+        yield version, _read_commit(storage, version)
+    # Older commits only for a caller that reads on: listing the whole log costs what the log has grown to.
+    older = [v for v in delta_log.commit_versions(delta_log.log_names(storage)) if recent and v < recent[0]]
+    for version in reversed(older):
         yield version, _read_commit(storage, version)
 
 
 def find_commit(path: Table, app_id: str, version: int) -> int | None:
     """Return the table version that committed ``(app_id, version)``, or None if none did.
 
-    Cheap on long logs: only the JSON commits after the newest Delta checkpoint are parsed (newest first; a
+    Cheap on long logs: the log is listed from the checkpoint ``_last_checkpoint`` names, and only the JSON
+    commits after the newest Delta checkpoint are parsed (newest first; a
     streaming writer finds its own last commit in the first file). Older commits are looked at only when
     the checkpoint's ``txn`` state (Delta keeps the newest version per app id there) says the pair is
     already committed, i.e. on a replay. Like Delta itself, which skips a write whose ``txnVersion`` is at
@@ -151,7 +157,7 @@ def find_commit(path: Table, app_id: str, version: int) -> int | None:
     :param version: the writer's monotonically increasing version for that app id.
     """
     storage = table_storage(path)
-    names = delta_log.log_names(storage)
+    names = delta_log.log_names(storage, recent=True)
     versions = list(reversed(delta_log.commit_versions(names)))
     if not versions:
         return None
@@ -172,7 +178,8 @@ def find_commit(path: Table, app_id: str, version: int) -> int | None:
     newest = delta_log.checkpoint_state(storage, newest_checkpoint[1])[2].get(app_id)
     if newest is None or newest < version:
         return None
-    return next((v for v in versions if v <= checkpoint and matches(v)), checkpoint)
+    older = reversed(delta_log.commit_versions(delta_log.log_names(storage)))  # a replay: the whole log, once
+    return next((v for v in older if v <= checkpoint and matches(v)), checkpoint)
 
 
 def latest_marker(path: Table, key: str) -> tuple[int, dict] | None:
@@ -307,7 +314,7 @@ def create_with_files(path: Table, schema_json: str, files: list[dict], marker: 
     if done is not None:
         return done
     storage = table_storage(path)
-    if delta_log.commit_versions(delta_log.log_names(storage)):
+    if newest_version(storage) >= 0:
         raise TableExistsError(f"{storage.uri()} already is a Delta table: replace it with commit_with_marker().")
     import time
     import uuid
@@ -710,7 +717,7 @@ def checkpoint_if_due(spark: Any, path: Table, version: int) -> bool:
     table_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, spark_path(path))
     none = jvm.scala.Option.empty()
     table_log.checkpoint(table_log.getSnapshotAt(version, none, none, False), none)
-    written = delta_log.newest_checkpoint(delta_log.log_names(path))
+    written = delta_log.newest_checkpoint(delta_log.log_names(path, recent=True))
     if written is None or written[0] < version:
         log.warning("Delta wrote no checkpoint of version %d of %s (its error is in the Spark log); the next "
                     "commit tries again.", version, path)

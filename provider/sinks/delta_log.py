@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 Table = Union[str, "Storage"]  # a table's location, or the storage rooted at it
 LOG = "_delta_log/"
+LAST_CHECKPOINT = LOG + "_last_checkpoint"
 COMMIT = re.compile(r"^(\d{20})\.json$")
 # classic (one file or parts "<part>.<parts>") and V2 (UUID-named top-level file) checkpoints
 _CLASSIC_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
@@ -61,10 +62,62 @@ def spark_path(table: Table) -> str:
     return table_storage(table).spark_uri()
 
 
-def log_names(table: Table) -> list[str]:
-    """Return the file names in the table's ``_delta_log`` (not those of its subdirectories), sorted."""
-    keys = table_storage(table).list(LOG)
+def log_names(table: Table, recent: bool = False) -> list[str]:
+    """Return the file names in the table's ``_delta_log`` (not those of its subdirectories), sorted.
+
+    :param recent: only the names from the newest checkpoint on (what a snapshot needs), found through
+        ``_last_checkpoint`` as Delta does, so the cost stays the same however long the log has grown: on S3
+        one listing that starts there (``StartAfter``); on a local disk, where a listing reads every entry,
+        the checkpoint's files and the commits from its version on, probed one by one until the first
+        missing one (commits are contiguous). Falls back to the whole log when the hint is missing,
+        unreadable or names a checkpoint that is not complete (a stale hint never hides state).
+    """
+    storage = table_storage(table)
+    hint = _hinted_checkpoint(storage) if recent else None
+    if hint is not None:
+        names = _probe_from(storage, hint) if _is_local(storage) else _names(
+            storage.list(LOG, start_after=f"{LOG}{hint['version']:020d}"))  # "<v>" sorts just before "<v>.*"
+        newest = newest_checkpoint(names)
+        if commit_versions(names) and newest is not None and newest[0] >= hint["version"]:
+            return names
+    return _names(storage.list(LOG))
+
+
+def _names(keys: list[str]) -> list[str]:
     return [k[len(LOG):] for k in keys if "/" not in k[len(LOG):]]
+
+
+def _is_local(storage: Storage) -> bool:
+    from exactly_once_provider.storage.local import LocalStorage
+
+    return isinstance(storage, LocalStorage)
+
+
+def _hinted_checkpoint(storage: Storage) -> dict | None:
+    """Return ``_last_checkpoint`` (its ``version`` an int), or None: no such file, or one this reader cannot parse."""
+    data = storage.read(LAST_CHECKPOINT)
+    try:
+        hint = json.loads(data) if data else None
+        return {**hint, "version": int(hint["version"])} if hint else None
+    except (ValueError, KeyError, TypeError):  # torn or foreign: list the whole log instead
+        return None
+
+
+def _probe_from(storage: Storage, hint: dict) -> list[str]:
+    """Return the hinted checkpoint's file names that exist and the commits from its version on, in order."""
+    version = hint["version"]
+    if isinstance(hint.get("v2Checkpoint"), dict):
+        candidates = [str(hint["v2Checkpoint"].get("path", "")).rsplit("/", 1)[-1]]
+    elif int(hint.get("parts") or 1) > 1:
+        parts = int(hint["parts"])
+        candidates = [f"{version:020d}.checkpoint.{n:010d}.{parts:010d}.parquet" for n in range(1, parts + 1)]
+    else:
+        candidates = [f"{version:020d}.checkpoint.parquet"]
+    names = [name for name in candidates if name and storage.exists(LOG + name)]
+    while storage.exists(f"{LOG}{version:020d}.json"):
+        names.append(f"{version:020d}.json")
+        version += 1
+    return sorted(names)
 
 
 def commit_versions(names: list[str]) -> list[int]:
@@ -182,7 +235,7 @@ class TableState:
 def table_state(path: Table) -> TableState | None:
     """Return the state of the Delta table at ``path`` as of its newest commit, or None if it has none."""
     storage = table_storage(path)
-    names = log_names(storage)
+    names = log_names(storage, recent=True)
     versions = commit_versions(names)
     if not versions:
         return None

@@ -101,14 +101,16 @@ def topic_partitions(kafka_config: dict, topics: list[str], wait: float = 0) -> 
     """
     from confluent_kafka.admin import AdminClient
 
+    from exactly_once_provider.kafka.topics import topic_partitions as partitions_by_name
+
     bootstrap = kafka_config["bootstrap.servers"]
     admin = AdminClient(kafka_config)
     deadline = time.monotonic() + wait
     while True:
-        metadata = admin.list_topics(timeout=30)
-        missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
+        found = partitions_by_name(admin, topics)
+        missing = [t for t in topics if found[t] is None]
         if not missing:
-            return {t: sorted(metadata.topics[t].partitions) for t in topics}
+            return {t: found[t] for t in topics}
         if time.monotonic() >= deadline:
             raise ValueError(f"Kafka topic {missing[0]!r} does not exist on {bootstrap}.")
         log.info("waiting for topics %s to be created (%.0fs left)", missing, deadline - time.monotonic())

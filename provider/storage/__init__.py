@@ -44,8 +44,11 @@ class Storage(Protocol):
     def exists(self, key: str) -> bool:
         """Return whether ``key`` exists."""
 
-    def list(self, prefix: str = "") -> list[str]:
-        """Return the keys starting with ``prefix``, sorted (keys, not directories: every object below)."""
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        """Return the keys starting with ``prefix``, sorted (keys, not directories: every object below).
+
+        :param start_after: only keys after this one (S3's ``StartAfter``: the store skips the earlier keys).
+        """
 
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is no error."""

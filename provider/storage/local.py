@@ -39,7 +39,7 @@ class LocalStorage:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         # Walk only the deepest directory the prefix names, then filter by the rest of it (like S3's prefix).
         head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self._path(head) if head else self.root
@@ -50,7 +50,8 @@ class LocalStorage:
             for name in files:
                 key = (Path(directory) / name).relative_to(self.root).as_posix()
                 # put_if_absent's temporary files (".<name>.<hex>.tmp") are never objects
-                if key.startswith(prefix) and not (name.startswith(".") and name.endswith(".tmp")):
+                if key.startswith(prefix) and not (name.startswith(".") and name.endswith(".tmp")) and (
+                        start_after is None or key > start_after):
                     keys.append(key)
         return sorted(keys)
 

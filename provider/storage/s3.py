@@ -231,10 +231,12 @@ class S3Storage:
                 return False
             raise
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         keys = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix):
+        after = {"StartAfter": base + start_after} if start_after is not None else {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix,
+                                                                           **after):
             keys += [item["Key"][len(base):] for item in page.get("Contents", [])]
         return sorted(keys)
 

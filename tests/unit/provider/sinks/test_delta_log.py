@@ -82,3 +82,28 @@ def test_a_log_without_protocol_is_refused_with_its_cause(tmp_path):
     write_commit(log, 5, {"txn": {"appId": "a", "version": 1}})
     with pytest.raises(ValueError, match="no protocol or metaData up to version 5"):
         delta_log.table_state(str(tmp_path))
+
+
+@pytest.mark.parametrize("hint, first_listed, checkpoint", [
+    ('{"version": 6, "size": 3}', 6, 6),  # the newest checkpoint: the log is read from there
+    ('{"version": 3, "size": 3}', 3, 3),  # a stale hint: from the older checkpoint (still the right state)
+    ('{"version": 9, "size": 3, "parts": 2}', 0, 6),  # names a checkpoint that is not complete: the whole log
+    ('{"version": 12, "size": 3}', 0, 6),  # names a checkpoint that is not there
+    ('{"vers', 0, 6),  # torn: the whole log
+])
+def test_the_log_is_read_from_the_checkpoint_last_checkpoint_names(tmp_path, hint, first_listed, checkpoint):
+    log = tmp_path / "_delta_log"
+    write_commit(log, 0, {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}, metadata())
+    for version in range(1, 11):
+        write_commit(log, version, {"txn": {"appId": "a", "version": version}})
+    meta = metadata()["metaData"]
+    for version in (3, 6):
+        write_checkpoint(log, version, {"minReaderVersion": 1, "minWriterVersion": 2}, meta, [("a", version)])
+    write_checkpoint(log, 9, {"minReaderVersion": 1, "minWriterVersion": 2}, meta, [],
+                     name=f"{9:020d}.checkpoint.0000000001.0000000002.parquet")
+    (log / "_last_checkpoint").write_text(hint)
+    names = delta_log.log_names(str(tmp_path), recent=True)
+    assert delta_log.commit_versions(names) == list(range(first_listed, 11))
+    assert names == sorted(names)
+    state = delta_log.table_state(str(tmp_path))
+    assert (state.version, state.checkpoint, state.txns) == (10, checkpoint, {"a": 10})
