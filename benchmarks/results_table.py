@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("history", "freshness", "increment", "matrix")
+KINDS = ("history", "freshness", "increment", "capture", "matrix")
 PAGES = {"matrix": "reliability.md"}
 
 
@@ -33,6 +33,18 @@ def freshness_table(result: dict) -> str:
         "|---|---|---|---|---|---|---|",
         f"| {result['p50_s']:.2f} | {result['p90_s']:.2f} | **{result['p99_s']:.2f}** | {result['max_s']:.2f} | "
         f"{result['measured']:,} | {result['applied_per_s']:,.0f} | {result['commits']} |", ""])
+
+
+def capture_table(result: dict) -> str:
+    """Return the Markdown for one capture result: rows/s of the raw read and the capture, and their ratio."""
+    lines = [f"{_machine(result)}; {result['changes']:,} row changes, median of {result['repeats']} interleaved runs.",
+             "", "| reader | rows/s wall | runs | rows per CPU-second |", "|---|---:|---|---:|"]
+    for label, runs in result["runs"].items():
+        lines.append(f"| {label} | {runs['median_wall']:,.0f} | "
+                     + " / ".join(f"{v:,.0f}" for v in runs["rows_per_s_wall"]) + f" | {runs['median_cpu']:,.0f} |")
+    lines.append(f"| **ratio, setup included (target ≥ 0.8)** | **{result['ratio_wall']:.3f}** | | "
+                 f"**{result['ratio_cpu']:.3f}** |")
+    return "\n".join(lines + [""])
 
 
 STEPS = ("preflight", "capture", "apply", "reconcile")
@@ -102,7 +114,8 @@ def main() -> None:
         begin, end = f"<!-- bench-{kind}:begin -->", f"<!-- bench-{kind}:end -->"
         if begin not in text or end not in text:
             raise SystemExit(f"{page} has no {begin} ... {end} region.")
-        body = {"freshness": freshness_table, "increment": increment_table, "matrix": matrix_table}.get(
+        body = {"freshness": freshness_table, "increment": increment_table, "matrix": matrix_table,
+                "capture": capture_table}.get(
             kind, table)(result)
         head, rest = text.split(begin, 1)
         page.write_text(f"{head}{begin}\n<!-- from {path.relative_to(REPO)} -->\n{body}\n{end}{rest.split(end, 1)[1]}")
