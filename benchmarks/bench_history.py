@@ -10,7 +10,9 @@ committed once before all of it. Measured, interleaved, each ``--repeats`` times
   from its start to its high watermark, on the legacy ledger (what an existing installation ran);
 * ``read_committed_offset`` on the partitioned and on the legacy ledger (the backward read);
 * ``writer open``: ``TransactionalProducerHook.open_writer`` (topic check + init_transactions + ledger read);
-* ``status page``: ``read_ledger(pipelines=[ours])`` (its partition), and ``read_ledger()`` (every key);
+* ``status page``: ``read_ledger(keys=[...])`` (the keys its DAGs' producers name, read backwards),
+  ``read_ledger(pipelines=[ours])`` (a pipeline named without a producer: its partition), and
+  ``read_ledger()`` (every key);
 * the idle pipeline's ``read_committed_offset`` (how far back its record sits until compaction runs).
 
 Files sink: ``FilesSink.committed()`` with 10 .. 100k manifests under ``_manifests`` (written directly),
@@ -158,7 +160,10 @@ def bench_ledger(stack, size: int, repeats: int) -> dict[str, list[float]]:
                   lambda: read_committed_offset(config, PIPELINE, "0", legacy), ours)
             timed(samples if round_ else None, "writer open (partitioned)", lambda: open_writer(partitioned), ours)
             timed(samples if round_ else None, "writer open (legacy)", lambda: open_writer(legacy), ours)
-            timed(samples if round_ else None, "status page: read_ledger(pipelines=[ours]) (partitioned)",
+            timed(samples if round_ else None, "status page: read_ledger(keys=[ours/0]) (partitioned)",
+                  lambda: read_ledger(config, partitioned, keys=[(PIPELINE, "0")]),
+                  lambda r: ours(r.get(f"{PIPELINE}/0")) and len(r) == 1)
+            timed(samples if round_ else None, "read_ledger(pipelines=[ours]): its partition (partitioned)",
                   lambda: read_ledger(config, partitioned, pipelines=[PIPELINE]),
                   lambda r: ours(r.get(f"{PIPELINE}/0")) and len(r) == 1)
             timed(samples if round_ else None, "read_ledger() every key (partitioned)", lambda: read_ledger(config, partitioned),

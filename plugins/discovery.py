@@ -8,8 +8,9 @@ A pipeline is found in three places, merged by its name:
    form ``{{ params.x }}`` are rendered with the DAG's Param defaults; a value that needs a run (e.g.
    ``{{ ds }}``) cannot be known before the run and is listed as unresolved instead of guessed;
 2. the offsets ledger: the ``<pipeline>/<source_partition>`` keys of the offsets topics the DAGs name (the
-   default ``eo-offsets`` always). A page load reads only the partitions of the pipelines the DAGs name;
-   ``?all_keys=true`` reads every key, so a pipeline produced from outside Airflow shows up too (as it
+   default ``eo-offsets`` always). A page load reads the keys the DAGs' producers name backwards from the
+   end of their partitions (the cost of the distance back to their last commits, not of history), and only
+   the partitions of pipelines the DAGs name without a producer; ``?all_keys=true`` reads every key, so a pipeline produced from outside Airflow shows up too (as it
    does when no DAG names any pipeline);
 3. the PostgreSQL offsets table ``eo_stream_offsets``: every pipeline that committed there.
 
@@ -60,6 +61,7 @@ class PipelineSpec:
     full_loads: set[str] = field(default_factory=set)  # Delta paths holding full-load handoff commits
     result_conn_ids: set[str] = field(default_factory=set)  # PostgreSQL connections holding eo_reconciliation
     found_in: set[str] = field(default_factory=set)  # "dag", "ledger", "postgres"
+    source_partitions: set[str] = field(default_factory=set)  # ledger keys "<name>/<sp>" its producers write
 
 
 @dataclass
@@ -158,10 +160,14 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
                     spec.full_loads |= {render(path, params) for path in (task.full_load_paths or {}).values()}
                     spec.offsets_topics.add(render(getattr(task, "offsets_topic", DEFAULT_OFFSETS_TOPIC), params))
                     spec.kafka_conn_ids.add(render(getattr(task, "kafka_config_id", "kafka_default"), params))
+                    spec.source_partitions.add(render(getattr(task, "source_partition", "binlog"), params))
                 else:
                     spec.topics.add(render(task.topic, params))
+                    partition = render(getattr(task, "source_partition", None), params)
                     if kind == "WatermarkExtractOperator":
                         spec.sources.add(render(task.table, params))
+                        partition = partition or render(task.table, params)
+                    spec.source_partitions.add(partition or "0")
                     spec.offsets_topics.add(render(getattr(task, "offsets_topic", DEFAULT_OFFSETS_TOPIC), params))
                     spec.kafka_conn_ids.add(render(getattr(task, "kafka_config_id", "kafka_default"), params))
             except ValueError as err:

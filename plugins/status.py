@@ -383,9 +383,15 @@ def read_overview(dags: list[Any], connections: Connections | None = None,
     for conn_id in sorted(conn_ids):
         for topic in sorted(found.offsets_topics()):
             try:
-                named = sorted(n for n, spec in found.pipelines.items() if topic in spec.offsets_topics)
-                records = read_ledger(connections.kafka(conn_id), topic, timeout=30,
-                                      pipelines=None if every_ledger_key or not named else named)
+                named = {n: spec for n, spec in found.pipelines.items() if topic in spec.offsets_topics}
+                config = connections.kafka(conn_id)
+                if every_ledger_key or not named:
+                    records = read_ledger(config, topic, timeout=30)
+                else:  # the keys the DAGs' producers write, read backwards; a pipeline without any: its partition
+                    keyed = [(n, sp) for n, spec in sorted(named.items()) for sp in sorted(spec.source_partitions)]
+                    records = read_ledger(config, topic, timeout=30, keys=keyed) if keyed else {}
+                    if unkeyed := sorted(n for n, spec in named.items() if not spec.source_partitions):
+                        records.update(read_ledger(config, topic, timeout=30, pipelines=unkeyed))
             except ValueError:  # the topic is created by the first exactly-once commit
                 notes.append(f"offsets ledger {topic!r} via {conn_id!r} does not exist yet (nothing committed)")
                 continue

@@ -329,28 +329,54 @@ def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source
     :param timeout: seconds before giving up; should exceed the producers' ``transaction.timeout.ms``.
     """
     key = ledger_key(pipeline, source_partition)
+    value = latest_values_of_keys(consumer_config, topic, [(pipeline, source_partition)], timeout).get(key)
+    return None if value is None else CommittedOffset.from_value(value)
+
+
+def latest_values_of_keys(consumer_config: dict[str, Any], topic: str, keys: Iterable[tuple[str, str]],
+                          timeout: float = 120) -> dict[bytes, bytes]:
+    """
+    Return the latest committed raw value of each ``(pipeline, source_partition)`` key that has one.
+
+    Each ledger partition holding some of the keys is read backwards from its high watermark as
+    :func:`read_committed_offset` describes, until every key of that partition is found or its log start is
+    reached: the cost is the distance back to the oldest of those keys' last records, not the partition.
+
+    :param consumer_config: confluent-kafka configuration (at least ``bootstrap.servers``).
+    :param topic: the offsets topic.
+    :param keys: the ``(pipeline, source_partition)`` pairs.
+    :param timeout: seconds before giving up.
+    """
     deadline = time.monotonic() + timeout
-    partition, low, high = _partition_bounds(consumer_config, topic, pipeline, timeout)
+    pairs = list(keys)
+    count, bounds = _ledger_bounds(consumer_config, topic, {p for p, _ in pairs}, timeout)
+    by_partition: dict[int, set[bytes]] = {}
+    for pipeline, source_partition in pairs:
+        by_partition.setdefault(ledger_partition(pipeline, count), set()).add(ledger_key(pipeline, source_partition))
     consumer = _consumer(consumer_config, "read_committed")
     try:
-        end, window = high, FIRST_WINDOW
-        while end > low:
-            start = max(low, end - window)
-            latest = None
-            for message in read_until(consumer, topic, {partition: start}, {partition: end},
-                                      max(deadline - time.monotonic(), 0.0), _STUCK):
-                if message.key() == key and message.value() is not None:
-                    latest = message.value()
-            if latest is not None:
-                return CommittedOffset.from_value(latest)
-            end, window = start, window * WINDOW_GROWTH
-        return None
+        found: dict[bytes, bytes] = {}
+        for partition, wanted in sorted(by_partition.items()):
+            (low, high), missing = bounds[partition], set(wanted)
+            end, window = high, FIRST_WINDOW
+            while end > low and missing:
+                start = max(low, end - window)
+                newest: dict[bytes, bytes] = {}  # a key's last record in this window is its latest overall
+                for message in read_until(consumer, topic, {partition: start}, {partition: end},
+                                          max(deadline - time.monotonic(), 0.0), _STUCK):
+                    if message.key() in missing and message.value() is not None:
+                        newest[message.key()] = message.value()
+                found.update(newest)
+                missing -= newest.keys()
+                end, window = start, window * WINDOW_GROWTH
+        return found
     finally:
         consumer.close()
 
 
 def read_ledger(consumer_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TOPIC,
-                timeout: float = 120, pipelines: Iterable[str] | None = None) -> dict[str, CommittedOffset | ValueError]:
+                timeout: float = 120, pipelines: Iterable[str] | None = None,
+                keys: Iterable[tuple[str, str]] | None = None) -> dict[str, CommittedOffset | ValueError]:
     """
     Return the last committed record of every key of the offsets topic (for display and discovery).
 
@@ -364,10 +390,17 @@ def read_ledger(consumer_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TO
     :param topic: the offsets topic.
     :param timeout: seconds before giving up.
     :param pipelines: only these pipelines' keys; default: every key.
+    :param keys: only these ``(pipeline, source_partition)`` keys, read backwards
+        (:func:`latest_values_of_keys`): the cost no longer grows with the partitions' history.
     """
-    wanted = None if pipelines is None else {validate_name("pipeline", p) for p in pipelines}
+    if keys is not None:
+        values = latest_values_of_keys(consumer_config, topic, [
+            (validate_name("pipeline", p), validate_name("source_partition", s)) for p, s in keys], timeout)
+    else:
+        wanted = None if pipelines is None else {validate_name("pipeline", p) for p in pipelines}
+        values = latest_raw_values(consumer_config, topic, timeout, wanted)
     result: dict[str, CommittedOffset | ValueError] = {}
-    for key, value in latest_raw_values(consumer_config, topic, timeout, wanted).items():
+    for key, value in values.items():
         try:
             result[key.decode()] = CommittedOffset.from_value(value)
         except ValueError as err:
@@ -407,17 +440,20 @@ _ELECTING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NO
 _STUCK = "A transaction stays open on it; it ends at the producer's transaction.timeout.ms."
 
 
-def _partition_bounds(config: dict[str, Any], topic: str, pipeline: str,
-                      timeout: float) -> tuple[int, int, int]:
-    """Return the pipeline's partition, its log start offset and its high watermark (read_uncommitted)."""
+def _ledger_bounds(config: dict[str, Any], topic: str, pipelines: set[str] | None,
+                   timeout: float) -> tuple[int, dict[int, tuple[int, int]]]:
+    """Return the ledger's partition count and (log start, high watermark) of the partitions of ``pipelines``
+    (None: every partition), asked read_uncommitted: the high watermark includes open transactions."""
     consumer = _consumer(config, "read_uncommitted")
     try:
         metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
         if metadata is None or metadata.error is not None:
             raise ValueError(f"Offsets topic {topic!r} does not exist; create it with ensure_offsets_topic().")
-        partition = ledger_partition(pipeline, check_ledger_partitions(topic, len(metadata.partitions)))
-        low, high = _watermarks(consumer, TopicPartition(topic, partition), timeout)
-        return partition, low, high
+        count = check_ledger_partitions(topic, len(metadata.partitions))
+        wanted = range(count) if pipelines is None else sorted({ledger_partition(p, count) for p in pipelines})
+        # Explicit start offsets: a logical OFFSET_BEGINNING costs librdkafka an offset lookup and a
+        # ~500 ms wait before the first fetch.
+        return count, {p: _watermarks(consumer, TopicPartition(topic, p), timeout) for p in wanted}
     finally:
         consumer.close()
 
@@ -434,18 +470,7 @@ def latest_raw_values(consumer_config: dict[str, Any], topic: str, timeout: floa
     :param timeout: seconds before giving up.
     :param pipelines: only these pipelines' partitions and keys; None: every key.
     """
-    consumer = _consumer(consumer_config, "read_uncommitted")
-    try:
-        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise ValueError(f"Offsets topic {topic!r} does not exist; create it with ensure_offsets_topic().")
-        count = check_ledger_partitions(topic, len(metadata.partitions))
-        wanted = range(count) if pipelines is None else sorted({ledger_partition(p, count) for p in pipelines})
-        # Explicit start offsets: a logical OFFSET_BEGINNING costs librdkafka an offset lookup and a
-        # ~500 ms wait before the first fetch.
-        bounds = {p: _watermarks(consumer, TopicPartition(topic, p), timeout) for p in wanted}
-    finally:
-        consumer.close()
+    _, bounds = _ledger_bounds(consumer_config, topic, pipelines, timeout)
     consumer = _consumer(consumer_config, "read_committed")
     try:
         latest: dict[bytes, bytes] = {}

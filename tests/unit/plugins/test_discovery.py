@@ -35,11 +35,15 @@ def _dags():
         MySqlFullLoadOperator(task_id="load", table="orders", sink_path="/lake/orders_full")
         ReconcileOperator(task_id="check", name="{{ params.pipeline }}", table="eo.orders", sink="delta",
                           sink_path="/lake/orders", postgres_conn_id="results_pg")
-    with DAG("settle", schedule=None, start_date=START) as two:
+    with DAG("settle", schedule=None, start_date=START, params={"region": "eu"}) as two:
         WatermarkExtractOperator(task_id="extract", table="t", cursor_column="c", cursor_kind="id", topic="s-t",
                                  pipeline="settle-{{ ds }}")
         SparkKafkaToSinkOperator(task_id="to_pg", pipeline="settle_pg", topics="s-t", sink="postgres",
                                  sink_table="public.settled", checkpoint_location="/ck2")
+        WatermarkExtractOperator(task_id="extract_named", table="eo.fills", cursor_column="c", cursor_kind="id",
+                                 topic="f-t", pipeline="fills")
+        WatermarkExtractOperator(task_id="extract_part", table="eo.fees", cursor_column="c", cursor_kind="id",
+                                 topic="f-t", pipeline="fills", source_partition="fees-{{ params.region }}")
     with DAG("history_only", schedule=None, start_date=START) as three:
         MySqlFullLoadOperator(task_id="load", table="customers", sink_path="/lake/customers")
     with DAG("cdc", schedule=None, start_date=START) as four:
@@ -52,7 +56,7 @@ def _dags():
 def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_listed():
     found = add_dags(Discovery(), _dags())
 
-    assert set(found.pipelines) == {"orders", "settle_pg", "history_only", "shop_cdc", "users_cdc"}
+    assert set(found.pipelines) == {"orders", "settle_pg", "history_only", "shop_cdc", "users_cdc", "fills"}
     orders = found.pipelines["orders"]
     assert orders.topics == {"orders-t", "more"}
     assert orders.offsets_topics == {"eo-l"}
@@ -68,6 +72,10 @@ def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_
     assert [u.split(":")[0] for u in found.unresolved] == ["settle.extract", "cdc.capture_bare"]
     assert found.unresolved[0].startswith("settle.extract: 'settle-{{ ds }}'")
     assert found.offsets_topics() == {"eo-offsets", "eo-l", "eo-cdc"}
+    # the ledger keys the page reads backwards: each producer's source partition (default, table, rendered)
+    assert orders.source_partitions == {"0"} and cdc.source_partitions == {"binlog"}
+    assert found.pipelines["fills"].source_partitions == {"eo.fills", "fees-eu"}
+    assert found.pipelines["settle_pg"].source_partitions == set()  # a stream writes no ledger key
 
 
 def test_ledger_keys_and_postgres_rows_add_pipelines_no_dag_names():

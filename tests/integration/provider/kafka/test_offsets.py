@@ -110,6 +110,13 @@ def test_key_far_behind_other_pipelines_traffic_reads_its_exact_record(bootstrap
     ledger = read_ledger(config, topic, timeout=60)
     assert ledger["mine/db1.t"].offset == 3 and len(ledger) == 6
     assert set(read_ledger(config, topic, timeout=60, pipelines=["mine"])) == {"mine/db1.t"}
+    # the status page's read: named keys backwards, a far one, a recent one, one never written, one elsewhere
+    other = next(p for p in (f"x{n}" for n in range(100)) if ledger_partition(p, count) != ledger_partition(
+        "mine", count)) if count > 1 else None
+    wanted = [("mine", "db1.t"), (last[0], "0"), ("mine", "never")] + ([(other, "0")] if other else [])
+    keyed = read_ledger(config, topic, timeout=60, keys=wanted)
+    assert {k: v.offset for k, v in keyed.items()} == {"mine/db1.t": 3, f"{last[0]}/0": last[2]}
+    assert keyed["mine/db1.t"].sequence == ledger["mine/db1.t"].sequence
 
 
 def test_aborted_transactions_after_the_last_committed_record_are_skipped(bootstrap):
