@@ -23,7 +23,7 @@ from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.source.binlog import replica_server_id
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, validate_name
-from exactly_once_provider.kafka.topics import topic_partitions
+from exactly_once_provider.kafka.topics import partitions_of
 
 
 class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
@@ -214,7 +214,7 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
 def _ensure_topics(config: dict[str, Any], topics: list[str], partitions: int) -> None:
     admin = AdminClient({k: v for k, v in config.items() if k in ("bootstrap.servers",) or k.startswith(
         ("security.", "sasl.", "ssl.", "client."))})
-    missing = [t for t, partitions in topic_partitions(admin, topics).items() if partitions is None]
+    missing = [t for t, partitions in partitions_of(admin, topics).items() if partitions is None]
     if not missing:
         return
     for topic, future in admin.create_topics([NewTopic(t, partitions, -1) for t in missing]).items():

@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from exactly_once_provider.kafka.topics import topic_partitions
+from exactly_once_provider.kafka.topics import partitions_of
 
 # {topic: {partition: offset}}
 Offsets = dict[str, dict[int, int]]
@@ -33,7 +33,7 @@ def stable_end_offsets(client_config: dict[str, Any], topics: list[str], timeout
     admin = AdminClient({k: v for k, v in client_config.items() if k == "bootstrap.servers"
                          or k.startswith(("security.", "sasl.", "ssl."))})
     request = {}
-    for topic, partitions in topic_partitions(admin, topics, timeout).items():
+    for topic, partitions in partitions_of(admin, topics, timeout).items():
         if partitions is None:
             if missing_ok:
                 continue

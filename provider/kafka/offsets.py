@@ -55,7 +55,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from exactly_once_provider.kafka.topic_reader import read_until
-from exactly_once_provider.kafka.topics import topic_partitions
+from exactly_once_provider.kafka.topics import partitions_of
 
 OFFSETS_SCHEMA_VERSION = 1
 DEFAULT_OFFSETS_TOPIC = "eo-offsets"
@@ -252,7 +252,7 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
     :param admin: an AdminClient already connected with ``admin_config`` (saves a TLS and SASL handshake).
     """
     admin = admin or AdminClient(connection_only(admin_config))
-    if topic_partitions(admin, [topic], timeout)[topic] is None:
+    if partitions_of(admin, [topic], timeout)[topic] is None:
         future = admin.create_topics(
             [NewTopic(topic, LEDGER_PARTITIONS, replication_factor, config=dict(COMPACTION_CONFIG))])[topic]
         try:
@@ -265,7 +265,7 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
     while True:
         try:
             config = admin.describe_configs([resource])[resource].result(timeout=timeout)
-            partitions = topic_partitions(admin, [topic], timeout)[topic]
+            partitions = partitions_of(admin, [topic], timeout)[topic]
             if partitions is None:
                 raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
             break

@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
 
-def topic_partitions(admin: Any, topics: Iterable[str], timeout: float = 30) -> dict[str, list[int] | None]:
+def partitions_of(admin: Any, topics: Iterable[str], timeout: float = 30) -> dict[str, list[int] | None]:
     """Return the partition ids of each topic, ascending; None for a topic that does not exist.
 
     :param admin: a confluent-kafka ``AdminClient``.

@@ -101,13 +101,13 @@ def topic_partitions(kafka_config: dict, topics: list[str], wait: float = 0) -> 
     """
     from confluent_kafka.admin import AdminClient
 
-    from exactly_once_provider.kafka.topics import topic_partitions as partitions_by_name
+    from exactly_once_provider.kafka.topics import partitions_of
 
     bootstrap = kafka_config["bootstrap.servers"]
     admin = AdminClient(kafka_config)
     deadline = time.monotonic() + wait
     while True:
-        found = partitions_by_name(admin, topics)
+        found = partitions_of(admin, topics)
         missing = [t for t in topics if found[t] is None]
         if not missing:
             return {t: found[t] for t in topics}

@@ -123,17 +123,17 @@ def settlement_dag(
             from confluent_kafka.admin import AdminClient, NewTopic
 
             from exactly_once_provider.connections import kafka_client_config
-            from exactly_once_provider.kafka.topics import topic_partitions
+            from exactly_once_provider.kafka.topics import partitions_of
 
             admin = AdminClient(kafka_client_config(kafka_config_id))  # the whole connection: SASL/TLS included
-            if topic_partitions(admin, [topic])[topic] is None:
+            if partitions_of(admin, [topic])[topic] is None:
                 try:
                     admin.create_topics([NewTopic(topic, topic_partitions, -1)])[topic].result(timeout=30)
                 except KafkaException as err:
                     if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                         raise
             deadline = time.monotonic() + 30  # a new topic reaches every broker's metadata a moment later
-            while topic_partitions(admin, [topic])[topic] is None:
+            while partitions_of(admin, [topic])[topic] is None:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"Topic {topic!r} was created but is not available after 30s.")
                 time.sleep(0.2)
