@@ -3,7 +3,7 @@
 Writes ``--rows`` rows (inserts in transactions of 100 rows, then an update of every row) and notes the binlog
 range, then, interleaved ``--repeats`` times on that same range (the order alternates per repeat): "raw read"
 iterates python-mysql-replication over it and decodes every row (the floor: no grouping, no conversion, nothing
-produced); "exactly_once" runs BinlogCaptureOperator in bounded mode for a fresh pipeline (transaction grouping,
+produced; over the same TLS as the capture's connection, which the stack's ``mysql_default`` requires); "exactly_once" runs BinlogCaptureOperator in bounded mode for a fresh pipeline (transaction grouping,
 type conversion, JSON change records, Kafka transactions with the ledger offset). Prints the median rows/s of
 each and the ratio, by wall clock (the target) and by CPU time of this process (steadier on a loaded machine;
 the capture's includes librdkafka's threads and the operator's setup). The capture's timer covers the whole
@@ -48,9 +48,15 @@ def main() -> int:
     end_file, end_pos = cur.fetchone()[:2]
     changes = 2 * args.rows
 
+    # The same TLS as the capture's connection (mysql_default of the stack: CA + VERIFY_IDENTITY): the same work.
+    from exactly_once_provider.connections import pymysql_tls
+
+    tls = pymysql_tls({"ca": str(stack.tls_files()["ca.pem"])}, "VERIFY_IDENTITY")
+
     def raw_read() -> int:
         stream = BinLogStreamReader(
-            {"host": stack.HOST, "port": stack.MARIADB_PORT, "user": stack.DB_USER, "passwd": stack.DB_PASSWORD},
+            {"host": stack.HOST, "port": stack.MARIADB_PORT, "user": stack.DB_USER, "passwd": stack.DB_PASSWORD,
+             **tls},
             server_id=4_100_000, resume_stream=True, log_file=start_file, log_pos=start_pos, blocking=False,
             is_mariadb=False, only_schemas=[stack.DB_NAME], only_tables=[table], enable_logging=False,
             only_events=[TableMapEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent])
