@@ -1086,8 +1086,26 @@ def _spark_rest_answers() -> bool:
     return port_answers(SPARK_MASTER_REST_PORT)
 
 
+def _runs_a_deleted_checkout(process: Process) -> bool:
+    """Return whether ``process`` (a Spark JVM) runs from a virtualenv that no longer exists: its executors would
+    start that checkout's Python and fail (seen after removing a CI clone whose tests had started the cluster).
+    A cluster started by another checkout that still exists is shared, not restarted under its running tests."""
+    pid = process.pid()
+    if pid is None:
+        return False
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    classpath = args[args.index(b"-cp") + 1].decode() if b"-cp" in args else ""
+    return any(entry and not entry.endswith("*") and not Path(entry).exists() for entry in classpath.split(os.pathsep))
+
+
 def start_spark_cluster(timeout: float = 90) -> None:
     spark_class = str(Path(PYTHON).parent / "spark-class")
+    if any(_runs_a_deleted_checkout(p) for p in (SPARK_MASTER, SPARK_WORKER)):
+        log("spark master/worker run from a deleted checkout's virtualenv: restarting them from %s", PYTHON)
+        stop_all([SPARK_WORKER, SPARK_MASTER])
     if SPARK_MASTER.pid() is not None and not _spark_rest_answers():
         # A master started before its REST server was configured: cluster-mode drivers could not be tracked.
         log("spark master runs without its REST server (port %s): restarting master and worker",
