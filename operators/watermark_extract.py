@@ -60,7 +60,8 @@ class WatermarkExtractOperator(facets.OpenLineageMixin, BaseOperator):
     :param safety_lag: seconds the window stays behind the database clock.
     :param deleted_column: a soft-delete flag column; rows with a true flag are published as deletes.
     :param datetime_time_zone: the zone DATETIME cursor values are written in (default: the server's zone).
-    :param open_transaction_timeout: id cursors: seconds to wait for older open transactions to end.
+    :param open_transaction_timeout: seconds to wait for older open transactions to end (id cursors, and a
+        closed ``interval_end``: its rows are never moved to the next interval).
     :param max_recorded_windows: how many windows the ledger remembers for reruns.
     :param mysql_conn_id: the source ``mysql`` connection.
     :param kafka_config_id: the ``kafka`` connection.

@@ -14,12 +14,19 @@ Why a window is safe (docs/pitfalls.md#watermark-increments). A window is half-o
   changes; seen on MariaDB 10.11). That only delays the window; ignoring thread 0 would also ignore XA
   transactions recovered in PREPARED state, which can still commit old cursor values.
 
-The guard is read BEFORE the snapshot starts (and again inside it; the minimum counts): a transaction that
-is not committed when the snapshot starts was either open at the first read (so it bounds ``upper``) or
-started after it, with cursor values after the database time of that read, which is above ``upper``
-(NOW() is fixed when a statement starts, and InnoDB starts the transaction when that statement first
-locks an InnoDB table; the one-second margin, and ``safety_lag`` for transactions not yet started, cover
-that gap). Known limit, not handled yet: a first statement that waits longer than that before InnoDB
+The database clock is read first, then the guard, BEFORE the snapshot starts (and again inside it; the
+minimum counts): a transaction that is not committed when the snapshot starts was either open at the guard's
+first read (so it bounds ``upper``) or started after it, with cursor values after the database time of that
+read, which is above ``upper`` (NOW() is fixed when a statement starts, and InnoDB starts the transaction
+when that statement first locks an InnoDB table; the one-second margin, and ``safety_lag`` for transactions
+not yet started, cover that gap).
+
+A closed settlement interval (``interval_end`` at or below the clock minus ``safety_lag``) is not cut short by
+an open writer: the rows it commits later would land in the next interval's batch, and a nightly report
+would count them on the wrong night. The read waits instead (``open_transaction_timeout``) until every
+transaction open at the guard's read that began before ``interval_end`` + the margin has ended, then takes
+``upper = interval_end``. Writers that began later can only write values at or after their start, above
+``interval_end``, so they neither hold the window nor fall into it. Known limit, not handled yet: a first statement that waits longer than that before InnoDB
 starts its transaction (e.g. on a metadata lock behind DDL) can write a NOW() below ``upper``;
 ``information_schema.PROCESSLIST.TIME_MS`` of running statements would bound that case too.
 
@@ -235,7 +242,8 @@ def read_window(conn: Any, spec: WatermarkTable, lower: Any, *, interval_end: da
     :param interval_end: the data interval end, naive in the session zone (timestamp cursors only).
     :param safety_lag: seconds kept behind the database clock.
     :param fixed_upper: re-read recorded bounds ``[lower, fixed_upper)`` instead of computing ``upper``.
-    :param open_transaction_timeout: id cursors: seconds to wait for older open transactions to end.
+    :param open_transaction_timeout: seconds to wait for older open transactions to end (id cursors, and a
+        closed ``interval_end``).
     :param log: the task logger.
     """
     cur = conn.cursor()
@@ -245,7 +253,7 @@ def read_window(conn: Any, spec: WatermarkTable, lower: Any, *, interval_end: da
         upper, reason, guard = fixed_upper, "recorded", "bounds replayed from the ledger"
         cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
     elif spec.cursor_kind == "timestamp":
-        upper, reason, guard = _timestamp_upper(cur, spec, interval_end, safety_lag, log)
+        upper, reason, guard = _timestamp_upper(cur, spec, interval_end, safety_lag, open_transaction_timeout, log)
     else:
         upper, reason, guard = _id_upper(cur, spec, safety_lag, open_transaction_timeout, log)
     if lower is not None and (upper is None or upper < lower):
@@ -263,20 +271,29 @@ def read_window(conn: Any, spec: WatermarkTable, lower: Any, *, interval_end: da
 
 
 def _timestamp_upper(cur: Any, spec: WatermarkTable, interval_end: datetime | None, safety_lag: float,
-                     log: Any) -> tuple[datetime, str, str]:
-    before, guard = _oldest_open_transaction(cur, log)
-    cur.execute("SELECT NOW(6)")
+                     timeout: float, log: Any) -> tuple[datetime, str, str]:
+    cur.execute("SELECT NOW(6)")  # before the guard: a writer begun after the guard's read writes values above it
     now = cur.fetchone()[0]
+    open_before = _open_transactions(cur, log)
+    lag_bound = now - timedelta(seconds=safety_lag)
+    waited = ""
+    if open_before and interval_end is not None and interval_end <= lag_bound:
+        # A closed interval: wait for its writers rather than move their rows to the next interval's batch.
+        older = {trx for trx in open_before if trx[1] - GUARD_MARGIN < interval_end}
+        if older:
+            _wait_until_ended(cur, older, timeout, f"cursor values below the interval end {interval_end}", log)
+            open_before -= older
+            waited = f"waited for {len(older)} transaction(s) begun before the interval end; "
     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-    inside, _ = _oldest_open_transaction(cur, log)  # also in the read's own transaction; the minimum counts
-    candidates = [(now - timedelta(seconds=safety_lag), "safety_lag")]
+    inside = _open_transactions(cur, log)  # also in the read's own transaction; the minimum counts
+    candidates = [(lag_bound, "safety_lag")]
     if interval_end is not None:
         candidates.append((interval_end, "interval_end"))
-    for started in (before, inside):
-        if started is not None:
-            candidates.append((started - GUARD_MARGIN, "open_transaction"))
+    for transactions in (open_before, inside):
+        if transactions:
+            candidates.append((min(started for _, started in transactions) - GUARD_MARGIN, "open_transaction"))
     upper, reason = min(candidates, key=lambda c: c[0])
-    return truncate(upper, spec.precision), reason, guard
+    return truncate(upper, spec.precision), reason, waited + _describe_guard(open_before)
 
 
 def _id_upper(cur: Any, spec: WatermarkTable, safety_lag: float, timeout: float, log: Any) -> tuple[Any, str, str]:
@@ -287,21 +304,29 @@ def _id_upper(cur: Any, spec: WatermarkTable, safety_lag: float, timeout: float,
         time.sleep(safety_lag)  # no guard: give writers of ids <= MAX the lag to commit
         guard = f"not readable; waited the safety lag of {safety_lag}s"
     else:
-        deadline = time.monotonic() + timeout
-        while open_before:
-            now_open = set(_open_transactions(cur, log) or ())
-            open_before &= now_open
-            if not open_before:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"Transactions {sorted(open_before)} (thread id, started) stayed open over {timeout}s; ids "
-                    f"below {highest} may still commit. Find them with SHOW PROCESSLIST, or raise "
-                    "open_transaction_timeout.")
-            time.sleep(0.2)
+        _wait_until_ended(cur, open_before, timeout, f"ids below {highest}", log)
         guard = "older open transactions ended"
     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
     return (None if highest is None else int(highest) + 1), "max_id", guard
+
+
+def _wait_until_ended(cur: Any, transactions: set[tuple[int, datetime]], timeout: float, what: str,
+                      log: Any) -> None:
+    """Wait until every one of ``transactions`` (thread id, start) has ended; raise after ``timeout`` s."""
+    pending = set(transactions)
+    if pending:
+        log.info("Waiting for %d open transaction(s) that may still commit %s: %s", len(pending), what,
+                 ", ".join(f"thread {thread} since {started}" for thread, started in sorted(pending)))
+    deadline = time.monotonic() + timeout
+    while pending:
+        pending &= set(_open_transactions(cur, log) or ())
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Transactions {sorted(pending)} (thread id, started) stayed open over {timeout}s and may still "
+                f"commit {what}. Find them with SHOW PROCESSLIST, or raise open_transaction_timeout.")
+        time.sleep(0.2)
 
 
 def _open_transactions(cur: Any, log: Any) -> set[tuple[int, datetime]] | None:
@@ -335,14 +360,13 @@ def _open_transactions(cur: Any, log: Any) -> set[tuple[int, datetime]] | None:
     return result
 
 
-def _oldest_open_transaction(cur: Any, log: Any) -> tuple[datetime | None, str]:
-    transactions = _open_transactions(cur, log)
+def _describe_guard(transactions: set[tuple[int, datetime]] | None) -> str:
     if transactions is None:
-        return None, "not readable (no PROCESS privilege); safety lag only"
+        return "not readable (no PROCESS privilege); safety lag only"
     if not transactions:
-        return None, "no open transaction"
+        return "no open transaction"
     thread, started = min(transactions, key=lambda t: t[1])
-    return started, f"oldest open transaction: thread {thread} since {started}"
+    return f"oldest open transaction: thread {thread} since {started}"
 
 
 def row_message(spec: WatermarkTable, row: dict[str, Any]) -> tuple[bytes, bytes]:

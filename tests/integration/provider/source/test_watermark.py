@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import MySQLdb
 import pytest
@@ -155,3 +156,59 @@ def test_a_writer_begun_right_after_another_reader_of_innodb_trx_still_holds_the
     finally:
         writer.close()
         reader.close()
+
+
+def _begin_writer(stack, name, row_id):
+    writer = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER,
+                             password=stack.DB_PASSWORD, database=stack.DB_NAME, autocommit=True)
+    writer.cursor().execute("BEGIN")
+    writer.cursor().execute(f"INSERT INTO {name} (id) VALUES ({row_id})")
+    return writer
+
+
+def _server_now(conn):
+    cur = conn.cursor()
+    cur.execute("SELECT NOW(6)")
+    return cur.fetchone()[0]
+
+
+def _wait_server_past(conn, moment):
+    while _server_now(conn) <= moment:
+        time.sleep(0.05)
+
+
+@pytest.mark.exclusive  # waits for every transaction on the server begun before the interval end
+def test_a_closed_interval_waits_for_its_open_writers_instead_of_moving_their_rows_to_the_next_night(conn, stack):
+    name = table(conn, "id INT PRIMARY KEY, u TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (u)")
+    conn.cursor().execute(f"INSERT INTO {name} (id) VALUES (1)")
+    spec = preflight(conn, name, "u", "timestamp")
+    early = _begin_writer(stack, name, 2)  # began before the interval end: its row belongs to this night
+    interval_end = _server_now(conn)
+    _wait_server_past(conn, interval_end + timedelta(seconds=2))
+    late = _begin_writer(stack, name, 3)  # began after the end + the guard's margin: never holds the window
+    threading.Timer(1.5, lambda: early.cursor().execute("COMMIT")).start()
+    try:
+        window = read_window(conn, spec, None, interval_end=interval_end, safety_lag=0.5,
+                             open_transaction_timeout=60, log=logging.getLogger("test"))
+        assert (window.upper, window.upper_reason) == (interval_end, "interval_end"), window
+        assert [row["id"] for row in window.rows] == [1, 2], window
+        assert window.guard.startswith("waited for 1 transaction(s) begun before the interval end"), window
+    finally:
+        early.close()
+        late.close()
+
+
+@pytest.mark.exclusive
+def test_a_writer_of_a_closed_interval_that_never_ends_fails_the_read_naming_its_thread(conn, stack):
+    name = table(conn, "id INT PRIMARY KEY, u TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (u)")
+    spec = preflight(conn, name, "u", "timestamp")
+    writer = _begin_writer(stack, name, 1)
+    try:
+        interval_end = _server_now(conn)
+        _wait_server_past(conn, interval_end)
+        with pytest.raises(TimeoutError, match=rf"\({writer.thread_id()}, .*stayed open over 1s and may still commit "
+                                               r"cursor values below the interval end.*open_transaction_timeout"):
+            read_window(conn, spec, None, interval_end=interval_end, safety_lag=0, open_transaction_timeout=1,
+                        log=logging.getLogger("test"))
+    finally:
+        writer.close()
