@@ -409,6 +409,13 @@ class KafkaNode:
         if self.process.pid() is not None:
             if not self.secure_port or port_answers(self.secure_port):
                 return
+            config = self.directory / "server.properties"
+            if config.exists() and f"SASL_SSL://{HOST}:{self.secure_port}" in config.read_text():
+                # Started with the listener and still recovering its logs (minutes with thousands of test
+                # partitions): killing it now would only start that recovery again. The readiness check waits.
+                log("%s is still starting (its SASL_SSL listener on port %s is not up yet)", self.name,
+                    self.secure_port)
+                return
             # A broker started by an older stack.py, before the secured listener existed: start it anew.
             log("%s runs without its SASL_SSL listener (port %s): restarting it", self.name, self.secure_port)
             stop_all([self.process])
