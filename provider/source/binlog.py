@@ -50,6 +50,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEve
 
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.source import preflight
+from exactly_once_provider.source.row_decoder import RowDecoder, row_decoder
 from exactly_once_provider.source.snapshot import ServerChunkLocator, server_ordered_columns
 from exactly_once_provider.positions import BinlogPosition
 
@@ -211,6 +212,7 @@ class TableShape:
     key: tuple[str, ...]
     key_fixes: tuple[Callable[[Any], Any] | None, ...]
     float_columns: tuple[str, ...] = ()  # FLOAT/DOUBLE: the record encoder writes them as Python's json does
+    decoder: RowDecoder | None = field(default=None, compare=False)  # None: the library decodes the rows
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_key_getter", _key_getter(self.key, self.key_fixes))
@@ -272,7 +274,8 @@ def table_shape(event: TableMapEvent, key: tuple[str, ...]) -> TableShape:
     empty_sets = frozenset(c.name for c in columns if c.type == FIELD_TYPE.SET)
     fixes = tuple(_raw_key_fix(by_name[k]) if k in by_name else None for k in key)
     floats = tuple(c.name for c in columns if c.type in _FLOAT_TYPES)
-    return TableShape(event.schema, event.table, names, version, converters, empty_sets, key, fixes, floats)
+    return TableShape(event.schema, event.table, names, version, converters, empty_sets, key, fixes, floats,
+                      row_decoder(columns))
 
 
 # ----------------------------------------------------------------------------------------- transactions
@@ -600,21 +603,23 @@ class BinlogReader:
 
 
 def _row_changes(event: Any, shape: TableShape, file: str, event_start: int) -> Iterator[RowChange]:
+    decoded = shape.decoder.rows(event) if shape.decoder is not None else None
+    rows = event.rows if decoded is None else decoded
     # Keys first: convert() rewrites the decoded values in place.
     if isinstance(event, WriteRowsEvent):
-        for index, row in enumerate(event.rows):
+        for index, row in enumerate(rows):
             values = row["values"]
             key = shape.key_of(values)
             yield RowChange(shape, "c", None, shape.convert(values, row["none_sources"]), None, key, file,
                             event_start, index)
     elif isinstance(event, DeleteRowsEvent):
-        for index, row in enumerate(event.rows):
+        for index, row in enumerate(rows):
             values = row["values"]
             key = shape.key_of(values)
             yield RowChange(shape, "d", shape.convert(values, row["none_sources"]), None, key, None, file,
                             event_start, index)
     else:
-        for index, row in enumerate(event.rows):
+        for index, row in enumerate(rows):
             before, after = row["before_values"], row["after_values"]
             key_before, key_after = shape.key_of(before), shape.key_of(after)
             yield RowChange(shape, "u", shape.convert(before, row["before_none_sources"]),
