@@ -1,12 +1,12 @@
 """Benchmark (not a test): full load rows/s, single stream and parallel chunks, vs mysqldump of the same table.
 
-Run: ``make bench-full-load`` (BENCH_ROWS=1000000 by default). Uses the local stack's MariaDB and Spark
-local[2]; the table is created once with MariaDB's sequence engine and reused.
+Run: ``make bench-full-load`` (BENCH_ROWS=1000000 by default) or ``python benchmarks/bench_full_load.py [--rows N]
+[--repeats R] [--chunks C]``. Uses the local stack's MariaDB and Spark local[2]; the table is created once with
+MariaDB's sequence engine and reused. Writes ``benchmarks/results/full_load-*.json``.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
@@ -15,10 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.conftest import STACK as stack  # noqa: E402
+import _support
+from tests.conftest import STACK as stack
 
 TABLE = "bench_full_load"
 
@@ -136,19 +134,23 @@ class Step:
         return sorted(self.runs, key=lambda r: r[0])[len(self.runs) // 2]
 
 
+def _chunks_arg(parser) -> None:
+    parser.add_argument("--chunks", type=int, default=int(os.environ.get("BENCH_CHUNKS", "8")),
+                        help="chunks of the parallel step")
+
+
 def main() -> int:
-    rows = int(os.environ.get("BENCH_ROWS", "1000000"))
-    repeat = int(os.environ.get("BENCH_REPEAT", "3"))
-    logging.basicConfig(level=logging.WARNING)
-    stack.up(only=("mariadb",))
-    os.environ.update(stack.connection_env())
+    args = _support.parse_args(__doc__, rows=int(os.environ.get("BENCH_ROWS", "1000000")),
+                               repeats=int(os.environ.get("BENCH_REPEAT", "3")), extra=_chunks_arg)
+    rows, repeat, parallel = args.rows, args.repeats, args.chunks
+    _support.start_stack(only=("mariadb",))
+    result = _support.result_header("full_load", {"rows": rows, "repeats": repeat, "chunks": parallel})
     _prepare(rows)
     session_started = time.monotonic()
     spark = _spark()
     spark.sparkContext.setLogLevel("ERROR")
     session_s = time.monotonic() - session_started
     workdir = Path(tempfile.mkdtemp(prefix="eo-bench-"))
-    parallel = int(os.environ.get("BENCH_CHUNKS", "8"))
     counter = iter(range(10**6))
 
     def load(chunks: int, reader: str):
@@ -170,23 +172,27 @@ def main() -> int:
         for reader in ("native", "rows"):
             _load(spark, workdir, f"warmup-{reader}", -(-rows // 2), 2, reader)
         warm_s = time.monotonic() - warm_started
-        for _ in range(repeat):
-            for step in steps:
+        for r in range(repeat):
+            for step in steps if r % 2 == 0 else steps[::-1]:  # ABBA
                 step.measure()
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     for step in steps:
         assert all(run[1] == rows for run in step.runs), (step.label, [run[1] for run in step.runs])
-    print(f"\nfull load benchmark: {rows} rows (id BIGINT PK, INT, VARCHAR(32), DECIMAL(12,2), DATETIME), "
-          f"Spark local[2], MariaDB on the same 2-core machine; median of {repeat} interleaved runs per step")
-    print(f"{'method':<46} {'seconds':>8} {'rows/s':>10} {'vs mysqldump':>13} {'CPU s: client':>14} {'server':>7}"
-          "  all runs (s)")
     base = rows / steps[0].median[0]
+    table = []
     for step in steps:
         seconds, _, _, cpu = step.median
-        print(f"{step.label:<46} {seconds:>8.2f} {rows / seconds:>10.0f} {rows / seconds / base:>12.2f}x "
-              f"{cpu.client:>14.2f} {cpu.server:>7.2f}  {' '.join(f'{r[0]:.2f}' for r in step.runs)}")
+        table.append([step.label, seconds, rows / seconds, rows / seconds / base, cpu.client, cpu.server,
+                      " / ".join(f"{r[0]:.2f}" for r in step.runs)])
+    result["runs"] = {step.label: [{"seconds": r[0], "cpu_client": r[3].client, "cpu_server": r[3].server,
+                                    "phases": r[2]} for r in step.runs] for step in steps}
+    result["spark_session_s"] = session_s
+    _support.report(result, f"Full load, {rows:,} rows (id BIGINT PK, INT, VARCHAR(32), DECIMAL(12,2), DATETIME), "
+                    f"Spark local[2], MariaDB on the same machine; median of {repeat} interleaved runs per step",
+                    ["method", "seconds", "rows/s", "x mysqldump", "CPU s client", "CPU s server", "runs (s)"],
+                    table, plot={"column": 2, "label": "rows/s (median run)"})
     print("CPU s = CPU seconds the step cost this benchmark's processes (driver, Spark JVM and Python workers, "
           "mysqldump) and the MariaDB server: unlike the wall clock, not inflated by other work on the machine")
     print(f"\nwhere the time goes (median runs, seconds; Spark session start {session_s:.1f} s and the warm-up "
