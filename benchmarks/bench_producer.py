@@ -7,13 +7,15 @@ over the same ``kafka_default`` connection (SASL_SSL, SCRAM-SHA-512, the stack's
   flush at the end (the issue's baseline; it records no source offset at all);
 - "ProduceToTopicOperator": the Airflow Kafka provider's operator, ``execute`` with ``synchronous=False`` and
   its default delivery callback (an INFO line per record into the task log, here a file);
-- "exactly_once, commit every 100 ms / 1 s": the product's path as TransactionalProduceOperator drives it
-  (``PipelineWriter.submit_batch``: each batch plus one offsets-ledger record, one Kafka transaction per commit).
+- "exactly_once, commit every 100 ms / 1 s": the product's write path with the operator's loop
+  (``PipelineWriter.submit_batch``: each batch plus one offsets-ledger record, one Kafka transaction per commit);
+- "TransactionalProduceOperator": the product's operator end to end (``execute`` with a producer function of
+  ``(offset, key, value)`` tuples, commits every 100 ms): what a user of the product runs.
 
 Every timer covers the setup of its side (producer creation and its TLS/SASL handshake; for exactly_once also
 ``init_transactions`` and the ledger read) up to the last acknowledged record or commit. Prints msgs/s and the
 ratios, writes ``benchmarks/results/producer-*.json``. Usage: ``make bench-producer`` or
-``python benchmarks/bench_producer.py [--messages 1500000] [--repeats 3]`` (1 KB runs: a third as many).
+``python benchmarks/bench_producer.py [--messages 2000000] [--repeats 3]`` (1 KB runs: a third as many).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import _support
 KEYS = [f"k{k}".encode() for k in range(16)]
 PLAIN, OPERATOR = "plain idempotent producer", "ProduceToTopicOperator (synchronous=False)"
 EO_100, EO_1000 = "exactly_once, commit every 100 ms", "exactly_once, commit every 1 s"
+EO_OPERATOR = "TransactionalProduceOperator, exactly_once, 100 ms"
 
 
 def run_writer(topic: str, count: int, size: int, interval_ms: int) -> int:
@@ -49,6 +52,20 @@ def run_writer(topic: str, count: int, size: int, interval_ms: int) -> int:
         writer.submit_batch(topic, batch, count)
     writer.wait()
     writer.close()
+    return count
+
+
+def run_product_operator(topic: str, count: int, size: int) -> int:
+    """The product's operator end to end: a producer function's (offset, key, value) tuples, commits every 100 ms."""
+    from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
+
+    payload = b"x" * size
+    # max_records_per_transaction far above a 100 ms batch: the interval decides, as in the writer rows.
+    result = TransactionalProduceOperator(
+        task_id="bench", topic=topic, pipeline=f"bench-{uuid.uuid4().hex[:8]}", delivery_mode="exactly_once",
+        producer_function=lambda resume_after: ((n, KEYS[n % 16], payload) for n in range(count)),
+        commit_interval_ms=100, max_records_per_transaction=10_000_000).execute({})
+    assert result["records"] == count, result
     return count
 
 
@@ -94,7 +111,7 @@ def task_log(path: str) -> None:
 
 
 def add_args(parser) -> None:
-    parser.add_argument("--messages", type=int, default=1_500_000, help="messages per run at 100 B (1 KB: a third)")
+    parser.add_argument("--messages", type=int, default=2_000_000, help="messages per run at 100 B (1 KB: a third)")
     parser.add_argument("--sizes", default="100,1000", help="message sizes in bytes")
 
 
@@ -118,7 +135,8 @@ def main() -> int:
         candidates = {PLAIN: lambda t=topic, c=count, s=size: run_plain(config, t, c, s),
                       OPERATOR: lambda t=topic, c=count, s=size: run_operator(t, c, s),
                       EO_100: lambda t=topic, c=count, s=size: run_writer(t, c, s, 100),
-                      EO_1000: lambda t=topic, c=count, s=size: run_writer(t, c, s, 1000)}
+                      EO_1000: lambda t=topic, c=count, s=size: run_writer(t, c, s, 1000),
+                      EO_OPERATOR: lambda t=topic, c=count, s=size: run_product_operator(t, c, s)}
         runs = {label: _support.Runs(label) for label in candidates}
         # Warm-up, unrecorded: topic metadata, the transaction coordinator, imports.
         run_plain(config, topic, 1000, size), run_operator(topic, 1000, size), run_writer(topic, 1000, size, 100)
