@@ -36,9 +36,10 @@ def draw(kind: str, result: dict) -> Path | None:
     ax.invert_yaxis()  # the table's order, top to bottom
     for y, value in enumerate(values):
         ax.text(value, y, f" {value:,.0f}" if value >= 10 else f" {value:.3f}", va="center", fontsize=7)
+    ax.margins(x=0.15)  # room for the value printed after the longest bar
     ax.set_xlabel(axis)
     ax.set_title(f"bench-{kind}: commit {result['commit']}{' (dirty)' if result.get('dirty') else ''}, "
-                 f"{result['started']}, nproc {result['nproc']}, load {result['loadavg_before'][0]:.1f}"
+                 f"{result['started']}, {result.get('repeats', '?')} repeat(s), nproc {result['nproc']}, load {result['loadavg_before'][0]:.1f}"
                  f" -> {result['loadavg_after'][0]:.1f}", fontsize=8)
     fig.tight_layout()
     IMAGES.mkdir(parents=True, exist_ok=True)
