@@ -125,7 +125,8 @@ def main() -> None:
     results = REPO / "benchmarks" / "results"
     paths = [Path(a).resolve() for a in sys.argv[1:]] or [
         newest[-1] for kind in KINDS
-        if (newest := sorted(results.glob(f"{kind}-*.json"), key=lambda p: p.stat().st_mtime))]
+        # By the UTC time in the name (<kind>-<commit>-<time>.json): a fresh clone gives every file the same mtime.
+        if (newest := sorted(results.glob(f"{kind}-*.json"), key=lambda p: p.stem.rsplit("-", 1)[-1]))]
     if not paths:
         raise SystemExit("No benchmarks/results/*.json: run make bench (or one make bench-* target) first.")
     for path in paths:
