@@ -63,7 +63,7 @@ RUNS ?= 3
 faults-matrix: stack-up  ## every fault scenario and variant RUNS times (default 3); prints the matrix table
 	$(PY) tests/faults/matrix.py --runs $(RUNS) -- $(PYTEST_ARGS)
 
-# Every benchmark in sequence at modest sizes (~45 min on 2 cores; each writes benchmarks/results/<kind>-*.json),
+# Every benchmark in sequence at modest sizes (~45 min on 2 cores, estimated from the parts; each writes benchmarks/results/<kind>-*.json),
 # then the tables and plots of docs/benchmarks.md. One that fails does not stop the others; the target fails at the end.
 bench: stack-up  ## every benchmark, then the docs tables and docs/images/bench-*.png (JSON in benchmarks/results/)
 	@t0=$$(date +%s); failed=""; \
@@ -77,8 +77,8 @@ bench: stack-up  ## every benchmark, then the docs tables and docs/images/bench-
 	run spark-sinks benchmarks/bench_spark_sinks.py --records 200000 --batch 100000 --repeat 3; \
 	run history benchmarks/bench_history.py --repeats 3 --ledger-sizes 1000,100000 --manifests 10,10000 \
 	  --delta-commits 10,10000 --delta-s3-commits 10,1000 --postgres-rows 1000,100000; \
-	run freshness benchmarks/bench_freshness.py --seconds 120 --warmup 30; \
-	run increment benchmarks/bench_increment.py --sizes 10000 --repeats 2; \
+	run freshness benchmarks/bench_freshness.py --seconds 90 --warmup 30; \
+	run increment benchmarks/bench_increment.py --sizes 10000 --repeats 3; \
 	$(PY) benchmarks/results_table.py >/dev/null || failed="$$failed docs-tables"; \
 	echo "[make] bench: $$(( $$(date +%s) - t0 ))s$${failed:+, failed:$$failed}"; [ -z "$$failed" ]
 
