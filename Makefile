@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: docs docs-tables setup stack-up stack-down stack-status stack-clean demo test test-all test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
+.PHONY: bench docs docs-tables setup stack-up stack-down stack-status stack-clean demo test test-all test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -47,7 +47,7 @@ test-all:  ## make test plus every fault variant once (the whole proof; ~70 min 
 test-fast:  ## make test without the templates under a real Airflow
 	$(MAKE) test SUITE="not soak and not matrix and not e2e"
 
-docs-tables:  ## regenerate the results tables in docs/ from the newest JSON results (benchmarks, fault matrix)
+docs-tables:  ## regenerate the results tables (and docs/images/bench-*.png) in docs/ from the newest JSON results
 	$(PY) benchmarks/results_table.py
 
 docs:  ## rewrite the examples in README.md, CONTRIBUTING.md and docs/ from the marked regions of the example DAGs
@@ -63,16 +63,35 @@ RUNS ?= 3
 faults-matrix: stack-up  ## every fault scenario and variant RUNS times (default 3); prints the matrix table
 	$(PY) tests/faults/matrix.py --runs $(RUNS) -- $(PYTEST_ARGS)
 
-bench-producer: stack-up  ## exactly_once vs at_least_once vs sync send on the local broker (prints a table)
+# Every benchmark in sequence at modest sizes (~45 min on 2 cores, estimated from the parts; each writes benchmarks/results/<kind>-*.json),
+# then the tables and plots of docs/benchmarks.md. One that fails does not stop the others; the target fails at the end.
+bench: stack-up  ## every benchmark, then the docs tables and docs/images/bench-*.png (JSON in benchmarks/results/)
+	@t0=$$(date +%s); failed=""; \
+	run() { name=$$1; shift; echo "[make] bench-$$name: $$*"; s=$$(date +%s); \
+	  $(PY) "$$@" || failed="$$failed $$name"; echo "[make] bench-$$name: $$(( $$(date +%s) - s ))s"; }; \
+	run producer benchmarks/bench_producer.py --repeats 3; \
+	run capture benchmarks/bench_capture.py --rows 100000 --repeats 3; \
+	run watermark benchmarks/bench_watermark.py --rows 500000 --repeats 3; \
+	run full-load benchmarks/bench_full_load.py --rows 1000000 --repeats 3; \
+	run reconcile benchmarks/bench_reconcile.py --rows 1000000 --repeats 3; \
+	run spark-sinks benchmarks/bench_spark_sinks.py --records 200000 --batch 100000 --repeat 3; \
+	run history benchmarks/bench_history.py --repeats 3 --ledger-sizes 1000,100000 --manifests 10,10000 \
+	  --delta-commits 10,10000 --delta-s3-commits 10,1000 --postgres-rows 1000,100000; \
+	run freshness benchmarks/bench_freshness.py --seconds 90 --warmup 30; \
+	run increment benchmarks/bench_increment.py --sizes 10000 --repeats 3; \
+	$(PY) benchmarks/results_table.py >/dev/null || failed="$$failed docs-tables"; \
+	echo "[make] bench: $$(( $$(date +%s) - t0 ))s$${failed:+, failed:$$failed}"; [ -z "$$failed" ]
+
+bench-producer: stack-up  ## exactly_once vs a plain idempotent producer and ProduceToTopicOperator, same SASL_SSL connection (JSON)
 	$(PY) benchmarks/bench_producer.py $(BENCH_ARGS)
 
-bench-full-load: stack-up  ## full load rows/s vs mysqldump on the same table (BENCH_ROWS, default 1M)
+bench-full-load: stack-up  ## full load rows/s vs mysqldump on the same table (BENCH_ROWS, default 1M; JSON)
 	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_full_load.py
 
-bench-watermark: stack-up  ## one watermark window end to end vs a bare SELECT of the same rows (prints a table)
+bench-watermark: stack-up  ## one watermark window end to end vs a bare SELECT of the same rows (JSON)
 	$(PY) benchmarks/bench_watermark.py $(BENCH_ARGS)
 
-bench-spark-sinks: stack-up  ## Kafka -> Spark -> sink: exactly-once vs at-least-once job, rows/s and ratio per sink
+bench-spark-sinks: stack-up  ## Kafka -> Spark -> sink: exactly-once vs at-least-once job, rows/s and ratio per sink (JSON)
 	$(PY) benchmarks/bench_spark_sinks.py $(BENCH_ARGS)
 
 constraints: setup  ## re-pin constraints.txt from the current .venv
@@ -91,7 +110,7 @@ bench-freshness: stack-up  ## continuous history -> stream: source commit -> vis
 bench-increment: stack-up  ## one increment of 1,000 changes of the scheduled history -> stream template at 10k and 1M rows: changed-keys vs full reconciliation (JSON in benchmarks/results/)
 	$(PY) benchmarks/bench_increment.py $(BENCH_ARGS)
 
-bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and planted differences vs COUNT(*) on both sides
+bench-reconcile: stack-up  ## reconcile a 1M-row table (BENCH_ROWS): clean and planted differences vs COUNT(*) on both sides (JSON)
 	BENCH_ROWS=$${BENCH_ROWS:-1000000} $(PY) benchmarks/bench_reconcile.py $(BENCH_ARGS)
 
 test-templates: stack-up  ## the DAG templates end to end through airflow dags test, with their OpenLineage events (not in CI)

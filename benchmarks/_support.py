@@ -46,12 +46,12 @@ def parse_args(doc: str, rows: int = 100_000, repeats: int = 3,
     return args
 
 
-def start_stack() -> Any:
-    """Bring the local stack up (idempotent), export its Airflow connections and return the stack module."""
+def start_stack(only: Sequence[str] | None = None) -> Any:
+    """Bring the local stack (or the ``only`` services) up, export its Airflow connections, return the stack module."""
     logging.basicConfig(level=logging.WARNING)
     from tests.conftest import STACK as stack  # the one loader of docker/local/stack.py
 
-    stack.up()
+    stack.up(**({"only": tuple(only)} if only else {}))
     os.environ.update(stack.connection_env())
     return stack
 
@@ -155,3 +155,24 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]
     print("-" * len(line))
     for row in cells:
         print(" | ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(row, widths))))
+
+
+def report(result: dict[str, Any], title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]],
+           plot: dict[str, Any] | None = None) -> Path:
+    """
+    Print the table, keep it in the result (``results_table.py`` renders it into docs/benchmarks.md) and write it.
+
+    :param result: the result started by :func:`result_header`.
+    :param title: the line above the table.
+    :param headers: the column names.
+    :param rows: the cells (numbers stay numbers in the JSON).
+    :param plot: what ``results_table.py`` draws: ``{"column": i, "label": "msgs/s"}`` plots column ``i`` of
+        every row whose cell there is a number, as horizontal bars.
+    """
+    print_table(title, headers, rows)
+    result["table"] = {"title": title, "headers": list(headers), "rows": [list(row) for row in rows]}
+    if plot is not None:
+        result["plot"] = plot
+    path = write_result(result)
+    print(f"\nJSON: {path}")
+    return path

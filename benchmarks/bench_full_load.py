@@ -1,12 +1,17 @@
-"""Benchmark (not a test): full load rows/s, single stream and parallel chunks, vs mysqldump of the same table.
+"""Benchmark (not a test): full load rows/s, single stream and parallel chunks, vs Spark JDBC and mysqldump.
 
-Run: ``make bench-full-load`` (BENCH_ROWS=1000000 by default). Uses the local stack's MariaDB and Spark
-local[2]; the table is created once with MariaDB's sequence engine and reused.
+The baseline is what a user would pick instead to put a MySQL table into a lakehouse: Spark's JDBC source
+partitioned on the key (``spark.read.jdbc`` with ``partitionColumn``/``numPartitions``; MariaDB Connector/J from
+Maven Central through ``spark.jars.packages``) over the same TLS as the full load's connection, written to the same
+kind of Delta table. ``mysqldump`` (a text dump, not a table) stays as the reference floor.
+
+Run: ``make bench-full-load`` (BENCH_ROWS=1000000 by default) or ``python benchmarks/bench_full_load.py [--rows N]
+[--repeats R] [--chunks C]``. Uses the local stack's MariaDB and Spark local[2]; the table is created once with
+MariaDB's sequence engine and reused. Writes ``benchmarks/results/full_load-*.json``.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
@@ -15,12 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.conftest import STACK as stack  # noqa: E402
+import _support
+from tests.conftest import STACK as stack
 
 TABLE = "bench_full_load"
+# The JDBC baseline's driver, resolved by Spark (Ivy) from Maven Central once, then cached in ~/.ivy2*.
+JDBC_DRIVER = "org.mariadb.jdbc:mariadb-java-client:3.5.7"
 
 
 def _prepare(rows: int) -> None:
@@ -104,7 +109,23 @@ def _spark():
                .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
     for key, value in stack.spark_conf().items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return builder.config("spark.jars.packages", JDBC_DRIVER).getOrCreate()
+
+
+def _jdbc(spark, workdir: Path, name: str, rows: int, partitions: int) -> tuple[float, int, dict]:
+    """Spark's JDBC source partitioned on the key -> a Delta table (overwrite): the baseline a user would write."""
+    ca = stack.tls_files()["ca.pem"]
+    # jdbc:mysql (permitMysqlScheme lets Connector/J take it): Spark picks its MySQL dialect by that prefix only;
+    # with jdbc:mariadb its generic one quotes columns with "..." and MariaDB reads them as string literals.
+    url = (f"jdbc:mysql://{stack.HOST}:{stack.MARIADB_PORT}/{stack.DB_NAME}"
+           f"?permitMysqlScheme&sslMode=verify-full&serverSslCert={ca}")  # the full load's TLS, VERIFY_IDENTITY
+    started = time.monotonic()
+    frame = spark.read.jdbc(url, TABLE, column="id", lowerBound=1, upperBound=rows, numPartitions=partitions,
+                            properties={"user": stack.DB_USER, "password": stack.DB_PASSWORD,
+                                        "driver": "org.mariadb.jdbc.Driver", "fetchsize": "10000"})
+    frame.write.format("delta").mode("overwrite").save(str(workdir / name))
+    seconds = time.monotonic() - started
+    return seconds, spark.read.format("delta").load(str(workdir / name)).count(), {}
 
 
 def _load(spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int,
@@ -136,19 +157,23 @@ class Step:
         return sorted(self.runs, key=lambda r: r[0])[len(self.runs) // 2]
 
 
+def _chunks_arg(parser) -> None:
+    parser.add_argument("--chunks", type=int, default=int(os.environ.get("BENCH_CHUNKS", "8")),
+                        help="chunks of the parallel step")
+
+
 def main() -> int:
-    rows = int(os.environ.get("BENCH_ROWS", "1000000"))
-    repeat = int(os.environ.get("BENCH_REPEAT", "3"))
-    logging.basicConfig(level=logging.WARNING)
-    stack.up(only=("mariadb",))
-    os.environ.update(stack.connection_env())
+    args = _support.parse_args(__doc__, rows=int(os.environ.get("BENCH_ROWS", "1000000")),
+                               repeats=int(os.environ.get("BENCH_REPEAT", "3")), extra=_chunks_arg)
+    rows, repeat, parallel = args.rows, args.repeats, args.chunks
+    _support.start_stack(only=("mariadb",))
+    result = _support.result_header("full_load", {"rows": rows, "repeats": repeat, "chunks": parallel})
     _prepare(rows)
     session_started = time.monotonic()
     spark = _spark()
     spark.sparkContext.setLogLevel("ERROR")
     session_s = time.monotonic() - session_started
     workdir = Path(tempfile.mkdtemp(prefix="eo-bench-"))
-    parallel = int(os.environ.get("BENCH_CHUNKS", "8"))
     counter = iter(range(10**6))
 
     def load(chunks: int, reader: str):
@@ -158,7 +183,12 @@ def main() -> int:
     def dump():
         return _mysqldump(workdir), rows, {}
 
-    steps = [Step("mysqldump --single-transaction --quick (file)", dump),
+    def jdbc(partitions: int):
+        return lambda: _jdbc(spark, workdir, f"jdbc{next(counter)}", rows, partitions)
+
+    steps = [Step("Spark JDBC, 2 partitions -> Delta", jdbc(2)),
+             Step(f"Spark JDBC, {parallel} partitions -> Delta", jdbc(parallel)),
+             Step("mysqldump --single-transaction --quick (file)", dump),
              Step("full load, native reader, 1 chunk", load(1, "native")),
              Step(f"full load, native reader, {parallel} chunks", load(parallel, "native")),
              Step("full load, row reader, 1 chunk", load(1, "rows")),
@@ -169,30 +199,36 @@ def main() -> int:
         warm_started = time.monotonic()
         for reader in ("native", "rows"):
             _load(spark, workdir, f"warmup-{reader}", -(-rows // 2), 2, reader)
+        _jdbc(spark, workdir, "warmup-jdbc", rows, 2)
         warm_s = time.monotonic() - warm_started
-        for _ in range(repeat):
-            for step in steps:
+        for r in range(repeat):
+            for step in steps if r % 2 == 0 else steps[::-1]:  # ABBA
                 step.measure()
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     for step in steps:
         assert all(run[1] == rows for run in step.runs), (step.label, [run[1] for run in step.runs])
-    print(f"\nfull load benchmark: {rows} rows (id BIGINT PK, INT, VARCHAR(32), DECIMAL(12,2), DATETIME), "
-          f"Spark local[2], MariaDB on the same 2-core machine; median of {repeat} interleaved runs per step")
-    print(f"{'method':<46} {'seconds':>8} {'rows/s':>10} {'vs mysqldump':>13} {'CPU s: client':>14} {'server':>7}"
-          "  all runs (s)")
-    base = rows / steps[0].median[0]
+    jdbc_rate, dump_rate = rows / steps[0].median[0], rows / steps[2].median[0]
+    table = []
     for step in steps:
         seconds, _, _, cpu = step.median
-        print(f"{step.label:<46} {seconds:>8.2f} {rows / seconds:>10.0f} {rows / seconds / base:>12.2f}x "
-              f"{cpu.client:>14.2f} {cpu.server:>7.2f}  {' '.join(f'{r[0]:.2f}' for r in step.runs)}")
+        table.append([step.label, seconds, rows / seconds, rows / seconds / jdbc_rate, rows / seconds / dump_rate,
+                      cpu.client, cpu.server, " / ".join(f"{r[0]:.2f}" for r in step.runs)])
+    result["runs"] = {step.label: [{"seconds": r[0], "cpu_client": r[3].client, "cpu_server": r[3].server,
+                                    "phases": r[2]} for r in step.runs] for step in steps}
+    result["spark_session_s"] = session_s
+    _support.report(result, f"Full load, {rows:,} rows (id BIGINT PK, INT, VARCHAR(32), DECIMAL(12,2), DATETIME), "
+                    f"Spark local[2], MariaDB on the same machine; median of {repeat} interleaved runs per step",
+                    ["method", "seconds", "rows/s", "x Spark JDBC, 2 partitions (target >= 1.5)", "x mysqldump",
+                     "CPU s client", "CPU s server", "runs (s)"],
+                    table, plot={"column": 2, "label": "rows/s (median run)"})
     print("CPU s = CPU seconds the step cost this benchmark's processes (driver, Spark JVM and Python workers, "
           "mysqldump) and the MariaDB server: unlike the wall clock, not inflated by other work on the machine")
     print(f"\nwhere the time goes (median runs, seconds; Spark session start {session_s:.1f} s and the warm-up "
           f"loads {warm_s:.1f} s are outside every figure above)")
     print(f"{'load':<46} {'prepare':>8} {'read+stage':>11} {'publish':>8} {'other':>6} {'total':>6}  publish mode")
-    for step in steps[1:]:
+    for step in steps[3:]:
         seconds, _, phases, _ = step.median
         other = seconds - phases["prepare"] - phases["read_and_stage"] - phases["publish"]
         print(f"{step.label:<46} {phases['prepare']:>8.2f} {phases['read_and_stage']:>11.2f} "

@@ -1,134 +1,171 @@
-"""Benchmark (not a test): exactly_once vs at_least_once vs synchronous send, on the stack's broker.
+"""Benchmark (not a test): the exactly_once write path vs what a user would use instead, on the stack's broker.
 
-Runs every mode against the same broker in one run, interleaved, ``--repeats`` times, and prints the
-median msgs/s and the ratio exactly_once / at_least_once. exactly_once and at_least_once go through the
-product's write path (PipelineWriter: batches -> Kafka + offsets ledger record per commit, the
-transactional one with begin/commit); "sync" is a bare idempotent producer that
-flushes after every message (the strawman); "bare async" is the same producer with one flush at the end, a
-ceiling for reference (it records no offset at all). Usage: ``make bench-producer`` or
-``python benchmarks/bench_producer.py [--messages 200000] [--repeats 3]``.
+Per message size (100 B, 1 KB), interleaved (the order reverses every repeat: ABBA), ``--repeats`` times, all
+over the same ``kafka_default`` connection (SASL_SSL, SCRAM-SHA-512, the stack's CA) to one 3-partition topic:
+
+- "plain idempotent producer": confluent-kafka with ``enable.idempotence``, ``acks=all``, no transactions, one
+  flush at the end (the issue's baseline; it records no source offset at all);
+- "ProduceToTopicOperator": the Airflow Kafka provider's operator, ``execute`` with ``synchronous=False`` and
+  its default delivery callback (an INFO line per record into the task log, here a file), on a copy of the
+  connection with ``queue.buffering.max.messages`` raised (with the default it fails with BufferError: below);
+- "exactly_once, commit every 100 ms / 1 s": the product's write path with the operator's loop
+  (``PipelineWriter.submit_batch``: each batch plus one offsets-ledger record, one Kafka transaction per commit);
+- "TransactionalProduceOperator": the product's operator end to end (``execute`` with a producer function of
+  ``(offset, key, value)`` tuples, commits every 100 ms): what a user of the product runs.
+
+Every timer covers the setup of its side (producer creation and its TLS/SASL handshake; for exactly_once also
+``init_transactions`` and the ledger read) up to the last acknowledged record or commit. Prints msgs/s and the
+ratios, writes ``benchmarks/results/producer-*.json``. Usage: ``make bench-producer`` or
+``python benchmarks/bench_producer.py [--messages 2000000] [--repeats 3]`` (1 KB runs: a third as many).
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import logging
 import os
-import statistics
 import sys
-import time
+import tempfile
 import uuid
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import _support
+
+KEYS = [f"k{k}".encode() for k in range(16)]
+PLAIN, OPERATOR = "plain idempotent producer", "ProduceToTopicOperator (synchronous=False, bigger queue)"
+# ProduceToTopicOperator does not catch BufferError: with librdkafka's default queue (100,000 messages) its
+# synchronous=False run fails once the broker falls behind (seen at 1 KB). A user's way out, and this
+# benchmark's: a connection whose queue holds a whole run (memory stays under the default 1 GB byte limit).
+OPERATOR_CONN = "kafka_bench_operator"
+EO_100, EO_1000 = "exactly_once, commit every 100 ms", "exactly_once, commit every 1 s"
+EO_OPERATOR = "TransactionalProduceOperator, exactly_once, 100 ms"
 
 
-sys.path.insert(0, str(REPO))
-
-
-def run_writer(mode: str, topic: str, count: int, size: int, interval_ms: int) -> float:
-    """Produce ``count`` messages through the product's write path; commit every ``interval_ms``.
-
-    The writer is opened (init_transactions, ledger read) before the clock starts: the figure is the
-    steady-state rate, where the per-transaction cost (flush, ledger record, commit) is what differs. The
-    loop is the operator's (TransactionalProduceOperator._run): submit_batch, whose commit finishes while
-    the next batch is collected, and one wait() at the end; the clock stops when the last batch is committed.
-    """
+def run_writer(topic: str, count: int, size: int, interval_ms: int) -> int:
+    """Produce ``count`` messages through the product's write path, committing every ``interval_ms``."""
     from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
     from exactly_once_provider.kafka.writer import Message
 
-    hook = TransactionalProducerHook(pipeline=f"bench-{uuid.uuid4().hex[:8]}", delivery_mode=mode)
-    writer = hook.open_writer()
-    payload, keys = b"x" * size, [f"k{k}".encode() for k in range(16)]
-    batch: list = []
-    started = txn_started = time.perf_counter()
+    writer = TransactionalProducerHook(pipeline=f"bench-{uuid.uuid4().hex[:8]}",
+                                       delivery_mode="exactly_once").open_writer()
+    payload, batch = b"x" * size, []
+    txn_started = _support.time.perf_counter()
     for n in range(1, count + 1):
-        batch.append(Message(payload, keys[n % 16]))
-        if n % 256 == 0 and (time.perf_counter() - txn_started) * 1000 >= interval_ms:
+        batch.append(Message(payload, KEYS[n % 16]))
+        # The operator's loop (TransactionalProduceOperator._run): the clock is read every 256 records only.
+        if n % 256 == 0 and (_support.time.perf_counter() - txn_started) * 1000 >= interval_ms:
             writer.submit_batch(topic, batch, n)
-            batch, txn_started = [], time.perf_counter()
+            batch, txn_started = [], _support.time.perf_counter()
     if batch:
         writer.submit_batch(topic, batch, count)
     writer.wait()
-    elapsed = time.perf_counter() - started
     writer.close()
-    return count / elapsed
+    return count
 
 
-def run_bare(bootstrap: str, topic: str, count: int, size: int, flush_each: bool) -> float:
-    """A bare idempotent producer: one flush at the end (reference) or after every message (sync strawman)."""
+def run_product_operator(topic: str, count: int, size: int) -> int:
+    """The product's operator end to end: a producer function's (offset, key, value) tuples, commits every 100 ms."""
+    from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
+
+    payload = b"x" * size
+    # max_records_per_transaction far above a 100 ms batch: the interval decides, as in the writer rows.
+    result = TransactionalProduceOperator(
+        task_id="bench", topic=topic, pipeline=f"bench-{uuid.uuid4().hex[:8]}", delivery_mode="exactly_once",
+        producer_function=lambda resume_after: ((n, KEYS[n % 16], payload) for n in range(count)),
+        commit_interval_ms=100, max_records_per_transaction=10_000_000).execute({})
+    assert result["records"] == count, result
+    return count
+
+
+def run_plain(config: dict, topic: str, count: int, size: int) -> int:
+    """An idempotent async producer over the same connection settings: one flush at the end."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
-    payload, keys = b"x" * size, [f"k{k}".encode() for k in range(16)]
-    started = time.perf_counter()
+    producer = Producer({**config, "enable.idempotence": True, "acks": "all"})
+    payload = b"x" * size
     for n in range(count):
         while True:
             try:
-                producer.produce(topic, payload, key=keys[n % 16])
+                producer.produce(topic, payload, key=KEYS[n % 16])
                 break
-            except BufferError:
+            except BufferError:  # the local queue is full: serve delivery reports until it has room
                 producer.poll(0.05)
-        if flush_each:
-            producer.flush(30)
-    producer.flush(60)
-    return count / (time.perf_counter() - started)
+    if producer.flush(120):
+        raise RuntimeError("plain producer: records left unacknowledged after 120 s")
+    return count
+
+
+def run_operator(topic: str, count: int, size: int) -> int:
+    """The Airflow Kafka provider's ProduceToTopicOperator, as a task runs it (its own hook and connection)."""
+    from airflow.providers.apache.kafka.operators.produce import ProduceToTopicOperator
+
+    payload = b"x" * size
+    for handler in logging.getLogger("airflow").handlers:  # the last run's task log: do not fill the disk
+        handler.stream.truncate(0)
+    ProduceToTopicOperator(task_id="bench", topic=topic, synchronous=False, kafka_config_id=OPERATOR_CONN,
+                           producer_function=lambda: ((KEYS[n % 16], payload) for n in range(count))).execute({})
+    return count
+
+
+def task_log(path: str) -> None:
+    """Send the ``airflow`` loggers at INFO to a file, as in a task: what the operator's per-record callback costs."""
+    from airflow.providers.apache.kafka.operators import produce  # noqa: F401  (Airflow configures logging first)
+
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] {%(filename)s:%(lineno)d} %(levelname)s - %(message)s"))
+    airflow_log = logging.getLogger("airflow")
+    airflow_log.handlers, airflow_log.propagate = [handler], False
+    airflow_log.setLevel(logging.INFO)
+
+
+def add_args(parser) -> None:
+    parser.add_argument("--messages", type=int, default=2_000_000, help="messages per run at 100 B (1 KB: a third)")
+    parser.add_argument("--sizes", default="100,1000", help="message sizes in bytes")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=500_000, help="messages per run at 100 B (1 KB: half)")
-    parser.add_argument("--sync-messages", type=int, default=2_000, help="messages per synchronous run")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-
-    from tests.conftest import STACK as stack  # the one loader of docker/local/stack.py
-
-    stack.up(only=("kafka",))
-    os.environ.update(stack.connection_env())
-    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    logging.getLogger("airflow").setLevel(logging.WARNING)
-    sys.path.insert(0, str(REPO))
-    from confluent_kafka.admin import AdminClient
-
+    args = _support.parse_args(__doc__, extra=add_args)
+    stack = _support.start_stack(only=("kafka",))
+    log = tempfile.NamedTemporaryFile(prefix="eo-bench-task-", suffix=".log")  # deleted at exit
+    task_log(log.name)
+    from exactly_once_provider.connections import kafka_client_config
     from tests.kafka_support import new_topic
 
-    modes = [("at_least_once", 100), ("exactly_once", 100), ("exactly_once", 1000), ("bare async", 0),
-             ("sync", 0)]
-    rows = []
-    for size in (100, 1000):
-        count = args.messages if size == 100 else args.messages // 2
-        topic = new_topic(bootstrap, partitions=3, prefix="bench")
-        run_writer("exactly_once", topic, 1000, size, 100)  # warm-up: coordinator, metadata, offsets topic
-        samples: dict[tuple[str, int], list[float]] = {mode: [] for mode in modes}
-        for _ in range(args.repeats):
-            for mode, interval in modes:
-                if mode == "sync":
-                    rate = run_bare(bootstrap, topic, args.sync_messages, size, flush_each=True)
-                elif mode == "bare async":
-                    rate = run_bare(bootstrap, topic, count, size, flush_each=False)
-                else:
-                    rate = run_writer(mode, topic, count, size, interval)
-                samples[(mode, interval)].append(rate)
-        # A run writes gigabytes (1 KB x 5 modes x repeats): give the disk back, retention would keep it 7 days
-        admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the deletion is done
-        admin.delete_topics([topic])[topic].result(60)
-        baseline = statistics.median(samples[("at_least_once", 100)])
-        for mode, interval in modes:
-            rate = statistics.median(samples[(mode, interval)])
-            raw = ", ".join(f"{run:,.0f} ({run / base:.3f})"
-                            for run, base in zip(samples[(mode, interval)], samples[("at_least_once", 100)]))
-            rows.append((size, mode, interval, count if mode != "sync" else args.sync_messages, rate,
-                         rate / baseline, raw))
-
-    print()
-    print(f"Producer benchmark, broker {bootstrap}, median of {args.repeats} interleaved runs per row")
-    print(f"{'size':>6} | {'mode':<14} | {'commit interval':>15} | {'messages':>8} | {'msgs/s':>10} | "
-          f"{'ratio vs at_least_once':>22} | raw runs msgs/s (ratio to the same repeat's at_least_once)")
-    print("-" * 150)
-    for size, mode, interval, count, rate, ratio, raw in rows:
-        every = {"sync": "per message", "bare async": "none (1 flush)"}.get(mode, f"{interval} ms")
-        print(f"{size:>5}B | {mode:<14} | {every:>15} | {count:>8} | {rate:>10,.0f} | {ratio:>22.3f} | {raw}")
+    config = kafka_client_config("kafka_default")
+    operator_conn = json.loads(os.environ["AIRFLOW_CONN_KAFKA_DEFAULT"])
+    operator_conn["extra"]["queue.buffering.max.messages"] = 10_000_000
+    os.environ[f"AIRFLOW_CONN_{OPERATOR_CONN.upper()}"] = json.dumps(operator_conn)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    result = _support.result_header("producer", {"messages": args.messages, "sizes": sizes, "repeats": args.repeats,
+                                                 "connection": config.get("security.protocol", "PLAINTEXT")})
+    result["runs"], rows, topics = {}, [], []
+    for size in sizes:
+        count = args.messages if size <= 100 else args.messages // 3
+        topic = new_topic(f"{stack.HOST}:{stack.KAFKA_PORT}", partitions=3, prefix="bench")
+        topics.append(topic)
+        candidates = {PLAIN: lambda t=topic, c=count, s=size: run_plain(config, t, c, s),
+                      OPERATOR: lambda t=topic, c=count, s=size: run_operator(t, c, s),
+                      EO_100: lambda t=topic, c=count, s=size: run_writer(t, c, s, 100),
+                      EO_1000: lambda t=topic, c=count, s=size: run_writer(t, c, s, 1000),
+                      EO_OPERATOR: lambda t=topic, c=count, s=size: run_product_operator(t, c, s)}
+        runs = {label: _support.Runs(label) for label in candidates}
+        # Warm-up, unrecorded: topic metadata, the transaction coordinator, imports.
+        run_plain(config, topic, 1000, size), run_operator(topic, 1000, size), run_writer(topic, 1000, size, 100)
+        for repeat in range(args.repeats):
+            for label in (list(candidates) if repeat % 2 == 0 else list(candidates)[::-1]):
+                runs[label].measure(candidates[label])
+        result["runs"][size] = {label: {"msgs_per_s_wall": r.wall, "msgs_per_cpu_s": r.cpu, "median_wall": r.median,
+                                        "seconds": [count / rate for rate in r.wall]} for label, r in runs.items()}
+        plain, operator = runs[PLAIN].median, runs[OPERATOR].median
+        for label, r in runs.items():
+            rows.append([f"{size} B, {label}", count, r.median, _support.runs_text(r.wall),
+                         min(count / rate for rate in r.wall), r.median / plain, r.median / operator])
+    _support.delete_topics(stack, topics)  # gigabytes a run: retention would keep them 7 days
+    short = [row[0] for row in rows if row[4] < 5]
+    result["runs_under_5s"] = short
+    _support.report(result, f"Producer over {result['connection']}, median msgs/s of {args.repeats} interleaved runs "
+                    "(ABBA), setup inside every timer" + (f"; runs under 5 s: {len(short)}" if short else ""),
+                    ["size, candidate", "messages", "msgs/s", "runs", "shortest run s", "x plain idempotent",
+                     "x ProduceToTopicOperator"], rows, plot={"column": 2, "label": "msgs/s (median)"})
     return 0
 
 

@@ -4,40 +4,33 @@ Seeds the source (MariaDB sequence engine) and the sink (generate_series) with t
 formulas, then, in one run: "count" = ``SELECT COUNT(*)`` on both sides (the floor: one full count scan per
 side); "clean" = ReconcileOperator with no difference; then one planted difference at a time (changed value,
 missing row, extra row) and the key each run names. Prints seconds, queries, full scans and the ratio to the
-count baseline. Usage: ``make bench-reconcile`` or ``python benchmarks/bench_reconcile.py [--rows 1000000]``.
+count baseline; writes ``benchmarks/results/reconcile-*.json``. Usage: ``make bench-reconcile`` or
+``python benchmarks/bench_reconcile.py [--rows 1000000]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
+import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import _support
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=int(os.environ.get("BENCH_ROWS", 1_000_000)))
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    from tests.conftest import STACK as stack  # the one loader of docker/local/stack.py
-
-    stack.up()
-    os.environ.update(stack.connection_env())
+    # --repeats: the count baseline and the clean run, interleaved; each planted difference runs once.
+    args = _support.parse_args(__doc__, rows=int(os.environ.get("BENCH_ROWS", 1_000_000)))
+    stack = _support.start_stack()
+    result = _support.result_header("reconcile", {"rows": args.rows, "repeats": args.repeats})
     import psycopg2
 
     from exactly_once_provider.operators.reconcile import ReconcileOperator
-    from tests.mysql_support import connect
 
     n, table = args.rows, f"bench_rec_{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
-    src = connect(stack)
+    src = _support.connect_source(stack)
     cur = src.cursor()
     cur.execute(f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, currency CHAR(3),"
                 " note VARCHAR(40), created DATETIME(6))")
@@ -69,11 +62,16 @@ def main() -> int:
         return op.execute({})
 
     count()  # warm both caches the same way
-    baseline = min(count() for _ in range(2))
-    rows = [("count(*) both sides", baseline, 2, 2, "-")]
-    clean = reconcile()
-    assert clean["clean"], clean
-    rows.append(("no difference", clean["seconds"], clean["queries"], clean["full_scans"], "-"))
+    counts, cleans = [], []
+    for repeat in range(args.repeats):  # the baseline and the clean run interleaved, ABBA; medians
+        sides = [lambda: counts.append(count()), lambda: cleans.append(reconcile())]
+        for side in sides if repeat % 2 == 0 else sides[::-1]:
+            side()
+    assert all(c["clean"] for c in cleans), cleans
+    baseline = statistics.median(counts)
+    clean = sorted(cleans, key=lambda c: c["seconds"])[(len(cleans) - 1) // 2]  # the median run (lower one if even)
+    rows = [(f"count(*) both sides ({len(counts)} runs)", baseline, 2, 2, "-"),
+            (f"no difference ({len(cleans)} runs)", clean["seconds"], clean["queries"], clean["full_scans"], "-")]
     key = n // 2 + 17
     plants = [("changed value", f"UPDATE {table} SET amount = amount + 0.01 WHERE id = {key}",
                f"UPDATE {table} SET amount = amount - 0.01 WHERE id = {key}", key, "changed"),
@@ -90,12 +88,14 @@ def main() -> int:
         rows.append((f"{label} (key {want})", found["seconds"], found["queries"], found["full_scans"],
                      f"{want} {kind}"))
         pcur.execute(undo)
-    print(f"\nbench-reconcile: {n} rows, MariaDB source vs PostgreSQL sink (same run)")
-    print(f"{'case':<28} {'seconds':>8} {'x count':>8} {'queries':>8} {'full scans':>11}  named")
-    for label, seconds, queries, scans, named in rows:
-        print(f"{label:<28} {seconds:>8.2f} {seconds / baseline:>8.2f} {queries:>8} {scans:>11}  {named}")
     cur.execute(f"DROP TABLE {table}")
     pcur.execute(f"DROP TABLE {table}, {table}_keep")
+    _support.report(result, f"Reconcile {n:,} rows, MariaDB source vs PostgreSQL sink: median of the interleaved runs, one run per "
+                    "planted difference",
+                    ["case", "seconds", "x COUNT(*) both sides", "queries", "full scans", "named"],
+                    [[label, seconds, seconds / baseline, queries, scans, named]
+                     for label, seconds, queries, scans, named in rows],
+                    plot={"column": 1, "label": "seconds"})
     return 0
 
 

@@ -9,7 +9,7 @@ their ratio exactly-once / at-least-once. For Delta a third candidate runs in th
 exactly-once job committing through Delta's own writer (``--delta-commit delta``, the txn-id write option:
 what the sink did before it wrote its commits itself), printed as its own row. Each run's output is deleted once counted, and the topic at the
 end unless ``--keep-topic`` (a 1M-record topic per run filled the shared disk otherwise); ``--topic``
-re-reads a kept topic instead of producing again.
+re-reads a kept topic instead of producing again. Writes ``benchmarks/results/spark_sinks-*.json``.
 
     make bench-spark-sinks                       # 1 000 000 records
     .venv/bin/python benchmarks/bench_spark_sinks.py --records 200000 --sinks files
@@ -29,12 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.conftest import STACK as stack  # noqa: E402  (the local stack module, not a fixture)
-from tests import spark_job_support as jobs  # noqa: E402
-from tests.kafka_support import new_topic, transactional_producer  # noqa: E402
+import _support
+from tests.conftest import STACK as stack  # the local stack module, not a fixture
+from tests import spark_job_support as jobs
+from tests.kafka_support import new_topic, transactional_producer
 
 
 def produce(bootstrap: str, topic: str, records: int, partitions: int, per_transaction: int = 10_000) -> None:
@@ -150,11 +148,13 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--batch", type=int, default=250_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--sinks", default="delta,postgres,files")
-    parser.add_argument("--repeat", type=int, default=2, help="runs per mode, in ABBA order")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per mode, in ABBA order")
     parser.add_argument("--topic", help="re-read this existing topic (holding --records committed records)")
     parser.add_argument("--keep-topic", action="store_true", help="do not delete the topic at the end")
     args = parser.parse_args()
     stack.up()
+    result = _support.result_header("spark_sinks", {k: v for k, v in vars(args).items() if k != "repeat"}
+                                    | {"repeats": args.repeat})
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = args.topic
     if topic is None:
@@ -188,13 +188,14 @@ def main() -> int:
             drop_postgres_tables()
         if not args.keep_topic:
             delete_topic(bootstrap, topic)
-    print(f"\nKafka -> sink, {args.records} records, {args.partitions} partitions, batches of {args.batch},"
-          f" local[2], driver 1g, median of {args.repeat} runs per mode (every run in brackets)")
-    print("| sink | exactly-once rows/s | at-least-once rows/s | ratio of medians |\n|---|---|---|---|")
-    for sink, eo, alo in table:
-        eo_med, alo_med = statistics.median(eo), statistics.median(alo)
-        print(f"| {sink} | {eo_med:,.0f} ({' / '.join(f'{v:,.0f}' for v in eo)}) |"
-              f" {alo_med:,.0f} ({' / '.join(f'{v:,.0f}' for v in alo)}) | {eo_med / alo_med:.2f} |")
+    result["runs"] = {sink: {"exactly_once_rows_per_s": eo, "at_least_once_rows_per_s": alo} for sink, eo, alo in table}
+    _support.report(
+        result, f"Kafka -> Spark -> sink, {args.records:,} records, {args.partitions} partitions, batches of "
+        f"{args.batch:,}, local[2], driver 1g, median of {args.repeat} runs per mode (ABBA)",
+        ["sink", "exactly-once rows/s", "runs", "at-least-once rows/s", "runs", "ratio of medians"],
+        [[sink, statistics.median(eo), _support.runs_text(eo), statistics.median(alo), _support.runs_text(alo),
+          statistics.median(eo) / statistics.median(alo)] for sink, eo, alo in table],
+        plot={"column": 5, "label": "exactly-once / plain append, rows/s (ratio of medians)"})
     return 0
 
 

@@ -11,8 +11,11 @@ import json
 import sys
 from pathlib import Path
 
+import plots
+
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("history", "freshness", "increment", "capture", "matrix")
+KINDS = ("history", "freshness", "increment", "capture", "producer", "full_load", "watermark", "spark_sinks",
+         "reconcile", "matrix")
 PAGES = {"matrix": "reliability.md"}
 
 
@@ -64,6 +67,25 @@ def increment_table(result: dict) -> str:
     return "\n".join(lines + [""])
 
 
+def _cell(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:,.0f}"
+
+
+def generic_table(result: dict) -> str:
+    """Return the Markdown of a result written through ``_support.report``: its title and table as printed."""
+    table = result["table"]
+    quiet = result.get("repeats", 3) >= 3 and max(result["loadavg_before"][0], result["loadavg_after"][0]) < 2
+    lines = [f"{_machine(result)}. {table['title']}."
+             + ("" if quiet else " **Not a valid ratio: fewer than 3 repeats or load average 2 or more.**"), "", "| " + " | ".join(table["headers"]) + " |",
+             "|---" + "|---:" * (len(table["headers"]) - 1) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table["rows"]]
+    return "\n".join(lines + [""])
+
+
 def matrix_table(result: dict) -> str:
     """Return the Markdown for one fault-matrix result: a line per scenario, its runs summed."""
     lines = [f"{_machine(result)}; {result['runs']} run(s) of every scenario, {result['minutes']:.0f} min in all.", "",
@@ -103,9 +125,10 @@ def main() -> None:
     results = REPO / "benchmarks" / "results"
     paths = [Path(a).resolve() for a in sys.argv[1:]] or [
         newest[-1] for kind in KINDS
-        if (newest := sorted(results.glob(f"{kind}-*.json"), key=lambda p: p.stat().st_mtime))]
+        # By the UTC time in the name (<kind>-<commit>-<time>.json): a fresh clone gives every file the same mtime.
+        if (newest := sorted(results.glob(f"{kind}-*.json"), key=lambda p: p.stem.rsplit("-", 1)[-1]))]
     if not paths:
-        raise SystemExit("No benchmarks/results/*.json: run make bench-history, bench-freshness or bench-increment first.")
+        raise SystemExit("No benchmarks/results/*.json: run make bench (or one make bench-* target) first.")
     for path in paths:
         result = json.loads(path.read_text())
         kind = result.get("benchmark", "history")
@@ -114,9 +137,11 @@ def main() -> None:
         begin, end = f"<!-- bench-{kind}:begin -->", f"<!-- bench-{kind}:end -->"
         if begin not in text or end not in text:
             raise SystemExit(f"{page} has no {begin} ... {end} region.")
-        body = {"freshness": freshness_table, "increment": increment_table, "matrix": matrix_table,
-                "capture": capture_table}.get(
-            kind, table)(result)
+        body = ({"freshness": freshness_table, "increment": increment_table, "matrix": matrix_table,
+                 "capture": capture_table}.get(kind) or (generic_table if "table" in result else table))(result)
+        image = plots.draw(kind, result)
+        if image is not None:
+            body += f"\n![bench-{kind}, commit {result['commit']}](images/{image.name})\n"
         head, rest = text.split(begin, 1)
         page.write_text(f"{head}{begin}\n<!-- from {path.relative_to(REPO)} -->\n{body}\n{end}{rest.split(end, 1)[1]}")
         print(body)
