@@ -185,11 +185,16 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
 
         for item in function(summary["resumed_after"], *self.producer_function_args,
                              **self.producer_function_kwargs):
-            record = _as_record(item)
-            batch.append(Message(_encode(record.value), _encode(record.key), record.headers))
-            batch_offset = record.offset
+            if type(item) is tuple and len(item) == 3:  # the common shape: no dataclass per record
+                batch_offset, key, value = item
+                batch.append(Message(_encode(value), _encode(key), None))
+                commit_point = True
+            else:
+                record = _as_record(item)
+                batch.append(Message(_encode(record.value), _encode(record.key), record.headers))
+                batch_offset, commit_point = record.offset, record.commit_point
             now = time.monotonic()
-            if record.commit_point and not one_batch and (
+            if commit_point and not one_batch and (
                     len(batch) >= policy.max_records or (now - txn_started) * 1000 >= policy.commit_interval_ms):
                 commit()
                 batch, txn_started = [], time.monotonic()
