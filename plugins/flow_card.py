@@ -80,7 +80,7 @@ def render_flow(flow: Flow, colours: dict, pipeline_card: Callable) -> str:
     recon = flow.reconciliation
     position = flow.position
     figures = [
-        _figure(flow.name, "freshness", duration(flow.freshness), "freshness (oldest unapplied record)"),
+        _figure(flow.name, "freshness", duration(flow.freshness), "freshness (since the source commit of the oldest unapplied change)"),
         _figure(flow.name, "lag", "—" if flow.lag is None else f"{flow.lag:,}", "lag (records)"),
         _figure(flow.name, "throughput", rate(flow.throughput), "throughput (sink commits)"),
         _figure(flow.name, "reconciliation", escape(recon["result"]) if recon else "—",

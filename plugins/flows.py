@@ -12,16 +12,19 @@ store:
   total, the Kafka offsets committed with them); rows/s between consecutive commits; the lag at each commit is
   the topic's records written before the commit's time (Kafka's offsets-for-times index) that the commit had
   not applied. PostgreSQL and files sinks keep their newest commit only: no chart;
-* **freshness**: how long the oldest record the sink has not applied has waited in Kafka (0 when the lag is
-  0; Kafka's record time, i.e. when the producer committed it: a source commit the capture has not read yet is
-  not counted);
+* **freshness**: how long ago the oldest change the sink has not applied was committed (0 when the lag is 0):
+  the source commit time of a binlog change record (``commit_ts``, whole seconds), else the Kafka record time
+  (when the producer wrote it). A source commit the capture has not read yet is not counted: the capture's
+  own lag is on its card as bytes of binlog;
 * **position**: the committed binlog position of the producer, ``binlog.000001:18146205`` (GTID on hover).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from exactly_once_provider.plugins.status import BEHIND, EMPTY, ERROR, MISMATCH, OK, PipelineStatus, Position
@@ -151,7 +154,8 @@ def offsets_at_times(consumer: Any, asks: list[tuple[str, int, int]], ends: dict
 
 
 def unapplied_since(consumer: Any, lagging: list[tuple[str, int, int]], wait: float = 2.0) -> dict:
-    """Return ``{(topic, partition): epoch seconds}`` of the first record at each sink's next offset.
+    """Return ``{(topic, partition): epoch seconds}`` of the first record at each sink's next offset: its source
+    commit time if it is a binlog change record, else (or if earlier) its Kafka time.
 
     One fetch for all the partitions, at most ``wait`` seconds (a partition whose next records are in an open
     transaction has none to read yet and is left out).
@@ -172,11 +176,26 @@ def unapplied_since(consumer: Any, lagging: list[tuple[str, int, int]], wait: fl
                 continue
             pending.discard((message.topic(), message.partition()))
             kind, stamp = message.timestamp()
-            if kind != TIMESTAMP_NOT_AVAILABLE:
-                found[(message.topic(), message.partition())] = stamp / 1000
+            times = [stamp / 1000] if kind != TIMESTAMP_NOT_AVAILABLE else []
+            committed = source_commit_time(message.value())
+            if committed is not None:
+                times.append(committed)
+            if times:
+                found[(message.topic(), message.partition())] = min(times)
     finally:
         consumer.unassign()
     return found
+
+
+def source_commit_time(value: bytes | None) -> float | None:
+    """Return the source commit time (epoch seconds) of a binlog change record's value, None for other records."""
+    if not value or not value.startswith(b'{"'):
+        return None
+    try:
+        stamp = json.loads(value).get("commit_ts")
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 @dataclass
