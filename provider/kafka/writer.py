@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from airflow.sdk.exceptions import AirflowException
@@ -120,6 +121,9 @@ class Message(NamedTuple):
     key: bytes | None = None
     headers: dict[str, bytes] | None = None
     topic: str | None = None
+
+
+_KEY, _TOPIC = itemgetter(1), itemgetter(3)  # Message fields, read in C loops
 
 
 class ProducerFencedError(AirflowException):
@@ -404,16 +408,24 @@ class PipelineWriter:
         produce = self.producer.produce
         index = start
         while index < stop:
-            report = None
             try:
-                for index in range(index, stop):
-                    message = messages[index]
-                    report = deliveries if reported is None or index in reported else None
-                    produce(message.topic or topic, message.value, message.key, on_delivery=report,
-                            headers=message.headers)
+                if reported is None:
+                    for index in range(index, stop):
+                        value, key, headers, to = messages[index]
+                        produce(to or topic, value, key, on_delivery=deliveries, headers=headers)
+                else:  # exactly_once: a few records get a report; the rest pass no keyword (cheaper C call)
+                    for index in range(index, stop):
+                        value, key, headers, to = messages[index]
+                        if index in reported:
+                            produce(to or topic, value, key, on_delivery=deliveries, headers=headers)
+                        elif headers is None:
+                            produce(to or topic, value, key)
+                        else:
+                            produce(to or topic, value, key, headers=headers)
                 return
             except BufferError:  # the local queue is full: serve delivery reports, then _produce waits for room
                 self.producer.poll(0.05)
+                report = deliveries if reported is None or index in reported else None
                 self._produce(messages[index].topic or topic, messages[index], report)
                 index += 1
             except KafkaException as exc:
@@ -435,9 +447,14 @@ class PipelineWriter:
             return set()  # the commit alone tells whether every record arrived
         # (If the topic gains partitions during the batch, a key may move: partition_offsets, a display
         # mirror, may then show an older offset for the partition it left. The ledger is unaffected.)
-        last_of_key = {(message.topic or topic, message.key): index for index, message in enumerate(messages)}
+        if any(map(_TOPIC, messages)):
+            last_of_key = {(message.topic or topic, message.key): index for index, message in enumerate(messages)}
+            keyless = any(key is None for _, key in last_of_key)
+        else:  # one topic (the common case): the keys alone, in C loops
+            last_of_key = dict(zip(map(_KEY, messages), range(len(messages))))
+            keyless = None in last_of_key
         reported = set(last_of_key.values())
-        if any(key is None for _, key in last_of_key):
+        if keyless:
             reported.update(index for index, message in enumerate(messages) if message.key is None)
         return reported
 
