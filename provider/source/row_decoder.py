@@ -279,3 +279,13 @@ def row_decoder(columns: Sequence[Any]) -> RowDecoder | None:
     if not columns or any(reader is None for reader in readers):
         return None
     return RowDecoder(tuple(column.name for column in columns), readers)  # type: ignore[arg-type]
+
+
+_TYPE_NAMES = {code: name for name, code in reversed(vars(FIELD_TYPE).items()) if name.isupper()}
+
+
+def library_columns(columns: Sequence[Any]) -> list[str]:
+    """Return the columns that make a table's rows go to the library, as ``name (binlog type[, charset])``."""
+    return [f"{column.name} ({_TYPE_NAMES.get(column.type, column.type)}"
+            + (f", {column.character_set_name}" if getattr(column, "character_set_name", None) else "") + ")"
+            for column in columns if _reader(column) is None]
