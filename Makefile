@@ -21,8 +21,8 @@ stack-status:
 stack-clean:
 	$(STACK) clean
 
-demo: stack-up  ## the end-to-end demo on the local stack
-	bash docker/local/demo.sh
+demo: stack-up  ## the end-to-end demo on the local stack (STORAGE=s3: its tables and checkpoints in MinIO)
+	STORAGE=$(STORAGE) bash docker/local/demo.sh
 
 # The whole proof in two parts: everything that shares the services peacefully on TEST_WORKERS pytest workers
 # (most tests wait on Kafka, Spark or Airflow, so two workers use the 2 cores better than one; each test goes to the
@@ -33,6 +33,8 @@ demo: stack-up  ## the end-to-end demo on the local stack
 # make test-templates). `make test-fast` leaves out e2e too. PYTEST_ARGS runs just those args.
 TEST_WORKERS ?= 2
 SUITE ?= not soak and not matrix and not dags_test and not harness
+# make demo STORAGE=s3: the demo's tables and checkpoints in the stack's MinIO
+STORAGE ?= local
 test: stack-up  ## what CI runs: unit + integration + a representative per fault scenario + templates under a real Airflow
 	@t0=$$(date +%s); \
 	if [ -n "$(PYTEST_ARGS)" ]; then $(PY) -m pytest -m "$(SUITE)" $(PYTEST_ARGS); rc=$$?; else \

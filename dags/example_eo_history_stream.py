@@ -1,7 +1,8 @@
 """Example: the history -> stream template on the demo shop's ``orders``, an increment every 5 minutes.
 
 Data lives under ``$EO_DATA_DIR`` (default ``/var/tmp/eo-data``); ``$EO_SPARK_JARS`` lists the Spark
-connector jars (``make demo`` sets both).
+connector jars (``make demo`` sets both). With ``$EO_LAKE`` set (``s3://bucket/prefix``: ``make demo STORAGE=s3``,
+the ``aws_default`` connection, the s3a jars in ``$EO_SPARK_CLASSPATH``) the tables and checkpoints live there.
 
 Try it: ``airflow dags test eo_history_stream`` (first run: full load, then the first increment); reload
 from the UI with ``{"full_reload": true}``. Read the table: ``SELECT * FROM delta.`<table_path>` WHERE NOT
@@ -16,8 +17,12 @@ import pendulum
 from exactly_once_provider.templates.history_stream import history_stream_dag
 
 DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
+LAKE = os.environ.get("EO_LAKE") or DATA  # the table and checkpoint: a directory or s3://bucket/prefix
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
+if os.environ.get("EO_SPARK_CLASSPATH"):  # the s3a jars (make demo STORAGE=s3)
+    SPARK_CONF.update(dict.fromkeys(("spark.driver.extraClassPath", "spark.executor.extraClassPath"),
+                                    os.environ["EO_SPARK_CLASSPATH"]))
 
 # [START howto_template_history_stream]
 dag = history_stream_dag(
@@ -26,8 +31,9 @@ dag = history_stream_dag(
     table="orders",
     key_column="id",
     pipeline=f"shop-orders{RUN}",
-    table_path=f"{DATA}/stream/orders",
-    checkpoint_location=f"{DATA}/stream/checkpoint",
+    table_path=f"{LAKE}/stream/orders",
+    checkpoint_location=f"{LAKE}/stream/checkpoint",
+    staging_path=f"{DATA}/stream/orders_staging",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     every_minutes=5,
     chunk_rows=20_000,

@@ -1,7 +1,8 @@
 """Example: the history -> stream template in continuous mode on the demo shop's ``payments``: seconds behind.
 
 Data lives under ``$EO_DATA_DIR`` (default ``/var/tmp/eo-data``); ``$EO_SPARK_JARS`` lists the Spark
-connector jars (``make demo`` sets both).
+connector jars (``make demo`` sets both). With ``$EO_LAKE`` set (``s3://bucket/prefix``: ``make demo STORAGE=s3``,
+the ``aws_default`` connection, the s3a jars in ``$EO_SPARK_CLASSPATH``) the tables and checkpoints live there.
 
 Unpause it (``airflow dags unpause eo_history_stream_continuous``): the first run loads the table, then a
 binlog capture and a Spark stream (a micro-batch a second) run for an hour and the ``@continuous`` schedule
@@ -18,8 +19,12 @@ import pendulum
 from exactly_once_provider.templates.history_stream import history_stream_dag
 
 DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
+LAKE = os.environ.get("EO_LAKE") or DATA  # the table and checkpoint: a directory or s3://bucket/prefix
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
+if os.environ.get("EO_SPARK_CLASSPATH"):  # the s3a jars (make demo STORAGE=s3)
+    SPARK_CONF.update(dict.fromkeys(("spark.driver.extraClassPath", "spark.executor.extraClassPath"),
+                                    os.environ["EO_SPARK_CLASSPATH"]))
 
 # [START howto_template_history_stream_continuous]
 dag = history_stream_dag(
@@ -28,8 +33,9 @@ dag = history_stream_dag(
     table="payments",
     key_column="id",
     pipeline=f"shop-payments{RUN}",
-    table_path=f"{DATA}/stream/payments",
-    checkpoint_location=f"{DATA}/stream/payments_checkpoint",
+    table_path=f"{LAKE}/stream/payments",
+    checkpoint_location=f"{LAKE}/stream/payments_checkpoint",
+    staging_path=f"{DATA}/stream/payments_staging",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     mode="continuous",
     run_for=timedelta(hours=1),

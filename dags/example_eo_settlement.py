@@ -1,7 +1,9 @@
 """Example: the nightly settlement template on the demo shop's ``payments`` (amount per currency).
 
 Runs at 02:00 Asia/Shanghai for the interval that ends then. Data lives under ``$EO_DATA_DIR`` (default
-``/var/tmp/eo-data``); ``$EO_SPARK_JARS`` lists the Spark connector jars (``make demo`` sets both).
+``/var/tmp/eo-data``); ``$EO_SPARK_JARS`` lists the Spark connector jars (``make demo`` sets both). With
+``$EO_LAKE`` set (``s3://bucket/prefix``: ``make demo STORAGE=s3``, the ``aws_default`` connection, the s3a jars
+in ``$EO_SPARK_CLASSPATH``) the tables and checkpoints live there.
 
 Try it: ``airflow dags test eo_settlement 2026-11-20T18:00:00+00:00``; re-settle a window from the UI with
 ``{"reextract": true}`` or ``{"window_end": "2026-11-20T18:00:00+00:00"}``.
@@ -14,9 +16,12 @@ import os
 import pendulum
 from exactly_once_provider.templates.settlement import settlement_dag
 
-DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
+LAKE = os.environ.get("EO_LAKE") or os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")  # or s3://bucket/prefix
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
+if os.environ.get("EO_SPARK_CLASSPATH"):  # the s3a jars (make demo STORAGE=s3)
+    SPARK_CONF.update(dict.fromkeys(("spark.driver.extraClassPath", "spark.executor.extraClassPath"),
+                                    os.environ["EO_SPARK_CLASSPATH"]))
 
 # [START howto_template_settlement]
 dag = settlement_dag(
@@ -27,8 +32,8 @@ dag = settlement_dag(
     sum_columns=["amount"],
     pipeline=f"shop-settlement{RUN}",
     topic=f"eo-shop-payments{RUN}",
-    sink_path=f"{DATA}/settlement/payments_windows",
-    checkpoint_location=f"{DATA}/settlement/checkpoint",
+    sink_path=f"{LAKE}/settlement/payments_windows",
+    checkpoint_location=f"{LAKE}/settlement/checkpoint",
     report_table="eo_settlement_payments",
     start_date=pendulum.datetime(2026, 1, 1, tz="Asia/Shanghai"),
     cron="0 2 * * *",

@@ -39,7 +39,7 @@ class ConsumerLagSensor(BaseSensorOperator):
     :param consumer_group: a consumer group instead of a sink.
     :param kafka_config_id: the ``kafka`` connection.
     :param postgres_conn_id: the ``postgres`` connection (``postgres`` sink).
-    :param aws_conn_id: the ``aws`` connection of a files sink on ``s3://``.
+    :param aws_conn_id: the ``aws`` connection of a files or Delta sink on ``s3://``.
     :param missing_topics_ok: a topic the producer has not created yet has no lag (first run of a pipeline).
     :param deferrable: wait in the triggerer.
     """
@@ -79,7 +79,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         connect = s3 = None
         if self.sink == "postgres":
             connect = connect_kwargs(self.postgres_conn_id)
-        elif self.sink == "files" and is_s3(self.sink_location or ""):
+        elif self.sink in ("files", "delta") and is_s3(self.sink_location or ""):
             s3 = S3Settings.from_connection(self.aws_conn_id)
         return measure_lag(kafka_client_config(self.kafka_config_id), topics, self.sink, self.sink_location,
                            self.sink_pipeline, self.consumer_group, connect, self.missing_topics_ok, s3)

@@ -24,6 +24,7 @@ from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.source.binlog import replica_server_id
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, validate_name
 from exactly_once_provider.kafka.topics import partitions_of
+from exactly_once_provider.storage.s3 import register_settings, settings_for
 
 
 class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
@@ -45,7 +46,8 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
 
     :param tables: ``table`` or ``schema.table`` names (schema defaults to the connection's).
     :param pipeline: the pipeline name (transactional id, ledger key, default topic prefix).
-    :param full_load_paths: ``{table: Delta path}`` of the tables' full loads (their handoff positions).
+    :param full_load_paths: ``{table: Delta path}`` of the tables' full loads (their handoff positions); a path may
+        be ``s3://bucket/prefix`` (read with ``aws_conn_id``).
     :param start_position: ``"FILE:POS"`` where a first run starts for tables without a full load.
     :param mode: ``"bounded"`` or ``"continuous"``.
     :param max_runtime: continuous mode: seconds to run before committing and finishing.
@@ -61,6 +63,7 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
     :param kafka_config_id: the ``kafka`` connection.
     :param offsets_topic: the compacted offsets ledger topic.
     :param producer_config: extra producer settings (``linger.ms``, ``compression.type``...).
+    :param aws_conn_id: the standard ``aws`` connection of full loads on S3 (credentials, ``endpoint_url``).
     """
 
     template_fields: Sequence[str] = (
@@ -78,7 +81,7 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
                  server_id: int | None = None, progress_interval: float = 10.0,
                  mysql_conn_id: str = MySqlBinlogHook.default_conn_name, kafka_config_id: str = "kafka_default",
                  offsets_topic: str = DEFAULT_OFFSETS_TOPIC, producer_config: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+                 aws_conn_id: str = "aws_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.tables = tables
         self.pipeline = pipeline
@@ -98,6 +101,7 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         self.kafka_config_id = kafka_config_id
         self.offsets_topic = offsets_topic
         self.producer_config = producer_config
+        self.aws_conn_id = aws_conn_id
         self._stop = threading.Event()
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -115,6 +119,9 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         unknown = sorted(f"{s}.{t}" for s, t in paths if (s, t) not in names)
         if unknown:
             raise ValueError(f"full_load_paths names {unknown}, which are not in tables {self.tables!r}.")
+        s3 = settings_for(self.aws_conn_id, *paths.values())
+        if s3 is not None:  # the handoffs (Delta logs, staging manifests) on S3 are read through them
+            register_settings(s3)
         handoffs = {}
         for name, path in paths.items():
             handoff = read_handoff(path)

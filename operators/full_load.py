@@ -14,6 +14,7 @@ from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
+from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
 
 
 class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
@@ -27,9 +28,11 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     failed or killed run resumes at the unfinished chunks when retried.
 
     :param table: source table name.
-    :param sink_path: the Delta table to publish into (replaced atomically).
+    :param sink_path: the Delta table to publish into (replaced atomically): a local path or ``s3://bucket/prefix``
+        (written through ``s3a``; checked before the job starts: reachable, credentials, bucket, conditional writes).
     :param schema: source database; defaults to the connection's schema.
-    :param staging_path: staged chunks + manifest; default ``<sink_path>._eo_full_load``.
+    :param staging_path: staged chunks + manifest, a local (for a cluster: shared) directory; default
+        ``<sink_path>._eo_full_load``, so a ``sink_path`` on S3 needs one.
     :param chunk_rows: target rows per chunk (one Spark partition).
     :param chunks_per_job: chunks per Spark job; progress is saved after each job.
     :param chunk_key: columns of a unique NOT NULL index, when the table's primary key is not wanted.
@@ -39,6 +42,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param full_reload: start a new snapshot even if a load is in progress or published.
     :param expected_rows_per_second: planned speed for the binlog retention check.
     :param mysql_conn_id: the source connection (standard ``mysql`` type).
+    :param aws_conn_id: the standard ``aws`` connection of a ``sink_path`` on S3 (credentials, ``endpoint_url`` in its
+        extra); they reach the driver in the same owner-only file as the MySQL connection.
     :param spark_conn_id: a ``spark`` connection whose host is the master (``local[2]``, ``spark://h``); its
         Extra ``deploy-mode: cluster`` runs the driver on a worker (see
         :class:`~exactly_once_provider.operators.spark_submit.PackagedSparkJobOperator` for the other Spark
@@ -55,7 +60,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         chunk_rows: int = 100_000, chunks_per_job: int = 2, chunk_key: Sequence[str] | None = None,
         fetch_rows: int = 10_000, reader: str = "native", full_reload: bool | str = False, expected_rows_per_second: float = 20_000,
         mysql_conn_id: str = MySqlSourceHook.default_conn_name, spark_conn_id: str = "spark_default",
-        spark_conf: dict[str, str] | None = None, **kwargs: Any,
+        spark_conf: dict[str, str] | None = None, aws_conn_id: str = "aws_default", **kwargs: Any,
     ) -> None:
         super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
         self.table, self.sink_path, self.schema, self.staging_path = table, sink_path, schema, staging_path
@@ -63,6 +68,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.fetch_rows, self.reader, self.full_reload = fetch_rows, reader, full_reload
         self.expected_rows_per_second = expected_rows_per_second
         self.mysql_conn_id, self.spark_conf = mysql_conn_id, spark_conf or {}
+        self.aws_conn_id, self._s3 = aws_conn_id, None
 
     def job_params(self, context: Any) -> dict[str, Any]:
         if not self.table or not self.sink_path:
@@ -82,13 +88,45 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         ).validate()
         return {**asdict(request), "mysql_conn_id": self.mysql_conn_id}
 
+    def _s3_settings(self):
+        """Return the S3 settings of ``aws_conn_id`` for a ``sink_path`` on S3 (read once per run), else None.
+
+        Registered for this task's process too: the handoff and the table's log are read here through them.
+        """
+        if self._s3 is None:
+            from exactly_once_provider.storage.s3 import register_settings, settings_for
+
+            self._s3 = settings_for(self.aws_conn_id, self.sink_path)
+            if self._s3 is not None:
+                register_settings(self._s3)
+        return self._s3
+
+    def _table(self):
+        """The Delta table's location, or on S3 the storage rooted at it (lineage reads its log)."""
+        from exactly_once_provider.storage import open_storage
+
+        return open_storage(self.sink_path, self._s3_settings()) if self._s3_settings() else self.sink_path
+
     def job_secrets(self) -> dict[str, Any]:
         conn = BaseHook.get_connection(self.mysql_conn_id)
         # The driver's MySqlSourceHook finds it under the same id, read as Airflow reads AIRFLOW_CONN_* JSON.
-        return {"env": {f"AIRFLOW_CONN_{self.mysql_conn_id.upper()}": conn.as_json()}}
+        secrets: dict[str, Any] = {"env": {f"AIRFLOW_CONN_{self.mysql_conn_id.upper()}": conn.as_json()}}
+        if self._s3_settings() is not None:  # the driver's storage and s3a settings (never a command line)
+            secrets["s3"] = self._s3_settings().to_json()
+        return secrets
+
+    def default_packages(self) -> tuple[str, ...]:
+        return SPARK_PACKAGES + (S3A_PACKAGES if self._s3_settings() is not None else ())
+
+    def before_submit(self) -> None:
+        from exactly_once_provider.storage.preflight import preflight_locations
+
+        for checked in preflight_locations([self.sink_path], self._s3_settings()):  # before anything is written
+            self.log.info("sink %s", checked)
 
     def job_result(self, result: Any, context: Any) -> dict:
         if result is None:  # this try reconnected to a driver that had finished or still ran: the sink knows
+            self._s3_settings()
             h = read_handoff(self.sink_path)
             result = {"load_id": h.load_id, "schema": h.schema, "table": h.table, "rows": h.rows,
                       "table_version": h.table_version, "min_position": str(h.min_position),
@@ -121,14 +159,14 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 return facets.mysql_fields(cur, source.name)
 
         sink = lineage.storage_path(self.sink_path)
-        fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self.sink_path))
+        fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self._table()))
         if result is None:
             return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
                 facets.output_dataset(sink, fields)]
         rows, size, files = 0, 0, 0  # a rerun of a published load writes nothing
         if not result["already_published"]:
             rows = result["rows"]
-            size, files = facets.delta_commit_size(self.sink_path, result["table_version"] - 1, result["table_version"])
+            size, files = facets.delta_commit_size(self._table(), result["table_version"] - 1, result["table_version"])
         commit = facets.CommitFacet(position=result["min_position"], sinkVersion=result["table_version"])
         return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
             facets.output_dataset(sink, fields, rows=rows, size=size, files=files, commit=commit)]

@@ -14,6 +14,7 @@ from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.connections import connect_kwargs
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.plugins.links import PipelineStatusLink
+from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
 
 
 class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
@@ -31,7 +32,7 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     <column>_sum numeric, reported_at timestamptz``, primary key ``(window_id, <group_by>)``.
 
     :param window_id: the window (``<pipeline>/<source_partition>/<batch_id>``).
-    :param sink_path: the window-mode Delta table.
+    :param sink_path: the window-mode Delta table: a local path or ``s3://bucket/prefix`` (read through ``s3a``).
     :param report_table: the PostgreSQL report table.
     :param source_table: the source table (``schema.table`` or ``table``), for the sum columns' scales.
     :param group_by: columns to group by, e.g. ``["currency"]``.
@@ -42,6 +43,8 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         :class:`~exactly_once_provider.operators.spark_submit.PackagedSparkJobOperator` for the other Spark
         arguments).
     :param spark_conf: extra Spark settings.
+    :param aws_conn_id: the standard ``aws`` connection of a ``sink_path`` on S3 (credentials, ``endpoint_url``);
+        they reach the driver in its owner-only secrets file, never the command line.
 
     An ``AssetAlias`` among the task's ``outlets`` receives the report table's Asset, named by its OpenLineage
     URI ``postgres://host:port/database/schema/table`` (known from the connection only when the task runs).
@@ -55,7 +58,7 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     def __init__(self, *, window_id: str, sink_path: str, report_table: str, source_table: str,
                  group_by: Sequence[str], sum_columns: Sequence[str], mysql_conn_id: str = "mysql_default",
                  postgres_conn_id: str = "postgres_default", spark_conn_id: str = "spark_default",
-                 spark_conf: dict[str, str] | None = None, **kwargs: Any) -> None:
+                 spark_conf: dict[str, str] | None = None, aws_conn_id: str = "aws_default", **kwargs: Any) -> None:
         # The groups exist only in this try's result file: a retry runs the read-only job again.
         kwargs.setdefault("durable", False)
         super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
@@ -63,6 +66,7 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         self.group_by, self.sum_columns = list(group_by), list(sum_columns)
         self.mysql_conn_id, self.postgres_conn_id = mysql_conn_id, postgres_conn_id
         self.spark_conn_id, self.spark_conf = spark_conn_id, spark_conf or {}
+        self.aws_conn_id, self._s3 = aws_conn_id, None
 
     @property
     def status_pipeline(self) -> str:
@@ -89,6 +93,20 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             raise ValueError("window_id and group_by must be non-empty.")
         return {"sink_path": self.sink_path, "window_id": self.window_id, "group_by": self.group_by,
                 "sum_columns": self.sum_columns, "scales": self._scales()}
+
+    def _s3_settings(self):
+        """Return the S3 settings of ``aws_conn_id`` for a ``sink_path`` on S3 (read once per run), else None."""
+        if self._s3 is None:
+            from exactly_once_provider.storage.s3 import settings_for
+
+            self._s3 = settings_for(self.aws_conn_id, self.sink_path)
+        return self._s3
+
+    def job_secrets(self) -> dict[str, Any]:
+        return {"s3": self._s3_settings().to_json()} if self._s3_settings() is not None else {}
+
+    def default_packages(self) -> tuple[str, ...]:
+        return SPARK_PACKAGES + (S3A_PACKAGES if self._s3_settings() is not None else ())
 
     def job_result(self, result: Any, context: Any) -> dict[str, Any]:
         groups = [{**g, **{c: Decimal(g[c]) for c in self.sum_columns if g.get(c) is not None}}
@@ -123,7 +141,12 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         fields = [("window_id", "text"), ("window_version", "int"), *((c, "text") for c in self.group_by),
                   ("rows", "bigint"), *((f"{c}_sum", "numeric") for c in self.sum_columns),
                   ("reported_at", "timestamptz")]
-        inputs = [facets.input_dataset(source, self.lineage_fields(source.name, lambda: facets.delta_fields(self.sink_path)))]
+        table = self.sink_path
+        if self._s3_settings() is not None:  # the log is read through the connection's settings
+            from exactly_once_provider.storage import open_storage
+
+            table = open_storage(self.sink_path, self._s3_settings())
+        inputs = [facets.input_dataset(source, self.lineage_fields(source.name, lambda: facets.delta_fields(table)))]
         if result is None:
             return inputs, [facets.output_dataset(report, fields)]
         commit = facets.CommitFacet(window={"batch_id": self.window_id, "batch_version": result["window_version"]})

@@ -237,11 +237,12 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         return state.to_json() if state else None
 
     def before_submit(self) -> None:
-        if self._sink_on_s3():  # an unusable S3 location fails here, before anything is written
-            from exactly_once_provider.storage import open_storage
-            from exactly_once_provider.storage.preflight import preflight
+        from exactly_once_provider.storage.preflight import preflight_locations
 
-            self.log.info("sink %s", preflight(open_storage(self.sink_path, self._s3_settings())))
+        # An unusable S3 location (the sink's or the checkpoint's) fails here, before anything is written.
+        sink = self.sink_path if self._sink_on_s3() else None
+        for checked in preflight_locations([sink, self.checkpoint_location], self._s3_settings()):
+            self.log.info("storage %s", checked)
         self._before = self.sink_state() if self.delivery == "exactly-once" else None
         self._before_version = self._delta_version()
 

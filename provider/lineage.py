@@ -74,7 +74,7 @@ def postgres_table(host: str, port: int | None, database: str, table: str) -> Da
 
 
 def storage_path(location: str) -> DatasetName:
-    """Name a Delta table or files sink by its storage location (an absolute path, ``file://`` or ``s3://`` URI).
+    """Name a Delta table or files sink by its location (an absolute path, ``file://``, ``s3://`` or ``s3a://`` URI).
 
     :param location: the table's location as the operators take it.
     """
@@ -89,7 +89,9 @@ def storage_path(location: str) -> DatasetName:
     if not parts.netloc:
         raise ValueError(f"location {location!r} names no bucket or host.")
     key = parts.path.strip("/")
-    return DatasetName(f"{parts.scheme}://{parts.netloc}", key or "/", f"{parts.scheme}://{parts.netloc}/{key}")
+    # s3a:// (Spark's name) is the same object as s3://: one dataset, named as the spec and the Amazon provider do.
+    scheme = "s3" if parts.scheme in ("s3a", "s3n") else parts.scheme
+    return DatasetName(f"{scheme}://{parts.netloc}", key or "/", f"{scheme}://{parts.netloc}/{key}")
 
 
 def _require(**values: Any) -> None:

@@ -45,3 +45,20 @@ class TemplateDag:
         output = result.stdout + result.stderr
         assert result.returncode == 0 and "state=success" in output, output[-6000:]
         return output
+
+
+def create_payments(cur, table: str) -> None:
+    """Create a settlement source: payments whose cursor column ``updated_at`` the database sets."""
+    cur.execute(f"CREATE TABLE {table} (id INT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, "
+                "currency CHAR(3) NOT NULL, updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) "
+                "ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))")
+
+
+def create_orders(cur, table: str, rows: int) -> None:
+    """Create a history -> stream source: ``rows`` orders with ids 1..rows (amount, currency, a nullable note)."""
+    from decimal import Decimal
+
+    cur.execute(f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
+                " currency CHAR(3) NOT NULL, note VARCHAR(20) NULL)")
+    cur.executemany(f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, %s)",
+                    [(Decimal(i) / 4, ("EUR", "USD")[i % 2], f"n{i}") for i in range(rows)])

@@ -9,7 +9,7 @@
 # standalone starts each component as `airflow ...` from PATH, so the venv's bin/ goes first on PATH here: run
 # as `.venv/bin/airflow standalone` without it, the components fail with FileNotFoundError: 'airflow'.
 # Settings: AIRFLOW_HOME (default: the newest demo run's), AIRFLOW__API__PORT (default 8080), AIRFLOW__API__WORKERS
-# (default 1: a small machine), EO_DEMO_RUN / EO_DATA_DIR (which demo run the example DAGs name).
+# (default 1: a small machine), EO_DEMO_RUN / EO_DATA_DIR / EO_LAKE (which demo run the example DAGs name).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 STACK_HOME=${EO_STACK_HOME:-/var/tmp/exactly-once-stack}
@@ -23,6 +23,8 @@ if [ "${1:-}" = "--instructions" ]; then
   cmd="AIRFLOW_HOME=$(printf %q "$HOME_DIR")"
   [ -z "${EO_DEMO_RUN:-}" ] || cmd+=" EO_DEMO_RUN=$(printf %q "$EO_DEMO_RUN")"
   [ -z "${EO_DATA_DIR:-}" ] || cmd+=" EO_DATA_DIR=$(printf %q "$EO_DATA_DIR")"
+  [ -z "${EO_LAKE:-}" ] || cmd+=" EO_LAKE=$(printf %q "$EO_LAKE")"
+  [ -z "${EO_SPARK_CLASSPATH:-}" ] || cmd+=" EO_SPARK_CLASSPATH=$(printf %q "$EO_SPARK_CLASSPATH")"
   [ "$PORT" = 8080 ] || cmd+=" AIRFLOW__API__PORT=$(printf %q "$PORT")"
   cmd+=" $(printf %q "$REPO/docker/local/ui.sh")"
   cat <<MSG
@@ -49,6 +51,8 @@ EO_SPARK_JARS=$(python -c "import sys; sys.path.insert(0, 'docker/local'); impor
 export EO_SPARK_JARS
 [ -z "${EO_DEMO_RUN:-}" ] || export EO_DEMO_RUN
 [ -z "${EO_DATA_DIR:-}" ] || export EO_DATA_DIR
+[ -z "${EO_LAKE:-}" ] || export EO_LAKE  # make demo STORAGE=s3: the tables and checkpoints in MinIO
+[ -z "${EO_SPARK_CLASSPATH:-}" ] || export EO_SPARK_CLASSPATH
 mkdir -p "$AIRFLOW_HOME"
 echo "[ui] AIRFLOW_HOME=$AIRFLOW_HOME; UI at http://localhost:$PORT/ (admin; password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
 exec airflow standalone

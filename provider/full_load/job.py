@@ -89,6 +89,13 @@ class FullLoadRequest:
             raise ValueError("schema, table and sink_path must be non-empty.")
         if self.reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {self.reader!r}.")
+        # The executors write the staged chunks with plain file I/O (no credentials reach them): a local (or, for
+        # a cluster, shared) directory. The table itself may be on S3: the publish rewrites the chunks into it.
+        staging = self.staging_path or self.sink_path.rstrip("/") + "._eo_full_load"
+        if is_s3(staging):
+            raise ValueError(f"staging_path {staging} is on S3, but the full load stages its chunks on a local "
+                             "(or shared) disk: pass staging_path, a local directory"
+                             + (" (the default is next to sink_path)." if not self.staging_path else "."))
         return self
 
     def staging(self) -> Staging:

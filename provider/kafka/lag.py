@@ -74,10 +74,10 @@ def sink_offsets(sink: str, location: str, pipeline: str, postgres_connect: dict
     """Return the Kafka offsets a pipeline's sink committed (empty before its first commit).
 
     :param sink: ``delta``, ``postgres`` or ``files``.
-    :param location: the Delta table / files directory path (files also ``s3://``), or the PostgreSQL table.
+    :param location: the Delta table / files directory (local or ``s3://``), or the PostgreSQL table.
     :param pipeline: the Spark job's pipeline name.
     :param postgres_connect: psycopg2 connection arguments (``postgres`` sink).
-    :param s3: a files sink on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
+    :param s3: a files or Delta sink on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
     """
     from exactly_once_provider.sinks.base import open_sink
 

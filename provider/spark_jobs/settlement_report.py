@@ -23,7 +23,8 @@ def window_groups(spark: Any, sink_path: str, window_id: str, group_by: list[str
     Sums are exact decimals at the source column's scale, returned as text so JSON keeps every digit.
 
     :param spark: the SparkSession.
-    :param sink_path: the window-mode Delta table.
+    :param sink_path: the window-mode Delta table (local, or ``s3://``: read through ``s3a`` with the driver's
+        registered settings).
     :param window_id: the window.
     :param group_by: the row's JSON fields to group by.
     :param sum_columns: the row's JSON fields to sum.
@@ -31,7 +32,9 @@ def window_groups(spark: Any, sink_path: str, window_id: str, group_by: list[str
     """
     from pyspark.sql import functions as F
 
-    rows = spark.read.format("delta").load(sink_path).where(F.col("window_id") == window_id)
+    from exactly_once_provider.sinks.delta_log import spark_path
+
+    rows = spark.read.format("delta").load(spark_path(sink_path)).where(F.col("window_id") == window_id)
     groups = [F.get_json_object("record_value", f"$.row.{c}").alias(c) for c in group_by]
     sums = [F.sum(F.get_json_object("record_value", f"$.row.{c}").cast(f"decimal(38,{scales[c]})")).alias(c)
             for c in sum_columns]

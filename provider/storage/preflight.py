@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from exactly_once_provider.errors import ServiceAccessError
-from exactly_once_provider.storage import Storage
+from exactly_once_provider.storage import Storage, is_s3, open_storage
+
+if TYPE_CHECKING:
+    from exactly_once_provider.storage.s3 import S3Settings
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,20 @@ def preflight(storage: Storage) -> str:
             log.warning("could not delete the preflight probe %s", storage.uri(probe))
     log.info("storage %s: reachable, put-if-absent honoured", storage.uri())
     return f"{storage.uri()}: writable, a second put-if-absent refused"
+
+
+def preflight_locations(locations: Iterable[str | None], s3: S3Settings | None) -> list[str]:
+    """Preflight each distinct ``s3://`` location of ``locations``; return what was checked, for the task log.
+
+    Local locations are left to the jobs that write them (a missing directory is created there).
+
+    :param locations: a task's places (local paths, ``s3://``/``s3a://`` URIs, None).
+    :param s3: the settings of the task's ``aws`` connection (None: no location is on S3).
+    """
+    on_s3 = list(dict.fromkeys(str(loc).replace("s3a://", "s3://", 1) for loc in locations if loc and is_s3(str(loc))))
+    if on_s3 and s3 is None:
+        raise ValueError(f"{on_s3[0]} is on S3: name the `aws` Airflow connection (aws_conn_id) that reaches it.")
+    return [preflight(open_storage(location, s3)) for location in on_s3]
 
 
 def _reach_bucket(storage) -> None:

@@ -156,6 +156,17 @@ def registered_settings() -> S3Settings | None:
     return _registered
 
 
+def settings_for(aws_conn_id: str, *locations: str | None) -> S3Settings | None:
+    """Return the settings of the ``aws`` connection if any of ``locations`` is on S3; None (nothing read) if not.
+
+    :param aws_conn_id: the connection whose credentials and ``endpoint_url`` reach the bucket.
+    :param locations: the places a task reads or writes (local paths, ``s3://`` URIs, None).
+    """
+    if not any(location and str(location).startswith(S3_SCHEMES) for location in locations):
+        return None
+    return S3Settings.from_connection(aws_conn_id)
+
+
 def split_uri(location: str) -> tuple[str, str]:
     """Return ``(bucket, prefix)`` of an ``s3://``/``s3a://`` URI (prefix without slashes at the ends)."""
     scheme = next((s for s in S3_SCHEMES if location.startswith(s)), None)

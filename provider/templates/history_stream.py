@@ -12,7 +12,9 @@
 
 The table (``table_path``) is the full load's Delta table with every later change merged in
 (:mod:`exactly_once_provider.sinks.current_table`): one row per source key, typed like the source, read with
-``SELECT ... WHERE NOT _eo_deleted``. Where each guarantee lives: the full load's Delta commit carries its chunks'
+``SELECT ... WHERE NOT _eo_deleted``. It and the apply's checkpoint may be local paths or on S3
+(``s3://bucket/prefix``, reached with the ``aws`` connection ``aws_conn_id``; the full load still stages its
+chunks on a local ``staging_path``). Where each guarantee lives: the full load's Delta commit carries its chunks'
 snapshot positions (the handoff) and its rows their chunk's snapshot version; the capture commits change records
 and its binlog offset in one Kafka transaction and drops every change already in the snapshot of its key's
 chunk; the apply commits each micro-batch with its Kafka offsets in one Delta MERGE, where a change wins only
@@ -37,6 +39,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param, task
 
+from exactly_once_provider import lineage
+from exactly_once_provider.full_load.job import FullLoadRequest
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.backpressure import BinlogRetentionGuardOperator, ConsumerLagSensor
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
@@ -59,6 +63,7 @@ def history_stream_dag(
     table_path: str,
     checkpoint_location: str,
     start_date: datetime,
+    staging_path: str | None = None,
     key_column: str | Sequence[str] | None = None,
     mode: str = "scheduled",
     every_minutes: int = 5,
@@ -73,6 +78,7 @@ def history_stream_dag(
     kafka_config_id: str = "kafka_default",
     postgres_conn_id: str = "postgres_default",
     spark_conn_id: str = "spark_default",
+    aws_conn_id: str = "aws_default",
     spark_conf: dict[str, str] | None = None,
     retries: int = 2,
     retry_delay: timedelta = timedelta(minutes=1),
@@ -86,9 +92,11 @@ def history_stream_dag(
     :param pipeline: the pipeline name; the capture uses it (topic ``<pipeline>.<schema>.<table>``), the apply
         ``<pipeline>-apply``.
     :param table_path: the current table: the full load's Delta table the changes are merged into (declared as an
-        Asset).
-    :param checkpoint_location: the apply's Spark checkpoint.
+        Asset): a local path or ``s3://bucket/prefix``.
+    :param checkpoint_location: the apply's Spark checkpoint: a local path or ``s3://bucket/prefix``.
     :param start_date: the first run.
+    :param staging_path: the full load's staged chunks, a local (for a Spark cluster: shared) directory; default
+        next to a local ``table_path``, required with one on S3.
     :param key_column: the key the reconciliation compares by; default the table's primary key (any shape: one
         integer column is bisected by value, a text or composite key by its hash).
     :param mode: ``scheduled`` (an increment every ``every_minutes``) or ``continuous`` (a long-running capture and
@@ -107,6 +115,8 @@ def history_stream_dag(
     :param kafka_config_id: the ``kafka`` connection.
     :param postgres_conn_id: the ``postgres`` connection (reconciliation results).
     :param spark_conn_id: the ``spark`` connection.
+    :param aws_conn_id: the standard ``aws`` connection of a ``table_path`` or ``checkpoint_location`` on S3
+        (credentials, ``endpoint_url`` in its extra); the ``preflight`` task checks those locations with it.
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the connectors).
     :param retries: retries per task (every step is idempotent, so retries are safe); in continuous mode they
         restart a capture or stream that died.
@@ -120,6 +130,7 @@ def history_stream_dag(
                           "(exactly_once_provider.operators.binlog_capture).") from err
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: use one of {MODES}.")
+    FullLoadRequest(schema=schema, table=table, sink_path=table_path, staging_path=staging_path).validate()
     continuous = mode == "continuous"
     topic = f"{pipeline}.{schema}.{table}"  # the capture's default topic template
     apply_pipeline = f"{pipeline}-apply"
@@ -142,28 +153,38 @@ def history_stream_dag(
     ) as dag:
         @task
         def preflight() -> dict:
-            """Check the server and table are fit for a full load and a binlog capture."""
+            """Check the server and table are fit for a full load and a binlog capture, and S3 locations usable."""
+            from exactly_once_provider.storage.preflight import preflight_locations
+            from exactly_once_provider.storage.s3 import settings_for
+
             checked = MySqlSourceHook(mysql_conn_id).preflight(schema, table)
             print(f"preflight ok: {checked.server.version_string}, key {list(checked.key.columns)}, "
                   f"~{checked.estimated_rows} rows")
+            locations = [table_path, checkpoint_location]
+            for storage in preflight_locations(locations, settings_for(aws_conn_id, *locations)):
+                print(f"preflight ok: {storage}")
             return {"key": list(checked.key.columns), "estimated_rows": checked.estimated_rows}
 
         @task.branch
         def choose_load(params: dict | None = None) -> str:
             """Run the full load on the first run or when ``full_reload`` is set; otherwise continue."""
             from exactly_once_provider.full_load.handoff import has_full_load
+            from exactly_once_provider.storage.s3 import register_settings, settings_for
 
+            s3 = settings_for(aws_conn_id, table_path)
+            if s3 is not None:  # the table's log is read through them
+                register_settings(s3)
             reload = str((params or {}).get("full_reload", False)).lower() == "true"
             if reload or not has_full_load(table_path):
                 return "full_load"
             return "retention_guard"
 
-        asset = Asset(name=f"{dag_id}.table", uri=f"file://{table_path}")
+        asset = Asset(name=f"{dag_id}.table", uri=lineage.storage_path(table_path).asset_uri)
         # [START howto_operator_full_load]
         full_load = MySqlFullLoadOperator(
-            task_id="full_load", table=table, schema=schema, sink_path=table_path, chunk_rows=chunk_rows,
-            full_reload="{{ params.full_reload }}", mysql_conn_id=mysql_conn_id, spark_conn_id=spark_conn_id,
-            spark_conf=spark_conf, outlets=[asset])
+            task_id="full_load", table=table, schema=schema, sink_path=table_path, staging_path=staging_path,
+            chunk_rows=chunk_rows, full_reload="{{ params.full_reload }}", mysql_conn_id=mysql_conn_id,
+            spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id, spark_conf=spark_conf, outlets=[asset])
         # [END howto_operator_full_load]
         # [START howto_operator_retention_guard]
         guard = BinlogRetentionGuardOperator(
@@ -176,7 +197,7 @@ def history_stream_dag(
             full_load_paths={f"{schema}.{table}": table_path}, mode=mode if continuous else "bounded",
             max_runtime=seconds if continuous else None, source_partition=CAPTURE_SOURCE_PARTITION,
             topic_partitions=topic_partitions, mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id,
-            trigger_rule="none_failed_min_one_success" if continuous else "all_success")
+            aws_conn_id=aws_conn_id, trigger_rule="none_failed_min_one_success" if continuous else "all_success")
         # [END howto_operator_binlog_capture]
         # [START howto_operator_spark_kafka_to_sink_current]
         apply = SparkKafkaToSinkOperator(
@@ -184,7 +205,7 @@ def history_stream_dag(
             checkpoint_location=checkpoint_location, mode="current",
             trigger="processing-time" if continuous else "available-now", interval=stream_interval,
             max_runtime=seconds if continuous else None, kafka_conn_id=kafka_config_id,
-            spark_conn_id=spark_conn_id, conf=dict(spark_conf or {}), outlets=[asset],
+            spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id, conf=dict(spark_conf or {}), outlets=[asset],
             trigger_rule="none_failed_min_one_success" if continuous else "all_success")
         # [END howto_operator_spark_kafka_to_sink_current]
         choice = choose_load()
@@ -198,7 +219,7 @@ def history_stream_dag(
         lag_gate = ConsumerLagSensor(
             task_id="lag_gate", topics=[topic], max_lag=max_lag, sink="delta", sink_location=table_path,
             sink_pipeline=apply_pipeline, missing_topics_ok=True, kafka_config_id=kafka_config_id,
-            timeout=3600, trigger_rule="none_failed_min_one_success")
+            aws_conn_id=aws_conn_id, timeout=3600, trigger_rule="none_failed_min_one_success")
         # [END howto_sensor_consumer_lag]
         # run_after: when a run was due (a manual run: its trigger time); the data interval is None on manual runs.
         on_schedule = "false" if full_reconcile_hour is None else (
@@ -212,7 +233,7 @@ def history_stream_dag(
             capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topic],
             sink_pipeline=apply_pipeline, full_load_path=table_path, scope=reconcile_scope,
             mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
-            kafka_config_id=kafka_config_id, spark_conf=spark_conf)
+            kafka_config_id=kafka_config_id, aws_conn_id=aws_conn_id, spark_conf=spark_conf)
         # [END howto_operator_reconcile_current]
         [full_load, guard] >> lag_gate >> capture >> apply >> reconcile
     return dag

@@ -56,6 +56,7 @@ def settlement_dag(
     kafka_config_id: str = "kafka_default",
     postgres_conn_id: str = "postgres_default",
     spark_conn_id: str = "spark_default",
+    aws_conn_id: str = "aws_default",
     spark_conf: dict[str, str] | None = None,
     retries: int = 2,
     retry_delay: timedelta = timedelta(minutes=1),
@@ -70,8 +71,8 @@ def settlement_dag(
     :param sum_columns: DECIMAL/integer columns summed per group, e.g. ``["amount"]``.
     :param pipeline: the extract's pipeline name (transactional id, ledger key, window ids).
     :param topic: the Kafka topic of the windows.
-    :param sink_path: the window-mode Delta table (declared as an Asset).
-    :param checkpoint_location: the Spark checkpoint of the load.
+    :param sink_path: the window-mode Delta table (declared as an Asset): a local path or ``s3://bucket/prefix``.
+    :param checkpoint_location: the Spark checkpoint of the load: a local path or ``s3://bucket/prefix``.
     :param report_table: the PostgreSQL report table (an Asset ``postgres://host:port/db/schema/table``, through
         the AssetAlias ``<dag_id>.report``: the report task names it when it runs, from its connection).
     :param start_date: the first interval's start.
@@ -85,6 +86,8 @@ def settlement_dag(
     :param kafka_config_id: the ``kafka`` connection.
     :param postgres_conn_id: the ``postgres`` connection (report and reconciliation results).
     :param spark_conn_id: the ``spark`` connection.
+    :param aws_conn_id: the standard ``aws`` connection of a ``sink_path`` or ``checkpoint_location`` on S3
+        (credentials, ``endpoint_url`` in its extra); ``ensure_topic`` checks those locations with it first.
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the connectors).
     :param retries: retries per task (every step is idempotent, so retries are safe).
     :param retry_delay: delay between retries.
@@ -116,7 +119,8 @@ def settlement_dag(
     ) as dag:
         @task
         def ensure_topic() -> str:
-            """Create the windows' topic if it is missing (the extract writes batch markers to every partition)."""
+            """Check S3 locations are usable, before a window is extracted; create the windows' topic if it is
+            missing (the extract writes batch markers to every partition)."""
             import time
 
             from confluent_kafka import KafkaError, KafkaException
@@ -124,7 +128,12 @@ def settlement_dag(
 
             from exactly_once_provider.connections import kafka_client_config
             from exactly_once_provider.kafka.topics import partitions_of
+            from exactly_once_provider.storage.preflight import preflight_locations
+            from exactly_once_provider.storage.s3 import settings_for
 
+            locations = [sink_path, checkpoint_location]
+            for storage in preflight_locations(locations, settings_for(aws_conn_id, *locations)):
+                print(f"preflight ok: {storage}")
             admin = AdminClient(kafka_client_config(kafka_config_id))  # the whole connection: SASL/TLS included
             if partitions_of(admin, [topic])[topic] is None:
                 try:
@@ -150,8 +159,8 @@ def settlement_dag(
         load = SparkKafkaToSinkOperator(
             task_id="load_window", pipeline=f"{pipeline}-load", topics=topic, sink="delta", sink_path=sink_path,
             checkpoint_location=checkpoint_location, mode="window", trigger="available-now",
-            kafka_conn_id=kafka_config_id, spark_conn_id=spark_conn_id, conf=dict(spark_conf or {}),
-            outlets=[sink_asset])
+            kafka_conn_id=kafka_config_id, spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id,
+            conf=dict(spark_conf or {}), outlets=[sink_asset])
         # [END howto_operator_spark_kafka_to_sink_window]
         # [START howto_operator_reconcile_window]
         window_id = (f"{{{{ {_WINDOW}['pipeline'] }}}}/{{{{ {_WINDOW}['source_partition'] }}}}/"
@@ -163,14 +172,14 @@ def settlement_dag(
             source_filter=(f"{{% set w = {_WINDOW} %}}{{% if w['lower'] %}}{cursor} >= '{{{{ w['lower'] }}}}' AND "
                            f"{{% endif %}}{cursor} < '{{{{ w['upper'] }}}}'"),
             mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
-            spark_conf=spark_conf)
+            aws_conn_id=aws_conn_id, spark_conf=spark_conf)
         # [END howto_operator_reconcile_window]
         # [START howto_operator_settlement_report]
         report = SettlementReportOperator(
             task_id="settlement_report", window_id=window_id, sink_path=sink_path, report_table=report_table,
             source_table=table, group_by=group_by, sum_columns=sum_columns, mysql_conn_id=mysql_conn_id,
-            postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id, spark_conf=spark_conf,
-            outlets=[report_asset])
+            postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id,
+            spark_conf=spark_conf, outlets=[report_asset])
         # [END howto_operator_settlement_report]
         ensure_topic() >> extract >> load >> reconcile >> report
     return dag

@@ -26,7 +26,7 @@ def measure_lag(client_config: dict[str, Any], topics: list[str], sink: str | No
     :param consumer_group: a consumer group instead of a sink.
     :param postgres_connect: psycopg2 connection arguments for a ``postgres`` sink.
     :param missing_topics_ok: a topic not created yet (the first run, before the producer) has no lag.
-    :param s3: a files sink on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
+    :param s3: a files or Delta sink on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
     """
     end = stable_end_offsets(client_config, topics, missing_ok=missing_topics_ok)
     if not end:
@@ -53,7 +53,7 @@ class ConsumerLagTrigger(BaseTrigger):
     :param sink_pipeline: the Spark job's pipeline name.
     :param consumer_group: a consumer group instead of a sink.
     :param postgres_conn_id: ``postgres`` sink: the connection, resolved in the triggerer.
-    :param aws_conn_id: a files sink on ``s3://``: the ``aws`` connection, resolved in the triggerer.
+    :param aws_conn_id: a files or Delta sink on ``s3://``: the ``aws`` connection, resolved in the triggerer.
     :param poll_interval: seconds between measurements.
     :param missing_topics_ok: a topic not created yet has no lag.
     """
@@ -89,7 +89,7 @@ class ConsumerLagTrigger(BaseTrigger):
         connect = s3 = None
         if self.sink == "postgres":
             connect = await sync_to_async(connect_kwargs)(self.postgres_conn_id or "postgres_default")
-        elif self.sink == "files" and is_s3(self.sink_location or ""):
+        elif self.sink in ("files", "delta") and is_s3(self.sink_location or ""):
             s3 = await sync_to_async(S3Settings.from_connection)(self.aws_conn_id or "aws_default")
         return kafka, connect, s3
 

@@ -28,3 +28,39 @@ def test_the_request_is_validated_once_by_its_own_rules(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", '{"conn_type": "mysql", "host": "h", "schema": "eo"}')
     with pytest.raises(ValueError, match="reader must be one of"):  # FullLoadRequest.validate, before any submit
         MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", reader="fast").execute({})
+
+
+AWS_LAKE = '{"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret", ' \
+           '"extra": {"endpoint_url": "http://127.0.0.1:9"}}'
+
+
+def test_a_sink_on_s3_is_checked_first_and_its_connection_reaches_the_driver_in_the_secrets_file_only(monkeypatch):
+    from exactly_once_provider.spark_jobs.packages import SPARK_PACKAGES
+    from exactly_once_provider.storage import preflight as preflight_module
+    from exactly_once_provider.storage import s3 as s3_module
+
+    monkeypatch.setattr(s3_module, "_registered", None)  # the operator registers them for its task's process
+    monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", '{"conn_type": "mysql", "host": "h", "schema": "eo"}')
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_LAKE", AWS_LAKE)
+    checked = []
+    monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
+    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="s3://lake/t", staging_path="/stage/t",
+                               aws_conn_id="aws_lake")
+    params = op.job_params({})
+    secrets = op.job_secrets()
+    assert (secrets["s3"]["access_key_id"], secrets["s3"]["secret_access_key"]) == ("AKIA-lake", "lake-s3cret")
+    assert "AIRFLOW_CONN_MYSQL_DEFAULT" in secrets["env"] and "lake-s3cret" not in str(params)
+    assert any(p.startswith("org.apache.hadoop:hadoop-aws:") for p in op.default_packages())
+    op.before_submit()
+    assert checked == ["s3://lake/t"] and s3_module.registered_settings().conn_id == "aws_lake"
+
+    local = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/lake/t", aws_conn_id="aws_missing")
+    assert "s3" not in local.job_secrets() and local.default_packages() == SPARK_PACKAGES
+
+
+@pytest.mark.parametrize("kwargs", [{"sink_path": "s3://lake/t"},
+                                    {"sink_path": "/lake/t", "staging_path": "s3a://lake/stage"}])
+def test_staging_on_s3_is_refused_before_submitting_naming_staging_path(monkeypatch, kwargs):
+    monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", '{"conn_type": "mysql", "host": "h", "schema": "eo"}')
+    with pytest.raises(ValueError, match=r"staging_path .* is on S3.*pass staging_path, a local directory"):
+        MySqlFullLoadOperator(task_id="t", table="t", **kwargs).execute({})

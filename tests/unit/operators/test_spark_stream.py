@@ -236,7 +236,9 @@ def test_a_delta_sink_and_a_checkpoint_on_s3_get_the_settings_in_the_secrets_fil
     monkeypatch.setattr(SparkKafkaToSinkOperator, "_delta_version", lambda self: -1)
     call = _submitted(monkeypatch, _op(sink="delta", sink_path="s3a://lake/t", aws_conn_id="aws_lake",
                                        checkpoint_location="s3://lake/_checkpoints/p"))
-    assert checked == ["s3://lake/t"] and call["secrets"]["s3"]["secret_access_key"] == "lake-s3cret"
+    # both checked before the submit: an unusable checkpoint location fails as early as the sink's
+    assert checked == ["s3://lake/t", "s3://lake/_checkpoints/p"]
+    assert call["secrets"]["s3"]["secret_access_key"] == "lake-s3cret"
     assert "org.apache.hadoop:hadoop-aws:" in call["packages"]
 
 

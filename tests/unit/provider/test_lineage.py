@@ -32,6 +32,7 @@ def _converted(name: lineage.DatasetName) -> tuple[str, str]:
     (lineage.storage_path("/var/lake/orders"), "file", "/var/lake/orders"),
     (lineage.storage_path("file:///var/lake/orders/"), "file", "/var/lake/orders"),
     (lineage.storage_path("s3://lake/tables/orders"), "s3://lake", "tables/orders"),
+    (lineage.storage_path("s3a://lake/tables/orders/"), "s3://lake", "tables/orders"),  # Spark's name, same object
 ])
 def test_names_follow_the_spec_and_their_asset_uris_convert_back(name, namespace, dataset):
     assert (name.namespace, name.name) == (namespace, dataset)

@@ -11,8 +11,9 @@ from botocore.exceptions import ClientError
 
 from exactly_once_provider.errors import ServiceAccessError
 from exactly_once_provider.storage import open_storage
-from exactly_once_provider.storage.preflight import preflight
-from exactly_once_provider.storage.s3 import S3Settings, S3Storage, register_settings, split_uri
+from exactly_once_provider.storage import preflight as preflight_module
+from exactly_once_provider.storage.preflight import preflight, preflight_locations
+from exactly_once_provider.storage.s3 import S3Settings, S3Storage, register_settings, settings_for, split_uri
 
 SETTINGS = S3Settings("AKIA-test", "secret-test", None, "http://127.0.0.1:1", "us-east-1", "path", None, "aws_x")
 
@@ -129,3 +130,23 @@ def test_put_if_absent_meeting_its_own_earlier_attempt_reports_the_write_as_its_
     client.objects["lake/_delta_log/00000000000000000001.json"] = b"mine"  # the attempt whose answer was lost
     assert storage.put_if_absent("_delta_log/00000000000000000001.json", b"mine")
     assert not storage.put_if_absent("_delta_log/00000000000000000001.json", b"another writer's")
+
+
+def test_the_connection_is_read_only_for_a_location_on_s3(monkeypatch):
+    monkeypatch.delenv("AIRFLOW_CONN_AWS_NOWHERE", raising=False)  # reading it would fail
+    assert settings_for("aws_nowhere", "/lake/t", None, "file:///lake/c") is None
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_LAKE", '{"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret", '
+                                                '"extra": {"endpoint_url": "http://127.0.0.1:9"}}')
+    found = settings_for("aws_lake", "/lake/t", "s3a://lake/c")
+    assert (found.access_key_id, found.endpoint_url, found.conn_id) == ("AKIA-lake", "http://127.0.0.1:9", "aws_lake")
+
+
+def test_preflight_of_a_task_s_locations_checks_each_s3_place_once_and_leaves_local_ones(monkeypatch):
+    checked = []
+    monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
+    assert preflight_locations(["/lake/t", None, "s3://lake/t", "s3a://lake/t", "s3://lake/c"], SETTINGS) == [
+        "ok", "ok"]
+    assert checked == ["s3://lake/t", "s3://lake/c"]
+    assert preflight_locations(["/lake/t", "file:///lake/c"], None) == []
+    with pytest.raises(ValueError, match=r"s3://lake/t is on S3: name the `aws` Airflow connection \(aws_conn_id\)"):
+        preflight_locations(["s3://lake/t"], None)

@@ -58,3 +58,23 @@ def test_increments_reconcile_the_changed_keys_and_the_whole_table_on_reloads_pa
     assert _scope(task, "2026-11-25T10:00:00Z", full_reload=True) == "full"
     never = _dag(full_reconcile_hour=None).get_task("reconcile")
     assert _scope(never, "2026-11-25T00:01:00Z") == "changed"
+
+
+def test_a_table_and_checkpoint_on_s3_reach_every_task_with_the_aws_connection():
+    dag = _dag(table_path="s3a://lake/orders", checkpoint_location="s3://lake/_checkpoints/orders",
+               staging_path="/stage/orders", aws_conn_id="aws_lake")
+    full_load, apply = dag.get_task("full_load"), dag.get_task("apply")
+    assert (full_load.sink_path, full_load.staging_path) == ("s3a://lake/orders", "/stage/orders")
+    assert (apply.sink_path, apply.checkpoint_location) == ("s3a://lake/orders", "s3://lake/_checkpoints/orders")
+    assert dag.get_task("capture").full_load_paths == {"shop.orders": "s3a://lake/orders"}
+    readers = ("full_load", "capture", "apply", "lag_gate", "reconcile")
+    assert {t: dag.get_task(t).aws_conn_id for t in readers} == dict.fromkeys(readers, "aws_lake")
+    # the Asset names the object as OpenLineage and the Amazon provider do: s3://, whatever Spark calls it
+    assert {o.uri for t in dag.tasks for o in t.outlets} == {"s3://lake/orders"}
+
+
+def test_a_table_on_s3_without_a_local_staging_path_is_refused_when_the_dag_is_built():
+    with pytest.raises(ValueError, match=r"staging_path s3://lake/orders._eo_full_load is on S3.*pass staging_path"):
+        _dag(table_path="s3://lake/orders")
+    with pytest.raises(ValueError, match="staging_path s3://lake/stage is on S3"):
+        _dag(table_path="/data/t", staging_path="s3://lake/stage")

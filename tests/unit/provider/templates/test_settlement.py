@@ -43,3 +43,13 @@ def test_reconcile_compares_the_recorded_window_bounds():
     assert "xcom_pull(task_ids='extract_window')" in task.source_filter
     assert "`updated_at` < '{{ w['upper'] }}'" in task.source_filter
     assert task.sink_filter.startswith("window_id = '") and task.sink_json_path == "row"
+
+
+def test_a_sink_and_checkpoint_on_s3_reach_the_load_reconcile_and_report_with_the_aws_connection():
+    dag = _dag(sink_path="s3://lake/windows", checkpoint_location="s3://lake/_checkpoints/w", aws_conn_id="aws_lake")
+    load = dag.get_task("load_window")
+    assert (load.sink_path, load.checkpoint_location) == ("s3://lake/windows", "s3://lake/_checkpoints/w")
+    users = ("load_window", "reconcile_window", "settlement_report")
+    assert {t: dag.get_task(t).aws_conn_id for t in users} == dict.fromkeys(users, "aws_lake")
+    assert dag.get_task("settlement_report").sink_path == "s3://lake/windows"
+    assert {o.uri for t in dag.tasks for o in t.outlets if hasattr(o, "uri")} == {"s3://lake/windows"}
