@@ -409,19 +409,22 @@ class PipelineWriter:
         index = start
         while index < stop:
             try:
+                # Fields by position: a record may be a longer tuple whose first four are Message's (ChangeRecord).
                 if reported is None:
                     for index in range(index, stop):
-                        value, key, headers, to = messages[index]
-                        produce(to or topic, value, key, on_delivery=deliveries, headers=headers)
+                        message = messages[index]
+                        produce(message[3] or topic, message[0], message[1], on_delivery=deliveries,
+                                headers=message[2])
                 else:  # exactly_once: a few records get a report; the rest pass no keyword (cheaper C call)
                     for index in range(index, stop):
-                        value, key, headers, to = messages[index]
+                        message = messages[index]
                         if index in reported:
-                            produce(to or topic, value, key, on_delivery=deliveries, headers=headers)
-                        elif headers is None:
-                            produce(to or topic, value, key)
+                            produce(message[3] or topic, message[0], message[1], on_delivery=deliveries,
+                                    headers=message[2])
+                        elif message[2] is None:
+                            produce(message[3] or topic, message[0], message[1])
                         else:
-                            produce(to or topic, value, key, headers=headers)
+                            produce(message[3] or topic, message[0], message[1], headers=message[2])
                 return
             except BufferError:  # the local queue is full: serve delivery reports, then _produce waits for room
                 self.producer.poll(0.05)

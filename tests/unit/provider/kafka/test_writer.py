@@ -367,3 +367,19 @@ def test_empty_batch_commits_only_the_ledger_record():
     committed = writer.write_batch("data", [], offset=7)
     assert _data(producer) == [] and [t for t, _ in producer.produced] == ["ledger"]
     assert writer.last_committed == committed and committed.offset == 7
+
+
+def test_records_longer_than_a_message_are_produced_by_their_first_four_fields():
+    # The capture hands its ChangeRecord (Message's four fields, then the handoff's) to the writer as is.
+    from exactly_once_provider.capture.change_record import ChangeRecord
+
+    producer = FakeProducer()
+    callbacks = _record_report_requests(producer)
+    writer = _writer(producer)
+    batch = [ChangeRecord(b"1", b"a", None, "data", (1,), "eo", "t"), ChangeRecord(b"2", b"a", None, None, (1,), "eo", "t"),
+             ChangeRecord(b"3", b"b", {"h": b"v"}, "data", (2,), "eo", "t")]
+    writer.write_batch("other", batch, offset=3)
+    assert [(t, v) for t, v in producer.produced if v in (b"1", b"2", b"3")] == [
+        ("data", b"1"), ("other", b"2"), ("data", b"3")]
+    assert callbacks == [True, True]  # the last of key a in "data", the last of key b ("other" is not noted)
+    assert writer.partition_offsets[("data", 0)] > 0
