@@ -388,11 +388,14 @@ import logging, sys
 from confluent_kafka import Producer
 from exactly_once_provider.kafka.writer import Message, PipelineWriter, transactional_id_for
 bootstrap, topic, ledger = sys.argv[1:4]
+timeout_ms = int(sys.argv[4]) if len(sys.argv) > 4 else 60000
 logging.basicConfig(level=logging.INFO, format="[writer] %(message)s")
 cfg = {"bootstrap.servers": bootstrap}
 tid = transactional_id_for("anomaly", "p0")
-writer = PipelineWriter(lambda: Producer({**cfg, "transactional.id": tid, "enable.idempotence": True, "acks": "all"}),
-                        cfg, "anomaly", "p0", "exactly_once", tid, ledger, False, logging.getLogger("writer"))
+writer = PipelineWriter(lambda: Producer({**cfg, "transactional.id": tid, "enable.idempotence": True, "acks": "all",
+                                          "transaction.timeout.ms": timeout_ms}),
+                        cfg, "anomaly", "p0", "exactly_once", tid, ledger, False, logging.getLogger("writer"),
+                        transaction_timeout_s=timeout_ms / 1000)
 last = writer.open()
 done = 0 if last is None else last.offset
 print("RESUME", done, flush=True)
@@ -440,6 +443,39 @@ def product_iteration(n1: Broker, n2: Broker) -> dict:
             "records": len(values), "distinct": len(set(values)), "duplicated_values": duplicates,
             "missing": sorted(set(range(1, 31)) - set(values)), "anomaly": bool(duplicates),
             "writer2_tail": out.strip().splitlines()[-3:]}
+
+
+def product_restart_iteration(broker: Broker, a_timeout: tuple[int, int]) -> dict:
+    """The product on ONE node: writer 1 dies at "produced" of batch 2, the broker is SIGKILLed and restarted while
+    writer 1's transaction.timeout.ms (random in ``a_timeout``) runs out; then writer 2 resumes (timeout 15 s)."""
+    from exactly_once_provider.kafka.offsets import COMPACTION_CONFIG
+    bootstrap = broker.bootstrap
+    name = f"p-{uuid.uuid4().hex[:10]}"
+    ledger = f"ledger-{name}"
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+    for topic, config in ((name, {}), (ledger, dict(COMPACTION_CONFIG))):
+        admin.create_topics([NewTopic(topic, 1, 1, config=config)])[topic].result(30)
+        wait_for(f"{topic} leader", lambda t=topic: leader_of(bootstrap, t) == 1)
+    timeout_ms = random.randint(*a_timeout)
+    env = {**os.environ, "EO_FAULT_AT": "produced:2", "EO_FAULT_ACTION": "kill"}
+    first = subprocess.run([sys.executable, "-c", WRITER, bootstrap, name, ledger, str(timeout_ms)], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-2000:])
+    broker.kill()
+    broker.start()
+    second = subprocess.run([sys.executable, "-c", WRITER, bootstrap, name, ledger, "15000"], capture_output=True,
+                            text=True, timeout=600)
+    values = [int(v) for v in read_all(bootstrap, name, "read_uncommitted")[0]]  # never blocks on an open txn
+    committed = [int(v) for v in read_all(bootstrap, name, "read_committed", idle=5)[0]]
+    log = (broker.run / "broker.log").read_text(errors="replace")
+    duplicates = sorted(v for v in set(committed) if committed.count(v) > 1)
+    return {"scenario": "product-restart", "topic": name, "writer1_txn_timeout_ms": timeout_ms,
+            "skipped_data": "Couldn't find leader endpoint for partitions Set(" + name in log,
+            "skipped_ledger": "Couldn't find leader endpoint for partitions Set(" + ledger in log
+                              or f"Set({name}-0, {ledger}-0)" in log or f"Set({ledger}-0, {name}-0)" in log,
+            "writer2_rc": second.returncode, "writer2_tail": (second.stdout + second.stderr).strip().splitlines()[-2:],
+            "read_committed": len(committed), "read_uncommitted": len(values), "duplicated_values": duplicates,
+            "anomaly": bool(duplicates) or second.returncode != 0}
 
 
 def dump_files(directories: list[Path], out: Path) -> None:
@@ -495,7 +531,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--run", default=None, help="run directory name under /var/tmp/kafka-anomaly")
     ap.add_argument("--port", type=int, default=29092)
-    ap.add_argument("--scenario", choices=["restart", "offline", "product"], default="restart")
+    ap.add_argument("--scenario", choices=["restart", "offline", "product", "product-restart"], default="restart")
     ap.add_argument("--b-when", choices=["down", "up", "commit"], default="down",
                     help="offline scenario: B starts while the data partition is offline (down) or after (up); "
                          "commit: A itself commits while it is offline, then aborts its next transaction")
@@ -531,11 +567,14 @@ def main() -> None:
     dumped = False
     try:
         for i in range(args.iterations):
-            result = {"i": i, "tv": args.tv, **iteration(broker, args.old, args.ack, a_timeout)}
+            if args.scenario == "product-restart":
+                result = {"i": i, "tv": args.tv, **product_restart_iteration(broker, a_timeout or (9000, 17000))}
+            else:
+                result = {"i": i, "tv": args.tv, **iteration(broker, args.old, args.ack, a_timeout)}
             print(json.dumps(result), flush=True)
             with open(run / "results.jsonl", "a") as f:
                 f.write(json.dumps(result) + "\n")
-            if result["anomaly"] and not dumped:
+            if result["anomaly"] and not dumped and args.scenario == "restart":
                 dump(broker, result["topic"], run / f"dump-{result['topic']}.txt")
                 dumped = True
     finally:
