@@ -13,6 +13,10 @@ DumpLogSegments evidence needs the kafka-tools jar in ``/var/tmp/kafka-anomaly/t
     # tests/faults/test_kafka_broker_kill.py on one node (SIGKILL + restart), optionally racing the timeout abort
     $PY tests/faults/kafka_unclean_restart_repro.py --old killed --iterations 30 --port 29092 \
         [--a-txn-timeout-ms 9000-17000 --abort-interval-ms 1000]
+    # the product's PipelineWriter (needs exactly_once_provider installed, as in /work/main/.venv)
+    $PY tests/faults/kafka_unclean_restart_repro.py --scenario product --iterations 5 --port 29592
+    $PY tests/faults/kafka_unclean_restart_repro.py --scenario product-restart --iterations 6 --port 29092 \
+        --a-txn-timeout-ms 9000-17000 --abort-interval-ms 1000
 
 restart (default): one KRaft node. Per iteration, on a fresh topic and transactional.id: producer A commits
 "committed-1", begins, produces "in-flight" (``--ack acked``: flushed; ``unacked``: not waited for); the broker is
@@ -27,6 +31,9 @@ partition. A (separate process) commits "committed-1", produces "in-flight" in a
 SIGKILLed; node 2 is SIGKILLed; once the partition has no leader, B runs init_transactions (``down``), node 2
 restarts, B commits "committed-2". ``commit``: A's own commit_transaction runs while the partition has no leader,
 then A aborts its next transaction on that partition and commits a third.
+
+product: see product_iteration (two nodes, data partition offline while the restarted writer aborts: DUPLICATE);
+product-restart: see product_restart_iteration (one node; both markers skipped: the writer's ledger read hangs).
 
 ANOMALY: "in-flight" read read_committed (``commit``: "committed-while-offline" NOT read). The first anomaly's
 data partition and __transaction_state are dumped (DumpLogSegments) into the run directory; one JSON line per
