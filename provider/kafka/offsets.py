@@ -437,7 +437,9 @@ def end_offsets_consumer(config: dict[str, Any]) -> Consumer:
 
 _ELECTING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.UNKNOWN_LEADER_EPOCH})
-_STUCK = "A transaction stays open on it; it ends at the producer's transaction.timeout.ms."
+_STUCK = ("A transaction stays open on it; it ends at the producer's transaction.timeout.ms. If it never ends (a broker "
+          "restart can leave a transaction without its end marker: docs/pitfalls.md#kafka), find and abort it with "
+          "kafka-transactions.sh find-hanging / abort.")
 
 
 def _ledger_bounds(config: dict[str, Any], topic: str, pipelines: set[str] | None,

@@ -10,7 +10,10 @@ from tests.kafka_support import new_topic, produce_transaction, read_all, transa
 
 # The harness and Kafka itself, not the product (the product's broker bounce is test_producer_kill's, with its
 # ledger): `make faults-matrix` only. Seen once on 2026-11-26 (Kafka 4.3.1, a full CI-like run): the killed
-# epoch's open transaction was readable read_committed after the restart; three matrix runs before passed.
+# epoch's open transaction was readable read_committed after the restart. Cause, reproduced by
+# tests/faults/kafka_unclean_restart_repro.py: a restart longer than the transaction timeout lets the coordinator
+# abort on stale metadata, where the partition has no leader, and it skips that partition's marker; the next
+# COMMIT of the producer id commits the records (docs/pitfalls.md#kafka).
 @pytest.mark.matrix
 @pytest.mark.harness
 @pytest.mark.exclusive  # restarts the shared broker
