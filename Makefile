@@ -69,7 +69,8 @@ faults-matrix: stack-up  ## every fault scenario and variant RUNS times (default
 # then the tables and plots of docs/benchmarks.md. One that fails does not stop the others; the target fails at the end.
 bench: stack-up  ## every benchmark, then the docs tables and docs/images/bench-*.png (JSON in benchmarks/results/)
 	@t0=$$(date +%s); failed=""; \
-	run() { name=$$1; shift; echo "[make] bench-$$name: $$*"; s=$$(date +%s); \
+	run() { name=$$1; shift; w=0; while [ $$w -lt 180 ] && awk '{exit !($$1 >= 1.5)}' /proc/loadavg; do sleep 10; w=$$((w + 10)); done; \
+	  echo "[make] bench-$$name: $$* (waited $${w}s for a 1-min load average below 1.5)"; s=$$(date +%s); \
 	  $(PY) "$$@" || failed="$$failed $$name"; echo "[make] bench-$$name: $$(( $$(date +%s) - s ))s"; }; \
 	run producer benchmarks/bench_producer.py --repeats 3; \
 	run capture benchmarks/bench_capture.py --rows 100000 --repeats 3; \

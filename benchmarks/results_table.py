@@ -78,9 +78,11 @@ def _cell(value) -> str:
 def generic_table(result: dict) -> str:
     """Return the Markdown of a result written through ``_support.report``: its title and table as printed."""
     table = result["table"]
-    quiet = result.get("repeats", 3) >= 3 and max(result["loadavg_before"][0], result["loadavg_after"][0]) < 2
+    # The load after a run is mostly the run itself (broker, Spark, database on 2 cores); other work shows before it.
+    quiet = result.get("repeats", 3) >= 3 and result["loadavg_before"][0] < 2
     lines = [f"{_machine(result)}. {table['title']}."
-             + ("" if quiet else " **Not a valid ratio: fewer than 3 repeats or load average 2 or more.**"), "", "| " + " | ".join(table["headers"]) + " |",
+             + ("" if quiet else " **Not a valid ratio: fewer than 3 repeats, or the machine was busy when it started "
+                                 "(1-min load average 2 or more).**"), "", "| " + " | ".join(table["headers"]) + " |",
              "|---" + "|---:" * (len(table["headers"]) - 1) + "|"]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table["rows"]]
     return "\n".join(lines + [""])
