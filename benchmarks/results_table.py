@@ -11,7 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-import plots
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("history", "freshness", "increment", "capture", "producer", "full_load", "watermark", "spark_sinks",
@@ -141,6 +140,8 @@ def main() -> None:
             raise SystemExit(f"{page} has no {begin} ... {end} region.")
         body = ({"freshness": freshness_table, "increment": increment_table, "matrix": matrix_table,
                  "capture": capture_table}.get(kind) or (generic_table if "table" in result else table))(result)
+        import plots  # here, not at the top: tests/faults/matrix.py imports this module from the repository root
+
         image = plots.draw(kind, result)
         if image is not None:
             body += f"\n![bench-{kind}, commit {result['commit']}](images/{image.name})\n"
