@@ -73,14 +73,15 @@ bench: stack-up  ## every benchmark, then the docs tables and docs/images/bench-
 	  echo "[make] bench-$$name: $$* (waited $${w}s for a 1-min load average below 1.5)"; s=$$(date +%s); \
 	  $(PY) "$$@" || failed="$$failed $$name"; echo "[make] bench-$$name: $$(( $$(date +%s) - s ))s"; }; \
 	run producer benchmarks/bench_producer.py --repeats 3; \
-	run capture benchmarks/bench_capture.py --rows 100000 --repeats 3; \
+	run capture benchmarks/bench_capture.py --sizes 25000,250000 --repeats 3; \
 	run watermark benchmarks/bench_watermark.py --rows 500000 --repeats 3; \
 	run full-load benchmarks/bench_full_load.py --rows 1000000 --repeats 3; \
 	run reconcile benchmarks/bench_reconcile.py --rows 1000000 --repeats 3; \
-	run spark-sinks benchmarks/bench_spark_sinks.py --records 200000 --batch 100000 --repeat 3; \
+	run spark-sinks benchmarks/bench_spark_sinks.py --records 200000 --batch 100000 --repeat 3 \
+	  --sinks delta,postgres,files,delta-s3,files-s3; \
 	run history benchmarks/bench_history.py --repeats 3 --ledger-sizes 1000,100000 --manifests 10,10000 \
 	  --delta-commits 10,10000 --delta-s3-commits 10,1000 --postgres-rows 1000,100000; \
-	run freshness benchmarks/bench_freshness.py --seconds 90 --warmup 30; \
+	run freshness benchmarks/bench_freshness.py --seconds 300 --warmup 30; \
 	run increment benchmarks/bench_increment.py --sizes 10000 --repeats 3; \
 	$(PY) benchmarks/results_table.py >/dev/null || failed="$$failed docs-tables"; \
 	echo "[make] bench: $$(( $$(date +%s) - t0 ))s$${failed:+, failed:$$failed}"; [ -z "$$failed" ]

@@ -1,8 +1,10 @@
 """Benchmark (not a test): reconcile a >= 1M-row MariaDB table with its PostgreSQL copy.
 
 Seeds the source (MariaDB sequence engine) and the sink (generate_series) with the same rows from the same
-formulas, then, in one run: "count" = ``SELECT COUNT(*)`` on both sides (the floor: one full count scan per
-side); "clean" = ReconcileOperator with no difference; then one planted difference at a time (changed value,
+formulas, then, in one run: "count" = ``SELECT COUNT(*)`` on both sides (the issue's baseline: one full count
+scan per side, which reads no row's content); "content floor" = one query per side that reads every compared
+column of every row into one checksum, both sides at once (what any content comparison must at least do);
+"clean" = ReconcileOperator with no difference; then one planted difference at a time (changed value,
 missing row, extra row) and the key each run names. Prints seconds, queries, full scans and the ratio to the
 count baseline; writes ``benchmarks/results/reconcile-*.json``. Usage: ``make bench-reconcile`` or
 ``python benchmarks/bench_reconcile.py [--rows 1000000]``.
@@ -56,21 +58,36 @@ def main() -> int:
         assert cur.fetchone()[0] == pcur.fetchone()[0] == n
         return time.monotonic() - t0
 
+    def content_floor() -> float:
+        from concurrent.futures import ThreadPoolExecutor
+
+        columns = "id, amount, currency, note, created"
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
+            source = pool.submit(cur.execute, f"SELECT COUNT(*), SUM(CRC32(CONCAT_WS('|', {columns}))) FROM {table}")
+            pcur.execute(f"SELECT COUNT(*), SUM(hashtext(concat_ws('|', {columns}))::bigint) FROM {table}")
+            source.result()
+        assert cur.fetchone()[0] == pcur.fetchone()[0] == n
+        return time.monotonic() - t0
+
     def reconcile() -> dict:
         op = ReconcileOperator(task_id="bench", name=f"bench-{table}", table=table, sink="postgres",
                                sink_table=table, fail_on_mismatch=False, store_result=False)
         return op.execute({})
 
     count()  # warm both caches the same way
-    counts, cleans = [], []
-    for repeat in range(args.repeats):  # the baseline and the clean run interleaved, ABBA; medians
-        sides = [lambda: counts.append(count()), lambda: cleans.append(reconcile())]
+    counts, floors, cleans = [], [], []
+    for repeat in range(args.repeats):  # the baselines and the clean run interleaved, ABBA; medians
+        sides = [lambda: counts.append(count()), lambda: floors.append(content_floor()),
+                 lambda: cleans.append(reconcile())]
         for side in sides if repeat % 2 == 0 else sides[::-1]:
             side()
     assert all(c["clean"] for c in cleans), cleans
     baseline = statistics.median(counts)
     clean = sorted(cleans, key=lambda c: c["seconds"])[(len(cleans) - 1) // 2]  # the median run (lower one if even)
     rows = [(f"count(*) both sides ({len(counts)} runs)", baseline, 2, 2, "-"),
+            (f"content floor: one checksum of every row per side, at once ({len(floors)} runs)",
+             statistics.median(floors), 2, 2, "-"),
             (f"no difference ({len(cleans)} runs)", clean["seconds"], clean["queries"], clean["full_scans"], "-")]
     key = n // 2 + 17
     plants = [("changed value", f"UPDATE {table} SET amount = amount + 0.01 WHERE id = {key}",

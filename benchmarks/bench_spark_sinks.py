@@ -5,7 +5,8 @@ modes of the packaged job with spark-submit (local[2], driver 1g) on that same t
 ABBA order (the first run of a pair is often the slower one on a busy machine); it prints rows/s of every
 run (rows in the sink / query time, JVM start-up excluded) with its per-batch seconds (the job's own log
 lines: a fixed per-commit cost shows in the small last batch) and, per sink, the median of each mode and
-their ratio exactly-once / at-least-once. For Delta a third candidate runs in the same rotation: the
+their ratio exactly-once / at-least-once. For Delta the at-least-once append collects the same statistics as
+the own commit (``SAME_STATS``: integral columns only, no ``.crc``), like for like. For Delta a third candidate runs in the same rotation: the
 exactly-once job committing through Delta's own writer (``--delta-commit delta``, the txn-id write option:
 what the sink did before it wrote its commits itself), printed as its own row. Each run's output is deleted once counted, and the topic at the
 end unless ``--keep-topic`` (a 1M-record topic per run filled the shared disk otherwise); ``--topic``
@@ -111,6 +112,10 @@ BATCH_LINE = re.compile(r"\bbatch (\d+) (?:appended|committed|was already commit
 # candidate -> (job --delivery, extra job args)
 CANDIDATES = {"exactly-once": ("exactly-once", []), "at-least-once": ("at-least-once", []),
               "eo-delta-writer": ("exactly-once", ["--delta-commit", "delta"])}
+# The plain Delta append with the statistics the own commit records (min/max/null counts of the integral columns,
+# Kafka partition and offset; no .crc file), so both sides of the Delta ratio collect the same statistics.
+SAME_STATS = {"spark.databricks.delta.properties.defaults.dataSkippingStatsColumns": "kafka_partition,kafka_offset",
+              "spark.databricks.delta.writeChecksumFile.enabled": "false"}
 
 
 def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run: int
@@ -126,7 +131,8 @@ def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run:
     delivery, extra = CANDIDATES[candidate]
     args = jobs.job_args(stack, f"bench-{name}", topic, work / f"cp-{name}", sink.removesuffix("-s3"), target,
                          max_offsets=batch, delivery=delivery, s3=s3) + extra
-    result = jobs.run_job(stack, args, timeout=1800)
+    same_stats = sink.startswith("delta") and candidate == "at-least-once"
+    result = jobs.run_job(stack, args, timeout=1800, conf=SAME_STATS if same_stats else None)
     if result.returncode != 0:
         raise SystemExit(f"{sink} {delivery} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     seconds = float(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("EO_TIMING ")))

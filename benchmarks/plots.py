@@ -15,8 +15,9 @@ def bars(result: dict) -> tuple[list[str], list[float], str] | None:
         return [str(row[0]) for row in rows], [float(row[column]) for row in rows], result["plot"]["label"]
     kind = result.get("benchmark", "history")
     if kind == "capture":
-        runs = result["runs"]
-        return list(runs), [r["median_wall"] for r in runs.values()], "rows/s, wall (median)"
+        sizes = result.get("by_size") or [result]
+        return ([f"{size['changes']:,} changes: {label}" for size in sizes for label in size["runs"]],
+                [r["median_wall"] for size in sizes for r in size["runs"].values()], "rows/s, wall (median)")
     if kind == "freshness":
         return ["p50", "p90", "p99", "max"], [result[f"{q}_s"] for q in ("p50", "p90", "p99", "max")], \
             "source commit -> visible, seconds"

@@ -38,14 +38,16 @@ def freshness_table(result: dict) -> str:
 
 
 def capture_table(result: dict) -> str:
-    """Return the Markdown for one capture result: rows/s of the raw read and the capture, and their ratio."""
-    lines = [f"{_machine(result)}; {result['changes']:,} row changes, median of {result['repeats']} interleaved runs.",
-             "", "| reader | rows/s wall | runs | rows per CPU-second |", "|---|---:|---|---:|"]
-    for label, runs in result["runs"].items():
-        lines.append(f"| {label} | {runs['median_wall']:,.0f} | "
-                     + " / ".join(f"{v:,.0f}" for v in runs["rows_per_s_wall"]) + f" | {runs['median_cpu']:,.0f} |")
-    lines.append(f"| **ratio, setup included (target ≥ 0.8)** | **{result['ratio_wall']:.3f}** | | "
-                 f"**{result['ratio_cpu']:.3f}** |")
+    """Return the Markdown for one capture result: per binlog size, rows/s of the raw read and the capture, and their ratio."""
+    sizes = result.get("by_size") or [result]  # results before 2026-11-26: one size at the top level
+    lines = [f"{_machine(result)}; median of {result['repeats']} interleaved runs per size.", "",
+             "| row changes | reader | rows/s wall | runs | rows per CPU-second |", "|---:|---|---:|---|---:|"]
+    for size in sizes:
+        for label, runs in size["runs"].items():
+            lines.append(f"| {size['changes']:,} | {label} | {runs['median_wall']:,.0f} | "
+                         + " / ".join(f"{v:,.0f}" for v in runs["rows_per_s_wall"]) + f" | {runs['median_cpu']:,.0f} |")
+        lines.append(f"| {size['changes']:,} | **ratio, setup included (target ≥ 0.8)** | **{size['ratio_wall']:.3f}** | | "
+                     f"**{size['ratio_cpu']:.3f}** |")
     return "\n".join(lines + [""])
 
 

@@ -85,10 +85,11 @@ def kill_driver_at(step: str, batch_id: int) -> dict[str, str]:
     return {"EO_FAULT_AT": f"{step}_{batch_id}", "EO_FAULT_ACTION": "kill-group"}
 
 
-def submit_command(stack, args: list[str], master: str = "local[2]") -> list[str]:
+def submit_command(stack, args: list[str], master: str = "local[2]", conf: dict[str, str] | None = None) -> list[str]:
     # A job whose arguments name an S3 location gets the s3a connector (its settings travel in the secrets file).
     s3 = any(arg.startswith(("s3://", "s3a://")) for arg in args)
-    connectors = [arg for key, value in stack.spark_conf(s3=s3).items() for arg in ("--conf", f"{key}={value}")]
+    connectors = [arg for key, value in {**stack.spark_conf(s3=s3), **(conf or {})}.items()
+                  for arg in ("--conf", f"{key}={value}")]
     return [SPARK_SUBMIT, "--master", master, "--driver-memory", "1g",
             "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false", *connectors, JOB, *args]
 
@@ -100,9 +101,9 @@ def submit_env(stack, extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_job(stack, args: list[str], extra_env: dict[str, str] | None = None, timeout: float = 300,
-            log_file: Path | None = None) -> subprocess.CompletedProcess:
+            log_file: Path | None = None, conf: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the job to its end with spark-submit (its own process group, like a driver on a worker)."""
-    result = subprocess.run(submit_command(stack, args), env=submit_env(stack, extra_env), capture_output=True,
+    result = subprocess.run(submit_command(stack, args, conf=conf), env=submit_env(stack, extra_env), capture_output=True,
                             text=True, timeout=timeout, start_new_session=True)
     if log_file is not None:
         with open(log_file, "a") as handle:

@@ -15,6 +15,9 @@ The algorithm (data-diff style, docs/pitfalls.md#reconciliation), on a single in
    source after the sink's position: see :mod:`exactly_once_provider.reconcile.position`); ``in_flight``
    keys are reported, never counted as mismatches.
 
+Both sides answer each step at the same time (two threads: each side is its own database or engine, and the
+drivers release the GIL while they wait), so a step costs the slower side, not the sum of both.
+
 Every query is recorded in :attr:`Report.queries` with its scope, so the cost is measured, not guessed.
 """
 
@@ -22,9 +25,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 Ranges = list[tuple[int, int]]  # half-open key ranges [lo, hi)
 MISMATCH_KINDS = ("missing", "extra", "duplicate", "changed")
@@ -151,6 +157,17 @@ def grid_width(lo: int, hi: int, fanout: int, max_segments: int) -> int:
     return width
 
 
+def _both(pool: ThreadPoolExecutor, left: Callable[[], T], right: Callable[[], T]) -> tuple[T, T]:
+    """Run ``left`` in a worker thread and ``right`` here; return both results (``right``'s error first)."""
+    pending = pool.submit(left)
+    try:
+        right_result = right()
+    except BaseException:
+        wait([pending])  # a side never runs on behind a failed step
+        raise
+    return pending.result(), right_result
+
+
 def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int = 256, leaf_width: int = 16,
               in_flight_keys: Iterable[int] = (), scope: Ranges | None = None) -> Report:
     """Compare ``source`` and ``sink`` and return the :class:`Report`.
@@ -176,20 +193,22 @@ def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int =
         report.seconds = time.monotonic() - started
         return report  # nothing changed: nothing to compare
     level_ranges: Ranges | None = scope  # None: the whole table
-    while True:
-        report.levels += 1
-        left, right = src.segments(base, width, level_ranges), dst.segments(base, width, level_ranges)
-        if report.levels == 1:
-            report.source_rows, report.source_checksum = (sum(v[i] for v in left.values()) for i in (0, 1))
-            report.sink_rows, report.sink_checksum = (sum(v[i] for v in right.values()) for i in (0, 1))
-        differing = sorted(s for s in set(left) | set(right) if left.get(s) != right.get(s))
-        ranges = _within([(base + s * width, base + (s + 1) * width) for s in differing], scope)
-        if not ranges:
-            break
-        if width <= leaf_width:
-            _compare_keys(src.rows(ranges), dst.rows(ranges), in_flight, report)
-            break
-        level_ranges, width = ranges, max(1, width // fanout)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-source") as pool:
+        while True:
+            report.levels += 1
+            left, right = _both(pool, lambda: src.segments(base, width, level_ranges),
+                                lambda: dst.segments(base, width, level_ranges))
+            if report.levels == 1:
+                report.source_rows, report.source_checksum = (sum(v[i] for v in left.values()) for i in (0, 1))
+                report.sink_rows, report.sink_checksum = (sum(v[i] for v in right.values()) for i in (0, 1))
+            differing = sorted(s for s in set(left) | set(right) if left.get(s) != right.get(s))
+            ranges = _within([(base + s * width, base + (s + 1) * width) for s in differing], scope)
+            if not ranges:
+                break
+            if width <= leaf_width:
+                _compare_keys(*_both(pool, lambda: src.rows(ranges), lambda: dst.rows(ranges)), in_flight, report)
+                break
+            level_ranges, width = ranges, max(1, width // fanout)
     labels = {**getattr(sink, "labels", {}), **getattr(source, "labels", {})}
     if labels:
         report.differences = [replace(d, label=labels.get(d.key)) for d in report.differences]

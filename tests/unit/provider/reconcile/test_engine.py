@@ -105,3 +105,39 @@ def test_key_ranges_join_runs_and_close_the_smallest_gaps():
 def test_grid_width_is_a_power_of_the_fanout():
     assert grid_width(1, 1_000_000, 16, 256) == 4096
     assert grid_width(5, 5, 16, 256) == 1
+
+
+class MeetingSide(MemorySide):
+    """A side whose every scan waits for the other side's scan to start: sequential sides would never meet."""
+
+    def __init__(self, label, rows, barrier):
+        super().__init__(label, rows)
+        self.barrier = barrier
+
+    def segments(self, base, width, ranges):
+        self.barrier.wait()  # BrokenBarrierError after the timeout if the other side is not scanning too
+        return super().segments(base, width, ranges)
+
+    def rows(self, ranges):
+        self.barrier.wait()
+        return super().rows(ranges)
+
+
+def test_both_sides_scan_at_the_same_time():
+    import threading
+
+    barrier = threading.Barrier(2, timeout=10)
+    sink = list(ROWS)
+    sink[31_336] = (31_337, 1)
+    report = reconcile(MeetingSide("source", ROWS, barrier), MeetingSide("sink", sink, barrier))
+    assert [(d.key, d.kind) for d in report.differences] == [(31_337, "changed")]
+    assert report.levels >= 2  # every bisection level and the key fetch met too
+
+
+def test_a_failing_side_fails_the_reconciliation_after_the_other_side_ends():
+    class Failing(MemorySide):
+        def segments(self, base, width, ranges):
+            raise RuntimeError("sink unreachable")
+
+    with pytest.raises(RuntimeError, match="sink unreachable"):
+        reconcile(MemorySide("source", ROWS), Failing("sink", ROWS))
