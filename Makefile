@@ -75,7 +75,7 @@ bench: stack-up  ## every benchmark, then the docs tables and docs/images/bench-
 	run producer benchmarks/bench_producer.py --repeats 3; \
 	run capture benchmarks/bench_capture.py --sizes 25000,250000 --repeats 3; \
 	run watermark benchmarks/bench_watermark.py --rows 500000 --repeats 3; \
-	run full-load benchmarks/bench_full_load.py --rows 1000000 --repeats 3; \
+	run full-load benchmarks/bench_full_load.py --sizes 100000,1000000,10000000 --repeats 3; \
 	run reconcile benchmarks/bench_reconcile.py --rows 1000000 --repeats 3; \
 	run spark-sinks benchmarks/bench_spark_sinks.py --records 200000 --batch 100000 --repeat 3 \
 	  --sinks delta,postgres,files,delta-s3,files-s3; \

@@ -5,9 +5,12 @@ partitioned on the key (``spark.read.jdbc`` with ``partitionColumn``/``numPartit
 Maven Central through ``spark.jars.packages``) over the same TLS as the full load's connection, written to the same
 kind of Delta table. ``mysqldump`` (a text dump, not a table) stays as the reference floor.
 
-Run: ``make bench-full-load`` (BENCH_ROWS=1000000 by default) or ``python benchmarks/bench_full_load.py [--rows N]
-[--repeats R] [--chunks C]``. Uses the local stack's MariaDB and Spark local[2]; the table is created once with
-MariaDB's sequence engine and reused. Writes ``benchmarks/results/full_load-*.json``.
+Run: ``make bench-full-load`` (BENCH_ROWS=1000000 by default) or ``python benchmarks/bench_full_load.py [--rows N |
+--sizes 100000,1000000,10000000] [--repeats R] [--chunks C]``. Uses the local stack's MariaDB and Spark local[2]
+(one session for every size); the table is filled with MariaDB's sequence engine per size and reused when it
+already has that size. Every step's peak resident memory is sampled (every 0.1 s): the Spark JVM (driver and
+local executors) and the sum of its Python workers — neither may grow with the table. Writes
+``benchmarks/results/full_load-*.json``.
 """
 
 from __future__ import annotations
@@ -67,6 +70,63 @@ def _cpu_seconds(pids: list[int]) -> float:
         total += times[pid]
         todo += [child for child, parent in parents.items() if parent == pid]
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_by_kind(root: int) -> tuple[int, int]:
+    """Resident bytes of the Spark JVM(s) and of the Python workers among the live descendants of ``root``."""
+    parents, names = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+            names[int(entry)] = stat[stat.index("(") + 1:stat.rindex(")")]
+    jvm = workers = 0
+    todo, seen = [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo += [child for child, parent in parents.items() if parent == pid]
+        if pid == root:
+            continue
+        try:
+            rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            continue
+        if names.get(pid) == "java":
+            jvm += rss
+        elif names.get(pid, "").startswith("python"):
+            workers += rss
+    return jvm, workers
+
+
+class PeakMemory:
+    """The highest resident memory of the Spark JVM and of the Python workers while a step runs (0.1 s samples)."""
+
+    def __enter__(self) -> "PeakMemory":
+        import threading
+
+        self.jvm = self.workers = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while True:
+            jvm, workers = _rss_by_kind(os.getpid())
+            self.jvm, self.workers = max(self.jvm, jvm), max(self.workers, workers)
+            if self._stop.wait(0.1):
+                return
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class CpuMeter:
@@ -148,9 +208,9 @@ class Step:
         self.label, self.run, self.runs = label, run, []
 
     def measure(self) -> None:
-        with CpuMeter() as cpu:
+        with CpuMeter() as cpu, PeakMemory() as memory:
             seconds, rows, phases = self.run()
-        self.runs.append((seconds, rows, phases, cpu))
+        self.runs.append((seconds, rows, phases, cpu, memory))
 
     @property
     def median(self):
@@ -162,17 +222,14 @@ def _chunks_arg(parser) -> None:
                         help="chunks of the parallel step")
 
 
-def main() -> int:
-    args = _support.parse_args(__doc__, rows=int(os.environ.get("BENCH_ROWS", "1000000")),
-                               repeats=int(os.environ.get("BENCH_REPEAT", "3")), extra=_chunks_arg)
-    rows, repeat, parallel = args.rows, args.repeats, args.chunks
-    _support.start_stack(only=("mariadb",))
-    result = _support.result_header("full_load", {"rows": rows, "repeats": repeat, "chunks": parallel})
+def _sizes_arg(parser) -> None:
+    _chunks_arg(parser)
+    parser.add_argument("--sizes", default="", help="comma-separated table sizes in rows (default: --rows)")
+
+
+def measure(spark, rows: int, repeat: int, parallel: int) -> tuple[list[Step], float]:
+    """Fill the table with ``rows`` rows, warm up, run every step ``repeat`` times (ABBA); return steps, warm-up s."""
     _prepare(rows)
-    session_started = time.monotonic()
-    spark = _spark()
-    spark.sparkContext.setLogLevel("ERROR")
-    session_s = time.monotonic() - session_started
     workdir = Path(tempfile.mkdtemp(prefix="eo-bench-"))
     counter = iter(range(10**6))
 
@@ -205,34 +262,62 @@ def main() -> int:
             for step in steps if r % 2 == 0 else steps[::-1]:  # ABBA
                 step.measure()
     finally:
-        spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     for step in steps:
         assert all(run[1] == rows for run in step.runs), (step.label, [run[1] for run in step.runs])
-    jdbc_rate, dump_rate = rows / steps[0].median[0], rows / steps[2].median[0]
-    table = []
-    for step in steps:
-        seconds, _, _, cpu = step.median
-        table.append([step.label, seconds, rows / seconds, rows / seconds / jdbc_rate, rows / seconds / dump_rate,
-                      cpu.client, cpu.server, " / ".join(f"{r[0]:.2f}" for r in step.runs)])
-    result["runs"] = {step.label: [{"seconds": r[0], "cpu_client": r[3].client, "cpu_server": r[3].server,
-                                    "phases": r[2]} for r in step.runs] for step in steps}
+    return steps, warm_s
+
+
+def main() -> int:
+    args = _support.parse_args(__doc__, rows=int(os.environ.get("BENCH_ROWS", "1000000")),
+                               repeats=int(os.environ.get("BENCH_REPEAT", "3")), extra=_sizes_arg)
+    sizes = [int(s) for s in args.sizes.split(",") if s] or [args.rows]
+    repeat, parallel = args.repeats, args.chunks
+    _support.start_stack(only=("mariadb",))
+    result = _support.result_header("full_load", {"rows": sizes[-1], "sizes": sizes, "repeats": repeat,
+                                                  "chunks": parallel})
+    session_started = time.monotonic()
+    spark = _spark()
+    spark.sparkContext.setLogLevel("ERROR")
+    session_s = time.monotonic() - session_started
+    measured = {}
+    try:
+        for rows in sizes:
+            measured[rows] = measure(spark, rows, repeat, parallel)
+    finally:
+        spark.stop()
+    table, mib = [], 1 << 20
+    result["runs"] = {}
+    for rows, (steps, _) in measured.items():
+        jdbc_rate, dump_rate = rows / steps[0].median[0], rows / steps[2].median[0]
+        for step in steps:
+            seconds, _, _, cpu, memory = step.median
+            label = step.label if len(sizes) == 1 else f"{rows:,} rows: {step.label}"
+            table.append([label, seconds, rows / seconds, rows / seconds / jdbc_rate, rows / seconds / dump_rate,
+                          cpu.client, cpu.server, max(r[4].jvm for r in step.runs) / mib,
+                          max(r[4].workers for r in step.runs) / mib, " / ".join(f"{r[0]:.2f}" for r in step.runs)])
+            result["runs"][label] = [{"seconds": r[0], "cpu_client": r[3].client, "cpu_server": r[3].server,
+                                      "peak_jvm_mib": r[4].jvm / mib, "peak_python_workers_mib": r[4].workers / mib,
+                                      "phases": r[2]} for r in step.runs]
     result["spark_session_s"] = session_s
-    _support.report(result, f"Full load, {rows:,} rows (id BIGINT PK, INT, VARCHAR(32), DECIMAL(12,2), DATETIME), "
-                    f"Spark local[2], MariaDB on the same machine; median of {repeat} interleaved runs per step",
+    _support.report(result, f"Full load, {' / '.join(f'{n:,}' for n in sizes)} rows (id BIGINT PK, INT, VARCHAR(32), "
+                    f"DECIMAL(12,2), DATETIME), Spark local[2] (driver 1 GiB), MariaDB on the same machine; median of "
+                    f"{repeat} interleaved runs per step",
                     ["method", "seconds", "rows/s", "x Spark JDBC, 2 partitions (target >= 1.5)", "x mysqldump",
-                     "CPU s client", "CPU s server", "runs (s)"],
-                    table, plot={"column": 2, "label": "rows/s (median run)"})
+                     "CPU s client", "CPU s server", "peak MiB JVM", "peak MiB Python workers", "runs (s)"],
+                    table, plot={"column": 3, "label": "x Spark JDBC, 2 partitions (median runs; target >= 1.5)"})
     print("CPU s = CPU seconds the step cost this benchmark's processes (driver, Spark JVM and Python workers, "
-          "mysqldump) and the MariaDB server: unlike the wall clock, not inflated by other work on the machine")
-    print(f"\nwhere the time goes (median runs, seconds; Spark session start {session_s:.1f} s and the warm-up "
-          f"loads {warm_s:.1f} s are outside every figure above)")
-    print(f"{'load':<46} {'prepare':>8} {'read+stage':>11} {'publish':>8} {'other':>6} {'total':>6}  publish mode")
-    for step in steps[3:]:
-        seconds, _, phases, _ = step.median
-        other = seconds - phases["prepare"] - phases["read_and_stage"] - phases["publish"]
-        print(f"{step.label:<46} {phases['prepare']:>8.2f} {phases['read_and_stage']:>11.2f} "
-              f"{phases['publish']:>8.2f} {other:>6.2f} {seconds:>6.2f}  {phases['publish_mode']}")
+          "mysqldump) and the MariaDB server: unlike the wall clock, not inflated by other work on the machine. "
+          "Peak MiB = the highest resident memory sampled during the step's runs (the JVM keeps the heap it grew).")
+    for rows, (steps, warm_s) in measured.items():
+        print(f"\n{rows:,} rows: where the time goes (median runs, seconds; Spark session start {session_s:.1f} s and "
+              f"the warm-up loads {warm_s:.1f} s are outside every figure above)")
+        print(f"{'load':<46} {'prepare':>8} {'read+stage':>11} {'publish':>8} {'other':>6} {'total':>6}  publish mode")
+        for step in steps[3:]:
+            seconds, _, phases, _, _ = step.median
+            other = seconds - phases["prepare"] - phases["read_and_stage"] - phases["publish"]
+            print(f"{step.label:<46} {phases['prepare']:>8.2f} {phases['read_and_stage']:>11.2f} "
+                  f"{phases['publish']:>8.2f} {other:>6.2f} {seconds:>6.2f}  {phases['publish_mode']}")
     print("prepare = preflight, column list, chunk planning, manifest; read+stage = the Spark job(s): each chunk in "
           "its own snapshot, MariaDB -> Arrow (connectorx, or mysqlclient rows) -> a staged Parquet file; "
           "publish = the one Delta commit carrying the handoff (and the manifest update)")

@@ -29,6 +29,7 @@ from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
+from exactly_once_provider.storage import is_s3
 
 PRODUCERS = {"TransactionalProduceOperator", "WatermarkExtractOperator", "BinlogCaptureOperator"}
 STREAMS = {"SparkKafkaToSinkOperator"}
@@ -40,11 +41,16 @@ _JINJA = SandboxedEnvironment(undefined=StrictUndefined)
 
 @dataclass(frozen=True)
 class SinkSpec:
-    """Where a streaming job commits: ``kind`` is delta/postgres/files, ``location`` a path or table."""
+    """Where a streaming job commits: ``kind`` is delta/postgres/files, ``location`` a path or table.
+
+    ``conn_id`` is the PostgreSQL connection of a ``postgres`` sink; ``aws_conn_id`` the ``aws`` connection of a
+    Delta table or files sink on ``s3://`` (the task's own, so the page reads the bucket the job writes).
+    """
 
     kind: str
     location: str
     conn_id: str | None = None
+    aws_conn_id: str | None = None
 
 
 @dataclass
@@ -149,9 +155,12 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
                 names.add(spec.name)
                 if kind in STREAMS:
                     spec.topics |= _topics(render(task.topics, params))
-                    location = task.sink_table if task.sink == "postgres" else task.sink_path
-                    spec.sinks.add(SinkSpec(render(task.sink, params), render(location, params),
-                                            getattr(task, "postgres_conn_id", None)))
+                    location = render(task.sink_table if task.sink == "postgres" else task.sink_path, params)
+                    on_s3 = task.sink != "postgres" and is_s3(location or "")
+                    spec.sinks.add(SinkSpec(render(task.sink, params), location,
+                                            getattr(task, "postgres_conn_id", None),
+                                            render(getattr(task, "aws_conn_id", None) or "aws_default", params)
+                                            if on_s3 else None))
                     spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))
                 elif kind == "BinlogCaptureOperator":
                     captured = _capture_topics(task, spec.name, params)

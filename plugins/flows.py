@@ -101,22 +101,25 @@ def _rows(status: PipelineStatus, slug: str) -> list[dict]:
     return next((s.rows for s in status.sections if s.slug == slug), [])
 
 
-def delta_history(location: str, pipeline: str, limit: int = HISTORY) -> list[tuple[float, int, dict]]:
+def delta_history(location: str, pipeline: str, limit: int = HISTORY, s3: Any = None) -> list[tuple[float, int, dict]]:
     """Return ``(epoch seconds, rows in total, committed offsets)`` of the pipeline's last ``limit`` commits
     to a Delta table, oldest first (read from its commit log, newest first, ``limit`` markers deep).
 
     :param location: the Delta table.
     :param pipeline: the streaming pipeline.
     :param limit: how many commits.
+    :param s3: a table on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
     """
     import json
 
     from exactly_once_provider.sinks.delta import DeltaSink, _output_rows
     from exactly_once_provider.sinks.delta_commit import commits
 
+    from exactly_once_provider.storage import open_storage
+
     key = DeltaSink(location, pipeline).key
     found = []
-    for _, actions in commits(location):
+    for _, actions in commits(open_storage(location, s3) if s3 is not None else location):
         info = actions.get("commitInfo", {})
         raw = info.get("userMetadata")
         body = json.loads(raw).get(key) if raw else None
@@ -208,12 +211,14 @@ class _Live:
     fill: list = field(default_factory=list)  # callbacks(offsets at times, unapplied since)
 
 
-def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTORY) -> list[Flow]:
+def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTORY,
+          s3_for: Any = lambda sink: None) -> list[Flow]:
     """Return one flow per group of ``statuses`` with its figures and history.
 
     :param statuses: the pipelines as :func:`~exactly_once_provider.plugins.status.read_overview` read them.
     :param consumer_for: ``consumer_for(kafka_conn_id)`` returns a read_committed consumer (cached per page).
     :param limit: sink commits per chart.
+    :param s3_for: ``s3_for(sink)`` returns the S3 settings of a sink on ``s3://`` (None for others).
     """
     flows, live = [], {}
     for members in group(statuses):
@@ -236,7 +241,7 @@ def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTOR
                     flow.reconciliation = row
             conn_id = sorted(member.spec.kafka_conn_ids)[0] if member.spec.kafka_conn_ids else "kafka_default"
             try:
-                _plan(flow, member, live.setdefault(conn_id, _Live()), limit)
+                _plan(flow, member, live.setdefault(conn_id, _Live()), limit, s3_for)
             except Exception as err:  # shown on the card: a figure that cannot be read is said so, never guessed
                 flow.notes.append(f"{member.spec.name}: history not read: {type(err).__name__}: {err}")
         flows.append(flow)
@@ -255,7 +260,7 @@ def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTOR
     return flows
 
 
-def _plan(flow: Flow, member: PipelineStatus, live: _Live, limit: int) -> None:
+def _plan(flow: Flow, member: PipelineStatus, live: _Live, limit: int, s3_for: Any) -> None:
     """Read the member's sink history; register what Kafka must answer for its lag history and freshness."""
     rows = [r for r in _rows(member, "lag") if isinstance(r.get("partition"), int)]
     for r in rows:
@@ -276,7 +281,7 @@ def _plan(flow: Flow, member: PipelineStatus, live: _Live, limit: int) -> None:
         if sink.kind != "delta":
             flow.notes.append(f"{sink.kind} sink {sink.location}: keeps its newest commit only, no history")
             continue
-        history = delta_history(sink.location, member.spec.name, limit)
+        history = delta_history(sink.location, member.spec.name, limit, s3_for(sink))
         points = [Point(at, total) for at, total, _ in history]
         for before, point in zip(points, points[1:]):
             if point.at > before.at:

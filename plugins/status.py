@@ -82,6 +82,7 @@ class Connections:
         self._kafka: dict[str, dict] = {}
         self._consumers: dict[str, Any] = {}
         self._results: dict[str, dict[str, dict]] = {}
+        self._s3: dict[str, Any] = {}
 
     def kafka(self, conn_id: str) -> dict[str, Any]:
         if conn_id not in self._kafka:
@@ -106,6 +107,16 @@ class Connections:
                 **config, "group.id": f"eo-status-{uuid.uuid4().hex[:8]}", "isolation.level": isolation,
                 "enable.auto.commit": False})
         return self._consumers[key]
+
+    def s3(self, sink: SinkSpec) -> Any:
+        """Return the S3 settings of a sink on ``s3://`` (its task's ``aws`` connection, read once a page), else None."""
+        if sink.aws_conn_id is None:
+            return None
+        if sink.aws_conn_id not in self._s3:
+            from exactly_once_provider.storage.s3 import settings_for
+
+            self._s3[sink.aws_conn_id] = settings_for(sink.aws_conn_id, sink.location)
+        return self._s3[sink.aws_conn_id]
 
     def end_offsets(self, conn_id: str, topic: str) -> dict[int, int]:
         """Return the topic's end offsets through this page's read_uncommitted consumer."""
@@ -208,7 +219,7 @@ def sink_commit(sink: SinkSpec, pipeline: str, connections: Connections) -> dict
     """Return the last commit of ``pipeline`` in ``sink`` as a page row (None before the first commit)."""
     conn_id = sink.conn_id or "postgres_default"
     reader = open_sink(sink.kind, sink.location, pipeline, postgres_connect=lambda: connections.postgres(conn_id),
-                       postgres_conn_id=conn_id)
+                       postgres_conn_id=conn_id, s3=connections.s3(sink) if sink.aws_conn_id else None)
     committed = reader.committed()
     if committed is None:
         return None
@@ -422,7 +433,7 @@ def read_overview(dags: list[Any], connections: Connections | None = None,
                     windows_section(spec, ledger), sink_windows_section(sinks.rows), full_loads_section(spec)]
         statuses.append(PipelineStatus(spec, sections, total))
     try:
-        joined = flows.build(statuses, connections.consumer, history)
+        joined = flows.build(statuses, connections.consumer, history, s3_for=connections.s3)
     finally:
         connections.close()
     return Overview(statuses, found.unresolved, errors, notes, datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -1,0 +1,52 @@
+"""The status page reads a Delta sink on S3 (the stack's MinIO) through the ``aws`` connection its task names."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import pendulum
+from airflow.sdk import DAG
+
+from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.plugins.status import read_overview
+from exactly_once_provider.storage import open_storage
+from exactly_once_provider.storage.s3 import S3Settings, registered_settings
+
+COMMITS = 5
+
+
+def test_a_delta_sink_on_s3_is_read_with_its_tasks_aws_connection(stack, airflow_connections, monkeypatch):
+    tag = uuid.uuid4().hex[:8]
+    conn_id, pipeline, topic = f"aws_status_{tag}", f"status-s3-{tag}", f"status-s3-{tag}"
+    table = f"s3://{stack.MINIO_BUCKETS[0]}/status-{tag}/orders"
+    good = json.loads(os.environ["AIRFLOW_CONN_AWS_DEFAULT"])
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(good))
+    storage = open_storage(table, S3Settings.from_connection(conn_id))
+    start = int(time.time() * 1000) - COMMITS * 1000
+    for version in range(COMMITS):  # the commits DeltaSink writes: its marker in userMetadata
+        marker = {f"eo_stream:{pipeline}": {"pipeline": pipeline, "checkpoint_id": "c", "batch_id": version,
+                                            "offsets": {topic: {"0": 10 * (version + 1)}}, "rows_before": 10 * version}}
+        info = {"timestamp": start + version * 1000, "operation": "WRITE", "userMetadata": json.dumps(marker),
+                "operationMetrics": {"numOutputRows": "10"}}
+        assert storage.put_if_absent(f"_delta_log/{version:020d}.json", json.dumps({"commitInfo": info}).encode())
+    # The default connection now points nowhere: only the task's own connection can read the bucket.
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({**good, "password": "not-the-secret"}))
+    assert registered_settings() is None  # the API server's process registers no S3 settings of its own
+    try:
+        with DAG(f"status_s3_{tag}", schedule=None, start_date=pendulum.datetime(2026, 1, 1)) as dag:
+            SparkKafkaToSinkOperator(task_id="apply", pipeline=pipeline, topics=topic, sink="delta", sink_path=table,
+                                     checkpoint_location=f"s3://{stack.MINIO_BUCKETS[0]}/status-{tag}/cp",
+                                     aws_conn_id=conn_id)
+        overview = read_overview([dag])
+        status = next(p for p in overview.pipelines if p.spec.name == pipeline)
+        sink = next(s for s in status.sections if s.slug == "sink")
+        assert sink.error is None, sink.error
+        assert [(r["location"], r["batch id"], r["rows in sink"]) for r in sink.rows] == [(table, COMMITS - 1, 50)]
+        flow = next(f for f in overview.flows if f.name == pipeline)
+        assert [p.rows for p in flow.history] == [10, 20, 30, 40, 50], flow.notes
+        assert flow.throughput is not None and flow.throughput > 0
+    finally:
+        storage.delete_prefix("")
