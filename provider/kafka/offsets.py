@@ -280,6 +280,7 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
             f"Offsets topic {topic!r} has cleanup.policy={policy!r}; it must be 'compact' so the last "
             "committed offset of every pipeline is kept forever. Alter the topic or choose another name."
         )
+    _warn_if_fragile(admin, topic, config, timeout)
     ineffective = compaction_problems({name: entry.value for name, entry in config.items()})
     if ineffective:
         log.warning("Offsets topic %s keeps uncompacted history (%s): every read of it gets slower with "
@@ -287,6 +288,46 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
                     ", ".join(ineffective), ",".join(f"{k}={v}" for k, v in COMPACTION_CONFIG.items() if k !=
                                                      "cleanup.policy"))
     return check_ledger_partitions(topic, len(partitions))
+
+
+_WARNED: set[str] = set()  # offsets topics already warned about in this process (every writer open asks)
+
+
+def durability_problems(replication_factor: int, min_insync_replicas: int) -> list[str]:
+    """
+    Return the settings under which a broker restart can break the exactly-once contract (empty if none).
+
+    Kafka 4.3.1's transaction coordinator skips the end marker of a partition without a leader and completes
+    the transaction anyway (docs/pitfalls.md#kafka): with fewer than 3 replicas, or ``min.insync.replicas`` < 2,
+    one broker's restart leaves partitions leaderless, and an open transaction there is later committed with the
+    next one (a duplicate) or hangs. The ledger's partitions are the ones this process can see.
+
+    :param replication_factor: the smallest replica count of the topic's partitions.
+    :param min_insync_replicas: the topic's ``min.insync.replicas``.
+    """
+    problems = []
+    if replication_factor < 3:
+        problems.append(f"replication factor {replication_factor} (< 3)")
+    if min_insync_replicas < 2:
+        problems.append(f"min.insync.replicas={min_insync_replicas} (< 2)")
+    return problems
+
+
+def _warn_if_fragile(admin: Any, topic: str, config: dict[str, Any], timeout: float) -> None:
+    """Log once per process a WARNING when the offsets topic's replication leaves it exposed to a broker restart."""
+    from confluent_kafka import TopicCollection
+
+    if topic in _WARNED:
+        return
+    description = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result(timeout)
+    replicas = min(len(p.replicas) for p in description.partitions)
+    problems = durability_problems(replicas, int(config["min.insync.replicas"].value or 1))
+    _WARNED.add(topic)
+    if problems:
+        log.warning("Offsets topic %s has %s: a broker restart can leave a transaction's end marker unwritten on a "
+                    "leaderless partition (Kafka 4.3.1), which later commits an aborted batch with the next one. "
+                    "In production give the offsets and data topics replication factor >= 3 and "
+                    "min.insync.replicas=2 (docs/pitfalls.md#kafka).", topic, " and ".join(problems))
 
 
 def compaction_problems(config: dict[str, str | None]) -> list[str]:

@@ -183,3 +183,14 @@ def test_writer_puts_the_ledger_record_in_the_pipelines_partition(bootstrap, air
         assert (record.offset, record.sequence) == (20, 2)
     assert json.loads(json.dumps(sorted(read_ledger({"bootstrap.servers": bootstrap}, topic)))) == [
         "p-at_least_once/0", "p-exactly_once/0"]
+
+
+def test_a_ledger_a_broker_restart_can_break_is_warned_about_once(bootstrap, caplog):
+    topic = f"ledger-{uuid.uuid4().hex[:10]}"
+    with caplog.at_level("WARNING", logger="exactly_once_provider.kafka.offsets"):
+        ensure_offsets_topic({"bootstrap.servers": bootstrap}, topic)  # the stack's single broker: RF 1
+        ensure_offsets_topic({"bootstrap.servers": bootstrap}, topic)
+    warnings = [r.getMessage() for r in caplog.records if topic in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "replication factor 1 (< 3) and min.insync.replicas=1 (< 2)" in warnings[0]
+    assert "docs/pitfalls.md#kafka" in warnings[0]

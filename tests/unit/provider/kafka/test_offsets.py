@@ -113,3 +113,16 @@ def test_a_moved_record_names_the_new_ledger_and_is_never_read_as_an_offset():
     assert moved_to(_record().to_value()) is None and moved_to(b"not json") is None
     with pytest.raises(LedgerMovedError, match="offsets_topic='eo-offsets-v2'"):
         CommittedOffset.from_value(moved)
+
+
+@pytest.mark.parametrize(("replicas", "min_isr", "problems"), [
+    (3, 2, []),
+    (5, 3, []),
+    (1, 1, ["replication factor 1 (< 3)", "min.insync.replicas=1 (< 2)"]),
+    (3, 1, ["min.insync.replicas=1 (< 2)"]),
+    (2, 2, ["replication factor 2 (< 3)"]),
+])
+def test_durability_problems_name_the_settings_a_broker_restart_can_break(replicas, min_isr, problems):
+    from exactly_once_provider.kafka.offsets import durability_problems
+
+    assert durability_problems(replicas, min_isr) == problems
