@@ -43,14 +43,12 @@ EO_OPERATOR = "TransactionalProduceOperator, exactly_once, 100 ms"
 def run_writer(topic: str, count: int, size: int, interval_ms: int) -> int:
     """Produce ``count`` messages through the product's write path, committing every ``interval_ms``."""
     from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
-    from exactly_once_provider.kafka.writer import Message
-
     writer = TransactionalProducerHook(pipeline=f"bench-{uuid.uuid4().hex[:8]}",
                                        delivery_mode="exactly_once").open_writer()
     payload, batch = b"x" * size, []
     txn_started = _support.time.perf_counter()
     for n in range(1, count + 1):
-        batch.append(Message(payload, KEYS[n % 16]))
+        batch.append((payload, KEYS[n % 16]))  # a (value, key) pair: the cheapest record the writer takes
         # The operator's loop (TransactionalProduceOperator._run): the clock is read every 256 records only.
         if n % 256 == 0 and (_support.time.perf_counter() - txn_started) * 1000 >= interval_ms:
             writer.submit_batch(topic, batch, n)

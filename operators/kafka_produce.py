@@ -14,7 +14,7 @@ from airflow.sdk import BaseOperator
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
-from exactly_once_provider.kafka.writer import MIN_RECORDS_PER_TRANSACTION, Message, PipelineWriter, TransactionPolicy
+from exactly_once_provider.kafka.writer import MIN_RECORDS_PER_TRANSACTION, PipelineWriter, TransactionPolicy
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, CommittedOffset
 from exactly_once_provider.plugins.links import PipelineStatusLink
 
@@ -165,7 +165,7 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
                               resumed.batch_version, resumed.offset)
                 return {**summary, "committed_offset": resumed.offset, "batch_id": resumed.batch_id,
                         "batch_version": resumed.batch_version, "skipped": True}
-        batch: list[Message] = []
+        batch: list[tuple] = []  # Message-shaped plain tuples
         batch_offset: Any = None
         started = last_report = txn_started = time.monotonic()
         one_batch = self.batch_id is not None
@@ -187,11 +187,12 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
                              **self.producer_function_kwargs):
             if type(item) is tuple and len(item) == 3:  # the common shape: no dataclass per record
                 batch_offset, key, value = item
-                batch.append(Message(_encode(value), _encode(key), None))
+                # Plain tuples in Message's field order: the garbage collector untracks them (not a Message).
+                batch.append((_encode(value), _encode(key), None, None))
                 commit_point = True
             else:
                 record = _as_record(item)
-                batch.append(Message(_encode(record.value), _encode(record.key), record.headers))
+                batch.append((_encode(record.value), _encode(record.key), record.headers, None))
                 batch_offset, commit_point = record.offset, record.commit_point
             now = time.monotonic()
             if commit_point and not one_batch and (
