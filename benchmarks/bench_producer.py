@@ -9,7 +9,8 @@ over the same ``kafka_default`` connection (SASL_SSL, SCRAM-SHA-512, the stack's
   its default delivery callback (an INFO line per record into the task log, here a file), on a copy of the
   connection with ``queue.buffering.max.messages`` raised (with the default it fails with BufferError: below);
 - "exactly_once, commit every 100 ms / 1 s": the product's write path with the operator's loop
-  (``PipelineWriter.submit_batch``: each batch plus one offsets-ledger record, one Kafka transaction per commit);
+  (``PipelineWriter.submit_batch`` of ``(value, key)`` pairs: each batch plus one offsets-ledger record, one Kafka
+  transaction per commit);
 - "TransactionalProduceOperator": the product's operator end to end (``execute`` with a producer function of
   ``(offset, key, value)`` tuples, commits every 100 ms): what a user of the product runs.
 
