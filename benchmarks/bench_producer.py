@@ -9,14 +9,16 @@ over the same ``kafka_default`` connection (SASL_SSL, SCRAM-SHA-512, the stack's
   its default delivery callback (an INFO line per record into the task log, here a file), on a copy of the
   connection with ``queue.buffering.max.messages`` raised (with the default it fails with BufferError: below);
 - "exactly_once, commit every 100 ms / 1 s": the product's write path with the operator's loop
-  (``PipelineWriter.submit_batch``: each batch plus one offsets-ledger record, one Kafka transaction per commit);
+  (``PipelineWriter.submit_batch`` of ``(value, key)`` pairs: each batch plus one offsets-ledger record, one Kafka
+  transaction per commit);
 - "TransactionalProduceOperator": the product's operator end to end (``execute`` with a producer function of
   ``(offset, key, value)`` tuples, commits every 100 ms): what a user of the product runs.
 
 Every timer covers the setup of its side (producer creation and its TLS/SASL handshake; for exactly_once also
 ``init_transactions`` and the ledger read) up to the last acknowledged record or commit. Prints msgs/s and the
 ratios, writes ``benchmarks/results/producer-*.json``. Usage: ``make bench-producer`` or
-``python benchmarks/bench_producer.py [--messages 2000000] [--repeats 3]`` (1 KB runs: a third as many).
+``python benchmarks/bench_producer.py [--messages 2000000] [--repeats 3]`` (1 KB runs: a third as many);
+``--candidates exactly_once,Transactional`` runs a subset next to the plain producer (printed, no JSON).
 """
 
 from __future__ import annotations
@@ -43,14 +45,12 @@ EO_OPERATOR = "TransactionalProduceOperator, exactly_once, 100 ms"
 def run_writer(topic: str, count: int, size: int, interval_ms: int) -> int:
     """Produce ``count`` messages through the product's write path, committing every ``interval_ms``."""
     from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
-    from exactly_once_provider.kafka.writer import Message
-
     writer = TransactionalProducerHook(pipeline=f"bench-{uuid.uuid4().hex[:8]}",
                                        delivery_mode="exactly_once").open_writer()
     payload, batch = b"x" * size, []
     txn_started = _support.time.perf_counter()
     for n in range(1, count + 1):
-        batch.append(Message(payload, KEYS[n % 16]))
+        batch.append((payload, KEYS[n % 16]))  # a (value, key) pair: the cheapest record the writer takes
         # The operator's loop (TransactionalProduceOperator._run): the clock is read every 256 records only.
         if n % 256 == 0 and (_support.time.perf_counter() - txn_started) * 1000 >= interval_ms:
             writer.submit_batch(topic, batch, n)
@@ -120,6 +120,8 @@ def task_log(path: str) -> None:
 def add_args(parser) -> None:
     parser.add_argument("--messages", type=int, default=2_000_000, help="messages per run at 100 B (1 KB: a third)")
     parser.add_argument("--sizes", default="100,1000", help="message sizes in bytes")
+    parser.add_argument("--candidates", default="", help="comma-separated words; run only the candidates whose "
+                        "label contains one (the plain producer always runs: the ratios need it)")
 
 
 def main() -> int:
@@ -136,6 +138,7 @@ def main() -> int:
     os.environ[f"AIRFLOW_CONN_{OPERATOR_CONN.upper()}"] = json.dumps(operator_conn)
     sizes = [int(s) for s in args.sizes.split(",")]
     result = _support.result_header("producer", {"messages": args.messages, "sizes": sizes, "repeats": args.repeats,
+                                                 "candidates": args.candidates or "all",
                                                  "connection": config.get("security.protocol", "PLAINTEXT")})
     result["runs"], rows, topics = {}, [], []
     for size in sizes:
@@ -147,21 +150,40 @@ def main() -> int:
                       EO_100: lambda t=topic, c=count, s=size: run_writer(t, c, s, 100),
                       EO_1000: lambda t=topic, c=count, s=size: run_writer(t, c, s, 1000),
                       EO_OPERATOR: lambda t=topic, c=count, s=size: run_product_operator(t, c, s)}
+        words = [w.strip().lower() for w in args.candidates.split(",") if w.strip()]
+        candidates = {label: run for label, run in candidates.items()
+                      if label == PLAIN or not words or any(w in label.lower() for w in words)}
         runs = {label: _support.Runs(label) for label in candidates}
-        # Warm-up, unrecorded: topic metadata, the transaction coordinator, imports.
-        run_plain(config, topic, 1000, size), run_operator(topic, 1000, size), run_writer(topic, 1000, size, 100)
+        # Warm-up, unrecorded: topic metadata, the transaction coordinator, imports (the product's operator
+        # module pulls in OpenLineage's client: ~1 s of imports that would land in its first timer only).
+        run_plain(config, topic, 1000, size), run_writer(topic, 1000, size, 100)
+        if OPERATOR in candidates:
+            run_operator(topic, 1000, size)
+        if EO_OPERATOR in candidates:
+            run_product_operator(topic, 1000, size)
         for repeat in range(args.repeats):
             for label in (list(candidates) if repeat % 2 == 0 else list(candidates)[::-1]):
                 runs[label].measure(candidates[label])
         result["runs"][size] = {label: {"msgs_per_s_wall": r.wall, "msgs_per_cpu_s": r.cpu, "median_wall": r.median,
                                         "seconds": [count / rate for rate in r.wall]} for label, r in runs.items()}
-        plain, operator = runs[PLAIN].median, runs[OPERATOR].median
+        plain, operator = runs[PLAIN].median, runs[OPERATOR].median if OPERATOR in runs else None
         for label, r in runs.items():
             rows.append([f"{size} B, {label}", count, r.median, _support.runs_text(r.wall),
-                         min(count / rate for rate in r.wall), r.median / plain, r.median / operator])
+                         min(count / rate for rate in r.wall), r.median / plain,
+                         r.median / operator if operator else "-"])
     _support.delete_topics(stack, topics)  # gigabytes a run: retention would keep them 7 days
     short = [row[0] for row in rows if row[4] < 5]
     result["runs_under_5s"] = short
+    if args.candidates:  # a subset: printed only, so docs/benchmarks.md keeps a full run's table
+        _support.print_table(f"Producer over {result['connection']}, candidates {args.candidates!r}, median msgs/s "
+                             f"of {args.repeats} interleaved runs (ABBA)", ["size, candidate", "messages", "msgs/s",
+                             "runs", "shortest run s", "x plain idempotent", "x ProduceToTopicOperator"], rows)
+        for size, runs_of_size in result["runs"].items():
+            plain_cpu = _support.statistics.median(runs_of_size[PLAIN]["msgs_per_cpu_s"])
+            for label, figures in runs_of_size.items():
+                print(f"{size} B, {label}: msgs per CPU-second {_support.runs_text(figures['msgs_per_cpu_s'])}, "
+                      f"median x plain {_support.statistics.median(figures['msgs_per_cpu_s']) / plain_cpu:.3f}")
+        return 0
     _support.report(result, f"Producer over {result['connection']}, median msgs/s of {args.repeats} interleaved runs "
                     "(ABBA), setup inside every timer" + (f"; runs under 5 s: {len(short)}" if short else ""),
                     ["size, candidate", "messages", "msgs/s", "runs", "shortest run s", "x plain idempotent",

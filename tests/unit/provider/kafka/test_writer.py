@@ -383,3 +383,50 @@ def test_records_longer_than_a_message_are_produced_by_their_first_four_fields()
         ("data", b"1"), ("other", b"2"), ("data", b"3")]
     assert callbacks == [True, True]  # the last of key a in "data", the last of key b ("other" is not noted)
     assert writer.partition_offsets[("data", 0)] > 0
+
+
+def test_value_key_pairs_are_produced_in_order_with_reports_for_the_last_of_each_key():
+    producer = FakeProducer()
+    callbacks = _record_report_requests(producer)
+    writer = _writer(producer)
+    batch = [(b"1", b"a"), (b"2", b"b"), (b"3", b"a"), (b"4", None), (b"5", b"b"), (b"6", None)]
+    committed = writer.write_batch("data", batch, offset=6)
+    assert _data(producer) == [b"1", b"2", b"3", b"4", b"5", b"6"]
+    assert callbacks == [False, False, True, True, True, True]
+    assert writer.last_committed == committed and writer.partition_offsets == {("data", 0): 6}
+
+
+def test_value_key_pairs_wait_for_a_full_local_queue_and_at_least_once_reports_each():
+    producer = FakeProducer()
+    callbacks = _record_report_requests(producer)  # notes only the records the queue took
+    real_produce = producer.produce
+    refusals = [3]
+
+    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        if topic == "data" and refusals and int(value) == refusals[0]:
+            refusals.pop(0)
+            raise BufferError("Local: Queue full")
+        real_produce(topic, value, key, headers, on_delivery, partition)
+
+    producer.produce, producer.poll = produce, lambda timeout: None
+    writer = _writer(producer)
+    writer.delivery_mode, writer.transactional_id = "at_least_once", None
+    writer.write_batch("data", [(str(i).encode(), b"k") for i in range(5)], offset=5)
+    assert _data(producer) == [str(i).encode() for i in range(5)]
+    assert callbacks == [True] * 5
+
+
+def test_plain_tuples_in_message_order_work_like_messages():
+    producer = FakeProducer()
+    writer = _writer(producer)
+    writer.write_batch("data", [(b"1", b"a", None, None), (b"2", b"a", {"h": b"v"}, "elsewhere")], offset=2)
+    assert [(t, v) for t, v in producer.produced if v in (b"1", b"2")] == [("data", b"1"), ("elsewhere", b"2")]
+
+
+@pytest.mark.parametrize("batch", [[(b"1", b"a", None)], [(b"1", b"a"), Message(b"2", b"b")], [(b"1",)]])
+def test_records_of_another_shape_are_refused_before_a_transaction_begins(batch):
+    producer = FakeProducer()
+    writer = _writer(producer)
+    with pytest.raises(ValueError, match="fields: give every record as Message.*or make the whole batch"):
+        writer.submit_batch("data", batch, offset=1)
+    assert producer.calls == [] and producer.produced == [] and writer.last_committed is None
