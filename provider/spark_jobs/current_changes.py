@@ -157,7 +157,7 @@ class CurrentChanges:
             return ([Column(**c) for c in body["columns"]], [Fill(*f) for f in body["fills"]],
                     int(body["applied"]))
         # A statement at or before the snapshot is in the full load's columns already (the capture skips it).
-        return list(self.source.columns), [], self.source.min_position.version
+        return list(self.source.columns), [], self.source.min_version
 
     def __call__(self, df: Any) -> Any:
         from pyspark.sql import functions as F
