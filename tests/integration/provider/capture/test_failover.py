@@ -25,6 +25,7 @@ from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.offsets import read_committed_offset, topic_end_offsets
 from exactly_once_provider.operators.backpressure import BinlogRetentionGuardOperator
 from exactly_once_provider.positions import BinlogPosition
+from tests import spark_job_support as jobs
 from tests.capture_support import Writer, check_transactions, create_tables, main_row, replay, seed, source_table, \
     topic_records
 from tests.mysql_support import connect, unique_name
@@ -362,16 +363,24 @@ def test_a_full_reload_on_the_new_primary_hands_off_with_the_capture_s_version_b
     # The current table's rule: the full load's rows, then every change from its oldest snapshot on
     # (current_changes.typed_changes) whose version is newer than the row's. The changes read on the old primary
     # were not merged before the reload (the worst case): their versions must sort below the snapshot's.
-    current = {key: (row["_eo_version"], row) for key, row in full_load_rows(sink).items()}
+    loaded_rows = full_load_rows(sink)  # before the apply below adds its commit
+    current = {key: (row["_eo_version"], row) for key, row in loaded_rows.items()}
     for record in sorted((r for r in main_records if r["version"] >= loaded.min_version), key=lambda r: r["version"]):
         key = json.dumps(record["pk"], sort_keys=True)
         if key not in current or record["version"] > current[key][0]:
             current[key] = (record["version"], None if record["op"] == "d" else record["after"])
     assert {k: main_row(row) for k, (_, row) in current.items() if row is not None} == {
         json.dumps({"id": r["id"]}): main_row(r) for r in source_table(new, main)}
+    # The real apply (a fresh checkpoint: every change read on the old primary is merged after the reload) gives
+    # the same table, read back with delta-rs.
+    topic = final["topics"][f"{stack.DB_NAME}.{main}"]
+    applied = jobs.run_job(stack, jobs.job_args(stack, f"{args['pipeline']}-apply", topic, tmp_path / "checkpoint",
+                                                "delta", sink, mode="current"))
+    assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
+    assert _current_table(sink) == {json.dumps({"id": r["id"]}): main_row(r) for r in source_table(new, main)}
     # Versions ordered: old primary < full load < changes read on the new primary after its snapshots.
     old_versions = [r["version"] for r in main_records if r["source"]["server_id"] == 101]
-    loaded_versions = {row["_eo_version"] for row in full_load_rows(sink).values()}
+    loaded_versions = {row["_eo_version"] for row in loaded_rows.values()}
     assert old_versions and max(old_versions) < min(loaded_versions)
     late = [r["version"] for r in main_records if r["source"]["server_id"] == 102
             and BinlogPosition(r["source"]["file"], r["source"]["pos"]) >= loaded.max_position]
@@ -387,3 +396,20 @@ def test_a_full_reload_on_the_new_primary_hands_off_with_the_capture_s_version_b
     assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
     assert min(len(w.committed) for w in after) > 5, [len(w.committed) for w in after]
     assert all(w.error is None for w in after), [w.error for w in after]
+
+
+def _current_table(path: str) -> dict:
+    """Return the current table's live rows (read with delta-rs, no Spark) as ``{pk json: main_row}``."""
+    import datetime as dt
+
+    from deltalake import DeltaTable
+
+    rows = {}
+    for row in DeltaTable(path).to_pyarrow_table().to_pylist():
+        if row["_eo_deleted"]:
+            continue
+        for column in ("ts", "dt"):
+            if row[column] is not None and row[column].tzinfo is not None:
+                row[column] = row[column].astimezone(dt.timezone.utc).replace(tzinfo=None)
+        rows[json.dumps({"id": row["id"]})] = main_row(row)
+    return rows
