@@ -113,8 +113,13 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         from exactly_once_provider.connections import kafka_client_config
         from exactly_once_provider.kafka.offsets import read_committed_offset
 
-        committed = read_committed_offset(kafka_client_config(self.kafka_config_id), self.capture_pipeline,
-                                          self.capture_source_partition, self.offsets_topic)
+        try:
+            committed = read_committed_offset(kafka_client_config(self.kafka_config_id), self.capture_pipeline,
+                                              self.capture_source_partition, self.offsets_topic)
+        except ValueError as err:
+            if "does not exist" not in str(err):
+                raise
+            committed = None  # no capture ever committed into this ledger (it creates the topic): base 0
         base, server_id = full_load_version_base(MySqlBinlogHook(mysql_conn_id=self.mysql_conn_id), committed)
         self.log.info("Rows take version base %d (capture %s/%s on server_id %d)", base, self.capture_pipeline,
                       self.capture_source_partition, server_id)
