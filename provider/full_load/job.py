@@ -182,10 +182,11 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
                      request.chunk_rows, list(checked.key.columns))
     _check_resumable(hook, request, manifest, columns, list(checked.key.columns))
     staged_base = int(manifest.get("version_base") or 0)
-    if request.server_id is not None and (staged_base, manifest.get("server_id")) != (request.version_base, server_id):
+    staged_server = manifest.get("server_id", server_id)  # a load staged before servers were recorded: this one
+    if request.server_id is not None and (staged_base, staged_server) != (request.version_base, server_id):
         raise ValueError(
             f"The staged full load in {staging.root} took version base {staged_base} on server_id "
-            f"{manifest.get('server_id')}, but the capture's base on server_id {server_id} is now "
+            f"{staged_server}, but the capture's base on server_id {server_id} is now "
             f"{request.version_base} (the capture moved on since): rerun with full_reload=True.")
     resumed = len(manifest["done"])
     for orphan in staging.remove_unlisted_files(manifest):
