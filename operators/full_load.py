@@ -11,6 +11,7 @@ from airflow.sdk import BaseHook
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
@@ -40,6 +41,13 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param reader: ``native`` (MariaDB rows straight into Arrow, connectorx) or ``rows`` (through mysqlclient;
         slower, and what a MySQL source always uses). Both load the same values.
     :param full_reload: start a new snapshot even if a load is in progress or published.
+    :param capture_pipeline: the pipeline of the binlog capture that continues from this load (its offsets-ledger
+        name). Its ledger gives the version base the rows' versions take, so they compare with the capture's
+        changes after a failover of the source (docs/failover.md). Without it the base is 0: a load taken after
+        a failover is then refused by the capture's handoff check.
+    :param capture_source_partition: the capture's source partition in the ledger.
+    :param kafka_config_id: the ``kafka`` connection of the ledger.
+    :param offsets_topic: the offsets ledger topic.
     :param expected_rows_per_second: planned speed for the binlog retention check.
     :param mysql_conn_id: the source connection (standard ``mysql`` type).
     :param aws_conn_id: the standard ``aws`` connection of a ``sink_path`` on S3 (credentials, ``endpoint_url`` in its
@@ -51,7 +59,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param spark_conf: extra Spark settings, e.g. ``{"spark.jars": ...}`` for the Delta connector.
     """
 
-    template_fields: Sequence[str] = ("table", "sink_path", "schema", "staging_path", "chunk_key", "full_reload")
+    template_fields: Sequence[str] = ("table", "sink_path", "schema", "staging_path", "chunk_key", "full_reload",
+                                      "capture_pipeline", "capture_source_partition")
     job_name = "full_load"
     job_module = "exactly_once_provider.full_load.__main__"
 
@@ -60,7 +69,9 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         chunk_rows: int = 100_000, chunks_per_job: int = 2, chunk_key: Sequence[str] | None = None,
         fetch_rows: int = 10_000, reader: str = "native", full_reload: bool | str = False, expected_rows_per_second: float = 20_000,
         mysql_conn_id: str = MySqlSourceHook.default_conn_name, spark_conn_id: str = "spark_default",
-        spark_conf: dict[str, str] | None = None, aws_conn_id: str = "aws_default", **kwargs: Any,
+        spark_conf: dict[str, str] | None = None, aws_conn_id: str = "aws_default",
+        capture_pipeline: str | None = None, capture_source_partition: str | None = None,
+        kafka_config_id: str = "kafka_default", offsets_topic: str = DEFAULT_OFFSETS_TOPIC, **kwargs: Any,
     ) -> None:
         super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
         self.table, self.sink_path, self.schema, self.staging_path = table, sink_path, schema, staging_path
@@ -69,6 +80,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.expected_rows_per_second = expected_rows_per_second
         self.mysql_conn_id, self.spark_conf = mysql_conn_id, spark_conf or {}
         self.aws_conn_id, self._s3 = aws_conn_id, None
+        self.capture_pipeline, self.capture_source_partition = capture_pipeline, capture_source_partition
+        self.kafka_config_id, self.offsets_topic = kafka_config_id, offsets_topic
 
     def job_params(self, context: Any) -> dict[str, Any]:
         if not self.table or not self.sink_path:
@@ -85,8 +98,32 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             chunk_rows=self.chunk_rows, chunks_per_job=self.chunks_per_job,
             chunk_key=tuple(self.chunk_key) if self.chunk_key else None, fetch_rows=self.fetch_rows, reader=self.reader,
             full_reload=bool(self.full_reload), expected_rows_per_second=self.expected_rows_per_second,
+            **self._version_base(),
         ).validate()
         return {**asdict(request), "mysql_conn_id": self.mysql_conn_id}
+
+    def _version_base(self) -> dict[str, Any]:
+        """Return the capture's version base on the server the connection names, and that server's id."""
+        if not self.capture_pipeline:
+            return {}
+        if not self.capture_source_partition:
+            raise ValueError("capture_pipeline needs capture_source_partition (the capture's ledger partition).")
+        from exactly_once_provider.capture.resume import full_load_version_base
+        from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
+        from exactly_once_provider.connections import kafka_client_config
+        from exactly_once_provider.kafka.offsets import read_committed_offset
+
+        try:
+            committed = read_committed_offset(kafka_client_config(self.kafka_config_id), self.capture_pipeline,
+                                              self.capture_source_partition, self.offsets_topic)
+        except ValueError as err:
+            if "does not exist" not in str(err):
+                raise
+            committed = None  # no capture ever committed into this ledger (it creates the topic): base 0
+        base, server_id = full_load_version_base(MySqlBinlogHook(mysql_conn_id=self.mysql_conn_id), committed)
+        self.log.info("Rows take version base %d (capture %s/%s on server_id %d)", base, self.capture_pipeline,
+                      self.capture_source_partition, server_id)
+        return {"version_base": base, "server_id": server_id}
 
     def _s3_settings(self):
         """Return the S3 settings of ``aws_conn_id`` for a ``sink_path`` on S3 (read once per run), else None.

@@ -246,9 +246,9 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
     # server's coordinates. The rest are passed once the committed position reaches their largest chunk position.
     handed_off = dict(where.handed_off)
     pending_handoffs = {n: h for n, h in request.handoffs.items() if handed_off.get(f"{n[0]}.{n[1]}") != h.load_id}
-    from exactly_once_provider.capture.resume import check_new_full_loads
+    from exactly_once_provider.capture.resume import check_full_loads
 
-    check_new_full_loads(where.version_base, pending_handoffs, writer.pipeline)  # a known gap, refused
+    check_full_loads(where.version_base, where.server_id, pending_handoffs, writer.pipeline)  # versions compare
     handoff = HandoffFilter(pending_handoffs, request.chunk_locators)
     stats = CaptureStats()
     progress_log.info("Capturing %s from %s (%s)%s", ", ".join(request.table_names), resume, where.how,

@@ -46,26 +46,76 @@ class DivergedSourceError(AirflowException):
     """Raise when the source server lacks transactions the capture already delivered downstream."""
 
 
-def check_new_full_loads(version_base: int, pending: dict[tuple[str, str], Any], pipeline: str) -> None:
-    """Refuse a full load taken after a failover (known gap, raised instead of a silently wrong current table).
+def failover_base(offset: dict) -> int:
+    """Return the version base of a capture moving to another server from the ledger record ``offset``.
 
-    After a failover every change record carries ``version_base`` on top of its binlog coordinates, while a full
-    load's rows carry their snapshot's coordinates only (:func:`~exactly_once_provider.sinks.current_table.
-    snapshot_version`). Changes read before such a snapshot but not yet merged would then win over the newer
-    snapshot rows. Until the full load takes ``version_base`` too, the capture stops before writing anything.
+    The new base is the old one plus the version of the record's position (after the last delivered change):
+    every version read on the new server (its binlog coordinates plus the base) is then larger than every
+    version delivered before. It depends on the ledger record only, so a full load taken on the new server
+    before the capture resumed there (:func:`full_load_version_base`) finds the same base the capture will take.
 
-    :param version_base: the ledger's version base (0: no failover happened).
+    :param offset: the capture's last committed ledger record (written on another server).
+    """
+    return int(offset.get("version_base") or 0) + parse_position(offset).version
+
+
+def full_load_version_base(hook: MySqlBinlogHook, committed: Any) -> tuple[int, int]:
+    """
+    Return ``(version_base, server_id)`` a full load's rows must carry to compare with the capture's changes.
+
+    A full load's rows carry their snapshot's version (binlog coordinates of the server it reads) plus the
+    capture's version base on that server: the ledger's base when the capture reads this server (or never
+    committed), the base the capture will take when it resumes here after a failover (:func:`failover_base`).
+    The capture checks at its handoff that the load used its base (:func:`check_full_loads`).
+
+    :param hook: the binlog hook of the server the full load reads.
+    :param committed: the capture's last committed ledger record (or None).
+    :raises DivergedSourceError: after a failover, the server lacks delivered transactions.
+    """
+    server = hook.server_identity()
+    if committed is None:
+        return 0, server.server_id
+    offset = committed.offset
+    recorded, base = offset.get("server_id"), int(offset.get("version_base") or 0)
+    if recorded is None or recorded == server.server_id:
+        return base, server.server_id
+    delivered = _delivered(offset)
+    if server.is_mariadb and delivered:
+        table_gtids = {name: gtid.parse_position(text) for name, text in (offset.get("table_gtids") or {}).items()}
+        check_divergence(delivered, server, table_gtids, offset)
+    # Without GTIDs the capture refuses to resume here anyway (resolve); the base is what it would take.
+    return failover_base(offset), server.server_id
+
+
+def check_full_loads(version_base: int, server_id: int, pending: dict[tuple[str, str], Any],
+                     pipeline: str) -> None:
+    """Refuse full loads whose rows' versions do not compare with the capture's: THE check of a load's base.
+
+    A full load's rows carry its snapshot version plus the version base it took (:func:`full_load_version_base`);
+    the capture's changes carry their binlog coordinates plus the ledger's base. They compare only if the load
+    was taken on the server the capture reads, with the same base. Otherwise changes read before the snapshot
+    but not yet merged could overwrite newer rows (or newer changes lose against older rows), so the capture
+    stops before writing anything.
+
+    :param version_base: the capture's version base on the server it reads.
+    :param server_id: that server's ``server_id``.
     :param pending: the full loads whose handoff the capture has not passed, ``{(schema, table): handoff}``.
     :param pipeline: the capture's pipeline (named in the message).
     """
-    if version_base and pending:
-        tables = ", ".join(f"{s}.{t} (load {h.load_id})" for (s, t), h in sorted(pending.items()))
-        raise AirflowException(
-            f"Capture {pipeline!r} moved to another server (a failover; version_base {version_base}) and a full "
-            f"load was taken since: {tables}. Its rows' versions would sort below changes already in Kafka, which "
-            "could then overwrite newer rows; this is not supported yet. Nothing was written. The way back: start "
-            "the table afresh under a new pipeline name (its own ledger key, topic and current table) with a full "
-            "load (docs/failover.md).")
+    wrong = {name: h for name, h in pending.items() if h.version_base != version_base
+             or (h.server_id is not None and h.server_id != server_id)}
+    if not wrong:
+        return
+    tables = "; ".join(
+        f"{s}.{t} (load {h.load_id}: version base {h.version_base} on server_id "
+        f"{h.server_id if h.server_id is not None else 'not recorded'})" for (s, t), h in sorted(wrong.items()))
+    raise AirflowException(
+        f"Capture {pipeline!r} reads server_id {server_id} with version base {version_base}, but full loads "
+        f"still to hand off were taken with another base or on another server: {tables}. Their rows' versions "
+        "do not compare with the capture's, so changes could overwrite newer rows. Nothing was written. This "
+        "happens when the full load ran without capture_pipeline (it then takes base 0), or when the capture "
+        "committed (or moved to another server) between the full load and this run. Run the full load again "
+        "(trigger the DAG with full_reload=true); see docs/failover.md.")
 
 
 @dataclass(frozen=True)
@@ -140,7 +190,10 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
                server.is_mariadb else "The ledger holds no GTID position to find the place on this server. ")
             + "Point the connection back at the server the capture read, or run a full reload (trigger the DAG "
             "with full_reload=true) to start the pipeline from a new snapshot of this server.")
-    late = sorted(f"{s}.{t}" for (s, t), h in request.handoffs.items()
+    # Full loads taken on this server (after the failover) stay pending: their positions are this server's,
+    # and their rows carry the base taken below (check_full_loads). The others are the old server's.
+    old = {n: h for n, h in request.handoffs.items() if h.server_id != server.server_id}
+    late = sorted(f"{s}.{t}" for (s, t), h in old.items()
                   if handed_off.get(f"{s}.{t}") != h.load_id and position < h.max_position)
     if late:
         raise AirflowException(
@@ -153,8 +206,8 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
         raise ValueError(f"Tables {added} were added to the capture while it moves to another server: resume it "
                          "on the new server first, then add them (after their full load on that server).")
     found = hook.locate_gtid(delivered, request.server_id)
-    new_base = base + max(0, position.version - found.version)
-    passed = {**handed_off, **{f"{s}.{t}": h.load_id for (s, t), h in request.handoffs.items()}}  # all passed
+    new_base = failover_base(offset)
+    passed = {**handed_off, **{f"{s}.{t}": h.load_id for (s, t), h in old.items()}}  # the old server's: passed
     return Resume(found, False, delivered, server.server_id, new_base, table_gtids, passed,
                   how=f"GTID position {gtid.format_position(delivered)} of {where}, found at {found} on server_id "
                       f"{server.server_id} (version base {new_base})")

@@ -5,6 +5,7 @@ Format, stored as the Delta commit's ``userMetadata`` (JSON) by :mod:`exactly_on
     {"eo_full_load": {
         "format": 1, "load_id": "...", "schema": "eo", "table": "orders", "key": ["id"],
         "columns": [{"name": "id", "data_type": "int", ...}, ...],   # the loaded columns (columns.Column)
+        "version_base": 0, "server_id": 1,   # added to the rows' snapshot versions; the server read
         "rows": 1000000, "min_position": {"file": "binlog.000003", "pos": 4711},
         "max_position": {...},
         "chunks": [{"index": 0, "lower": null, "upper": [100000], "file": "binlog.000003", "pos": 4711,
@@ -14,6 +15,11 @@ Key bounds are JSON-typed by :mod:`exactly_once_provider.full_load.plan` (``{"b6
 A chunk holds the keys ``lower < key <= upper`` (``null`` = unbounded). The capture starts at
 ``min_position`` and drops a change of key ``k`` whose position is at or before the position of the chunk
 holding ``k`` (the capture's :class:`~exactly_once_provider.capture.loop.HandoffFilter`); after ``max_position`` every change passes.
+
+The rows' versions are their chunk's snapshot version plus ``version_base``, the capture's version base on
+``server_id`` (raised at a failover: :func:`exactly_once_provider.capture.resume.full_load_version_base`); the
+capture hands off only a load with its own base and server (:func:`~exactly_once_provider.capture.resume.
+check_full_loads`). Markers without them (older loads) mean base 0, server not recorded.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class Handoff:
     chunks: tuple[ChunkPosition, ...]
     table_version: int
     columns: tuple[Column, ...] = ()
+    version_base: int = 0
+    server_id: int | None = None
 
     @property
     def min_position(self) -> BinlogPosition:
@@ -63,19 +71,31 @@ class Handoff:
         """After this position every change passes the filter."""
         return max((c.position for c in self.chunks), key=lambda p: p.sort_key)
 
+    @property
+    def min_version(self) -> int:
+        """The change-record version at ``min_position`` (on the capture's scale: base included)."""
+        return self.min_position.version + self.version_base
+
+    def chunk_version(self, chunk: ChunkPosition) -> int:
+        """Return the change-record version at ``chunk``'s snapshot position (base included)."""
+        return chunk.position.version + self.version_base
+
 
 def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: list[dict],
-           columns: list[dict] = (), staging: str | None = None) -> dict:
+           columns: list[dict] = (), staging: str | None = None, version_base: int = 0,
+           server_id: int | None = None) -> dict:
     """Build the commit marker from chunk dicts (``plan.chunk_to_json`` + file, pos, rows) and column dicts.
 
     :param staging: the load's staging directory (its manifest keeps the published marker).
+    :param version_base: added to the rows' snapshot versions (the capture's base on ``server_id``).
+    :param server_id: the ``server_id`` of the server the snapshots were read from.
     """
     positions = [parse_position(c) for c in chunks]
     lowest, highest = (min(positions, key=lambda p: p.sort_key), max(positions, key=lambda p: p.sort_key))
     return {MARKER_KEY: {
         "format": FORMAT, "load_id": load_id, "schema": schema, "table": table, "key": list(key),
         "columns": list(columns),
-        "staging": staging,
+        "staging": staging, "version_base": int(version_base), "server_id": server_id,
         "rows": sum(c["rows"] for c in chunks),
         "min_position": lowest.to_json(),
         "max_position": highest.to_json(),
@@ -91,7 +111,8 @@ def parse(table_version: int, data: dict) -> Handoff:
     chunks = tuple(ChunkPosition(chunk_from_json(c), parse_position(c), int(c["rows"]))
                    for c in body["chunks"])
     return Handoff(body["load_id"], body["schema"], body["table"], tuple(body["key"]), int(body["rows"]), chunks,
-                   table_version, tuple(Column(**c) for c in body.get("columns", ())))
+                   table_version, tuple(Column(**c) for c in body.get("columns", ())),
+                   int(body.get("version_base") or 0), body.get("server_id"))
 
 
 def read_handoff(sink_path: str) -> Handoff:

@@ -67,6 +67,9 @@ class FullLoadRequest:
     :param full_reload: forget a load in progress or published and start a new snapshot.
     :param expected_rows_per_second: planned load speed for the binlog retention check.
     :param require_replication: require REPLICATION SLAVE for the capture that follows.
+    :param version_base: added to every row's snapshot version: the capture's version base on the server read
+        (:func:`exactly_once_provider.capture.resume.full_load_version_base`; 0 before any failover).
+    :param server_id: the ``server_id`` that base was found for; the load refuses to read another server.
     """
 
     schema: str
@@ -81,12 +84,16 @@ class FullLoadRequest:
     full_reload: bool = False
     expected_rows_per_second: float = 20_000
     require_replication: bool = True
+    version_base: int = 0
+    server_id: int | None = None
 
     def validate(self) -> FullLoadRequest:
         """Return the request; raise ValueError naming the first setting that is wrong (checked by the operator
         before it submits the job, and by the job itself)."""
         if not self.schema or not self.table or not self.sink_path:
             raise ValueError("schema, table and sink_path must be non-empty.")
+        if not isinstance(self.version_base, int) or self.version_base < 0:
+            raise ValueError(f"version_base must be a non-negative integer, got {self.version_base!r}.")
         if self.reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {self.reader!r}.")
         # The executors write the staged chunks with plain file I/O (no credentials reach them): a local (or, for
@@ -156,17 +163,31 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
     checked = hook.preflight(request.schema, request.table, request.chunk_key, request.expected_rows_per_second,
                              request.require_replication)
     with hook.cursor() as cur:
+        cur.execute("SELECT @@server_id")
+        server_id = int(cur.fetchone()[0])
+        if request.server_id is not None and server_id != request.server_id:
+            raise SourceConfigurationError(
+                f"The full load's version base {request.version_base} was found for server_id {request.server_id},"
+                f" but the connection now reaches server_id {server_id} (it changed during the task): retry it.")
         columns = [c.to_json() for c in table_columns(cur, request.schema, request.table)]
         _check_column_names(request.schema, request.table, [c["name"] for c in columns])
         if manifest is None:
             chunks = plan_chunks(cur, request.schema, request.table, checked.key.columns, request.chunk_rows)
             manifest = {"format": MANIFEST_FORMAT, "load_id": uuid.uuid4().hex, "schema": request.schema,
                         "table": request.table, "key": list(checked.key.columns), "columns": columns,
-                        "chunks": [chunk_to_json(c) for c in chunks], "done": {}, "published": None}
+                        "chunks": [chunk_to_json(c) for c in chunks], "done": {}, "published": None,
+                        "version_base": request.version_base, "server_id": server_id}
             staging.save(manifest)
             log.info("full load %s: planned %d chunks of ~%d rows by key %s", manifest["load_id"], len(chunks),
                      request.chunk_rows, list(checked.key.columns))
     _check_resumable(hook, request, manifest, columns, list(checked.key.columns))
+    staged_base = int(manifest.get("version_base") or 0)
+    staged_server = manifest.get("server_id", server_id)  # a load staged before servers were recorded: this one
+    if request.server_id is not None and (staged_base, staged_server) != (request.version_base, server_id):
+        raise ValueError(
+            f"The staged full load in {staging.root} took version base {staged_base} on server_id "
+            f"{staged_server}, but the capture's base on server_id {server_id} is now "
+            f"{request.version_base} (the capture moved on since): rerun with full_reload=True.")
     resumed = len(manifest["done"])
     for orphan in staging.remove_unlisted_files(manifest):
         log.info("full load: removed staged file %s an unfinished task left behind", orphan)
@@ -181,7 +202,8 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
         wave = pending[start:start + size]
         options = chunk_read_options(settings, checked.server.is_mariadb, request.schema, request.table,
                                      [Column(**c) for c in columns], checked.key.columns, wave, request.fetch_rows,
-                                     manifest["load_id"], str(staging.data_dir), request.reader)
+                                     manifest["load_id"], str(staging.data_dir), request.reader,
+                                     int(manifest.get("version_base") or 0))
         wave_started = time.monotonic()
         results = read_chunks(spark, options)
         phases["read_and_stage"] = phases.get("read_and_stage", 0.0) + time.monotonic() - wave_started
@@ -255,7 +277,8 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
     chunks = [{**c, **{k: v for k, v in done[str(c["index"])].items() if k in ("file", "pos", "rows")}}
               for c in manifest["chunks"]]
     body = handoff.marker(manifest["load_id"], manifest["schema"], manifest["table"], tuple(manifest["key"]),
-                          chunks, manifest["columns"], str(request.staging().root))
+                          chunks, manifest["columns"], str(request.staging().root),
+                          int(manifest.get("version_base") or 0), manifest.get("server_id"))
     sink = request.sink_path.removeprefix("file://")
     try:
         published = handoff.read_handoff(sink)

@@ -98,7 +98,7 @@ def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:
                 settings, o["schema"], o["table"], [native_select(c) for c in columns], json.loads(o["key"]), chunk,
                 int(o["fetch_rows"]))
             if position is not None:
-                meta = _meta_arrays(position)
+                meta = _meta_arrays(position, int(o.get("version_base", 0)))
                 rows = _write_parquet(path, schema, (pa.RecordBatch.from_arrays(
                     [from_native(c, a) for c, a in zip(columns, b.columns)] + meta(b.num_rows), schema=schema)
                     for b in batches))
@@ -114,7 +114,7 @@ def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:
             position, rows_batches = read_chunk(
                 conn, o["is_mariadb"] == "true", o["schema"], o["table"], [row_select(c) for c in columns],
                 json.loads(o["key"]), chunk, int(o["fetch_rows"]))
-            meta = _meta_arrays(position)
+            meta = _meta_arrays(position, int(o.get("version_base", 0)))
             rows = _write_parquet(path, schema, (
                 pa.RecordBatch.from_arrays(to_arrays(columns, batch) + meta(len(batch)), schema=schema)
                 for batch in rows_batches))
@@ -126,9 +126,12 @@ def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:
             "data_file": name, "data_bytes": os.path.getsize(path), "reader": reader}
 
 
-def _meta_arrays(position):
-    """Return ``rows -> [version array, tombstone array]`` for a chunk read in the snapshot at ``position``."""
-    version = snapshot_version(position)
+def _meta_arrays(position, version_base: int = 0):
+    """Return ``rows -> [version array, tombstone array]`` for a chunk read in the snapshot at ``position``.
+
+    :param version_base: the capture's version base on this server (raised at a failover), on every row.
+    """
+    version = snapshot_version(position) + version_base
 
     def arrays(rows: int) -> list[pa.Array]:
         return [pa.array([version] * rows, pa.int64()), pa.array([False] * rows, pa.bool_())]
@@ -186,16 +189,18 @@ class RowGroupBuffer:
 def chunk_read_options(
     settings: ConnectionSettings, is_mariadb: bool, schema: str, table: str, columns: list[Column],
     key: tuple[str, ...], chunks: list[dict], fetch_rows: int, load_id: str, data_dir: str, reader: str = "native",
+    version_base: int = 0,
 ) -> dict[str, str]:
     """Return the job options for ``chunks`` (JSON chunk dicts from :mod:`.plan`).
 
     :param data_dir: the staging directory the executors write the chunk files into.
     :param reader: ``native`` (connectorx, MariaDB) or ``rows`` (mysqlclient rows, every server).
+    :param version_base: added to every row's snapshot version (:func:`_meta_arrays`).
     """
     public = {k: v for k, v in settings.__dict__.items() if k != "password"}
     return {
         "connection": json.dumps(public), "password": settings.password, "is_mariadb": str(is_mariadb).lower(),
         "schema": schema, "table": table, "columns": json.dumps([c.to_json() for c in columns]),
         "key": json.dumps(list(key)), "chunks": json.dumps(chunks), "fetch_rows": str(fetch_rows),
-        "load_id": load_id, "data_dir": data_dir, "reader": reader,
+        "load_id": load_id, "data_dir": data_dir, "reader": reader, "version_base": str(version_base),
     }

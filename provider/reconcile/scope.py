@@ -25,9 +25,12 @@ MAX_RANGES = 4096
 
 
 def changed_keys(client_config: dict[str, Any], start: dict[str, dict[int, int]],
-                 end: dict[str, dict[int, int]], key: Key, timeout: float = 300) -> set[int]:
+                 end: dict[str, dict[int, int]], key: Key, timeout: float = 300) -> set[int] | None:
     """Return the keys of the change records between ``start`` and ``end`` (read_committed), as the integers the
-    engine bisects (:meth:`Key.of_record_key`: the key itself, or a composite/text key's hash).
+    engine bisects (:meth:`Key.of_record_key`: the key itself, or a composite/text key's hash); None when a
+    schema record (``ALTER TABLE``) is among them: the current table's apply may have rewritten every older row
+    with the statement's fill (docs/schema-changes.md), which no key of a change record names, so the whole
+    table is compared.
 
     :param client_config: confluent-kafka settings.
     :param start: per topic and partition, the offset to start at (a partition missing here: its beginning).
@@ -48,7 +51,7 @@ def changed_keys(client_config: dict[str, Any], start: dict[str, dict[int, int]]
             starts = {p: start.get(topic, {}).get(p, OFFSET_BEGINNING) for p in ends}
             for message in read_until(consumer, topic, starts, ends, timeout):
                 if message.key() is None:  # a schema record (ALTER TABLE, capture.change_record.schema_record)
-                    continue
+                    return None
                 try:
                     keys.add(key.of_record_key(json.loads(message.key())))
                 except (TypeError, ValueError, KeyError) as err:

@@ -292,9 +292,9 @@ def version_of(position: BinlogPosition) -> int:
 def snapshot_versions(loaded: handoff.Handoff, key: str) -> str:
     """Return a Spark SQL expression: the snapshot version of the full-load chunk holding integer ``key``."""
     chunks = sorted(loaded.chunks, key=lambda c: c.chunk.index)
-    cases = [f"WHEN {key} <= {int(c.chunk.upper[0])} THEN {version_of(c.position)}"
+    cases = [f"WHEN {key} <= {int(c.chunk.upper[0])} THEN {loaded.chunk_version(c)}"
              for c in chunks[:-1] if c.chunk.upper is not None]
-    last = version_of(chunks[-1].position)
+    last = loaded.chunk_version(chunks[-1])
     return f"(CASE {' '.join(cases)} ELSE {last} END)" if cases else str(last)
 
 

@@ -14,6 +14,11 @@ Its columns are the source columns, typed as the full load loads them
   full reload, or replayed) from bringing the row back, even for a moment. Readers select
   ``WHERE NOT _eo_deleted`` (Spark and delta-rs alike: :data:`CURRENT_ROWS`).
 
+A change older than the full load's oldest chunk snapshot never reaches the table
+(:func:`exactly_once_provider.spark_jobs.current_changes.typed_changes`, ``since``): the snapshot holds it, and
+for a key deleted before the snapshot (no row, no tombstone in the full load) it would bring the row back. Such
+changes are in Kafka after a full reload while the capture was behind (after a failover, typically).
+
 Finding the full load without reading history: every stream commit's marker carries a pointer to the full-load
 commit its rows build on (:data:`POINTER`: table version, load id, staging directory), so a reader of the handoff
 reads the newest commit and the one it points to, never the whole log; and when Delta's log cleanup removed that

@@ -61,7 +61,7 @@ def _filled(name: str, fills: list[Fill], version: Any, value_of: Any, spark_typ
 
 
 def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], schema: str, table: str,
-                  fills: list[Fill] = ()) -> Any:
+                  fills: list[Fill] = (), since: int | None = None) -> Any:
     """Return the newest change per key of ``records`` as rows of the current table.
 
     Schema records (``op`` ``ddl``) are left out: :class:`CurrentChanges` reads them. A change older than a
@@ -77,6 +77,11 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
     :param schema: the source database the table's changes come from.
     :param table: the source table.
     :param fills: the values rows older than a schema change take (see above).
+    :param since: leave out changes of a lower version: the full load's oldest snapshot holds them
+        (:attr:`~exactly_once_provider.full_load.handoff.Handoff.min_version`). Its rows would win over them
+        anyway, but a key deleted before the snapshot has no row there, and its older change (still in Kafka,
+        not merged before the full load replaced the table: a capture that was behind, a failover) would
+        bring it back.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
@@ -110,6 +115,8 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
         checked.alias(VERSION_COLUMN),
         (F.get_json_object("record_value", "$.op") == F.lit("d")).alias(DELETED_COLUMN),
         F.from_json(image, as_text).alias("image"), "kafka_offset")
+    if since is not None:
+        parsed = parsed.where(F.col(VERSION_COLUMN) >= F.lit(since))  # after the checks: bad records still fail
     rows = parsed.select(
         *[_filled(c.name, list(fills), F.col(VERSION_COLUMN), image_value, types[c.name]).alias(c.name)
           for c in columns],
@@ -157,7 +164,7 @@ class CurrentChanges:
             return ([Column(**c) for c in body["columns"]], [Fill(*f) for f in body["fills"]],
                     int(body["applied"]))
         # A statement at or before the snapshot is in the full load's columns already (the capture skips it).
-        return list(self.source.columns), [], self.source.min_position.version
+        return list(self.source.columns), [], self.source.min_version
 
     def __call__(self, df: Any) -> Any:
         from pyspark.sql import functions as F
@@ -178,7 +185,8 @@ class CurrentChanges:
                                   "fills": [[f.column, f.version, f.value, f.source] for f in fills], "applied": applied}
         self.sink.schema_changed = applied != started_at
         self.sink.backfill = bool(new_fills)
-        changes = typed_changes(df, columns, self.source.key, self.source.schema, self.source.table, fills)
+        changes = typed_changes(df, columns, self.source.key, self.source.schema, self.source.table, fills,
+                                since=self.source.min_version)
         return self._with_backfill(changes, columns, new_fills) if new_fills else changes
 
     def _with_backfill(self, changes: Any, columns: list[Column], fills: list[Fill]) -> Any:

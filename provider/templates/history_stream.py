@@ -184,7 +184,9 @@ def history_stream_dag(
         full_load = MySqlFullLoadOperator(
             task_id="full_load", table=table, schema=schema, sink_path=table_path, staging_path=staging_path,
             chunk_rows=chunk_rows, full_reload="{{ params.full_reload }}", mysql_conn_id=mysql_conn_id,
-            spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id, spark_conf=spark_conf, outlets=[asset])
+            spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id, spark_conf=spark_conf, outlets=[asset],
+            capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION,
+            kafka_config_id=kafka_config_id)
         # [END howto_operator_full_load]
         # [START howto_operator_retention_guard]
         guard = BinlogRetentionGuardOperator(

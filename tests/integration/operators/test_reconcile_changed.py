@@ -9,6 +9,8 @@ ranges); the ``full`` one names both.
 
 from __future__ import annotations
 
+import pytest
+
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
@@ -109,5 +111,56 @@ def test_changed_scope_of_a_composite_key_table_names_the_touched_key_by_its_tex
     full = reconcile("full")
     assert sorted((d["label"], d["kind"]) for d in full["differences"]) == [("EU, 1200", "changed"),
                                                                             ("US, 105", "changed")], full
+    cur.execute(f"DROP TABLE `{table}`")
+    conn.close()
+
+
+@pytest.mark.timeout(1800)  # four captures and applies, seven reconciliations on a shared machine
+def test_an_added_column_is_pending_until_applied_then_compared_over_the_whole_table(stack, spark, airflow_connections,
+                                                                                     tmp_path):
+    table, pipeline = unique_name("recadd"), unique_name("recadd")
+    conn = connect(stack)
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v INT NOT NULL, note VARCHAR(10))")
+    cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, 'n')", [(i, i) for i in range(1, ROWS + 1)])
+    path, checkpoint = str(tmp_path / "current"), tmp_path / "checkpoint"
+    run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=table, sink_path=path))
+    topic = _flow(stack, table, pipeline, path, checkpoint)
+
+    def reconcile(scope: str, reader: str = "delta-rs") -> dict:
+        # delta-rs reads the whole table in the task too: one Spark application less per reconciliation
+        return ReconcileOperator(
+            task_id="reconcile", name=pipeline, table=table, sink="delta", sink_path=path,
+            sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline, topics=[topic],
+            sink_pipeline=f"{pipeline}-apply", full_load_path=path, scope=scope, fail_on_mismatch=False,
+            delta_reader=reader, spark_conf=stack.spark_conf()).execute({})
+
+    assert reconcile("changed")["clean"]
+    # The source has the column; the capture has not read the statement yet, so the sink does not have it.
+    cur.execute(f"ALTER TABLE `{table}` ADD COLUMN c INT NOT NULL DEFAULT 7")
+    cur.execute(f"UPDATE `{table}` SET v = v + 1, c = 8 WHERE id = 30")
+    for scope, reader in (("full", "spark"), ("changed", "delta-rs")):  # both readers of the sink
+        pending = reconcile(scope, reader)
+        assert pending["pending_columns"] == ["c"] and pending["source_rows"] >= 1, pending
+        assert [d["kind"] for d in pending["differences"] if d["kind"] != "in_flight"] == [], pending
+        assert "sink_offsets" not in pending["position"] and pending["position"]["pending_columns"] == ["c"]
+    _flow(stack, table, pipeline, path, checkpoint)  # the statement and the update reach the current table
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, path).update("id = 2500", {"c": "9"})  # a wrong fill, behind the pipeline's back
+    after = reconcile("changed")  # the pending one is no base for a changed scope: the whole table
+    assert after["pending_columns"] == [] and after["position"]["scope"] == {"kind": "full"}, after
+    assert [(d["key"], d["kind"]) for d in after["differences"]] == [(2500, "changed")], after
+    DeltaTable.forPath(spark, path).update("id = 2500", {"c": "7"})
+    assert reconcile("full")["clean"]  # a clean base with sink offsets again
+
+    # An ADD COLUMN applied between two changed reconciliations: its fill rewrote rows no change record names.
+    cur.execute(f"ALTER TABLE `{table}` ADD COLUMN d INT NOT NULL DEFAULT 3")
+    cur.execute(f"UPDATE `{table}` SET v = v + 1 WHERE id = 40")
+    _flow(stack, table, pipeline, path, checkpoint)
+    DeltaTable.forPath(spark, path).update("id = 2600", {"d": "4"})
+    changed = reconcile("changed")
+    assert changed["position"]["scope"] == {"kind": "full"}, changed["position"]
+    assert [(d["key"], d["kind"]) for d in changed["differences"]] == [(2600, "changed")], changed
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()

@@ -30,6 +30,41 @@ def test_the_request_is_validated_once_by_its_own_rules(monkeypatch):
         MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", reader="fast").execute({})
 
 
+def test_a_capture_pipeline_needs_its_ledger_partition(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", '{"conn_type": "mysql", "host": "h", "schema": "eo"}')
+    with pytest.raises(ValueError, match="capture_pipeline needs capture_source_partition"):
+        MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", capture_pipeline="p").execute({})
+
+
+def test_the_version_base_comes_from_the_capture_s_ledger_on_the_server_read(monkeypatch):
+    from types import SimpleNamespace
+
+    from exactly_once_provider.capture import resume
+    from exactly_once_provider.kafka import offsets
+
+    monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", '{"conn_type": "mysql", "host": "h", "schema": "eo"}')
+    monkeypatch.setattr("exactly_once_provider.connections.kafka_client_config", lambda conn_id: {})
+    asked = []
+
+    def committed(config, pipeline, partition, topic):
+        asked.append((pipeline, partition, topic))
+        if pipeline == "fresh":
+            raise ValueError(f"Offsets topic {topic!r} does not exist; create it with ensure_offsets_topic().")
+        return SimpleNamespace(offset={"file": "binlog.000001", "pos": 4, "server_id": 7, "version_base": 99})
+
+    monkeypatch.setattr(offsets, "read_committed_offset", committed)
+    monkeypatch.setattr(resume, "full_load_version_base",
+                        lambda hook, found: (0, 7) if found is None else (found.offset["version_base"], 7))
+    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", capture_pipeline="p",
+                               capture_source_partition="binlog", offsets_topic="ledger")
+    assert op.job_params({})["version_base"] == 99 and op.job_params({})["server_id"] == 7
+    assert asked[0] == ("p", "binlog", "ledger")
+    fresh = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", capture_pipeline="fresh",
+                                  capture_source_partition="binlog")
+    assert (fresh.job_params({})["version_base"], fresh.job_params({})["server_id"]) == (0, 7)
+    assert MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x").job_params({})["version_base"] == 0
+
+
 AWS_LAKE = '{"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret", ' \
            '"extra": {"endpoint_url": "http://127.0.0.1:9"}}'
 

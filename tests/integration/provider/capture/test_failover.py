@@ -24,6 +24,8 @@ from exactly_once_provider.capture.resume import DivergedSourceError
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.offsets import read_committed_offset, topic_end_offsets
 from exactly_once_provider.operators.backpressure import BinlogRetentionGuardOperator
+from exactly_once_provider.positions import BinlogPosition
+from tests import spark_job_support as jobs
 from tests.capture_support import Writer, check_transactions, create_tables, main_row, replay, seed, source_table, \
     topic_records
 from tests.mysql_support import connect, unique_name
@@ -304,3 +306,110 @@ def _ledger(stack, args) -> dict:
         return writer.last_committed.offset
     finally:
         writer.close()
+
+
+def test_a_full_reload_on_the_new_primary_hands_off_with_the_capture_s_version_base(
+        stack, airflow_connections, pair, fault_outcome, monkeypatch, tmp_path):
+    """Writers on the primary, capture running, failover; a full load of the main table on the new primary
+    (before the capture moved there) while writers go on; the capture resumes by GTID and hands off to it."""
+    from exactly_once_provider.full_load.handoff import read_handoff
+    from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
+    from tests.capture_support import full_load_rows
+
+    primary, replica = pair
+    main, side, args = _setup(stack, primary, replica)
+    writers = _writers(_server(stack, primary), main, side, (71, 72), ("a", "b"), (1_000_000, 5_000_000),
+                       ({i for i in range(400) if i % 2 == 0}, {i for i in range(400) if i % 2}))
+    how, _, out = _capture(stack, primary, {**args, "mode": "continuous", "max_runtime": 120},
+                           kill_when=lambda: _commits(stack, args) >= 20)
+    assert how == "killed", out[-3000:]
+    replica.caught_up(primary)
+    primary.kill()
+    _stop(writers)
+    replica.promote()
+
+    new = _server(stack, replica)
+    for key, value in _connection(stack, replica).items():  # the connection switched to the new primary
+        monkeypatch.setenv(key, value)
+    live = {r["id"] for r in source_table(new, main)}
+    sides = {r["id"] for r in source_table(new, side)}
+    after = _writers(new, main, side, (81, 82), ("c", "d"), (9_000_000, 13_000_000),
+                     ({i for i in live if i % 2 == 0}, {i for i in live if i % 2}),
+                     {"c": [i for i in writers[0].side_ids if i in sides],
+                      "d": [i for i in writers[1].side_ids if i in sides]})
+    sink = str(tmp_path / "main")
+    try:
+        # The full reload the docs recommend after a failover, before the capture has resumed on the new primary.
+        MySqlFullLoadOperator(task_id="load", table=main, sink_path=sink, chunk_rows=150, chunks_per_job=8,
+                              full_reload=True, mysql_conn_id=CONN_ID, spark_conf=stack.spark_conf(),
+                              capture_pipeline=args["pipeline"], capture_source_partition="binlog",
+                              offsets_topic=args["offsets_topic"]).execute({})
+        time.sleep(1.0)  # writers commit after the snapshots too
+        loaded = read_handoff(sink)
+        assert loaded.server_id == 102 and loaded.version_base > 0, loaded
+        paths = {**args, "full_load_paths": {main: sink}}
+        how, result, out = _capture(stack, replica, {**paths, "mode": "continuous", "max_runtime": 8})
+    finally:
+        _stop(after)
+    assert how == "ok", out[-4000:]
+    assert f"on server_id 102 (version base {loaded.version_base})" in out, out[-4000:]
+    how, final, out = _capture(stack, replica, {**paths, "mode": "bounded"})
+    assert how == "ok", out[-4000:]
+    assert _ledger(stack, args)["handed_off"].get(f"{stack.DB_NAME}.{main}") == loaded.load_id
+
+    records = [*topic_records(stack, final["topics"][f"{stack.DB_NAME}.{main}"]),
+               *topic_records(stack, final["topics"][f"{stack.DB_NAME}.{side}"])]
+    main_records = [r for r in records if r["source"]["table"] == main]
+    # The current table's rule: the full load's rows, then every change from its oldest snapshot on
+    # (current_changes.typed_changes) whose version is newer than the row's. The changes read on the old primary
+    # were not merged before the reload (the worst case): their versions must sort below the snapshot's.
+    loaded_rows = full_load_rows(sink)  # before the apply below adds its commit
+    current = {key: (row["_eo_version"], row) for key, row in loaded_rows.items()}
+    for record in sorted((r for r in main_records if r["version"] >= loaded.min_version), key=lambda r: r["version"]):
+        key = json.dumps(record["pk"], sort_keys=True)
+        if key not in current or record["version"] > current[key][0]:
+            current[key] = (record["version"], None if record["op"] == "d" else record["after"])
+    assert {k: main_row(row) for k, (_, row) in current.items() if row is not None} == {
+        json.dumps({"id": r["id"]}): main_row(r) for r in source_table(new, main)}
+    # The real apply (a fresh checkpoint: every change read on the old primary is merged after the reload) gives
+    # the same table, read back with delta-rs.
+    topic = final["topics"][f"{stack.DB_NAME}.{main}"]
+    applied = jobs.run_job(stack, jobs.job_args(stack, f"{args['pipeline']}-apply", topic, tmp_path / "checkpoint",
+                                                "delta", sink, mode="current"))
+    assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
+    assert _current_table(sink) == {json.dumps({"id": r["id"]}): main_row(r) for r in source_table(new, main)}
+    # Versions ordered: old primary < full load < changes read on the new primary after its snapshots.
+    old_versions = [r["version"] for r in main_records if r["source"]["server_id"] == 101]
+    loaded_versions = {row["_eo_version"] for row in loaded_rows.values()}
+    assert old_versions and max(old_versions) < min(loaded_versions)
+    late = [r["version"] for r in main_records if r["source"]["server_id"] == 102
+            and BinlogPosition(r["source"]["file"], r["source"]["pos"]) >= loaded.max_position]
+    assert late and max(loaded_versions) < min(late)
+    snapshot_gtids = replica.query(f"SELECT BINLOG_GTID_POS('{loaded.max_position.file}', "
+                                   f"{loaded.max_position.pos})")[0][0]
+    filtered_up_to = max(int(g.split("-")[2]) for g in snapshot_gtids.split(","))
+    committed = _held(replica, [c for w in writers for c in w.committed], 101) + [c for w in after for c in w.committed]
+    counts = check_transactions(records, committed, [t for w in writers + after for t in w.rolled_back],
+                                filtered_up_to, {main, side})
+    fault_outcome(rows=counts["records"], lost=counts["lost"], duplicated=counts["duplicated"],
+                  scenario="full_reload_after_failover")
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    assert min(len(w.committed) for w in after) > 5, [len(w.committed) for w in after]
+    assert all(w.error is None for w in after), [w.error for w in after]
+
+
+def _current_table(path: str) -> dict:
+    """Return the current table's live rows (read with delta-rs, no Spark) as ``{pk json: main_row}``."""
+    import datetime as dt
+
+    from deltalake import DeltaTable
+
+    rows = {}
+    for row in DeltaTable(path).to_pyarrow_table().to_pylist():
+        if row["_eo_deleted"]:
+            continue
+        for column in ("ts", "dt"):
+            if row[column] is not None and row[column].tzinfo is not None:
+                row[column] = row[column].astimezone(dt.timezone.utc).replace(tzinfo=None)
+        rows[json.dumps({"id": row["id"]})] = main_row(row)
+    return rows

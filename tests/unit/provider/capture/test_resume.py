@@ -52,16 +52,19 @@ def test_another_server_resumes_by_gtid_with_a_version_base_above_everything_del
     found = resolve(replica, request(), ledger(server_id=1, gtid_pos="0-1-100", version_base=5,
                                                table_gtids={"eo.t": "0-1-99"}))
     assert found.position == BinlogPosition("binlog.000001", 900)
-    assert found.version_base == 5 + pos(4000).version - BinlogPosition("binlog.000001", 900).version
-    assert found.version_base + found.position.version == 5 + pos(4000).version
+    # From the ledger record alone (a full load on the new server finds the same base before the capture moves).
+    assert found.version_base == 5 + pos(4000).version
+    assert found.version_base + found.position.version > 5 + pos(4000).version  # above everything delivered
     assert found.handed_off == {"eo.t": "load"} and found.server_id == 2  # never compared with the new server's
     assert replica.asked == [("locate", parse_position("0-1-100"))]
     assert "found at binlog.000001:900 on server_id 2" in found.how
 
 
-def test_a_new_server_further_on_in_its_binlog_keeps_the_version_base():
-    replica = Server(server_id=2, located=BinlogPosition("binlog.000009", 4))
-    assert resolve(replica, request(), ledger(server_id=1, gtid_pos="0-1-100", version_base=5)).version_base == 5
+def test_the_failover_base_depends_on_the_ledger_record_only_not_on_where_the_new_server_has_it():
+    record = ledger(server_id=1, gtid_pos="0-1-100", version_base=5)
+    bases = {resolve(Server(server_id=2, located=at), request(), record).version_base
+             for at in (BinlogPosition("binlog.000009", 4), BinlogPosition("binlog.000001", 900))}
+    assert bases == {5 + pos(4000).version}
 
 
 def test_a_server_lacking_delivered_transactions_stops_the_capture_naming_them_and_their_tables():
@@ -212,13 +215,44 @@ def test_the_ledger_records_each_handoff_once_the_capture_has_passed_it():
     assert writer.offsets[-1]["server_id"] == 1 and writer.offsets[-1]["version_base"] == 0
 
 
-def test_a_full_load_taken_after_a_failover_is_refused_naming_the_way_back():
-    from airflow.sdk.exceptions import AirflowException
+def loaded(load_id="load-2", version_base=0, server_id=2, at=600):
+    """A full load of eo.t (one chunk) taken with ``version_base`` on ``server_id``."""
+    from exactly_once_provider.full_load.handoff import ChunkPosition, Handoff
+    from exactly_once_provider.source.snapshot import Chunk
 
-    from exactly_once_provider.capture.resume import check_new_full_loads
+    return Handoff(load_id, "eo", "t", ("id",), 1, (ChunkPosition(Chunk(0, None, None), pos(at), 1),), 0,
+                   version_base=version_base, server_id=server_id)
 
-    pending = {("eo", "orders"): SimpleNamespace(load_id="load-2")}
-    check_new_full_loads(0, pending, "p")  # no failover: a full reload works as always
-    check_new_full_loads(2**40, {}, "p")  # a failover, no new full load
-    with pytest.raises(AirflowException, match=r"eo\.orders \(load load-2\).*new pipeline name"):
-        check_new_full_loads(2**40, pending, "p")
+
+def test_a_full_load_hands_off_only_with_the_capture_s_version_base_and_server():
+    from exactly_once_provider.capture.resume import check_full_loads
+
+    check_full_loads(0, 1, {("eo", "t"): loaded(server_id=1)}, "p")  # no failover: as always
+    check_full_loads(2**40, 2, {("eo", "t"): loaded(version_base=2**40)}, "p")  # taken after a failover
+    check_full_loads(2**40, 2, {}, "p")
+    with pytest.raises(AirflowException, match=r"eo\.t \(load load-2: version base 0 on server_id 2\).*"
+                                               r"without capture_pipeline.*full_reload=true"):
+        check_full_loads(2**40, 2, {("eo", "t"): loaded()}, "p")
+    with pytest.raises(AirflowException, match=r"version base 1099511627776 on server_id 1\)"):
+        check_full_loads(2**40, 2, {("eo", "t"): loaded(version_base=2**40, server_id=1)}, "p")
+
+
+def test_a_full_load_after_a_failover_takes_the_base_the_capture_will_take_there():
+    from exactly_once_provider.capture.resume import full_load_version_base
+
+    record = ledger(server_id=1, gtid_pos="0-1-100", version_base=5, table_gtids={"eo.t": "0-1-99"})
+    replica = Server(server_id=2, state="0-1-100,0-2-3", located=BinlogPosition("binlog.000001", 900))
+    assert full_load_version_base(replica, None) == (0, 2)  # the capture never committed
+    assert full_load_version_base(Server(server_id=1), record) == (5, 1)  # the capture reads this server
+    base, server_id = full_load_version_base(replica, record)
+    assert (base, server_id) == (resolve(replica, request(), record).version_base, 2)
+    with pytest.raises(DivergedSourceError, match="0-1-96 .. 0-1-100"):
+        full_load_version_base(Server(server_id=2, state="0-1-95"), record)
+
+
+def test_a_full_load_taken_on_the_new_server_stays_pending_through_the_failover():
+    replica = Server(server_id=2, located=BinlogPosition("binlog.000001", 500))
+    record = ledger(server_id=1, gtid_pos="0-1-100", pos=600)  # the old load's chunks end at 900: not passed
+    fresh = loaded(version_base=pos(600).version, at=700)
+    found = resolve(replica, request(handoffs={("eo", "t"): fresh}), record)
+    assert found.handed_off == {} and found.version_base == fresh.version_base  # filtered by its own positions

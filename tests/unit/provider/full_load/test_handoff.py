@@ -27,6 +27,19 @@ def test_marker_round_trip_and_min_max():
     assert (parsed.table_version, parsed.rows, parsed.key) == (4, 105, ("id",))
 
 
+def test_the_marker_records_the_version_base_and_server_and_older_markers_mean_base_zero():
+    marker = json.loads(json.dumps(handoff.marker("L1", "eo", "t", ("id",), CHUNKS, version_base=2**40,
+                                                  server_id=102)))
+    parsed = handoff.parse(0, marker)
+    assert (parsed.version_base, parsed.server_id) == (2**40, 102)
+    assert parsed.min_version == BinlogPosition("binlog.000001", 900).version + 2**40
+    assert parsed.chunk_version(parsed.chunks[1]) == BinlogPosition("binlog.000002", 10).version + 2**40
+    older = handoff.marker("L0", "eo", "t", ("id",), CHUNKS)
+    for key in ("version_base", "server_id"):
+        del older["eo_full_load"][key]
+    assert (handoff.parse(0, older).version_base, handoff.parse(0, older).server_id) == (0, None)
+
+
 def test_the_capture_filter_uses_the_position_of_the_chunk_holding_the_key():
     from exactly_once_provider.capture.loop import HandoffFilter
 
