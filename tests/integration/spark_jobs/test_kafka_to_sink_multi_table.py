@@ -48,7 +48,8 @@ def _writer(stack, names: dict[str, str], seed: int, stop: threading.Event, erro
     try:
         cur = conn.cursor()
         n = 0
-        while not stop.is_set() or n < 30:  # at least 30 transactions each, whatever the timing
+        # 30 to 120 transactions each: at least 30 whatever the timing, more while the full loads run
+        while n < 30 or (not stop.is_set() and n < 120):
             n += 1
             new = 100_000 * (seed + 1) + n
             o, li, a = names["orders"], names["lines"], names["accounts"]
@@ -125,7 +126,7 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(st
                for p in TABLES]
     apply = SparkKafkaToSinkOperator(
         task_id="apply", pipeline=f"{pipeline}-apply", sink="delta", mode="current", streams=streams,
-        max_offsets_per_trigger=200,
+        max_offsets_per_trigger=300,  # several micro-batches per table
         conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
         env_vars={"PYSPARK_PYTHON": sys.executable})
     state = apply.execute({})
