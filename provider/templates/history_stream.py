@@ -10,6 +10,10 @@
   starts the next run at once, and task retries restart either one if it dies in between. Both resume exactly
   once from what Kafka and the table hold.
 
+Several tables (``tables=[...]``, locations with a ``{table}`` placeholder): a full load and a reconciliation
+per table, one capture of them all, one ``apply`` Spark application with one query per table (see
+:func:`history_stream_dag`).
+
 The table (``table_path``) is the full load's Delta table with every later change merged in
 (:mod:`exactly_once_provider.sinks.current_table`): one row per source key, typed like the source, read with
 ``SELECT ... WHERE NOT _eo_deleted``. It and the apply's checkpoint may be local paths or on S3

@@ -116,6 +116,12 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(st
     stop.set()
     for writer in writers:
         writer.join(300)
+    # and after them (their minimum each): changes the capture must deliver, whatever the timing above
+    after = [threading.Thread(target=_writer, args=(stack, names, seed, stop, errors)) for seed in range(3, 6)]
+    for writer in after:
+        writer.start()
+    for writer in after:
+        writer.join(300)
     assert not errors, errors
 
     capture = BinlogCaptureOperator(task_id="capture", tables=list(names.values()), pipeline=pipeline,
