@@ -105,8 +105,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     """
 
     template_fields: Sequence[str] = (
-        "pipeline", "topics", "streams", "sink", "checkpoint_location", "sink_path", "sink_table", "trigger", "interval",
-        "max_offsets_per_trigger", "max_runtime", "mode", "conf",
+        "pipeline", "topics", "streams", "sink", "checkpoint_location", "sink_path", "sink_table", "trigger",
+        "interval", "max_offsets_per_trigger", "max_runtime", "mode", "conf",
     )
     ui_color = "#e8f4d9"
     operator_extra_links = (PipelineStatusLink(), SparkUILink())

@@ -96,7 +96,7 @@ def test_cdc_apply_keeps_the_newest_committed_change_per_key(stack, tmp_path, si
     assert got["k1"][0] > 1 and "late" not in got["k1"][2], "an older change overwrote a newer one"
 
 
-def test_a_sink_fed_by_two_tables_is_refused_unless_the_key_names_the_table(stack, tmp_path):
+def test_a_sink_fed_by_two_tables_is_refused_unless_the_key_names_the_table(stack, airflow_connections, tmp_path):
     """Two captured tables both keyed ``{"id": 1}``: merged on ``pk`` alone into one sink, their rows would
     overwrite each other; the batch fails naming both tables, nothing is committed. With the table in the key,
     every (table, key) is one row."""

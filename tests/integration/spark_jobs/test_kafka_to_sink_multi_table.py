@@ -90,7 +90,8 @@ def _delta_rs_rows(path: str, columns: list[str], key: list[str]) -> Counter:
     table = DeltaTable(path).to_pyarrow_table(columns=columns + [DELETED_COLUMN])
     rows = list(zip(*(table.column(c).to_pylist() for c in columns + [DELETED_COLUMN])))
     keys = Counter(tuple(row[columns.index(k)] for k in key) for row in rows)
-    assert max(keys.values()) == 1, f"keys in {path} more than once (delta-rs): {[k for k, n in keys.items() if n > 1][:3]}"
+    doubled = [k for k, n in keys.items() if n > 1]
+    assert not doubled, f"keys in {path} more than once (delta-rs): {doubled[:3]}"
     return Counter(tuple(normalise(v) for v in row[:-1]) for row in rows if not row[-1])
 
 
