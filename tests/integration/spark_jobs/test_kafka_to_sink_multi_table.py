@@ -8,9 +8,13 @@ delta-rs, every key once; a second run adds nothing.
 from __future__ import annotations
 
 import random
+import re
 import sys
 import threading
 from collections import Counter
+
+import pytest
+from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
@@ -155,6 +159,55 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(st
     assert {p: delta_commit.newest_version(paths[p]) for p in TABLES} == versions
     for prefix, name in names.items():
         _, columns, key = TABLES[prefix]
+        assert_same_rows(_delta_rs_rows(paths[prefix], columns, key), source_rows(stack, name, columns), columns)
+        cur.execute(f"DROP TABLE `{name}`")
+    conn.close()
+
+
+def test_a_stream_fed_another_tables_topic_fails_the_application_and_a_fixed_run_ends_exact(
+        stack, spark, airflow_connections, tmp_path):
+    """lines' sink fed accounts' topic and the other way round, orders right: the run fails naming both tables,
+    neither mis-fed table gets a commit; the run with the right mapping (new checkpoints: each query starts from
+    its sink's offsets) leaves all three equal to the source."""
+    names = {prefix: unique_name(prefix) for prefix in TABLES}
+    pipeline = unique_name("multi")
+    conn = connect(stack)
+    cur = conn.cursor()
+    for prefix, name in names.items():
+        cur.execute(f"CREATE TABLE `{name}` {TABLES[prefix][0]}")
+    _seed(cur, names)
+    paths = {prefix: str(tmp_path / prefix) for prefix in TABLES}
+    for prefix, name in names.items():
+        run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=name,
+                                                                sink_path=paths[prefix]))
+    stop, errors = threading.Event(), []
+    stop.set()
+    _writer(stack, names, 7, stop, errors)
+    assert not errors, errors
+    capture = BinlogCaptureOperator(task_id="capture", tables=list(names.values()), pipeline=pipeline,
+                                    full_load_paths={names[p]: paths[p] for p in TABLES}).execute({})
+    topics = {p: capture["topics"][f"{stack.DB_NAME}.{names[p]}"] for p in TABLES}
+    loaded = {p: delta_commit.newest_version(paths[p]) for p in TABLES}
+
+    def apply(feeds: dict[str, str], checkpoints: str) -> SparkKafkaToSinkOperator:
+        return SparkKafkaToSinkOperator(
+            task_id="apply", pipeline=f"{pipeline}-apply", sink="delta", mode="current",
+            streams=[{"topics": [topics[feeds[p]]], "sink_path": paths[p],
+                      "checkpoint_location": str(tmp_path / checkpoints / p)} for p in TABLES],
+            conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
+            env_vars={"PYSPARK_PYTHON": sys.executable})
+
+    with pytest.raises(AirflowException, match="reached the current table of") as failed:
+        apply({"orders": "orders", "lines": "accounts", "accounts": "lines"}, "wrong").execute({})
+    assert re.search(rf"A change of {stack.DB_NAME}\.({names['lines']}|{names['accounts']})", str(failed.value))
+    assert delta_commit.newest_version(paths["lines"]) == loaded["lines"], "a mis-fed table got a commit"
+    assert delta_commit.newest_version(paths["accounts"]) == loaded["accounts"], "a mis-fed table got a commit"
+
+    state = apply({p: p for p in TABLES}, "right").execute({})
+    for prefix, name in names.items():
+        _, columns, key = TABLES[prefix]
+        assert state["streams"][paths[prefix]]["offsets"] == {topics[prefix]: {"0": jobs.end_offsets(
+            f"{stack.HOST}:{stack.KAFKA_PORT}", topics[prefix], 1)[0]}}
         assert_same_rows(_delta_rs_rows(paths[prefix], columns, key), source_rows(stack, name, columns), columns)
         cur.execute(f"DROP TABLE `{name}`")
     conn.close()
