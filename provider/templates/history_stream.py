@@ -275,7 +275,7 @@ def history_stream_dag(
             f"dag_run.run_after.hour == {int(full_reconcile_hour)} and dag_run.run_after.minute < {every_minutes}")
         for name in names:
             # choose_load's answer: one task id for one table, a list of them for several
-            loaded_now = (f"'full_load{suffix[name]}' in ti.xcom_pull(task_ids='choose_load')" if several
+            loaded_now = (f"'full_load{suffix[name]}' in (ti.xcom_pull(task_ids='choose_load') or [])" if several
                           else "ti.xcom_pull(task_ids='choose_load') == 'full_load'")
             reconcile_scope = ("{{ 'full' if params.full_reload or params.full_reconcile or " + loaded_now
                                + " or (" + on_schedule + ") else 'changed' }}")
