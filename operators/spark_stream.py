@@ -10,6 +10,7 @@ it continues from what the sink holds. XCom only mirrors the sink's committed st
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,14 +31,21 @@ from exactly_once_provider.operators.spark_submit import (  # noqa: F401 - their
 from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink
 from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
 from exactly_once_provider.storage import is_s3
-from exactly_once_provider.spark_jobs.stream_spec import DELIVERIES, MODES, SINKS, TRIGGERS, StreamSpec, split_topics  # noqa: F401
+from exactly_once_provider.spark_jobs.stream_spec import DELIVERIES, MODES, SINKS, TRIGGERS, Route, StreamSpec, split_topics  # noqa: F401
 
 
 class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """Run the exactly-once Kafka -> sink Spark job once (availableNow) or as a long stream (processing time).
 
     :param pipeline: stable pipeline name; part of every sink commit. Never derive it from the run or try.
-    :param topics: Kafka topics to read (read_committed).
+    :param topics: Kafka topics to read (read_committed); with ``streams``, leave it unset.
+    :param streams: several tables in ONE Spark application, instead of ``topics``/``sink_path``/``sink_table``/
+        ``checkpoint_location``: a list of ``{"topics": [...], "sink_path": ... | "sink_table": ...,
+        "checkpoint_location": ...}``, one streaming query each, with its own checkpoint and sink (in ``current``
+        mode: one source table's topic into that table's current table). Each query commits exactly once as a
+        one-table run does; all start together, a failure of one stops the application with its error (the
+        others keep what they committed), the run ends when all have ended. XCom returns
+        ``{"streams": {sink location: committed state}}``.
     :param sink: ``delta``, ``postgres`` or ``files``.
     :param checkpoint_location: this pipeline's Spark checkpoint directory.
     :param sink_path: the Delta table or files sink directory (``delta`` / ``files``), local or on S3 or an
@@ -97,8 +105,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     """
 
     template_fields: Sequence[str] = (
-        "pipeline", "topics", "sink", "checkpoint_location", "sink_path", "sink_table", "trigger", "interval",
-        "max_offsets_per_trigger", "max_runtime", "mode", "conf",
+        "pipeline", "topics", "streams", "sink", "checkpoint_location", "sink_path", "sink_table", "trigger",
+        "interval", "max_offsets_per_trigger", "max_runtime", "mode", "conf",
     )
     ui_color = "#e8f4d9"
     operator_extra_links = (PipelineStatusLink(), SparkUILink())
@@ -114,9 +122,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         self,
         *,
         pipeline: str,
-        topics: str | Sequence[str],
+        topics: str | Sequence[str] | None = None,
         sink: str,
-        checkpoint_location: str,
+        checkpoint_location: str | None = None,
+        streams: Sequence[dict[str, Any]] | None = None,
         sink_path: str | None = None,
         sink_table: str | None = None,
         kafka_conn_id: str = "kafka_default",
@@ -144,6 +153,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
                          deploy_mode=deploy_mode, driver_memory=driver_memory, env_vars=env_vars, **kwargs)
         self.pipeline = pipeline
         self.topics = topics
+        self.streams = streams
+        self._views: list[SparkKafkaToSinkOperator] | None = None
         self.sink = sink
         self.checkpoint_location = checkpoint_location
         self.sink_path = sink_path
@@ -172,11 +183,49 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         return f"eo-{self.pipeline}"
 
     # ------------------------------------------------------------------------------------------ checks
+    def _routes(self) -> tuple[Route, ...]:
+        routes = []
+        for item in self.streams or ():
+            unknown = sorted(set(item) - {"topics", "sink_path", "sink_table", "checkpoint_location"})
+            if unknown:
+                raise ValueError(f"streams: unknown settings {unknown}; each stream names topics, sink_path or "
+                                 "sink_table, and checkpoint_location.")
+            routes.append(Route(topics=split_topics(item.get("topics") or ()),
+                                checkpoint=item.get("checkpoint_location") or "",
+                                path=item.get("sink_path") if self.sink != "postgres" else None,
+                                table=item.get("sink_table") if self.sink == "postgres" else None))
+        return tuple(routes)
+
+    def stream_views(self) -> list[SparkKafkaToSinkOperator]:
+        """Return one one-table view of this operator per stream (itself without ``streams``).
+
+        A view is this operator with one stream's topics, sink and checkpoint: the sink reads, checks and
+        lineage of a one-table run apply to each stream unchanged.
+        """
+        if not self.streams:
+            return [self]
+        if self._views is None:
+            views = []
+            for route in self._routes():
+                view = copy.copy(self)
+                view.streams, view._views, view._s3 = None, None, None
+                view.topics, view.checkpoint_location = list(route.topics), route.checkpoint
+                view.sink_path, view.sink_table = route.path, route.table
+                views.append(view)
+            self._views = views
+        return self._views
+
     def _stream_spec(self) -> StreamSpec:
+        routed = bool(self.streams)
+        if routed and (split_topics(self.topics or ()) or self.sink_path or self.sink_table
+                       or self.checkpoint_location):
+            raise ValueError("streams name each table's topics, sink and checkpoint: leave topics, "
+                             "checkpoint_location, sink_path and sink_table unset beside them.")
         return StreamSpec(
-            pipeline=self.pipeline, topics=split_topics(self.topics), checkpoint=self.checkpoint_location,
-            sink=self.sink, path=self.sink_path if self.sink != "postgres" else None,
-            table=self.sink_table if self.sink == "postgres" else None, trigger=self.trigger,
+            pipeline=self.pipeline, topics=() if routed else split_topics(self.topics or ()),
+            checkpoint="" if routed else self.checkpoint_location, routes=self._routes(),
+            sink=self.sink, path=self.sink_path if self.sink != "postgres" and not routed else None,
+            table=self.sink_table if self.sink == "postgres" and not routed else None, trigger=self.trigger,
             interval=self.interval, max_offsets_per_trigger=int(self.max_offsets_per_trigger) if self.max_offsets_per_trigger else None,
             max_runtime=float(self.max_runtime) if self.max_runtime not in (None, "", "None") else None,
             mode=self.mode, key_field=self.key_field, version_field=self.version_field, op_field=self.op_field,
@@ -186,6 +235,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         return self.sink != "postgres" and bool(self.sink_path) and is_s3(self.sink_path)
 
     def _on_s3(self) -> bool:
+        if self.streams:
+            return any(view._on_s3() for view in self.stream_views())
         return self._sink_on_s3() or is_s3(self.checkpoint_location or "")
 
     def _s3_settings(self):
@@ -226,8 +277,16 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     def default_packages(self) -> tuple[str, ...]:
         return SPARK_PACKAGES + (S3A_PACKAGES if self._on_s3() else ())
 
+    def _sink_location(self) -> str | None:
+        return self.sink_table if self.sink == "postgres" else self.sink_path
+
     def sink_state(self) -> dict | None:
-        """Read the pipeline's committed state back from the sink (the source of truth), without Spark."""
+        """Read the pipeline's committed state back from the sink (the source of truth), without Spark.
+
+        With ``streams``: ``{"streams": {sink location: state}}``.
+        """
+        if self.streams:
+            return {"streams": {v._sink_location(): v.sink_state() for v in self.stream_views()}}
         from exactly_once_provider.connections import connect_kwargs
         from exactly_once_provider.sinks.base import open_sink
 
@@ -239,6 +298,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     def before_submit(self) -> None:
         from exactly_once_provider.storage.preflight import preflight_locations
 
+        if self.streams:
+            for view in self.stream_views():
+                view.before_submit()
+            return
         # An unusable S3 location (the sink's or the checkpoint's) fails here, before anything is written.
         sink = self.sink_path if self._sink_on_s3() else None
         for checked in preflight_locations([sink, self.checkpoint_location], self._s3_settings()):
@@ -268,6 +331,13 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
 
     def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
         """The topics in; the sink out, with the Kafka end offsets committed with its rows."""
+        if self.streams:
+            inputs, outputs = [], []
+            for view in self.stream_views():
+                found = result["streams"].get(view._sink_location()) if result else None
+                more_in, more_out = view.openlineage_datasets(found)
+                inputs, outputs = inputs + more_in, outputs + more_out
+            return inputs, outputs
         inputs = [facets.input_dataset(lineage.kafka_topic_of(self.kafka_conn_id, t)) for t in split_topics(self.topics)]
         sink = self.sink_dataset()
         fields = None
@@ -287,6 +357,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         # XCom mirrors the sink, read here; the driver's own answer is not needed (and absent on a reconnect).
         if self.delivery != "exactly-once":
             return None
+        if self.streams:
+            states = {v._sink_location(): v.job_result(None, context) for v in self.stream_views()}
+            self.openlineage_result = {"streams": states}
+            return self.openlineage_result
         before, after = self._before, self.sink_state()
         self.log.info("pipeline %s: sink %s committed batch %s of checkpoint %s, %s rows in total (%s before "
                       "this run); offsets %s", self.pipeline, self.sink, after and after["batch_id"],

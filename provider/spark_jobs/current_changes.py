@@ -100,7 +100,8 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
                    F.lit("A change of "), F.coalesce(source_schema, F.lit("?")), F.lit("."),
                    F.coalesce(source_table, F.lit("?")), where,
                    F.lit(f" reached the current table of {schema}.{table}: one current table takes the topics of "
-                         "its own source table only; give each table its own sink."))))
+                         "its own source table only; give each table its own sink (one application: "
+                         "the operator's streams)."))))
         .when(version.isNull() | image.isNull(),
               F.raise_error(F.concat(F.lit("A record without a numeric version or a before/after image"), where,
                                      F.lit(" is not a change record of the binlog capture."))))

@@ -27,13 +27,14 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager
+from typing import Any
 
 from exactly_once_provider.connections import read_secret_file, spark_kafka_options
 from exactly_once_provider.sinks import poison
 from exactly_once_provider.spark_jobs.driver import exit_with_the_jvm, run_job
 from exactly_once_provider.spark_jobs.session import register_storage, with_storage_conf
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
-from exactly_once_provider.spark_jobs.stream_spec import StreamSpec, split_topics
+from exactly_once_provider.spark_jobs.stream_spec import Route, StreamSpec, split_topics
 from exactly_once_provider.spark_jobs.current_changes import DDL_PREFIX, CurrentChanges
 from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, checkpoint_storage,
                                                     fault_point, read_kafka_range, wal_offsets)
@@ -51,8 +52,11 @@ def parse_args(argv: list[str]) -> StreamSpec:
     parser.add_argument("--secrets-file", required=True,
                         help="0600 JSON file: {\"kafka\": the kafka connection's confluent-kafka settings, \"libpq\": "
                              "PG* variables of the postgres sink} (secrets never travel on the command line)")
-    parser.add_argument("--topics", required=True, help="comma-separated topic names")
-    parser.add_argument("--checkpoint", required=True, help="this pipeline's checkpoint directory")
+    parser.add_argument("--topics", default="", help="comma-separated topic names")
+    parser.add_argument("--checkpoint", default="", help="this pipeline's checkpoint directory")
+    parser.add_argument("--routes", default=None,
+                        help='several queries in one application, instead of --topics/--checkpoint/--path/--table: '
+                             'JSON [{"topics": [...], "checkpoint": ..., "path": ... | "table": ...}, ...]')
     parser.add_argument("--sink", required=True, choices=("delta", "postgres", "files"))
     parser.add_argument("--path", help="Delta table or files sink directory")
     parser.add_argument("--table", help="PostgreSQL table (connection: the secrets file's libpq PG* variables)")
@@ -65,7 +69,9 @@ def parse_args(argv: list[str]) -> StreamSpec:
                         help="append records, apply CDC changes by primary key into a changes table (cdc) or "
                              "into the full load's table (current) (newer source version wins), or replace "
                              "settlement windows whole (newer batch version wins)")
-    parser.add_argument("--key-field", default="pk", help="CDC: JSON field of the record value holding the key")
+    parser.add_argument("--key-field", default="pk",
+                        help="CDC: JSON field of the record value holding the key, or several, comma-separated "
+                             "(e.g. source.schema,source.table,pk)")
     parser.add_argument("--version-field", default="version", help="CDC: JSON field holding the source version")
     parser.add_argument("--op-field", default="op", help="CDC: JSON field holding the operation ('d' = delete)")
     parser.add_argument("--delta-commit", default="own", choices=("own", "delta"),
@@ -80,7 +86,8 @@ def parse_args(argv: list[str]) -> StreamSpec:
             path=args.path, table=args.table, trigger=args.trigger, interval=args.interval,
             max_offsets_per_trigger=args.max_offsets_per_trigger, max_runtime=args.max_runtime, mode=args.mode, key_field=args.key_field,
             version_field=args.version_field, op_field=args.op_field, delta_commit=args.delta_commit,
-            delivery=args.delivery, secrets_file=args.secrets_file).validate()
+            delivery=args.delivery, secrets_file=args.secrets_file,
+            routes=tuple(Route.from_json(r) for r in json.loads(args.routes)) if args.routes else ()).validate()
     except ValueError as err:
         parser.error(str(err))
 
@@ -172,16 +179,37 @@ def _not_yet_committed(df, offsets: Offsets):
     return df if done is None else df.filter(~done)
 
 
+TABLE_IDENTITY = ("source.schema", "source.table")  # where a binlog change record names its table
+
+
+def key_paths(key_field: str) -> tuple[str, ...]:
+    """Return the JSON paths of a CDC key: one field, or several separated by commas (``source.table,pk``)."""
+    return tuple(p.strip() for p in key_field.split(",") if p.strip())
+
+
 def cdc_changes(df, key_field: str, version_field: str, op_field: str):
     """Turn records into the newest change per key of this batch: ``pk, source_version, deleted, ...``.
 
-    A record without the key or the version is bad input: the batch fails before anything is committed.
+    A record without the key or the version is bad input: the batch fails before anything is committed. So is
+    a batch holding change records of two source tables when the key does not name the table
+    (:func:`refuse_mixed_tables`).
+
+    :param key_field: the JSON field holding the key, or several, comma-separated: then ``pk`` is the JSON
+        array of their values (e.g. ``source.schema,source.table,pk`` keys the binlog capture's records by
+        table and primary key).
     """
     from pyspark.sql import functions as F
 
+    paths = key_paths(key_field)
+    parts = [F.get_json_object("record_value", f"$.{p}") for p in paths]
+    key = parts[0] if len(parts) == 1 else F.when(
+        sum((part.isNull().cast("int") for part in parts), F.lit(0)) == 0, F.to_json(F.array(*parts)))
     # The capture's schema records (ALTER TABLE) are no change: the raw-record CDC table has nothing to evolve.
-    parsed = df.filter(~F.col("record_value").startswith(DDL_PREFIX)).select(
-        F.get_json_object("record_value", f"$.{key_field}").alias("pk"),
+    records = df.filter(~F.col("record_value").startswith(DDL_PREFIX))
+    if not set(TABLE_IDENTITY) <= set(paths):
+        refuse_mixed_tables(records, key_field)
+    parsed = records.select(
+        key.alias("pk"),
         F.get_json_object("record_value", f"$.{version_field}").cast("bigint").alias("source_version"),
         F.coalesce(F.get_json_object("record_value", f"$.{op_field}").isin("d", "delete"), F.lit(False))
         .alias("deleted"),
@@ -195,6 +223,25 @@ def cdc_changes(df, key_field: str, version_field: str, op_field: str):
     return (parsed.groupBy("pk")
             .agg(F.max_by(F.struct(*cols), F.struct("source_version", "kafka_offset")).alias("c"))
             .select("c.*"))
+
+
+def refuse_mixed_tables(records, key_field: str) -> None:
+    """Fail the batch if it holds change records of more than one source table (their keys would collide).
+
+    Two tables keyed ``{"id": 1}`` are one key to a sink merged on the primary key alone: a change of one would
+    overwrite the other's row. Records that name no table (another producer's) are not counted.
+    """
+    from pyspark.sql import functions as F
+
+    identity = F.concat_ws(".", *[F.get_json_object("record_value", f"$.{p}") for p in TABLE_IDENTITY])
+    found = records.select(identity.alias("t")).filter(F.col("t").contains(".")).distinct().limit(2).collect()
+    if len(found) > 1:
+        first, second = sorted(row[0] for row in found)
+        raise ValueError(
+            f"One CDC sink is fed change records of two source tables, {first} and {second}, merged on the key "
+            f"{key_field!r} alone: rows of both with equal keys would overwrite each other. Give each table its "
+            "own sink (the operator's streams: one query per table, one application), or make the table part "
+            f"of the key: key_field='source.schema,source.table,{key_field}'. Nothing of this batch was committed.")
 
 
 def current_table_source(path: str):
@@ -341,44 +388,75 @@ def build_session(args: StreamSpec, job: JobSpec | None = None):
 def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = None) -> dict | None:
     """Run the stream until its trigger ends it; return the sink's committed state (exactly once) or None.
 
+    A spec with routes runs one query per route in this one application (:func:`await_queries`) and returns
+    ``{"routes": {sink location: committed state}}``.
+
     :param args: the validated request.
     :param secrets: the connections' settings; default: read from ``args.secrets_file``.
     :param job: the job spec of a submitted run (its started file is written once the session runs).
     """
-    topics = list(args.topics)
     if secrets is None:
         secrets = read_secret_file(args.secrets_file)
     os.environ.update(secrets.get("libpq", {}))  # the postgres sink connects with the libpq environment
     register_storage(secrets)  # an s3:// sink location: its settings, for the sink and for Spark's s3a
     kafka_config = secrets["kafka"]
+    # Every sink is prepared and every start position settled before the session starts the first query.
+    prepared = [_prepare_query(query, kafka_config) for query in args.queries()]
+    spark = build_session(args, job)
     kafka_options = spark_kafka_options(kafka_config)  # the Java client's names for the same settings
-    exactly_once = args.delivery == "exactly-once"
+    started = time.monotonic()
+    queries = [_start_query(spark, query, sink, to_changes, starting, kafka_options, named=bool(args.routes))
+               for query, sink, to_changes, starting in prepared]
+    await_queries(queries, args.pipeline, args.max_runtime)
+    # Processing time without JVM start-up: what the benchmark compares between delivery modes.
+    print(f"EO_TIMING {time.monotonic() - started:.3f}", flush=True)
+    states = {query.path or query.table: sink.committed() if query.delivery == "exactly-once" else None
+              for query, sink, _, _ in prepared}
+    result = {where: state.to_json() if state else None for where, state in states.items()}
+    if not args.routes:
+        result = next(iter(result.values()))
+    else:
+        result = {"routes": result}
+    print("EO_RESULT " + json.dumps(result), flush=True)
+    return result
+
+
+def _prepare_query(args: StreamSpec, kafka_config: dict) -> tuple[StreamSpec, Sink, Any, str]:
+    """Open one query's sink and settle where it starts: ``(spec, sink, batch -> changes step, startingOffsets)``."""
+    topics = list(args.topics)
     source = current_table_source(args.path) if args.mode == "current" else None
     sink = make_sink(args, source.key if source else ())
     starting = "earliest"
-    if exactly_once:
+    if args.delivery == "exactly-once":
         previous = sink.committed()
         # Only the topics this run reads: a sink may still hold positions of topics the pipeline dropped.
         sink_offsets = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
         wait = 300 if args.trigger == "processing-time" else 0
         starting = reconcile_start(args.checkpoint, sink_offsets or None,
                                    topic_partitions(kafka_config, topics, wait))
-    spark = build_session(args, job)
-    reader = (spark.readStream.format("kafka")
-              .options(**kafka_options)
-              .option("subscribe", ",".join(topics))
-              .option("kafka.isolation.level", "read_committed")
-              .option("startingOffsets", starting)
-              .option("failOnDataLoss", "true"))
-    if args.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
-    frame = reader.load().selectExpr(*SELECT)
     to_changes = None
     if args.mode == "cdc":
         def to_changes(df):
             return cdc_changes(df, args.key_field, args.version_field, args.op_field)
     elif source is not None:
         to_changes = CurrentChanges(source, sink)
+    return args, sink, to_changes, starting
+
+
+def _start_query(spark, args: StreamSpec, sink: Sink, to_changes, starting: str, kafka_options: dict[str, str],
+                 named: bool = False):
+    """Start one streaming query of ``args.topics`` into ``sink``, committing each micro-batch exactly once."""
+    reader = (spark.readStream.format("kafka")
+              .options(**kafka_options)
+              .option("subscribe", ",".join(args.topics))
+              .option("kafka.isolation.level", "read_committed")
+              .option("startingOffsets", starting)
+              .option("failOnDataLoss", "true"))
+    if args.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
+    frame = reader.load().selectExpr(*SELECT)
+    exactly_once = args.delivery == "exactly-once"
+
     def each_batch(df, batch_id: int) -> None:
         if args.mode == "window":
             process_window_batch(sink, args.pipeline, args.checkpoint, kafka_options, spark, batch_id)
@@ -386,27 +464,53 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
             process_batch(sink, args.pipeline, args.checkpoint, df, batch_id, exactly_once, to_changes,
                           kafka_options)
 
-    writer = (frame.writeStream.queryName(args.pipeline)
+    # Query names are unique within a session: a routed query is named after its topics too.
+    name = f"{args.pipeline}[{','.join(args.topics)}]" if named else args.pipeline
+    writer = (frame.writeStream.queryName(name)
               .option("checkpointLocation", checkpoint_storage(args.checkpoint).spark_uri())
               .foreachBatch(each_batch))
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=args.interval)
-    started = time.monotonic()
-    query = writer.start()
-    if args.max_runtime is None:
-        query.awaitTermination()
-    elif not query.awaitTermination(args.max_runtime):
-        # Stopping interrupts at most a batch in flight: its sink commit is atomic, and the next run resumes
-        # from what the sink holds.
-        log.info("stream %s ran for %.0fs (max_runtime): stopping", args.pipeline, args.max_runtime)
-        query.stop()
-    # Processing time without JVM start-up: what the benchmark compares between delivery modes.
-    print(f"EO_TIMING {time.monotonic() - started:.3f}", flush=True)
-    state = sink.committed() if exactly_once else None
-    print("EO_RESULT " + json.dumps(state.to_json() if state else None), flush=True)
-    return state.to_json() if state else None
+    return writer.start()
+
+
+def await_queries(queries: list, pipeline: str, max_runtime: float | None, poll: float = 1.0) -> None:
+    """Wait until every query has ended (or ``max_runtime`` has passed: then stop them all cleanly).
+
+    The first query that fails stops the others and its error ends the application: the tables whose queries
+    were stopped keep what they committed (each batch commit is atomic) and the next run resumes each from
+    its own sink.
+    """
+    if len(queries) == 1:  # one query: Spark's own wait, its error raised as it always was
+        query = queries[0]
+        if max_runtime is None:
+            query.awaitTermination()
+        elif not query.awaitTermination(max_runtime):
+            # Stopping interrupts at most a batch in flight: its sink commit is atomic, and the next run resumes
+            # from what the sink holds.
+            log.info("stream %s ran for %.0fs (max_runtime): stopping", pipeline, max_runtime)
+            query.stop()
+        return
+    deadline = None if max_runtime is None else time.monotonic() + max_runtime
+    while True:
+        failed = next((q for q in queries if not q.isActive and q.exception() is not None), None)
+        if failed is not None:
+            log.error("query %s failed: stopping the other %d queries", failed.name, len(queries) - 1)
+            for query in queries:
+                query.stop()
+            failed.awaitTermination()  # raises the failed query's error, as a one-query run does
+        active = [q for q in queries if q.isActive]
+        if not active:
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            log.info("stream %s ran for %.0fs (max_runtime): stopping its %d queries", pipeline, max_runtime,
+                     len(active))
+            for query in active:
+                query.stop()
+            return
+        active[0].awaitTermination(poll)
 
 
 def _submitted(job: JobSpec, secrets: dict) -> dict | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 SINKS = ("delta", "postgres", "files")
@@ -10,6 +10,30 @@ TRIGGERS = ("available-now", "processing-time")
 DELIVERIES = ("exactly-once", "at-least-once")
 MODES = ("append", "cdc", "current", "window")
 DELTA_COMMITS = ("own", "delta")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One query of a multi-table stream: its topics into its own sink, with its own checkpoint.
+
+    :param topics: the Kafka topics of this query (one source table's, in ``cdc``/``current`` mode).
+    :param checkpoint: this query's checkpoint directory.
+    :param path: its Delta table or files sink directory.
+    :param table: its PostgreSQL table.
+    """
+
+    topics: tuple[str, ...]
+    checkpoint: str
+    path: str | None = None
+    table: str | None = None
+
+    @classmethod
+    def from_json(cls, item: dict[str, Any]) -> Route:
+        """Return the route of a JSON object; refuse unknown settings."""
+        unknown = sorted(set(item) - {f.name for f in fields(cls)})
+        if unknown or "topics" not in item or "checkpoint" not in item:
+            raise ValueError(f"A route names 'topics', 'checkpoint' and 'path' or 'table', got {sorted(item)}.")
+        return cls(**{**item, "topics": split_topics(item["topics"])})
 
 
 @dataclass(frozen=True)
@@ -34,6 +58,9 @@ class StreamSpec:
     :param delta_commit: Delta append: the provider's own commit (``own``) or Delta's writer (``delta``).
     :param delivery: ``exactly-once`` or ``at-least-once`` (benchmark baseline).
     :param secrets_file: the command line's 0600 secrets file (a submitted job gets it from its job spec).
+    :param routes: several queries in ONE Spark application, each :class:`Route` with its own topics, sink and
+        checkpoint (then ``topics``, ``checkpoint``, ``path`` and ``table`` stay empty); every other setting is
+        shared. Each query commits exactly as a one-route spec does (:meth:`queries`).
     """
 
     pipeline: str
@@ -53,9 +80,19 @@ class StreamSpec:
     delta_commit: str = "own"
     delivery: str = "exactly-once"
     secrets_file: str | None = None
+    routes: tuple[Route, ...] = ()
+
+    def queries(self) -> list[StreamSpec]:
+        """Return one single-route spec per query of this spec (itself when it has no routes)."""
+        if not self.routes:
+            return [self]
+        return [replace(self, topics=r.topics, checkpoint=r.checkpoint, path=r.path, table=r.table, routes=())
+                for r in self.routes]
 
     def validate(self) -> StreamSpec:
         """Return the spec; raise ValueError naming the first setting that is wrong."""
+        if self.routes:
+            return self._validate_routes()
         if not self.pipeline or not str(self.pipeline).replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"pipeline must be a non-empty name of letters, digits, '-' and '_', got {self.pipeline!r}.")
         if not self.topics:
@@ -89,9 +126,25 @@ class StreamSpec:
             raise ValueError("checkpoint_location is required: one checkpoint directory per pipeline.")
         return self
 
+    def _validate_routes(self) -> StreamSpec:
+        if self.topics or self.checkpoint or self.path or self.table:
+            raise ValueError("routes name each query's topics, checkpoint and sink: leave topics, "
+                             "checkpoint_location, sink_path and sink_table unset beside them.")
+        if self.mode == "window":
+            raise ValueError("mode='window' runs one query per application: it takes no routes.")
+        queries = [q.validate() for q in self.queries()]
+        for what, values in (("checkpoint", [q.checkpoint for q in queries]),
+                             ("sink", [q.path or q.table for q in queries]),
+                             ("topic", [t for q in queries for t in q.topics])):
+            seen = {v for v in values if values.count(v) > 1}
+            if seen:
+                raise ValueError(f"Two routes share the {what} {sorted(seen)[0]!r}: each query needs its own "
+                                 "topics, sink and checkpoint (one sink per source table).")
+        return self
+
     def to_json(self) -> dict[str, Any]:
         """Return the spec as JSON (a job spec's ``params``), without the command line's secrets file."""
-        return {k: v for k, v in asdict(self).items() if k != "secrets_file"}
+        return {k: v for k, v in asdict(self).items() if k != "secrets_file" and (k != "routes" or v)}
 
     @classmethod
     def from_json(cls, params: dict[str, Any]) -> StreamSpec:
@@ -100,7 +153,8 @@ class StreamSpec:
         unknown = sorted(set(params) - known)
         if unknown:
             raise ValueError(f"Unknown stream settings {unknown}.")
-        return cls(**{**params, "topics": tuple(params["topics"])})
+        routes = tuple(Route.from_json(r) for r in params.get("routes", ()))
+        return cls(**{**params, "topics": tuple(params["topics"]), "routes": routes})
 
 
 def split_topics(topics: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:

@@ -10,6 +10,10 @@
   starts the next run at once, and task retries restart either one if it dies in between. Both resume exactly
   once from what Kafka and the table hold.
 
+Several tables (``tables=[...]``, locations with a ``{table}`` placeholder): a full load and a reconciliation
+per table, one capture of them all, one ``apply`` Spark application with one query per table (see
+:func:`history_stream_dag`).
+
 The table (``table_path``) is the full load's Delta table with every later change merged in
 (:mod:`exactly_once_provider.sinks.current_table`): one row per source key, typed like the source, read with
 ``SELECT ... WHERE NOT _eo_deleted``. It and the apply's checkpoint may be local paths or on S3
@@ -34,7 +38,7 @@ Reruns:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param, task
@@ -52,19 +56,26 @@ CAPTURE_SOURCE_PARTITION = "binlog"
 
 
 MODES = ("scheduled", "continuous")
+TABLE = "{table}"  # in table_path, checkpoint_location and staging_path of a DAG of several tables
+
+
+def _per_table(value, name: str):
+    """Return ``value`` for table ``name``: its entry of a mapping by table, or the value itself."""
+    return value.get(name) if isinstance(value, Mapping) else value
 
 
 def history_stream_dag(
     *,
     dag_id: str,
     schema: str,
-    table: str,
+    table: str | None = None,
+    tables: Sequence[str] | None = None,
     pipeline: str,
     table_path: str,
     checkpoint_location: str,
     start_date: datetime,
     staging_path: str | None = None,
-    key_column: str | Sequence[str] | None = None,
+    key_column: str | Sequence[str] | Mapping[str, str | Sequence[str]] | None = None,
     mode: str = "scheduled",
     every_minutes: int = 5,
     run_for: timedelta = timedelta(hours=1),
@@ -73,7 +84,7 @@ def history_stream_dag(
     chunk_rows: int = 100_000,
     max_lag: int = 100_000,
     full_reconcile_hour: int | None = 0,
-    reconcile_columns: Sequence[str] | None = None,
+    reconcile_columns: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     mysql_conn_id: str = "mysql_default",
     kafka_config_id: str = "kafka_default",
     postgres_conn_id: str = "postgres_default",
@@ -84,11 +95,19 @@ def history_stream_dag(
     retry_delay: timedelta = timedelta(minutes=1),
     tags: Sequence[str] = (),
 ) -> DAG:
-    """Return a history -> stream DAG for ``schema.table``.
+    """Return a history -> stream DAG for ``schema.table``, or for several tables of ``schema`` (``tables``).
+
+    Several tables: one ``full_load_<table>`` task per table, ONE capture of all of them (one Kafka transaction
+    per source transaction across the tables), ONE ``apply`` Spark application (one streaming query per table,
+    each into its own current table with its own checkpoint), and per table a ``lag_gate_<table>`` and a
+    ``reconcile_<table>`` (named ``<pipeline>.<table>`` in the results). ``table_path`` and
+    ``checkpoint_location`` (and ``staging_path``, if given) then name each table's location with the
+    ``{table}`` placeholder, e.g. ``s3://lake/shop/{table}``.
 
     :param dag_id: the DAG id.
     :param schema: the source database.
-    :param table: the source table.
+    :param table: the source table (or ``tables``).
+    :param tables: several source tables of ``schema``, any key shape each (integer, text, composite).
     :param pipeline: the pipeline name; the capture uses it (topic ``<pipeline>.<schema>.<table>``), the apply
         ``<pipeline>-apply``.
     :param table_path: the current table: the full load's Delta table the changes are merged into (declared as an
@@ -98,7 +117,8 @@ def history_stream_dag(
     :param staging_path: the full load's staged chunks, a local (for a Spark cluster: shared) directory; default
         next to a local ``table_path``, required with one on S3.
     :param key_column: the key the reconciliation compares by; default the table's primary key (any shape: one
-        integer column is bisected by value, a text or composite key by its hash).
+        integer column is bisected by value, a text or composite key by its hash). With ``tables``: a mapping
+        ``{table: key}`` (tables left out use their primary key).
     :param mode: ``scheduled`` (an increment every ``every_minutes``) or ``continuous`` (a long-running capture and
         Spark stream, restarted by the ``@continuous`` schedule after ``run_for``).
     :param every_minutes: scheduled: minutes between increments.
@@ -110,7 +130,8 @@ def history_stream_dag(
     :param full_reconcile_hour: scheduled: each increment reconciles only the keys changed since the last clean
         reconciliation (``scope="changed"``), except the increments starting in this UTC hour (and full loads, and
         runs with the ``full_reconcile`` Param), which compare the whole table; None: never on schedule.
-    :param reconcile_columns: columns compared; default every source column.
+    :param reconcile_columns: columns compared; default every source column. With ``tables``: a mapping
+        ``{table: columns}``.
     :param mysql_conn_id: the source ``mysql`` connection.
     :param kafka_config_id: the ``kafka`` connection.
     :param postgres_conn_id: the ``postgres`` connection (reconciliation results).
@@ -130,9 +151,25 @@ def history_stream_dag(
                           "(exactly_once_provider.operators.binlog_capture).") from err
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: use one of {MODES}.")
-    FullLoadRequest(schema=schema, table=table, sink_path=table_path, staging_path=staging_path).validate()
+    if (table is None) == (tables is None) or (tables is not None and (isinstance(tables, str) or not tables)):
+        raise ValueError("Name the source table with table='orders', or several with tables=['orders', ...]; "
+                         "not both.")
+    names = [table] if tables is None else list(tables)
+    several = tables is not None
+    if len(set(names)) != len(names):
+        raise ValueError(f"tables={names!r} names a table twice.")
+    if several and (TABLE not in table_path or TABLE not in checkpoint_location):
+        raise ValueError(f"tables={names!r}: table_path and checkpoint_location must name each table's location "
+                         f"with the {TABLE} placeholder (one current table and one checkpoint per table), got "
+                         f"{table_path!r} and {checkpoint_location!r}.")
+    paths = {n: table_path.replace(TABLE, n) for n in names}
+    checkpoints = {n: checkpoint_location.replace(TABLE, n) for n in names}
+    stagings = {n: staging_path.replace(TABLE, n) if staging_path else None for n in names}
+    for n in names:
+        FullLoadRequest(schema=schema, table=n, sink_path=paths[n], staging_path=stagings[n]).validate()
+    suffix = {n: f"_{n}" if several else "" for n in names}  # task ids: one table keeps its historic ones
     continuous = mode == "continuous"
-    topic = f"{pipeline}.{schema}.{table}"  # the capture's default topic template
+    topics = {n: f"{pipeline}.{schema}.{n}" for n in names}  # the capture's default topic template
     apply_pipeline = f"{pipeline}-apply"
     seconds = run_for.total_seconds()
     with DAG(
@@ -157,37 +194,49 @@ def history_stream_dag(
             from exactly_once_provider.storage.preflight import preflight_locations
             from exactly_once_provider.storage.s3 import settings_for
 
-            checked = MySqlSourceHook(mysql_conn_id).preflight(schema, table)
-            print(f"preflight ok: {checked.server.version_string}, key {list(checked.key.columns)}, "
-                  f"~{checked.estimated_rows} rows")
-            locations = [table_path, checkpoint_location]
+            found = {}
+            for name in names:
+                checked = MySqlSourceHook(mysql_conn_id).preflight(schema, name)
+                print(f"preflight ok: {name}: {checked.server.version_string}, key {list(checked.key.columns)}, "
+                      f"~{checked.estimated_rows} rows")
+                found[name] = {"key": list(checked.key.columns), "estimated_rows": checked.estimated_rows}
+            locations = [*paths.values(), *checkpoints.values()]
             for storage in preflight_locations(locations, settings_for(aws_conn_id, *locations)):
                 print(f"preflight ok: {storage}")
-            return {"key": list(checked.key.columns), "estimated_rows": checked.estimated_rows}
+            return found if several else found[table]
 
         @task.branch
-        def choose_load(params: dict | None = None) -> str:
-            """Run the full load on the first run or when ``full_reload`` is set; otherwise continue."""
+        def choose_load(params: dict | None = None) -> str | list[str]:
+            """Run the full load on the first run or when ``full_reload`` is set; otherwise continue.
+
+            Several tables: the full loads of the tables without one (all on ``full_reload``), and the retention
+            guard unless every table is loaded afresh.
+            """
             from exactly_once_provider.full_load.handoff import has_full_load
             from exactly_once_provider.storage.s3 import register_settings, settings_for
 
-            s3 = settings_for(aws_conn_id, table_path)
+            s3 = settings_for(aws_conn_id, *paths.values())
             if s3 is not None:  # the table's log is read through them
                 register_settings(s3)
             reload = str((params or {}).get("full_reload", False)).lower() == "true"
-            if reload or not has_full_load(table_path):
-                return "full_load"
-            return "retention_guard"
+            loads = [f"full_load{suffix[n]}" for n in names if reload or not has_full_load(paths[n])]
+            if not several:
+                return loads[0] if loads else "retention_guard"
+            return loads + (["retention_guard"] if len(loads) < len(names) else [])
 
-        asset = Asset(name=f"{dag_id}.table", uri=lineage.storage_path(table_path).asset_uri)
-        # [START howto_operator_full_load]
-        full_load = MySqlFullLoadOperator(
-            task_id="full_load", table=table, schema=schema, sink_path=table_path, staging_path=staging_path,
-            chunk_rows=chunk_rows, full_reload="{{ params.full_reload }}", mysql_conn_id=mysql_conn_id,
-            spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id, spark_conf=spark_conf, outlets=[asset],
-            capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION,
-            kafka_config_id=kafka_config_id)
-        # [END howto_operator_full_load]
+        assets = {n: Asset(name=f"{dag_id}.{n}" if several else f"{dag_id}.table",
+                           uri=lineage.storage_path(paths[n]).asset_uri) for n in names}
+        full_loads = []
+        for name in names:
+            # [START howto_operator_full_load]
+            full_load = MySqlFullLoadOperator(
+                task_id=f"full_load{suffix[name]}", table=name, schema=schema, sink_path=paths[name],
+                staging_path=stagings[name], chunk_rows=chunk_rows, full_reload="{{ params.full_reload }}",
+                mysql_conn_id=mysql_conn_id, spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id,
+                spark_conf=spark_conf, outlets=[assets[name]], capture_pipeline=pipeline,
+                capture_source_partition=CAPTURE_SOURCE_PARTITION, kafka_config_id=kafka_config_id)
+            # [END howto_operator_full_load]
+            full_loads.append(full_load)
         # [START howto_operator_retention_guard]
         guard = BinlogRetentionGuardOperator(
             task_id="retention_guard", capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION,
@@ -195,47 +244,61 @@ def history_stream_dag(
         # [END howto_operator_retention_guard]
         # [START howto_operator_binlog_capture]
         capture = BinlogCaptureOperator(
-            task_id="capture", tables=[f"{schema}.{table}"], pipeline=pipeline,
-            full_load_paths={f"{schema}.{table}": table_path}, mode=mode if continuous else "bounded",
+            task_id="capture", tables=[f"{schema}.{n}" for n in names], pipeline=pipeline,
+            full_load_paths={f"{schema}.{n}": paths[n] for n in names}, mode=mode if continuous else "bounded",
             max_runtime=seconds if continuous else None, source_partition=CAPTURE_SOURCE_PARTITION,
             topic_partitions=topic_partitions, mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id,
             aws_conn_id=aws_conn_id, trigger_rule="none_failed_min_one_success" if continuous else "all_success")
         # [END howto_operator_binlog_capture]
+        # Several tables: one Spark application, one query per table into its own current table.
+        where = {"streams": [{"topics": [topics[n]], "sink_path": paths[n], "checkpoint_location": checkpoints[n]}
+                             for n in names]} if several else {
+            "topics": [topics[table]], "sink_path": table_path, "checkpoint_location": checkpoint_location}
         # [START howto_operator_spark_kafka_to_sink_current]
         apply = SparkKafkaToSinkOperator(
-            task_id="apply", pipeline=apply_pipeline, topics=[topic], sink="delta", sink_path=table_path,
-            checkpoint_location=checkpoint_location, mode="current",
+            task_id="apply", pipeline=apply_pipeline, sink="delta", **where, mode="current",
             trigger="processing-time" if continuous else "available-now", interval=stream_interval,
             max_runtime=seconds if continuous else None, kafka_conn_id=kafka_config_id,
-            spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id, conf=dict(spark_conf or {}), outlets=[asset],
+            spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id, conf=dict(spark_conf or {}),
+            outlets=list(assets.values()),
             trigger_rule="none_failed_min_one_success" if continuous else "all_success")
         # [END howto_operator_spark_kafka_to_sink_current]
         choice = choose_load()
         preflight() >> choice
-        choice >> [full_load, guard]
+        loaded = [*full_loads, guard]
+        choice >> loaded
         if continuous:
-            [full_load, guard] >> capture
-            [full_load, guard] >> apply
+            loaded >> capture
+            loaded >> apply
             return dag
-        # [START howto_sensor_consumer_lag]
-        lag_gate = ConsumerLagSensor(
-            task_id="lag_gate", topics=[topic], max_lag=max_lag, sink="delta", sink_location=table_path,
-            sink_pipeline=apply_pipeline, missing_topics_ok=True, kafka_config_id=kafka_config_id,
-            aws_conn_id=aws_conn_id, timeout=3600, trigger_rule="none_failed_min_one_success")
-        # [END howto_sensor_consumer_lag]
         # run_after: when a run was due (a manual run: its trigger time); the data interval is None on manual runs.
         on_schedule = "false" if full_reconcile_hour is None else (
             f"dag_run.run_after.hour == {int(full_reconcile_hour)} and dag_run.run_after.minute < {every_minutes}")
-        reconcile_scope = ("{{ 'full' if params.full_reload or params.full_reconcile or ti.xcom_pull("
-                           "task_ids='choose_load') == 'full_load' or (" + on_schedule + ") else 'changed' }}")
-        # [START howto_operator_reconcile_current]
-        reconcile = ReconcileOperator(
-            task_id="reconcile", name=pipeline, table=f"{schema}.{table}", key_column=key_column,
-            columns=reconcile_columns, sink="delta", sink_path=table_path, sink_deleted_column=DELETED_COLUMN,
-            capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topic],
-            sink_pipeline=apply_pipeline, full_load_path=table_path, scope=reconcile_scope,
-            mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
-            kafka_config_id=kafka_config_id, aws_conn_id=aws_conn_id, spark_conf=spark_conf)
-        # [END howto_operator_reconcile_current]
-        [full_load, guard] >> lag_gate >> capture >> apply >> reconcile
+        for name in names:
+            # choose_load's answer: one task id for one table, a list of them for several
+            loaded_now = (f"'full_load{suffix[name]}' in (ti.xcom_pull(task_ids='choose_load') or [])" if several
+                          else "ti.xcom_pull(task_ids='choose_load') == 'full_load'")
+            reconcile_scope = ("{{ 'full' if params.full_reload or params.full_reconcile or " + loaded_now
+                               + " or (" + on_schedule + ") else 'changed' }}")
+            # [START howto_sensor_consumer_lag]
+            lag_gate = ConsumerLagSensor(
+                task_id=f"lag_gate{suffix[name]}", topics=[topics[name]], max_lag=max_lag, sink="delta",
+                sink_location=paths[name], sink_pipeline=apply_pipeline, missing_topics_ok=True,
+                kafka_config_id=kafka_config_id, aws_conn_id=aws_conn_id, timeout=3600,
+                trigger_rule="none_failed_min_one_success")
+            # [END howto_sensor_consumer_lag]
+            # [START howto_operator_reconcile_current]
+            reconcile = ReconcileOperator(
+                task_id=f"reconcile{suffix[name]}", name=f"{pipeline}.{name}" if several else pipeline,
+                table=f"{schema}.{name}", key_column=_per_table(key_column, name),
+                columns=_per_table(reconcile_columns, name), sink="delta", sink_path=paths[name],
+                sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline,
+                capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topics[name]],
+                sink_pipeline=apply_pipeline, full_load_path=paths[name], scope=reconcile_scope,
+                mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
+                kafka_config_id=kafka_config_id, aws_conn_id=aws_conn_id, spark_conf=spark_conf)
+            # [END howto_operator_reconcile_current]
+            loaded >> lag_gate >> capture
+            apply >> reconcile
+        capture >> apply
     return dag

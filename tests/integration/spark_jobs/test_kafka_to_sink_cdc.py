@@ -94,3 +94,52 @@ def test_cdc_apply_keeps_the_newest_committed_change_per_key(stack, tmp_path, si
     got = sink_state(stack, sink, target)
     assert got == expected
     assert got["k1"][0] > 1 and "late" not in got["k1"][2], "an older change overwrote a newer one"
+
+
+def test_a_sink_fed_by_two_tables_is_refused_unless_the_key_names_the_table(stack, airflow_connections, tmp_path):
+    """Two captured tables both keyed ``{"id": 1}``: merged on ``pk`` alone into one sink, their rows would
+    overwrite each other; the batch fails naming both tables, nothing is committed. With the table in the key,
+    every (table, key) is one row."""
+    from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
+    from tests.mysql_support import connect, unique_name
+
+    tables, pipeline = [unique_name("cdc_a"), unique_name("cdc_b")], unique_name("cdc2")
+    conn = connect(stack)
+    cur = conn.cursor()
+    for name in tables:
+        cur.execute(f"CREATE TABLE `{name}` (id INT PRIMARY KEY, v VARCHAR(10))")
+    capture = BinlogCaptureOperator(task_id="capture", tables=tables, pipeline=pipeline,
+                                    start_position=_binlog_end(cur))
+    for name in tables:
+        cur.execute(f"INSERT INTO `{name}` VALUES (1, %s), (2, %s)", (name[:5], name[:5]))
+    captured = capture.execute({})["topics"]
+    topics = [captured[f"{stack.DB_NAME}.{name}"] for name in tables]
+    target = str(tmp_path / "one-sink")
+    args = jobs.job_args(stack, f"{pipeline}-apply", ",".join(topics), tmp_path / "checkpoint", "delta", target,
+                         mode="cdc")
+    refused = jobs.run_job(stack, args)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert (f"two source tables, {stack.DB_NAME}.{min(tables)} and {stack.DB_NAME}.{max(tables)}, merged on the "
+            "key 'pk' alone") in output, output[-3000:]
+    assert "key_field='source.schema,source.table,pk'" in output
+    from exactly_once_provider.sinks.base import open_sink
+
+    assert open_sink("delta", target, f"{pipeline}-apply", mode="cdc").committed() is None, "something was committed"
+
+    keyed = args + ["--key-field", "source.schema,source.table,pk"]
+    accepted = jobs.run_job(stack, keyed)
+    assert accepted.returncode == 0, accepted.stdout[-3000:] + accepted.stderr[-3000:]
+    rows = jobs.delta_rows(target, ("pk", "deleted"))
+    assert sorted(pk for pk, _ in rows) == sorted(
+        json.dumps([stack.DB_NAME, name, json.dumps({"id": i}, separators=(",", ":"))], separators=(",", ":"))
+        for name in tables for i in (1, 2))
+    for name in tables:
+        cur.execute(f"DROP TABLE `{name}`")
+    conn.close()
+
+
+def _binlog_end(cur) -> str:
+    cur.execute("SHOW MASTER STATUS")
+    file, pos = cur.fetchone()[:2]
+    return f"{file}:{pos}"

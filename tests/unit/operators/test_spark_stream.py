@@ -250,3 +250,40 @@ def test_a_bounded_run_gets_a_c1_only_jvm_and_a_stream_or_the_user_keeps_their_o
     assert "spark.driver.extraJavaOptions" not in stream and stream["spark.sql.shuffle.partitions"] == "2"
     mine = _submitted(monkeypatch, _op(conf={"spark.driver.extraJavaOptions": "-Dmine=1"}))["conf"]
     assert mine["spark.driver.extraJavaOptions"] == "-Dmine=1"
+
+
+STREAMS = [{"topics": ["eo.orders"], "sink_path": "/tmp/orders", "checkpoint_location": "/tmp/cp/orders"},
+           {"topics": "eo.lines", "sink_path": "/tmp/lines", "checkpoint_location": "/tmp/cp/lines"}]
+
+
+def test_streams_run_in_one_job_with_one_route_each(connections, monkeypatch):
+    op = _op(topics=None, sink_path=None, checkpoint_location=None, mode="current", streams=STREAMS)
+    call = _submitted(monkeypatch, op)
+    params = call["spec"]["params"]
+    assert params["routes"] == [{"topics": ["eo.orders"], "checkpoint": "/tmp/cp/orders", "path": "/tmp/orders",
+                                 "table": None},
+                                {"topics": ["eo.lines"], "checkpoint": "/tmp/cp/lines", "path": "/tmp/lines",
+                                 "table": None}]
+    assert params["topics"] == [] and params["path"] is None and params["checkpoint"] == ""
+    assert [(v.topics, v.sink_path, v.checkpoint_location) for v in op.stream_views()] == [
+        (["eo.orders"], "/tmp/orders", "/tmp/cp/orders"), (["eo.lines"], "/tmp/lines", "/tmp/cp/lines")]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"streams": STREAMS}, "leave topics, checkpoint_location, sink_path and sink_table unset"),
+    ({"streams": [STREAMS[0], {**STREAMS[1], "sink_path": "/tmp/orders"}], "topics": None, "sink_path": None,
+      "checkpoint_location": None}, "Two routes share the sink '/tmp/orders'"),
+    ({"streams": [STREAMS[0], {**STREAMS[1], "checkpoint_location": "/tmp/cp/orders"}], "topics": None,
+      "sink_path": None, "checkpoint_location": None}, "Two routes share the checkpoint"),
+    ({"streams": [STREAMS[0], {**STREAMS[1], "topics": ["eo.orders"]}], "topics": None, "sink_path": None,
+      "checkpoint_location": None}, "Two routes share the topic 'eo.orders'"),
+    ({"streams": [{**STREAMS[0], "path": "/x"}], "topics": None, "sink_path": None, "checkpoint_location": None},
+     r"unknown settings \['path'\]"),
+    ({"streams": [{**STREAMS[0], "sink_path": None}], "topics": None, "sink_path": None,
+      "checkpoint_location": None}, "needs sink_path"),
+    ({"streams": STREAMS, "mode": "window", "topics": None, "sink_path": None, "checkpoint_location": None},
+     "takes no routes"),
+])
+def test_bad_streams_are_refused_naming_the_setting(connections, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _op(**kwargs).execute({})

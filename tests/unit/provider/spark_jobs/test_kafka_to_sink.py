@@ -132,3 +132,25 @@ def test_a_checkpoint_on_s3_is_set_aside_by_copy_and_delete(tmp_path, monkeypatc
     aside = LocalStorage(f"{cp}.stale-1")
     assert aside.list() == ["commits/0", "metadata", "offsets/0"] and aside.read("metadata") == b'{"id": "query-1"}\n'
     assert LocalStorage(cp).list() == []
+
+
+def test_routes_travel_as_json_and_on_the_command_line():
+    from exactly_once_provider.spark_jobs.stream_spec import Route, StreamSpec
+
+    spec = StreamSpec(pipeline="p", topics=(), checkpoint="", sink="delta", mode="current",
+                      routes=(Route(("a",), "/cp/a", "/t/a"), Route(("b", "c"), "/cp/b", "/t/b"))).validate()
+    assert StreamSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+    assert [(q.topics, q.checkpoint, q.path, q.routes) for q in spec.queries()] == [
+        (("a",), "/cp/a", "/t/a", ()), (("b", "c"), "/cp/b", "/t/b", ())]
+    routes = json.dumps([{"topics": ["a"], "checkpoint": "/cp/a", "path": "/t/a"},
+                         {"topics": "b,c", "checkpoint": "/cp/b", "path": "/t/b"}])
+    parsed = kafka_to_sink.parse_args(["--pipeline", "p", "--secrets-file", "s", "--sink", "delta", "--mode",
+                                       "current", "--routes", routes])
+    assert parsed.routes == spec.routes
+    one = StreamSpec(pipeline="p", topics=("a",), checkpoint="/cp", sink="delta", path="/t")
+    assert "routes" not in one.to_json() and one.queries() == [one]  # a one-table request is as it was
+
+
+def test_the_key_of_a_cdc_record_may_name_several_fields():
+    assert kafka_to_sink.key_paths("pk") == ("pk",)
+    assert kafka_to_sink.key_paths("source.schema, source.table,pk") == ("source.schema", "source.table", "pk")

@@ -78,3 +78,47 @@ def test_a_table_on_s3_without_a_local_staging_path_is_refused_when_the_dag_is_b
         _dag(table_path="s3://lake/orders")
     with pytest.raises(ValueError, match="staging_path s3://lake/stage is on S3"):
         _dag(table_path="/data/t", staging_path="s3://lake/stage")
+
+
+def _tables_dag(**overrides):
+    return _dag(**{"table": None, "tables": ["orders", "lines", "accounts"], "key_column": {"lines": ["a", "b"]},
+                   "table_path": "/data/{table}", "checkpoint_location": "/data/cp/{table}", **overrides})
+
+
+def test_several_tables_load_each_capture_once_apply_in_one_application_and_reconcile_each():
+    dag = _tables_dag()
+    names = ("orders", "lines", "accounts")
+    capture, apply = dag.get_task("capture"), dag.get_task("apply")
+    assert capture.tables == [f"shop.{n}" for n in names]
+    assert capture.full_load_paths == {f"shop.{n}": f"/data/{n}" for n in names}
+    assert apply.topics is None and apply.sink_path is None and apply.mode == "current"
+    assert apply.streams == [{"topics": [f"p.shop.{n}"], "sink_path": f"/data/{n}",
+                              "checkpoint_location": f"/data/cp/{n}"} for n in names]
+    for n in names:
+        reconcile = dag.get_task(f"reconcile_{n}")
+        assert (reconcile.table, reconcile.sink_path, reconcile.name) == (f"shop.{n}", f"/data/{n}", f"p.{n}")
+        assert reconcile.upstream_task_ids == {"apply"}
+        assert dag.get_task(f"full_load_{n}").sink_path == f"/data/{n}"
+        assert dag.get_task(f"lag_gate_{n}").downstream_task_ids == {"capture"}
+    assert dag.get_task("reconcile_lines").key_column == ["a", "b"]
+    assert dag.get_task("reconcile_orders").key_column is None  # the table's own primary key
+    assert {o.uri for t in dag.tasks for o in t.outlets} == {f"file:///data/{n}" for n in names}
+    assert "full_load" not in dag.task_ids and "reconcile" not in dag.task_ids
+    orders = dag.get_task("reconcile_orders")
+    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=["full_load_lines", "retention_guard"]) == "changed"
+    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=["full_load_orders", "retention_guard"]) == "full"
+    continuous = _tables_dag(mode="continuous")
+    assert continuous.get_task("apply").upstream_task_ids == {f"full_load_{n}" for n in names} | {"retention_guard"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"table_path": "/data/t"}, "placeholder"),
+    ({"checkpoint_location": "/data/cp"}, "placeholder"),
+    ({"table": "orders"}, "not both"),
+    ({"tables": []}, "not both"),
+    ({"tables": "orders"}, "not both"),
+    ({"tables": ["orders", "orders"]}, "names a table twice"),
+])
+def test_several_tables_need_a_location_each(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _tables_dag(**overrides)
