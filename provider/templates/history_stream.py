@@ -275,9 +275,10 @@ def history_stream_dag(
         on_schedule = "false" if full_reconcile_hour is None else (
             f"dag_run.run_after.hour == {int(full_reconcile_hour)} and dag_run.run_after.minute < {every_minutes}")
         for name in names:
-            # choose_load's answer: one task id for one table, a list of them for several
-            loaded_now = (f"'full_load{suffix[name]}' in (ti.xcom_pull(task_ids='choose_load') or [])" if several
-                          else "ti.xcom_pull(task_ids='choose_load') == 'full_load'")
+            # Whether this run loaded the table: the full load's own XCom (it mirrors the handoff positions) exists
+            # only if it ran. Not choose_load's answer: when a branch skips tasks, Airflow 3's SkipMixin raises
+            # DownstreamTasksSkipped out of execute(), so the branch's return value never reaches XCom.
+            loaded_now = f"ti.xcom_pull(task_ids='full_load{suffix[name]}') is not none"
             reconcile_scope = ("{{ 'full' if params.full_reload or params.full_reconcile or " + loaded_now
                                + " or (" + on_schedule + ") else 'changed' }}")
             # [START howto_sensor_consumer_lag]
