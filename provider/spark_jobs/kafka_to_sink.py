@@ -131,6 +131,9 @@ def reconcile_start(checkpoint: str, sink_offsets: Offsets | None, partitions: d
     or of its last planned batch (crash after the sink commit, before the checkpoint commit: Spark replays
     that batch and the sink skips it). Anything else means the checkpoint is missing, behind or ahead of the
     sink, and the sink wins. ``startingOffsets`` only applies to a query without a checkpoint.
+    A checkpoint whose offsets name a topic the query does not read was planned for another mapping (e.g. a
+    corrected ``streams`` with the same checkpoint directories) and is set aside even when the sink has no
+    commit yet.
 
     The checkpoint may be on S3 (``s3://``/``s3a://``): it is read through the storage layer and set aside by
     copying its objects to the ``.stale-<time>`` sibling, then deleting them (no rename on object stores; a
@@ -139,7 +142,10 @@ def reconcile_start(checkpoint: str, sink_offsets: Offsets | None, partitions: d
     storage = checkpoint_storage(checkpoint)
     if storage.list():
         committed, planned = checkpoint_positions(checkpoint)
-        if sink_offsets in (committed, planned) and not (sink_offsets is None and committed is not None):
+        foreign = sorted({t for offsets in (committed, planned) if offsets for t in offsets} - set(partitions))
+        if foreign:
+            log.warning("checkpoint %s holds offsets of topics this query does not read: %s", checkpoint, foreign)
+        elif sink_offsets in (committed, planned) and not (sink_offsets is None and committed is not None):
             log.info("checkpoint %s agrees with the sink (%s): resuming from it", checkpoint, sink_offsets)
             return "earliest"
         aside = f"{checkpoint.rstrip('/')}.stale-{int(time.time())}"

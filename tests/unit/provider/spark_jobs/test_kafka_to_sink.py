@@ -65,6 +65,13 @@ def test_fresh_checkpoint_with_an_uncommitted_first_batch_is_kept(tmp_path):
     assert cp.exists()
 
 
+def test_checkpoint_planned_for_other_topics_is_set_aside_even_before_the_first_sink_commit(tmp_path):
+    # e.g. two tables' streams swapped, then corrected with the same checkpoint directories
+    cp = _checkpoint(tmp_path / "cp", {0: {"u": {"0": 5}}}, [])
+    assert kafka_to_sink.reconcile_start(str(cp), None, PARTS) == "earliest"
+    assert not cp.exists() and len(list(tmp_path.glob("cp.stale-*"))) == 1
+
+
 def test_batch_commit_round_trip_and_covered():
     commit = BatchCommit("p", "c", 3, {"t": {1: 10, 0: 4}}, 12)
     assert BatchCommit.from_json(json.loads(json.dumps(commit.to_json()))) == commit
