@@ -13,7 +13,7 @@ from airflow.sdk import DAG
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.plugins.status import read_overview
 from exactly_once_provider.storage import open_storage
-from exactly_once_provider.storage.s3 import S3Settings, registered_settings
+from exactly_once_provider.storage.s3 import S3Settings, register_settings, registered_settings
 
 COMMITS = 5
 
@@ -34,7 +34,10 @@ def test_a_delta_sink_on_s3_is_read_with_its_tasks_aws_connection(stack, airflow
         assert storage.put_if_absent(f"_delta_log/{version:020d}.json", json.dumps({"commitInfo": info}).encode())
     # The default connection now points nowhere: only the task's own connection can read the bucket.
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({**good, "password": "not-the-secret"}))
-    assert registered_settings() is None  # the API server's process registers no S3 settings of its own
+    # The API server's process registers no S3 settings of its own; operators that ran earlier in this test
+    # worker did register theirs, so clear them for this test and put them back after.
+    before = registered_settings()
+    register_settings(None)
     try:
         with DAG(f"status_s3_{tag}", schedule=None, start_date=pendulum.datetime(2026, 1, 1)) as dag:
             SparkKafkaToSinkOperator(task_id="apply", pipeline=pipeline, topics=topic, sink="delta", sink_path=table,
@@ -49,4 +52,5 @@ def test_a_delta_sink_on_s3_is_read_with_its_tasks_aws_connection(stack, airflow
         assert [p.rows for p in flow.history] == [10, 20, 30, 40, 50], flow.notes
         assert flow.throughput is not None and flow.throughput > 0
     finally:
+        register_settings(before)
         storage.delete_prefix("")
