@@ -294,6 +294,7 @@ def check_divergence(delivered: gtid.GtidPosition, server: gtid.ServerIdentity,
         f"{gtid.format_position(delivered)} (at {offset.get('file')}:{offset.get('pos')} on server_id "
         f"{offset.get('server_id', 'unknown')}). This happens after a failover to a replica that had not received "
         "the old primary's last commits: the lake holds changes the source no longer has. Nothing more was written. "
-        "The way back: reconcile those tables against the new primary (ReconcileOperator) to see the difference, "
-        "then run a full reload of them (trigger the DAG with full_reload=true) so the lake matches the new "
-        "primary; see docs/failover.md.")
+        "The way back: recover those transactions onto this server if they still exist (then the capture "
+        "resumes), or reconcile the tables against it (ReconcileOperator) and start them afresh under a NEW "
+        "pipeline name (its own ledger key, topic and current table): a full_reload under this pipeline keeps "
+        "refusing this server the same way; see docs/failover.md, 'The divergence error'.")
