@@ -95,7 +95,7 @@ class Writer(threading.Thread):
             i = self._new_id()
             cur.execute(f"INSERT INTO `{self.main}` VALUES (%s, 1, 1.00, %s, %s, %s)", (i, tag, now, now))
             self.live.add(i)
-            cur.execute(f"INSERT INTO `{self.side}` VALUES (%s, %s, %s)", (i, i, self.rnd.randint(0, 2**32 - 1)))
+            cur.execute(f"INSERT INTO `{self.side}` (id, main_id, qty) VALUES (%s, %s, %s)", (i, i, self.rnd.randint(0, 2**32 - 1)))
             self.side_ids.append(i)
             changes += 2
             if len(self.side_ids) > 1:

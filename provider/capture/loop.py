@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.capture.change_record import records_of, schema_record
+from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load.handoff import Handoff
 from exactly_once_provider.kafka.writer import Message, PipelineWriter, TransactionPolicy
 from exactly_once_provider.source.binlog import SchemaChange, SourceTransaction, TableName
@@ -303,6 +304,7 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                 if item.kind == "alter" and not _covered(item, request):
                     # A typed sink evolves its columns from the statement (spark_jobs.schema_change).
                     batch.extend(schema_record(item, request.topics))
+                    fault_point("capture_schema_change")  # read, in the open transaction, not yet committed
                 position, gtid = item.end, item.gtid or gtid
                 if item.gtid and gtids is not None:
                     advance(gtids, item.gtid)
