@@ -212,12 +212,37 @@ class SparkSide:
         return [(int(r["k"]), int(r["h"])) for r in found]
 
 
+def columns_not_held(spark: Any, spec: SinkSpec, key: Key, columns: list[Column], version: int) -> list[str]:
+    """Return the ``columns`` no record of a JSON-record Delta sink holds (at ``version``, within its filter).
+
+    A settlement window keeps each row as the extraction read it: a column added at the source after the window
+    was extracted is in none of its records (re-extracting the window adds it). Such a column cannot be compared;
+    one that some records hold and others lack can, and a record without it is a difference. Records without
+    any key (an empty selection) hold nothing to decide from: nothing is returned.
+
+    :param version: the table version the comparison reads.
+    """
+    from pyspark.sql import functions as F
+
+    if not spec.json_column or spec.base_path:
+        return []
+    frame = spark.read.format("delta").option("versionAsOf", version).load(delta_commit.spark_path(spec.location))
+    if spec.filter:
+        frame = frame.where(spec.filter)
+    row = F.get_json_object(F.col(SPARK.quote(spec.json_column)), "$" + "".join(f".{p}" for p in spec.json_path))
+    held = {r[0] for r in frame.select(F.explode(F.json_object_keys(row))).distinct().collect()}
+    if not held:
+        return []
+    return [c.name for c in columns if c.name not in held and c.name not in key.names]
+
+
 def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
-               scope: Ranges | None = None) -> SparkSide:
+               scope: Ranges | None = None, version: int | None = None) -> SparkSide:
     """Return a Delta sink side read at the table's current version (pinned for the whole comparison).
 
     :param scope: a plain table: read only the keys in these ranges (an incremental reconciliation: the rows
         outside are never hashed or cached).
+    :param version: the version to read the sink at; default its newest.
     """
     from pyspark.sql import functions as F
 
@@ -240,7 +265,7 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
                                 *([f"{label} AS label"] if label else []))
 
     if not spec.json_column:
-        frame = pinned(spec.location)
+        frame = pinned(spec.location, version)
         if spec.filter:
             frame = frame.where(spec.filter)
         if spec.deleted_column:
@@ -265,7 +290,7 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
         # No change applied yet (the apply creates its table with its first batch): the full load is the table.
         loaded = handoff.read_handoff(spec.base_path)
         return SparkSide(plain(pinned(spec.base_path, loaded.table_version)))
-    changes = pinned(spec.location)
+    changes = pinned(spec.location, version)
     if spec.filter:
         changes = changes.where(spec.filter)
     deleted = F.col(spec.deleted_column) if spec.deleted_column else F.lit(False)
