@@ -2,8 +2,9 @@
 
 Where the guarantees live:
 
-* chunk progress  -> the staging manifest (:mod:`.staging`), replaced only after the wave's Spark job
-                     returned every chunk's staged file (fsynced) and snapshot position;
+* chunk progress  -> the staging manifest (:mod:`.staging`), saved only after the wave's Spark job
+                     returned every chunk's staged file (durable: fsynced locally, an upload completed on S3)
+                     and snapshot position;
 * the publish     -> ONE Delta commit of all chunks, carrying the handoff positions in the same commit:
                      a new table adopts the staged files without a rewrite
                      (:func:`exactly_once_provider.sinks.delta_commit.create_with_files`); an existing table is
