@@ -167,7 +167,7 @@ class StagedFile:
                 os.fsync(handle.fileno())  # durable before the driver can record the chunk as done
             return rows
         try:
-            # The upload completes on close: the object appears whole, durably stored, or not at all.
+            # A multipart upload: the object appears only when it completes (on close), whole and durably stored.
             with self._filesystem.open_output_stream(self._path) as stream:
                 return _write_batches(stream, schema, batches)
         except BaseException:
