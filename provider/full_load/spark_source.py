@@ -154,7 +154,8 @@ class StagedFile:
     """
 
     def __init__(self, data_dir: str, name: str, s3: S3Settings | None = None) -> None:
-        self._filesystem, self._path = open_storage(data_dir, s3).arrow_path(name)
+        self._storage, self._name = open_storage(data_dir, s3), name
+        self._filesystem, self._path = self._storage.arrow_path(name)
         self._local = not is_s3(data_dir)
 
     def write(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> int:
@@ -171,10 +172,11 @@ class StagedFile:
             with self._filesystem.open_output_stream(self._path) as stream:
                 return _write_batches(stream, schema, batches)
         except BaseException:
-            # pyarrow completes the upload on close even after an error: drop that partial object now (it is
-            # unlisted and never read anyway; the next run would remove it).
+            # pyarrow completes the upload on close even after an error (docs/pitfalls.md): drop that partial
+            # object now (it is unlisted and never read anyway). Through the storage layer: pyarrow's delete_file
+            # would leave a "data/" directory marker object behind.
             try:
-                self._filesystem.delete_file(self._path)
+                self._storage.delete(self._name)
             except Exception:  # noqa: BLE001 - the original error is what matters
                 pass
             raise

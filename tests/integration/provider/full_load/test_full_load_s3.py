@@ -138,3 +138,25 @@ def test_a_missing_or_damaged_staged_object_is_refused_at_the_publish(stack, spa
     # the way out the error names: a full reload stages everything again and publishes the source once
     run_full_load(spark, MySqlSourceHook(), FullLoadRequest(**{**request.__dict__, "full_reload": True}))
     assert _delta_rs(stack, sink) == _source(stack, table)
+
+
+def test_a_chunk_failing_mid_upload_leaves_no_staged_object(stack, minio):
+    """pyarrow completes an S3 upload when its stream closes on an error (docs/pitfalls.md): the staged file
+    must not keep those partial bytes as an object."""
+    import pyarrow as pa
+
+    from exactly_once_provider.full_load.spark_source import StagedFile
+
+    schema = pa.schema([pa.field("id", pa.int64())])
+
+    def batches():
+        yield pa.record_batch([pa.array(range(100_000), pa.int64())], schema=schema)
+        raise RuntimeError("the source connection broke mid-chunk")
+
+    target = StagedFile(f"{minio}/stage/data", "chunk.parquet", stack.minio_settings())
+    with pytest.raises(RuntimeError, match="broke mid-chunk"):
+        target.write(schema, batches())
+    assert open_storage(f"{minio}/stage", stack.minio_settings()).list("data/") == []
+    assert target.write(schema, iter([pa.record_batch([pa.array([1, 2], pa.int64())], schema=schema)])) == 2
+    assert open_storage(f"{minio}/stage", stack.minio_settings()).list("data/") == ["data/chunk.parquet"]
+    assert target.size() == len(open_storage(f"{minio}/stage", stack.minio_settings()).read("data/chunk.parquet"))
