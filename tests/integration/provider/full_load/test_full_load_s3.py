@@ -104,7 +104,6 @@ def test_load_stopped_part_way_resumes_from_the_staged_objects_and_equals_the_so
     assert spark.read.format("delta").load(sink.replace("s3://", "s3a://", 1)).count() == ROWS
 
 
-@pytest.mark.matrix
 def test_a_missing_or_damaged_staged_object_is_refused_at_the_publish(stack, spark, minio, table, monkeypatch):
     sink = f"{minio}/orders"
     request = FullLoadRequest(schema=stack.DB_NAME, table=table, sink_path=sink, chunk_rows=400, chunks_per_job=4)
