@@ -32,8 +32,9 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param sink_path: the Delta table to publish into (replaced atomically): a local path or ``s3://bucket/prefix``
         (written through ``s3a``; checked before the job starts: reachable, credentials, bucket, conditional writes).
     :param schema: source database; defaults to the connection's schema.
-    :param staging_path: staged chunks + manifest, a local (for a cluster: shared) directory; default
-        ``<sink_path>._eo_full_load``, so a ``sink_path`` on S3 needs one.
+    :param staging_path: staged chunks + manifest: a local (for a cluster: shared) directory or
+        ``s3://bucket/prefix`` (the executors write the chunk objects themselves); default
+        ``<sink_path>._eo_full_load``, next to the table on the same store.
     :param chunk_rows: target rows per chunk (one Spark partition).
     :param chunks_per_job: chunks per Spark job; progress is saved after each job.
     :param chunk_key: columns of a unique NOT NULL index, when the table's primary key is not wanted.
@@ -50,8 +51,9 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param offsets_topic: the offsets ledger topic.
     :param expected_rows_per_second: planned speed for the binlog retention check.
     :param mysql_conn_id: the source connection (standard ``mysql`` type).
-    :param aws_conn_id: the standard ``aws`` connection of a ``sink_path`` on S3 (credentials, ``endpoint_url`` in its
-        extra); they reach the driver in the same owner-only file as the MySQL connection.
+    :param aws_conn_id: the standard ``aws`` connection of a ``sink_path`` or ``staging_path`` on S3 (credentials,
+        ``endpoint_url`` in its extra); they reach the driver in the same owner-only file as the MySQL connection,
+        and the executors inside the pickled task, never on a command line.
     :param spark_conn_id: a ``spark`` connection whose host is the master (``local[2]``, ``spark://h``); its
         Extra ``deploy-mode: cluster`` runs the driver on a worker (see
         :class:`~exactly_once_provider.operators.spark_submit.PackagedSparkJobOperator` for the other Spark
@@ -126,17 +128,21 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         return {"version_base": base, "server_id": server_id}
 
     def _s3_settings(self):
-        """Return the S3 settings of ``aws_conn_id`` for a ``sink_path`` on S3 (read once per run), else None.
+        """Return the S3 settings of ``aws_conn_id`` for a sink or staging area on S3 (read once per run), else None.
 
         Registered for this task's process too: the handoff and the table's log are read here through them.
         """
         if self._s3 is None:
             from exactly_once_provider.storage.s3 import register_settings, settings_for
 
-            self._s3 = settings_for(self.aws_conn_id, self.sink_path)
+            self._s3 = settings_for(self.aws_conn_id, self.sink_path, self._staging_location())
             if self._s3 is not None:
                 register_settings(self._s3)
         return self._s3
+
+    def _staging_location(self) -> str:
+        return FullLoadRequest(schema="-", table=self.table, sink_path=self.sink_path,
+                               staging_path=self.staging_path).staging_location
 
     def _table(self):
         """The Delta table's location, or on S3 the storage rooted at it (lineage reads its log)."""
@@ -158,8 +164,9 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     def before_submit(self) -> None:
         from exactly_once_provider.storage.preflight import preflight_locations
 
-        for checked in preflight_locations([self.sink_path], self._s3_settings()):  # before anything is written
-            self.log.info("sink %s", checked)
+        # before anything is written: the staging area too (it may be another bucket when staging_path is given)
+        for checked in preflight_locations([self.sink_path, self._staging_location()], self._s3_settings()):
+            self.log.info("storage %s", checked)
 
     def job_result(self, result: Any, context: Any) -> dict:
         if result is None:  # this try reconnected to a driver that had finished or still ran: the sink knows

@@ -7,8 +7,9 @@ Two ways in:
   :class:`~exactly_once_provider.full_load.job.FullLoadRequest` plus ``mysql_conn_id``; the MySQL connection
   comes from the 0600 secrets file only. The result goes to the spec's result file.
 * ``python -m exactly_once_provider.full_load --schema ... --table ... --sink ...`` on its own, with the source
-  connection from Airflow's connection lookup (``AIRFLOW_CONN_<ID>`` or a secrets backend). Prints the
-  published handoff as one line: ``full-load-result: {json}``.
+  connection from Airflow's connection lookup (``AIRFLOW_CONN_<ID>`` or a secrets backend), and, for a sink or
+  staging area on S3, the ``aws`` connection ``--aws-conn-id`` the same way (read in this process, never a
+  command-line value). Prints the published handoff as one line: ``full-load-result: {json}``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reader", choices=("native", "rows"), default="native")
     parser.add_argument("--full-reload", action="store_true")
     parser.add_argument("--mysql-conn-id", default=MySqlSourceHook.default_conn_name)
+    parser.add_argument("--aws-conn-id", default="aws_default", help="the aws connection of an s3:// sink or staging")
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
     args = parser.parse_args(argv)
@@ -91,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from exactly_once_provider.spark_jobs.session import with_storage_conf
+    from exactly_once_provider.storage.s3 import register_settings, settings_for
+
+    register_settings(settings_for(args.aws_conn_id, args.sink, args.staging))
     builder = (SparkSession.builder.appName(f"eo-full-load-{args.table}")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.conf:
         key, _, value = item.partition("=")
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = with_storage_conf(builder).getOrCreate()
     request = FullLoadRequest(schema=args.schema, table=args.table, sink_path=args.sink, staging_path=args.staging,
                               chunk_rows=args.chunk_rows, chunks_per_job=args.chunks_per_job,
                               fetch_rows=args.fetch_rows, reader=args.reader, full_reload=args.full_reload)

@@ -2,8 +2,9 @@
 
 Where the guarantees live:
 
-* chunk progress  -> the staging manifest (:mod:`.staging`), replaced only after the wave's Spark job
-                     returned every chunk's staged file (fsynced) and snapshot position;
+* chunk progress  -> the staging manifest (:mod:`.staging`), saved only after the wave's Spark job
+                     returned every chunk's staged file (durable: fsynced locally, an upload completed on S3)
+                     and snapshot position;
 * the publish     -> ONE Delta commit of all chunks, carrying the handoff positions in the same commit:
                      a new table adopts the staged files without a rewrite
                      (:func:`exactly_once_provider.sinks.delta_commit.create_with_files`); an existing table is
@@ -27,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from exactly_once_provider.connections import connectorx_tls_query
 from exactly_once_provider.sinks import delta_commit
@@ -57,7 +59,8 @@ class FullLoadRequest:
     :param schema: source database name.
     :param table: source table name.
     :param sink_path: the Delta table to publish into (replaced atomically).
-    :param staging_path: where staged chunks and the manifest live; default ``<sink_path>._eo_full_load``.
+    :param staging_path: where staged chunks and the manifest live: a local (for a cluster: shared) directory or
+        ``s3://bucket/prefix``; default ``<sink_path>._eo_full_load``.
     :param chunk_rows: target rows per chunk (one Spark partition, one snapshot each).
     :param chunks_per_job: chunks per Spark job (a "wave"); progress is saved after each wave.
     :param chunk_key: columns of a unique NOT NULL index to chunk by instead of the primary key.
@@ -96,17 +99,15 @@ class FullLoadRequest:
             raise ValueError(f"version_base must be a non-negative integer, got {self.version_base!r}.")
         if self.reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {self.reader!r}.")
-        # The executors write the staged chunks with plain file I/O (no credentials reach them): a local (or, for
-        # a cluster, shared) directory. The table itself may be on S3: the publish rewrites the chunks into it.
-        staging = self.staging_path or self.sink_path.rstrip("/") + "._eo_full_load"
-        if is_s3(staging):
-            raise ValueError(f"staging_path {staging} is on S3, but the full load stages its chunks on a local "
-                             "(or shared) disk: pass staging_path, a local directory"
-                             + (" (the default is next to sink_path)." if not self.staging_path else "."))
         return self
 
+    @property
+    def staging_location(self) -> str:
+        """Where the staging area is: ``staging_path``, or next to the sink (on the same store as the sink)."""
+        return self.staging_path or self.sink_path.rstrip("/") + "._eo_full_load"
+
     def staging(self) -> Staging:
-        return Staging(self.staging_path or self.sink_path.rstrip("/") + "._eo_full_load")
+        return Staging(self.staging_location)
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
         options = chunk_read_options(settings, checked.server.is_mariadb, request.schema, request.table,
                                      [Column(**c) for c in columns], checked.key.columns, wave, request.fetch_rows,
                                      manifest["load_id"], str(staging.data_dir), request.reader,
-                                     int(manifest.get("version_base") or 0))
+                                     int(manifest.get("version_base") or 0), _s3_settings(staging))
         wave_started = time.monotonic()
         results = read_chunks(spark, options)
         phases["read_and_stage"] = phases.get("read_and_stage", 0.0) + time.monotonic() - wave_started
@@ -216,7 +217,7 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
                                                  "rows": int(r["rows"]), "data": r["data_file"],
                                                  "bytes": int(r["data_bytes"]), "reader": r["reader"]}
             read_rows += int(r["rows"])
-        staging.save(manifest)  # the chunk progress marker, after the executors fsynced the wave's files
+        staging.save(manifest)  # the chunk progress marker, after the executors made the wave's files durable
         progress(Progress(len(manifest["done"]), total, read_rows, time.monotonic() - started))
     fault_point("full_load_before_publish")  # every chunk staged, nothing visible yet
     publish_started = time.monotonic()
@@ -287,7 +288,7 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
     if published is not None and published.load_id == manifest["load_id"]:
         return published.table_version, body  # committed before a crash; the manifest did not know it yet
     staging = request.staging()
-    files = _staged_files(staging.data_dir, sink, done, staging.root)
+    files = _staged_files(staging, sink, done)
     adopt = _can_adopt(sink, staging, manifest["load_id"])
     phases["publish_mode"] = "adopt staged files" if adopt else "rewrite into the existing table"
     app_id = f"eo-full-load-{manifest['load_id']}"
@@ -306,27 +307,48 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
     return version, body
 
 
-def _staged_files(data_dir, sink: str, done: dict, root) -> dict[str, str]:
-    """Return name -> current path of every chunk's staged file, checking its size and row count."""
+def _s3_settings(staging: Staging):
+    """Return the S3 settings of a staging area on S3 (its storage's), None for a local one."""
+    return getattr(staging.storage, "settings", None) if is_s3(str(staging.root)) else None
+
+
+def _staged_files(staging: Staging, sink: str, done: dict) -> dict[str, str]:
+    """Return name -> location (as Spark names it) of every chunk's staged file, checking its size and row count.
+
+    Both are read from the store itself, locally or on S3 (the object's size, its Parquet footer by range
+    requests): a staged file missing, truncated or replaced since its chunk was recorded is refused here.
+    """
     import pyarrow.parquet as pq
+    from pyarrow import fs
 
     files = {}
     for index, entry in sorted(done.items(), key=lambda item: int(item[0])):
         name = entry["data"]
-        path = next((p for p in (os.path.join(data_dir, name), os.path.join(sink, name)) if os.path.isfile(p)),
-                    None)  # in the staging area, or already moved into the sink by a publish that crashed
+        filesystem, path = staging.storage.arrow_path(f"data/{name}")
+        location = staging.storage.spark_uri(f"data/{name}")
+        info = filesystem.get_file_info(path)
+        moved = os.path.join(sink, name)
+        if info.type != fs.FileType.File and isinstance(staging.root, Path) and os.path.isfile(moved):
+            # already moved into the sink by a publish (a new local table adopting the files) that crashed
+            filesystem, path, location = fs.LocalFileSystem(), moved, moved
+            info = filesystem.get_file_info(path)
         problem = None
-        if path is None:
+        if info.type != fs.FileType.File:
             problem = "is missing"
-        elif os.path.getsize(path) != entry["bytes"]:
-            problem = f"has {os.path.getsize(path)} bytes, not {entry['bytes']}"
-        elif pq.read_metadata(path).num_rows != entry["rows"]:
-            problem = f"holds {pq.read_metadata(path).num_rows} rows, not {entry['rows']}"
+        elif info.size != entry["bytes"]:
+            problem = f"has {info.size} bytes, not {entry['bytes']}"
+        else:
+            try:
+                rows = pq.read_metadata(path, filesystem=filesystem).num_rows
+            except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+                rows, problem = None, f"is not a readable Parquet file ({error})"
+            if rows is not None and rows != entry["rows"]:
+                problem = f"holds {rows} rows, not {entry['rows']}"
         if problem:
             raise delta_commit.CommitMarkerError(
-                f"Staged file {name} of chunk {index} {problem}: the staging area {root} is damaged; rerun with "
-                "full_reload=True.")
-        files[name] = path
+                f"Staged file {name} of chunk {index} {problem}: the staging area {staging.root} is damaged; rerun "
+                "with full_reload=True.")
+        files[name] = location
     return files
 
 
@@ -336,8 +358,8 @@ def _can_adopt(sink: str, staging, load_id: str) -> bool:
     Files an unpublished earlier load moved into the sink directory (same name pattern, another load id)
     are deleted: they were never part of a table (there is no Delta log) and never will be.
     """
-    if is_s3(sink):  # no rename on object stores: Delta's writer rewrites the staged files into the table
-        return False
+    if is_s3(sink) or not isinstance(staging.root, Path):
+        return False  # no rename on object stores: Delta's writer rewrites the staged files into the table
     if os.path.isdir(os.path.join(sink, "_delta_log")) and any(
             n.endswith(".json") and not n.startswith(".") for n in os.listdir(os.path.join(sink, "_delta_log"))):
         return False

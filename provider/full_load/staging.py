@@ -3,8 +3,10 @@
 Lives next to the sink (``<sink>._eo_full_load`` by default), never inside it, so nothing is visible in the
 sink before the publish. It is a location of the storage layer (:mod:`~exactly_once_provider.storage`).
 
-The manifest is the load's progress marker, published only after the staged files it lists were written (and,
-on local disk, fsynced by the executors): each save creates the NEXT numbered manifest
+The staged files are written by the executors
+(:class:`~exactly_once_provider.full_load.spark_source.StagedFile`): locally fsynced files, on S3 one object
+each (complete and durable once its upload returned). The manifest is the load's progress marker, published
+only after the staged files it lists were written: each save creates the NEXT numbered manifest
 ``_manifests/<sequence, 20 digits>.json`` with put-if-absent, never a rename (none is atomic on an object store).
 That also fences a second loader of the same table: a save on top of a manifest another loader published
 meanwhile fails, and nothing of it is recorded. The newest manifest wins; older ones are deleted
@@ -12,7 +14,8 @@ meanwhile fails, and nothing of it is recorded. The newest manifest wins; older 
 in place) is read as sequence -1 and continued.
 
 The publish of a new local table moves the listed files into the sink directory (same filesystem: a rename)
-and commits them there; nothing is copied.
+and commits them there; nothing is copied. Anywhere else (a staging area or table on S3) the publish rewrites
+the listed files into the table: nothing is renamed on S3.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class Staging:
 
     @property
     def data_dir(self) -> Path | str:
-        """The directory the executors write the chunk files into."""
+        """The directory the executors write the chunk files into (a Path, or an ``s3://`` URI)."""
         return self.root / "data" if isinstance(self.root, Path) else self.storage.uri("data")
 
     def remove_unlisted_files(self, manifest: dict) -> list[str]:

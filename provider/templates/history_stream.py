@@ -17,8 +17,8 @@ per table, one capture of them all, one ``apply`` Spark application with one que
 The table (``table_path``) is the full load's Delta table with every later change merged in
 (:mod:`exactly_once_provider.sinks.current_table`): one row per source key, typed like the source, read with
 ``SELECT ... WHERE NOT _eo_deleted``. It and the apply's checkpoint may be local paths or on S3
-(``s3://bucket/prefix``, reached with the ``aws`` connection ``aws_conn_id``; the full load still stages its
-chunks on a local ``staging_path``). Where each guarantee lives: the full load's Delta commit carries its chunks'
+(``s3://bucket/prefix``, reached with the ``aws`` connection ``aws_conn_id``; the full load stages its chunks
+next to the table, on the same store, unless ``staging_path`` says otherwise). Where each guarantee lives: the full load's Delta commit carries its chunks'
 snapshot positions (the handoff) and its rows their chunk's snapshot version; the capture commits change records
 and its binlog offset in one Kafka transaction and drops every change already in the snapshot of its key's
 chunk; the apply commits each micro-batch with its Kafka offsets in one Delta MERGE, where a change wins only
@@ -114,8 +114,8 @@ def history_stream_dag(
         Asset): a local path or ``s3://bucket/prefix``.
     :param checkpoint_location: the apply's Spark checkpoint: a local path or ``s3://bucket/prefix``.
     :param start_date: the first run.
-    :param staging_path: the full load's staged chunks, a local (for a Spark cluster: shared) directory; default
-        next to a local ``table_path``, required with one on S3.
+    :param staging_path: the full load's staged chunks: a local (for a Spark cluster: shared) directory or
+        ``s3://bucket/prefix``; default next to ``table_path`` (``<table_path>._eo_full_load``).
     :param key_column: the key the reconciliation compares by; default the table's primary key (any shape: one
         integer column is bisected by value, a text or composite key by its hash). With ``tables``: a mapping
         ``{table: key}`` (tables left out use their primary key).
@@ -136,8 +136,9 @@ def history_stream_dag(
     :param kafka_config_id: the ``kafka`` connection.
     :param postgres_conn_id: the ``postgres`` connection (reconciliation results).
     :param spark_conn_id: the ``spark`` connection.
-    :param aws_conn_id: the standard ``aws`` connection of a ``table_path`` or ``checkpoint_location`` on S3
-        (credentials, ``endpoint_url`` in its extra); the ``preflight`` task checks those locations with it.
+    :param aws_conn_id: the standard ``aws`` connection of a ``table_path``, ``checkpoint_location`` or
+        ``staging_path`` on S3 (credentials, ``endpoint_url`` in its extra); the ``preflight`` task checks those
+        locations with it.
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the connectors).
     :param retries: retries per task (every step is idempotent, so retries are safe); in continuous mode they
         restart a capture or stream that died.
@@ -200,7 +201,7 @@ def history_stream_dag(
                 print(f"preflight ok: {name}: {checked.server.version_string}, key {list(checked.key.columns)}, "
                       f"~{checked.estimated_rows} rows")
                 found[name] = {"key": list(checked.key.columns), "estimated_rows": checked.estimated_rows}
-            locations = [*paths.values(), *checkpoints.values()]
+            locations = [*paths.values(), *checkpoints.values(), *(s for s in stagings.values() if s)]
             for storage in preflight_locations(locations, settings_for(aws_conn_id, *locations)):
                 print(f"preflight ok: {storage}")
             return found if several else found[table]

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load.__main__ import RESULT_PREFIX
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.staging import Staging
+from exactly_once_provider.storage import open_storage
+from exactly_once_provider.storage import s3 as s3_module
 from tests.fault_support import ConcurrentWriter, check
 from tests.integration.provider.full_load.test_full_load_concurrent import _binlog_row_events, _in_chunk, _state_at
 from tests.mysql_support import connect, unique_name
@@ -35,11 +38,20 @@ INITIAL = CHUNK_ROWS * 8 - 1  # 8 chunks, more if the writer's inserts land befo
 
 
 def _command(stack, table, sink, chunks_per_job=1):
+    """The standalone load; a sink on S3 (and so its staging next to it) through the ``aws_default`` connection,
+    which the process reads itself (no credentials on this command line)."""
+    conf = stack.spark_conf(s3=sink.startswith("s3://"))
     return [sys.executable, "-m", "exactly_once_provider.full_load", "--schema", stack.DB_NAME, "--table", table,
             "--sink", sink, "--chunk-rows", str(CHUNK_ROWS), "--chunks-per-job", str(chunks_per_job),
-            "--master", "local[2]",
-            "--conf", f"spark.jars={stack.spark_conf()['spark.jars']}", "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.driver.memory=1g"]
+            "--master", "local[2]", "--aws-conn-id", "aws_default", "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.driver.memory=1g", *[x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]]
+
+
+def _published(sink: str) -> bool:
+    """Whether the sink has a Delta log (a local directory, or objects under ``_delta_log/`` on S3)."""
+    if sink.startswith("s3://"):
+        return bool(open_storage(sink).list("_delta_log/"))
+    return Path(sink, "_delta_log").exists()
 
 
 def _env(fault: str | None = None) -> dict[str, str]:
@@ -59,7 +71,7 @@ def _kill_mid_load(stack, table, sink, staging, log_path):
             deadline = time.monotonic() + 300
             done: dict = {}
             while time.monotonic() < deadline and proc.poll() is None:
-                assert not Path(sink, "_delta_log").exists(), "the sink became visible before the publish"
+                assert not _published(sink), "the sink became visible before the publish"
                 done = (staging.load() or {}).get("done", {})
                 if len(done) >= 2:
                     break
@@ -97,21 +109,27 @@ def _killed_at(stack, table, sink, fault: str, log_path: Path, chunks_per_job: i
 
 
 # The default suite keeps the new kill point (every chunk staged, nothing published) with waves of 4 chunks:
-# two Spark launches, like the mid-load kill it replaces there. Mid-load kills and their chains: the matrix.
-@pytest.mark.parametrize("kills", [
-    ("full_load_before_publish",),
-    pytest.param(("mid_load", "full_load_before_publish"), marks=pytest.mark.matrix),
-    pytest.param(("full_load_published",), marks=pytest.mark.matrix),
-    pytest.param(("mid_load",), marks=pytest.mark.matrix),
-], ids="+".join)
+# two Spark launches, like the mid-load kill it replaces there. Mid-load kills and their chains: the matrix, also
+# with the sink and its staging area on the stack's MinIO (the executors' chunk objects killed mid-upload).
+@pytest.mark.parametrize("kills,store", [
+    (("full_load_before_publish",), "local"),
+    pytest.param(("mid_load", "full_load_before_publish"), "local", marks=pytest.mark.matrix),
+    pytest.param(("full_load_published",), "local", marks=pytest.mark.matrix),
+    pytest.param(("mid_load",), "local", marks=pytest.mark.matrix),
+    pytest.param(("mid_load",), "s3", marks=pytest.mark.matrix),
+], ids=lambda v: "+".join(v) if isinstance(v, tuple) else v)
 def test_full_load_killed_then_rerun_publishes_each_chunk_as_of_its_position(stack, airflow_connections, spark,
-                                                                              tmp_path, kills, fault_outcome):
+                                                                              tmp_path, kills, store, fault_outcome,
+                                                                              monkeypatch):
     table = unique_name("fl_kill")
     conn = connect(stack)
     cur = conn.cursor()
     cur.execute(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, v INT NOT NULL, s VARCHAR(8) NOT NULL)")
     cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, 'init')", [(i, i) for i in range(1, INITIAL + 1)])
     sink = str(tmp_path / "sink")
+    if store == "s3":  # this process reads the staging manifest and the table's log with the driver's settings
+        monkeypatch.setattr(s3_module, "_registered", stack.minio_settings())
+        sink = f"s3://{stack.MINIO_BUCKETS[0]}/it-full-load-kill/{uuid.uuid4().hex[:12]}/sink"
     staging = Staging(sink + "._eo_full_load")
     writer = ConcurrentWriter(stack, table, first_new_id=10**7, existing=INITIAL).start()
     try:
@@ -119,7 +137,7 @@ def test_full_load_killed_then_rerun_publishes_each_chunk_as_of_its_position(sta
         for kill in kills:
             if kill == "mid_load":
                 finished = _kill_mid_load(stack, table, sink, staging, tmp_path / "mid_load.log")
-                assert not Path(sink, "_delta_log").exists(), "the killed load published a partial table"
+                assert not _published(sink), "the killed load published a partial table"
                 continue
             _killed_at(stack, table, sink, kill, tmp_path / f"{kill}.log", 1 if "mid_load" in kills else 4)
             manifest = staging.load()
@@ -129,7 +147,7 @@ def test_full_load_killed_then_rerun_publishes_each_chunk_as_of_its_position(sta
             finished = manifest["done"]
             assert manifest["published"] is None
             if kill == "full_load_before_publish":
-                assert not Path(sink, "_delta_log").exists(), "killed before the publish, yet the sink is visible"
+                assert not _published(sink), "killed before the publish, yet the sink is visible"
             else:
                 assert [v for v, _ in delta_commit.commits(sink)] == [0], "the publish is one Delta commit"
         rerun = subprocess.run(_command(stack, table, sink), env=_env(), capture_output=True, text=True, timeout=600)
@@ -153,7 +171,7 @@ def test_full_load_killed_then_rerun_publishes_each_chunk_as_of_its_position(sta
     events = _binlog_row_events(stack, table, handoff.min_position)
     assert ops > 50 and sum(1 for at, _ in events if at > handoff.min_position) > 20, (
         f"the writer must change the table during the load ({ops} operations)")
-    loaded = [(r.id, r.v, r.s) for r in spark.read.format("delta").load(sink).collect()]
+    loaded = [(r.id, r.v, r.s) for r in spark.read.format("delta").load(sink.replace("s3://", "s3a://", 1)).collect()]
     expected = []
     for entry in handoff.chunks:
         expected += [(k, *v) for k, v in _state_at(final, events, entry.position).items() if _in_chunk(k, entry.chunk)]
@@ -161,3 +179,5 @@ def test_full_load_killed_then_rerun_publishes_each_chunk_as_of_its_position(sta
     assert len(loaded) == len({row[0] for row in loaded}), "a key was loaded twice"
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()
+    if store == "s3":
+        open_storage(sink.rsplit("/", 1)[0]).delete_prefix("")

@@ -1,7 +1,7 @@
 """Both templates with their tables and Spark checkpoints on the stack's MinIO (``s3://``, the ``aws_default``
 connection), through ``airflow dags test``: the settlement's window and the history -> stream current table are
 read back here with delta-rs (its own S3 client) and equal the source row by row, every key once; a rerun adds
-nothing; nothing is written to local disk but the full load's staging."""
+nothing; nothing is written to local disk (the full load stages next to the table, in the bucket)."""
 
 from __future__ import annotations
 
@@ -100,13 +100,15 @@ def test_history_then_stream_on_minio_equals_the_source_once(airflow_home, stack
     dag = TemplateDag(airflow_home, tmp_path / "dags", f"eo_hs_{table}", HISTORY, {
         "dag_id": f"eo_hs_{table}", "schema": stack.DB_NAME, "table": table, "key_column": "id",
         "pipeline": f"hs-{table}", "table_path": path, "checkpoint_location": checkpoint,
-        "staging_path": str(tmp_path / "staging"), "aws_conn_id": "aws_default",
+        "aws_conn_id": "aws_default",  # no staging_path: the full load stages next to the table, in the bucket
         "start_date": "2026-01-01T00:00:00+00:00", "chunk_rows": 500, "spark_conf": stack.spark_conf(s3=True),
         "retries": 0})
 
     first = dag.test()  # the full load into the bucket, then the first (empty) increment
     assert "rows as Delta version" in first and "CLEAN" in first, first[-4000:]
     assert f"preflight ok: {path}" in first and f"preflight ok: {checkpoint}" in first
+    staged = open_storage(f"{path}._eo_full_load", stack.minio_settings())
+    assert staged.list("data/") and staged.list("_manifests/"), "the full load should have staged in the bucket"
     cur.execute(f"UPDATE {table} SET amount = amount + 1, note = NULL WHERE id <= 100")
     cur.execute(f"DELETE FROM {table} WHERE id BETWEEN 200 AND 260")
     cur.executemany(f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, %s)",

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import urllib.request
+import uuid
 from decimal import Decimal
 
 import pytest
@@ -80,3 +81,43 @@ def _driver_state(stack, driver: str) -> str:
     url = f"http://{stack.HOST}:{stack.SPARK_MASTER_REST_PORT}/v1/submissions/status/{driver}"
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)["driverState"]
+
+
+def test_operator_with_its_sink_on_minio_stages_next_to_it_and_no_credential_reaches_a_log(
+        stack, airflow_connections, caplog, capfd, monkeypatch):
+    """The default staging next to a sink on S3: the driver gets the ``aws_default`` settings from its secrets
+    file, the executors inside the pickled task; delta-rs reads the table back equal to the source, once."""
+    from deltalake import DeltaTable
+
+    from exactly_once_provider.storage import open_storage
+    from exactly_once_provider.storage import s3 as s3_module
+
+    monkeypatch.setattr(s3_module, "_registered", None)  # the operator registers its own for the task's process
+    table = unique_name("op_fl_s3")
+    conn = connect(stack)
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v INT, s VARCHAR(20))")
+    rows = [(i, i * 7 % 101, f"s{i}" if i % 5 else None) for i in range(1, 1001)]
+    cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, %s)", rows)
+    prefix = f"s3://{stack.MINIO_BUCKETS[0]}/it-op-full-load/{uuid.uuid4().hex[:12]}"
+    sink = f"{prefix}/orders"
+    op = MySqlFullLoadOperator(task_id="load", table=table, sink_path=sink, chunk_rows=300, chunks_per_job=2,
+                               spark_conf=stack.spark_conf(s3=True))
+    try:
+        with caplog.at_level(logging.INFO):
+            result = op.execute({})
+        s3 = stack.minio_settings()
+        staged = open_storage(f"{sink}._eo_full_load", s3).list("data/")
+        loaded = DeltaTable(sink, storage_options=s3.delta_rs_options()).to_pyarrow_table(
+            columns=["id", "v", "s"]).to_pylist()
+    finally:
+        cur.execute(f"DROP TABLE `{table}`")
+        conn.close()
+        open_storage(prefix, stack.minio_settings()).delete_prefix("")
+    assert len(staged) == 4 and all(key.endswith(".parquet") for key in staged)  # the executors wrote them there
+    assert sorted((r["id"], r["v"], r["s"]) for r in loaded) == rows  # every row once
+    assert result["rows"] == 1000 and [c["rows"] for c in result["chunks"]] == [300, 300, 300, 100]
+    out, err = capfd.readouterr()
+    logged = caplog.text + out + err
+    assert "4/4 chunks done, 1000 rows" in logged
+    assert stack.MINIO_SECRET_KEY not in logged and stack.DB_PASSWORD not in logged

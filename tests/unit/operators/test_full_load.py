@@ -93,9 +93,25 @@ def test_a_sink_on_s3_is_checked_first_and_its_connection_reaches_the_driver_in_
     assert "s3" not in local.job_secrets() and local.default_packages() == SPARK_PACKAGES
 
 
-@pytest.mark.parametrize("kwargs", [{"sink_path": "s3://lake/t"},
-                                    {"sink_path": "/lake/t", "staging_path": "s3a://lake/stage"}])
-def test_staging_on_s3_is_refused_before_submitting_naming_staging_path(monkeypatch, kwargs):
+def test_a_staging_area_on_s3_is_checked_first_and_its_settings_reach_the_driver_in_the_secrets_file_only(
+        monkeypatch):
+    from exactly_once_provider.storage import preflight as preflight_module
+    from exactly_once_provider.storage import s3 as s3_module
+
+    monkeypatch.setattr(s3_module, "_registered", None)
     monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", '{"conn_type": "mysql", "host": "h", "schema": "eo"}')
-    with pytest.raises(ValueError, match=r"staging_path .* is on S3.*pass staging_path, a local directory"):
-        MySqlFullLoadOperator(task_id="t", table="t", **kwargs).execute({})
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_LAKE", AWS_LAKE)
+    checked = []
+    monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
+    # the default staging area is next to a sink on S3; a local sink may stage on S3 too
+    for kwargs, staging in [({"sink_path": "s3://lake/t"}, "s3://lake/t._eo_full_load"),
+                            ({"sink_path": "/lake/t", "staging_path": "s3a://stage/t"}, "s3://stage/t")]:
+        checked.clear()
+        op = MySqlFullLoadOperator(task_id="t", table="t", aws_conn_id="aws_lake", **kwargs)
+        params = op.job_params({})
+        assert params["staging_path"] == kwargs.get("staging_path")
+        secrets = op.job_secrets()
+        assert secrets["s3"]["secret_access_key"] == "lake-s3cret" and "lake-s3cret" not in str(params)
+        assert any(p.startswith("org.apache.hadoop:hadoop-aws:") for p in op.default_packages())
+        op.before_submit()
+        assert checked == [p for p in (kwargs["sink_path"], staging) if p.startswith("s3")]

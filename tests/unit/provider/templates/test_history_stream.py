@@ -74,11 +74,13 @@ def test_a_table_and_checkpoint_on_s3_reach_every_task_with_the_aws_connection()
     assert {o.uri for t in dag.tasks for o in t.outlets} == {"s3://lake/orders"}
 
 
-def test_a_table_on_s3_without_a_local_staging_path_is_refused_when_the_dag_is_built():
-    with pytest.raises(ValueError, match=r"staging_path s3://lake/orders._eo_full_load is on S3.*pass staging_path"):
-        _dag(table_path="s3://lake/orders")
-    with pytest.raises(ValueError, match="staging_path s3://lake/stage is on S3"):
-        _dag(table_path="/data/t", staging_path="s3://lake/stage")
+def test_a_table_on_s3_stages_its_full_load_next_to_it_on_the_same_store():
+    dag = _dag(table_path="s3://lake/orders", aws_conn_id="aws_lake")
+    full_load = dag.get_task("full_load")
+    assert full_load.staging_path is None and full_load.aws_conn_id == "aws_lake"
+    assert full_load._staging_location() == "s3://lake/orders._eo_full_load"
+    assert _dag(table_path="/data/t", staging_path="s3://lake/stage").get_task("full_load").staging_path == \
+        "s3://lake/stage"
 
 
 def _tables_dag(**overrides):
