@@ -17,7 +17,7 @@ import pendulum
 from exactly_once_provider.templates.history_stream import history_stream_dag
 
 DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
-LAKE = os.environ.get("EO_LAKE") or DATA  # the table and checkpoint: a directory or s3://bucket/prefix
+LAKE = os.environ.get("EO_LAKE") or DATA  # the table, its staging and checkpoint: a directory or s3://bucket/prefix
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
 if os.environ.get("EO_SPARK_CLASSPATH"):  # the s3a jars (make demo STORAGE=s3)
@@ -33,7 +33,7 @@ dag = history_stream_dag(
     pipeline=f"shop-orders{RUN}",
     table_path=f"{LAKE}/stream/orders",
     checkpoint_location=f"{LAKE}/stream/checkpoint",
-    staging_path=f"{DATA}/stream/orders_staging",
+    staging_path=f"{LAKE}/stream/orders_staging",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     every_minutes=5,
     chunk_rows=20_000,

@@ -19,7 +19,7 @@ import pendulum
 from exactly_once_provider.templates.history_stream import history_stream_dag
 
 DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
-LAKE = os.environ.get("EO_LAKE") or DATA  # the table and checkpoint: a directory or s3://bucket/prefix
+LAKE = os.environ.get("EO_LAKE") or DATA  # the table, its staging and checkpoint: a directory or s3://bucket/prefix
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
 if os.environ.get("EO_SPARK_CLASSPATH"):  # the s3a jars (make demo STORAGE=s3)
@@ -35,7 +35,7 @@ dag = history_stream_dag(
     pipeline=f"shop-payments{RUN}",
     table_path=f"{LAKE}/stream/payments",
     checkpoint_location=f"{LAKE}/stream/payments_checkpoint",
-    staging_path=f"{DATA}/stream/payments_staging",
+    staging_path=f"{LAKE}/stream/payments_staging",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     mode="continuous",
     run_for=timedelta(hours=1),
