@@ -229,6 +229,10 @@ class AirflowServer:
             # New DAG files are found within seconds, not the default five minutes.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "3",
             "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            # A test writes its DAG file once and never changes it: a new file is parsed when the refresh finds
+            # it; the default re-parse of every file every 30 s (1-3 s of CPU each on a loaded 2-core machine,
+            # one file per test, all kept for the package) only takes CPU from the tasks' Spark drivers.
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.logs),
             # The templates' DAG files import from the repository's dags/ like a deployment's DAG folder.
             "PYTHONPATH": os.pathsep.join(p for p in [str(REPO / "dags"), os.environ.get("PYTHONPATH", "")] if p),

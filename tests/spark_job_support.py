@@ -21,6 +21,18 @@ SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 JOB = kafka_to_sink.__file__
 
 
+def task_spark_conf(stack, s3: bool = False) -> dict[str, str]:
+    """Return the Spark settings of the operators' Spark applications in tests (the templates' tasks included):
+    the stack's connector jars (``s3``: the s3a ones too), two shuffle partitions and no Spark UI.
+
+    The reconcile and the settlement report cache a shuffled comparison: at Spark's default of 200 shuffle
+    partitions (and Delta's snapshot partitions, which follow it) a window of a few dozen rows runs 200 tasks,
+    ~65 of each task's ~75 s on two cores. The partition count changes how rows are spread over tasks, never
+    which rows are compared or summed. The load's operator already defaults to two.
+    """
+    return {**stack.spark_conf(s3=s3), "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
+
+
 def produce_interleaved(bootstrap: str, topic: str, transactions: int, per_transaction: int,
                         partitions: int = 1, abort_every: int = 3, tag: str = "r") -> list[tuple[str, str]]:
     """Write ``transactions`` transactions (every ``abort_every``-th aborted); return committed (key, value)."""

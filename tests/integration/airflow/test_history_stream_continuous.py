@@ -131,7 +131,7 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
         "dag_id": dag_id, "schema": stack.DB_NAME, "table": table, "key_column": "id", "pipeline": pipeline,
         "table_path": path, "checkpoint_location": str(tmp_path / "checkpoint"),
         "start_date": "2026-01-01T00:00:00+00:00", "mode": "continuous", "run_for": {"seconds": 150},
-        "stream_interval": "1 second", "chunk_rows": 500, "spark_conf": stack.spark_conf(), "retries": 5,
+        "stream_interval": "1 second", "chunk_rows": 500, "spark_conf": jobs.task_spark_conf(stack), "retries": 5,
         "retry_delay": {"seconds": 3}})
     client.wait_dag(dag_id)
     writer = _Writer(stack, table)

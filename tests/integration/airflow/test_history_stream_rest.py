@@ -64,7 +64,7 @@ def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp
         "pipeline": f"hs-{table}", "table_path": full_load,
         "checkpoint_location": str(tmp_path / "checkpoint"),
         "start_date": "2099-01-01T00:00:00+00:00",  # no scheduled runs: every run here is triggered
-        "chunk_rows": 250, "topic_partitions": 2, "spark_conf": stack.spark_conf(), "retries": 0})
+        "chunk_rows": 250, "topic_partitions": 2, "spark_conf": jobs.task_spark_conf(stack), "retries": 0})
     client.wait_dag(dag_id)
     client.unpause(dag_id)
 

@@ -57,7 +57,7 @@ def _settlement(stack, server, tmp_path, rows_per_stamp: int, retries: int = 0, 
         "sum_columns": ["amount"], "pipeline": pipeline, "topic": f"eo-{name}", "sink_path": case["sink"],
         "checkpoint_location": str(tmp_path / "checkpoint"), "report_table": case["report"],
         # A start date in the future: the scheduler creates no runs of its own; every run here is manual.
-        "start_date": "2099-01-01T00:00:00+00:00", "safety_lag": 1, "spark_conf": stack.spark_conf(),
+        "start_date": "2099-01-01T00:00:00+00:00", "safety_lag": 1, "spark_conf": jobs.task_spark_conf(stack),
         "retries": retries, "timezone": timezone})
     client = server.client
     client.wait_dag(dag_id)

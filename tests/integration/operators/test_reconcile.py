@@ -21,6 +21,7 @@ from exactly_once_provider.operators.reconcile import ReconcileOperator, Reconci
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.reconcile.results import latest_results
 from exactly_once_provider.reconcile.sides import version_of
+from tests import spark_job_support as jobs
 from tests.mysql_support import connect
 
 ROWS = 5_000
@@ -116,7 +117,7 @@ def test_delta_sink_finds_a_changed_row_and_a_duplicate(stack, airflow_connectio
     path = str(tmp_path / "delta")
     frame.write.format("delta").save(path)
     found = _operator(table, sink="delta", sink_path=path, fail_on_mismatch=False, delta_reader=reader,
-                      spark_conf=stack.spark_conf()).execute({})
+                      spark_conf=jobs.task_spark_conf(stack)).execute({})
     assert [(d["key"], d["kind"]) for d in found["differences"]] == [(999, "changed"), (3456, "duplicate")]
     assert found["sink_rows"] == ROWS + 1 and found["full_scans"] <= 3, found
 
@@ -158,7 +159,7 @@ def test_cdc_view_compares_at_the_common_position_without_stopping_writers(stack
     op = _operator(table, sink="delta", sink_path=changes_path, base_path=base, sink_json_column="record_value",
                    sink_json_path="after", sink_key_json_paths=["after.id", "before.id"],
                    sink_deleted_column="deleted", sink_version_column="source_version", full_load_path=base,
-                   fail_on_mismatch=False, spark_conf=stack.spark_conf())  # the job's driver needs the Delta jars
+                   fail_on_mismatch=False, spark_conf=jobs.task_spark_conf(stack))  # the driver needs the Delta jars
     result = op.execute({})
     kinds = {d["key"]: d["kind"] for d in result["differences"]}
     # 5, 6, 1001 match through the changes, 8 through the base row; 7 changed after P: in flight.

@@ -39,7 +39,7 @@ def _reconcile(stack, table: str, pipeline: str, path: str, topic: str, scope: s
         task_id="reconcile", name=pipeline, table=table, sink="delta", sink_path=path,
         sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline, topics=[topic],
         sink_pipeline=f"{pipeline}-apply", full_load_path=path, scope=scope, fail_on_mismatch=False,
-        spark_conf=stack.spark_conf()).execute({})
+        spark_conf=jobs.task_spark_conf(stack)).execute({})
 
 
 def test_changed_scope_checks_only_touched_keys_and_full_checks_all(stack, spark, airflow_connections, tmp_path):
@@ -133,7 +133,7 @@ def test_an_added_column_is_pending_until_applied_then_compared_over_the_whole_t
             task_id="reconcile", name=pipeline, table=table, sink="delta", sink_path=path,
             sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline, topics=[topic],
             sink_pipeline=f"{pipeline}-apply", full_load_path=path, scope=scope, fail_on_mismatch=False,
-            delta_reader=reader, spark_conf=stack.spark_conf()).execute({})
+            delta_reader=reader, spark_conf=jobs.task_spark_conf(stack)).execute({})
 
     assert reconcile("changed")["clean"]
     # The source has the column; the capture has not read the statement yet, so the sink does not have it.

@@ -14,6 +14,7 @@ import psycopg2
 import pytest
 
 from exactly_once_provider.operators.reconcile import ReconcileOperator
+from tests import spark_job_support as jobs
 from tests.mysql_support import connect
 
 ROWS = 2_000
@@ -69,7 +70,7 @@ def test_composite_key_delta_sink_names_each_planted_key_with_either_reader(stac
         .write.format("delta").save(path)
     result = ReconcileOperator(task_id="reconcile", name=f"test-{composite}", table=composite, sink="delta",
                                sink_path=path, fail_on_mismatch=False, delta_reader=reader,
-                               spark_conf=stack.spark_conf()).execute({})
+                               spark_conf=jobs.task_spark_conf(stack)).execute({})
     assert _found(result) == sorted(PLANTED), result["differences"]
     assert result["full_scans"] <= 4, result  # bounds + the first pass on each side (a hash range is no index)
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from exactly_once_provider.operators.reconcile import ReconcileOperator
+from tests import spark_job_support as jobs
 from tests.mysql_support import connect
 
 ROWS = 1_000
@@ -36,7 +37,7 @@ def test_delta_table_on_s3_is_reconciled_by_either_reader(stack, airflow_connect
                     storage_options=s3.delta_rs_options())
     result = ReconcileOperator(task_id="reconcile", name=f"test-{table}", table=table, sink="delta", sink_path=path,
                                delta_reader=reader, fail_on_mismatch=False,
-                               spark_conf=stack.spark_conf(s3=True)).execute({})
+                               spark_conf=jobs.task_spark_conf(stack, s3=True)).execute({})
     assert [(d["label"], d["kind"]) for d in result["differences"]] == [("c00042", "changed")], result
     assert result["source_rows"] == result["sink_rows"] == ROWS
     cur.execute(f"DROP TABLE {table}")

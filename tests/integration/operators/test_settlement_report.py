@@ -9,6 +9,7 @@ from decimal import Decimal
 import psycopg2
 
 from exactly_once_provider.operators.settlement_report import SettlementReportOperator
+from tests import spark_job_support as jobs
 from tests.mysql_support import connect, unique_name
 
 
@@ -26,7 +27,7 @@ def test_report_sums_one_window_exactly_and_a_rerun_replaces_it(stack, spark, ai
     report = f"report_{table}"
     op = SettlementReportOperator(task_id="report", window_id="w/p/1", sink_path=sink, report_table=report,
                                   source_table=table, group_by=["currency"], sum_columns=["amount"],
-                                  spark_conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"})
+                                  spark_conf=jobs.task_spark_conf(stack))
     try:
         first = op.execute({})
         again = op.execute({})  # a rerun replaces the window's rows

@@ -53,8 +53,10 @@ def test_both_templates_over_secured_endpoints_leak_no_secret(stack, airflow_hom
     events = tmp_path / "spark-events"
     events.mkdir()
     # Spark 4 compresses event logs with zstd by default: plain text, or the search below would prove nothing.
+    # Two shuffle partitions: the reconcile and the report otherwise run 200 tasks each over a few hundred rows
+    # (most of this test's time); the settings and arguments searched below are the same either way.
     spark_conf = {**stack.spark_conf(), "spark.eventLog.enabled": "true", "spark.eventLog.dir": str(events),
-                  "spark.eventLog.compress": "false"}
+                  "spark.eventLog.compress": "false", "spark.sql.shuffle.partitions": "2"}
     env = {**airflow_home, **users}
     history_kwargs = {
         "dag_id": f"leak_hs_{tag}", "schema": stack.DB_NAME, "table": orders, "pipeline": f"leak-hs-{tag}",
