@@ -51,9 +51,21 @@ def driver_session(spec: JobSpec, delta: bool = True) -> Any:
         builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
     spark = with_storage_conf(builder).getOrCreate()
-    if delta and spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is None:
-        # Delta rebuilds a table's state with 50 tasks by default: far too many for a small driver; follow
-        # the shuffle partitions unless the user set it.
-        spark.conf.set("spark.databricks.delta.snapshotPartitions", spark.conf.get("spark.sql.shuffle.partitions"))
+    if delta:
+        limit_snapshot_partitions(spark)
     report_started(spec, spark.sparkContext.uiWebUrl)
     return spark
+
+
+def limit_snapshot_partitions(spark: Any) -> None:
+    """Rebuild Delta table states with no more tasks than the application has cores, unless the user chose.
+
+    Delta's default is 50 tasks (200 when it followed Spark's default shuffle partitions): a stage of that many
+    tiny tasks for a log of a few files on every snapshot a reconciliation or a report reads (the settlement
+    template's reconcile task took ~100 s on 2 cores with 200). More tasks than cores cannot run at once anyway.
+    """
+    if spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is not None:
+        return
+    shuffle = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    spark.conf.set("spark.databricks.delta.snapshotPartitions",
+                   str(max(1, min(shuffle, spark.sparkContext.defaultParallelism))))
