@@ -32,7 +32,7 @@ from typing import Any
 from exactly_once_provider.connections import read_secret_file, spark_kafka_options
 from exactly_once_provider.sinks import poison
 from exactly_once_provider.spark_jobs.driver import exit_with_the_jvm, run_job
-from exactly_once_provider.spark_jobs.session import register_storage, with_storage_conf
+from exactly_once_provider.spark_jobs.session import limit_snapshot_partitions, register_storage, with_storage_conf
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
 from exactly_once_provider.spark_jobs.stream_spec import Route, StreamSpec, split_topics
 from exactly_once_provider.spark_jobs.current_changes import DDL_PREFIX, CurrentChanges
@@ -384,10 +384,8 @@ def build_session(args: StreamSpec, job: JobSpec | None = None):
     log.info("Spark UI at %s", spark.sparkContext.uiWebUrl)
     if job is not None:
         report_started(job, spark.sparkContext.uiWebUrl)
-    if args.sink == "delta" and spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is None:
-        # Delta rebuilds the table state (for the txn ids) with 50 tasks by default: far too many for a small
-        # driver; follow the shuffle partitions unless the user set it.
-        spark.conf.set("spark.databricks.delta.snapshotPartitions", spark.conf.get("spark.sql.shuffle.partitions"))
+    if args.sink == "delta":  # the table state (for the txn ids) is rebuilt on every commit
+        limit_snapshot_partitions(spark)
     return spark
 
 
