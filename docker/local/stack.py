@@ -1105,10 +1105,23 @@ def _runs_a_deleted_checkout(process: Process) -> bool:
     except OSError:
         return False
     classpath = args[args.index(b"-cp") + 1].decode() if b"-cp" in args else ""
-    return any(entry and not entry.endswith("*") and not Path(entry).exists() for entry in classpath.split(os.pathsep))
+    # Only the jars say where the JVM came from: spark-class also lists pyspark/conf, which a pip-installed
+    # pyspark does not have (counting it made every call restart the cluster under the other tests' drivers).
+    jars = [Path(e[:-1]) if e.endswith("*") else Path(e) for e in classpath.split(os.pathsep)
+            if e.endswith("*") or e.endswith(".jar")]
+    return any(not jar.exists() for jar in jars)
 
 
 def start_spark_cluster(timeout: float = 90) -> None:
+    import fcntl
+
+    (HOME / "run").mkdir(parents=True, exist_ok=True)
+    with open(HOME / "run" / "spark-cluster.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers: one starts (or restarts) it, the others wait
+        _start_spark_cluster(timeout)
+
+
+def _start_spark_cluster(timeout: float) -> None:
     spark_class = str(Path(PYTHON).parent / "spark-class")
     if any(_runs_a_deleted_checkout(p) for p in (SPARK_MASTER, SPARK_WORKER)):
         log("spark master/worker run from a deleted checkout's virtualenv: restarting them from %s", PYTHON)
