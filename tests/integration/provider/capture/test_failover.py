@@ -242,7 +242,7 @@ def test_capture_refuses_a_replica_that_lacks_delivered_transactions(stack, airf
     touched = sorted({f"{r['source']['schema']}.{r['source']['table']}" for t in topics
                       for r in topic_records(stack, t) if int(r["source"]["gtid"].split("-")[2]) >= first_missing})
     assert f"tables touched: {', '.join(touched)}" in out, out[-3000:]
-    assert "full_reload=true" in out
+    assert "NEW pipeline name" in out and "full_reload under this pipeline keeps refusing" in out
     with pytest.raises(DivergedSourceError, match=f"0-101-{first_missing} .. {delivered}"):
         _guard(stack, replica, args, monkeypatch)  # the retention guard fails the same way
     after = {t: topic_end_offsets(plain, t) for t in [*topics, args["offsets_topic"]]}
