@@ -24,7 +24,7 @@ def bootstrap(stack, airflow_connections):
 
 
 def _operator(topic, ledger, **kwargs):
-    kwargs.setdefault("pipeline", "op")
+    kwargs.setdefault("pipeline", f"op-{topic}")  # own transactional id: a test on the other worker never fences it
     kwargs.setdefault("delivery_mode", "exactly_once")
     kwargs.setdefault("producer_function", numbered)
     return TransactionalProduceOperator(task_id=f"t{uuid.uuid4().hex[:6]}", topic=topic, offsets_topic=ledger,
@@ -36,7 +36,7 @@ def test_produces_in_transactions_and_a_rerun_continues_from_the_committed_offse
     first = _operator(topic, ledger, producer_function_args=(2500,)).execute({})
     assert first["records"] == 2500 and first["transactions"] == 3
     assert first["committed_offset"] == 2500 and first["resumed_after"] is None
-    assert first["transactional_id"] == "eo-txn/op/0" and first["partition_offsets"] == {"0": 2500 + 2 - 1}  # 2 commit markers
+    assert first["transactional_id"] == f"eo-txn/op-{topic}/0" and first["partition_offsets"] == {"0": 2500 + 2 - 1}  # 2 commit markers
 
     again = _operator(topic, ledger, producer_function_args=(2500,)).execute({})
     assert (again["records"], again["transactions"], again["committed_offset"]) == (0, 0, 2500)
@@ -57,7 +57,7 @@ def test_undeliverable_record_fails_the_task_and_its_transaction_stays_invisible
         operator.execute({})
     # The first transaction (1..1000) committed; nothing of the failed one (1001..2000) is visible.
     assert read_all(bootstrap, topic) == [str(n).encode() for n in range(1, 1001)]
-    assert read_committed_offset({"bootstrap.servers": bootstrap}, "op", "0", ledger).offset == 1000
+    assert read_committed_offset({"bootstrap.servers": bootstrap}, f"op-{topic}", "0", ledger).offset == 1000
 
 
 def test_named_batch_is_one_framed_transaction_and_a_rerun_of_it_is_skipped(bootstrap):
