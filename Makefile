@@ -34,7 +34,7 @@ TEST_WORKERS ?= 2
 SUITE ?= not soak and not dags_test and not harness
 # make demo STORAGE=s3: the demo's tables and checkpoints in the stack's MinIO
 STORAGE ?= local
-test: stack-up  ## what CI runs: unit + integration + a representative per fault scenario + templates under a real Airflow
+test: stack-up  ## what CI runs: unit + integration + every fault scenario and variant once + templates under a real Airflow
 	@t0=$$(date +%s); \
 	if [ -n "$(PYTEST_ARGS)" ]; then $(PY) -m pytest -m "$(SUITE)" $(PYTEST_ARGS); rc=$$?; else \
 	  $(PY) -m pytest -m "$(SUITE) and not exclusive" -n $(TEST_WORKERS) --dist loadgroup --durations=25 --junitxml=.test-results/parallel.xml; rc=$$?; \
