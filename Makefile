@@ -62,7 +62,7 @@ faults: stack-up  ## the kill -9 fault scenarios once each (the default suite's 
 
 RUNS ?= 3
 faults-matrix: stack-up  ## every fault scenario and variant RUNS times (default 3); prints the matrix table
-	$(PY) tests/faults/matrix.py --runs $(RUNS) -- $(PYTEST_ARGS)
+	$(PY) tests/faults/matrix.py --runs $(RUNS) --workers $(TEST_WORKERS) -- $(PYTEST_ARGS)
 
 # Every benchmark in sequence at modest sizes (~45 min on 2 cores, estimated from the parts; each writes benchmarks/results/<kind>-*.json),
 # then the tables and plots of docs/benchmarks.md. One that fails does not stop the others; the target fails at the end.

@@ -4,7 +4,8 @@ Usage (``make faults-matrix RUNS=3``)::
 
     python tests/faults/matrix.py [--runs N] [--report FILE] [-- extra pytest args, e.g. -k zombie]
 
-Each run is one pytest session over tests/faults (``-m "not soak"``: the ``matrix`` variants are included).
+Each run is a pytest session over tests/faults (``-m "not soak"``: the ``matrix`` variants are included), split like
+``make test``: the scenarios that share the stack on ``--workers`` xdist workers, then the ``exclusive`` ones alone.
 Every fault test reports what its oracle counted through the ``fault_outcome`` fixture into the JSON-lines
 file named by ``EO_FAULT_REPORT``; pass/fail comes from pytest's JUnit XML. The table has one line per
 scenario: runs, rows checked per run, lost and duplicated summed over the runs, passes, mean seconds.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from benchmarks._support import result_header, write_result  # noqa: E402
 from benchmarks.results_table import matrix_table  # noqa: E402
+
+NO_TESTS_COLLECTED = 5  # pytest's exit code when the selection is empty
 
 
 @dataclass
@@ -66,20 +70,41 @@ def junit_results(path: Path) -> list[tuple[str, str, float, str | None]]:
     return results
 
 
-def run_once(index: int, report: Path, pytest_args: list[str]) -> list[tuple[str, str, float, str | None]]:
-    """Run the fault suite once; return its JUnit results."""
-    junit = report.with_name(f"{report.stem}-run{index}.xml")
-    command = [sys.executable, "-m", "pytest", "tests/faults", "-m", "not soak", "-p", "no:cacheprovider", "-q",
-               f"--junitxml={junit}", *pytest_args]
+def run_once(index: int, report: Path, pytest_args: list[str], workers: int) -> list[tuple[str, str, float, str | None]]:
+    """Run the fault suite once, as ``make test`` does; return its JUnit results.
+
+    With more than one worker the run has two parts: the scenarios that kill only their own processes on
+    ``workers`` pytest-xdist workers, then the ``exclusive`` ones (they kill or restart a shared service) alone.
+    """
+    parts = [("all", "not soak", [])] if workers < 2 else [
+        ("parallel", "not soak and not exclusive", ["-n", str(workers), "--dist", "loadgroup"]),
+        ("exclusive", "not soak and exclusive", [])]
     env = {**os.environ, "EO_FAULT_REPORT": str(report), "EO_FAULT_RUN": str(index)}
-    started = time.monotonic()
-    print(f"[faults-matrix] run {index}: {' '.join(command[2:])}", flush=True)
-    completed = subprocess.run(command, cwd=REPO, env=env)
-    print(f"[faults-matrix] run {index} ended with exit code {completed.returncode} after "
-          f"{time.monotonic() - started:.0f}s", flush=True)
-    if not junit.exists():
-        raise SystemExit(f"pytest wrote no {junit}: the run could not start (exit code {completed.returncode})")
-    return junit_results(junit)
+    results = []
+    for part, markers, part_args in parts:
+        junit = report.with_name(f"{report.stem}-run{index}-{part}.xml")
+        command = [sys.executable, "-m", "pytest", "tests/faults", "-m", markers, "-p", "no:cacheprovider", "-q",
+                   *part_args, f"--junitxml={junit}", *pytest_args]
+        started = time.monotonic()
+        print(f"[faults-matrix] run {index} ({part}): {' '.join(command[2:])}", flush=True)
+        completed = subprocess.run(command, cwd=REPO, env=env)
+        print(f"[faults-matrix] run {index} ({part}) ended with exit code {completed.returncode} after "
+              f"{time.monotonic() - started:.0f}s", flush=True)
+        if completed.returncode == NO_TESTS_COLLECTED:
+            continue  # e.g. -k selected only exclusive scenarios: this part had nothing to run
+        if not junit.exists():
+            raise SystemExit(f"pytest wrote no {junit}: the run could not start (exit code {completed.returncode})")
+        results += junit_results(junit)
+    return results
+
+
+def earlier_runs(report: Path) -> list[list[tuple[str, str, float, str | None]]]:
+    """Return the JUnit results of an earlier matrix run's files next to ``report``, one list per run."""
+    runs: dict[int, list] = defaultdict(list)
+    for xml in report.parent.glob(f"{report.stem}-run*.xml"):
+        index = int(re.match(r"-run(\d+)", xml.stem.removeprefix(report.stem)).group(1))
+        runs[index] += junit_results(xml)
+    return [runs[index] for index in sorted(runs)]
 
 
 def collect(results_per_run: list[list[tuple[str, str, float, str | None]]], report: Path) -> dict[str, Scenario]:
@@ -120,6 +145,8 @@ def result(scenarios: dict[str, Scenario], runs: int, pytest_args: list[str], he
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=int(os.environ.get("RUNS") or 3))
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS") or 2),
+                        help="pytest-xdist workers for the scenarios that share the stack (1: one session per run)")
     parser.add_argument("--report", type=Path, help="the JSON-lines outcome file (default: a new temp file)")
     parser.add_argument("--table-only", action="store_true",
                         help="print the table of an earlier run from --report and its -run<N>.xml files")
@@ -133,11 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     header = result_header("matrix", {})
     if args.table_only:
-        results = [junit_results(xml) for xml in sorted(report.parent.glob(f"{report.stem}-run*.xml"))]
+        results = earlier_runs(report)
     else:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.unlink(missing_ok=True)
-        results = [run_once(index, report, args.pytest_args) for index in range(1, args.runs + 1)]
+        results = [run_once(index, report, args.pytest_args, args.workers) for index in range(1, args.runs + 1)]
     scenarios = collect(results, report)
     print(f"\nFault matrix: {len(results)} run(s), {len(scenarios)} scenarios, "
           f"{(time.monotonic() - started) / 60:.1f} min; outcomes in {report}\n")
