@@ -75,7 +75,12 @@ MINIO_ACCESS_KEY, MINIO_SECRET_KEY = "eo-minio", "eo-minio-local-dev-only"
 KAFKA_HEAP = "512m"
 KAFKA_CLUSTER_NODE_HEAP = "320m"
 SPARK_DAEMON_MEMORY = "256m"
-SPARK_WORKER_MEMORY = "2g"
+# What the standalone worker offers to applications (scheduling slots, not use): in cluster mode each application's
+# driver holds a core and its memory (1g) on the worker, so with 2 cores / 2g two applications submitted at once
+# (parallel tests) took both cores for their drivers and waited forever for an executor. 4 / 4g fit two
+# applications of the tests' size (driver 1 core 1g + executor 1 core 512m) side by side.
+SPARK_WORKER_CORES = "4"
+SPARK_WORKER_MEMORY = "4g"
 # MinIO is a Go program: GOMEMLIMIT is the Go runtime's soft memory limit (it collects harder near it).
 MINIO_MEMORY_LIMIT = "384MiB"
 
@@ -1146,7 +1151,7 @@ def _start_spark_cluster(timeout: float) -> None:
         work = HOME / "spark" / "work"
         work.mkdir(parents=True, exist_ok=True)
         SPARK_WORKER.start(
-            [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", HOST, "--cores", "2",
+            [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", HOST, "--cores", SPARK_WORKER_CORES,
              "--memory", SPARK_WORKER_MEMORY, "--webui-port", str(SPARK_WORKER_UI_PORT),
              "--work-dir", str(work), SPARK_MASTER_URL],
             env=spark_env(),
