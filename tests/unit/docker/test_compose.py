@@ -55,6 +55,7 @@ def test_spark_and_airflow_use_the_provider_image(compose):
     assert "--memory" in compose["spark-worker"]["command"]
     worker = compose["spark-worker"]["command"]
     assert worker[worker.index("--memory") + 1] == STACK.SPARK_WORKER_MEMORY
+    assert worker[worker.index("--cores") + 1] == STACK.SPARK_WORKER_CORES
     assert compose["spark-master"]["environment"]["SPARK_DAEMON_MEMORY"] == STACK.SPARK_DAEMON_MEMORY
 
 
