@@ -45,7 +45,7 @@ test: stack-up  ## what CI runs: unit + integration + every fault scenario and v
 test-all:  ## make test plus the `airflow dags test` runs of the templates
 	$(MAKE) test SUITE="not soak and not harness"
 
-test-fast:  ## make test without the templates under a real Airflow
+test-fast:  ## make test without the fault variants (matrix) and the templates under a real Airflow
 	$(MAKE) test SUITE="not soak and not matrix and not e2e"
 
 docs-tables:  ## regenerate the results tables (and docs/images/bench-*.png) in docs/ from the newest JSON results
