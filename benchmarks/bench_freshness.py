@@ -52,13 +52,13 @@ def _write(table: str, rows: int, rate: float, per_txn: int, seconds: float, res
     conn.close()
 
 
-def _capture(table: str, pipeline: str, path: str, seconds: float) -> None:
+def _capture(table: str, pipeline: str, path: str, seconds: float, commit_ms: int) -> None:
     """Run the continuous binlog capture for ``seconds`` (a child process: its own interpreter, as in Airflow)."""
     _support.start_stack()
     from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 
     BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path},
-                          mode="continuous", max_runtime=seconds).execute({})
+                          mode="continuous", max_runtime=seconds, commit_interval_ms=commit_ms).execute({})
 
 
 class Watcher(threading.Thread):
@@ -112,11 +112,16 @@ def main() -> None:
         p.add_argument("--warmup", type=float, default=30),
         p.add_argument("--rate", type=float, default=500),
         p.add_argument("--per-txn", type=int, default=5),
-        p.add_argument("--interval", default="1 second", help="the stream's processing-time trigger")))
+        p.add_argument("--interval", default="1 second", help="the stream's processing-time trigger"),
+        p.add_argument("--capture-commit-ms", type=int, default=None,
+                       help="the capture's Kafka transaction interval (default: the continuous template's)")))
     stack = _support.start_stack()
     from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
     from exactly_once_provider.sinks import delta_commit
+    from exactly_once_provider.templates.history_stream import CONTINUOUS_COMMIT_INTERVAL_MS
     from tests import spark_job_support as jobs
+
+    args.capture_commit_ms = args.capture_commit_ms or CONTINUOUS_COMMIT_INTERVAL_MS
 
     table, pipeline = f"fresh_{uuid.uuid4().hex[:6]}", f"{PIPELINE_PREFIX}-{uuid.uuid4().hex[:6]}"
     work = Path(os.environ.get("EO_BENCH_DIR", "/var/tmp/eo-bench")) / pipeline
@@ -135,7 +140,8 @@ def main() -> None:
                           spark_conf=stack.spark_conf()).execute({})
     result["full_load_s"] = time.monotonic() - started
     run_for = args.warmup + args.seconds + 900  # both are stopped when the writing ends
-    capture = multiprocessing.get_context("spawn").Process(target=_capture, args=(table, pipeline, path, run_for))
+    capture = multiprocessing.get_context("spawn").Process(target=_capture, args=(table, pipeline, path, run_for,
+                                                                                  args.capture_commit_ms))
     capture.start()
     job_args = jobs.job_args(stack, f"{pipeline}-apply", f"{pipeline}.{stack.DB_NAME}.{table}", work / "checkpoint",
                              "delta", path, mode="current") + [

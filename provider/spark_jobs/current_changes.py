@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 # A schema record's value starts like this (compact JSON, keys in the documented order): a prefix test is
 # cheaper than parsing every record of the batch.
 DDL_PREFIX = '{"format":1,"op":"%s"' % DDL_OP
+# What a batch planned without reading its schema records fails with when it holds a newer one (CurrentChanges).
+SCHEMA_AHEAD = "EO_SCHEMA_RECORD_AHEAD"
 
 
 def _typed(column: Column, text: Any, spark_type: Any) -> Any:
@@ -60,11 +62,17 @@ def _filled(name: str, fills: list[Fill], version: Any, value_of: Any, spark_typ
     return value_of(name) if chain is None else chain.otherwise(value_of(name))
 
 
+def schema_change_ahead(err: BaseException) -> bool:
+    """Return whether ``err`` is a batch planned without its schema records meeting one (:data:`SCHEMA_AHEAD`)."""
+    return SCHEMA_AHEAD in str(err)
+
+
 def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], schema: str, table: str,
-                  fills: list[Fill] = (), since: int | None = None) -> Any:
+                  fills: list[Fill] = (), since: int | None = None, refuse_schema_after: int | None = None) -> Any:
     """Return the newest change per key of ``records`` as rows of the current table.
 
-    Schema records (``op`` ``ddl``) are left out: :class:`CurrentChanges` reads them. A change older than a
+    Schema records (``op`` ``ddl``) are left out (:class:`CurrentChanges` reads them), or, newer than
+    ``refuse_schema_after``, fail the batch. A change older than a
     :class:`~exactly_once_provider.spark_jobs.schema_change.Fill` of a column takes the fill's value in it (the
     value the server gave the row by the statement, without a row event).
 
@@ -77,6 +85,9 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
     :param schema: the source database the table's changes come from.
     :param table: the source table.
     :param fills: the values rows older than a schema change take (see above).
+    :param refuse_schema_after: fail the batch (:data:`SCHEMA_AHEAD`, raised while the MERGE reads its source:
+        before anything is written) if it holds a schema record newer than this version; default: leave every
+        schema record out (the caller has read them).
     :param since: leave out changes of a lower version: the full load's oldest snapshot holds them
         (:attr:`~exactly_once_provider.full_load.handoff.Handoff.min_version`). Its rows would win over them
         anyway, but a key deleted before the snapshot has no row there, and its older change (still in Kafka,
@@ -112,7 +123,14 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
     def image_value(name: str) -> Any:
         return _typed(by_name[name], F.col("image")[name], types[name])
 
-    parsed = records.filter(~F.col("record_value").startswith(DDL_PREFIX)).select(
+    ddl = F.col("record_value").startswith(DDL_PREFIX)
+    keep = ~ddl
+    if refuse_schema_after is not None:
+        newer = F.get_json_object("record_value", "$.version").cast("bigint") > F.lit(refuse_schema_after)
+        keep = F.when(ddl & newer, F.raise_error(F.lit(
+            f"{SCHEMA_AHEAD}: the batch holds a schema change its plan did not read; it is planned again with it."))
+        ).otherwise(keep)
+    parsed = records.filter(keep).select(
         checked.alias(VERSION_COLUMN),
         (F.get_json_object("record_value", "$.op") == F.lit("d")).alias(DELETED_COLUMN),
         F.from_json(image, as_text).alias("image"), "kafka_offset")
@@ -167,13 +185,23 @@ class CurrentChanges:
         # A statement at or before the snapshot is in the full load's columns already (the capture skips it).
         return list(self.source.columns), [], self.source.min_version
 
-    def __call__(self, df: Any) -> Any:
+    def __call__(self, df: Any, schema_records: bool = False) -> Any:
+        """Return the batch's changes as rows of the current table (see the class).
+
+        :param df: the micro-batch.
+        :param schema_records: read the batch's schema records first (one more pass over the batch) and follow
+            them. Without it, the common case (a batch holds no schema change), the batch is planned on the
+            columns as they are: a schema record in it newer than the last one followed fails the MERGE's read
+            of its source with :data:`SCHEMA_AHEAD`, before anything is written, and
+            :func:`~exactly_once_provider.spark_jobs.kafka_to_sink.process_batch` plans the batch again with it.
+        """
         from pyspark.sql import functions as F
 
         columns, fills, applied = self._state()
         started_at = applied
         found = [SchemaRecord.from_json(json.loads(row[0])) for row in
-                 df.filter(F.col("record_value").startswith(DDL_PREFIX)).select("record_value").collect()]
+                 df.filter(F.col("record_value").startswith(DDL_PREFIX)).select("record_value").collect()
+                 ] if schema_records else []
         new_fills: list[Fill] = []
         for record in sorted((r for r in found if r.version > applied), key=lambda r: r.version):
             columns, added = evolve(columns, self.source.key, record, self.name)
@@ -187,7 +215,7 @@ class CurrentChanges:
         self.sink.schema_changed = applied != started_at
         self.sink.backfill = bool(new_fills)
         changes = typed_changes(df, columns, self.source.key, self.source.schema, self.source.table, fills,
-                                since=self.source.min_version)
+                                since=self.source.min_version, refuse_schema_after=None if schema_records else applied)
         return self._with_backfill(changes, columns, new_fills) if new_fills else changes
 
     def _with_backfill(self, changes: Any, columns: list[Column], fills: list[Fill]) -> Any:

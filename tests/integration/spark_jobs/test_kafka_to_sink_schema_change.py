@@ -109,6 +109,8 @@ def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, 
     assert "c" not in spark.read.format("delta").load(path).columns, "the schema changed without its batch"
     final = jobs.run_job(stack, args)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-4000:]
+    # A batch is planned without reading its schema records; the one holding a statement is planned again.
+    assert "holds a schema change: planned again with it" in killed.stdout + killed.stderr
     state = jobs.result_line(final.stdout)
     assert state["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(
         f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}}

@@ -9,7 +9,7 @@ import jinja2
 import pendulum
 import pytest
 
-from exactly_once_provider.templates.history_stream import history_stream_dag
+from exactly_once_provider.templates.history_stream import CONTINUOUS_COMMIT_INTERVAL_MS, history_stream_dag
 
 
 def _dag(**overrides):
@@ -37,6 +37,10 @@ def test_continuous_mode_runs_capture_and_stream_side_by_side_for_run_for():
                                                                               "current")
     assert capture.upstream_task_ids == apply.upstream_task_ids == {"full_load", "retention_guard"}
     assert "reconcile" not in dag.task_ids
+    # Freshness: the continuous capture commits its Kafka transaction several times per trigger interval.
+    assert capture.commit_interval_ms == CONTINUOUS_COMMIT_INTERVAL_MS < 1000
+    assert _dag(mode="continuous", capture_commit_interval_ms=500).get_task("capture").commit_interval_ms == 500
+    assert _dag().get_task("capture").commit_interval_ms == 1000  # scheduled: the capture's own default
     with pytest.raises(ValueError, match="mode="):
         _dag(mode="streaming")
 
