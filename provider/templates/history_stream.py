@@ -260,8 +260,7 @@ def history_stream_dag(
             max_runtime=seconds if continuous else None, source_partition=CAPTURE_SOURCE_PARTITION,
             topic_partitions=topic_partitions, mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id,
             aws_conn_id=aws_conn_id, trigger_rule="none_failed_min_one_success" if continuous else "all_success",
-            **({"commit_interval_ms": capture_commit_interval_ms or CONTINUOUS_COMMIT_INTERVAL_MS} if continuous
-               else {"commit_interval_ms": capture_commit_interval_ms} if capture_commit_interval_ms else {}))
+            commit_interval_ms=capture_commit_interval_ms or (CONTINUOUS_COMMIT_INTERVAL_MS if continuous else 1_000))
         # [END howto_operator_binlog_capture]
         # Several tables: one Spark application, one query per table into its own current table.
         where = {"streams": [{"topics": [topics[n]], "sink_path": paths[n], "checkpoint_location": checkpoints[n]}
