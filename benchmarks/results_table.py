@@ -30,7 +30,9 @@ def freshness_table(result: dict) -> str:
     writer = result["writer"]
     return "\n".join([
         f"{_machine(result)}; {result['rows']:,} rows, {writer['changes'] / writer['seconds']:,.0f} changes/s written "
-        f"for {result['seconds']:.0f} s after a {result['warmup']:.0f} s warm-up, trigger every {result['interval']}.",
+        f"for {result['seconds']:.0f} s after a {result['warmup']:.0f} s warm-up, trigger every {result['interval']}"
+        + (f", the capture committing every {result['capture_commit_ms']} ms." if "capture_commit_ms" in result
+           else ", the capture committing every 1,000 ms."),
         "", "| p50 s | p90 s | p99 s | max s | changes measured | applied changes/s | stream commits |",
         "|---|---|---|---|---|---|---|",
         f"| {result['p50_s']:.2f} | {result['p90_s']:.2f} | **{result['p99_s']:.2f}** | {result['max_s']:.2f} | "
