@@ -71,6 +71,14 @@ def module_file(module: str) -> str:
     return spec.origin
 
 
+class DriverEndedError(AirflowException):
+    """A cluster-mode driver ended in a state other than FINISHED (``status``: the master's, e.g. KILLED)."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class PackagedSparkJobOperator(SparkSubmitOperator):
     """Base of the provider's Spark operators: submit one packaged job with its spec; read its result back.
 
@@ -258,6 +266,10 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
     def _raise_job_error(self, spec: JobSpec, err: BaseException) -> None:
         report = read_json(spec.result_file) or {}
         error = report.get("error")
+        if isinstance(err, DriverEndedError) and err.status == "KILLED":
+            # A killed driver (on_kill, mark failed, or the cluster's kill) may still report the error its
+            # interrupted query raised on the way down; what happened is the kill.
+            raise err
         if error and error["kind"] == VALUE_ERROR:
             raise ValueError(error["message"]) from err
         if error:
@@ -275,9 +287,9 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
             super().poll_until_complete(external_id, context)
         except RuntimeError as err:  # the provider's standalone backend: "Driver <id> exited with status <s>"
             status = (re.search(r"status (\w+)", str(err)) or re.search(r"(\w+)$", str(err))).group(1)
-            raise AirflowException(
+            raise DriverEndedError(
                 f"Spark driver {external_id} of {self.job_label()} ended {status}; its log is in the worker's work "
-                f"directory (<work-dir>/{external_id}/stderr).") from err
+                f"directory (<work-dir>/{external_id}/stderr).", status) from err
         self.log.info("%s: driver %s FINISHED", self.job_label(), external_id)
 
     def _driver_started(self, context: Any, started: dict) -> None:

@@ -37,7 +37,7 @@ def test_one_broker_of_three_sigkilled_mid_transaction_loses_and_duplicates_noth
                                                                                      fault_outcome):
     bootstrap = ",".join(node.bootstrap for node in cluster)
     topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS, replication_factor=3), \
-        f"ledger-{uuid.uuid4().hex[:8]}", "cluster-loss"
+        f"ledger-{uuid.uuid4().hex[:8]}", f"cluster-loss-{uuid.uuid4().hex[:6]}"
     conn = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}})
     marker = tmp_path / "paused"
     process = _start({"AIRFLOW_CONN_KAFKA_DEFAULT": conn, "EO_FAULT_AT": "mid_produce:3",

@@ -61,7 +61,7 @@ def _assert_exactly_once(bootstrap: str, topic: str, fault_outcome) -> None:
 def test_producer_sigkill_then_restart_holds_every_record_exactly_once(stack, airflow_connections, fault,
                                                                        fault_outcome):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", "kill"
+    topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", f"kill-{uuid.uuid4().hex[:6]}"
 
     code, output = _run({"EO_FAULT_AT": fault}, topic, ledger, pipeline)
     assert code == -signal.SIGKILL, f"the producer was not killed at {fault}:\n{output[-3000:]}"
@@ -87,7 +87,7 @@ def test_producer_sigkill_then_restart_holds_every_record_exactly_once(stack, ai
 def test_broker_sigkill_during_a_transaction_loses_and_duplicates_nothing(stack, airflow_connections, tmp_path,
                                                                          fault_outcome):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", "broker-kill"
+    topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", f"broker-kill-{uuid.uuid4().hex[:6]}"
     marker = tmp_path / "paused"
     process = _start({"EO_FAULT_AT": "mid_produce:3", "EO_FAULT_ACTION": "pause:3", "EO_FAULT_FILE": str(marker)},
                      topic, ledger, pipeline)

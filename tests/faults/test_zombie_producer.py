@@ -24,7 +24,7 @@ from tests.kafka_support import new_topic, read_all
 def test_zombie_with_the_same_transactional_id_is_fenced_and_the_output_is_exact(stack, airflow_connections, tmp_path,
                                                                                   zombie_at, fault_outcome):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", "zombie"
+    topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", f"zombie-{uuid.uuid4().hex[:6]}"
     marker = tmp_path / "paused"
     zombie = _start({"EO_FAULT_AT": zombie_at, "EO_FAULT_ACTION": "pause:120", "EO_FAULT_FILE": str(marker)},
                     topic, ledger, pipeline)

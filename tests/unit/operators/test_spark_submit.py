@@ -10,7 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
-from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
+from exactly_once_provider.operators.spark_submit import DriverEndedError, PackagedSparkJobOperator
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_error
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -59,6 +59,15 @@ def test_the_drivers_error_is_raised_with_its_meaning(tmp_path, error, raised):
     op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x")
     with pytest.raises(raised, match=str(error)):
         op._raise_job_error(spec, AirflowException("Cannot execute: spark-submit ... Error code is: 1."))
+
+
+@pytest.mark.parametrize("status, raised", [("KILLED", "ended KILLED"), ("FAILED", "query interrupted")])
+def test_a_killed_cluster_driver_is_reported_killed_whatever_it_wrote_on_the_way_down(tmp_path, status, raised):
+    spec = _spec(tmp_path)
+    report_error(spec, RuntimeError("query interrupted"))  # the interrupted query's error, written as it died
+    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x")
+    with pytest.raises(AirflowException, match=raised):
+        op._raise_job_error(spec, DriverEndedError(f"Spark driver d-1 of t ended {status}; ...", status))
 
 
 def test_the_mysql_connection_goes_to_the_secrets_only(spark_connection):
