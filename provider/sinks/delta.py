@@ -17,6 +17,9 @@ older change replayed after the delete cannot bring the row back; readers filter
 Current mode (``mode="current"``, :mod:`~exactly_once_provider.sinks.current_table`) MERGEs each batch's newest
 change per key into the full load's own table, typed like its rows, on the source key: a change applies only if
 its ``_eo_version`` is newer than the row's; deletes are tombstones (``_eo_deleted``). Same txn id and marker.
+The provider writes that commit (:func:`~exactly_once_provider.sinks.delta_merge.merge_newer`: only the files
+holding a batch's keys rewritten, no Delta state reconstruction); Delta's MERGE writes it with
+``commit_with="delta"`` and for the batch that evolves the table's schema.
 
 Window mode (``mode="window"``, :mod:`~exactly_once_provider.spark_jobs.settlement`) keeps Delta's writer too: it
 replaces the rows of the
@@ -30,9 +33,11 @@ reads ONE commit file (the newest with the marker) instead of summing the whole 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from exactly_once_provider import faults
-from exactly_once_provider.sinks import current_table, delta_commit
+from exactly_once_provider.sinks import current_table, delta_commit, delta_merge
 from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, require_newer_windows,
                                               require_predecessor)
 
@@ -160,6 +165,17 @@ class DeltaSink:
         require_predecessor(previous, expected, commit, self.kind)
         return previous, (self.key, read_version)
 
+    @contextmanager
+    def _fenced(self, commit: BatchCommit) -> Iterator[None]:
+        """Turn a commit of this pipeline by another driver, found at the own commit's put, into a stale batch."""
+        try:
+            yield
+        except delta_commit.ForeignProgressError as err:
+            raise StaleBatchError(
+                f"{err} Batch {commit.batch_id} of checkpoint {commit.checkpoint_id} (pipeline "
+                f"{self.pipeline!r}) was not committed and the sink is exact as it is; stop the other "
+                "driver (a zombie of an earlier run, or two jobs on one pipeline).") from None
+
     def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
         """Write the batch and its marker in one Delta commit; return False if it was already committed.
 
@@ -173,15 +189,10 @@ class DeltaSink:
             return False
         previous, fence = self._planned_on(commit, expected)
         marker = {self.key: dict(commit.to_json(), rows_before=previous.rows_total if previous else 0)}
+        fence = None if expected is UNCHECKED else fence
         if self.mode == "append" and self.commit_with == "own":
-            try:
-                delta_commit.append_with_marker(df, self.table, marker, app_id, commit.batch_id,
-                                                fence=None if expected is UNCHECKED else fence)
-            except delta_commit.ForeignProgressError as err:
-                raise StaleBatchError(
-                    f"{err} Batch {commit.batch_id} of checkpoint {commit.checkpoint_id} (pipeline "
-                    f"{self.pipeline!r}) was not committed and the sink is exact as it is; stop the other "
-                    "driver (a zombie of an earlier run, or two jobs on one pipeline).") from None
+            with self._fenced(commit):
+                delta_commit.append_with_marker(df, self.table, marker, app_id, commit.batch_id, fence=fence)
             return True
         if self.mode == "append":
             delta_commit.commit_with_marker(df, self.table, marker, app_id, commit.batch_id, mode="append")
@@ -193,8 +204,13 @@ class DeltaSink:
             on, newer = current_table.merge_condition(self.key_columns, replace_equal=self.backfill)
             if self.schema_changed:  # the new columns and the filled rows land in this one commit, or nothing
                 faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
-            delta_commit.merge_with_marker(df, self.table, on, marker, app_id, commit.batch_id, update_when=newer,
-                                           evolve_schema=self.schema_changed)
+            if self.commit_with == "own" and not self.schema_changed:
+                with self._fenced(commit):
+                    delta_merge.merge_newer(df, self.table, self.key_columns, marker, app_id, commit.batch_id,
+                                            replace_equal=self.backfill, fence=fence)
+            else:  # Delta's MERGE: the table's schema evolves in the same commit
+                delta_commit.merge_with_marker(df, self.table, on, marker, app_id, commit.batch_id,
+                                               update_when=newer, evolve_schema=self.schema_changed)
             return True
         if next(delta_commit.commits(self.table), None) is None:
             # MERGE needs a table: create it empty (no marker; a crash here is harmless, the next try reuses it).

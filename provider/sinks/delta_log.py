@@ -259,3 +259,59 @@ def table_state(path: Table) -> TableState | None:
         raise ValueError(f"the Delta log in {storage.uri(LOG)} has no protocol or metaData up to version {versions[-1]}: "
                          "it is incomplete (commits before a missing checkpoint were removed?).")
     return TableState(path, versions[-1], protocol, metadata, checkpoint[0] if checkpoint else None, txns)
+
+
+_checkpoint_files: dict[tuple[str, int], dict[str, dict]] = {}
+
+
+def _checkpoint_adds(storage: Storage, name: str) -> dict[str, dict]:
+    """Return path -> ``add`` of one checkpoint file (cached per file and size, as :func:`_checkpoint_file`)."""
+    filesystem, file = storage.arrow_path(LOG + name)
+    cache_key = (storage.uri(LOG + name), filesystem.get_file_info(file).size)
+    cached = _checkpoint_files.get(cache_key)
+    if cached is not None:
+        return cached
+    if name.endswith(".json"):
+        adds = [a["add"] for a in read_log_file(storage, name) if a.get("add")]
+    else:
+        import pyarrow.parquet as pq
+
+        adds = [a for a in pq.read_table(file, columns=["add"], filesystem=filesystem).column("add").to_pylist() if a]
+    files = {a["path"]: {"path": a["path"], "size": a["size"],
+                         "partitionValues": _map(a.get("partitionValues"))} for a in adds}
+    if len(_checkpoint_files) >= 8:
+        _checkpoint_files.clear()
+    _checkpoint_files[cache_key] = files
+    return files
+
+
+def active_files(state: TableState) -> dict[str, dict]:
+    """Return path -> ``add`` (``path``, ``size``, ``partitionValues``) of every data file of ``state``'s version.
+
+    What a rewrite of a table's files must remove: the newest checkpoint's ``add`` actions, then every JSON
+    commit after it up to the state's version, replayed (``add`` adds a path, ``remove`` removes it). The path is
+    kept exactly as the log writes it (URL-encoded, relative to the table): a ``remove`` must name it so.
+
+    :param state: the table's state (:func:`table_state`): the version whose files are wanted.
+    """
+    storage = table_storage(state.path)
+    files: dict[str, dict] = {}
+    start = 0
+    if state.checkpoint is not None:
+        names = log_names(storage, recent=True)
+        found = newest_checkpoint(names)
+        if found is None or found[0] != state.checkpoint:
+            raise ValueError(f"the checkpoint of version {state.checkpoint} in {storage.uri(LOG)} is gone: read the "
+                             "table's state again.")
+        for name in found[1]:
+            files.update(_checkpoint_adds(storage, name))
+        start = state.checkpoint + 1
+    for version in range(start, state.version + 1):
+        for action in read_log_file(storage, f"{version:020d}.json"):
+            if action.get("add"):
+                add = action["add"]
+                files[add["path"]] = {"path": add["path"], "size": add["size"],
+                                      "partitionValues": add.get("partitionValues") or {}}
+            elif action.get("remove"):
+                files.pop(action["remove"]["path"], None)
+    return files

@@ -131,7 +131,7 @@ def test_append_with_files_writes_the_next_commit_and_skips_a_replayed_txn(tmp_p
 def test_append_with_files_after_losing_the_race_checks_the_winner_and_retries(tmp_path, monkeypatch):
     delta_commit.create_with_files(str(tmp_path), ID_SCHEMA, [], {}, "app", 0)
     files = [_parquet(tmp_path, "b.parquet", 3)]
-    real_put = delta_commit._put_if_absent
+    real_put = delta_commit.put_commit
     winners = iter([{"txn": {"appId": "other", "version": 7}}, {"txn": {"appId": "app", "version": 1}}])
 
     def another_writer_first(log_dir, version, actions):
@@ -140,7 +140,7 @@ def test_append_with_files_after_losing_the_race_checks_the_winner_and_retries(t
             assert real_put(log_dir, version, [{"commitInfo": {"operation": "WRITE"}}, winner])
         return real_put(log_dir, version, actions)
 
-    monkeypatch.setattr(delta_commit, "_put_if_absent", another_writer_first)
+    monkeypatch.setattr(delta_commit, "put_commit", another_writer_first)
     # version 1 taken by another app id: retried at 2; version 2 taken by a zombie of the same (app, 1): skipped
     assert delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, files, {}, "app", 1) == (2, False)
     assert not any("add" in a for v in (1, 2) for a in _actions(tmp_path, v))
@@ -148,13 +148,13 @@ def test_append_with_files_after_losing_the_race_checks_the_winner_and_retries(t
 
 def test_append_with_files_fails_when_the_same_app_id_commits_another_version_meanwhile(tmp_path, monkeypatch):
     delta_commit.create_with_files(str(tmp_path), ID_SCHEMA, [], {}, "app", 0)
-    real_put = delta_commit._put_if_absent
+    real_put = delta_commit.put_commit
 
     def zombie_first(log_dir, version, actions):
         real_put(log_dir, version, [{"txn": {"appId": "app", "version": 1}}])
         return real_put(log_dir, version, actions)
 
-    monkeypatch.setattr(delta_commit, "_put_if_absent", zombie_first)
+    monkeypatch.setattr(delta_commit, "put_commit", zombie_first)
     with pytest.raises(delta_commit.CommitMarkerError, match=r"committed txn \(app, 1\).*two writers share one app id"):
         delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, [], {}, "app", 2)
 
@@ -225,7 +225,7 @@ def test_append_with_files_fenced_on_a_marker_fails_if_the_marker_moved_after_th
         delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, zombie, {"eo_stream:p": {"batch_id": 5}}, "p:c0", 5,
                                        fence=("eo_stream:p", read_version))
     # and when the newer driver's commit wins the put-if-absent race itself, the loser re-checks and fails too
-    real_put = delta_commit._put_if_absent
+    real_put = delta_commit.put_commit
     newer = iter([[{"commitInfo": {"userMetadata": json.dumps({"eo_stream:p": {"batch_id": 2}})}},
                    {"txn": {"appId": "p:c1", "version": 2}}]])
 
@@ -235,7 +235,7 @@ def test_append_with_files_fenced_on_a_marker_fails_if_the_marker_moved_after_th
             assert real_put(log_dir, version, winner)
         return real_put(log_dir, version, actions)
 
-    monkeypatch.setattr(delta_commit, "_put_if_absent", newer_driver_first)
+    monkeypatch.setattr(delta_commit, "put_commit", newer_driver_first)
     with pytest.raises(delta_commit.ForeignProgressError, match="Version 3 "):
         delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, zombie, {"eo_stream:p": {"batch_id": 5}}, "p:c0", 5,
                                        fence=("eo_stream:p", delta_commit.newest_version(str(tmp_path))))

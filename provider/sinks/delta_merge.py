@@ -1,0 +1,237 @@
+"""The current table's own MERGE commit: rewrite only the files that hold a batch's keys, commit in Python.
+
+Where a streaming batch's changes reach the current table (:mod:`~exactly_once_provider.sinks.current_table`)
+when the provider writes the commit (the default; ``commit_with="delta"`` keeps Delta's MERGE,
+:func:`~exactly_once_provider.sinks.delta_commit.merge_with_marker`). Same rows, same commit contents as Delta's
+MERGE (``remove`` of each rewritten file, ``add`` of its new version, the ``txn`` and the marker), without what
+makes Delta's MERGE cost ~1.5 s per batch on 2 cores whatever the batch size: two snapshot state
+reconstructions per commit (one for the txn id, one after it) and their analysis. Measured in
+``benchmarks/bench_freshness.py``'s stream log: see docs/benchmarks.md.
+
+The steps, each a plain Spark job or a Python read of the log:
+
+1. the table's state at its newest version ``L`` (:func:`~exactly_once_provider.sinks.delta_log.table_state`,
+   :func:`~exactly_once_provider.sinks.delta_log.active_files`): protocol, metadata, txn versions, data files;
+2. the batch's changes materialised once (they come from Kafka: read once, used twice);
+3. which data files hold a key of the batch (a semi-join of the files' key columns, ``_metadata.file_path``);
+4. those files rewritten with the changes merged in: a row is replaced only by a NEWER version of its key
+   (:func:`~exactly_once_provider.sinks.current_table.merge_condition`'s rule), new keys are inserted;
+5. ``<L+1>.json`` written put-if-absent: ``commitInfo`` (MERGE, ``numSourceRows``, the marker), ``txn``,
+   one ``remove`` per rewritten file, one ``add`` per new file (row count and integer-column bounds).
+
+**The fence** is the own append's (:func:`~exactly_once_provider.sinks.delta_commit.append_with_files`): the txn
+is checked on the state the commit builds on; a writer that loses ``L+1`` drops its files and plans the batch
+again on the newer state (a winner with this txn means the batch is already in: nothing is written), so two
+drivers replaying one batch never both commit, and no commit removes a file another commit already rewrote. A
+table with a feature the own commit does not write
+(:func:`~exactly_once_provider.sinks.delta_commit.check_appendable`) is merged by Delta instead, with a WARNING
+naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from exactly_once_provider.sinks import delta_commit, delta_log
+from exactly_once_provider.sinks.current_table import VERSION_COLUMN, quoted
+from exactly_once_provider.sinks.delta_log import Table, table_storage
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 3  # plans of one batch when other writers keep committing first (each one re-reads the table)
+_FILE = "_eo_file"
+
+
+def _normalised(uri: str) -> str:
+    """Return a file's location without scheme and encoding: how Spark's and the log's names are compared."""
+    parsed = urlparse(uri)
+    path = unquote(parsed.path)
+    return (parsed.netloc + path) if parsed.scheme not in ("", "file") else "/" + path.lstrip("/")
+
+
+def _files_holding(changes: Any, storage: Any, files: dict[str, dict], key: tuple[str, ...],
+                   table_schema: Any) -> list[str]:
+    """Return the log paths of the data files that hold a key of ``changes`` (one Spark job)."""
+    if not files:
+        return []
+    from pyspark.sql import functions as F
+
+    by_location = {_normalised(storage.spark_uri(unquote(path))): path for path in files}
+    spark = changes.sparkSession
+    keys = table_schema.__class__([table_schema[k] for k in key])
+    target = spark.read.schema(keys).parquet(*[storage.spark_uri(unquote(p)) for p in files])
+    target = target.select(*[F.col(quoted(k)) for k in key], F.col("_metadata.file_path").alias(_FILE)).alias("t")
+    on = [F.col(f"t.{quoted(k)}") == F.col(f"s.{quoted(k)}") for k in key]
+    hits = target.join(changes.select(*[F.col(quoted(k)) for k in key]).alias("s"), on, "left_semi")
+    found = [row[0] for row in hits.select(_FILE).distinct().collect()]
+    paths = [by_location.get(_normalised(location)) for location in found]
+    if None in paths:
+        raise delta_commit.CommitMarkerError(
+            f"Spark read {found[paths.index(None)]!r}, which no add action of {storage.uri()} names.")
+    return sorted(paths)
+
+
+def _merged(changes: Any, storage: Any, touched: list[str], key: tuple[str, ...], table_schema: Any,
+            replace_equal: bool) -> Any:
+    """Return the rows of the ``touched`` files with ``changes`` merged in, plus the changes of new keys."""
+    from pyspark.sql import functions as F
+
+    columns = [f.name for f in table_schema.fields]
+    source = changes.select(*[F.col(quoted(c)).cast(table_schema[c].dataType).alias(c) for c in columns])
+    if not touched:
+        return source
+    spark = changes.sparkSession
+    target = spark.read.schema(table_schema).parquet(*[storage.spark_uri(unquote(p)) for p in touched])
+    t, s = target.alias("t"), source.alias("s")
+    on = [F.col(f"t.{quoted(k)}") == F.col(f"s.{quoted(k)}") for k in key]
+    t_version, s_version = F.col(f"t.{quoted(VERSION_COLUMN)}"), F.col(f"s.{quoted(VERSION_COLUMN)}")
+    newer = (s_version >= t_version) if replace_equal else (s_version > t_version)
+    # A key of the batch that is not in the touched files is new; one that is takes the change only if newer.
+    # (A row's key column is never null: the source's primary key; s_version is null only for rows the batch
+    # does not touch.)
+    take_change = s_version.isNotNull() & (t_version.isNull() | newer)
+    return t.join(s, on, "full_outer").select(
+        *[F.when(take_change, F.col(f"s.{quoted(c)}")).otherwise(F.col(f"t.{quoted(c)}")).alias(c) for c in columns])
+
+
+def _merge_info(now: int, read_version: int, source_rows: int, removed: list[dict], added: list[dict],
+                marker: dict, on: str) -> dict:
+    """Return the ``commitInfo`` of the own MERGE (the fields Delta's MERGE records that readers use)."""
+    return {"timestamp": now, "operation": "MERGE",
+            "operationParameters": {"predicate": json.dumps([on]), "matchedPredicates": "[]",
+                                    "notMatchedPredicates": "[]"},
+            "readVersion": read_version, "isolationLevel": "Serializable", "isBlindAppend": False,
+            "operationMetrics": {"numSourceRows": str(source_rows), "numTargetFilesRemoved": str(len(removed)),
+                                 "numTargetFilesAdded": str(len(added)),
+                                 "numOutputRows": str(sum(f["rows"] for f in added)),
+                                 "numTargetBytesRemoved": str(sum(int(f["size"]) for f in removed)),
+                                 "numTargetBytesAdded": str(sum(f["bytes"] for f in added))},
+            "userMetadata": json.dumps(marker, sort_keys=True), "engineInfo": "exactly-once-provider",
+            "txnId": str(uuid.uuid4())}
+
+
+def merge_newer(changes: Any, path: Table, key: tuple[str, ...], marker: dict, app_id: str, version: int,
+                replace_equal: bool = False, fence: tuple[str, int] | None = None) -> int:
+    """MERGE ``changes`` into the current table at ``path`` as ONE commit carrying ``marker``; return its version.
+
+    The rows of ``changes`` replace the table's rows of the same key only when their ``_eo_version`` is newer
+    (``replace_equal``: or equal); other keys are inserted. Idempotent per ``(app_id, version)`` like
+    :func:`~exactly_once_provider.sinks.delta_commit.merge_with_marker`, whose result it has.
+
+    :param changes: the Spark DataFrame of changes, at most one row per key, with the table's columns.
+    :param path: the current table's location (or its storage); it must exist.
+    :param key: the source table's primary key columns.
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    :param app_id: stable id of the writer (Delta ``txnAppId``).
+    :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param replace_equal: replace a row by a change of the same version too.
+    :param fence: ``(marker key, read version)``: fail with
+        :class:`~exactly_once_provider.sinks.delta_commit.ForeignProgressError` (nothing committed) if a commit after
+        the read version carries that marker key (:func:`~exactly_once_provider.sinks.delta_commit.append_with_files`).
+    """
+    from pyspark.sql.types import StructType
+
+    storage = table_storage(path)
+    done = delta_commit.find_commit(storage, app_id, version)
+    if done is not None:
+        return done
+    on, _ = _condition(key)
+    changes = changes.persist()
+    try:
+        source_rows = _count_unique(changes, key)  # materialised: read from Kafka once, used twice below
+        seen = None
+        for attempt in range(1, ATTEMPTS + 1):
+            state = delta_log.table_state(storage)
+            if state is None:
+                raise delta_commit.CommitMarkerError(
+                    f"No Delta table at {storage.uri()}: the current table is created by the full load; run it first.")
+            newest = state.txns.get(app_id)
+            if newest is not None and newest >= version:
+                found = delta_commit.find_commit(storage, app_id, version)
+                return state.version if found is None else found
+            if attempt > 1 and newest != seen:
+                raise delta_commit.CommitMarkerError(
+                    f"Another writer committed txn ({app_id}, {newest}) to {storage.uri()} while this one was "
+                    f"committing ({app_id}, {version}): two writers share one app id; run one writer per app id.")
+            seen = newest
+            table_schema = StructType.fromJson(json.loads(state.metadata["schemaString"]))
+            try:
+                delta_commit.check_appendable(state, delta_commit.nullable_schema(table_schema.json()))
+                _check_key(state, table_schema, key)
+            except delta_commit.UnsupportedTableError as err:
+                log.warning("%s Merging (%s, %d) through Delta's MERGE instead (slower: two table state "
+                            "reconstructions per commit).", err, app_id, version)
+                delta_commit.check_fence(storage, fence, state.version)
+                return delta_commit.merge_with_marker(changes, storage, on, marker, app_id, version,
+                                                      update_when=_condition(key, replace_equal)[1])
+            delta_commit.check_fence(storage, fence, state.version)
+            committed = _rewrite_and_commit(changes, storage, state, table_schema, key, marker, app_id, version,
+                                            replace_equal, source_rows, on)
+            if committed is not None:
+                delta_commit.checkpoint_if_due(changes.sparkSession, storage, committed)
+                return committed
+            log.info("Another writer committed version %d of %s first: planning (%s, %d) again on the newer "
+                     "state.", state.version + 1, storage.uri(), app_id, version)
+        raise delta_commit.CommitMarkerError(
+            f"Other writers committed to {storage.uri()} first {ATTEMPTS} times in a row while ({app_id}, {version}) "
+            "was merged; nothing of it was committed: stop the other writers (maintenance jobs on the current "
+            "table) and restart the stream.")
+    finally:
+        changes.unpersist()
+
+
+def _count_unique(changes: Any, key: tuple[str, ...]) -> int:
+    """Return the number of changes, failing if two share a key (Delta's MERGE refuses that too: both would
+    land, as two rows of one key)."""
+    from pyspark.sql import functions as F
+
+    rows, keys = changes.agg(F.count(F.lit(1)), F.count_distinct(*[F.col(quoted(k)) for k in key])).first()
+    if rows != keys:
+        raise ValueError(f"The batch holds {rows} changes of {keys} keys: a MERGE needs at most one change per key "
+                         f"({', '.join(key)}).")
+    return rows
+
+
+def _condition(key: tuple[str, ...], replace_equal: bool = False) -> tuple[str, str]:
+    from exactly_once_provider.sinks.current_table import merge_condition
+
+    return merge_condition(key, replace_equal=replace_equal)
+
+
+def _check_key(state: delta_log.TableState, table_schema: Any, key: tuple[str, ...]) -> None:
+    missing = [k for k in (*key, VERSION_COLUMN) if k not in table_schema.fieldNames()]
+    if missing:
+        raise delta_commit.UnsupportedTableError(
+            f"The current table at {state.path} has no column {', '.join(missing)}.")
+
+
+def _rewrite_and_commit(changes: Any, storage: Any, state: delta_log.TableState, table_schema: Any,
+                        key: tuple[str, ...], marker: dict, app_id: str, version: int, replace_equal: bool,
+                        source_rows: int, on: str) -> int | None:
+    """Write the merged files and commit them as ``state.version + 1``; None (nothing left behind) if another
+    writer committed that version first."""
+    files = delta_log.active_files(state)
+    touched = _files_holding(changes, storage, files, key, table_schema) if source_rows else []
+    folder = f"{delta_commit.DATA_PREFIX}{uuid.uuid4().hex}"
+    written = False
+    try:
+        _merged(changes, storage, touched, key, table_schema, replace_equal).write.parquet(storage.spark_uri(folder))
+        added = delta_commit.written_files(storage, folder, json.loads(table_schema.json()))
+        now = int(time.time() * 1000)
+        removed = [files[p] for p in touched]
+        actions = [{"commitInfo": _merge_info(now, state.version, source_rows, removed, added, marker, on)},
+                   {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
+                   *({"remove": {"path": f["path"], "deletionTimestamp": now, "dataChange": True,
+                                 "extendedFileMetadata": True, "partitionValues": f["partitionValues"],
+                                 "size": f["size"]}} for f in removed),
+                   *delta_commit.add_actions(storage, added, now)]
+        written = delta_commit.put_commit(storage, state.version + 1, actions)
+        return state.version + 1 if written else None
+    finally:
+        if not written:  # a lost race or a failure: no commit names these files
+            storage.delete_prefix(folder + "/")
