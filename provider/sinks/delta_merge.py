@@ -44,6 +44,10 @@ from exactly_once_provider.sinks.delta_log import Table, table_storage
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3  # plans of one batch when other writers keep committing first (each one re-reads the table)
+# Small files the batch does not touch are rewritten with it (smallest first, up to a total): a stream of
+# inserts would otherwise add a file per micro-batch, every later batch's key scan opening each of them.
+SMALL_FILE_BYTES = 4 << 20
+SMALL_FILES_TOTAL_BYTES = 16 << 20
 _FILE = "_eo_file"
 
 
@@ -74,6 +78,18 @@ def _files_holding(changes: Any, storage: Any, files: dict[str, dict], key: tupl
         raise delta_commit.CommitMarkerError(
             f"Spark read {found[paths.index(None)]!r}, which no add action of {storage.uri()} names.")
     return sorted(paths)
+
+
+def _small_files(files: dict[str, dict], touched: list[str]) -> list[str]:
+    """Return the untouched files below :data:`SMALL_FILE_BYTES` to rewrite with the batch, smallest first."""
+    small = sorted((int(f["size"]), p) for p, f in files.items() if p not in touched and int(f["size"]) < SMALL_FILE_BYTES)
+    chosen, total = [], 0
+    for size, path in small:
+        if total + size > SMALL_FILES_TOTAL_BYTES:
+            break
+        chosen.append(path)
+        total += size
+    return chosen
 
 
 def _merged(changes: Any, storage: Any, touched: list[str], key: tuple[str, ...], table_schema: Any,
@@ -217,6 +233,8 @@ def _rewrite_and_commit(changes: Any, storage: Any, state: delta_log.TableState,
     writer committed that version first."""
     files = delta_log.active_files(state)
     touched = _files_holding(changes, storage, files, key, table_schema) if source_rows else []
+    if source_rows:
+        touched += _small_files(files, touched)
     folder = f"{delta_commit.DATA_PREFIX}{uuid.uuid4().hex}"
     written = False
     try:

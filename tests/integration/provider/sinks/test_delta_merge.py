@@ -42,7 +42,9 @@ def last_commit(path: str) -> list[dict]:
     return delta_log.read_log_file(path, f"{version:020d}.json")
 
 
-def test_newer_versions_win_new_keys_are_inserted_and_only_the_touched_file_is_rewritten(spark, tmp_path):
+def test_newer_versions_win_new_keys_are_inserted_and_only_the_touched_file_is_rewritten(spark, tmp_path,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(delta_merge, "SMALL_FILE_BYTES", 0)  # no small file rewritten along
     path = str(tmp_path / "t")
     make_table(spark, path, [(i, f"v{i}", 10, False) for i in range(1, 31)], files=3)
     before = delta_log.active_files(delta_log.table_state(path))
@@ -73,6 +75,23 @@ def test_newer_versions_win_new_keys_are_inserted_and_only_the_touched_file_is_r
     # a replay of the batch is recognised by its txn: nothing is written
     assert delta_merge.merge_newer(batch, path, ("id",), {"m": 1}, "app", 0) == version
     assert delta_commit.newest_version(path) == version
+
+
+def test_a_stream_of_inserts_keeps_one_small_file_instead_of_one_per_batch(spark, tmp_path, monkeypatch):
+    path = str(tmp_path / "t")
+    make_table(spark, path, [(i, f"v{i}", 10, False) for i in range(1, 31)], files=3)
+    for batch in range(4):  # inserts only: no file holds these keys
+        delta_merge.merge_newer(changes(spark, [(1000 + 10 * batch + i, "ins", 20, False) for i in range(10)]),
+                                path, ("id",), {}, "app", batch)
+    assert len(delta_log.active_files(delta_log.table_state(path))) == 1
+    assert spark_rows(spark, path) == sorted([(i, f"v{i}", 10, False) for i in range(1, 31)] +
+                                             [(1000 + i, "ins", 20, False) for i in range(40)])
+
+    monkeypatch.setattr(delta_merge, "SMALL_FILE_BYTES", 0)  # without: a file per batch
+    for batch in range(4, 7):
+        delta_merge.merge_newer(changes(spark, [(2000 + 10 * batch + i, "ins", 20, False) for i in range(10)]),
+                                path, ("id",), {}, "app", batch)
+    assert len(delta_log.active_files(delta_log.table_state(path))) >= 4
 
 
 def test_replace_equal_takes_a_change_of_the_same_version_and_tombstones_stay(spark, tmp_path):
