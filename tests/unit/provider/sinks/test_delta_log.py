@@ -107,3 +107,26 @@ def test_the_log_is_read_from_the_checkpoint_last_checkpoint_names(tmp_path, hin
     assert names == sorted(names)
     state = delta_log.table_state(str(tmp_path))
     assert (state.version, state.checkpoint, state.txns) == (10, checkpoint, {"a": 10})
+
+
+def test_active_files_are_the_checkpoint_s_adds_with_the_later_commits_replayed(tmp_path):
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    for start in (0, 10):  # two files, then a checkpoint of them (delta-rs: a real checkpoint's layout)
+        write_deltalake(str(tmp_path), pa.table({"id": pa.array(range(start, start + 10), pa.int64())}), mode="append")
+    DeltaTable(str(tmp_path)).create_checkpoint()
+    write_deltalake(str(tmp_path), pa.table({"id": pa.array(range(20, 25), pa.int64())}), mode="append")
+    state = delta_log.table_state(str(tmp_path))
+    assert (state.version, state.checkpoint) == (2, 1)
+    first, second, third = [[uri.rsplit("/", 1)[-1] for uri in DeltaTable(str(tmp_path), version=v).file_uris()]
+                             for v in (0, 1, 2)]  # delta-rs writes the files at the table's top level
+    assert set(delta_log.active_files(state)) == set(third) and len(third) == 3
+
+    removed = sorted(set(second) - set(first))[0]
+    write_commit(tmp_path / "_delta_log", 3, {"remove": {"path": removed, "deletionTimestamp": 0, "dataChange": True}},
+                 {"add": {"path": "eo-x/new.parquet", "size": 7, "partitionValues": {}, "modificationTime": 0,
+                          "dataChange": True}})
+    files = delta_log.active_files(delta_log.table_state(str(tmp_path)))
+    assert set(files) == (set(third) - {removed}) | {"eo-x/new.parquet"}
+    assert files["eo-x/new.parquet"] == {"path": "eo-x/new.parquet", "size": 7, "partitionValues": {}}
