@@ -89,8 +89,14 @@ def test_broker_sigkill_during_a_transaction_loses_and_duplicates_nothing(stack,
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", f"broker-kill-{uuid.uuid4().hex[:6]}"
     marker = tmp_path / "paused"
-    process = _start({"EO_FAULT_AT": "mid_produce:3", "EO_FAULT_ACTION": "pause:3", "EO_FAULT_FILE": str(marker)},
-                     topic, ledger, pipeline)
+    # The single test broker recovers every partition of the shared stack after a SIGKILL (thousands once the
+    # suite has run: measured ~60 s in a CI rehearsal). A restart that outlasts transaction.timeout.ms lets the
+    # coordinator time the transaction out on stale metadata and skip its end markers, a Kafka bug that hangs
+    # the partition (docs/pitfalls.md#kafka, "end marker can be skipped"); the documented way to keep it away is a
+    # timeout the restart stays well within, as here.
+    timeout = {"EO_TEST_TRANSACTION_TIMEOUT_MS": "300000"}
+    process = _start({"EO_FAULT_AT": "mid_produce:3", "EO_FAULT_ACTION": "pause:3", "EO_FAULT_FILE": str(marker),
+                      **timeout}, topic, ledger, pipeline)
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert process.poll() is None and time.monotonic() < deadline, "the producer never reached its pause"
@@ -104,7 +110,7 @@ def test_broker_sigkill_during_a_transaction_loses_and_duplicates_nothing(stack,
     if process.returncode != 0:
         # The task failed with a clear error; an Airflow retry resumes from the ledger.
         assert "Traceback" in output or "Error" in output, output[-3000:]
-        code, output = _run({}, topic, ledger, pipeline)
+        code, output = _run(timeout, topic, ledger, pipeline)
         attempts.append(code)
     recoveries = [line for line in output.splitlines() if "replay" in line or "fatally" in line or "retriable" in line]
     print(f"producer exit codes: {attempts}; recoveries: {recoveries}")
