@@ -503,6 +503,26 @@ def _column_list(schema: dict) -> str:
                      for f in schema.get("fields", []))
 
 
+def txn_committed(storage: Any, state: delta_log.TableState, app_id: str, version: int, seen: int | None) -> int | None:
+    """Return the table version that holds ``(app_id, version)`` if ``state`` shows it committed, else None.
+
+    Delta's rule, which every own commit checks on the state it builds on: the app's newest txn version at or
+    above ``version`` means the write is done (a replay, or a zombie that committed it first). A newer txn of the
+    app below ``version`` than the ``seen`` one (read when the writer started) means two writers share the app id.
+
+    :param seen: the app's newest txn version when the writer first read the table (None: none).
+    """
+    newest = state.txns.get(app_id)
+    if newest is not None and newest >= version:
+        done = find_commit(storage, app_id, version)
+        return state.version if done is None else done
+    if newest != seen:
+        raise CommitMarkerError(
+            f"Another writer committed txn ({app_id}, {newest}) to {storage.uri()} while this one was committing "
+            f"({app_id}, {version}): two writers share one app id; run one writer per app id.")
+    return None
+
+
 def append_with_files(path: Table, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
                       engine: str = "exactly-once-provider", fence: tuple[str, int] | None = None) -> tuple[int, bool]:
     """Append Parquet files already in the table's directory as ONE commit carrying ``marker``.
@@ -541,14 +561,9 @@ def append_with_files(path: Table, schema_json: str, files: list[dict], marker: 
     adds = add_actions(storage, files, int(time.time() * 1000))
     seen = state.txns.get(app_id)
     while True:
-        newest = state.txns.get(app_id)
-        if newest is not None and newest >= version:
-            done = find_commit(storage, app_id, version)
-            return (state.version if done is None else done), False
-        if newest != seen:
-            raise CommitMarkerError(
-                f"Another writer committed txn ({app_id}, {newest}) to {storage.uri()} while this one was committing "
-                f"({app_id}, {version}): two writers share one app id; run one writer per app id.")
+        done = txn_committed(storage, state, app_id, version, seen)
+        if done is not None:
+            return done, False
         check_appendable(state, schema_json)
         check_fence(storage, fence, state.version)
         now = int(time.time() * 1000)

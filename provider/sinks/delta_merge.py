@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from exactly_once_provider.sinks import delta_commit, delta_log
-from exactly_once_provider.sinks.current_table import VERSION_COLUMN, quoted
+from exactly_once_provider.sinks.current_table import VERSION_COLUMN, merge_condition, quoted
 from exactly_once_provider.sinks.delta_log import Table, table_storage
 
 log = logging.getLogger(__name__)
@@ -156,25 +156,19 @@ def merge_newer(changes: Any, path: Table, key: tuple[str, ...], marker: dict, a
     done = delta_commit.find_commit(storage, app_id, version)
     if done is not None:
         return done
-    on, _ = _condition(key)
+    on, newer = merge_condition(key, replace_equal=replace_equal)
     changes = changes.persist()
     try:
         source_rows = _count_unique(changes, key)  # materialised: read from Kafka once, used twice below
-        seen = None
-        for attempt in range(1, ATTEMPTS + 1):
-            state = delta_log.table_state(storage)
-            if state is None:
-                raise delta_commit.CommitMarkerError(
-                    f"No Delta table at {storage.uri()}: the current table is created by the full load; run it first.")
-            newest = state.txns.get(app_id)
-            if newest is not None and newest >= version:
-                found = delta_commit.find_commit(storage, app_id, version)
-                return state.version if found is None else found
-            if attempt > 1 and newest != seen:
-                raise delta_commit.CommitMarkerError(
-                    f"Another writer committed txn ({app_id}, {newest}) to {storage.uri()} while this one was "
-                    f"committing ({app_id}, {version}): two writers share one app id; run one writer per app id.")
-            seen = newest
+        state = delta_log.table_state(storage)
+        if state is None:
+            raise delta_commit.CommitMarkerError(
+                f"No Delta table at {storage.uri()}: the current table is created by the full load; run it first.")
+        seen = state.txns.get(app_id)
+        for _ in range(ATTEMPTS):
+            done = delta_commit.txn_committed(storage, state, app_id, version, seen)
+            if done is not None:
+                return done
             table_schema = StructType.fromJson(json.loads(state.metadata["schemaString"]))
             try:
                 delta_commit.check_appendable(state, delta_commit.nullable_schema(table_schema.json()))
@@ -184,7 +178,7 @@ def merge_newer(changes: Any, path: Table, key: tuple[str, ...], marker: dict, a
                             "reconstructions per commit).", err, app_id, version)
                 delta_commit.check_fence(storage, fence, state.version)
                 return delta_commit.merge_with_marker(changes, storage, on, marker, app_id, version,
-                                                      update_when=_condition(key, replace_equal)[1])
+                                                      update_when=newer)
             delta_commit.check_fence(storage, fence, state.version)
             committed = _rewrite_and_commit(changes, storage, state, table_schema, key, marker, app_id, version,
                                             replace_equal, source_rows, on)
@@ -193,6 +187,7 @@ def merge_newer(changes: Any, path: Table, key: tuple[str, ...], marker: dict, a
                 return committed
             log.info("Another writer committed version %d of %s first: planning (%s, %d) again on the newer "
                      "state.", state.version + 1, storage.uri(), app_id, version)
+            state = delta_log.table_state(storage)
         raise delta_commit.CommitMarkerError(
             f"Other writers committed to {storage.uri()} first {ATTEMPTS} times in a row while ({app_id}, {version}) "
             "was merged; nothing of it was committed: stop the other writers (maintenance jobs on the current "
@@ -211,12 +206,6 @@ def _count_unique(changes: Any, key: tuple[str, ...]) -> int:
         raise ValueError(f"The batch holds {rows} changes of {keys} keys: a MERGE needs at most one change per key "
                          f"({', '.join(key)}).")
     return rows
-
-
-def _condition(key: tuple[str, ...], replace_equal: bool = False) -> tuple[str, str]:
-    from exactly_once_provider.sinks.current_table import merge_condition
-
-    return merge_condition(key, replace_equal=replace_equal)
 
 
 def _check_key(state: delta_log.TableState, table_schema: Any, key: tuple[str, ...]) -> None:
