@@ -436,6 +436,12 @@ class KafkaNode:
             "rootLogger.level = INFO\nrootLogger.appenderRef.out.ref = OUT\n"
             "logger.kafka.name = kafka\nlogger.kafka.level = INFO\n"
             "logger.state.name = state.change.logger\nlogger.state.level = WARN\n"
+            # Per-partition lines (log loading, UNCLEAN leader changes, log creation) at every restart of a broker
+            # that holds a test session's ~10k partitions: hundreds of MB of log a run, nothing a reader needs.
+            "logger.controller.name = org.apache.kafka.controller\nlogger.controller.level = WARN\n"
+            "logger.storage.name = org.apache.kafka.storage\nlogger.storage.level = WARN\n"
+            "logger.log.name = kafka.log\nlogger.log.level = WARN\n"
+            "logger.cluster.name = kafka.cluster\nlogger.cluster.level = WARN\n"
         )
         classpath = f"{libs}/*"
         if not (self.directory / "data" / "meta.properties").exists():
@@ -1154,7 +1160,11 @@ def _start_spark_cluster(timeout: float) -> None:
             [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", HOST, "--cores", SPARK_WORKER_CORES,
              "--memory", SPARK_WORKER_MEMORY, "--webui-port", str(SPARK_WORKER_UI_PORT),
              "--work-dir", str(work), SPARK_MASTER_URL],
-            env=spark_env(),
+            # Every application leaves a copy of its jars (~40 MB) in the work dir: drop those of finished
+            # applications after an hour, or a test session fills gigabytes of disk.
+            env={**spark_env(), "SPARK_WORKER_OPTS": "-Dspark.worker.cleanup.enabled=true "
+                                                     "-Dspark.worker.cleanup.interval=600 "
+                                                     "-Dspark.worker.cleanup.appDataTtl=3600"},
         )
     wait_ready(SPARK_WORKER, lambda: _require(_spark_master_state()["aliveworkers"] >= 1, "no alive worker"), timeout)
     log("spark standalone ready: master %s, UI http://%s:%s", SPARK_MASTER_URL, HOST, SPARK_MASTER_UI_PORT)
@@ -1328,10 +1338,28 @@ def all_processes() -> list[Process]:
 SERVICES = ("kafka", "mariadb", "postgres", "minio")
 
 
+# What one `make test` writes (Kafka segments, Spark work dirs and temp files, Delta tables, logs): a few GB.
+MIN_FREE_DISK = 4 << 30
+LOW_FREE_DISK = 12 << 30
+
+
+def check_free_disk() -> None:
+    """Refuse to start with too little disk: a broker that runs out takes its log dir offline and stops."""
+    free = shutil.disk_usage(HOME).free
+    if free < MIN_FREE_DISK:
+        raise RuntimeError(
+            f"only {free / 2**30:.1f} GiB free on the disk of {HOME}; the stack and a test run need at least "
+            f"{MIN_FREE_DISK / 2**30:.0f} GiB (a full disk takes Kafka's log dir offline). Free some space, e.g. "
+            f"`make stack-clean` (stops the services and deletes their data; they start empty again)")
+    if free < LOW_FREE_DISK:
+        log("WARNING: only %.1f GiB free on the disk of %s", free / 2**30, HOME)
+
+
 def up(only: tuple[str, ...] = SERVICES, cluster: bool = False, spark_cluster: bool = False) -> None:
     """Start the requested services (reusing running ones) and wait for their readiness round trips."""
     HOME.mkdir(parents=True, exist_ok=True)
     HOME.chmod(0o755)
+    check_free_disk()
     started = time.monotonic()
     # Start every process first, then wait: the services boot in parallel.
     if "kafka" in only:
