@@ -94,13 +94,21 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1000, help="source changes before each increment")
     parser.add_argument("--repeats", type=int, default=2, help="rounds of one increment of each kind (ABBA)")
     parser.add_argument("--spark-conf", default="{}", help="JSON: Spark settings added to the template's spark_conf")
+    parser.add_argument("--class-archive-dir", default=None,
+                        help="the Spark connection's driver-class-archive-dir (default: the stack's spark/cds; "
+                             "'' for none); the unmeasured first run writes the archive")
     args = parser.parse_args()
     stack = _support.start_stack()
+    archive_dir = str(stack.HOME / "spark" / "cds") if args.class_archive_dir is None else args.class_archive_dir
+    if archive_dir:  # as a user turns it on: in the Spark connection
+        os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(
+            {"conn_type": "spark", "host": "local[*]", "extra": {"driver-class-archive-dir": archive_dir}})
     from tests.template_support import TemplateDag
 
     sizes = [int(s) for s in args.sizes.split(",")]
     result = _support.result_header("increment", {"sizes": sizes, "changes": args.changes, "repeats": args.repeats,
-                                                  "spark_conf": json.loads(args.spark_conf)})
+                                                  "spark_conf": json.loads(args.spark_conf),
+                                                  "driver_class_archive_dir": archive_dir})
     work = Path(os.environ.get("EO_BENCH_DIR", "/var/tmp/eo-bench")) / f"increment-{uuid.uuid4().hex[:6]}"
     env = _airflow_home(work)
     conn = _support.connect_source(stack)

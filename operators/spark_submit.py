@@ -36,6 +36,7 @@ import exactly_once_provider
 from exactly_once_provider.hooks.spark_submit import CleanEnvironmentSparkSubmitHook, clean_environment
 from exactly_once_provider.connections import spark_redaction_regex, write_secret_file
 from exactly_once_provider.plugins.links import SparkUILink, push_link
+from exactly_once_provider.spark_jobs.class_archive import ARCHIVE_DIR_EXTRA, DriverClassArchive, chosen_elsewhere
 from exactly_once_provider.spark_jobs.packages import SPARK_PACKAGES
 from exactly_once_provider.spark_jobs.spec import VALUE_ERROR, JobSpec, read_json
 
@@ -126,6 +127,7 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         self.driver_started: dict | None = None
         self._job_dir: str | None = None
         self._submit_settings: dict[str, Any] = {}
+        self._class_archive: DriverClassArchive | None = None
 
     # ------------------------------------------------------------------------------------------ subclass API
     def job_params(self, context: Any) -> dict[str, Any]:
@@ -199,6 +201,7 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
     def _prepare(self, context: Any, job_dir: str) -> JobSpec:
         params = self.job_params(context)
         master, deploy_mode, extra = self.spark_master()
+        self._class_archive = None
         cluster = master.startswith("spark://") and deploy_mode == "cluster"
         secrets = self.job_secrets()
         conf = {**self.job_default_conf(), **self.conf}
@@ -225,15 +228,27 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
             py_files = None
         else:
             self.application = entry
+        submit_env = clean_environment(self.env_vars)
+        if not cluster and extra.get(ARCHIVE_DIR_EXTRA):  # the driver JVM starts here: from the class archive
+            self._use_class_archive(extra[ARCHIVE_DIR_EXTRA], conf, submit_env)
         # env_vars stay off the hook: it would rebuild spark-submit's environment from this process's (with
         # Airflow's variables) and refuses them in standalone cluster mode; they go into the clean environment.
         self._submit_settings = dict(
             conf=conf, py_files=py_files, jars=jars, java_class=java_class,
             packages=",".join(packages) if packages else None, name=spec.app_name, application_args=args,
             driver_memory=self.driver_memory, deploy_mode=self.deploy_mode,
-            submit_env=clean_environment(self.env_vars))
+            submit_env=submit_env)
         self.before_submit()
         return spec
+
+    def _use_class_archive(self, directory: str, conf: dict[str, Any], submit_env: dict[str, str]) -> None:
+        driver_options = conf.get("spark.driver.extraJavaOptions")
+        if chosen_elsewhere(submit_env.get("SPARK_SUBMIT_OPTS"), driver_options):
+            self.log.info("The driver's JVM options already name a class archive; %r is not used", ARCHIVE_DIR_EXTRA)
+            return
+        self._class_archive = DriverClassArchive.in_directory(directory)
+        conf["spark.driver.extraJavaOptions"] = " ".join(
+            filter(None, [driver_options, self._class_archive.java_options()]))
 
     def default_packages(self) -> tuple[str, ...]:
         """Return the connectors' Maven coordinates when neither ``packages`` nor jars were given."""
@@ -250,12 +265,17 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
             spec = self._prepare(context, self._job_dir)
             watcher = _StartedWatcher(spec.started_file, lambda started: self._driver_started(context, started))
             watcher.start()
+            succeeded = False
             try:
                 super().execute(context)
+                succeeded = True
             except (AirflowException, RuntimeError) as err:
                 self._raise_job_error(spec, err)
             finally:
                 watcher.stop()
+                if self._class_archive and self._class_archive.publish(succeeded):
+                    self.log.info("Spark driver class archive written: %s (later drivers start from it)",
+                                  self._class_archive.path)
             report = read_json(spec.result_file)
             if report is not None and "error" in report:
                 self._raise_job_error(spec, AirflowException("the driver reported an error"))
