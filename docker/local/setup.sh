@@ -45,7 +45,10 @@ virtualenv() {
   [ -x .venv/bin/python ] || "$PYTHON_BIN" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip uv
   # uv resolves and installs Airflow + Spark in well under a minute; constraints pin the tested set.
-  .venv/bin/uv pip install -q -p .venv/bin/python -c constraints.txt -e '.[test]'
+  # From uv's cache alone when it holds the whole set (a second checkout on this machine): online, an index
+  # that answers without caching headers makes uv fetch pyspark's 470 MB sdist and build it anew (1.4 GB).
+  .venv/bin/uv pip install -q --offline -p .venv/bin/python -c constraints.txt -e '.[test]' 2>/dev/null ||
+    .venv/bin/uv pip install -q -p .venv/bin/python -c constraints.txt -e '.[test]'
   rm -f .venv/.installed-*; touch "$stamp"
 }
 
