@@ -239,11 +239,17 @@ class PipelineWriter:
     def open(self) -> CommittedOffset | None:
         """Start the producer (fencing older epochs of the id) and read the resume point from the ledger."""
         self.producer = self._producer_factory()
-        if self.transactional:
-            self._retry("init_transactions", self.producer.init_transactions, self.transaction_timeout_s)
-        self.last_committed = read_committed_offset(
-            self._client_config, self.pipeline, self.source_partition, self.offsets_topic,
-            timeout=2 * self.transaction_timeout_s + 30)
+        try:
+            if self.transactional:
+                self._retry("init_transactions", self.producer.init_transactions, self.transaction_timeout_s)
+            self.last_committed = read_committed_offset(
+                self._client_config, self.pipeline, self.source_partition, self.offsets_topic,
+                timeout=2 * self.transaction_timeout_s + 30)
+        except BaseException:
+            # The caller never gets this writer, so nobody else would close its producer: left to the garbage
+            # collector, a transactional producer lives on with this id's epoch while the next writer starts.
+            self.close(timeout=5)
+            raise
         self.log.info("Pipeline %s/%s (%s, transactional.id=%s) resumes after %s", self.pipeline,
                       self.source_partition, self.delivery_mode, self.transactional_id,
                       "nothing (first run)" if self.last_committed is None else

@@ -46,7 +46,9 @@ def test_one_broker_of_three_sigkilled_mid_transaction_loses_and_duplicates_noth
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
-            assert process.poll() is None and time.monotonic() < deadline, "the producer never reached its pause"
+            if process.poll() is not None:
+                raise AssertionError(f"the producer exited before its pause:\n{process.communicate()[0][-4000:]}")
+            assert time.monotonic() < deadline, "the producer never reached its pause"
             time.sleep(0.05)
         leader = _leader(bootstrap, ledger if victim == "ledger_leader" else topic, 0)
         killed = next(node for node in cluster if node.node_id == leader)

@@ -27,7 +27,6 @@ from tests.fault_support import check
 from tests.kafka_support import QUIET, new_topic, read_all
 
 REPO = Path(__file__).resolve().parents[2]
-PIPELINES = ("mig-a", "mig-b", "mig-c")
 BATCH = 10
 
 
@@ -53,9 +52,13 @@ def _write(pipeline: str, data: str, ledger: str, upto: int) -> int:
 def test_migration_killed_at_each_step_loses_and_repeats_nothing(stack, airflow_connections, fault_outcome, step):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     data, legacy, partitioned = new_topic(bootstrap), f"legacy-{uuid.uuid4().hex[:10]}", f"ledger-{uuid.uuid4().hex[:10]}"
+    # Names of this run only: the steps run on parallel workers, and one pipeline's transactional id on two
+    # workers at once fences one writer by the other.
+    run = uuid.uuid4().hex[:6]
+    pipelines = tuple(f"mig-{name}-{run}" for name in "abc")
     admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
     admin.create_topics([NewTopic(legacy, 1, 1, config={"cleanup.policy": "compact"})])[legacy].result(30)
-    for pipeline in PIPELINES:
+    for pipeline in pipelines:
         assert _write(pipeline, data, legacy, 150) == 0
     process = subprocess.run(
         [sys.executable, "-m", "exactly_once_provider.kafka.ledger_migration", "--bootstrap-servers", bootstrap,
@@ -64,8 +67,8 @@ def test_migration_killed_at_each_step_loses_and_repeats_nothing(stack, airflow_
     assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr
     assert migrate_ledger({"bootstrap.servers": bootstrap}, legacy, partitioned, quiet_s=0, timeout=60) == 3
     with pytest.raises(LedgerMovedError):
-        _write(PIPELINES[0], data, legacy, 300)  # the old ledger no longer resumes anybody
-    for pipeline in PIPELINES:
+        _write(pipelines[0], data, legacy, 300)  # the old ledger no longer resumes anybody
+    for pipeline in pipelines:
         assert _write(pipeline, data, partitioned, 300) == 150  # the exact position, from the new ledger
     got = [v.decode() for v in read_all(bootstrap, data)]
-    check(fault_outcome, [f"{p}:{n}" for p in PIPELINES for n in range(1, 301)], got, "records")
+    check(fault_outcome, [f"{p}:{n}" for p in pipelines for n in range(1, 301)], got, "records")

@@ -198,6 +198,22 @@ def test_closing_a_fenced_producer_keeps_the_fenced_error(caplog):
     assert writer.producer is None and "closed after a fatal error" in caplog.text
 
 
+def test_open_that_fails_on_the_ledger_closes_its_producer(monkeypatch):
+    """Nobody gets a writer whose open() raised: it must flush and drop its initialised producer itself."""
+    def ledger_moved(*args, **kwargs):
+        raise RuntimeError("ledger moved")
+
+    monkeypatch.setattr(kafka_producer, "read_committed_offset", ledger_moved)
+    producer = FakeProducer()
+    flushed = []
+    producer.flush = lambda timeout=None: flushed.append(timeout) or 0
+    writer = _writer(producer)
+    writer.producer = None
+    with pytest.raises(RuntimeError, match="ledger moved"):
+        writer.open()
+    assert producer.calls == ["init_transactions"] and flushed and writer.producer is None
+
+
 def test_other_fatal_error_recreates_and_skips_a_batch_the_ledger_shows_committed(monkeypatch):
     first = FakeProducer({"commit_transaction": [KafkaError(KafkaError._FATAL, "boom", fatal=True)]})
     second = FakeProducer()
