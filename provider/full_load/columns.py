@@ -184,13 +184,36 @@ def row_select(column: Column) -> str:
 
 # connectorx reads DECIMAL as decimal128(38,10) (wrong past 10 fraction digits, refused past 38 digits) and
 # refuses negative TIME: the native reader has the server send those as text and parses it like the row reader.
+# A DECIMAL of up to 18 digits travels as its unscaled BIGINT instead (exact: an integer below 10**18), which
+# Arrow reinterprets with the column's scale: parsing the text cost ~0.75 CPU-s per 10M values.
 _NATIVE_AS_TEXT = {"decimal", "time"}
+_UNSCALED_DIGITS = 18
+
+
+def _travels_unscaled(column: Column) -> bool:
+    return column.data_type == "decimal" and (column.precision or 10) <= _UNSCALED_DIGITS
 
 
 def native_select(column: Column) -> str:
     """Return the SQL expression the native reader selects ``column`` with."""
     name = quote_identifier(column.name)
+    if _travels_unscaled(column):
+        scaled = f"{name} * {10 ** column.scale}" if column.scale else name
+        return f"CAST({scaled} AS SIGNED) AS {name}"
     return f"CAST({name} AS CHAR) AS {name}" if column.data_type in _NATIVE_AS_TEXT else name
+
+
+def _from_unscaled(column: Column, array: pa.Array, target: pa.DataType) -> pa.Array:
+    """Return the BIGINT unscaled values of a DECIMAL(p <= 18, s) column as ``target`` (decimal128(p, s))."""
+    ints = array.cast(pa.int64())
+    bounds = pc.min_max(ints)
+    limit = 10 ** target.precision
+    if bounds["min"].is_valid and not (-limit < bounds["min"].as_py() and bounds["max"].as_py() < limit):
+        raise pa.ArrowInvalid(f"Column {column.name!r} ({column.column_type}) read an unscaled value outside "
+                              f"{target.precision} digits ({bounds['min']} .. {bounds['max']}).")
+    # decimal128(19, 0) holds the same 128-bit integers as decimal128(p, s) does: only the scale is read anew.
+    wide = ints.cast(pa.decimal128(19, 0))
+    return pa.Array.from_buffers(target, len(wide), wide.buffers(), null_count=wide.null_count, offset=wide.offset)
 
 
 def from_native(column: Column, array: pa.Array) -> pa.Array:
@@ -201,6 +224,8 @@ def from_native(column: Column, array: pa.Array) -> pa.Array:
     that does not fit raises instead of changing.
     """
     target = arrow_type(column)
+    if _travels_unscaled(column):
+        return _from_unscaled(column, array, target)
     if column.data_type in _NATIVE_AS_TEXT:
         return _parse(column, array.cast(pa.string()), target)
     return array if array.type == target else array.cast(target)

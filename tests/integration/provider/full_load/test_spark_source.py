@@ -3,8 +3,8 @@
 The staged Parquet file must hold exactly what MySQLdb's own conversions make of the same rows, with both
 readers: the native one (connectorx, provider/source/native_reader.py) and the row reader (the server's text parsed by
 Arrow column-wise, full_load/columns.py). This is the check that no value changes on the way (DECIMAL(65,30),
-BIGINT UNSIGNED max, DATETIME(6) range ends, negative TIME, a FLOAT whose 6-digit text is not its value,
-4-byte UTF-8, empty strings vs NULL, zero bytes in BLOBs).
+DECIMAL(18,18) read unscaled, BIGINT UNSIGNED max, DATETIME(6) range ends, negative TIME, a FLOAT whose 6-digit
+text is not its value, 4-byte UTF-8, empty strings vs NULL, zero bytes in BLOBs).
 """
 
 from __future__ import annotations
@@ -27,27 +27,27 @@ from exactly_once_provider.positions import BinlogPosition
 from tests.mysql_support import connect, normalise, unique_name
 
 EXTREMES = """(
-  id INT NOT NULL PRIMARY KEY, d65 DECIMAL(65,30), d38 DECIMAL(38,10), d12 DECIMAL(12,3), ubig BIGINT UNSIGNED,
-  sbig BIGINT, ui INT UNSIGNED, i INT, umi MEDIUMINT UNSIGNED, si SMALLINT, ti TINYINT, zf INT(5) ZEROFILL,
-  f FLOAT, db DOUBLE, dt6 DATETIME(6), dt0 DATETIME, ts6 TIMESTAMP(6) NULL DEFAULT NULL, dd DATE, t0 TIME,
+  id INT NOT NULL PRIMARY KEY, d65 DECIMAL(65,30), d38 DECIMAL(38,10), d12 DECIMAL(12,3), d18 DECIMAL(18,18),
+  ubig BIGINT UNSIGNED, sbig BIGINT, ui INT UNSIGNED, i INT, umi MEDIUMINT UNSIGNED, si SMALLINT, ti TINYINT,
+  zf INT(5) ZEROFILL, f FLOAT, db DOUBLE, dt6 DATETIME(6), dt0 DATETIME, ts6 TIMESTAMP(6) NULL DEFAULT NULL, dd DATE, t0 TIME,
   t6 TIME(6), t3 TIME(3), y YEAR, bt BIT(12), b1 BIT(1), j JSON, s VARCHAR(16) CHARACTER SET utf8mb4,
   c CHAR(4), tx TEXT, e ENUM('a','b'), st SET('x','y'), bl BLOB, vb VARBINARY(8), bn BINARY(3), lb LONGBLOB
 )"""
 NINES = "9" * 35 + "." + "9" * 30
 ROWS = [
-    (1, "-" + NINES, "-" + "9" * 28 + "." + "9" * 10, "-999999999.999", 0, -2**63, 0, -2**31, 0, -32768, -128, 12,
+    (1, "-" + NINES, "-" + "9" * 28 + "." + "9" * 10, "-999999999.999", "-0." + "9" * 18, 0, -2**63, 0, -2**31, 0, -32768, -128, 12,
      -3.40282e38, -1.7976931348623157e308, "1000-01-01 00:00:00", "1000-01-01 00:00:00", "1970-01-01 00:00:01",
      "1000-01-01", "-838:59:59", "-00:00:00.000001", "-01:02:03.5", 1901, b"\x00\x00", b"\x00",
      json.dumps({"s": "ü😀𝄞", "n": None}), "😀𝄞ȧ'\"`;\\", "ab", "", "a", "x,y", b"\x00\x00\xff", b"\x00", b"a",
      b"\x00" * 70_000 + b"end"),
-    (2, NINES, "9" * 28 + "." + "9" * 10, "999999999.999", 2**64 - 1, 2**63 - 1, 2**32 - 1, 2**31 - 1, 2**24 - 1,
+    (2, NINES, "9" * 28 + "." + "9" * 10, "999999999.999", "0." + "9" * 18, 2**64 - 1, 2**63 - 1, 2**32 - 1, 2**31 - 1, 2**24 - 1,
      32767, 127, 99999, 0.1, 5e-324, "9999-12-31 23:59:59.999999", "9999-12-31 23:59:59",
      "2038-01-19 03:14:07.999999", "9999-12-31", "838:59:59", "12:00:00", "00:00:00", 2155, b"\x0f\xff", b"\x01",
      "[]", "", "", "x" * 1000, "b", "", b"", b"", b"\x00\x00\x00", b""),
-    (3, "0", "0", "0", 1, 0, 1, 0, 1, 0, 0, 0, 1 / 3, -0.0, "2024-02-29 12:34:56.000001", "2024-02-29 12:34:56",
+    (3, "0", "0", "0", "0.000000000000000001", 1, 0, 1, 0, 1, 0, 0, 0, 1 / 3, -0.0, "2024-02-29 12:34:56.000001", "2024-02-29 12:34:56",
      "2024-03-31 02:00:00.5", "2024-02-29", "00:00:00", "-12:00:00.5", "23:59:59.999", 0, b"\x00\x01", b"\x00",
      "null", "NULL", "NULL", "NULL", "a", "y", b"NULL", b"\x00\xff", b"\xff\xff\xff", b"\x00"),
-    (4,) + (None,) * 33,  # every nullable column NULL (unlike the empty strings and zero bytes above)
+    (4,) + (None,) * 34,  # every nullable column NULL (unlike the empty strings and zero bytes above)
 ]
 
 
@@ -57,7 +57,7 @@ def table(stack):
     name = unique_name("fl_read")
     cur = conn.cursor()
     cur.execute(f"CREATE TABLE `{name}` {EXTREMES}")
-    cur.executemany(f"INSERT INTO `{name}` VALUES ({', '.join(['%s'] * 34)})", ROWS)
+    cur.executemany(f"INSERT INTO `{name}` VALUES ({', '.join(['%s'] * 35)})", ROWS)
     yield name
     cur.execute(f"DROP TABLE IF EXISTS `{name}`")
     conn.close()

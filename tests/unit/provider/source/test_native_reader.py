@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
@@ -42,8 +43,13 @@ def test_native_errors_never_show_the_password():
     (Column("u", "int", "int(10) unsigned", 10, 0), pa.array([2**32 - 1], pa.uint32()), pa.array([2**32 - 1], pa.int64())),
     (Column("b", "bigint", "bigint(20) unsigned", 20, 0), pa.array([2**64 - 1], pa.uint64()),
      pa.array([2**64 - 1], pa.decimal128(20, 0))),
-    (Column("d", "decimal", "decimal(12,3)", 12, 3), pa.array(["-1.500"]), pa.array([-1.5], pa.float64()).cast(
-        pa.decimal128(12, 3))),
+    (Column("d", "decimal", "decimal(12,3)", 12, 3), pa.array([-1500, None], pa.int64()),
+     pa.array([decimal.Decimal("-1.500"), None], pa.decimal128(12, 3))),
+    (Column("d18", "decimal", "decimal(18,18)", 18, 18), pa.array([-(10**18 - 1)], pa.int64()),
+     pa.array([decimal.Decimal("-0." + "9" * 18)], pa.decimal128(18, 18))),
+    (Column("d0", "decimal", "decimal(1,0) unsigned", 1, 0), pa.array([9], pa.int8()), pa.array([9], pa.decimal128(1, 0))),
+    (Column("d19", "decimal", "decimal(19,1)", 19, 1), pa.array(["-1.5"]), pa.array([decimal.Decimal("-1.5")],
+                                                                                   pa.decimal128(19, 1))),
     (Column("w", "decimal", "decimal(65,30)", 65, 30), pa.array(["1." + "0" * 30]), pa.array(["1." + "0" * 30])),
     (Column("tm", "time", "time(3)", None, None), pa.array(["-00:00:00.500"]), pa.array(["-00:00:00.500000"])),
     (Column("ts", "timestamp", "timestamp(6)", None, None), pa.array([0], pa.timestamp("us")),
@@ -59,7 +65,14 @@ def test_from_native_refuses_a_value_that_does_not_fit_instead_of_changing_it():
         from_native(Column("i", "int", "int(11)", 10, 0), pa.array([2**40], pa.int64()))
 
 
-def test_native_select_has_the_server_send_decimal_and_time_as_text():
-    assert native_select(Column("a`b", "decimal", "decimal(5,2)", 5, 2)) == "CAST(`a``b` AS CHAR) AS `a``b`"
+def test_from_native_refuses_an_unscaled_decimal_past_its_precision():
+    with pytest.raises(pa.ArrowInvalid, match="outside 5 digits"):
+        from_native(Column("d", "decimal", "decimal(5,2)", 5, 2), pa.array([1, None, 100_000], pa.int64()))
+
+
+def test_native_select_has_the_server_send_short_decimals_unscaled_and_others_and_time_as_text():
+    assert native_select(Column("a`b", "decimal", "decimal(5,2)", 5, 2)) == "CAST(`a``b` * 100 AS SIGNED) AS `a``b`"
+    assert native_select(Column("n", "decimal", "decimal(18,0)", 18, 0)) == "CAST(`n` AS SIGNED) AS `n`"
+    assert native_select(Column("w", "decimal", "decimal(19,2)", 19, 2)) == "CAST(`w` AS CHAR) AS `w`"
     assert native_select(Column("t", "time", "time", None, None)) == "CAST(`t` AS CHAR) AS `t`"
     assert native_select(Column("d", "datetime", "datetime", None, None)) == "`d`"
