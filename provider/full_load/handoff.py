@@ -80,6 +80,31 @@ class Handoff:
         """Return the change-record version at ``chunk``'s snapshot position (base included)."""
         return chunk.position.version + self.version_base
 
+    def snapshot_version_sql(self, key_sql: str) -> str:
+        """Return a Spark SQL expression: the snapshot version of the chunk holding the key ``key_sql``.
+
+        Exact per chunk for a key of one integer column (Spark orders integers as the server does). For other
+        keys it is :attr:`min_version`, the oldest chunk's: a collation orders text on the server, not in Spark,
+        and a key placed in the wrong chunk could be given a newer snapshot than the one that read it.
+
+        :param key_sql: the key column as Spark SQL (quoted).
+        """
+        chunks = sorted(self.chunks, key=lambda c: c.chunk.index)
+        bounds = [c.chunk.upper for c in chunks[:-1]]
+        if len(self.key) != 1 or not all(b is not None and type(b[0]) is int for b in bounds):
+            return str(self.min_version)
+        cases: list[tuple[int, int]] = []  # (upper, version); neighbours of one version share one branch
+        for upper, chunk in zip(bounds, chunks):
+            if cases and cases[-1][1] == self.chunk_version(chunk):
+                cases[-1] = (upper[0], cases[-1][1])
+            else:
+                cases.append((upper[0], self.chunk_version(chunk)))
+        last = self.chunk_version(chunks[-1])
+        while cases and cases[-1][1] == last:
+            cases.pop()
+        branches = " ".join(f"WHEN {key_sql} <= {upper} THEN {version}" for upper, version in cases)
+        return f"(CASE {branches} ELSE {last} END)" if branches else str(last)
+
 
 def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: list[dict],
            columns: list[dict] = (), staging: str | None = None, version_base: int = 0,

@@ -303,7 +303,7 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
     # full-load row if the change is after the snapshot of the key's chunk; an older change (left from before a
     # full reload) is already in the snapshot, which wins. Keys never changed keep their full-load row.
     loaded = handoff.read_handoff(spec.base_path)
-    newer = keyed.where(f"eo_version >= {snapshot_versions(loaded, 'k')}") if spec.version_column else keyed
+    newer = keyed.where(f"eo_version >= {loaded.snapshot_version_sql('k')}") if spec.version_column else keyed
     base = plain(pinned(spec.base_path, loaded.table_version))
     return SparkSide(base.join(newer.select("k"), "k", "left_anti")
                      .unionByName(newer.where("NOT eo_deleted").select("k", "h")))
@@ -312,15 +312,6 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
 def version_of(position: BinlogPosition) -> int:
     """Return the change-record version at ``position`` (:attr:`BinlogPosition.version`)."""
     return position.version
-
-
-def snapshot_versions(loaded: handoff.Handoff, key: str) -> str:
-    """Return a Spark SQL expression: the snapshot version of the full-load chunk holding integer ``key``."""
-    chunks = sorted(loaded.chunks, key=lambda c: c.chunk.index)
-    cases = [f"WHEN {key} <= {int(c.chunk.upper[0])} THEN {loaded.chunk_version(c)}"
-             for c in chunks[:-1] if c.chunk.upper is not None]
-    last = loaded.chunk_version(chunks[-1])
-    return f"(CASE {' '.join(cases)} ELSE {last} END)" if cases else str(last)
 
 
 _JSON_KEY_ERROR = ("A sink holding rows as JSON records (sink_json_column) is reconciled on a single integer key; "

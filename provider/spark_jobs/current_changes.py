@@ -68,7 +68,8 @@ def schema_change_ahead(err: BaseException) -> bool:
 
 
 def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], schema: str, table: str,
-                  fills: list[Fill] = (), since: int | None = None, refuse_schema_after: int | None = None) -> Any:
+                  fills: list[Fill] = (), since: int | str | None = None,
+                  refuse_schema_after: int | None = None) -> Any:
     """Return the newest change per key of ``records`` as rows of the current table.
 
     Schema records (``op`` ``ddl``) are left out (:class:`CurrentChanges` reads them), or, newer than
@@ -88,11 +89,12 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
     :param refuse_schema_after: fail the batch (:data:`SCHEMA_AHEAD`, raised while the MERGE reads its source:
         before anything is written) if it holds a schema record newer than this version; default: leave every
         schema record out (the caller has read them).
-    :param since: leave out changes of a lower version: the full load's oldest snapshot holds them
-        (:attr:`~exactly_once_provider.full_load.handoff.Handoff.min_version`). Its rows would win over them
-        anyway, but a key deleted before the snapshot has no row there, and its older change (still in Kafka,
-        not merged before the full load replaced the table: a capture that was behind, a failover) would
-        bring it back.
+    :param since: leave out changes of a lower version: the full load's snapshot of their key holds them (a
+        version, or a Spark SQL expression of the key columns:
+        :meth:`~exactly_once_provider.full_load.handoff.Handoff.snapshot_version_sql`). Its rows would win over
+        them anyway, but a key deleted before the snapshot has no row there, and its older change (still in
+        Kafka, not merged before the full load replaced the table: a capture that was behind, a failover) would
+        bring it back until the batch holding its delete is merged.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
@@ -134,12 +136,12 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
         checked.alias(VERSION_COLUMN),
         (F.get_json_object("record_value", "$.op") == F.lit("d")).alias(DELETED_COLUMN),
         F.from_json(image, as_text).alias("image"), "kafka_offset")
-    if since is not None:
-        parsed = parsed.where(F.col(VERSION_COLUMN) >= F.lit(since))  # after the checks: bad records still fail
     rows = parsed.select(
         *[_filled(c.name, list(fills), F.col(VERSION_COLUMN), image_value, types[c.name]).alias(c.name)
           for c in columns],
         VERSION_COLUMN, DELETED_COLUMN, "kafka_offset")
+    if since is not None:  # on the typed key, after the checks: bad records still fail
+        rows = rows.where(F.col(VERSION_COLUMN) >= (F.lit(since) if isinstance(since, int) else F.expr(since)))
     newest = F.max_by(F.struct(*[F.col(quoted(c)) for c in rows.columns]),
                       F.struct(VERSION_COLUMN, "kafka_offset"))
     return (rows.groupBy(*[F.col(quoted(k)) for k in key]).agg(newest.alias("c"))
@@ -215,7 +217,8 @@ class CurrentChanges:
         self.sink.schema_changed = applied != started_at
         self.sink.backfill = bool(new_fills)
         changes = typed_changes(df, columns, self.source.key, self.source.schema, self.source.table, fills,
-                                since=self.source.min_version, refuse_schema_after=None if schema_records else applied)
+                                since=self.source.snapshot_version_sql(quoted(self.source.key[0])),
+                                refuse_schema_after=None if schema_records else applied)
         return self._with_backfill(changes, columns, new_fills) if new_fills else changes
 
     def _with_backfill(self, changes: Any, columns: list[Column], fills: list[Fill]) -> Any:
