@@ -69,7 +69,9 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         wins; deletes kept as tombstones; needs the ``delta`` or ``postgres`` sink), ``current`` (merge the
         binlog capture's changes into the full load's Delta table ``sink_path``, typed like its rows, on the
         source key: ONE current table, read with ``WHERE NOT _eo_deleted``; see
-        :mod:`~exactly_once_provider.sinks.current_table`) or ``window`` (settlement batches of
+        :mod:`~exactly_once_provider.sinks.current_table`; with the ``postgres`` sink, the typed table
+        ``sink_table`` is built from the full load in ``sink_path`` and follows it the same way:
+        :mod:`~exactly_once_provider.sinks.postgres_current`) or ``window`` (settlement batches of
         :class:`~exactly_once_provider.operators.watermark_extract.WatermarkExtractOperator`, all sinks).
         In ``window`` mode each batch, framed by begin/end markers, REPLACES its window's output in ONE
         atomic sink commit together with the offsets; a re-extracted version supersedes the older one and an
@@ -192,7 +194,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
                                  "sink_table, and checkpoint_location.")
             routes.append(Route(topics=split_topics(item.get("topics") or ()),
                                 checkpoint=item.get("checkpoint_location") or "",
-                                path=item.get("sink_path") if self.sink != "postgres" else None,
+                                path=item.get("sink_path") if self._reads_path() else None,
                                 table=item.get("sink_table") if self.sink == "postgres" else None))
         return tuple(routes)
 
@@ -224,15 +226,19 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         return StreamSpec(
             pipeline=self.pipeline, topics=() if routed else split_topics(self.topics or ()),
             checkpoint="" if routed else self.checkpoint_location, routes=self._routes(),
-            sink=self.sink, path=self.sink_path if self.sink != "postgres" and not routed else None,
+            sink=self.sink, path=self.sink_path if self._reads_path() and not routed else None,
             table=self.sink_table if self.sink == "postgres" and not routed else None, trigger=self.trigger,
             interval=self.interval, max_offsets_per_trigger=int(self.max_offsets_per_trigger) if self.max_offsets_per_trigger else None,
             max_runtime=float(self.max_runtime) if self.max_runtime not in (None, "", "None") else None,
             mode=self.mode, key_field=self.key_field, version_field=self.version_field, op_field=self.op_field,
             delivery=self.delivery).validate()
 
+    def _reads_path(self) -> bool:
+        """Whether ``sink_path`` is read: the sink's own location, or (PostgreSQL current table) its full load."""
+        return self.sink != "postgres" or self.mode == "current"
+
     def _sink_on_s3(self) -> bool:
-        return self.sink != "postgres" and bool(self.sink_path) and is_s3(self.sink_path)
+        return self._reads_path() and bool(self.sink_path) and is_s3(self.sink_path)
 
     def _on_s3(self) -> bool:
         if self.streams:

@@ -17,6 +17,9 @@ into ``table`` (primary key ``pk``) only where the change's ``source_version`` i
 same transaction. Deletes are kept as tombstones (``deleted = true``) so an older change replayed after the
 delete cannot bring the row back; readers filter ``NOT deleted``.
 
+Current mode (``mode="current"``) keeps the typed current table of one source table, built on the Delta full
+load and following its schema changes: :mod:`exactly_once_provider.sinks.postgres_current`.
+
 Connection settings come from the libpq environment (``PGHOST``, ``PGPORT``, ``PGDATABASE``, ``PGUSER``,
 ``PGPASSWORD``) that the submit operator fills from the Airflow connection, so no credential is on a
 command line or in a log line.
@@ -34,6 +37,7 @@ import psycopg2
 from psycopg2 import sql
 
 from exactly_once_provider.sinks import poison
+from exactly_once_provider.sinks.postgres_current import CurrentTable
 from exactly_once_provider.sinks.base import (UNCHECKED, WINDOW_COLUMNS, BatchCommit, replayed, require_newer_windows,
                                               require_predecessor)
 
@@ -72,12 +76,15 @@ class PostgresSink:
     :param table: target table, optionally ``schema.table``; created if missing.
     :param pipeline: the pipeline's stable name.
     :param connect_kwargs: psycopg2 connection arguments; empty = the libpq ``PG*`` environment (the job).
-    :param mode: ``append`` (records), ``cdc`` (changes by ``pk``, newer ``source_version`` wins) or ``window``
+    :param mode: ``append`` (records), ``cdc`` (changes by ``pk``, newer ``source_version`` wins), ``current``
+        (the typed current table: :mod:`~exactly_once_provider.sinks.postgres_current`) or ``window``
         (settlement windows replaced whole; versions in ``eo_stream_windows``, same transaction).
     :param conn_id: the Airflow connection ``connect_kwargs`` came from, named by :meth:`commit_location`.
     """
 
     kind = "postgres"
+    # Current mode: the rows a schema change fills are updated in place (CurrentTable.apply), not merged.
+    fills_in_place = True
 
     def __init__(self, table: str, pipeline: str, connect_kwargs: dict | None = None, mode: str = "append",
                  conn_id: str | None = None) -> None:
@@ -87,14 +94,44 @@ class PostgresSink:
         self.mode = mode
         self.columns = {"cdc": CDC_COLUMNS, "window": WINDOW_COLUMNS}.get(mode, COLUMNS)
         self.conn_id = conn_id
+        self.current = CurrentTable(self.table, pipeline) if mode == "current" else None
+        # Current mode: the full load the table builds on (builds_on), and per batch what
+        # spark_jobs.current_changes.CurrentChanges decided (the schema state, whether it changed, the new fills).
+        self.full_load: tuple[Any, Any, dict | None] | None = None
+        self.schema_state: dict | None = None
+        self.schema_changed = False
+        self.backfill = False
+        self.new_fills: list = []
+
+    def builds_on(self, handoff: Any, delta_location: str, storage_options: dict | None = None) -> None:
+        """Name the full load the current table is built from (current mode; read by :meth:`prepare`).
+
+        :param handoff: the full load's handoff (:func:`~exactly_once_provider.full_load.handoff.read_handoff`).
+        :param delta_location: the Delta table it was published to (a location delta-rs opens).
+        :param storage_options: delta-rs storage options (object storage).
+        """
+        self.full_load = (handoff, delta_location, storage_options)
 
     def commit_location(self) -> str:
         """Return the offsets table (and the connection) holding the commits."""
         return f"{OFFSETS_TABLE} ({self.conn_id})" if self.conn_id else OFFSETS_TABLE
 
     def prepare(self) -> None:
-        """Create the table, the offsets table and (window mode) the windows table if missing."""
+        """Create the table, the offsets table and (window mode) the windows table if missing; in current mode
+        build the table from its full load unless it holds that load (one transaction, under the pipeline's lock)."""
         self.ensure_tables()
+        if self.current is None:
+            return
+        if self.full_load is None:
+            raise ValueError("mode='current' builds on a full load: call builds_on() before prepare().")
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
+                self.current.build(cur, *self.full_load)
+            conn.commit()
+        finally:
+            conn.close()
 
     def _connect(self):
         return psycopg2.connect(**self.connect_kwargs)
@@ -110,6 +147,8 @@ class PostgresSink:
                     " record_key text, record_value text)").format(self.table))
                 index = sql.Identifier(f"{self.table.strings[-1]}_window_id_idx"[:63])
                 cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (window_id)").format(index, self.table))
+            elif self.mode == "current":
+                CurrentTable.ensure_state_table(cur)
             elif self.mode == "cdc":
                 cur.execute(sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} (pk text PRIMARY KEY, source_version bigint NOT NULL,"
@@ -144,6 +183,10 @@ class PostgresSink:
                 if cur.fetchone()[0] is None:
                     return None
                 state = self._read_state(cur, self.pipeline)
+                if state is not None and self.current is not None:
+                    schema = self.current.schema_state(cur)
+                    if schema is not None:
+                        state.extra["schema"] = schema
                 cur.execute("SELECT to_regclass(%s)", (WINDOWS_TABLE,))
                 if state is not None and cur.fetchone()[0] is not None:
                     cur.execute(f"SELECT window_id, version, rows FROM {WINDOWS_TABLE} WHERE pipeline = %s",
@@ -232,10 +275,22 @@ class PostgresSink:
 
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
         """
+        if self.current is not None:
+            return self._commit_current(df, commit, expected)
         with self._batch_transaction(commit, expected) as batch:
             if batch.done:
                 return False
             batch.rows_total = batch.rows_before + self._copy(batch.cur, df)
+        return True
+
+    def _commit_current(self, df, commit: BatchCommit, expected: object) -> bool:
+        changes = df.toArrow()  # before the transaction: a batch that fails to plan has written nothing
+        with self._batch_transaction(commit, expected) as batch:
+            if batch.done:
+                return False
+            written = self.current.apply(batch.cur, changes, self.schema_state, self.new_fills, self.schema_changed,
+                                         self.full_load[0].key)
+            batch.rows_total = batch.rows_before + written
         return True
 
     def _write_offsets(self, cur, commit: BatchCommit, rows_total: int) -> None:

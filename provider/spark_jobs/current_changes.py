@@ -170,7 +170,9 @@ class CurrentChanges:
       its source row is that row (versions are unique per key), so re-applying it only adds the fill.
 
     :param source: the handoff of the full load the table builds on.
-    :param sink: the :class:`~exactly_once_provider.sinks.delta.DeltaSink` (current mode) of the table.
+    :param sink: the :class:`~exactly_once_provider.sinks.delta.DeltaSink` or
+        :class:`~exactly_once_provider.sinks.postgres.PostgresSink` (current mode) of the table; the PostgreSQL
+        one fills the older rows itself (``fills_in_place``: an ``UPDATE`` in the batch's transaction).
     """
 
     def __init__(self, source: Any, sink: Any) -> None:
@@ -216,10 +218,13 @@ class CurrentChanges:
                                   "fills": [[f.column, f.version, f.value, f.source] for f in fills], "applied": applied}
         self.sink.schema_changed = applied != started_at
         self.sink.backfill = bool(new_fills)
+        self.sink.new_fills = new_fills
         changes = typed_changes(df, columns, self.source.key, self.source.schema, self.source.table, fills,
                                 since=self.source.snapshot_version_sql(quoted(self.source.key[0])),
                                 refuse_schema_after=None if schema_records else applied)
-        return self._with_backfill(changes, columns, new_fills) if new_fills else changes
+        if not new_fills or getattr(self.sink, "fills_in_place", False):  # PostgreSQL: UPDATE in its transaction
+            return changes
+        return self._with_backfill(changes, columns, new_fills)
 
     def _with_backfill(self, changes: Any, columns: list[Column], fills: list[Fill]) -> Any:
         """Add the table's rows older than the newest fill, filled, to ``changes`` (newest per key kept)."""

@@ -92,10 +92,19 @@ def parse_args(argv: list[str]) -> StreamSpec:
         parser.error(str(err))
 
 
-def make_sink(args: StreamSpec, key: tuple[str, ...] = ()) -> Sink:
-    """Open the job's sink (PostgreSQL from the libpq ``PG*`` environment) and prepare it for the first batch."""
+def make_sink(args: StreamSpec, source: Any = None) -> Sink:
+    """Open the job's sink (PostgreSQL from the libpq ``PG*`` environment) and prepare it for the first batch.
+
+    :param source: ``current`` mode: the handoff of the full load the current table builds on.
+    """
     sink = open_sink(args.sink, args.table if args.sink == "postgres" else args.path, args.pipeline,
-                     mode=args.mode, commit_with=args.delta_commit, key=key)
+                     mode=args.mode, commit_with=args.delta_commit, key=source.key if source else ())
+    if source is not None and args.sink == "postgres":  # built from the Delta full load: delta-rs reads it
+        from exactly_once_provider.sinks.delta_log import table_storage
+
+        storage = table_storage(args.path.removeprefix("file://"))
+        settings = getattr(storage, "settings", None)
+        sink.builds_on(source, storage.uri(), settings.delta_rs_options() if settings is not None else None)
     sink.prepare()
     return sink
 
@@ -447,7 +456,7 @@ def _prepare_query(args: StreamSpec, kafka_config: dict) -> tuple[StreamSpec, Si
     """Open one query's sink and settle where it starts: ``(spec, sink, batch -> changes step, startingOffsets)``."""
     topics = list(args.topics)
     source = current_table_source(args.path) if args.mode == "current" else None
-    sink = make_sink(args, source.key if source else ())
+    sink = make_sink(args, source)
     starting = "earliest"
     if args.delivery == "exactly-once":
         previous = sink.committed()

@@ -44,7 +44,8 @@ class StreamSpec:
     :param topics: the Kafka topics.
     :param checkpoint: this pipeline's checkpoint directory.
     :param sink: ``delta``, ``postgres`` or ``files``.
-    :param path: the Delta table or files sink directory.
+    :param path: the Delta table or files sink directory; ``postgres`` in ``current`` mode: the Delta table the
+        full load published (the PostgreSQL current table is built from it).
     :param table: the PostgreSQL table.
     :param trigger: ``available-now`` or ``processing-time``.
     :param interval: processing-time trigger interval.
@@ -116,8 +117,11 @@ class StreamSpec:
             raise ValueError(f"delta_commit must be one of {DELTA_COMMITS}, got {self.delta_commit!r}.")
         if self.mode == "window" and self.delivery != "exactly-once":
             raise ValueError("mode='window' replaces windows by version: it needs delivery='exactly-once'.")
-        if self.mode == "current" and self.sink != "delta":
-            raise ValueError("mode='current' merges changes into the full load's Delta table: it needs sink='delta'.")
+        if self.mode == "current" and self.sink == "files":
+            raise ValueError("mode='current' keeps one row per key: it needs sink='delta' or 'postgres'.")
+        if self.mode == "current" and self.sink == "postgres" and not self.path:
+            raise ValueError("mode='current' with sink='postgres' builds the table from the full load: set "
+                             "sink_path to the Delta table the full load published.")
         if self.mode == "current" and self.delivery != "exactly-once":
             raise ValueError("mode='current' merges by source version: it needs delivery='exactly-once'.")
         if self.mode == "cdc" and self.sink == "files":

@@ -81,6 +81,7 @@ def history_stream_dag(
     checkpoint_location: str,
     start_date: datetime,
     staging_path: str | None = None,
+    postgres_table: str | None = None,
     key_column: str | Sequence[str] | Mapping[str, str | Sequence[str]] | None = None,
     mode: str = "scheduled",
     every_minutes: int = 5,
@@ -121,6 +122,11 @@ def history_stream_dag(
         Asset): a local path or ``s3://bucket/prefix``.
     :param checkpoint_location: the apply's Spark checkpoint: a local path or ``s3://bucket/prefix``.
     :param start_date: the first run.
+    :param postgres_table: also keep the current table in PostgreSQL (``postgres_conn_id``): a typed table of
+        this name (``schema.table`` allowed; ``{table}`` placeholder with ``tables``), built from the same full
+        load and following the same changes and schema changes (:mod:`~exactly_once_provider.sinks.postgres_current`):
+        an ``apply_postgres`` Spark application (checkpoint ``<checkpoint_location>_postgres``, pipeline
+        ``<pipeline>-apply-postgres``) and, scheduled, a ``reconcile_postgres`` per table.
     :param staging_path: the full load's staged chunks: a local (for a Spark cluster: shared) directory or
         ``s3://bucket/prefix``; default next to ``table_path`` (``<table_path>._eo_full_load``).
     :param key_column: the key the reconciliation compares by; default the table's primary key (any shape: one
@@ -144,7 +150,7 @@ def history_stream_dag(
         ``{table: columns}``.
     :param mysql_conn_id: the source ``mysql`` connection.
     :param kafka_config_id: the ``kafka`` connection.
-    :param postgres_conn_id: the ``postgres`` connection (reconciliation results).
+    :param postgres_conn_id: the ``postgres`` connection (reconciliation results, ``postgres_table``).
     :param spark_conn_id: the ``spark`` connection.
     :param aws_conn_id: the standard ``aws`` connection of a ``table_path``, ``checkpoint_location`` or
         ``staging_path`` on S3 (credentials, ``endpoint_url`` in its extra); the ``preflight`` task checks those
@@ -173,6 +179,9 @@ def history_stream_dag(
         raise ValueError(f"tables={names!r}: table_path and checkpoint_location must name each table's location "
                          f"with the {TABLE} placeholder (one current table and one checkpoint per table), got "
                          f"{table_path!r} and {checkpoint_location!r}.")
+    if several and postgres_table is not None and TABLE not in postgres_table:
+        raise ValueError(f"tables={names!r}: postgres_table must name each table's PostgreSQL table with the "
+                         f"{TABLE} placeholder, got {postgres_table!r}.")
     paths = {n: table_path.replace(TABLE, n) for n in names}
     checkpoints = {n: checkpoint_location.replace(TABLE, n) for n in names}
     stagings = {n: staging_path.replace(TABLE, n) if staging_path else None for n in names}
@@ -275,6 +284,21 @@ def history_stream_dag(
             outlets=list(assets.values()),
             trigger_rule="none_failed_min_one_success" if continuous else "all_success")
         # [END howto_operator_spark_kafka_to_sink_current]
+        apply_postgres = None
+        if postgres_table is not None:  # the same changes into the typed PostgreSQL table built from the full load
+            pg_tables = {n: postgres_table.replace(TABLE, n) for n in names}
+            pg_where = {"streams": [{"topics": [topics[n]], "sink_path": paths[n], "sink_table": pg_tables[n],
+                                     "checkpoint_location": checkpoints[n].rstrip("/") + "_postgres"}
+                                    for n in names]} if several else {
+                "topics": [topics[table]], "sink_path": table_path, "sink_table": pg_tables[table],
+                "checkpoint_location": checkpoint_location.rstrip("/") + "_postgres"}
+            apply_postgres = SparkKafkaToSinkOperator(
+                task_id="apply_postgres", pipeline=f"{pipeline}-apply-postgres", sink="postgres", **pg_where,
+                mode="current", trigger="processing-time" if continuous else "available-now",
+                interval=stream_interval, max_runtime=seconds if continuous else None, kafka_conn_id=kafka_config_id,
+                postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id,
+                conf=dict(spark_conf or {}),
+                trigger_rule="none_failed_min_one_success" if continuous else "all_success")
         choice = choose_load()
         preflight() >> choice
         loaded = [*full_loads, guard]
@@ -282,6 +306,8 @@ def history_stream_dag(
         if continuous:
             loaded >> capture
             loaded >> apply
+            if apply_postgres is not None:
+                loaded >> apply_postgres
             return dag
         # run_after: when a run was due (a manual run: its trigger time); the data interval is None on manual runs.
         on_schedule = "false" if full_reconcile_hour is None else (
@@ -313,5 +339,21 @@ def history_stream_dag(
             # [END howto_operator_reconcile_current]
             loaded >> lag_gate >> capture
             apply >> reconcile
+            if apply_postgres is not None:
+                # [START howto_operator_reconcile_current_postgres]
+                reconcile_postgres = ReconcileOperator(
+                    task_id=f"reconcile_postgres{suffix[name]}",
+                    name=f"{pipeline}.{name}.postgres" if several else f"{pipeline}.postgres",
+                    table=f"{schema}.{name}", key_column=_per_table(key_column, name),
+                    columns=_per_table(reconcile_columns, name), sink="postgres", sink_table=pg_tables[name],
+                    sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline,
+                    capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topics[name]],
+                    sink_pipeline=f"{pipeline}-apply-postgres", full_load_path=paths[name], scope=reconcile_scope,
+                    mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, kafka_config_id=kafka_config_id,
+                    aws_conn_id=aws_conn_id)
+                # [END howto_operator_reconcile_current_postgres]
+                apply_postgres >> reconcile_postgres
         capture >> apply
+        if apply_postgres is not None:
+            apply >> apply_postgres  # one Spark application at a time on the workers
     return dag

@@ -3,7 +3,8 @@
 Every column type the full load maps travels through a change record and lands typed exactly as the full load
 loaded it; updates, deletes (tombstones), inserts, a key change and a delete-then-reinsert of one key apply; a
 driver killed between the sink commit and the checkpoint commit changes nothing; after it all,
-``WHERE NOT _eo_deleted`` equals the source row by row and every key is in the table once. The ``s3`` variant
+``WHERE NOT _eo_deleted`` equals the source row by row and every key is in the table once. The same changes
+into the PostgreSQL current table (built from the same full load, typed) equal the source too. The ``s3`` variant
 (matrix) keeps the current table and the job's checkpoint on the stack's MinIO (the full load stages locally).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 
 import pytest
 
@@ -110,6 +112,21 @@ def test_changes_merge_into_the_full_load_table_typed_once_per_key(stack, spark,
     assert read_handoff(path) == handoff
     tombstones = {r["id"] for r in spark.read.format("delta").load(path).filter(DELETED_COLUMN).collect()}
     assert tombstones == set(range(51, 81)) | {100, ROWS + 1}
+
+    # The PostgreSQL current table: every type, built from the same full load, the driver killed once.
+    pg_table = table.lower()
+    pg_checkpoint = f"{checkpoint}-pg" if s3 else tmp_path / "pg-checkpoint"
+    pg_args = jobs.job_args(stack, f"{pipeline}-pg", topic, pg_checkpoint, "postgres", pg_table, max_offsets=60,
+                            mode="current", s3=s3.to_json() if s3 else None) + ["--path", path]
+    killed = jobs.run_job(stack, pg_args, jobs.kill_driver_at("after_sink_commit", 1))
+    assert killed.returncode in (-9, 137), killed.stdout[-3000:]
+    final = jobs.run_job(stack, pg_args)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-4000:]
+    assert "batch 1 already committed" in final.stdout
+    assert jobs.result_line(final.stdout)["offsets"] == state["offsets"]
+    rows = jobs.postgres_rows(stack, f"{pg_table} WHERE NOT {DELETED_COLUMN}", ALL_TYPES_COLUMNS)
+    assert_same_rows(Counter(tuple(normalise(v) for v in row) for row in rows),
+                     source_rows(stack, table, ALL_TYPES_COLUMNS), ALL_TYPES_COLUMNS)
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()
 

@@ -4,7 +4,9 @@ gave the existing rows; refused ones stop the table with their statement, positi
 
 A writer thread keeps changing other rows while the statements run. The Spark driver is killed once right
 before the commit that changes the table's schema; the rerun commits it once. After it all, the current table
-read by Spark and by delta-rs equals the source row by row (defaults of the pre-existing rows included).
+read by Spark and by delta-rs equals the source row by row (defaults of the pre-existing rows included). The
+same changes into the PostgreSQL current table (built from the same full load; typed columns added and filled in
+the batch's transaction) equal the source too, and the reconciliation of it is clean.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import Counter
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
+from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.sinks.current_table import CURRENT_ROWS, DELETED_COLUMN
 from tests import spark_job_support as jobs
@@ -72,6 +75,13 @@ def _delta_rs_rows(path: str) -> Counter:
     return Counter(tuple(normalise(v) for v in row[:-1]) for row in rows if not row[-1])
 
 
+def _postgres_rows(stack, table: str) -> Counter:
+    gone = jobs.postgres_rows(stack, f"{table} WHERE v IS NOT NULL OR d IS NOT NULL", ("id",))
+    assert not gone, "a dropped column, and a renamed column's old name, read NULL in every row"
+    rows = jobs.postgres_rows(stack, f"{table} WHERE NOT {DELETED_COLUMN}", COLUMNS)
+    return Counter(tuple(normalise(v) for v in row) for row in rows)
+
+
 def _setup(stack, spark, tmp_path, table: str) -> str:
     cur = connect(stack).cursor()
     cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v INT, s VARCHAR(10), d DECIMAL(8,2))")
@@ -121,6 +131,20 @@ def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, 
     assert_same_rows(_delta_rs_rows(path), source, COLUMNS)
     gone = spark.read.format("delta").load(path).filter("v IS NOT NULL OR d IS NOT NULL").count()
     assert gone == 0, "a dropped column, and a renamed column's old name, read NULL in every row"
+
+    # The PostgreSQL current table of the same changes, built from the same full load.
+    pg_table = table.lower()
+    pg_args = jobs.job_args(stack, f"{pipeline}-pg", topic, tmp_path / "pg-checkpoint", "postgres", pg_table,
+                            max_offsets=40, mode="current") + ["--path", path]
+    final = jobs.run_job(stack, pg_args)  # its SIGKILLs: tests/faults/test_schema_change_kill.py
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-4000:]
+    assert jobs.result_line(final.stdout)["offsets"] == state["offsets"]
+    assert_same_rows(_postgres_rows(stack, pg_table), source, COLUMNS)
+    # The reconciliation reads it as a plain table with tombstones (the source's columns; v and d are not).
+    result = ReconcileOperator(task_id="reconcile", name=f"test-{pg_table}", table=table, sink="postgres",
+                               sink_table=pg_table, sink_deleted_column=DELETED_COLUMN,
+                               fail_on_mismatch=False).execute({})
+    assert result["clean"] and result["sink_rows"] == sum(source.values()), result
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()
 
@@ -139,6 +163,14 @@ def test_a_refused_alter_table_stops_the_table_with_its_statement_and_fix(stack,
     first = jobs.run_job(stack, args)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-4000:]
     before = delta_commit.newest_version(path)
+    pg_table = table.lower()
+    pg_args = jobs.job_args(stack, f"{pipeline}-pg", topic, tmp_path / "pg-checkpoint", "postgres", pg_table,
+                            mode="current") + ["--path", path]
+    first = jobs.run_job(stack, pg_args)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-4000:]
+    pg_offsets = f"eo_stream_offsets WHERE pipeline = '{pipeline}-pg'"
+    pg_before = jobs.postgres_rows(stack, pg_offsets, ("next_offset", "batch_id"))
+    assert pg_before, "the PostgreSQL current table committed the change before the statement"
 
     cur.execute(f"ALTER TABLE `{table}` MODIFY v BIGINT")
     cur.execute(f"UPDATE `{table}` SET v = 5000000000 WHERE id = 2")
@@ -151,5 +183,11 @@ def test_a_refused_alter_table_stops_the_table_with_its_statement_and_fix(stack,
     assert "changes column 'v' from int(11) to bigint" in output
     assert "full_reload=true" in output
     assert delta_commit.newest_version(path) == before, "something after the statement was committed"
+    refused = jobs.run_job(stack, pg_args)  # the PostgreSQL current table refuses it the same way
+    assert refused.returncode != 0
+    output = refused.stdout + refused.stderr
+    assert f"'ALTER TABLE `{table}` MODIFY v BIGINT' at binlog." in output and "full_reload=true" in output
+    assert jobs.postgres_rows(stack, pg_offsets, ("next_offset", "batch_id")) == pg_before
+    assert jobs.postgres_rows(stack, f"{pg_table} WHERE id = 2", ("v",)) == [(6,)]
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()

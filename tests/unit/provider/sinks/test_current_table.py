@@ -29,11 +29,15 @@ def test_merge_joins_every_key_column_quoted_and_only_newer_versions_win():
     assert newer == "s._eo_version > t._eo_version"
 
 
-def test_current_mode_needs_a_delta_sink_exactly_once_and_the_key():
+def test_current_mode_needs_a_delta_or_postgres_sink_exactly_once_and_the_key():
     spec = dict(pipeline="p", topics=("t",), checkpoint="/c", path="/x", mode="current")
     assert StreamSpec(sink="delta", **spec).validate().mode == "current"
     with pytest.raises(ValueError, match="needs sink='delta'"):
         StreamSpec(sink="files", **spec).validate()
+    # PostgreSQL: its table, built from the Delta full load at path
+    assert StreamSpec(sink="postgres", table="t", **spec).validate().path == "/x"
+    with pytest.raises(ValueError, match="set sink_path to the Delta table the full load published"):
+        StreamSpec(sink="postgres", table="t", **{**spec, "path": None}).validate()
     with pytest.raises(ValueError, match="needs delivery='exactly-once'"):
         StreamSpec(sink="delta", delivery="at-least-once", **spec).validate()
     with pytest.raises(ValueError, match="key columns"):

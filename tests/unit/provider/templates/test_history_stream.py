@@ -118,7 +118,29 @@ def test_several_tables_load_each_capture_once_apply_in_one_application_and_reco
     assert continuous.get_task("apply").upstream_task_ids == {f"full_load_{n}" for n in names} | {"retention_guard"}
 
 
+def test_a_postgres_current_table_is_applied_after_the_delta_one_and_reconciled_on_its_own():
+    dag = _dag(postgres_table="analytics.orders_current")
+    apply = dag.get_task("apply_postgres")
+    assert (apply.sink, apply.mode, apply.sink_table, apply.sink_path) == (
+        "postgres", "current", "analytics.orders_current", "/data/t")  # built from the Delta full load
+    assert (apply.checkpoint_location, apply.pipeline) == ("/data/c_postgres", "p-apply-postgres")
+    assert apply.upstream_task_ids == {"apply"}
+    assert apply._stream_spec().path == "/data/t"
+    reconcile = dag.get_task("reconcile_postgres")
+    assert (reconcile.sink, reconcile.sink_table, reconcile.sink_deleted_column, reconcile.sink_pipeline,
+            reconcile.name) == ("postgres", "analytics.orders_current", "_eo_deleted", "p-apply-postgres", "p.postgres")
+    assert reconcile.upstream_task_ids == {"apply_postgres"}
+    continuous = _dag(postgres_table="orders_current", mode="continuous").get_task("apply_postgres")
+    assert continuous.upstream_task_ids == {"full_load", "retention_guard"} and continuous.trigger == "processing-time"
+    several = _tables_dag(postgres_table="pg_{table}").get_task("apply_postgres")
+    assert several.streams[1] == {"topics": ["p.shop.lines"], "sink_path": "/data/lines", "sink_table": "pg_lines",
+                                  "checkpoint_location": "/data/cp/lines_postgres"}
+    assert [r.path for r in several._stream_spec().routes] == ["/data/orders", "/data/lines", "/data/accounts"]
+    assert "apply_postgres" not in _dag().task_ids
+
+
 @pytest.mark.parametrize("overrides, message", [
+    ({"postgres_table": "pg_orders"}, "postgres_table must name each table"),
     ({"table_path": "/data/t"}, "placeholder"),
     ({"checkpoint_location": "/data/cp"}, "placeholder"),
     ({"table": "orders"}, "not both"),
