@@ -219,28 +219,52 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 "sink_offsets": self._sink_offsets, "scope": self._scope_ranges(key), "pending_columns": pending}
 
     def _sink_columns(self, spec: sides.SinkSpec, key: Key, columns: list[Column]) -> tuple[list[Column], list[str]]:
-        """Return the compared columns the Delta sink has, and the source columns it does not have yet.
+        """Return the compared columns the sink's table has, and the source columns it does not have yet.
 
-        An ``ALTER TABLE ... ADD COLUMN`` reaches the current table with the first batch applied after it
-        (docs/schema-changes.md): in between, the source has a column the sink does not. Comparing every source
-        column would fail on it; the reconciliation compares the columns both sides have and reports the others
-        as pending. Only for the default column list: columns named in ``columns=`` must be on the sink.
+        An ``ALTER TABLE ... ADD COLUMN`` reaches the current table (Delta or PostgreSQL) with the first batch
+        applied after it (docs/schema-changes.md): in between, the source has a column the sink does not.
+        Comparing every source column would fail on it; the reconciliation compares the columns both sides have
+        and reports the others as pending. Only for the default column list of a plain table: columns named in
+        ``columns=`` must be on the sink.
         """
-        if spec.kind != "delta" or spec.json_column or self.columns:
+        if spec.json_column or (self.columns and spec.kind != "postgres"):
             return columns, []
-        from exactly_once_provider.sinks.delta_log import table_state
-
-        s3 = self._s3_settings()
-        state = table_state(open_storage(spec.location, s3) if s3 is not None else spec.location)
-        if state is None:
+        held = self._held_columns(spec)
+        if held is None:
             return columns, []
-        held = {f["name"] for f in json.loads(state.metadata["schemaString"])["fields"]}
         pending = [c.name for c in columns if c.name not in held and c.name not in key.names]
+        if self.columns and pending:
+            raise ValueError(f"The PostgreSQL table {spec.location} has no column(s) {pending}: reconcile the "
+                             "columns it has (leave columns= unset to compare every column both sides have).")
         if pending:
             self.log.warning("Columns %s of %s are not in the sink %s yet (an ADD COLUMN its apply has not reached):"
                              " compared without them, reported as pending; the next reconciliation compares the "
                              "whole table.", pending, self.table, spec.location)
         return [c for c in columns if c.name not in pending], pending
+
+    def _held_columns(self, spec: sides.SinkSpec) -> set[str] | None:
+        """Return the column names of the sink's table (None: no table yet)."""
+        if spec.kind == "postgres":
+            from psycopg2 import sql
+
+            conn = self._postgres()
+            try:
+                with conn.cursor() as cur:
+                    table = sql.Identifier(*spec.location.split("."))
+                    cur.execute("SELECT to_regclass(%s)", (table.as_string(cur),))
+                    if cur.fetchone()[0] is None:
+                        return None
+                    cur.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(table))
+                    return {d[0] for d in cur.description}
+            finally:
+                conn.close()
+        from exactly_once_provider.sinks.delta_log import table_state
+
+        s3 = self._s3_settings()
+        state = table_state(open_storage(spec.location, s3) if s3 is not None else spec.location)
+        if state is None:
+            return None
+        return {f["name"] for f in json.loads(state.metadata["schemaString"])["fields"]}
 
     def _scope_ranges(self, key: Key) -> engine.Ranges | None:
         """Return the key ranges of a ``changed`` reconciliation, or None to compare the whole table."""

@@ -68,6 +68,22 @@ def _operator(table: str, **kwargs) -> ReconcileOperator:
     return ReconcileOperator(task_id="reconcile", name=f"test-{table}", table=table, **kwargs)
 
 
+def test_a_source_column_the_postgres_table_lacks_yet_is_pending_not_an_error(stack, airflow_connections, source):
+    """An ADD COLUMN its apply has not reached (the PostgreSQL current table): compared without it, reported."""
+    table, rows = source
+    sink = _postgres_copy(stack, f"{table}_nobig", rows)
+    conn = _pg(stack)
+    with conn, conn.cursor() as cur:
+        cur.execute(f"ALTER TABLE {sink} DROP COLUMN big")
+        cur.execute(f"UPDATE {sink} SET note = 'wrong' WHERE id = 12")
+    conn.close()
+    result = _operator(table, sink="postgres", sink_table=sink, fail_on_mismatch=False).execute({})
+    assert result["pending_columns"] == ["big"], result
+    assert [(d["key"], d["kind"]) for d in result["differences"]] == [(12, "changed")], result
+    with pytest.raises(ValueError, match="has no column"):  # named by the caller: it must be on the sink
+        _operator(table, sink="postgres", sink_table=sink, columns=["id", "big"]).execute({})
+
+
 def test_postgres_sink_clean_costs_at_most_three_full_scans_and_is_stored(stack, airflow_connections, source):
     table, rows = source
     sink = _postgres_copy(stack, f"{table}_clean", rows)
