@@ -60,6 +60,26 @@ def pg_type(data_type: pa.DataType) -> str:
     raise ValueError(f"No PostgreSQL type for the loaded type {data_type}.")
 
 
+def refuse_nul(table: pa.Table, key: tuple[str, ...], where: str) -> None:
+    """Raise ValueError naming the column and keys of text holding NUL, which PostgreSQL text cannot store.
+
+    :param where: the rows' origin, for the message (the full load, a batch).
+    """
+    import pyarrow.compute as pc
+
+    for field in table.schema:
+        if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+            continue
+        bad = table.filter(pc.fill_null(pc.match_substring(table[field.name], "\x00"), False))
+        if bad.num_rows:
+            keys = [tuple(row[k] for k in key) for row in bad.select(list(key)).slice(0, 5).to_pylist()]
+            raise ValueError(
+                f"Column {field.name!r} of {bad.num_rows} row(s) of {where} holds the NUL character, which "
+                f"PostgreSQL text cannot store (keys {keys}{' ...' if bad.num_rows > 5 else ''}). Nothing of it was "
+                "committed. Remove the NUL characters at the source (the next change of each row carries the new "
+                "value), or keep this table in the Delta current table only.")
+
+
 def csv_rows(table: pa.Table) -> io.BytesIO:
     """Return ``table`` as CSV that ``COPY ... (FORMAT csv)`` reads back value for value.
 
@@ -150,7 +170,9 @@ class CurrentTable:
         cur.execute(sql.SQL("CREATE TABLE {} ({})").format(self.table, sql.SQL(", ").join(definitions)))
         rows = 0
         for batch in dataset.to_batches(columns=names, batch_size=BUILD_BATCH_ROWS):
-            rows += self._copy(cur, self.table, pa.Table.from_batches([batch]), names)
+            rows_read = pa.Table.from_batches([batch])
+            refuse_nul(rows_read, tuple(handoff.key), f"the full load {handoff.load_id}")
+            rows += self._copy(cur, self.table, rows_read, names)
             log.info("PostgreSQL current table %s: %d full-load rows copied (%.0f rows/s)",
                      self.table.as_string(cur), rows, rows / max(time.monotonic() - started, 1e-3))
         self._write_state(cur, {"load_id": handoff.load_id, "columns": [c.to_json() for c in columns],
@@ -178,6 +200,7 @@ class CurrentTable:
         :param key: the source table's key columns.
         """
         names = [c["name"] for c in state["columns"]] + list(META_COLUMNS)
+        refuse_nul(changes, key, "a batch of changes")  # before any statement: the transaction writes nothing
         types = {field.name: pg_type(field.type) for field in changes.schema}  # typed by the full load's rules
         held = self._held_columns(cur)
         for name in (n for n in names if n not in held):

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from exactly_once_provider.full_load.columns import Column, arrow_type
-from exactly_once_provider.sinks.postgres_current import csv_rows, pg_type
+from exactly_once_provider.sinks.postgres_current import csv_rows, pg_type, refuse_nul
 
 pytestmark = pytest.mark.unit
 
@@ -53,3 +53,10 @@ def test_copy_text_keeps_null_empty_binary_and_quotes_apart():
     lines = text.split("\n")
     # COPY's CSV: an unquoted empty field is NULL, a quoted one the empty string
     assert lines[0].startswith('"",') and lines[1].startswith(",,,")
+
+
+def test_text_with_nul_is_refused_naming_the_column_and_keys():
+    table = pa.table({"id": [1, 2, 3], "s": ["ok", "a\x00b", None], "b": pa.array([b"\x00", None, None], pa.binary())})
+    with pytest.raises(ValueError, match=r"Column 's' of 1 row\(s\) of a batch holds the NUL character.*keys \[\(2,\)\]"):
+        refuse_nul(table, ("id",), "a batch")
+    refuse_nul(table.drop_columns(["s"]), ("id",), "a batch")  # binary holds NUL as bytea: fine
