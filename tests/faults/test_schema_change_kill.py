@@ -14,16 +14,13 @@ pre-existing rows included): 0 lost, 0 duplicated.
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 from tests import spark_job_support as jobs
 from tests.fault_support import check
-from tests.integration.spark_jobs.test_kafka_to_sink_schema_change import (COLUMNS, STATEMENTS, _delta_rs_rows,
-                                                                           _postgres_rows, _setup, _writer)
+from tests.integration.spark_jobs.test_kafka_to_sink_schema_change import (COLUMNS, _delta_rs_rows, _postgres_rows,
+                                                                           _setup, alter_under_writer)
 from tests.mysql_support import connect, source_rows, unique_name
 
 pytestmark = pytest.mark.slow
@@ -47,16 +44,7 @@ def test_apply_killed_at_a_schema_change_step_recovers_exactly(stack, spark, air
     path = _setup(stack, spark, tmp_path, table)
     conn = connect(stack)
     cur = conn.cursor()
-    stop, written = threading.Event(), []
-    writer = threading.Thread(target=_writer, args=(stack, table, stop, written))
-    writer.start()
-    try:
-        for statement in STATEMENTS:
-            cur.execute(statement.format(t=f"`{table}`"))
-            time.sleep(0.1)
-    finally:
-        stop.set()
-        writer.join()
+    assert alter_under_writer(stack, cur, table, 0.1) > 0, "the writer ran alongside the statements"
     topic = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
                                   full_load_paths={table: path}).execute({})["topics"][f"{stack.DB_NAME}.{table}"]
     pg_table = table.lower()

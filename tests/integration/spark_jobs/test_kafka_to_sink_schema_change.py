@@ -92,23 +92,28 @@ def _setup(stack, spark, tmp_path, table: str) -> str:
     return path
 
 
-def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, spark, airflow_connections,
-                                                                         tmp_path):
-    table, pipeline = unique_name("sch"), unique_name("sch")
-    path = _setup(stack, spark, tmp_path, table)
-    conn = connect(stack)
-    cur = conn.cursor()
+def alter_under_writer(stack, cur, table: str, pause: float) -> int:
+    """Run :data:`STATEMENTS` on ``table`` while :func:`_writer` changes other rows; return the writer's changes."""
     stop, written = threading.Event(), []
     writer = threading.Thread(target=_writer, args=(stack, table, stop, written))
     writer.start()
     try:
         for statement in STATEMENTS:
             cur.execute(statement.format(t=f"`{table}`"))
-            time.sleep(0.2)
+            time.sleep(pause)
     finally:
         stop.set()
         writer.join()
-    assert len(written) > 50, "the writer ran alongside the statements"
+    return len(written)
+
+
+def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, spark, airflow_connections,
+                                                                         tmp_path):
+    table, pipeline = unique_name("sch"), unique_name("sch")
+    path = _setup(stack, spark, tmp_path, table)
+    conn = connect(stack)
+    cur = conn.cursor()
+    assert alter_under_writer(stack, cur, table, 0.2) > 50, "the writer ran alongside the statements"
     result = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
                                    full_load_paths={table: path}).execute({})
     topic = result["topics"][f"{stack.DB_NAME}.{table}"]
