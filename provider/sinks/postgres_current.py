@@ -115,11 +115,12 @@ class CurrentTable:
         cur.execute(_DDL_STATE)
 
     def schema_state(self, cur) -> dict | None:
-        """Return the schema state the table's last build or batch recorded (None: never built)."""
+        """Return the schema state this table's last build or batch recorded (None: this pipeline never built it)."""
         cur.execute("SELECT to_regclass(%s)", (STATE_TABLE,))
         if cur.fetchone()[0] is None:
             return None
-        cur.execute(f"SELECT schema_state FROM {STATE_TABLE} WHERE pipeline = %s", (self.pipeline,))
+        cur.execute(f"SELECT schema_state FROM {STATE_TABLE} WHERE pipeline = %s AND table_name = %s",
+                    (self.pipeline, self.table.as_string(cur)))
         row = cur.fetchone()
         return json.loads(row[0]) if row else None
 
@@ -132,6 +133,17 @@ class CurrentTable:
     def _exists(self, cur) -> bool:
         cur.execute("SELECT to_regclass(%s)", (self.table.as_string(cur),))
         return cur.fetchone()[0] is not None
+
+    def _refuse_foreign_table(self, cur) -> None:
+        """Refuse to replace a table this pipeline did not build (a user's table, another pipeline's)."""
+        name = self.table.as_string(cur)
+        cur.execute(f"SELECT pipeline FROM {STATE_TABLE} WHERE table_name = %s", (name,))
+        owners = [r[0] for r in cur.fetchall()]
+        if self.pipeline not in owners:
+            built_by = f"the current table of pipeline {owners[0]!r}" if owners else "not built by this provider"
+            raise ValueError(f"PostgreSQL table {name} exists and is {built_by}; the current table of pipeline "
+                             f"{self.pipeline!r} replaces its table at every full load. Name another table "
+                             "(postgres_table / sink_table), or drop this one if it may go.")
 
     def _held_columns(self, cur) -> set[str]:
         cur.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(self.table))
@@ -161,7 +173,9 @@ class CurrentTable:
                 f"The full load {handoff.load_id} of {handoff.schema}.{handoff.table} (version {handoff.table_version} "
                 f"of {delta_location}) cannot be read any more ({type(err).__name__}: {err}); run a full reload "
                 "(full_reload=true) to build the PostgreSQL current table again.") from err
-        cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table))
+        if self._exists(cur):
+            self._refuse_foreign_table(cur)
+            cur.execute(sql.SQL("DROP TABLE {}").format(self.table))
         types = dataset.schema  # the full load's Arrow types: arrow_type of each source column
         definitions = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(pg_type(types.field(c.name).type)))
                        for c in columns]
