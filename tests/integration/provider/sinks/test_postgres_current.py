@@ -4,7 +4,6 @@ delta-rs) into a typed table once per load, and never replaces a table it did no
 
 from __future__ import annotations
 
-import uuid
 from types import SimpleNamespace
 
 import psycopg2
@@ -13,18 +12,6 @@ import pytest
 
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.sinks.postgres import PostgresSink
-
-@pytest.fixture
-def schema(stack):
-    name = f"pgcur_{uuid.uuid4().hex[:8]}"
-    params = dict(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                  password=stack.DB_PASSWORD)
-    admin = psycopg2.connect(**params)
-    admin.autocommit = True
-    admin.cursor().execute(f"CREATE SCHEMA {name}")
-    yield {**params, "options": f"-c search_path={name}"}
-    admin.cursor().execute(f"DROP SCHEMA {name} CASCADE")
-    admin.close()
 
 
 def _full_load(tmp_path, load_id: str, rows: int) -> SimpleNamespace:

@@ -7,11 +7,8 @@ by the real server against tables holding 200,000 rows of other pipelines: no se
 
 from __future__ import annotations
 
-import uuid
-
 import psycopg2
 import psycopg2.extensions
-import pytest
 
 from exactly_once_provider.sinks.base import BatchCommit
 from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, WINDOWS_TABLE, PostgresSink
@@ -25,19 +22,6 @@ class RecordingCursor(psycopg2.extensions.cursor):
     def execute(self, query, vars=None):
         RecordingCursor.statements.append(self.mogrify(query, vars).decode())
         return super().execute(query, vars)
-
-
-@pytest.fixture
-def schema(stack):
-    name = f"plans_{uuid.uuid4().hex[:8]}"
-    params = dict(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                  password=stack.DB_PASSWORD)
-    admin = psycopg2.connect(**params)
-    admin.autocommit = True
-    admin.cursor().execute(f"CREATE SCHEMA {name}")
-    yield {**params, "options": f"-c search_path={name}"}
-    admin.cursor().execute(f"DROP SCHEMA {name} CASCADE")
-    admin.close()
 
 
 def test_every_bookkeeping_read_of_one_pipeline_uses_an_index(schema):
