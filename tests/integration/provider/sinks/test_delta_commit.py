@@ -125,6 +125,23 @@ def race(location: str, s3: dict | None, app_id: str, versions: list[int], write
         results.put((writer, app_id, version, table_version, written))
 
 
+def collect(results, writers: list, count: int, timeout: float) -> list:
+    """Return ``count`` results of the writer processes; fail naming the writers that died or hung."""
+    import queue
+
+    outcomes, deadline = [], time.monotonic() + timeout
+    while len(outcomes) < count:
+        try:
+            outcomes.append(results.get(timeout=1))
+            continue
+        except queue.Empty:
+            pass
+        dead = [(w.name, w.exitcode) for w in writers if w.exitcode not in (None, 0)]
+        assert not dead, f"writers died (name, exit code): {dead}; {len(outcomes)} of {count} results came"
+        assert time.monotonic() < deadline, f"{len(outcomes)} of {count} results in {timeout:.0f} s: {outcomes}"
+    return outcomes
+
+
 @pytest.fixture(params=[pytest.param("local", marks=pytest.mark.matrix), "s3"])
 def table_location(request, tmp_path):
     """A new table's location, its S3 settings and its storage: on local disk, or on the stack's MinIO
@@ -148,7 +165,9 @@ def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_
     spark = small_delta_jobs
     path, s3, storage = table_location
     delta_commit.create_with_files(storage, ROWS_SCHEMA, [], {}, "setup", 0)
-    ctx = multiprocessing.get_context("fork")
+    # spawn, not fork: a child forked from this process (Spark's gateway threads, boto3 and Arrow pools) can
+    # inherit a lock held by one of its threads and hang before its first commit
+    ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(4), ctx.Queue()
     versions = list(range(1, 9))
     settings = s3.to_json() if s3 else None
@@ -159,10 +178,15 @@ def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_
     writers.append(ctx.Process(target=race, args=(path, settings, "other", versions, "o", barrier, results)))
     for w in writers:
         w.start()
-    outcomes = [results.get(timeout=120) for _ in range(4 * len(versions))]
-    for w in writers:
-        w.join(30)
-        assert w.exitcode == 0
+    try:
+        outcomes = collect(results, writers, 4 * len(versions), timeout=300)
+        for w in writers:
+            w.join(30)
+            assert w.exitcode == 0
+    finally:
+        for w in writers:
+            if w.is_alive():
+                w.kill()
     for version in versions:
         zombies = [o for o in outcomes if o[1] == "zombie" and o[2] == version]
         assert sum(o[4] for o in zombies) == 1, f"(zombie, {version}) committed by {zombies}"
