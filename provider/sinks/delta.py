@@ -67,6 +67,8 @@ class DeltaSink:
     """
 
     kind = "delta"
+    # Current mode: the rows a schema change fills are merged with the batch (CurrentChanges adds them).
+    fills_in_place = False
 
     def __init__(self, path: str, pipeline: str, mode: str = "append", commit_with: str = "own",
                  key: tuple[str, ...] = (), s3: object = None) -> None:
@@ -87,10 +89,11 @@ class DeltaSink:
         self.commit_with = commit_with
         self.key = f"eo_stream:{pipeline}"
         # Current mode: set for each batch by spark_jobs.current_changes.CurrentChanges (the schema the
-        # commit records, whether it evolves the table, whether the batch carries rows filled by a change).
+        # commit records, whether it evolves the table, the fills of the changes it follows: the batch then
+        # carries the older rows filled, re-applied at an equal version).
         self.schema_state: dict | None = None
         self.schema_changed = False
-        self.backfill = False
+        self.new_fills: list = []
 
     def _latest(self) -> tuple[dict, dict, int] | None:
         """Return ``(marker body, commitInfo, table version)`` of the newest commit with this pipeline's marker."""
@@ -201,13 +204,13 @@ class DeltaSink:
             marker[self.key][current_table.POINTER] = self._full_load_pointer()
             if self.schema_state is not None:
                 marker[self.key]["schema"] = self.schema_state
-            on, newer = current_table.merge_condition(self.key_columns, replace_equal=self.backfill)
+            on, newer = current_table.merge_condition(self.key_columns, replace_equal=bool(self.new_fills))
             if self.schema_changed:  # the new columns and the filled rows land in this one commit, or nothing
                 faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
             if self.commit_with == "own" and not self.schema_changed:
                 with self._fenced(commit):
                     delta_merge.merge_newer(df, self.table, self.key_columns, marker, app_id, commit.batch_id,
-                                            replace_equal=self.backfill, fence=fence)
+                                            replace_equal=bool(self.new_fills), fence=fence)
             else:  # Delta's MERGE: the table's schema evolves in the same commit
                 delta_commit.merge_with_marker(df, self.table, on, marker, app_id, commit.batch_id,
                                                update_when=newer, evolve_schema=self.schema_changed)

@@ -100,7 +100,6 @@ class PostgresSink:
         self.full_load: tuple[Any, Any, dict | None] | None = None
         self.schema_state: dict | None = None
         self.schema_changed = False
-        self.backfill = False
         self.new_fills: list = []
 
     def builds_on(self, handoff: Any, delta_location: str, storage_options: dict | None = None) -> None:
@@ -127,7 +126,7 @@ class PostgresSink:
         conn = self._connect()
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
+                self._lock(cur)
                 self.current.build(cur, *self.full_load)
             conn.commit()
         finally:
@@ -135,6 +134,10 @@ class PostgresSink:
 
     def _connect(self):
         return psycopg2.connect(**self.connect_kwargs)
+
+    def _lock(self, cur) -> None:
+        """Take the pipeline's transaction-scoped advisory lock: one writer of its tables at a time."""
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
 
     def ensure_tables(self) -> None:
         with self._connect() as conn, conn.cursor() as cur:
@@ -253,7 +256,7 @@ class PostgresSink:
         conn = self._connect()
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"eo_stream:{self.pipeline}",))
+                self._lock(cur)
                 previous = self._read_state(cur, self.pipeline)
                 done = replayed(previous, commit)  # under the lock: no other driver commits in between
                 if not done:

@@ -164,10 +164,10 @@ class CurrentChanges:
 
     * ``schema_state``: the state its commit records, and ``schema_changed``: the commit must evolve the table
       (Delta schema evolution in the MERGE: a ``metaData`` action in the same commit as the batch);
-    * ``backfill``: the rows written before the statement take the value the server gave them without a row
-      event (an added column's default, NULL in a dropped column). They are merged as part of the batch's
-      source, rewritten in the same commit, with the update rule relaxed to ``>=``: a row equal in version to
-      its source row is that row (versions are unique per key), so re-applying it only adds the fill.
+    * ``new_fills``: the rows written before the statement take the value the server gave them without a row
+      event (an added column's default, NULL in a dropped column). For Delta they are merged as part of the
+      batch's source, rewritten in the same commit, with the update rule relaxed to ``>=``: a row equal in
+      version to its source row is that row (versions are unique per key), so re-applying it only adds the fill.
 
     :param source: the handoff of the full load the table builds on.
     :param sink: the :class:`~exactly_once_provider.sinks.delta.DeltaSink` or
@@ -217,12 +217,11 @@ class CurrentChanges:
         self.sink.schema_state = {"load_id": self.source.load_id, "columns": [c.to_json() for c in columns],
                                   "fills": [[f.column, f.version, f.value, f.source] for f in fills], "applied": applied}
         self.sink.schema_changed = applied != started_at
-        self.sink.backfill = bool(new_fills)
         self.sink.new_fills = new_fills
         changes = typed_changes(df, columns, self.source.key, self.source.schema, self.source.table, fills,
                                 since=self.source.snapshot_version_sql(quoted(self.source.key[0])),
                                 refuse_schema_after=None if schema_records else applied)
-        if not new_fills or getattr(self.sink, "fills_in_place", False):  # PostgreSQL: UPDATE in its transaction
+        if not new_fills or self.sink.fills_in_place:  # PostgreSQL: an UPDATE in the batch's transaction
             return changes
         return self._with_backfill(changes, columns, new_fills)
 
