@@ -298,7 +298,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
 
         location = self.sink_table if self.sink == "postgres" else self.sink_path
         state = open_sink(self.sink, location, self.pipeline, s3=self._s3_settings(),
-                          postgres_connect=lambda: connect_kwargs(self.postgres_conn_id)).committed()
+                          postgres_connect=lambda: connect_kwargs(self.postgres_conn_id),
+                          topics=split_topics(self.topics) if self.topics else ()).committed()  # this query's
         return state.to_json() if state else None
 
     def before_submit(self) -> None:

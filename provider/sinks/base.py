@@ -15,7 +15,7 @@ imported inside those methods only). :func:`open_sink` is the one place that map
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -191,7 +191,8 @@ class Sink(Protocol):
 
 def open_sink(kind: str, location: str, pipeline: str, *,
               postgres_connect: dict | Callable[[], dict] | None = None, postgres_conn_id: str | None = None,
-              mode: str = "append", commit_with: str = "own", key: tuple[str, ...] = (), s3: Any = None) -> Sink:
+              mode: str = "append", commit_with: str = "own", key: tuple[str, ...] = (), s3: Any = None,
+              topics: Sequence[str] = ()) -> Sink:
     """Return the sink of ``kind`` at ``location`` for ``pipeline``: THE dispatch on the sink kind.
 
     Opening reads nothing and needs no Spark; only the writer methods use Spark.
@@ -208,6 +209,8 @@ def open_sink(kind: str, location: str, pipeline: str, *,
     :param key: Delta ``current`` mode: the source table's primary key columns.
     :param s3: ``files``/``delta`` on ``s3://``: the :class:`~exactly_once_provider.storage.s3.S3Settings` (default: those
         the process registered).
+    :param topics: ``postgres``: the topics the writer reads (its state is theirs; see
+        :class:`~.postgres.PostgresSink`); empty for a reader.
     """
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
@@ -222,5 +225,6 @@ def open_sink(kind: str, location: str, pipeline: str, *,
         from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, PostgresSink
 
         connect = postgres_connect() if callable(postgres_connect) else postgres_connect
-        return PostgresSink(location or OFFSETS_TABLE, pipeline, connect, mode=mode, conn_id=postgres_conn_id)
+        return PostgresSink(location or OFFSETS_TABLE, pipeline, connect, mode=mode, conn_id=postgres_conn_id,
+                            topics=topics)
     raise ValueError(f"sink must be one of {', '.join(SINK_KINDS)}, got {kind!r}.")

@@ -12,6 +12,10 @@ Offsets table (one row per pipeline and Kafka partition)::
                       checkpoint_id text, batch_id bigint, rows_total bigint, committed_at timestamptz,
                       PRIMARY KEY (pipeline, topic, kafka_partition))
 
+A writer that knows its topics (``topics``) reads its state from the rows of those topics only: the queries
+of one Spark application (``routes``) share the pipeline, each into its own table from its own topics, and
+each must see its own newest commit, not the one another query made a moment ago.
+
 CDC mode (``mode="cdc"``) copies the batch's newest change per key into a temporary table and upserts it
 into ``table`` (primary key ``pk``) only where the change's ``source_version`` is newer than the row's, in the
 same transaction. Deletes are kept as tombstones (``deleted = true``) so an older change replayed after the
@@ -28,7 +32,7 @@ command line or in a log line.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +84,9 @@ class PostgresSink:
         (the typed current table: :mod:`~exactly_once_provider.sinks.postgres_current`) or ``window``
         (settlement windows replaced whole; versions in ``eo_stream_windows``, same transaction).
     :param conn_id: the Airflow connection ``connect_kwargs`` came from, named by :meth:`commit_location`.
+    :param topics: the topics this writer reads (the job's query): its state is the pipeline's rows of these
+        topics, so the queries of one application (routes, disjoint topics) each commit their own batches.
+        Empty: every topic of the pipeline (a reader: the status page, the lag trigger).
     """
 
     kind = "postgres"
@@ -87,9 +94,10 @@ class PostgresSink:
     fills_in_place = True
 
     def __init__(self, table: str, pipeline: str, connect_kwargs: dict | None = None, mode: str = "append",
-                 conn_id: str | None = None) -> None:
+                 conn_id: str | None = None, topics: Sequence[str] = ()) -> None:
         self.table = sql.Identifier(*table.split("."))
         self.pipeline = pipeline
+        self.topics = list(topics)
         self.connect_kwargs = connect_kwargs or {}
         self.mode = mode
         self.columns = {"cdc": CDC_COLUMNS, "window": WINDOW_COLUMNS}.get(mode, COLUMNS)
@@ -127,7 +135,7 @@ class PostgresSink:
         try:
             with conn.cursor() as cur:
                 self._lock(cur)
-                self.current.build(cur, *self.full_load)
+                self.current.build(cur, *self.full_load, streamed=self._read_state(cur) is not None)
             conn.commit()
         finally:
             conn.close()
@@ -163,10 +171,13 @@ class PostgresSink:
                     " kafka_offset bigint NOT NULL, record_key text, record_value text)").format(self.table))
         conn.close()
 
-    @staticmethod
-    def _read_state(cur, pipeline: str) -> BatchCommit | None:
+    def _read_state(self, cur) -> BatchCommit | None:
+        """Return the pipeline's newest commit (of this writer's topics, when it names them)."""
+        where, params = "pipeline = %s", [self.pipeline]
+        if self.topics:
+            where, params = f"{where} AND topic = ANY(%s)", [*params, self.topics]
         cur.execute(f"SELECT topic, kafka_partition, next_offset, checkpoint_id, batch_id, rows_total"
-                    f" FROM {OFFSETS_TABLE} WHERE pipeline = %s ORDER BY committed_at DESC", (pipeline,))
+                    f" FROM {OFFSETS_TABLE} WHERE {where} ORDER BY committed_at DESC, batch_id DESC", params)
         rows = cur.fetchall()
         if not rows:
             return None
@@ -175,7 +186,7 @@ class PostgresSink:
             offsets.setdefault(topic, {})[partition] = offset
         # Rows of topics the pipeline no longer reads keep their old batch; the newest commit is the identity.
         _, _, _, checkpoint_id, batch_id, rows_total = rows[0]
-        return BatchCommit(pipeline, checkpoint_id, batch_id, offsets, rows_total)
+        return BatchCommit(self.pipeline, checkpoint_id, batch_id, offsets, rows_total)
 
     def committed(self) -> BatchCommit | None:
         """Return the newest batch this pipeline committed (None before the first)."""
@@ -185,7 +196,7 @@ class PostgresSink:
                 cur.execute("SELECT to_regclass(%s)", (OFFSETS_TABLE,))
                 if cur.fetchone()[0] is None:
                     return None
-                state = self._read_state(cur, self.pipeline)
+                state = self._read_state(cur)
                 if state is not None and self.current is not None:
                     schema = self.current.schema_state(cur)
                     if schema is not None:
@@ -257,7 +268,7 @@ class PostgresSink:
         try:
             with conn.cursor() as cur:
                 self._lock(cur)
-                previous = self._read_state(cur, self.pipeline)
+                previous = self._read_state(cur)
                 done = replayed(previous, commit)  # under the lock: no other driver commits in between
                 if not done:
                     require_predecessor(previous, expected, commit, self.kind)

@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 STATE_TABLE = "eo_current_tables"
 _DDL_STATE = f"""
 CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
-    pipeline text PRIMARY KEY, table_name text NOT NULL, load_id text NOT NULL, schema_state text NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now())
+    pipeline text NOT NULL, table_name text NOT NULL, load_id text NOT NULL, schema_state text NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, table_name))
 """
 BUILD_BATCH_ROWS = 50_000
 
@@ -126,7 +126,7 @@ class CurrentTable:
 
     def _write_state(self, cur, state: dict) -> None:
         cur.execute(f"INSERT INTO {STATE_TABLE} (pipeline, table_name, load_id, schema_state) VALUES (%s, %s, %s, %s)"
-                    " ON CONFLICT (pipeline) DO UPDATE SET table_name = EXCLUDED.table_name,"
+                    " ON CONFLICT (pipeline, table_name) DO UPDATE SET"
                     " load_id = EXCLUDED.load_id, schema_state = EXCLUDED.schema_state, updated_at = now()",
                     (self.pipeline, self.table.as_string(cur), state["load_id"], json.dumps(state)))
 
@@ -149,19 +149,39 @@ class CurrentTable:
         cur.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(self.table))
         return {d[0] for d in cur.description}
 
-    def build(self, cur, handoff: Any, delta_location: Any, storage_options: dict | None = None) -> bool:
+    def _refuse_stale_build(self, cur, handoff: Any) -> None:
+        """Refuse to build from a full load this pipeline built from before once its stream has committed: the
+        changes applied since are in no full load (a dropped table, a renamed ``sink_table``)."""
+        cur.execute(f"SELECT table_name FROM {STATE_TABLE} WHERE pipeline = %s AND load_id = %s",
+                    (self.pipeline, handoff.load_id))
+        built = sorted(r[0] for r in cur.fetchall())
+        if built:
+            name = self.table.as_string(cur)
+            what = "is gone" if built == [name] else f"is new to it (it built {', '.join(built)})"
+            raise ValueError(
+                f"PostgreSQL table {name} {what}, and pipeline {self.pipeline!r} has committed changes since it "
+                f"built from full load {handoff.load_id} of {handoff.schema}.{handoff.table}: built again from that "
+                "load it would miss them. Nothing was written. Run a full reload (full_reload=true): the table is "
+                "built from the new load and the stream goes on from its offsets.")
+
+    def build(self, cur, handoff: Any, delta_location: Any, storage_options: dict | None = None,
+              streamed: bool = False) -> bool:
         """Create the table from the full load ``handoff`` names, unless it holds that load; return whether built.
 
         :param cur: a cursor of a transaction holding the pipeline's advisory lock (committed by the caller).
         :param handoff: the full load's :class:`~exactly_once_provider.full_load.handoff.Handoff`.
         :param delta_location: the Delta table the full load published (a URI delta-rs opens).
         :param storage_options: delta-rs storage options (object storage).
+        :param streamed: the stream has committed offsets (its changes since some full load are in this table
+            only): a load this pipeline built from before is refused, a new one (a full reload) is fine.
         """
         from deltalake import DeltaTable
 
         state = self.schema_state(cur)
         if state is not None and state.get("load_id") == handoff.load_id and self._exists(cur):
             return False
+        if streamed:
+            self._refuse_stale_build(cur, handoff)
         started = time.monotonic()
         columns = list(handoff.columns)
         names = [c.name for c in columns] + list(META_COLUMNS)

@@ -98,7 +98,8 @@ def make_sink(args: StreamSpec, source: Any = None) -> Sink:
     :param source: ``current`` mode: the handoff of the full load the current table builds on.
     """
     sink = open_sink(args.sink, args.table if args.sink == "postgres" else args.path, args.pipeline,
-                     mode=args.mode, commit_with=args.delta_commit, key=source.key if source else ())
+                     mode=args.mode, commit_with=args.delta_commit, key=source.key if source else (),
+                     topics=args.topics)
     if source is not None and args.sink == "postgres":  # built from the Delta full load: delta-rs reads it
         from exactly_once_provider.sinks.delta_log import table_storage
 

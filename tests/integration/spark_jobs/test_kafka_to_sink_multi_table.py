@@ -2,7 +2,8 @@
 writers changing them concurrently, across tables in one transaction, during the full loads and after; ONE
 apply run (``streams``: one query per table, each with its own checkpoint) merges each table's topic into its
 own current table. Each current table then equals its source table row by row, read with Spark and with
-delta-rs, every key once; a second run adds nothing.
+delta-rs, every key once; a second run adds nothing. One more application keeps the three tables in PostgreSQL
+(each query its own table, one pipeline): each equals its source too.
 """
 
 from __future__ import annotations
@@ -152,6 +153,22 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(st
         source = source_rows(stack, names[prefix], columns)
         assert_same_rows(_spark_rows(spark, paths[prefix], columns, key), source, columns)
         assert_same_rows(_delta_rs_rows(paths[prefix], columns, key), source, columns)
+
+    # the same changes into PostgreSQL current tables, one application again: the three queries share the
+    # pipeline and its offsets table, and commit their batches interleaved
+    pg_tables = {p: names[p].lower() for p in TABLES}
+    pg_state = SparkKafkaToSinkOperator(
+        task_id="apply_postgres", pipeline=f"{pipeline}-apply-postgres", sink="postgres", mode="current",
+        streams=[{"topics": [topics[p]], "sink_path": paths[p], "sink_table": pg_tables[p],
+                  "checkpoint_location": str(tmp_path / f"ckpt-pg-{p}")} for p in TABLES],
+        max_offsets_per_trigger=300, conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
+        env_vars={"PYSPARK_PYTHON": sys.executable}).execute({})
+    for prefix in TABLES:
+        assert pg_state["streams"][pg_tables[prefix]]["offsets"] == state["streams"][paths[prefix]]["offsets"]
+        _, columns, key = TABLES[prefix]
+        rows = jobs.postgres_rows(stack, f"{pg_tables[prefix]} WHERE NOT {DELETED_COLUMN}", columns)
+        assert_same_rows(Counter(tuple(normalise(v) for v in row) for row in rows),
+                         source_rows(stack, names[prefix], columns), columns)
 
     versions = {p: delta_commit.newest_version(paths[p]) for p in TABLES}
     again = apply.execute({})  # a retry / the next increment with nothing new: nothing is written

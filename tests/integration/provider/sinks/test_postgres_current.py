@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from exactly_once_provider.full_load.columns import Column
+from exactly_once_provider.sinks.base import BatchCommit
 from exactly_once_provider.sinks.postgres import PostgresSink
 
 
@@ -79,3 +80,70 @@ def test_a_table_it_did_not_build_is_never_replaced(stack, schema, tmp_path):
     with pytest.raises(ValueError, match='"shared" exists and is the current table of pipeline \'p\''):
         _sink(schema, "shared", "q", load).prepare()
     assert _rows(schema, "SELECT count(*) FROM shared") == [(10,)]
+
+
+class _Changes:
+    """A batch's changes as the sink takes them from Spark (``toArrow``)."""
+
+    def __init__(self, ids: range, version: int) -> None:
+        self.table = pa.table({
+            "id": pa.array(ids, pa.int32()), "amount": pa.array([f"{version}.00"] * len(ids)).cast(
+                pa.decimal128(12, 2)), "note": pa.array([f"v{version}"] * len(ids), pa.string()),
+            "_eo_version": pa.array([version] * len(ids), pa.int64()), "_eo_deleted": pa.array([False] * len(ids))})
+
+    def toArrow(self) -> pa.Table:  # noqa: N802 - Spark's name
+        return self.table
+
+
+def _route(schema: dict, table: str, topic: str, load) -> PostgresSink:
+    """One query of an application whose queries (routes) share the pipeline ``p``: its own table and topic."""
+    sink = PostgresSink(table, "p", schema, mode="current", topics=[topic])
+    sink.builds_on(load.handoff, load.path)
+    sink.prepare()
+    sink.schema_state = {"load_id": load.handoff.load_id, "columns": [c.to_json() for c in load.handoff.columns],
+                         "fills": [], "applied": load.handoff.min_version}
+    return sink
+
+
+def test_routes_of_one_pipeline_each_commit_their_own_batches_and_skip_their_own_replays(stack, schema, tmp_path):
+    """Two queries of one application (one pipeline), each into its own table from its own topic: each one's
+    batches interleave with the other's, each replay is recognised by its own query's state, each table keeps
+    its own load and schema state."""
+    loads = _full_load(tmp_path, "load-a", 10), _full_load(tmp_path, "load-b", 20)
+    a, b = _route(schema, "a_current", "topic-a", loads[0]), _route(schema, "b_current", "topic-b", loads[1])
+    assert a.commit(_Changes(range(0, 3), 201), BatchCommit("p", "ckpt-a", 0, {"topic-a": {0: 3}}), None)
+    planned_on = a.committed()  # a's next batch is planned; b commits meanwhile
+    assert b.commit(_Changes(range(5, 9), 202), BatchCommit("p", "ckpt-b", 0, {"topic-b": {0: 4}}), None)
+    assert a.commit(_Changes(range(3, 5), 203), BatchCommit("p", "ckpt-a", 1, {"topic-a": {0: 5}}), planned_on)
+    # a's driver died before its checkpoint commit: Spark replays a's batch 1, b has committed once more since
+    assert b.commit(_Changes(range(9, 10), 204), BatchCommit("p", "ckpt-b", 1, {"topic-b": {0: 5}}), b.committed())
+    assert not a.commit(_Changes(range(3, 5), 203), BatchCommit("p", "ckpt-a", 1, {"topic-a": {0: 5}}), a.committed())
+
+    assert (a.committed().checkpoint_id, a.committed().batch_id, a.committed().rows_total) == ("ckpt-a", 1, 5)
+    assert (b.committed().checkpoint_id, b.committed().batch_id, b.committed().rows_total) == ("ckpt-b", 1, 5)
+    assert _rows(schema, "SELECT _eo_version, count(*) FROM a_current GROUP BY 1 ORDER BY 1") == [
+        (100, 5), (201, 3), (203, 2)]
+    assert _rows(schema, "SELECT _eo_version, count(*) FROM b_current GROUP BY 1 ORDER BY 1") == [
+        (100, 15), (202, 4), (204, 1)]
+    assert _rows(schema, "SELECT table_name, load_id FROM eo_current_tables ORDER BY 1") == [
+        ('"a_current"', "load-a"), ('"b_current"', "load-b")]
+    # a restart of the application: both tables hold their loads, neither is built again
+    _route(schema, "a_current", "topic-a", loads[0]), _route(schema, "b_current", "topic-b", loads[1])
+    assert _rows(schema, "SELECT count(*) FROM a_current UNION ALL SELECT count(*) FROM b_current") == [(10,), (20,)]
+
+
+def test_a_table_gone_or_renamed_after_changes_is_not_built_again_from_the_old_load(stack, schema, tmp_path):
+    load = _full_load(tmp_path, "load-a", 10)
+    sink = _route(schema, "orders_current", "topic-a", load)
+    assert sink.commit(_Changes(range(0, 3), 201), BatchCommit("p", "ckpt", 0, {"topic-a": {0: 3}}), None)
+    with pytest.raises(ValueError, match='"orders_renamed" is new to it .*miss them.*full_reload=true'):
+        _route(schema, "orders_renamed", "topic-a", load)
+    conn = psycopg2.connect(**schema)
+    with conn, conn.cursor() as cur:
+        cur.execute("DROP TABLE orders_current")
+    conn.close()
+    with pytest.raises(ValueError, match='"orders_current" is gone.*built from full load load-a'):
+        _route(schema, "orders_current", "topic-a", load)
+    assert _rows(schema, "SELECT to_regclass('orders_current'), to_regclass('orders_renamed')") == [(None, None)]
+    _route(schema, "orders_current", "topic-a", _full_load(tmp_path, "load-b", 7))  # the full reload
+    assert _rows(schema, "SELECT count(*) FROM orders_current") == [(7,)]
