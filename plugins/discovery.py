@@ -125,6 +125,22 @@ def _capture_topics(task: Any, pipeline: str, params: Mapping[str, Any]) -> dict
     return topics
 
 
+def _add_stream(spec: PipelineSpec, task: Any, params: Mapping[str, Any]) -> None:
+    """Add a Kafka -> sink task's topics and sinks: its own, or each of its ``streams`` (one query per table)."""
+    sink = render(task.sink, params)
+    queries = getattr(task, "streams", None) or [
+        {"topics": task.topics, "sink_path": task.sink_path, "sink_table": task.sink_table}]
+    for query in queries:
+        topics = query.get("topics")
+        spec.topics |= _topics([render(t, params) for t in ([topics] if isinstance(topics, str) else topics or ())])
+        location = render(query.get("sink_table") if sink == "postgres" else query.get("sink_path"), params)
+        on_s3 = sink != "postgres" and is_s3(location or "")
+        spec.sinks.add(SinkSpec(sink, location, getattr(task, "postgres_conn_id", None),
+                                render(getattr(task, "aws_conn_id", None) or "aws_default", params)
+                                if on_s3 else None))
+    spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))
+
+
 def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
     """
     Add the pipelines the tasks of ``dags`` declare (serialized or parsed DAG objects).
@@ -154,14 +170,7 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
                 spec.dag_ids.add(dag.dag_id)
                 names.add(spec.name)
                 if kind in STREAMS:
-                    spec.topics |= _topics(render(task.topics, params))
-                    location = render(task.sink_table if task.sink == "postgres" else task.sink_path, params)
-                    on_s3 = task.sink != "postgres" and is_s3(location or "")
-                    spec.sinks.add(SinkSpec(render(task.sink, params), location,
-                                            getattr(task, "postgres_conn_id", None),
-                                            render(getattr(task, "aws_conn_id", None) or "aws_default", params)
-                                            if on_s3 else None))
-                    spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))
+                    _add_stream(spec, task, params)
                 elif kind == "BinlogCaptureOperator":
                     captured = _capture_topics(task, spec.name, params)
                     spec.topics |= set(captured.values())

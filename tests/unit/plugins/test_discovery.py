@@ -46,17 +46,27 @@ def _dags():
                                  topic="f-t", pipeline="fills", source_partition="fees-{{ params.region }}")
     with DAG("history_only", schedule=None, start_date=START) as three:
         MySqlFullLoadOperator(task_id="load", table="customers", sink_path="/lake/customers")
-    with DAG("cdc", schedule=None, start_date=START) as four:
+    with DAG("cdc", schedule=None, start_date=START, params={"second": Param("items")}) as four:
         BinlogCaptureOperator(task_id="capture", tables=["eo.orders", "eo.items"], pipeline="shop_cdc",
                               full_load_paths={"eo.orders": "/lake/orders_full"}, offsets_topic="eo-cdc")
         BinlogCaptureOperator(task_id="capture_bare", tables="users", pipeline="users_cdc")
+        SparkKafkaToSinkOperator(  # several tables in one application: one query per table
+            task_id="apply_postgres", pipeline="shop_pg", sink="postgres", mode="current", streams=[
+                {"topics": ["shop_cdc.eo.orders"], "sink_path": "/lake/orders_full", "sink_table": "a.orders",
+                 "checkpoint_location": "/ck/o"},
+                {"topics": "shop_cdc.eo.{{ params.second }}", "sink_path": "/lake/items", "sink_table": "a.items",
+                 "checkpoint_location": "/ck/i"}])
     return [_serialized(d) for d in (one, two, three, four)]
 
 
 def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_listed():
     found = add_dags(Discovery(), _dags())
 
-    assert set(found.pipelines) == {"orders", "settle_pg", "history_only", "shop_cdc", "users_cdc", "fills"}
+    assert set(found.pipelines) == {"orders", "settle_pg", "history_only", "shop_cdc", "users_cdc", "fills",
+                                    "shop_pg"}
+    shop_pg = found.pipelines["shop_pg"]
+    assert shop_pg.topics == {"shop_cdc.eo.orders", "shop_cdc.eo.items"}
+    assert shop_pg.sinks == {SinkSpec("postgres", "a.orders"), SinkSpec("postgres", "a.items")}
     orders = found.pipelines["orders"]
     assert orders.topics == {"orders-t", "more"}
     assert orders.offsets_topics == {"eo-l"}
