@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: bench docs docs-tables setup stack-up stack-down stack-status stack-clean demo test test-all test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
+.PHONY: test-profile lint format bench docs docs-tables setup stack-up stack-down stack-status stack-clean demo test test-all test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -41,6 +41,9 @@ test: stack-up  ## what CI runs: unit + integration + every fault scenario and v
 	  echo "[make] parallel part: $$(( $$(date +%s) - t0 ))s"; \
 	  $(PY) -m pytest -m "$(SUITE) and exclusive" --durations=10 --junitxml=.test-results/exclusive.xml; rc2=$$?; [ $$rc -ne 0 ] || rc=$$rc2; fi; \
 	  echo "[make] test suite: $$(( $$(date +%s) - t0 ))s"; exit $$rc
+
+test-profile:  ## where the last make test's time went: by kind of cost, by test file, the slowest tests (reads .test-results/*.xml)
+	$(PY) tests/profile_report.py $(PROFILE_ARGS)
 
 test-all:  ## make test plus the `airflow dags test` runs of the templates
 	$(MAKE) test SUITE="not soak and not harness"

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.profiling import timed
+
 REPO = Path(__file__).resolve().parents[1]
 ADMIN = "admin"
 TERMINAL_RUN_STATES = {"success", "failed"}
@@ -88,6 +90,7 @@ class AirflowClient:
         answer = self.request("GET", f"/dags/{dag_id}", expect=(200, 404))
         return answer if answer.get("dag_id") == dag_id else None
 
+    @timed("airflow_wait")
     def wait_dag(self, dag_id: str, timeout: float = 180) -> dict:
         """Wait until the dag-processor has parsed ``dag_id`` into the metadata DB; fail with its errors."""
         deadline = time.monotonic() + timeout
@@ -123,6 +126,7 @@ class AirflowClient:
     def run(self, dag_id: str, run_id: str) -> dict:
         return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
 
+    @timed("airflow_wait")
     def wait_run(self, dag_id: str, run_id: str, state: str = "success", timeout: float = 900) -> dict:
         """Wait for the run to reach ``state``; fail early (with the task states and logs) on another end."""
         deadline = time.monotonic() + timeout
@@ -144,6 +148,7 @@ class AirflowClient:
     def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict:
         return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
 
+    @timed("airflow_wait")
     def wait_task(self, dag_id: str, run_id: str, task_id: str, states: tuple[str, ...],
                   timeout: float = 600) -> dict:
         deadline = time.monotonic() + timeout
@@ -239,6 +244,7 @@ class AirflowServer:
         }
 
     # ------------------------------------------------------------------------------------------ lifecycle
+    @timed("airflow_start")
     def start(self, timeout: float = 240) -> AirflowClient:
         self.dags.mkdir(parents=True, exist_ok=True)
         (self.home / "passwords.json").write_text(json.dumps({ADMIN: self.password}))
@@ -281,6 +287,7 @@ class AirflowServer:
         path = self.home / f"{name}.log"
         return f"--- {name}.log\n" + (path.read_text(errors="replace")[-chars:] if path.exists() else "(none)")
 
+    @timed("airflow_stop")
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM every component's process group, SIGKILL what is left after ``timeout``, drop the DB."""
         if self.client:

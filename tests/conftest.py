@@ -11,9 +11,12 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from tests import profiling
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,6 +30,10 @@ def _load_stack_module():
 
 
 STACK = _load_stack_module()
+
+# Where each test's time goes (make test-profile): the fixed costs are timed into the JUnit XML.
+pytest_plugins = ["tests.profiling"]
+profiling.install(STACK)
 
 
 def pytest_collection_modifyitems(items):
@@ -127,7 +134,9 @@ def spark(stack):
     )
     for key, value in {**stack.spark_conf(s3=True), **stack.minio_settings().hadoop_conf()}.items():
         builder = builder.config(key, value)
+    started = time.monotonic()
     session = builder.getOrCreate()
+    profiling.record("spark_session", started, time.monotonic())
     yield session
     session.stop()
 
