@@ -34,7 +34,13 @@ TEST_WORKERS ?= 2
 SUITE ?= not soak and not dags_test and not harness
 # make demo STORAGE=s3: the demo's tables and checkpoints in the stack's MinIO
 STORAGE ?= local
-test: stack-up  ## what CI runs: unit + integration + every fault scenario and variant once + templates under a real Airflow
+lint: setup  ## ruff: lint and format check of product, tests and benchmarks (the first step of make test)
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+format: setup  ## ruff: apply the safe lint fixes and the formatter
+	.venv/bin/ruff check --fix . && .venv/bin/ruff format .
+
+test: lint stack-up  ## what CI runs: lint, then unit + integration + every fault scenario and variant once + templates under a real Airflow
 	@t0=$$(date +%s); \
 	if [ -n "$(PYTEST_ARGS)" ]; then $(PY) -m pytest -m "$(SUITE)" $(PYTEST_ARGS); rc=$$?; else \
 	  $(PY) -m pytest -m "$(SUITE) and not exclusive" -n $(TEST_WORKERS) --dist loadgroup --durations=25 --junitxml=.test-results/parallel.xml; rc=$$?; \

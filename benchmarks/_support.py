@@ -25,8 +25,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def parse_args(doc: str, rows: int = 100_000, repeats: int = 3,
-               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+def parse_args(
+    doc: str, rows: int = 100_000, repeats: int = 3, extra: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
     """
     Parse ``--rows`` and ``--repeats`` (plus what ``extra`` adds); the description is the docstring's first line.
 
@@ -61,14 +62,37 @@ RESULTS = REPO / "benchmarks" / "results"
 
 def result_header(benchmark: str, settings: dict[str, Any]) -> dict[str, Any]:
     """Return the start of a result: the benchmark, commit (and whether the tree differs), nproc, load, settings."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
     # The code measured, not the results an earlier benchmark of the same `make bench` just wrote.
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "provider", "hooks", "operators", "benchmarks",
-                                 ":(exclude)benchmarks/results"], capture_output=True, text=True, cwd=REPO).stdout.strip())
-    return {"benchmark": benchmark, "commit": commit, "dirty": dirty, "nproc": os.cpu_count(),
-            "loadavg_before": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **settings}
+    dirty = bool(
+        subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--",
+                "provider",
+                "hooks",
+                "operators",
+                "benchmarks",
+                ":(exclude)benchmarks/results",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        ).stdout.strip()
+    )
+    return {
+        "benchmark": benchmark,
+        "commit": commit,
+        "dirty": dirty,
+        "nproc": os.cpu_count(),
+        "loadavg_before": os.getloadavg(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **settings,
+    }
 
 
 def write_result(result: dict[str, Any]) -> Path:
@@ -142,6 +166,7 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]
     :param headers: the column names.
     :param rows: the cells, one sequence per row.
     """
+
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return f"{value:.3f}" if abs(value) < 10 else f"{value:,.0f}"
@@ -158,8 +183,13 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]
         print(" | ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(row, widths))))
 
 
-def report(result: dict[str, Any], title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]],
-           plot: dict[str, Any] | None = None) -> Path:
+def report(
+    result: dict[str, Any],
+    title: str,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    plot: dict[str, Any] | None = None,
+) -> Path:
     """
     Print the table, keep it in the result (``results_table.py`` renders it into docs/benchmarks.md) and write it.
 

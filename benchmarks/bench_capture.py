@@ -34,14 +34,18 @@ def measure(stack, rows: int, repeats: int, created: list[str]) -> dict:
     conn = _support.connect_source(stack)
     cur = conn.cursor()
     table = f"bench_cap_{uuid.uuid4().hex[:6]}"
-    cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, account INT UNSIGNED, amount DECIMAL(12,2), "
-                "note VARCHAR(40), updated_at TIMESTAMP(6) NULL, booked DATETIME(6) NULL)")
+    cur.execute(
+        f"CREATE TABLE {table} (id INT PRIMARY KEY, account INT UNSIGNED, amount DECIMAL(12,2), "
+        "note VARCHAR(40), updated_at TIMESTAMP(6) NULL, booked DATETIME(6) NULL)"
+    )
     cur.execute("SHOW MASTER STATUS")
     start_file, start_pos = cur.fetchone()[:2]
     for first in range(0, rows, 100):
         n = min(100, rows - first)
-        cur.execute(f"INSERT INTO {table} VALUES " + ", ".join(["(%s, %s, %s, %s, NOW(6), NOW(6))"] * n),
-                    [x for i in range(first, first + n) for x in (i, i % 997, i / 100, f"row {i}")])
+        cur.execute(
+            f"INSERT INTO {table} VALUES " + ", ".join(["(%s, %s, %s, %s, NOW(6), NOW(6))"] * n),
+            [x for i in range(first, first + n) for x in (i, i % 997, i / 100, f"row {i}")],
+        )
     for first in range(0, rows, 1000):
         cur.execute(f"UPDATE {table} SET amount = amount + 1 WHERE id >= %s AND id < %s", (first, first + 1000))
     cur.execute("SHOW MASTER STATUS")
@@ -52,11 +56,18 @@ def measure(stack, rows: int, repeats: int, created: list[str]) -> dict:
 
     def raw_read() -> int:
         stream = BinLogStreamReader(
-            {"host": stack.HOST, "port": stack.MARIADB_PORT, "user": stack.DB_USER, "passwd": stack.DB_PASSWORD,
-             **tls},
-            server_id=4_100_000, resume_stream=True, log_file=start_file, log_pos=start_pos, blocking=False,
-            is_mariadb=False, only_schemas=[stack.DB_NAME], only_tables=[table], enable_logging=False,
-            only_events=[TableMapEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent])
+            {"host": stack.HOST, "port": stack.MARIADB_PORT, "user": stack.DB_USER, "passwd": stack.DB_PASSWORD, **tls},
+            server_id=4_100_000,
+            resume_stream=True,
+            log_file=start_file,
+            log_pos=start_pos,
+            blocking=False,
+            is_mariadb=False,
+            only_schemas=[stack.DB_NAME],
+            only_tables=[table],
+            enable_logging=False,
+            only_events=[TableMapEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent],
+        )
         read = 0
         for event in stream:
             if isinstance(event, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
@@ -69,8 +80,13 @@ def measure(stack, rows: int, repeats: int, created: list[str]) -> dict:
 
     def capture() -> tuple[int, float]:
         """Run the capture once; return (rows, seconds of its loop alone)."""
-        op = BinlogCaptureOperator(task_id="bench", tables=[table], pipeline=f"bench-cap-{uuid.uuid4().hex[:6]}",
-                                   start_position=f"{start_file}:{start_pos}", progress_interval=3600)
+        op = BinlogCaptureOperator(
+            task_id="bench",
+            tables=[table],
+            pipeline=f"bench-cap-{uuid.uuid4().hex[:6]}",
+            start_position=f"{start_file}:{start_pos}",
+            progress_interval=3600,
+        )
         result = op.execute({})
         assert result["rows"] == changes, (result["rows"], changes)
         created.extend(result["topics"].values())
@@ -95,15 +111,31 @@ def measure(stack, rows: int, repeats: int, created: list[str]) -> dict:
     conn.close()
     _support.delete_topics(stack, created)  # ~45 MB per run per 50,000 rows: do not fill the disk
     created.clear()
-    return {"rows": rows, "changes": changes, "transactions": changes // 100 // 2 + rows // 1000,
-            "runs": {r.label: {"rows_per_s_wall": r.wall, "rows_per_cpu_s": r.cpu, "median_wall": r.median,
-                               "median_cpu": r.cpu_median} for r in (raw, ours, loop)},
-            "ratio_wall": ours.median / raw.median, "ratio_cpu": ours.cpu_median / raw.cpu_median}
+    return {
+        "rows": rows,
+        "changes": changes,
+        "transactions": changes // 100 // 2 + rows // 1000,
+        "runs": {
+            r.label: {
+                "rows_per_s_wall": r.wall,
+                "rows_per_cpu_s": r.cpu,
+                "median_wall": r.median,
+                "median_cpu": r.cpu_median,
+            }
+            for r in (raw, ours, loop)
+        },
+        "ratio_wall": ours.median / raw.median,
+        "ratio_cpu": ours.cpu_median / raw.cpu_median,
+    }
 
 
 def main() -> int:
-    args = _support.parse_args(__doc__, extra=lambda p: p.add_argument(
-        "--sizes", default="", help="comma-separated table sizes in rows (default: --rows)"))
+    args = _support.parse_args(
+        __doc__,
+        extra=lambda p: p.add_argument(
+            "--sizes", default="", help="comma-separated table sizes in rows (default: --rows)"
+        ),
+    )
     sizes = [int(s) for s in args.sizes.split(",") if s] or [args.rows]
     if min(sizes) <= 0:
         raise SystemExit("--sizes: positive row counts")
@@ -112,17 +144,30 @@ def main() -> int:
     created: list[str] = []
     result["by_size"] = [measure(stack, rows, args.repeats, created) for rows in sizes]
     largest = result["by_size"][-1]  # the headline figure: the longest runs
-    result.update(changes=largest["changes"], runs=largest["runs"], ratio_wall=largest["ratio_wall"],
-                  ratio_cpu=largest["ratio_cpu"])
+    result.update(
+        changes=largest["changes"],
+        runs=largest["runs"],
+        ratio_wall=largest["ratio_wall"],
+        ratio_cpu=largest["ratio_cpu"],
+    )
     path = _support.write_result(result)
     for size in result["by_size"]:
         _support.print_table(
             f"Binlog capture, {size['rows']} inserts + {size['rows']} updates ({size['changes']} row changes, "
             f"{size['transactions']} source transactions), median of {args.repeats} interleaved runs",
             ["reader", "rows/s (wall)", "runs (wall)", "rows per CPU-s", "runs (CPU)"],
-            [[label, r["median_wall"], _support.runs_text(r["rows_per_s_wall"]), r["median_cpu"],
-              _support.runs_text(r["rows_per_cpu_s"])] for label, r in size["runs"].items()]
-            + [["ratio, setup included (target >= 0.8)", size["ratio_wall"], "", size["ratio_cpu"], ""]])
+            [
+                [
+                    label,
+                    r["median_wall"],
+                    _support.runs_text(r["rows_per_s_wall"]),
+                    r["median_cpu"],
+                    _support.runs_text(r["rows_per_cpu_s"]),
+                ]
+                for label, r in size["runs"].items()
+            ]
+            + [["ratio, setup included (target >= 0.8)", size["ratio_wall"], "", size["ratio_cpu"], ""]],
+        )
     print(f"\nJSON: {path}")
     return 0
 

@@ -51,8 +51,9 @@ def own(location: str, commits: int) -> list[float]:
         name = f"eo-bench/part-{i}.parquet"
         storage.put(name, buffer.getvalue())
         started = time.perf_counter()
-        _, written = delta_commit.append_with_files(storage, SCHEMA, [{"name": name, "bytes": len(buffer.getvalue()),
-                                                                       "rows": 100}], {"b": i}, "app", i)
+        _, written = delta_commit.append_with_files(
+            storage, SCHEMA, [{"name": name, "bytes": len(buffer.getvalue()), "rows": 100}], {"b": i}, "app", i
+        )
         times.append(time.perf_counter() - started)
         assert written
     return times
@@ -69,8 +70,9 @@ def delta_rs(location: str, commits: int) -> list[float]:
         table = DeltaTable(location, storage_options=options)
         newest = table.transaction_version("app")
         assert newest is None or newest < i
-        write_deltalake(table, _rows(i), mode="append",
-                        commit_properties=CommitProperties(app_transactions=[Transaction("app", i)]))
+        write_deltalake(
+            table, _rows(i), mode="append", commit_properties=CommitProperties(app_transactions=[Transaction("app", i)])
+        )
         times.append(time.perf_counter() - started)
     return times
 
@@ -85,8 +87,11 @@ def main() -> int:
     print("| location | commit | median ms | p90 ms |\n|---|---|---|---|")
     for kind in ("local", "minio"):
         for name, candidate in (("own (put-if-absent)", own), ("delta-rs", delta_rs)):
-            location = (tempfile.mkdtemp(prefix="eo-bench-commit-") + "/t" if kind == "local"
-                        else f"s3://{stack.MINIO_BUCKETS[0]}/bench-commit/{uuid.uuid4().hex}")
+            location = (
+                tempfile.mkdtemp(prefix="eo-bench-commit-") + "/t"
+                if kind == "local"
+                else f"s3://{stack.MINIO_BUCKETS[0]}/bench-commit/{uuid.uuid4().hex}"
+            )
             times = sorted(candidate(location, args.commits))
             p90 = times[max(0, int(len(times) * 0.9) - 1)]
             print(f"| {kind} | {name} | {statistics.median(times) * 1000:.0f} | {p90 * 1000:.0f} |", flush=True)

@@ -41,8 +41,10 @@ def _write(table: str, rows: int, rate: float, per_txn: int, seconds: float, res
     while next_at - start < seconds:
         ids = rng.sample(range(1, rows + 1), per_txn)
         cur.execute("START TRANSACTION")
-        cur.execute(f"UPDATE {table} SET v = v + 1, stamp = %s WHERE id IN ({', '.join(map(str, ids))})",
-                    (time.time_ns() // 1000,))
+        cur.execute(
+            f"UPDATE {table} SET v = v + 1, stamp = %s WHERE id IN ({', '.join(map(str, ids))})",
+            (time.time_ns() // 1000,),
+        )
         cur.execute("COMMIT")
         changes += per_txn
         next_at += interval
@@ -57,8 +59,15 @@ def _capture(table: str, pipeline: str, path: str, seconds: float, commit_ms: in
     _support.start_stack()
     from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 
-    BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path},
-                          mode="continuous", max_runtime=seconds, commit_interval_ms=commit_ms).execute({})
+    BinlogCaptureOperator(
+        task_id="capture",
+        tables=[table],
+        pipeline=pipeline,
+        full_load_paths={table: path},
+        mode="continuous",
+        max_runtime=seconds,
+        commit_interval_ms=commit_ms,
+    ).execute({})
 
 
 class Watcher(threading.Thread):
@@ -107,14 +116,24 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    args = _support.parse_args(__doc__, rows=10_000, repeats=1, extra=lambda p: (
-        p.add_argument("--seconds", type=float, default=300),
-        p.add_argument("--warmup", type=float, default=30),
-        p.add_argument("--rate", type=float, default=500),
-        p.add_argument("--per-txn", type=int, default=5),
-        p.add_argument("--interval", default="1 second", help="the stream's processing-time trigger"),
-        p.add_argument("--capture-commit-ms", type=int, default=None,
-                       help="the capture's Kafka transaction interval (default: the continuous template's)")))
+    args = _support.parse_args(
+        __doc__,
+        rows=10_000,
+        repeats=1,
+        extra=lambda p: (
+            p.add_argument("--seconds", type=float, default=300),
+            p.add_argument("--warmup", type=float, default=30),
+            p.add_argument("--rate", type=float, default=500),
+            p.add_argument("--per-txn", type=int, default=5),
+            p.add_argument("--interval", default="1 second", help="the stream's processing-time trigger"),
+            p.add_argument(
+                "--capture-commit-ms",
+                type=int,
+                default=None,
+                help="the capture's Kafka transaction interval (default: the continuous template's)",
+            ),
+        ),
+    )
     stack = _support.start_stack()
     from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
     from exactly_once_provider.sinks import delta_commit
@@ -129,23 +148,38 @@ def main() -> None:
     path = str(work / "table")
     conn = _support.connect_source(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL, stamp BIGINT NULL, "
-                "pad VARCHAR(100) NOT NULL)")
+    cur.execute(
+        f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL, stamp BIGINT NULL, pad VARCHAR(100) NOT NULL)"
+    )
     for start in range(0, args.rows, 10_000):
-        cur.executemany(f"INSERT INTO {table} VALUES (%s, 0, NULL, %s)",
-                        [(i, "x" * 80) for i in range(start + 1, min(args.rows, start + 10_000) + 1)])
+        cur.executemany(
+            f"INSERT INTO {table} VALUES (%s, 0, NULL, %s)",
+            [(i, "x" * 80) for i in range(start + 1, min(args.rows, start + 10_000) + 1)],
+        )
     result = _support.result_header("freshness", vars(args))
     started = time.monotonic()
-    MySqlFullLoadOperator(task_id="load", table=table, sink_path=path, chunk_rows=max(10_000, args.rows // 4),
-                          spark_conf=stack.spark_conf()).execute({})
+    MySqlFullLoadOperator(
+        task_id="load",
+        table=table,
+        sink_path=path,
+        chunk_rows=max(10_000, args.rows // 4),
+        spark_conf=stack.spark_conf(),
+    ).execute({})
     result["full_load_s"] = time.monotonic() - started
     run_for = args.warmup + args.seconds + 900  # both are stopped when the writing ends
-    capture = multiprocessing.get_context("spawn").Process(target=_capture, args=(table, pipeline, path, run_for,
-                                                                                  args.capture_commit_ms))
+    capture = multiprocessing.get_context("spawn").Process(
+        target=_capture, args=(table, pipeline, path, run_for, args.capture_commit_ms)
+    )
     capture.start()
-    job_args = jobs.job_args(stack, f"{pipeline}-apply", f"{pipeline}.{stack.DB_NAME}.{table}", work / "checkpoint",
-                             "delta", path, mode="current") + [
-        "--trigger", "processing-time", "--interval", args.interval, "--max-runtime", str(run_for)]
+    job_args = jobs.job_args(
+        stack,
+        f"{pipeline}-apply",
+        f"{pipeline}.{stack.DB_NAME}.{table}",
+        work / "checkpoint",
+        "delta",
+        path,
+        mode="current",
+    ) + ["--trigger", "processing-time", "--interval", args.interval, "--max-runtime", str(run_for)]
     stream = jobs.start_job(stack, job_args, work / "stream.log")
     manager = multiprocessing.get_context("spawn").Manager()
     written = manager.dict()
@@ -161,14 +195,18 @@ def main() -> None:
     result["pipeline_up_s"] = time.monotonic() - started
     watcher.measure_from_us = time.time_ns() // 1000 + int(args.warmup * 1e6)
     writer = multiprocessing.get_context("spawn").Process(
-        target=_write, args=(table, args.rows, args.rate, args.per_txn, args.warmup + args.seconds, written))
+        target=_write, args=(table, args.rows, args.rate, args.per_txn, args.warmup + args.seconds, written)
+    )
     writer.start()
     try:
         while writer.is_alive():
             writer.join(30)
-            print(f"  {time.monotonic() - started:6.0f}s: {watcher.commits} stream commits, "
-                  f"{len(watcher.latencies):,} changes measured, p50 so far "
-                  f"{statistics.median(watcher.latencies) if watcher.latencies else float('nan'):.2f}s", flush=True)
+            print(
+                f"  {time.monotonic() - started:6.0f}s: {watcher.commits} stream commits, "
+                f"{len(watcher.latencies):,} changes measured, p50 so far "
+                f"{statistics.median(watcher.latencies) if watcher.latencies else float('nan'):.2f}s",
+                flush=True,
+            )
         time.sleep(15)  # the last changes become visible
     finally:
         watcher.stop.set()
@@ -180,16 +218,24 @@ def main() -> None:
     lat = watcher.latencies
     if not lat:
         raise SystemExit(f"no change became visible; see {work / 'stream.log'}")
-    result.update(writer=dict(written), commits=watcher.commits, measured=len(lat), p50_s=_percentile(lat, 0.5),
-                  p90_s=_percentile(lat, 0.9), p99_s=_percentile(lat, 0.99), max_s=max(lat),
-                  applied_per_s=len(lat) / args.seconds)
+    result.update(
+        writer=dict(written),
+        commits=watcher.commits,
+        measured=len(lat),
+        p50_s=_percentile(lat, 0.5),
+        p90_s=_percentile(lat, 0.9),
+        p99_s=_percentile(lat, 0.99),
+        max_s=max(lat),
+        applied_per_s=len(lat) / args.seconds,
+    )
     path_json = _support.write_result(result)
     _support.print_table(
         f"freshness: source commit -> visible in the current table ({result['commit']}, nproc {result['nproc']}, "
         f"{args.rows:,} rows, {dict(written).get('changes', 0) / max(1e-9, dict(written).get('seconds', 1)):,.0f} "
         f"changes/s written for {args.seconds:.0f}s after {args.warmup:.0f}s warm-up)",
         ["p50 s", "p90 s", "p99 s", "max s", "changes seen", "stream commits"],
-        [[result["p50_s"], result["p90_s"], result["p99_s"], result["max_s"], f"{len(lat):,}", watcher.commits]])
+        [[result["p50_s"], result["p90_s"], result["p99_s"], result["max_s"], f"{len(lat):,}", watcher.commits]],
+    )
     print(f"\nJSON: {path_json}")
     cur.execute(f"DROP TABLE {table}")
     conn.close()

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import _support
+
 from tests.conftest import STACK as stack
 
 TABLE = "bench_full_load"
@@ -34,18 +35,28 @@ JDBC_DRIVER = "org.mariadb.jdbc:mariadb-java-client:3.5.7"
 def _prepare(rows: int) -> None:
     import MySQLdb
 
-    conn = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER,
-                           password=stack.DB_PASSWORD, database=stack.DB_NAME, autocommit=True)
+    conn = MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+    )
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE IF NOT EXISTS `{TABLE}` (id BIGINT PRIMARY KEY, a INT NOT NULL, b VARCHAR(32) NOT NULL,"
-                " c DECIMAL(12,2) NOT NULL, d DATETIME NOT NULL)")
+    cur.execute(
+        f"CREATE TABLE IF NOT EXISTS `{TABLE}` (id BIGINT PRIMARY KEY, a INT NOT NULL, b VARCHAR(32) NOT NULL,"
+        " c DECIMAL(12,2) NOT NULL, d DATETIME NOT NULL)"
+    )
     cur.execute(f"SELECT COUNT(*) FROM `{TABLE}`")
     if cur.fetchone()[0] != rows:
         cur.execute(f"TRUNCATE `{TABLE}`")
         for start in range(0, rows, 250_000):
             end = min(rows, start + 250_000)
-            cur.execute(f"INSERT INTO `{TABLE}` SELECT seq, seq % 1000, CONCAT('name-', seq), seq / 100, "
-                        f"'2024-01-01' + INTERVAL seq SECOND FROM seq_{start + 1}_to_{end}")
+            cur.execute(
+                f"INSERT INTO `{TABLE}` SELECT seq, seq % 1000, CONCAT('name-', seq), seq / 100, "
+                f"'2024-01-01' + INTERVAL seq SECOND FROM seq_{start + 1}_to_{end}"
+            )
     conn.close()
 
 
@@ -82,7 +93,7 @@ def _rss_by_kind(root: int) -> tuple[int, int]:
             except OSError:
                 continue
             parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-            names[int(entry)] = stat[stat.index("(") + 1:stat.rindex(")")]
+            names[int(entry)] = stat[stat.index("(") + 1 : stat.rindex(")")]
     jvm = workers = 0
     todo, seen = [root], set()
     while todo:
@@ -94,8 +105,11 @@ def _rss_by_kind(root: int) -> tuple[int, int]:
         if pid == root:
             continue
         try:
-            rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                       if line.startswith("VmRSS:"))
+            rss = next(
+                int(line.split()[1]) * 1024
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("VmRSS:")
+            )
         except (OSError, StopIteration):
             continue
         if names.get(pid) == "java":
@@ -108,7 +122,7 @@ def _rss_by_kind(root: int) -> tuple[int, int]:
 class PeakMemory:
     """The highest resident memory of the Spark JVM and of the Python workers while a step runs (0.1 s samples)."""
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         import threading
 
         self.jvm = self.workers = 0
@@ -136,7 +150,7 @@ class CpuMeter:
     def __init__(self) -> None:
         self.server_pid = stack.process_by_name("mariadb").pid()
 
-    def __enter__(self) -> "CpuMeter":
+    def __enter__(self) -> CpuMeter:
         self._client, self._server = _cpu_seconds([os.getpid()]), _cpu_seconds([self.server_pid])
         return self
 
@@ -150,9 +164,25 @@ def _mysqldump(workdir: Path) -> float:
     env = {**os.environ, "MYSQL_PWD": stack.DB_PASSWORD}
     started = time.monotonic()
     with open(workdir / "dump.sql", "wb") as out:
-        subprocess.run([dump, "--single-transaction", "--quick", "--skip-lock-tables", "-h", stack.HOST,
-                        "-P", str(stack.MARIADB_PORT), "-u", stack.DB_USER, stack.DB_NAME, TABLE],
-                       env=env, stdout=out, check=True)
+        subprocess.run(
+            [
+                dump,
+                "--single-transaction",
+                "--quick",
+                "--skip-lock-tables",
+                "-h",
+                stack.HOST,
+                "-P",
+                str(stack.MARIADB_PORT),
+                "-u",
+                stack.DB_USER,
+                stack.DB_NAME,
+                TABLE,
+            ],
+            env=env,
+            stdout=out,
+            check=True,
+        )
     return time.monotonic() - started
 
 
@@ -160,13 +190,18 @@ def _spark():
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master("local[2]").config("spark.driver.memory", "1g")
-               .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-               # As the operator's session (provider/spark_jobs/session.py) on local[2]: Delta rebuilds a table's
-               # state with spark.sql.shuffle.partitions tasks, not its default 50.
-               .config("spark.sql.shuffle.partitions", "2").config("spark.databricks.delta.snapshotPartitions", "2")
-               .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-               .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.driver.memory", "1g")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        # As the operator's session (provider/spark_jobs/session.py) on local[2]: Delta rebuilds a table's
+        # state with spark.sql.shuffle.partitions tasks, not its default 50.
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    )
     for key, value in stack.spark_conf().items():
         builder = builder.config(key, value)
     return builder.config("spark.jars.packages", JDBC_DRIVER).getOrCreate()
@@ -177,25 +212,45 @@ def _jdbc(spark, workdir: Path, name: str, rows: int, partitions: int) -> tuple[
     ca = stack.tls_files()["ca.pem"]
     # jdbc:mysql (permitMysqlScheme lets Connector/J take it): Spark picks its MySQL dialect by that prefix only;
     # with jdbc:mariadb its generic one quotes columns with "..." and MariaDB reads them as string literals.
-    url = (f"jdbc:mysql://{stack.HOST}:{stack.MARIADB_PORT}/{stack.DB_NAME}"
-           f"?permitMysqlScheme&sslMode=verify-full&serverSslCert={ca}")  # the full load's TLS, VERIFY_IDENTITY
+    url = (
+        f"jdbc:mysql://{stack.HOST}:{stack.MARIADB_PORT}/{stack.DB_NAME}"
+        f"?permitMysqlScheme&sslMode=verify-full&serverSslCert={ca}"
+    )  # the full load's TLS, VERIFY_IDENTITY
     started = time.monotonic()
-    frame = spark.read.jdbc(url, TABLE, column="id", lowerBound=1, upperBound=rows, numPartitions=partitions,
-                            properties={"user": stack.DB_USER, "password": stack.DB_PASSWORD,
-                                        "driver": "org.mariadb.jdbc.Driver", "fetchsize": "10000"})
+    frame = spark.read.jdbc(
+        url,
+        TABLE,
+        column="id",
+        lowerBound=1,
+        upperBound=rows,
+        numPartitions=partitions,
+        properties={
+            "user": stack.DB_USER,
+            "password": stack.DB_PASSWORD,
+            "driver": "org.mariadb.jdbc.Driver",
+            "fetchsize": "10000",
+        },
+    )
     frame.write.format("delta").mode("overwrite").save(str(workdir / name))
     seconds = time.monotonic() - started
     return seconds, spark.read.format("delta").load(str(workdir / name)).count(), {}
 
 
-def _load(spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int,
-          reader: str = "native") -> tuple[float, int, dict]:
+def _load(
+    spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int, reader: str = "native"
+) -> tuple[float, int, dict]:
     from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
     from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 
-    request = FullLoadRequest(schema=stack.DB_NAME, table=TABLE, sink_path=str(workdir / name),
-                              chunk_rows=chunk_rows, chunks_per_job=chunks_per_job, expected_rows_per_second=1000,
-                              reader=reader)
+    request = FullLoadRequest(
+        schema=stack.DB_NAME,
+        table=TABLE,
+        sink_path=str(workdir / name),
+        chunk_rows=chunk_rows,
+        chunks_per_job=chunks_per_job,
+        expected_rows_per_second=1000,
+        reader=reader,
+    )
     started = time.monotonic()
     result = run_full_load(spark, MySqlSourceHook(), request, progress=lambda p: None)
     return time.monotonic() - started, result.handoff.rows, result.stats.get("phases", {})
@@ -218,8 +273,9 @@ class Step:
 
 
 def _chunks_arg(parser) -> None:
-    parser.add_argument("--chunks", type=int, default=int(os.environ.get("BENCH_CHUNKS", "8")),
-                        help="chunks of the parallel step")
+    parser.add_argument(
+        "--chunks", type=int, default=int(os.environ.get("BENCH_CHUNKS", "8")), help="chunks of the parallel step"
+    )
 
 
 def _sizes_arg(parser) -> None:
@@ -234,8 +290,7 @@ def measure(spark, rows: int, repeat: int, parallel: int) -> tuple[list[Step], f
     counter = iter(range(10**6))
 
     def load(chunks: int, reader: str):
-        return lambda: _load(spark, workdir, f"load{next(counter)}", -(-rows // chunks) + (chunks == 1), chunks,
-                             reader)
+        return lambda: _load(spark, workdir, f"load{next(counter)}", -(-rows // chunks) + (chunks == 1), chunks, reader)
 
     def dump():
         return _mysqldump(workdir), rows, {}
@@ -243,13 +298,15 @@ def measure(spark, rows: int, repeat: int, parallel: int) -> tuple[list[Step], f
     def jdbc(partitions: int):
         return lambda: _jdbc(spark, workdir, f"jdbc{next(counter)}", rows, partitions)
 
-    steps = [Step("Spark JDBC, 2 partitions -> Delta", jdbc(2)),
-             Step(f"Spark JDBC, {parallel} partitions -> Delta", jdbc(parallel)),
-             Step("mysqldump --single-transaction --quick (file)", dump),
-             Step("full load, native reader, 1 chunk", load(1, "native")),
-             Step(f"full load, native reader, {parallel} chunks", load(parallel, "native")),
-             Step("full load, row reader, 1 chunk", load(1, "rows")),
-             Step(f"full load, row reader, {parallel} chunks", load(parallel, "rows"))]
+    steps = [
+        Step("Spark JDBC, 2 partitions -> Delta", jdbc(2)),
+        Step(f"Spark JDBC, {parallel} partitions -> Delta", jdbc(parallel)),
+        Step("mysqldump --single-transaction --quick (file)", dump),
+        Step("full load, native reader, 1 chunk", load(1, "native")),
+        Step(f"full load, native reader, {parallel} chunks", load(parallel, "native")),
+        Step("full load, row reader, 1 chunk", load(1, "rows")),
+        Step(f"full load, row reader, {parallel} chunks", load(parallel, "rows")),
+    ]
     try:
         # JVM, Delta classes and BOTH local[2] Python workers warm (one chunk each, in one wave), with each reader:
         # a worker that starts inside a measured load imports pyarrow, connectorx and MySQLdb there.
@@ -269,13 +326,18 @@ def measure(spark, rows: int, repeat: int, parallel: int) -> tuple[list[Step], f
 
 
 def main() -> int:
-    args = _support.parse_args(__doc__, rows=int(os.environ.get("BENCH_ROWS", "1000000")),
-                               repeats=int(os.environ.get("BENCH_REPEAT", "3")), extra=_sizes_arg)
+    args = _support.parse_args(
+        __doc__,
+        rows=int(os.environ.get("BENCH_ROWS", "1000000")),
+        repeats=int(os.environ.get("BENCH_REPEAT", "3")),
+        extra=_sizes_arg,
+    )
     sizes = [int(s) for s in args.sizes.split(",") if s] or [args.rows]
     repeat, parallel = args.repeats, args.chunks
     _support.start_stack(only=("mariadb",))
-    result = _support.result_header("full_load", {"rows": sizes[-1], "sizes": sizes, "repeats": repeat,
-                                                  "chunks": parallel})
+    result = _support.result_header(
+        "full_load", {"rows": sizes[-1], "sizes": sizes, "repeats": repeat, "chunks": parallel}
+    )
     session_started = time.monotonic()
     spark = _spark()
     spark.sparkContext.setLogLevel("ERROR")
@@ -293,34 +355,75 @@ def main() -> int:
         for step in steps:
             seconds, _, _, cpu, memory = step.median
             label = step.label if len(sizes) == 1 else f"{rows:,} rows: {step.label}"
-            table.append([label, seconds, rows / seconds, rows / seconds / jdbc_rate, rows / seconds / dump_rate,
-                          cpu.client, cpu.server, max(r[4].jvm for r in step.runs) / mib,
-                          max(r[4].workers for r in step.runs) / mib, " / ".join(f"{r[0]:.2f}" for r in step.runs)])
-            result["runs"][label] = [{"seconds": r[0], "cpu_client": r[3].client, "cpu_server": r[3].server,
-                                      "peak_jvm_mib": r[4].jvm / mib, "peak_python_workers_mib": r[4].workers / mib,
-                                      "phases": r[2]} for r in step.runs]
+            table.append(
+                [
+                    label,
+                    seconds,
+                    rows / seconds,
+                    rows / seconds / jdbc_rate,
+                    rows / seconds / dump_rate,
+                    cpu.client,
+                    cpu.server,
+                    max(r[4].jvm for r in step.runs) / mib,
+                    max(r[4].workers for r in step.runs) / mib,
+                    " / ".join(f"{r[0]:.2f}" for r in step.runs),
+                ]
+            )
+            result["runs"][label] = [
+                {
+                    "seconds": r[0],
+                    "cpu_client": r[3].client,
+                    "cpu_server": r[3].server,
+                    "peak_jvm_mib": r[4].jvm / mib,
+                    "peak_python_workers_mib": r[4].workers / mib,
+                    "phases": r[2],
+                }
+                for r in step.runs
+            ]
     result["spark_session_s"] = session_s
-    _support.report(result, f"Full load, {' / '.join(f'{n:,}' for n in sizes)} rows (id BIGINT PK, INT, VARCHAR(32), "
-                    f"DECIMAL(12,2), DATETIME), Spark local[2] (driver 1 GiB), MariaDB on the same machine; median of "
-                    f"{repeat} interleaved runs per step",
-                    ["method", "seconds", "rows/s", "x Spark JDBC, 2 partitions (target >= 1.5)", "x mysqldump",
-                     "CPU s client", "CPU s server", "peak MiB JVM", "peak MiB Python workers", "runs (s)"],
-                    table, plot={"column": 3, "label": "x Spark JDBC, 2 partitions (median runs; target >= 1.5)"})
-    print("CPU s = CPU seconds the step cost this benchmark's processes (driver, Spark JVM and Python workers, "
-          "mysqldump) and the MariaDB server: unlike the wall clock, not inflated by other work on the machine. "
-          "Peak MiB = the highest resident memory sampled during the step's runs (the JVM keeps the heap it grew).")
+    _support.report(
+        result,
+        f"Full load, {' / '.join(f'{n:,}' for n in sizes)} rows (id BIGINT PK, INT, VARCHAR(32), "
+        f"DECIMAL(12,2), DATETIME), Spark local[2] (driver 1 GiB), MariaDB on the same machine; median of "
+        f"{repeat} interleaved runs per step",
+        [
+            "method",
+            "seconds",
+            "rows/s",
+            "x Spark JDBC, 2 partitions (target >= 1.5)",
+            "x mysqldump",
+            "CPU s client",
+            "CPU s server",
+            "peak MiB JVM",
+            "peak MiB Python workers",
+            "runs (s)",
+        ],
+        table,
+        plot={"column": 3, "label": "x Spark JDBC, 2 partitions (median runs; target >= 1.5)"},
+    )
+    print(
+        "CPU s = CPU seconds the step cost this benchmark's processes (driver, Spark JVM and Python workers, "
+        "mysqldump) and the MariaDB server: unlike the wall clock, not inflated by other work on the machine. "
+        "Peak MiB = the highest resident memory sampled during the step's runs (the JVM keeps the heap it grew)."
+    )
     for rows, (steps, warm_s) in measured.items():
-        print(f"\n{rows:,} rows: where the time goes (median runs, seconds; Spark session start {session_s:.1f} s and "
-              f"the warm-up loads {warm_s:.1f} s are outside every figure above)")
+        print(
+            f"\n{rows:,} rows: where the time goes (median runs, seconds; Spark session start {session_s:.1f} s and "
+            f"the warm-up loads {warm_s:.1f} s are outside every figure above)"
+        )
         print(f"{'load':<46} {'prepare':>8} {'read+stage':>11} {'publish':>8} {'other':>6} {'total':>6}  publish mode")
         for step in steps[3:]:
             seconds, _, phases, _, _ = step.median
             other = seconds - phases["prepare"] - phases["read_and_stage"] - phases["publish"]
-            print(f"{step.label:<46} {phases['prepare']:>8.2f} {phases['read_and_stage']:>11.2f} "
-                  f"{phases['publish']:>8.2f} {other:>6.2f} {seconds:>6.2f}  {phases['publish_mode']}")
-    print("prepare = preflight, column list, chunk planning, manifest; read+stage = the Spark job(s): each chunk in "
-          "its own snapshot, MariaDB -> Arrow (connectorx, or mysqlclient rows) -> a staged Parquet file; "
-          "publish = the one Delta commit carrying the handoff (and the manifest update)")
+            print(
+                f"{step.label:<46} {phases['prepare']:>8.2f} {phases['read_and_stage']:>11.2f} "
+                f"{phases['publish']:>8.2f} {other:>6.2f} {seconds:>6.2f}  {phases['publish_mode']}"
+            )
+    print(
+        "prepare = preflight, column list, chunk planning, manifest; read+stage = the Spark job(s): each chunk in "
+        "its own snapshot, MariaDB -> Arrow (connectorx, or mysqlclient rows) -> a staged Parquet file; "
+        "publish = the one Delta commit carrying the handoff (and the manifest update)"
+    )
     return 0
 
 

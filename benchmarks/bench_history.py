@@ -56,11 +56,18 @@ def old_scan(config: dict, pipeline: str, source_partition: str, topic: str) -> 
     from exactly_once_provider.kafka.topic_reader import read_until
 
     key, targets = ledger_key(pipeline, source_partition), topic_end_offsets(config, topic)
-    consumer = Consumer({**config, "group.id": f"old-{uuid.uuid4().hex[:8]}", "isolation.level": "read_committed",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": f"old-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     try:
         latest = None
-        for message in read_until(consumer, topic, {p: OFFSET_BEGINNING for p in targets}, targets, 300):
+        for message in read_until(consumer, topic, dict.fromkeys(targets, OFFSET_BEGINNING), targets, 300):
             if message.key() == key:
                 latest = message.value()
         return latest
@@ -81,20 +88,37 @@ def fill_ledger(config: dict, topic: str, partitions: int, size: int) -> None:
 
     from exactly_once_provider.kafka.offsets import ledger_partition, new_committed_offset
 
-    producer = Producer({**config, "transactional.id": f"bench-fill-{uuid.uuid4().hex[:8]}", "linger.ms": 50,
-                         "batch.size": 1_000_000, "compression.type": "lz4"})
+    producer = Producer(
+        {
+            **config,
+            "transactional.id": f"bench-fill-{uuid.uuid4().hex[:8]}",
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+        }
+    )
     producer.init_transactions(60)
 
     def write(records: list[tuple[str, int]]) -> None:
         for start in range(0, len(records), 200_000):
             producer.begin_transaction()
-            for pipeline, offset in records[start:start + 200_000]:
-                value = new_committed_offset(pipeline, "0", {"file": "binlog.000001", "pos": offset}, offset + 1,
-                                             str(offset + 1), 1, 100, f"eo-txn/{pipeline}/0", "exactly_once")
+            for pipeline, offset in records[start : start + 200_000]:
+                value = new_committed_offset(
+                    pipeline,
+                    "0",
+                    {"file": "binlog.000001", "pos": offset},
+                    offset + 1,
+                    str(offset + 1),
+                    1,
+                    100,
+                    f"eo-txn/{pipeline}/0",
+                    "exactly_once",
+                )
                 while True:
                     try:
-                        producer.produce(topic, value.to_value(), value.key,
-                                         partition=ledger_partition(pipeline, partitions))
+                        producer.produce(
+                            topic, value.to_value(), value.key, partition=ledger_partition(pipeline, partitions)
+                        )
                         break
                     except BufferError:
                         producer.poll(0.1)
@@ -127,7 +151,10 @@ def bench_ledger(stack, size: int, repeats: int) -> dict[str, list[float]]:
 
     from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
     from exactly_once_provider.kafka.offsets import (
-        LEDGER_PARTITIONS, ensure_offsets_topic, read_committed_offset, read_ledger,
+        LEDGER_PARTITIONS,
+        ensure_offsets_topic,
+        read_committed_offset,
+        read_ledger,
     )
 
     config = {"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"}
@@ -143,8 +170,9 @@ def bench_ledger(stack, size: int, repeats: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {}
 
     def open_writer(topic: str) -> object:
-        writer = TransactionalProducerHook(pipeline=PIPELINE, delivery_mode="exactly_once",
-                                           offsets_topic=topic).open_writer()
+        writer = TransactionalProducerHook(
+            pipeline=PIPELINE, delivery_mode="exactly_once", offsets_topic=topic
+        ).open_writer()
         writer.close()
         return writer.last_committed
 
@@ -152,24 +180,50 @@ def bench_ledger(stack, size: int, repeats: int) -> dict[str, list[float]]:
         # interleaved: every candidate once per round; round 0 is a warm-up, not recorded (the broker is
         # still writing the fill's transaction markers and client connections are cold)
         for round_ in range(repeats + 1):
-            timed(samples if round_ else None, "old scan (legacy ledger)", lambda: old_scan(config, PIPELINE, "0", legacy),
-                  lambda r: r is not None)
-            timed(samples if round_ else None, "read_committed_offset (partitioned)",
-                  lambda: read_committed_offset(config, PIPELINE, "0", partitioned), ours)
-            timed(samples if round_ else None, "read_committed_offset (legacy)",
-                  lambda: read_committed_offset(config, PIPELINE, "0", legacy), ours)
+            timed(
+                samples if round_ else None,
+                "old scan (legacy ledger)",
+                lambda: old_scan(config, PIPELINE, "0", legacy),
+                lambda r: r is not None,
+            )
+            timed(
+                samples if round_ else None,
+                "read_committed_offset (partitioned)",
+                lambda: read_committed_offset(config, PIPELINE, "0", partitioned),
+                ours,
+            )
+            timed(
+                samples if round_ else None,
+                "read_committed_offset (legacy)",
+                lambda: read_committed_offset(config, PIPELINE, "0", legacy),
+                ours,
+            )
             timed(samples if round_ else None, "writer open (partitioned)", lambda: open_writer(partitioned), ours)
             timed(samples if round_ else None, "writer open (legacy)", lambda: open_writer(legacy), ours)
-            timed(samples if round_ else None, "status page: read_ledger(keys=[ours/0]) (partitioned)",
-                  lambda: read_ledger(config, partitioned, keys=[(PIPELINE, "0")]),
-                  lambda r: ours(r.get(f"{PIPELINE}/0")) and len(r) == 1)
-            timed(samples if round_ else None, "read_ledger(pipelines=[ours]): its partition (partitioned)",
-                  lambda: read_ledger(config, partitioned, pipelines=[PIPELINE]),
-                  lambda r: ours(r.get(f"{PIPELINE}/0")) and len(r) == 1)
-            timed(samples if round_ else None, "read_ledger() every key (partitioned)", lambda: read_ledger(config, partitioned),
-                  lambda r: len(r) == OTHERS + 2)
-            timed(samples if round_ else None, "idle pipeline: read_committed_offset (partitioned)",
-                  lambda: read_committed_offset(config, IDLE, "0", partitioned), lambda r: r is not None)
+            timed(
+                samples if round_ else None,
+                "status page: read_ledger(keys=[ours/0]) (partitioned)",
+                lambda: read_ledger(config, partitioned, keys=[(PIPELINE, "0")]),
+                lambda r: ours(r.get(f"{PIPELINE}/0")) and len(r) == 1,
+            )
+            timed(
+                samples if round_ else None,
+                "read_ledger(pipelines=[ours]): its partition (partitioned)",
+                lambda: read_ledger(config, partitioned, pipelines=[PIPELINE]),
+                lambda r: ours(r.get(f"{PIPELINE}/0")) and len(r) == 1,
+            )
+            timed(
+                samples if round_ else None,
+                "read_ledger() every key (partitioned)",
+                lambda: read_ledger(config, partitioned),
+                lambda r: len(r) == OTHERS + 2,
+            )
+            timed(
+                samples if round_ else None,
+                "idle pipeline: read_committed_offset (partitioned)",
+                lambda: read_committed_offset(config, IDLE, "0", partitioned),
+                lambda r: r is not None,
+            )
     finally:
         _support.delete_topics(stack, [partitioned, legacy])
     return samples
@@ -183,15 +237,26 @@ def bench_files(count: int, repeats: int) -> dict[str, list[float]]:
         manifests = Path(root) / "_manifests"
         manifests.mkdir()
         for sequence in range(count):
-            manifest = {"format": 1, "sequence": sequence, "pipeline": PIPELINE, "checkpoint_id": "c",
-                        "batch_id": sequence, "offsets": {"t": {"0": sequence}}, "rows_total": sequence,
-                        "files": [{"path": f"data/c-{sequence}/part-0.parquet", "rows": 1}]}
+            manifest = {
+                "format": 1,
+                "sequence": sequence,
+                "pipeline": PIPELINE,
+                "checkpoint_id": "c",
+                "batch_id": sequence,
+                "offsets": {"t": {"0": sequence}},
+                "rows_total": sequence,
+                "files": [{"path": f"data/c-{sequence}/part-0.parquet", "rows": 1}],
+            }
             (manifests / f"{sequence:020d}.json").write_text(json.dumps(manifest, sort_keys=True))
         write_pointer(Path(root), manifest)
         sink = FilesSink(root, PIPELINE)
         for _ in range(repeats * 5):
-            timed(samples, "old listing: newest manifest", lambda: old_latest_manifest(root),
-                  lambda r: r["sequence"] == count - 1)
+            timed(
+                samples,
+                "old listing: newest manifest",
+                lambda: old_latest_manifest(root),
+                lambda r: r["sequence"] == count - 1,
+            )
             timed(samples, "FilesSink.committed()", sink.committed, lambda r: r.batch_id == count - 1)
     return samples
 
@@ -205,20 +270,38 @@ def write_delta_log(storage, count: int) -> None:
 
     from exactly_once_provider.sinks.delta_log import LAST_CHECKPOINT, LOG
 
-    schema = json.dumps({"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True,
-                                                       "metadata": {}}]})
+    schema = json.dumps(
+        {"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True, "metadata": {}}]}
+    )
     protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
-    meta = {"id": "bench", "format": {"provider": "parquet", "options": {}}, "schemaString": schema,
-            "partitionColumns": [], "configuration": {}}
+    meta = {
+        "id": "bench",
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": schema,
+        "partitionColumns": [],
+        "configuration": {},
+    }
 
     def commit(version: int) -> None:
-        marker = {f"eo_stream:{PIPELINE}": {"pipeline": PIPELINE, "batch_id": version, "checkpoint_id": "c",
-                                            "offsets": {"t": {"0": version}},
-                                            "rows_before": version}}
+        marker = {
+            f"eo_stream:{PIPELINE}": {
+                "pipeline": PIPELINE,
+                "batch_id": version,
+                "checkpoint_id": "c",
+                "offsets": {"t": {"0": version}},
+                "rows_before": version,
+            }
+        }
         actions = ([{"protocol": protocol}, {"metaData": meta}] if version == 0 else []) + [
             {"txn": {"appId": PIPELINE, "version": version}},
-            {"commitInfo": {"operation": "WRITE", "userMetadata": json.dumps(marker),
-                            "operationMetrics": {"numOutputRows": "1"}}}]
+            {
+                "commitInfo": {
+                    "operation": "WRITE",
+                    "userMetadata": json.dumps(marker),
+                    "operationMetrics": {"numOutputRows": "1"},
+                }
+            },
+        ]
         storage.put(f"{LOG}{version:020d}.json", "".join(json.dumps(a) + "\n" for a in actions).encode())
 
     with ThreadPoolExecutor(16) as pool:
@@ -226,17 +309,30 @@ def write_delta_log(storage, count: int) -> None:
     checkpoint = (count - 1) // 10 * 10
     if checkpoint:
         txn = pa.struct([("appId", pa.string()), ("version", pa.int64()), ("lastUpdated", pa.int64())])
-        table = pa.table({"protocol": pa.array([protocol, None, None], pa.struct(
-                              [("minReaderVersion", pa.int32()), ("minWriterVersion", pa.int32())])),
-                          "metaData": pa.array([None, {**meta, "configuration": [], "format": {
-                              "provider": "parquet", "options": []}}, None], pa.struct([
-                              ("id", pa.string()), ("schemaString", pa.string()),
-                              ("partitionColumns", pa.list_(pa.string())),
-                              ("format", pa.struct([("provider", pa.string()),
-                                                    ("options", pa.map_(pa.string(), pa.string()))])),
-                              ("configuration", pa.map_(pa.string(), pa.string()))])),
-                          "txn": pa.array([None, None, {"appId": PIPELINE, "version": checkpoint, "lastUpdated": 0}],
-                                          txn)})
+        table = pa.table(
+            {
+                "protocol": pa.array(
+                    [protocol, None, None],
+                    pa.struct([("minReaderVersion", pa.int32()), ("minWriterVersion", pa.int32())]),
+                ),
+                "metaData": pa.array(
+                    [None, {**meta, "configuration": [], "format": {"provider": "parquet", "options": []}}, None],
+                    pa.struct(
+                        [
+                            ("id", pa.string()),
+                            ("schemaString", pa.string()),
+                            ("partitionColumns", pa.list_(pa.string())),
+                            (
+                                "format",
+                                pa.struct([("provider", pa.string()), ("options", pa.map_(pa.string(), pa.string()))]),
+                            ),
+                            ("configuration", pa.map_(pa.string(), pa.string())),
+                        ]
+                    ),
+                ),
+                "txn": pa.array([None, None, {"appId": PIPELINE, "version": checkpoint, "lastUpdated": 0}], txn),
+            }
+        )
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         storage.put(f"{LOG}{checkpoint:020d}.checkpoint.parquet", sink.getvalue().to_pybytes())
@@ -267,17 +363,23 @@ def bench_delta(stack, where: str, count: int, repeats: int) -> dict[str, list[f
         storage = open_storage(location, settings)
         written = time.perf_counter()
         write_delta_log(storage, count)
-        print(f"  delta log of {count:,} commits on {where} written in {time.perf_counter() - written:.1f}s",
-              flush=True)
+        print(
+            f"  delta log of {count:,} commits on {where} written in {time.perf_counter() - written:.1f}s", flush=True
+        )
         sink = DeltaSink(location, PIPELINE, s3=settings)
         try:
             for round_ in range(repeats * 3 + 1):  # round 0: a warm-up (client connections), not recorded
                 record = samples if round_ else None
-                timed(record, "old listing: newest marker", lambda: old_delta_committed(storage),
-                      lambda r: r == count - 1)
+                timed(
+                    record, "old listing: newest marker", lambda: old_delta_committed(storage), lambda r: r == count - 1
+                )
                 timed(record, "DeltaSink.committed()", sink.committed, lambda r: r.batch_id == count - 1)
-                timed(record, "table_state()", lambda: delta_log.table_state(storage),
-                      lambda r: r.version == count - 1 and r.txns == {PIPELINE: count - 1})
+                timed(
+                    record,
+                    "table_state()",
+                    lambda: delta_log.table_state(storage),
+                    lambda r: r.version == count - 1 and r.txns == {PIPELINE: count - 1},
+                )
         finally:
             if where == "minio":
                 storage.delete_prefix("")
@@ -291,8 +393,9 @@ def bench_postgres(stack, size: int, repeats: int) -> tuple[dict[str, list[float
     from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, WINDOWS_TABLE, PostgresSink
 
     schema = f"bench_history_{uuid.uuid4().hex[:8]}"
-    params = dict(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                  password=stack.DB_PASSWORD)
+    params = dict(
+        host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER, password=stack.DB_PASSWORD
+    )
     admin = psycopg2.connect(**params)
     admin.autocommit = True
     admin.cursor().execute(f"CREATE SCHEMA {schema}")
@@ -302,11 +405,15 @@ def bench_postgres(stack, size: int, repeats: int) -> tuple[dict[str, list[float
         sink = PostgresSink("bench_rows", PIPELINE, connect_kwargs=scoped, mode="window")
         sink.prepare()
         with psycopg2.connect(**scoped) as conn, conn.cursor() as cur:
-            cur.execute(f"INSERT INTO {OFFSETS_TABLE} (pipeline, topic, kafka_partition, next_offset, checkpoint_id,"
-                        " batch_id, rows_total) SELECT 'other' || n, 't', 0, n, 'c', n, n"
-                        f" FROM generate_series(1, {size}) AS n")
-            cur.execute(f"INSERT INTO {WINDOWS_TABLE} (pipeline, window_id, version, rows) SELECT 'other' || "
-                        f"(n % {OTHERS}), 'w' || n, 1, 1 FROM generate_series(1, {size}) AS n")
+            cur.execute(
+                f"INSERT INTO {OFFSETS_TABLE} (pipeline, topic, kafka_partition, next_offset, checkpoint_id,"
+                " batch_id, rows_total) SELECT 'other' || n, 't', 0, n, 'c', n, n"
+                f" FROM generate_series(1, {size}) AS n"
+            )
+            cur.execute(
+                f"INSERT INTO {WINDOWS_TABLE} (pipeline, window_id, version, rows) SELECT 'other' || "
+                f"(n % {OTHERS}), 'w' || n, 1, 1 FROM generate_series(1, {size}) AS n"
+            )
             cur.execute(f"ANALYZE {OFFSETS_TABLE}; ANALYZE {WINDOWS_TABLE}")
         sink.commit_windows(None, {}, {}, BatchCommit(PIPELINE, "c", 7, {"t": {0: 7}}, 0))
         with psycopg2.connect(**scoped) as conn, conn.cursor() as cur:
@@ -315,8 +422,12 @@ def bench_postgres(stack, size: int, repeats: int) -> tuple[dict[str, list[float
                 cur.execute(f"EXPLAIN SELECT * FROM {table} WHERE pipeline = %s", (PIPELINE,))
                 plans.append(" / ".join(row[0].strip() for row in cur.fetchall()))
         for round_ in range(repeats * 3 + 1):
-            timed(samples if round_ else None, "PostgresSink.committed()", sink.committed,
-                  lambda r: r.batch_id == 7 and r.offsets == {"t": {0: 7}})
+            timed(
+                samples if round_ else None,
+                "PostgresSink.committed()",
+                sink.committed,
+                lambda r: r.batch_id == 7 and r.offsets == {"t": {0: 7}},
+            )
     finally:
         admin.cursor().execute(f"DROP SCHEMA {schema} CASCADE")
         admin.close()
@@ -328,16 +439,31 @@ def summarise(samples: dict[str, list[float]]) -> dict[str, dict]:
 
 
 def main() -> None:
-    args = _support.parse_args(__doc__, rows=1, repeats=5, extra=lambda p: (
-        p.add_argument("--ledger-sizes", default="1000,100000,1000000"),
-        p.add_argument("--manifests", default="10,10000,100000"),
-        p.add_argument("--delta-commits", default="10,10000,100000"),
-        p.add_argument("--delta-s3-commits", default="10,1000,10000"),
-        p.add_argument("--postgres-rows", default="1000,100000,1000000")))
+    args = _support.parse_args(
+        __doc__,
+        rows=1,
+        repeats=5,
+        extra=lambda p: (
+            p.add_argument("--ledger-sizes", default="1000,100000,1000000"),
+            p.add_argument("--manifests", default="10,10000,100000"),
+            p.add_argument("--delta-commits", default="10,10000,100000"),
+            p.add_argument("--delta-s3-commits", default="10,1000,10000"),
+            p.add_argument("--postgres-rows", default="1000,100000,1000000"),
+        ),
+    )
     stack = _support.start_stack()
-    result = _support.result_header("history", {"repeats": args.repeats, "ledger": {}, "files": {},
-                                                   "delta (local)": {}, "delta (minio)": {},
-                                                   "postgres": {}, "postgres plans": {}})
+    result = _support.result_header(
+        "history",
+        {
+            "repeats": args.repeats,
+            "ledger": {},
+            "files": {},
+            "delta (local)": {},
+            "delta (minio)": {},
+            "postgres": {},
+            "postgres plans": {},
+        },
+    )
     commit = result["commit"]
     for size in [int(s) for s in args.ledger_sizes.split(",") if s]:  # "" skips a part
         result["ledger"][str(size)] = summarise(bench_ledger(stack, size, args.repeats))
@@ -351,17 +477,30 @@ def main() -> None:
         samples, plans = bench_postgres(stack, size, args.repeats)
         result["postgres"][str(size)], result["postgres plans"][str(size)] = summarise(samples), plans
     path = _support.write_result(result)
-    for kind, unit in (("ledger", "history records"), ("files", "manifests"), ("delta (local)", "commits"),
-                       ("delta (minio)", "commits"), ("postgres", "rows of other pipelines")):
+    for kind, unit in (
+        ("ledger", "history records"),
+        ("files", "manifests"),
+        ("delta (local)", "commits"),
+        ("delta (minio)", "commits"),
+        ("postgres", "rows of other pipelines"),
+    ):
         sizes = list(result[kind])
         if not sizes:
             continue
         names = list(result[kind][sizes[0]])
-        rows = [[name, *(result[kind][s][name]["median_s"] * 1000 for s in sizes),
-                 result[kind][sizes[-1]][name]["median_s"] / result[kind][sizes[0]][name]["median_s"]]
-                for name in names]
-        _support.print_table(f"{kind}: median ms by {unit} ({commit}, nproc {result['nproc']})",
-                             ["what", *sizes, f"{sizes[-1]} / {sizes[0]}"], rows)
+        rows = [
+            [
+                name,
+                *(result[kind][s][name]["median_s"] * 1000 for s in sizes),
+                result[kind][sizes[-1]][name]["median_s"] / result[kind][sizes[0]][name]["median_s"],
+            ]
+            for name in names
+        ]
+        _support.print_table(
+            f"{kind}: median ms by {unit} ({commit}, nproc {result['nproc']})",
+            ["what", *sizes, f"{sizes[-1]} / {sizes[0]}"],
+            rows,
+        )
     print(f"\nJSON: {path}")
 
 

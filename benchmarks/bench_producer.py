@@ -45,8 +45,10 @@ EO_OPERATOR = "TransactionalProduceOperator, exactly_once, 100 ms"
 def run_writer(topic: str, count: int, size: int, interval_ms: int) -> int:
     """Produce ``count`` messages through the product's write path, committing every ``interval_ms``."""
     from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
-    writer = TransactionalProducerHook(pipeline=f"bench-{uuid.uuid4().hex[:8]}",
-                                       delivery_mode="exactly_once").open_writer()
+
+    writer = TransactionalProducerHook(
+        pipeline=f"bench-{uuid.uuid4().hex[:8]}", delivery_mode="exactly_once"
+    ).open_writer()
     payload, batch = b"x" * size, []
     txn_started = _support.time.perf_counter()
     for n in range(1, count + 1):
@@ -69,9 +71,14 @@ def run_product_operator(topic: str, count: int, size: int) -> int:
     payload = b"x" * size
     # max_records_per_transaction far above a 100 ms batch: the interval decides, as in the writer rows.
     result = TransactionalProduceOperator(
-        task_id="bench", topic=topic, pipeline=f"bench-{uuid.uuid4().hex[:8]}", delivery_mode="exactly_once",
+        task_id="bench",
+        topic=topic,
+        pipeline=f"bench-{uuid.uuid4().hex[:8]}",
+        delivery_mode="exactly_once",
         producer_function=lambda resume_after: ((n, KEYS[n % 16], payload) for n in range(count)),
-        commit_interval_ms=100, max_records_per_transaction=10_000_000).execute({})
+        commit_interval_ms=100,
+        max_records_per_transaction=10_000_000,
+    ).execute({})
     assert result["records"] == count, result
     return count
 
@@ -101,8 +108,13 @@ def run_operator(topic: str, count: int, size: int) -> int:
     payload = b"x" * size
     for handler in logging.getLogger("airflow").handlers:  # the last run's task log: do not fill the disk
         handler.stream.truncate(0)
-    ProduceToTopicOperator(task_id="bench", topic=topic, synchronous=False, kafka_config_id=OPERATOR_CONN,
-                           producer_function=lambda: ((KEYS[n % 16], payload) for n in range(count))).execute({})
+    ProduceToTopicOperator(
+        task_id="bench",
+        topic=topic,
+        synchronous=False,
+        kafka_config_id=OPERATOR_CONN,
+        producer_function=lambda: ((KEYS[n % 16], payload) for n in range(count)),
+    ).execute({})
     return count
 
 
@@ -118,10 +130,19 @@ def task_log(path: str) -> None:
 
 
 def add_args(parser) -> None:
-    parser.add_argument("--messages", type=int, default=3_000_000, help="messages per run at 100 B (1 KB: a third); every run >= 5 s on 2 cores")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=3_000_000,
+        help="messages per run at 100 B (1 KB: a third); every run >= 5 s on 2 cores",
+    )
     parser.add_argument("--sizes", default="100,1000", help="message sizes in bytes")
-    parser.add_argument("--candidates", default="", help="comma-separated words; run only the candidates whose "
-                        "label contains one (the plain producer always runs: the ratios need it)")
+    parser.add_argument(
+        "--candidates",
+        default="",
+        help="comma-separated words; run only the candidates whose "
+        "label contains one (the plain producer always runs: the ratios need it)",
+    )
 
 
 def main() -> int:
@@ -137,22 +158,34 @@ def main() -> int:
     operator_conn["extra"]["queue.buffering.max.messages"] = 10_000_000
     os.environ[f"AIRFLOW_CONN_{OPERATOR_CONN.upper()}"] = json.dumps(operator_conn)
     sizes = [int(s) for s in args.sizes.split(",")]
-    result = _support.result_header("producer", {"messages": args.messages, "sizes": sizes, "repeats": args.repeats,
-                                                 "candidates": args.candidates or "all",
-                                                 "connection": config.get("security.protocol", "PLAINTEXT")})
+    result = _support.result_header(
+        "producer",
+        {
+            "messages": args.messages,
+            "sizes": sizes,
+            "repeats": args.repeats,
+            "candidates": args.candidates or "all",
+            "connection": config.get("security.protocol", "PLAINTEXT"),
+        },
+    )
     result["runs"], rows, topics = {}, [], []
     for size in sizes:
         count = args.messages if size <= 100 else args.messages // 3
         topic = new_topic(f"{stack.HOST}:{stack.KAFKA_PORT}", partitions=3, prefix="bench")
         topics.append(topic)
-        candidates = {PLAIN: lambda t=topic, c=count, s=size: run_plain(config, t, c, s),
-                      OPERATOR: lambda t=topic, c=count, s=size: run_operator(t, c, s),
-                      EO_100: lambda t=topic, c=count, s=size: run_writer(t, c, s, 100),
-                      EO_1000: lambda t=topic, c=count, s=size: run_writer(t, c, s, 1000),
-                      EO_OPERATOR: lambda t=topic, c=count, s=size: run_product_operator(t, c, s)}
+        candidates = {
+            PLAIN: lambda t=topic, c=count, s=size: run_plain(config, t, c, s),
+            OPERATOR: lambda t=topic, c=count, s=size: run_operator(t, c, s),
+            EO_100: lambda t=topic, c=count, s=size: run_writer(t, c, s, 100),
+            EO_1000: lambda t=topic, c=count, s=size: run_writer(t, c, s, 1000),
+            EO_OPERATOR: lambda t=topic, c=count, s=size: run_product_operator(t, c, s),
+        }
         words = [w.strip().lower() for w in args.candidates.split(",") if w.strip()]
-        candidates = {label: run for label, run in candidates.items()
-                      if label == PLAIN or not words or any(w in label.lower() for w in words)}
+        candidates = {
+            label: run
+            for label, run in candidates.items()
+            if label == PLAIN or not words or any(w in label.lower() for w in words)
+        }
         runs = {label: _support.Runs(label) for label in candidates}
         # Warm-up, unrecorded: topic metadata, the transaction coordinator, imports (the product's operator
         # module pulls in OpenLineage's client: ~1 s of imports that would land in its first timer only).
@@ -162,32 +195,72 @@ def main() -> int:
         if EO_OPERATOR in candidates:
             run_product_operator(topic, 1000, size)
         for repeat in range(args.repeats):
-            for label in (list(candidates) if repeat % 2 == 0 else list(candidates)[::-1]):
+            for label in list(candidates) if repeat % 2 == 0 else list(candidates)[::-1]:
                 runs[label].measure(candidates[label])
-        result["runs"][size] = {label: {"msgs_per_s_wall": r.wall, "msgs_per_cpu_s": r.cpu, "median_wall": r.median,
-                                        "seconds": [count / rate for rate in r.wall]} for label, r in runs.items()}
+        result["runs"][size] = {
+            label: {
+                "msgs_per_s_wall": r.wall,
+                "msgs_per_cpu_s": r.cpu,
+                "median_wall": r.median,
+                "seconds": [count / rate for rate in r.wall],
+            }
+            for label, r in runs.items()
+        }
         plain, operator = runs[PLAIN].median, runs[OPERATOR].median if OPERATOR in runs else None
         for label, r in runs.items():
-            rows.append([f"{size} B, {label}", count, r.median, _support.runs_text(r.wall),
-                         min(count / rate for rate in r.wall), r.median / plain,
-                         r.median / operator if operator else "-"])
+            rows.append(
+                [
+                    f"{size} B, {label}",
+                    count,
+                    r.median,
+                    _support.runs_text(r.wall),
+                    min(count / rate for rate in r.wall),
+                    r.median / plain,
+                    r.median / operator if operator else "-",
+                ]
+            )
     _support.delete_topics(stack, topics)  # gigabytes a run: retention would keep them 7 days
     short = [row[0] for row in rows if row[4] < 5]
     result["runs_under_5s"] = short
     if args.candidates:  # a subset: printed only, so docs/benchmarks.md keeps a full run's table
-        _support.print_table(f"Producer over {result['connection']}, candidates {args.candidates!r}, median msgs/s "
-                             f"of {args.repeats} interleaved runs (ABBA)", ["size, candidate", "messages", "msgs/s",
-                             "runs", "shortest run s", "x plain idempotent", "x ProduceToTopicOperator"], rows)
+        _support.print_table(
+            f"Producer over {result['connection']}, candidates {args.candidates!r}, median msgs/s "
+            f"of {args.repeats} interleaved runs (ABBA)",
+            [
+                "size, candidate",
+                "messages",
+                "msgs/s",
+                "runs",
+                "shortest run s",
+                "x plain idempotent",
+                "x ProduceToTopicOperator",
+            ],
+            rows,
+        )
         for size, runs_of_size in result["runs"].items():
             plain_cpu = _support.statistics.median(runs_of_size[PLAIN]["msgs_per_cpu_s"])
             for label, figures in runs_of_size.items():
-                print(f"{size} B, {label}: msgs per CPU-second {_support.runs_text(figures['msgs_per_cpu_s'])}, "
-                      f"median x plain {_support.statistics.median(figures['msgs_per_cpu_s']) / plain_cpu:.3f}")
+                print(
+                    f"{size} B, {label}: msgs per CPU-second {_support.runs_text(figures['msgs_per_cpu_s'])}, "
+                    f"median x plain {_support.statistics.median(figures['msgs_per_cpu_s']) / plain_cpu:.3f}"
+                )
         return 0
-    _support.report(result, f"Producer over {result['connection']}, median msgs/s of {args.repeats} interleaved runs "
-                    "(ABBA), setup inside every timer" + (f"; runs under 5 s: {len(short)}" if short else ""),
-                    ["size, candidate", "messages", "msgs/s", "runs", "shortest run s", "x plain idempotent",
-                     "x ProduceToTopicOperator"], rows, plot={"column": 2, "label": "msgs/s (median)"})
+    _support.report(
+        result,
+        f"Producer over {result['connection']}, median msgs/s of {args.repeats} interleaved runs "
+        "(ABBA), setup inside every timer" + (f"; runs under 5 s: {len(short)}" if short else ""),
+        [
+            "size, candidate",
+            "messages",
+            "msgs/s",
+            "runs",
+            "shortest run s",
+            "x plain idempotent",
+            "x ProduceToTopicOperator",
+        ],
+        rows,
+        plot={"column": 2, "label": "msgs/s (median)"},
+    )
     return 0
 
 

@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import _support
-from tests.conftest import STACK as stack  # the local stack module, not a fixture
+
 from tests import spark_job_support as jobs
+from tests.conftest import STACK as stack  # the local stack module, not a fixture
 from tests.kafka_support import new_topic, transactional_producer
 
 
@@ -63,8 +64,10 @@ def sink_row_count(sink: str, target: str) -> int:
         import pyarrow.parquet as pq
 
         storage = s3_storage(target)
-        return sum(pq.read_metadata(path, filesystem=fs).num_rows
-                   for fs, path in map(storage.arrow_path, jobs.delta_live_files(storage)))
+        return sum(
+            pq.read_metadata(path, filesystem=fs).num_rows
+            for fs, path in map(storage.arrow_path, jobs.delta_live_files(storage))
+        )
     if sink == "files-s3":
         import pyarrow.parquet as pq
 
@@ -74,8 +77,16 @@ def sink_row_count(sink: str, target: str) -> int:
     if sink == "postgres":
         import psycopg2
 
-        with psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME,
-                              user=stack.DB_USER, password=stack.DB_PASSWORD) as conn, conn.cursor() as cur:
+        with (
+            psycopg2.connect(
+                host=stack.HOST,
+                port=stack.POSTGRES_PORT,
+                dbname=stack.DB_NAME,
+                user=stack.DB_USER,
+                password=stack.DB_PASSWORD,
+            ) as conn,
+            conn.cursor() as cur,
+        ):
             cur.execute(f"SELECT count(*) FROM {target}")
             return cur.fetchone()[0]
     import pyarrow.parquet as pq
@@ -89,8 +100,16 @@ PG_TABLES: list[str] = []
 def drop_postgres_tables() -> None:
     import psycopg2
 
-    with psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME,
-                          user=stack.DB_USER, password=stack.DB_PASSWORD) as conn, conn.cursor() as cur:
+    with (
+        psycopg2.connect(
+            host=stack.HOST,
+            port=stack.POSTGRES_PORT,
+            dbname=stack.DB_NAME,
+            user=stack.DB_USER,
+            password=stack.DB_PASSWORD,
+        ) as conn,
+        conn.cursor() as cur,
+    ):
         for table in PG_TABLES:
             cur.execute(f"DROP TABLE IF EXISTS {table}")
             cur.execute("DELETE FROM eo_stream_offsets WHERE pipeline = %s", (f"bench-{table}",))
@@ -110,16 +129,20 @@ BATCH_LINE = re.compile(r"\bbatch (\d+) (?:appended|committed|was already commit
 
 
 # candidate -> (job --delivery, extra job args)
-CANDIDATES = {"exactly-once": ("exactly-once", []), "at-least-once": ("at-least-once", []),
-              "eo-delta-writer": ("exactly-once", ["--delta-commit", "delta"])}
+CANDIDATES = {
+    "exactly-once": ("exactly-once", []),
+    "at-least-once": ("at-least-once", []),
+    "eo-delta-writer": ("exactly-once", ["--delta-commit", "delta"]),
+}
 # The plain Delta append with the statistics the own commit records (min/max/null counts of the integral columns,
 # Kafka partition and offset; no .crc file), so both sides of the Delta ratio collect the same statistics.
-SAME_STATS = {"spark.databricks.delta.properties.defaults.dataSkippingStatsColumns": "kafka_partition,kafka_offset",
-              "spark.databricks.delta.writeChecksumFile.enabled": "false"}
+SAME_STATS = {
+    "spark.databricks.delta.properties.defaults.dataSkippingStatsColumns": "kafka_partition,kafka_offset",
+    "spark.databricks.delta.writeChecksumFile.enabled": "false",
+}
 
 
-def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run: int
-             ) -> tuple[int, float, list[float]]:
+def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run: int) -> tuple[int, float, list[float]]:
     name = f"{sink}_{candidate.replace('-', '_')}_{run}_{topic.replace('-', '_')}"
     target = name if sink == "postgres" else str(work / name)
     if sink == "postgres":
@@ -129,8 +152,20 @@ def run_once(sink: str, candidate: str, topic: str, work: Path, batch: int, run:
         target = f"s3://{stack.MINIO_BUCKETS[0]}/bench/{name}"
         s3 = s3_storage(target).settings.to_json()
     delivery, extra = CANDIDATES[candidate]
-    args = jobs.job_args(stack, f"bench-{name}", topic, work / f"cp-{name}", sink.removesuffix("-s3"), target,
-                         max_offsets=batch, delivery=delivery, s3=s3) + extra
+    args = (
+        jobs.job_args(
+            stack,
+            f"bench-{name}",
+            topic,
+            work / f"cp-{name}",
+            sink.removesuffix("-s3"),
+            target,
+            max_offsets=batch,
+            delivery=delivery,
+            s3=s3,
+        )
+        + extra
+    )
     same_stats = sink.startswith("delta") and candidate == "at-least-once"
     result = jobs.run_job(stack, args, timeout=1800, conf=SAME_STATS if same_stats else None)
     if result.returncode != 0:
@@ -159,8 +194,9 @@ def main() -> int:
     parser.add_argument("--keep-topic", action="store_true", help="do not delete the topic at the end")
     args = parser.parse_args()
     stack.up()
-    result = _support.result_header("spark_sinks", {k: v for k, v in vars(args).items() if k != "repeat"}
-                                    | {"repeats": args.repeat})
+    result = _support.result_header(
+        "spark_sinks", {k: v for k, v in vars(args).items() if k != "repeat"} | {"repeats": args.repeat}
+    )
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = args.topic
     if topic is None:
@@ -176,18 +212,25 @@ def main() -> int:
             candidates = ["exactly-once"] + (["eo-delta-writer"] if delta else []) + ["at-least-once"]
             measured: dict[str, list[float]] = {c: [] for c in candidates}
             for run in range(args.repeat):
-                for candidate in (candidates if run % 2 == 0 else candidates[::-1]):
+                for candidate in candidates if run % 2 == 0 else candidates[::-1]:
                     rows, seconds, batches = run_once(sink, candidate, topic, work, args.batch, run)
                     if rows != args.records:
                         raise SystemExit(f"{sink} {candidate}: {rows} rows in the sink, expected {args.records}")
                     measured[candidate].append(rows / seconds)
-                    print(f"  {sink:<8} {candidate:<15} run {run}: {rows} rows in {seconds:6.1f}s"
-                          f" = {rows / seconds:9.0f} rows/s; batches (s): "
-                          + " ".join(f"{b:.1f}" for b in batches), flush=True)
+                    print(
+                        f"  {sink:<8} {candidate:<15} run {run}: {rows} rows in {seconds:6.1f}s"
+                        f" = {rows / seconds:9.0f} rows/s; batches (s): " + " ".join(f"{b:.1f}" for b in batches),
+                        flush=True,
+                    )
             table.append((sink, measured["exactly-once"], measured["at-least-once"]))
             if delta:
-                table.append((f"{sink}, Delta's writer commits (txn-id option)", measured["eo-delta-writer"],
-                              measured["at-least-once"]))
+                table.append(
+                    (
+                        f"{sink}, Delta's writer commits (txn-id option)",
+                        measured["eo-delta-writer"],
+                        measured["at-least-once"],
+                    )
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if PG_TABLES:
@@ -196,12 +239,23 @@ def main() -> int:
             delete_topic(bootstrap, topic)
     result["runs"] = {sink: {"exactly_once_rows_per_s": eo, "at_least_once_rows_per_s": alo} for sink, eo, alo in table}
     _support.report(
-        result, f"Kafka -> Spark -> sink, {args.records:,} records, {args.partitions} partitions, batches of "
+        result,
+        f"Kafka -> Spark -> sink, {args.records:,} records, {args.partitions} partitions, batches of "
         f"{args.batch:,}, local[2], driver 1g, median of {args.repeat} runs per mode (ABBA)",
         ["sink", "exactly-once rows/s", "runs", "at-least-once rows/s", "runs", "ratio of medians"],
-        [[sink, statistics.median(eo), _support.runs_text(eo), statistics.median(alo), _support.runs_text(alo),
-          statistics.median(eo) / statistics.median(alo)] for sink, eo, alo in table],
-        plot={"column": 5, "label": "exactly-once / plain append, rows/s (ratio of medians)"})
+        [
+            [
+                sink,
+                statistics.median(eo),
+                _support.runs_text(eo),
+                statistics.median(alo),
+                _support.runs_text(alo),
+                statistics.median(eo) / statistics.median(alo),
+            ]
+            for sink, eo, alo in table
+        ],
+        plot={"column": 5, "label": "exactly-once / plain append, rows/s (ratio of medians)"},
+    )
     return 0
 
 

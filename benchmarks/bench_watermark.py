@@ -27,13 +27,17 @@ def main() -> int:
     conn = _support.connect_source(stack)
     cur = conn.cursor()
     table = f"bench_wm_{uuid.uuid4().hex[:6]}"
-    cur.execute(f"CREATE TABLE {table} (id INT AUTO_INCREMENT PRIMARY KEY, account INT, amount DECIMAL(12,2), "
-                "note VARCHAR(40), updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (updated_at))")
+    cur.execute(
+        f"CREATE TABLE {table} (id INT AUTO_INCREMENT PRIMARY KEY, account INT, amount DECIMAL(12,2), "
+        "note VARCHAR(40), updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (updated_at))"
+    )
     for start in range(0, args.rows, 5000):
         n = min(5000, args.rows - start)
-        cur.execute(f"INSERT INTO {table} (account, amount, note, updated_at) VALUES "
-                    + ", ".join(["(%s, %s, %s, NOW(6) - INTERVAL %s SECOND)"] * n),
-                    [x for i in range(start, start + n) for x in (i % 997, i / 100, f"row {i}", 3600 - i * 3600 / args.rows)])
+        cur.execute(
+            f"INSERT INTO {table} (account, amount, note, updated_at) VALUES "
+            + ", ".join(["(%s, %s, %s, NOW(6) - INTERVAL %s SECOND)"] * n),
+            [x for i in range(start, start + n) for x in (i % 997, i / 100, f"row {i}", 3600 - i * 3600 / args.rows)],
+        )
     time.sleep(1)
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -51,8 +55,15 @@ def main() -> int:
 
     def extract(topic: str) -> int:
         return WatermarkExtractOperator(
-            task_id="bench", table=table, cursor_column="updated_at", cursor_kind="timestamp", topic=topic,
-            pipeline=f"bench-{uuid.uuid4().hex[:8]}", safety_lag=1, batch_id="bench").execute({})["rows"]
+            task_id="bench",
+            table=table,
+            cursor_column="updated_at",
+            cursor_kind="timestamp",
+            topic=topic,
+            pipeline=f"bench-{uuid.uuid4().hex[:8]}",
+            safety_lag=1,
+            batch_id="bench",
+        ).execute({})["rows"]
 
     for repeat in range(args.repeats):
         sides = [lambda: bare.measure(select), lambda t=topics[repeat]: window.measure(lambda: extract(t))]
@@ -61,10 +72,12 @@ def main() -> int:
     cur.execute(f"DROP TABLE {table}")
     _support.delete_topics(stack, topics)
     _support.report(
-        result, f"Watermark window, {args.rows:,} rows, median of {args.repeats} interleaved runs (ABBA)",
+        result,
+        f"Watermark window, {args.rows:,} rows, median of {args.repeats} interleaved runs (ABBA)",
         ["path", "rows/s", "runs", "ratio to bare select"],
         [[r.label, r.median, _support.runs_text(r.wall), r.median / bare.median] for r in (bare, window)],
-        plot={"column": 1, "label": "rows/s (median)"})
+        plot={"column": 1, "label": "rows/s (median)"},
+    )
     return 0
 
 

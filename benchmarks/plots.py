@@ -16,14 +16,23 @@ def bars(result: dict) -> tuple[list[str], list[float], str] | None:
     kind = result.get("benchmark", "history")
     if kind == "capture":
         sizes = result.get("by_size") or [result]
-        return ([f"{size['changes']:,} changes: {label}" for size in sizes for label in size["runs"]],
-                [r["median_wall"] for size in sizes for r in size["runs"].values()], "rows/s, wall (median)")
+        return (
+            [f"{size['changes']:,} changes: {label}" for size in sizes for label in size["runs"]],
+            [r["median_wall"] for size in sizes for r in size["runs"].values()],
+            "rows/s, wall (median)",
+        )
     if kind == "freshness":
-        return ["p50", "p90", "p99", "max"], [result[f"{q}_s"] for q in ("p50", "p90", "p99", "max")], \
-            "source commit -> visible, seconds"
+        return (
+            ["p50", "p90", "p99", "max"],
+            [result[f"{q}_s"] for q in ("p50", "p90", "p99", "max")],
+            "source commit -> visible, seconds",
+        )
     if kind == "increment":
-        return ([f"{row['rows']:,} rows, {row['kind']} reconciliation" for row in result["summary"]],
-                [row["wall_s"] for row in result["summary"]], "one increment, wall seconds (median)")
+        return (
+            [f"{row['rows']:,} rows, {row['kind']} reconciliation" for row in result["summary"]],
+            [row["wall_s"] for row in result["summary"]],
+            "one increment, wall seconds (median)",
+        )
     if kind == "history":  # per candidate: its median at the largest history over the smallest (flat = 1)
         labels, values = [], []
         for part in ("ledger", "files", "delta (local)", "delta (minio)", "postgres"):
@@ -56,9 +65,12 @@ def draw(kind: str, result: dict) -> Path | None:
     if min(values) > 0 and max(values) / min(values) > 100:
         ax.set_xscale("log")  # e.g. history: flat reads at ~1 beside old scans at 1,000x
     ax.set_xlabel(axis)
-    ax.set_title(f"bench-{kind}: commit {result['commit']}{' (dirty)' if result.get('dirty') else ''}, "
-                 f"{result['started']}, {result.get('repeats', '?')} repeat(s), nproc {result['nproc']}, load {result['loadavg_before'][0]:.1f}"
-                 f" -> {result['loadavg_after'][0]:.1f}", fontsize=8)
+    ax.set_title(
+        f"bench-{kind}: commit {result['commit']}{' (dirty)' if result.get('dirty') else ''}, "
+        f"{result['started']}, {result.get('repeats', '?')} repeat(s), nproc {result['nproc']}, load {result['loadavg_before'][0]:.1f}"
+        f" -> {result['loadavg_after'][0]:.1f}",
+        fontsize=8,
+    )
     fig.tight_layout()
     IMAGES.mkdir(parents=True, exist_ok=True)
     path = IMAGES / f"bench-{kind}.png"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import pendulum
+
 from exactly_once_provider.templates.history_stream import history_stream_dag
 
 DATA = os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")
@@ -21,8 +22,11 @@ LAKE = os.environ.get("EO_LAKE") or DATA  # the table, its staging and checkpoin
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
 if os.environ.get("EO_SPARK_CLASSPATH"):  # the s3a jars (make demo STORAGE=s3)
-    SPARK_CONF.update(dict.fromkeys(("spark.driver.extraClassPath", "spark.executor.extraClassPath"),
-                                    os.environ["EO_SPARK_CLASSPATH"]))
+    SPARK_CONF.update(
+        dict.fromkeys(
+            ("spark.driver.extraClassPath", "spark.executor.extraClassPath"), os.environ["EO_SPARK_CLASSPATH"]
+        )
+    )
 
 # [START howto_template_history_stream]
 dag = history_stream_dag(

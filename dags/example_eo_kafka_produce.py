@@ -21,6 +21,8 @@ def numbered_source(resume_after: int | None, records: int | str) -> Iterator[So
     """Yield records ``resume_after + 1 .. records`` of a numbered source."""
     for n in range((resume_after or 0) + 1, int(records) + 1):
         yield SourceRecord(offset=n, key=f"k{n % 10}", value=f"{n}")
+
+
 # [END howto_source_function]
 
 

@@ -14,14 +14,18 @@ from __future__ import annotations
 import os
 
 import pendulum
+
 from exactly_once_provider.templates.settlement import settlement_dag
 
 LAKE = os.environ.get("EO_LAKE") or os.environ.get("EO_DATA_DIR", "/var/tmp/eo-data")  # or s3://bucket/prefix
 RUN = os.environ.get("EO_DEMO_RUN", "")  # the demo names each of its runs' pipelines apart
 SPARK_CONF = {"spark.jars": os.environ["EO_SPARK_JARS"]} if os.environ.get("EO_SPARK_JARS") else {}
 if os.environ.get("EO_SPARK_CLASSPATH"):  # the s3a jars (make demo STORAGE=s3)
-    SPARK_CONF.update(dict.fromkeys(("spark.driver.extraClassPath", "spark.executor.extraClassPath"),
-                                    os.environ["EO_SPARK_CLASSPATH"]))
+    SPARK_CONF.update(
+        dict.fromkeys(
+            ("spark.driver.extraClassPath", "spark.executor.extraClassPath"), os.environ["EO_SPARK_CLASSPATH"]
+        )
+    )
 
 # [START howto_template_settlement]
 dag = settlement_dag(

@@ -30,8 +30,9 @@ from exactly_once_provider.operators.watermark_extract import WatermarkExtractOp
         "topic": Param("eo-settlement", type="string", description="data topic"),
         "pipeline": Param("settlement", type="string", description="pipeline name (transactional id)"),
         "safety_lag": Param(5, type="number", minimum=0, description="seconds kept behind the DB clock"),
-        "reextract": Param(False, type="boolean",
-                           description="re-read this interval's recorded bounds and publish a new version"),
+        "reextract": Param(
+            False, type="boolean", description="re-read this interval's recorded bounds and publish a new version"
+        ),
     },
     doc_md=__doc__,
 )

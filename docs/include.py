@@ -50,12 +50,13 @@ def region(path: str, name: str) -> str:
     ends = [i for i, line in enumerate(lines) if line.strip() == f"# [END {name}]"]
     if len(starts) != 1 or len(ends) != 1 or ends[0] <= starts[0]:
         raise ValueError(f"{path}: needs exactly one '# [START {name}]' followed by one '# [END {name}]'.")
-    body = [line for line in lines[starts[0] + 1:ends[0]] if not MARKER.match(line)]
+    body = [line for line in lines[starts[0] + 1 : ends[0]] if not MARKER.match(line)]
     return textwrap.dedent("\n".join(body)).strip("\n") + "\n"
 
 
 def render(text: str) -> str:
     """Return ``text`` with every include block regenerated from its source region."""
+
     def block(match: re.Match) -> str:
         code = region(match["path"], match["name"])
         return f"{match['head']}```python\n{code}```\n{match['tail']}"

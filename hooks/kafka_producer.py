@@ -15,7 +15,12 @@ from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from confluent_kafka import Producer
 
 from exactly_once_provider.connections import check_kafka_access, kafka_authorization_error, kafka_client_config
-from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, ensure_offsets_topic, validate_name
+from exactly_once_provider.kafka.offsets import (
+    DEFAULT_OFFSETS_TOPIC,
+    DELIVERY_MODES,
+    ensure_offsets_topic,
+    validate_name,
+)
 from exactly_once_provider.kafka.writer import MODE_SETTINGS, PipelineWriter, transactional_id_for
 
 
@@ -44,9 +49,17 @@ class TransactionalProducerHook(KafkaBaseHook):
     conn_type = "kafka"
     hook_name = "Apache Kafka (exactly-once producer)"
 
-    def __init__(self, kafka_config_id: str = default_conn_name, *, pipeline: str, delivery_mode: str,
-                 source_partition: str = "0", offsets_topic: str = DEFAULT_OFFSETS_TOPIC,
-                 producer_config: dict[str, Any] | None = None, batch_markers: bool = False) -> None:
+    def __init__(
+        self,
+        kafka_config_id: str = default_conn_name,
+        *,
+        pipeline: str,
+        delivery_mode: str,
+        source_partition: str = "0",
+        offsets_topic: str = DEFAULT_OFFSETS_TOPIC,
+        producer_config: dict[str, Any] | None = None,
+        batch_markers: bool = False,
+    ) -> None:
         super().__init__(kafka_config_id=kafka_config_id)
         self.pipeline = pipeline
         self.source_partition = source_partition
@@ -73,7 +86,8 @@ class TransactionalProducerHook(KafkaBaseHook):
         if self.delivery_mode not in DELIVERY_MODES:
             raise ValueError(
                 f"delivery_mode={self.delivery_mode!r}: choose 'exactly_once' (Kafka transactions) or "
-                "'at_least_once' (idempotent producer; downstream dedupes by key).")
+                "'at_least_once' (idempotent producer; downstream dedupes by key)."
+            )
         validate_name("pipeline", self.pipeline)
         validate_name("source_partition", self.source_partition)
         config = {**self._build_config(), **self.producer_config}
@@ -85,10 +99,13 @@ class TransactionalProducerHook(KafkaBaseHook):
                 raise ValueError(
                     f"Kafka setting {key}={config[key]!r} (connection {self.kafka_config_id!r} or "
                     f"producer_config) contradicts delivery_mode={self.delivery_mode!r}, which needs "
-                    f"{key}={value!r}. Remove it; this hook sets it.")
+                    f"{key}={value!r}. Remove it; this hook sets it."
+                )
         if self.delivery_mode == "at_least_once" and "transactional.id" in config:
-            raise ValueError("transactional.id is set but delivery_mode='at_least_once'; remove it or use "
-                             "delivery_mode='exactly_once'.")
+            raise ValueError(
+                "transactional.id is set but delivery_mode='at_least_once'; remove it or use "
+                "delivery_mode='exactly_once'."
+            )
         config.update(owned)
         return config
 
@@ -112,19 +129,29 @@ class TransactionalProducerHook(KafkaBaseHook):
         client_config = self.client_config()
         # A wrong password or an untrusted certificate otherwise shows as "Broker transport failure" after a timeout.
         admin = check_kafka_access(client_config, self.kafka_config_id)
-        with self._explain_denials(client_config, f"Create/Describe/Read/Write on offsets topic {self.offsets_topic!r}"):
+        with self._explain_denials(
+            client_config, f"Create/Describe/Read/Write on offsets topic {self.offsets_topic!r}"
+        ):
             if ensure_topic:
                 ensure_offsets_topic(client_config, self.offsets_topic, admin=admin)
         writer = PipelineWriter(
-            producer_factory=lambda: self._get_client(dict(config)), client_config=self.client_config(),
-            pipeline=self.pipeline, source_partition=self.source_partition,
-            delivery_mode=self.delivery_mode, transactional_id=self.transactional_id,
-            offsets_topic=self.offsets_topic, batch_markers=self.batch_markers, log=self.log,
+            producer_factory=lambda: self._get_client(dict(config)),
+            client_config=self.client_config(),
+            pipeline=self.pipeline,
+            source_partition=self.source_partition,
+            delivery_mode=self.delivery_mode,
+            transactional_id=self.transactional_id,
+            offsets_topic=self.offsets_topic,
+            batch_markers=self.batch_markers,
+            log=self.log,
             transaction_timeout_s=int(config.get("transaction.timeout.ms", 60_000)) / 1000,
             track_partition_offsets=track_partition_offsets,
         )
-        with self._explain_denials(client_config, f"Write and Describe on transactional id {self.transactional_id!r}, "
-                                   f"Read on offsets topic {self.offsets_topic!r}"):
+        with self._explain_denials(
+            client_config,
+            f"Write and Describe on transactional id {self.transactional_id!r}, "
+            f"Read on offsets topic {self.offsets_topic!r}",
+        ):
             writer.open()
         return writer
 

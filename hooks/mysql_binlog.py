@@ -10,8 +10,13 @@ from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.source import gtid, preflight
-from exactly_once_provider.source.binlog import BinlogReader, PurgedPositionError, TableName, \
-    first_transaction_after, purged_message
+from exactly_once_provider.source.binlog import (
+    BinlogReader,
+    PurgedPositionError,
+    TableName,
+    first_transaction_after,
+    purged_message,
+)
 from exactly_once_provider.source.snapshot import ServerChunkLocator, server_ordered_columns
 
 if TYPE_CHECKING:
@@ -91,8 +96,10 @@ class MySqlBinlogHook(MySqlSourceHook):
             cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (position.file, position.pos))
             row = cur.fetchone()
         if row is None or row[0] is None:
-            raise PurgedPositionError(f"The server has no binlog position {position}: BINLOG_GTID_POS returned NULL "
-                                      "(the file is not in its binlog, or the offset is not an event boundary).")
+            raise PurgedPositionError(
+                f"The server has no binlog position {position}: BINLOG_GTID_POS returned NULL "
+                "(the file is not in its binlog, or the offset is not an event boundary)."
+            )
         return gtid.parse_position(row[0])
 
     def locate_gtid(self, position: gtid.GtidPosition, server_id: int, attempts: int = 5) -> BinlogPosition:
@@ -123,7 +130,8 @@ class MySqlBinlogHook(MySqlSourceHook):
             f"GTID position {text} is at {found} in this server's binlog, but the GTID position there is "
             f"{gtid.format_position(at) or 'empty'}: the binlog before it holds transactions of other domains (or "
             "other GTIDs) the capture never delivered. Resuming there would skip them; check the replication "
-            "topology (gtid_domain_id, gtid_strict_mode=ON on every server).")
+            "topology (gtid_domain_id, gtid_strict_mode=ON on every server)."
+        )
 
     def table_key(self, schema: str, table: str) -> tuple[str, ...]:
         """Return the primary key columns of a table (for tables captured without a full load)."""
@@ -146,14 +154,24 @@ class MySqlBinlogHook(MySqlSourceHook):
                     continue
                 chunks = sorted(handoff.chunks, key=lambda c: c.chunk.index)
                 locators[(schema, table)] = ServerChunkLocator(
-                    self.connection_settings().connect, handoff.key, collations, [c.chunk.upper for c in chunks[:-1]])
-                self.log.info("Handoff filter of %s.%s: the server orders its key (%s), one cached query per key "
-                              "changed before the last chunk's snapshot", schema, table,
-                              ", ".join(f"{c} {coll}" for c, (_, coll) in collations.items()))
+                    self.connection_settings().connect, handoff.key, collations, [c.chunk.upper for c in chunks[:-1]]
+                )
+                self.log.info(
+                    "Handoff filter of %s.%s: the server orders its key (%s), one cached query per key "
+                    "changed before the last chunk's snapshot",
+                    schema,
+                    table,
+                    ", ".join(f"{c} {coll}" for c, (_, coll) in collations.items()),
+                )
         return locators
 
-    def reader(self, tables: dict[TableName, tuple[str, ...]], server_id: int,
-               heartbeat_seconds: float = 1.0, reconnect_timeout: float = 180.0) -> BinlogReader:
+    def reader(
+        self,
+        tables: dict[TableName, tuple[str, ...]],
+        server_id: int,
+        heartbeat_seconds: float = 1.0,
+        reconnect_timeout: float = 180.0,
+    ) -> BinlogReader:
         """
         Return a reader of ``tables`` (``{(schema, table): key columns}``).
 
@@ -163,5 +181,11 @@ class MySqlBinlogHook(MySqlSourceHook):
         :param heartbeat_seconds: how often an idle blocking stream wakes up.
         :param reconnect_timeout: how long to retry a lost server before failing.
         """
-        return BinlogReader(self.connection_settings().replication_settings(), tables, server_id, heartbeat_seconds,
-                            reconnect_timeout, self.log)
+        return BinlogReader(
+            self.connection_settings().replication_settings(),
+            tables,
+            server_id,
+            heartbeat_seconds,
+            reconnect_timeout,
+            self.log,
+        )

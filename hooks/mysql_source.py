@@ -13,10 +13,10 @@ from airflow.sdk import BaseHook
 
 from exactly_once_provider.connections import mysql_connect_kwargs
 from exactly_once_provider.errors import ServiceAccessError, SourceConfigurationError
+from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.source import preflight
 from exactly_once_provider.source.identifiers import quote_table
 from exactly_once_provider.source.snapshot import ConnectionSettings, begin_snapshot
-from exactly_once_provider.positions import BinlogPosition
 
 _DB_ACCESS_DENIED = 1044
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
@@ -93,8 +93,13 @@ class MySqlSourceHook(BaseHook):
         """
         kwargs = mysql_connect_kwargs(self.mysql_conn_id)
         return ConnectionSettings(
-            host=kwargs["host"], port=kwargs["port"], user=kwargs["user"], password=kwargs["passwd"],
-            database=kwargs["db"], connect_timeout=kwargs["connect_timeout"], ssl=kwargs.get("ssl"),
+            host=kwargs["host"],
+            port=kwargs["port"],
+            user=kwargs["user"],
+            password=kwargs["passwd"],
+            database=kwargs["db"],
+            connect_timeout=kwargs["connect_timeout"],
+            ssl=kwargs.get("ssl"),
             ssl_mode=kwargs.get("ssl_mode"),
         )
 
@@ -147,8 +152,12 @@ class MySqlSourceHook(BaseHook):
             conn.close()
 
     def preflight(
-        self, schema: str, table: str, chunk_key: tuple[str, ...] | None = None,
-        expected_rows_per_second: float = 20_000, require_replication: bool = True,
+        self,
+        schema: str,
+        table: str,
+        chunk_key: tuple[str, ...] | None = None,
+        expected_rows_per_second: float = 20_000,
+        require_replication: bool = True,
     ) -> Preflight:
         """Check the server and table are fit for an exactly-once full load; raise what to change if not.
 
@@ -181,6 +190,7 @@ class MySqlSourceHook(BaseHook):
             return Preflight(info, key, estimated_rows)
         finally:
             conn.close()
+
     @contextmanager
     def cursor(self) -> Iterator[Any]:
         conn = self.get_conn()

@@ -10,10 +10,10 @@ from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.capture.resume import committed_position_on
-from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
-from exactly_once_provider.source.binlog import GtidNotInBinlogError, replica_server_id
 from exactly_once_provider.connections import connect_kwargs, kafka_client_config
+from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
+from exactly_once_provider.source.binlog import GtidNotInBinlogError, replica_server_id
 from exactly_once_provider.source.retention import headroom
 from exactly_once_provider.storage import is_s3
 from exactly_once_provider.storage.s3 import S3Settings
@@ -46,11 +46,22 @@ class ConsumerLagSensor(BaseSensorOperator):
 
     template_fields: Sequence[str] = ("topics", "max_lag", "sink_location", "sink_pipeline", "consumer_group")
 
-    def __init__(self, *, topics: str | Sequence[str], max_lag: int | str, sink: str | None = None,
-                 sink_location: str | None = None, sink_pipeline: str | None = None,
-                 consumer_group: str | None = None, kafka_config_id: str = "kafka_default",
-                 postgres_conn_id: str = "postgres_default", missing_topics_ok: bool = False,
-                 deferrable: bool = True, aws_conn_id: str = "aws_default", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        topics: str | Sequence[str],
+        max_lag: int | str,
+        sink: str | None = None,
+        sink_location: str | None = None,
+        sink_pipeline: str | None = None,
+        consumer_group: str | None = None,
+        kafka_config_id: str = "kafka_default",
+        postgres_conn_id: str = "postgres_default",
+        missing_topics_ok: bool = False,
+        deferrable: bool = True,
+        aws_conn_id: str = "aws_default",
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("poke_interval", 10)
         super().__init__(**kwargs)
         self.topics, self.max_lag, self.sink, self.sink_location = topics, max_lag, sink, sink_location
@@ -81,8 +92,17 @@ class ConsumerLagSensor(BaseSensorOperator):
             connect = connect_kwargs(self.postgres_conn_id)
         elif self.sink in ("files", "delta") and is_s3(self.sink_location or ""):
             s3 = S3Settings.from_connection(self.aws_conn_id)
-        return measure_lag(kafka_client_config(self.kafka_config_id), topics, self.sink, self.sink_location,
-                           self.sink_pipeline, self.consumer_group, connect, self.missing_topics_ok, s3)
+        return measure_lag(
+            kafka_client_config(self.kafka_config_id),
+            topics,
+            self.sink,
+            self.sink_location,
+            self.sink_pipeline,
+            self.consumer_group,
+            connect,
+            self.missing_topics_ok,
+            s3,
+        )
 
     def poke(self, context: Any) -> bool:
         topics, max_lag = self._checked()
@@ -97,11 +117,22 @@ class ConsumerLagSensor(BaseSensorOperator):
         if self.poke(context):
             return None
         self.defer(
-            trigger=ConsumerLagTrigger(self.kafka_config_id, topics, max_lag, self.sink,
-                                       self.sink_location, self.sink_pipeline, self.consumer_group,
-                                       self.postgres_conn_id, float(self.poke_interval), self.missing_topics_ok,
-                                       self.aws_conn_id),
-            method_name="execute_complete", timeout=timedelta(seconds=self.timeout) if self.timeout else None)
+            trigger=ConsumerLagTrigger(
+                self.kafka_config_id,
+                topics,
+                max_lag,
+                self.sink,
+                self.sink_location,
+                self.sink_pipeline,
+                self.consumer_group,
+                self.postgres_conn_id,
+                float(self.poke_interval),
+                self.missing_topics_ok,
+                self.aws_conn_id,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+        )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") != "ok":
@@ -132,42 +163,69 @@ class BinlogRetentionGuardOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("capture_pipeline", "capture_source_partition")
 
-    def __init__(self, *, capture_pipeline: str, capture_source_partition: str, warn_files: int = 1,
-                 warn_bytes: int = 1 << 30, fail_on_warning: bool = False, mysql_conn_id: str = "mysql_default",
-                 kafka_config_id: str = "kafka_default", offsets_topic: str = DEFAULT_OFFSETS_TOPIC,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        capture_pipeline: str,
+        capture_source_partition: str,
+        warn_files: int = 1,
+        warn_bytes: int = 1 << 30,
+        fail_on_warning: bool = False,
+        mysql_conn_id: str = "mysql_default",
+        kafka_config_id: str = "kafka_default",
+        offsets_topic: str = DEFAULT_OFFSETS_TOPIC,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.capture_pipeline, self.capture_source_partition = capture_pipeline, capture_source_partition
         self.warn_files, self.warn_bytes, self.fail_on_warning = warn_files, warn_bytes, fail_on_warning
         self.mysql_conn_id, self.kafka_config_id, self.offsets_topic = mysql_conn_id, kafka_config_id, offsets_topic
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        committed = read_committed_offset(kafka_client_config(self.kafka_config_id), self.capture_pipeline,
-                                          self.capture_source_partition, self.offsets_topic)
+        committed = read_committed_offset(
+            kafka_client_config(self.kafka_config_id),
+            self.capture_pipeline,
+            self.capture_source_partition,
+            self.offsets_topic,
+        )
         if committed is None:
-            self.log.info("Capture %s/%s has not committed yet: nothing to guard.", self.capture_pipeline,
-                          self.capture_source_partition)
+            self.log.info(
+                "Capture %s/%s has not committed yet: nothing to guard.",
+                self.capture_pipeline,
+                self.capture_source_partition,
+            )
             return None
         hook = MySqlBinlogHook(mysql_conn_id=self.mysql_conn_id)
         # The server the connection names, which after a failover is not the one the ledger's position is on.
         try:
-            position, how = committed_position_on(hook, committed.offset, replica_server_id(
-                f"{self.capture_pipeline}/{self.capture_source_partition}/retention-guard"))
+            position, how = committed_position_on(
+                hook,
+                committed.offset,
+                replica_server_id(f"{self.capture_pipeline}/{self.capture_source_partition}/retention-guard"),
+            )
         except GtidNotInBinlogError as err:
-            raise AirflowException(f"{err}. The capture cannot resume on this server: its binlog no longer holds "
-                                   "the capture's GTID position. Trigger the DAG with full_reload=true.") from None
+            raise AirflowException(
+                f"{err}. The capture cannot resume on this server: its binlog no longer holds "
+                "the capture's GTID position. Trigger the DAG with full_reload=true."
+            ) from None
         self.log.info("Binlog retention of the capture's position: %s", how)
         found = headroom(position, hook.binary_log_sizes())
         if found.purged:
             raise AirflowException(
                 f"The capture's committed binlog position {found.position} was purged (the server keeps "
                 f"{found.oldest_file}..{found.newest_file}): the stream cannot resume. Trigger the DAG with "
-                "full_reload=true for a new snapshot, and raise binlog_expire_logs_seconds.")
+                "full_reload=true for a new snapshot, and raise binlog_expire_logs_seconds."
+            )
         warnings = found.warnings(self.warn_files, self.warn_bytes)
         for warning in warnings:
             self.log.warning("Binlog retention: %s", warning)
         if warnings and self.fail_on_warning:
             raise AirflowException("Binlog retention: " + "; ".join(warnings))
-        self.log.info("Binlog retention: committed %s, %d older file(s) retained, %d bytes behind the end (%s)",
-                      found.position, found.files_before_purge, found.bytes_behind, found.newest_file)
+        self.log.info(
+            "Binlog retention: committed %s, %d older file(s) retained, %d bytes behind the end (%s)",
+            found.position,
+            found.files_before_purge,
+            found.bytes_behind,
+            found.newest_file,
+        )
         return found.to_json()

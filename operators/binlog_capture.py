@@ -12,18 +12,18 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
-from exactly_once_provider.capture.loop import MODES, CaptureRequest, run_capture
-from exactly_once_provider.positions import parse_position
 from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
-from exactly_once_provider.plugins.links import PipelineStatusLink
+from exactly_once_provider.capture.loop import MODES, CaptureRequest, run_capture
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
-from exactly_once_provider.kafka.writer import TransactionPolicy
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.source.binlog import replica_server_id
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, validate_name
 from exactly_once_provider.kafka.topics import partitions_of
+from exactly_once_provider.kafka.writer import TransactionPolicy
+from exactly_once_provider.plugins.links import PipelineStatusLink
+from exactly_once_provider.positions import parse_position
+from exactly_once_provider.source.binlog import replica_server_id
 from exactly_once_provider.storage.s3 import register_settings, settings_for
 
 
@@ -67,21 +67,45 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "tables", "pipeline", "full_load_paths", "start_position", "mode", "max_runtime", "topic_template",
-        "source_partition", "mysql_conn_id", "kafka_config_id", "offsets_topic",
+        "tables",
+        "pipeline",
+        "full_load_paths",
+        "start_position",
+        "mode",
+        "max_runtime",
+        "topic_template",
+        "source_partition",
+        "mysql_conn_id",
+        "kafka_config_id",
+        "offsets_topic",
     )
     ui_color = "#e8f0f4"
     operator_extra_links = (PipelineStatusLink(),)
 
-    def __init__(self, *, tables: Sequence[str] | str, pipeline: str,
-                 full_load_paths: Mapping[str, str] | None = None, start_position: str | None = None,
-                 mode: str = "bounded", max_runtime: float | str | None = None,
-                 topic_template: str = DEFAULT_TOPIC_TEMPLATE, create_topics: bool = True, topic_partitions: int = 1,
-                 source_partition: str = "binlog", max_records: int = 10_000, commit_interval_ms: int = 1_000,
-                 server_id: int | None = None, progress_interval: float = 10.0,
-                 mysql_conn_id: str = MySqlBinlogHook.default_conn_name, kafka_config_id: str = "kafka_default",
-                 offsets_topic: str = DEFAULT_OFFSETS_TOPIC, producer_config: dict[str, Any] | None = None,
-                 aws_conn_id: str = "aws_default", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        tables: Sequence[str] | str,
+        pipeline: str,
+        full_load_paths: Mapping[str, str] | None = None,
+        start_position: str | None = None,
+        mode: str = "bounded",
+        max_runtime: float | str | None = None,
+        topic_template: str = DEFAULT_TOPIC_TEMPLATE,
+        create_topics: bool = True,
+        topic_partitions: int = 1,
+        source_partition: str = "binlog",
+        max_records: int = 10_000,
+        commit_interval_ms: int = 1_000,
+        server_id: int | None = None,
+        progress_interval: float = 10.0,
+        mysql_conn_id: str = MySqlBinlogHook.default_conn_name,
+        kafka_config_id: str = "kafka_default",
+        offsets_topic: str = DEFAULT_OFFSETS_TOPIC,
+        producer_config: dict[str, Any] | None = None,
+        aws_conn_id: str = "aws_default",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.tables = tables
         self.pipeline = pipeline
@@ -126,20 +150,33 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         for name, path in paths.items():
             handoff = read_handoff(path)
             if (handoff.schema, handoff.table) != name:
-                raise ValueError(f"The full load at {path} is of {handoff.schema}.{handoff.table}, not "
-                                 f"{name[0]}.{name[1]}: check full_load_paths.")
+                raise ValueError(
+                    f"The full load at {path} is of {handoff.schema}.{handoff.table}, not "
+                    f"{name[0]}.{name[1]}: check full_load_paths."
+                )
             handoffs[name] = handoff
         keys = {n: handoffs[n].key if n in handoffs else hook.table_key(*n) for n in names}
         topics = {n: topic_for(self.topic_template, self.pipeline, *n) for n in names}
         request = CaptureRequest(
-            tables=keys, topics=topics, handoffs=handoffs,
-            start_position=parse_position(self.start_position) if self.start_position else None, mode=self.mode,
-            max_runtime=max_runtime, policy=policy,
+            tables=keys,
+            topics=topics,
+            handoffs=handoffs,
+            start_position=parse_position(self.start_position) if self.start_position else None,
+            mode=self.mode,
+            max_runtime=max_runtime,
+            policy=policy,
             server_id=self.server_id or replica_server_id(f"{self.pipeline}/{self.source_partition}"),
-            progress_interval=self.progress_interval, chunk_locators=hook.chunk_locators(handoffs))
+            progress_interval=self.progress_interval,
+            chunk_locators=hook.chunk_locators(handoffs),
+        )
         producer = TransactionalProducerHook(
-            self.kafka_config_id, pipeline=self.pipeline, source_partition=self.source_partition,
-            delivery_mode="exactly_once", offsets_topic=self.offsets_topic, producer_config=self.producer_config)
+            self.kafka_config_id,
+            pipeline=self.pipeline,
+            source_partition=self.source_partition,
+            delivery_mode="exactly_once",
+            offsets_topic=self.offsets_topic,
+            producer_config=self.producer_config,
+        )
         if self.create_topics:
             _ensure_topics(producer.client_config(), sorted(set(topics.values())), self.topic_partitions)
         writer = producer.open_writer(track_partition_offsets=False)  # the ledger record is the progress shown
@@ -152,19 +189,34 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         stats = result.stats
         self.log.info("%-34s %s", "committed position", result.position)
         self.log.info("%-34s %s", "resumed from", f"{result.resumed_from}{' (first run)' if result.first_run else ''}")
-        for label, value in (("source transactions", stats.transactions), ("rows produced", stats.rows),
-                             ("rows dropped (already in full load)", stats.dropped_by_handoff),
-                             ("Kafka transactions", stats.kafka_transactions)):
+        for label, value in (
+            ("source transactions", stats.transactions),
+            ("rows produced", stats.rows),
+            ("rows dropped (already in full load)", stats.dropped_by_handoff),
+            ("Kafka transactions", stats.kafka_transactions),
+        ):
             self.log.info("%-34s %d", label, value)
-        self.log.info("%-34s %.1f s (%.0f rows/s)", "duration", stats.seconds,
-                      stats.rows / stats.seconds if stats.seconds else 0.0)
+        self.log.info(
+            "%-34s %.1f s (%.0f rows/s)",
+            "duration",
+            stats.seconds,
+            stats.rows / stats.seconds if stats.seconds else 0.0,
+        )
         self.openlineage_result = {
-            "pipeline": self.pipeline, "source_partition": self.source_partition, "mode": self.mode,
-            "committed_position": str(result.position), "gtid": result.gtid,
-            "resumed_from": str(result.resumed_from), "first_run": result.first_run,
-            "transactions": stats.transactions, "rows": stats.rows, "dropped_by_handoff": stats.dropped_by_handoff,
-            "kafka_transactions": stats.kafka_transactions, "schema_changes": stats.schema_changes,
-            "topics": {f"{s}.{t}": topic for (s, t), topic in topics.items()}, "seconds": round(stats.seconds, 3),
+            "pipeline": self.pipeline,
+            "source_partition": self.source_partition,
+            "mode": self.mode,
+            "committed_position": str(result.position),
+            "gtid": result.gtid,
+            "resumed_from": str(result.resumed_from),
+            "first_run": result.first_run,
+            "transactions": stats.transactions,
+            "rows": stats.rows,
+            "dropped_by_handoff": stats.dropped_by_handoff,
+            "kafka_transactions": stats.kafka_transactions,
+            "schema_changes": stats.schema_changes,
+            "topics": {f"{s}.{t}": topic for (s, t), topic in topics.items()},
+            "seconds": round(stats.seconds, 3),
         }
         return self.openlineage_result
 
@@ -184,14 +236,16 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
 
             columns = self.lineage_fields(source.name, read)
             inputs.append(facets.input_dataset(source, columns))
-            topic = lineage.kafka_topic_of(self.kafka_config_id,
-                                           topic_for(self.topic_template, self.pipeline, schema, table))
+            topic = lineage.kafka_topic_of(
+                self.kafka_config_id, topic_for(self.topic_template, self.pipeline, schema, table)
+            )
             fields = facets.record_fields(facets.CHANGE_RECORD_FIELDS, "before,after", columns) if columns else None
             if result is None:
                 outputs.append(facets.output_dataset(topic, fields))
                 continue
-            commit = facets.CommitFacet(pipeline=self.pipeline, position=result["committed_position"],
-                                        gtid=result["gtid"])
+            commit = facets.CommitFacet(
+                pipeline=self.pipeline, position=result["committed_position"], gtid=result["gtid"]
+            )
             rows = result["rows"] if len(result["topics"]) == 1 else None
             outputs.append(facets.output_dataset(topic, fields, rows=rows, commit=commit))
         return inputs, outputs
@@ -219,12 +273,17 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
 
 
 def _ensure_topics(config: dict[str, Any], topics: list[str], partitions: int) -> None:
-    admin = AdminClient({k: v for k, v in config.items() if k in ("bootstrap.servers",) or k.startswith(
-        ("security.", "sasl.", "ssl.", "client."))})
+    admin = AdminClient(
+        {
+            k: v
+            for k, v in config.items()
+            if k in ("bootstrap.servers",) or k.startswith(("security.", "sasl.", "ssl.", "client."))
+        }
+    )
     missing = [t for t, partitions in partitions_of(admin, topics).items() if partitions is None]
     if not missing:
         return
-    for topic, future in admin.create_topics([NewTopic(t, partitions, -1) for t in missing]).items():
+    for _topic, future in admin.create_topics([NewTopic(t, partitions, -1) for t in missing]).items():
         try:
             future.result(timeout=30)
         except KafkaException as err:

@@ -8,12 +8,12 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from exactly_once_provider import lineage
+from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
-from exactly_once_provider import lineage
-from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
 
@@ -61,19 +61,42 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param spark_conf: extra Spark settings, e.g. ``{"spark.jars": ...}`` for the Delta connector.
     """
 
-    template_fields: Sequence[str] = ("table", "sink_path", "schema", "staging_path", "chunk_key", "full_reload",
-                                      "capture_pipeline", "capture_source_partition")
+    template_fields: Sequence[str] = (
+        "table",
+        "sink_path",
+        "schema",
+        "staging_path",
+        "chunk_key",
+        "full_reload",
+        "capture_pipeline",
+        "capture_source_partition",
+    )
     job_name = "full_load"
     job_module = "exactly_once_provider.full_load.__main__"
 
     def __init__(
-        self, *, table: str, sink_path: str, schema: str | None = None, staging_path: str | None = None,
-        chunk_rows: int = 100_000, chunks_per_job: int = 2, chunk_key: Sequence[str] | None = None,
-        fetch_rows: int = 10_000, reader: str = "native", full_reload: bool | str = False, expected_rows_per_second: float = 20_000,
-        mysql_conn_id: str = MySqlSourceHook.default_conn_name, spark_conn_id: str = "spark_default",
-        spark_conf: dict[str, str] | None = None, aws_conn_id: str = "aws_default",
-        capture_pipeline: str | None = None, capture_source_partition: str | None = None,
-        kafka_config_id: str = "kafka_default", offsets_topic: str = DEFAULT_OFFSETS_TOPIC, **kwargs: Any,
+        self,
+        *,
+        table: str,
+        sink_path: str,
+        schema: str | None = None,
+        staging_path: str | None = None,
+        chunk_rows: int = 100_000,
+        chunks_per_job: int = 2,
+        chunk_key: Sequence[str] | None = None,
+        fetch_rows: int = 10_000,
+        reader: str = "native",
+        full_reload: bool | str = False,
+        expected_rows_per_second: float = 20_000,
+        mysql_conn_id: str = MySqlSourceHook.default_conn_name,
+        spark_conn_id: str = "spark_default",
+        spark_conf: dict[str, str] | None = None,
+        aws_conn_id: str = "aws_default",
+        capture_pipeline: str | None = None,
+        capture_source_partition: str | None = None,
+        kafka_config_id: str = "kafka_default",
+        offsets_topic: str = DEFAULT_OFFSETS_TOPIC,
+        **kwargs: Any,
     ) -> None:
         super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
         self.table, self.sink_path, self.schema, self.staging_path = table, sink_path, schema, staging_path
@@ -96,10 +119,17 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if not schema:
             raise ValueError(f"No schema given and connection {self.mysql_conn_id!r} has none; pass schema=.")
         request = FullLoadRequest(
-            schema=schema, table=self.table, sink_path=self.sink_path, staging_path=self.staging_path,
-            chunk_rows=self.chunk_rows, chunks_per_job=self.chunks_per_job,
-            chunk_key=tuple(self.chunk_key) if self.chunk_key else None, fetch_rows=self.fetch_rows, reader=self.reader,
-            full_reload=bool(self.full_reload), expected_rows_per_second=self.expected_rows_per_second,
+            schema=schema,
+            table=self.table,
+            sink_path=self.sink_path,
+            staging_path=self.staging_path,
+            chunk_rows=self.chunk_rows,
+            chunks_per_job=self.chunks_per_job,
+            chunk_key=tuple(self.chunk_key) if self.chunk_key else None,
+            fetch_rows=self.fetch_rows,
+            reader=self.reader,
+            full_reload=bool(self.full_reload),
+            expected_rows_per_second=self.expected_rows_per_second,
             **self._version_base(),
         ).validate()
         return {**asdict(request), "mysql_conn_id": self.mysql_conn_id}
@@ -111,20 +141,29 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if not self.capture_source_partition:
             raise ValueError("capture_pipeline needs capture_source_partition (the capture's ledger partition).")
         from exactly_once_provider.capture.resume import full_load_version_base
-        from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
         from exactly_once_provider.connections import kafka_client_config
+        from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
         from exactly_once_provider.kafka.offsets import read_committed_offset
 
         try:
-            committed = read_committed_offset(kafka_client_config(self.kafka_config_id), self.capture_pipeline,
-                                              self.capture_source_partition, self.offsets_topic)
+            committed = read_committed_offset(
+                kafka_client_config(self.kafka_config_id),
+                self.capture_pipeline,
+                self.capture_source_partition,
+                self.offsets_topic,
+            )
         except ValueError as err:
             if "does not exist" not in str(err):
                 raise
             committed = None  # no capture ever committed into this ledger (it creates the topic): base 0
         base, server_id = full_load_version_base(MySqlBinlogHook(mysql_conn_id=self.mysql_conn_id), committed)
-        self.log.info("Rows take version base %d (capture %s/%s on server_id %d)", base, self.capture_pipeline,
-                      self.capture_source_partition, server_id)
+        self.log.info(
+            "Rows take version base %d (capture %s/%s on server_id %d)",
+            base,
+            self.capture_pipeline,
+            self.capture_source_partition,
+            server_id,
+        )
         return {"version_base": base, "server_id": server_id}
 
     def _s3_settings(self):
@@ -141,8 +180,9 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         return self._s3
 
     def _staging_location(self) -> str:
-        return FullLoadRequest(schema="-", table=self.table, sink_path=self.sink_path,
-                               staging_path=self.staging_path).staging_location
+        return FullLoadRequest(
+            schema="-", table=self.table, sink_path=self.sink_path, staging_path=self.staging_path
+        ).staging_location
 
     def _table(self):
         """The Delta table's location, or on S3 the storage rooted at it (lineage reads its log)."""
@@ -172,23 +212,42 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if result is None:  # this try reconnected to a driver that had finished or still ran: the sink knows
             self._s3_settings()
             h = read_handoff(self.sink_path)
-            result = {"load_id": h.load_id, "schema": h.schema, "table": h.table, "rows": h.rows,
-                      "table_version": h.table_version, "min_position": str(h.min_position),
-                      "max_position": str(h.max_position), "already_published": True, "chunks_read": 0,
-                      "chunks_resumed": len(h.chunks), "seconds": 0.0,
-                      "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)}
-                                 for c in h.chunks]}
+            result = {
+                "load_id": h.load_id,
+                "schema": h.schema,
+                "table": h.table,
+                "rows": h.rows,
+                "table_version": h.table_version,
+                "min_position": str(h.min_position),
+                "max_position": str(h.max_position),
+                "already_published": True,
+                "chunks_read": 0,
+                "chunks_resumed": len(h.chunks),
+                "seconds": 0.0,
+                "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)} for c in h.chunks],
+            }
         self.log.info("%-6s %-12s %-24s", "chunk", "rows", "snapshot position")
         for entry in result["chunks"]:
             self.log.info("%-6d %-12d %-24s", entry["index"], entry["rows"], entry["position"])
-        self.log.info("published %s.%s: %d rows as Delta version %d (%s); read %d chunks, resumed %d, %.1fs",
-                      result["schema"], result["table"], result["rows"], result["table_version"],
-                      "already published" if result["already_published"] else "new commit",
-                      result["chunks_read"], result["chunks_resumed"], result["seconds"])
+        self.log.info(
+            "published %s.%s: %d rows as Delta version %d (%s); read %d chunks, resumed %d, %.1fs",
+            result["schema"],
+            result["table"],
+            result["rows"],
+            result["table_version"],
+            "already published" if result["already_published"] else "new commit",
+            result["chunks_read"],
+            result["chunks_resumed"],
+            result["seconds"],
+        )
         self.openlineage_result = {
-            "load_id": result["load_id"], "rows": result["rows"], "table_version": result["table_version"],
-            "sink_path": self.sink_path, "min_position": result["min_position"],
-            "max_position": result["max_position"], "chunks": result["chunks"],
+            "load_id": result["load_id"],
+            "rows": result["rows"],
+            "table_version": result["table_version"],
+            "sink_path": self.sink_path,
+            "min_position": result["min_position"],
+            "max_position": result["max_position"],
+            "chunks": result["chunks"],
             "already_published": result["already_published"],
         }
         return self.openlineage_result
@@ -206,11 +265,13 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self._table()))
         if result is None:
             return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
-                facets.output_dataset(sink, fields)]
+                facets.output_dataset(sink, fields)
+            ]
         rows, size, files = 0, 0, 0  # a rerun of a published load writes nothing
         if not result["already_published"]:
             rows = result["rows"]
             size, files = facets.delta_commit_size(self._table(), result["table_version"] - 1, result["table_version"])
         commit = facets.CommitFacet(position=result["min_position"], sinkVersion=result["table_version"])
         return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
-            facets.output_dataset(sink, fields, rows=rows, size=size, files=files, commit=commit)]
+            facets.output_dataset(sink, fields, rows=rows, size=size, files=files, commit=commit)
+        ]

@@ -14,8 +14,8 @@ from airflow.sdk import BaseOperator
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
-from exactly_once_provider.kafka.writer import MIN_RECORDS_PER_TRANSACTION, PipelineWriter, TransactionPolicy
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, CommittedOffset
+from exactly_once_provider.kafka.writer import MIN_RECORDS_PER_TRANSACTION, PipelineWriter, TransactionPolicy
 from exactly_once_provider.plugins.links import PipelineStatusLink
 
 PROGRESS_EVERY_S = 10.0
@@ -76,20 +76,41 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "topic", "pipeline", "delivery_mode", "producer_function_args", "producer_function_kwargs",
-        "source_partition", "kafka_config_id", "offsets_topic", "batch_id", "batch_version",
+        "topic",
+        "pipeline",
+        "delivery_mode",
+        "producer_function_args",
+        "producer_function_kwargs",
+        "source_partition",
+        "kafka_config_id",
+        "offsets_topic",
+        "batch_id",
+        "batch_version",
     )
     ui_color = "#e8f4ea"
     operator_extra_links = (PipelineStatusLink(),)
 
-    def __init__(self, *, topic: str, pipeline: str, delivery_mode: str, producer_function: str | Callable,
-                 producer_function_args: Sequence[Any] | None = None,
-                 producer_function_kwargs: dict[str, Any] | None = None, source_partition: str = "0",
-                 kafka_config_id: str = "kafka_default", offsets_topic: str = DEFAULT_OFFSETS_TOPIC,
-                 max_records_per_transaction: int = 10_000, commit_interval_ms: int = 1_000,
-                 allow_small_transactions: bool = False, batch_id: str | None = None, batch_version: int = 1,
-                 batch_markers: bool = False, producer_config: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        topic: str,
+        pipeline: str,
+        delivery_mode: str,
+        producer_function: str | Callable,
+        producer_function_args: Sequence[Any] | None = None,
+        producer_function_kwargs: dict[str, Any] | None = None,
+        source_partition: str = "0",
+        kafka_config_id: str = "kafka_default",
+        offsets_topic: str = DEFAULT_OFFSETS_TOPIC,
+        max_records_per_transaction: int = 10_000,
+        commit_interval_ms: int = 1_000,
+        allow_small_transactions: bool = False,
+        batch_id: str | None = None,
+        batch_version: int = 1,
+        batch_markers: bool = False,
+        producer_config: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.topic = topic
         self.pipeline = pipeline
@@ -112,17 +133,24 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
         if self.delivery_mode not in DELIVERY_MODES:
             raise ValueError(
                 f"delivery_mode={self.delivery_mode!r}: choose 'exactly_once' (Kafka transactions) or "
-                "'at_least_once' (idempotent producer; downstream dedupes by key). There is no default.")
+                "'at_least_once' (idempotent producer; downstream dedupes by key). There is no default."
+            )
         if not self.topic or not isinstance(self.topic, str):
             raise ValueError(f"topic={self.topic!r}: name the Kafka topic to produce to.")
         self.batch_version = int(self.batch_version)
         function = self._producer_function()
-        policy = TransactionPolicy(self.max_records_per_transaction, self.commit_interval_ms,
-                                   self.allow_small_transactions).validate()
+        policy = TransactionPolicy(
+            self.max_records_per_transaction, self.commit_interval_ms, self.allow_small_transactions
+        ).validate()
         hook = TransactionalProducerHook(
-            self.kafka_config_id, pipeline=self.pipeline, source_partition=self.source_partition,
-            delivery_mode=self.delivery_mode, offsets_topic=self.offsets_topic,
-            producer_config=self.producer_config, batch_markers=self.batch_markers or self.batch_id is not None)
+            self.kafka_config_id,
+            pipeline=self.pipeline,
+            source_partition=self.source_partition,
+            delivery_mode=self.delivery_mode,
+            offsets_topic=self.offsets_topic,
+            producer_config=self.producer_config,
+            batch_markers=self.batch_markers or self.batch_id is not None,
+        )
         writer = hook.open_writer()
         try:
             self.openlineage_result = self._run(writer, function, policy)
@@ -137,8 +165,10 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
             return [], [facets.output_dataset(topic)]
         offset = result.get("committed_offset")
         commit = facets.CommitFacet(
-            pipeline=self.pipeline, position=None if offset is None else json.dumps(offset, sort_keys=True),
-            kafkaOffsets={self.topic: result.get("partition_offsets", {})} if result.get("partition_offsets") else None)
+            pipeline=self.pipeline,
+            position=None if offset is None else json.dumps(offset, sort_keys=True),
+            kafkaOffsets={self.topic: result.get("partition_offsets", {})} if result.get("partition_offsets") else None,
+        )
         rows = 0 if result.get("skipped") else result["records"]
         return [], [facets.output_dataset(topic, rows=rows, commit=commit)]
 
@@ -153,18 +183,31 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
     def _run(self, writer: PipelineWriter, function: Callable, policy: TransactionPolicy) -> dict[str, Any]:
         resumed = writer.last_committed
         summary = {
-            "pipeline": self.pipeline, "source_partition": self.source_partition,
-            "delivery_mode": self.delivery_mode, "transactional_id": writer.transactional_id,
-            "topic": self.topic, "resumed_after": resumed.offset if resumed else None,
-            "records": 0, "transactions": 0,
+            "pipeline": self.pipeline,
+            "source_partition": self.source_partition,
+            "delivery_mode": self.delivery_mode,
+            "transactional_id": writer.transactional_id,
+            "topic": self.topic,
+            "resumed_after": resumed.offset if resumed else None,
+            "records": 0,
+            "transactions": 0,
         }
         if self.batch_id is not None and resumed is not None and resumed.batch_id == self.batch_id:
             if resumed.batch_version >= self.batch_version:
-                self.log.info("Batch %s version %d is already committed (at offset %r); nothing to do. Raise "
-                              "batch_version to produce it again on purpose.", self.batch_id,
-                              resumed.batch_version, resumed.offset)
-                return {**summary, "committed_offset": resumed.offset, "batch_id": resumed.batch_id,
-                        "batch_version": resumed.batch_version, "skipped": True}
+                self.log.info(
+                    "Batch %s version %d is already committed (at offset %r); nothing to do. Raise "
+                    "batch_version to produce it again on purpose.",
+                    self.batch_id,
+                    resumed.batch_version,
+                    resumed.offset,
+                )
+                return {
+                    **summary,
+                    "committed_offset": resumed.offset,
+                    "batch_id": resumed.batch_id,
+                    "batch_version": resumed.batch_version,
+                    "skipped": True,
+                }
         batch: list[tuple] = []  # Message-shaped plain tuples
         batch_offset: Any = None
         started = txn_started = time.monotonic()
@@ -174,26 +217,38 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
             if committed is not None:
                 summary["records"] += committed.records
                 summary["transactions"] += 1
-                summary.update(committed_offset=committed.offset, sequence=committed.sequence,
-                               batch_id=committed.batch_id, batch_version=committed.batch_version)
+                summary.update(
+                    committed_offset=committed.offset,
+                    sequence=committed.sequence,
+                    batch_id=committed.batch_id,
+                    batch_version=committed.batch_version,
+                )
 
         def commit() -> None:
             # The commit finishes in the background while the next batch is collected; submit_batch first
             # waits for the previous one (and raises its error), so what `count` sees is committed.
-            count(writer.submit_batch(self.topic, batch, batch_offset, batch_id=self.batch_id,
-                                      batch_version=self.batch_version))
+            count(
+                writer.submit_batch(
+                    self.topic, batch, batch_offset, batch_id=self.batch_id, batch_version=self.batch_version
+                )
+            )
 
         # The hot loop (one pass per record): names bound locally, one clock read and two comparisons a record.
         monotonic, max_records, interval_s = time.monotonic, policy.max_records, policy.commit_interval_ms / 1000
         commit_at = float("inf") if one_batch else txn_started + interval_s
         report_at = started + PROGRESS_EVERY_S
-        for item in function(summary["resumed_after"], *self.producer_function_args,
-                             **self.producer_function_kwargs):
+        for item in function(summary["resumed_after"], *self.producer_function_args, **self.producer_function_kwargs):
             if type(item) is tuple and len(item) == 3:  # the common shape: no dataclass per record
                 batch_offset, key, value = item
                 # Plain tuples in Message's field order: the garbage collector untracks them (not a Message).
-                batch.append((value if type(value) is bytes else _encode(value),
-                              key if type(key) is bytes else _encode(key), None, None))
+                batch.append(
+                    (
+                        value if type(value) is bytes else _encode(value),
+                        key if type(key) is bytes else _encode(key),
+                        None,
+                        None,
+                    )
+                )
                 commit_point = True
             else:
                 record = _as_record(item)
@@ -208,8 +263,13 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
                 commit_at = txn_started + interval_s
             if now >= report_at:
                 done = summary["records"] + len(batch)
-                self.log.info("%d records (%.0f/s), %d transactions committed, last offset %r", done,
-                              done / (now - started), summary["transactions"], batch_offset)
+                self.log.info(
+                    "%d records (%.0f/s), %d transactions committed, last offset %r",
+                    done,
+                    done / (now - started),
+                    summary["transactions"],
+                    batch_offset,
+                )
                 report_at = now + PROGRESS_EVERY_S
         if batch:
             commit()
@@ -219,21 +279,31 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
 
     def _report(self, summary: dict[str, Any], elapsed: float, writer: PipelineWriter) -> None:
         summary["partition_offsets"] = {
-            str(partition): offset for (topic, partition), offset in sorted(writer.partition_offsets.items())
-            if topic == self.topic}
+            str(partition): offset
+            for (topic, partition), offset in sorted(writer.partition_offsets.items())
+            if topic == self.topic
+        }
         if summary["transactions"] == 0:
             self.log.info("Nothing new after offset %r; nothing produced.", summary["resumed_after"])
             summary["committed_offset"] = summary["resumed_after"]
             return
         per_txn = summary["records"] / summary["transactions"]
-        self.log.info("Committed %d records in %d transactions (%.0f records/s), offset %r -> %r",
-                      summary["records"], summary["transactions"], summary["records"] / max(elapsed, 1e-9),
-                      summary["resumed_after"], summary["committed_offset"])
+        self.log.info(
+            "Committed %d records in %d transactions (%.0f records/s), offset %r -> %r",
+            summary["records"],
+            summary["transactions"],
+            summary["records"] / max(elapsed, 1e-9),
+            summary["resumed_after"],
+            summary["committed_offset"],
+        )
         if summary["transactions"] > 1 and per_txn < MIN_RECORDS_PER_TRANSACTION:
             self.log.warning(
                 "Transactions averaged %.1f records: the source delivers records slower than "
                 "commit_interval_ms=%d collects a useful batch. Raise commit_interval_ms to cut commit "
-                "overhead.", per_txn, self.commit_interval_ms)
+                "overhead.",
+                per_txn,
+                self.commit_interval_ms,
+            )
 
 
 def _as_record(item: Any) -> SourceRecord:
@@ -243,7 +313,8 @@ def _as_record(item: Any) -> SourceRecord:
         return SourceRecord(offset=item[0], key=item[1], value=item[2])
     raise TypeError(
         f"producer_function yielded {item!r}; yield SourceRecord(offset=..., value=..., key=...) or an "
-        "(offset, key, value) tuple.")
+        "(offset, key, value) tuple."
+    )
 
 
 def _encode(value: bytes | str | None) -> bytes | None:
@@ -252,4 +323,3 @@ def _encode(value: bytes | str | None) -> bytes | None:
     if isinstance(value, str):
         return value.encode()
     raise TypeError(f"Record keys and values must be bytes, str or None, got {type(value).__name__}.")
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -13,9 +13,9 @@ from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
+from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.positions import BinlogPosition, parse_position
@@ -26,7 +26,6 @@ from exactly_once_provider.reconcile.keys import Key
 from exactly_once_provider.reconcile.run import compare, report_from_json
 from exactly_once_provider.sinks.base import offsets_from_json, offsets_to_json
 from exactly_once_provider.storage import is_s3, open_storage
-
 
 SCOPES = ("full", "changed")
 DELTA_READERS = ("auto", "spark", "delta-rs")
@@ -105,8 +104,17 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """
 
     template_fields: Sequence[str] = (
-        "name", "table", "sink_path", "sink_table", "source_filter", "sink_filter", "base_path",
-        "capture_pipeline", "sink_pipeline", "scope", "fail_on_mismatch",
+        "name",
+        "table",
+        "sink_path",
+        "sink_table",
+        "source_filter",
+        "sink_filter",
+        "base_path",
+        "capture_pipeline",
+        "sink_pipeline",
+        "scope",
+        "fail_on_mismatch",
         "postgres_conn_id",  # templated, and serialized with the DAG: the status page finds the results there
     )
     ui_color = "#e8eef4"
@@ -115,27 +123,65 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     job_module = "exactly_once_provider.reconcile.__main__"
 
     def __init__(
-        self, *, name: str, table: str, sink: str, sink_path: str | None = None, sink_table: str | None = None,
-        key_column: str | Sequence[str] | None = None, columns: Sequence[str] | None = None,
-        source_filter: str | None = None, sink_filter: str | None = None, sink_key_column: str | None = None, sink_json_column: str | None = None,
-        sink_json_path: str | None = None, sink_key_json_paths: Sequence[str] | None = None,
-        sink_deleted_column: str | None = None, sink_binary_encoding: str = "hex", base_path: str | None = None,
+        self,
+        *,
+        name: str,
+        table: str,
+        sink: str,
+        sink_path: str | None = None,
+        sink_table: str | None = None,
+        key_column: str | Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+        source_filter: str | None = None,
+        sink_filter: str | None = None,
+        sink_key_column: str | None = None,
+        sink_json_column: str | None = None,
+        sink_json_path: str | None = None,
+        sink_key_json_paths: Sequence[str] | None = None,
+        sink_deleted_column: str | None = None,
+        sink_binary_encoding: str = "hex",
+        base_path: str | None = None,
         sink_version_column: str | None = None,
-        capture_pipeline: str | None = None, capture_source_partition: str = "binlog",
-        topics: Sequence[str] | None = None, sink_pipeline: str | None = None, full_load_path: str | None = None,
-        scope: str = "full", delta_reader: str = "auto", fail_on_mismatch: bool | str = True,
-        store_result: bool = True, fanout: int = 16,
-        max_segments: int = 256, leaf_width: int = 16, mysql_conn_id: str = "mysql_default",
-        postgres_conn_id: str = "postgres_default", spark_conn_id: str = "spark_default",
-        kafka_config_id: str = "kafka_default", offsets_topic: str = "eo-offsets",
-        aws_conn_id: str = "aws_default", spark_conf: dict[str, str] | None = None, **kwargs: Any,
+        capture_pipeline: str | None = None,
+        capture_source_partition: str = "binlog",
+        topics: Sequence[str] | None = None,
+        sink_pipeline: str | None = None,
+        full_load_path: str | None = None,
+        scope: str = "full",
+        delta_reader: str = "auto",
+        fail_on_mismatch: bool | str = True,
+        store_result: bool = True,
+        fanout: int = 16,
+        max_segments: int = 256,
+        leaf_width: int = 16,
+        mysql_conn_id: str = "mysql_default",
+        postgres_conn_id: str = "postgres_default",
+        spark_conn_id: str = "spark_default",
+        kafka_config_id: str = "kafka_default",
+        offsets_topic: str = "eo-offsets",
+        aws_conn_id: str = "aws_default",
+        spark_conf: dict[str, str] | None = None,
+        **kwargs: Any,
     ) -> None:
         kwargs.setdefault("durable", False)  # the report exists only in this try's result file; a rerun only reads
         super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
         self.name, self.table, self.sink, self.sink_path, self.sink_table = name, table, sink, sink_path, sink_table
-        self.key_column, self.columns, self.source_filter, self.sink_filter = key_column, columns, source_filter, sink_filter
-        self.sink_key_column, self.sink_json_column, self.sink_json_path = sink_key_column, sink_json_column, sink_json_path
-        self.sink_key_json_paths, self.sink_deleted_column, self.base_path = sink_key_json_paths, sink_deleted_column, base_path
+        self.key_column, self.columns, self.source_filter, self.sink_filter = (
+            key_column,
+            columns,
+            source_filter,
+            sink_filter,
+        )
+        self.sink_key_column, self.sink_json_column, self.sink_json_path = (
+            sink_key_column,
+            sink_json_column,
+            sink_json_path,
+        )
+        self.sink_key_json_paths, self.sink_deleted_column, self.base_path = (
+            sink_key_json_paths,
+            sink_deleted_column,
+            base_path,
+        )
         self.sink_binary_encoding, self.sink_version_column = sink_binary_encoding, sink_version_column
         self.capture_pipeline, self.capture_source_partition = capture_pipeline, capture_source_partition
         self.topics, self.sink_pipeline, self.full_load_path = topics, sink_pipeline, full_load_path
@@ -154,27 +200,41 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     # ------------------------------------------------------------------------------------------ checks
     def _sink_spec(self) -> sides.SinkSpec:
         location = self.sink_path if self.sink == "delta" else self.sink_table
-        split = (lambda p: tuple(part for part in (p or "").split(".") if part))
+        split = lambda p: tuple(part for part in (p or "").split(".") if part)
         spec = sides.SinkSpec(
-            kind=self.sink, location=location or "", key_column=self.sink_key_column, json_column=self.sink_json_column,
-            json_path=split(self.sink_json_path), deleted_column=self.sink_deleted_column, filter=self.sink_filter,
-            base_path=self.base_path, key_json_paths=tuple(split(p) for p in self.sink_key_json_paths or ()),
-            binary_encoding=self.sink_binary_encoding, version_column=self.sink_version_column)
+            kind=self.sink,
+            location=location or "",
+            key_column=self.sink_key_column,
+            json_column=self.sink_json_column,
+            json_path=split(self.sink_json_path),
+            deleted_column=self.sink_deleted_column,
+            filter=self.sink_filter,
+            base_path=self.base_path,
+            key_json_paths=tuple(split(p) for p in self.sink_key_json_paths or ()),
+            binary_encoding=self.sink_binary_encoding,
+            version_column=self.sink_version_column,
+        )
         spec.validate()
         if self.scope not in SCOPES:
             raise ValueError(f"scope={self.scope!r}: use one of {SCOPES}.")
         if self.delta_reader not in DELTA_READERS:
             raise ValueError(f"delta_reader={self.delta_reader!r}: use one of {DELTA_READERS}.")
         if self.delta_reader == "delta-rs" and (spec.kind != "delta" or spec.json_column or spec.filter):
-            raise ValueError("delta_reader='delta-rs' reads a plain Delta table (the current table, a full load): "
-                             "not a PostgreSQL sink, a JSON-record sink (sink_json_column) or a sink_filter (Spark "
-                             "SQL); use delta_reader='spark'.")
+            raise ValueError(
+                "delta_reader='delta-rs' reads a plain Delta table (the current table, a full load): "
+                "not a PostgreSQL sink, a JSON-record sink (sink_json_column) or a sink_filter (Spark "
+                "SQL); use delta_reader='spark'."
+            )
         if self.scope == "changed" and not self.capture_pipeline:
-            raise ValueError("scope='changed' reads the change records the sink applied: it needs capture_pipeline, "
-                             "topics and sink_pipeline (a CDC pipeline).")
+            raise ValueError(
+                "scope='changed' reads the change records the sink applied: it needs capture_pipeline, "
+                "topics and sink_pipeline (a CDC pipeline)."
+            )
         if self.capture_pipeline and not (self.topics and self.sink_pipeline):
-            raise ValueError("capture_pipeline (CDC common position) also needs topics and sink_pipeline: the "
-                             "sink must have applied everything the capture committed before comparing.")
+            raise ValueError(
+                "capture_pipeline (CDC common position) also needs topics and sink_pipeline: the "
+                "sink must have applied everything the capture committed before comparing."
+            )
         return spec
 
     def _columns(self, cur: Any, schema: str, table: str) -> tuple[Key, list[Column]]:
@@ -182,12 +242,17 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         by_name = {c.name: c for c in found}
         key_names = [self.key_column] if isinstance(self.key_column, str) else list(self.key_column or ())
         if not key_names:
-            cur.execute("SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND "
-                        "TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX", (schema, table))
+            cur.execute(
+                "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND "
+                "TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
+                (schema, table),
+            )
             key_names = [r[0] for r in cur.fetchall()]
             if not key_names:
-                raise ValueError(f"{schema}.{table} has no primary key; pass key_column (a unique column, or a "
-                                 "list of columns that are unique together).")
+                raise ValueError(
+                    f"{schema}.{table} has no primary key; pass key_column (a unique column, or a "
+                    "list of columns that are unique together)."
+                )
         unknown = [n for n in key_names if n not in by_name]
         if unknown:
             raise ValueError(f"key_column {unknown} is not in {schema}.{table} (it has {list(by_name)}).")
@@ -214,9 +279,19 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         columns, pending = self._sink_columns(spec, key, columns)
         self._sink_offsets: dict | None = None
         captured = self._captured_position(table) if self.capture_pipeline or self.full_load_path else None
-        return {"spec": spec, "source_hook": source_hook, "schema": schema, "table": table, "key": key,
-                "columns": columns, "captured": captured, "started_at": datetime.now(timezone.utc),
-                "sink_offsets": self._sink_offsets, "scope": self._scope_ranges(key), "pending_columns": pending}
+        return {
+            "spec": spec,
+            "source_hook": source_hook,
+            "schema": schema,
+            "table": table,
+            "key": key,
+            "columns": columns,
+            "captured": captured,
+            "started_at": datetime.now(UTC),
+            "sink_offsets": self._sink_offsets,
+            "scope": self._scope_ranges(key),
+            "pending_columns": pending,
+        }
 
     def _sink_columns(self, spec: sides.SinkSpec, key: Key, columns: list[Column]) -> tuple[list[Column], list[str]]:
         """Return the compared columns the sink's table has, and the source columns it does not have yet.
@@ -234,12 +309,19 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             return columns, []
         pending = [c.name for c in columns if c.name not in held and c.name not in key.names]
         if self.columns and pending:
-            raise ValueError(f"The PostgreSQL table {spec.location} has no column(s) {pending}: reconcile the "
-                             "columns it has (leave columns= unset to compare every column both sides have).")
+            raise ValueError(
+                f"The PostgreSQL table {spec.location} has no column(s) {pending}: reconcile the "
+                "columns it has (leave columns= unset to compare every column both sides have)."
+            )
         if pending:
-            self.log.warning("Columns %s of %s are not in the sink %s yet (an ADD COLUMN its apply has not reached):"
-                             " compared without them, reported as pending; the next reconciliation compares the "
-                             "whole table.", pending, self.table, spec.location)
+            self.log.warning(
+                "Columns %s of %s are not in the sink %s yet (an ADD COLUMN its apply has not reached):"
+                " compared without them, reported as pending; the next reconciliation compares the "
+                "whole table.",
+                pending,
+                self.table,
+                spec.location,
+            )
         return [c for c in columns if c.name not in pending], pending
 
     def _held_columns(self, spec: sides.SinkSpec) -> set[str] | None:
@@ -277,19 +359,32 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             store.close()
         since = (last or {}).get("position") or {}
         if "sink_offsets" not in since:
-            self.log.info("scope=changed: no clean reconciliation of %s to start from: comparing the whole table",
-                          self.name)
+            self.log.info(
+                "scope=changed: no clean reconciliation of %s to start from: comparing the whole table", self.name
+            )
             return None
-        keys = change_scope.changed_keys(kafka_client_config(self.kafka_config_id), offsets_from_json(since["sink_offsets"]),
-                                  self._sink_offsets or {}, key)
+        keys = change_scope.changed_keys(
+            kafka_client_config(self.kafka_config_id),
+            offsets_from_json(since["sink_offsets"]),
+            self._sink_offsets or {},
+            key,
+        )
         if keys is None:
-            self.log.info("scope=changed: an ALTER TABLE was applied since the clean reconciliation %s (its fill "
-                          "may rewrite every older row): comparing the whole table", last["id"])
+            self.log.info(
+                "scope=changed: an ALTER TABLE was applied since the clean reconciliation %s (its fill "
+                "may rewrite every older row): comparing the whole table",
+                last["id"],
+            )
             return None
         keys |= set(since.get("in_flight", ()))
         ranges = change_scope.key_ranges(keys)
-        self.log.info("scope=changed: %d keys changed since the clean reconciliation %s (sink offsets %s): %d "
-                      "key ranges", len(keys), last["id"], since["sink_offsets"], len(ranges))
+        self.log.info(
+            "scope=changed: %d keys changed since the clean reconciliation %s (sink offsets %s): %d key ranges",
+            len(keys),
+            last["id"],
+            since["sink_offsets"],
+            len(ranges),
+        )
         return ranges
 
     def _reads_with_delta_rs(self, spec: sides.SinkSpec, ranges: engine.Ranges | None) -> bool:
@@ -317,9 +412,20 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             pg_cur = pg_conn.cursor()
             sink_side = sides.postgres_side(pg_cur, spec, r["key"], r["columns"])
             pg_cur.execute("SELECT 1")  # the transaction's snapshot is taken by its first statement
-            report, common = compare(r["source_hook"], sink_side, r["schema"], r["table"], r["key"], r["columns"],
-                                     self.source_filter, r["captured"], fanout=self.fanout,
-                                     max_segments=self.max_segments, leaf_width=self.leaf_width, scope=r["scope"])
+            report, common = compare(
+                r["source_hook"],
+                sink_side,
+                r["schema"],
+                r["table"],
+                r["key"],
+                r["columns"],
+                self.source_filter,
+                r["captured"],
+                fanout=self.fanout,
+                max_segments=self.max_segments,
+                leaf_width=self.leaf_width,
+                scope=r["scope"],
+            )
             pg_conn.rollback()
             pg_conn.set_session(isolation_level="READ COMMITTED", readonly=False)
             return self._finish(context, r, report, common.to_json() if common else None, pg_conn)
@@ -337,15 +443,37 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         version = delta_commit.newest_version(table)  # pinned BEFORE the source snapshot opens
         if version < 0:
             raise ValueError(f"{spec.location} is not a Delta table (no _delta_log commits): check sink_path.")
-        self.log.info("Reading the Delta sink %s at version %d in the task with delta-rs (%s)", spec.location,
-                      version, "the whole table" if r["scope"] is None else f"{len(r['scope'])} key ranges")
-        sink_side = delta_rs_side(spec.location.replace("s3a://", "s3://", 1), version, r["key"], r["columns"],
-                                  spec.key_column, spec.deleted_column, r["scope"],
-                                  s3.delta_rs_options() if s3 is not None else None)
+        self.log.info(
+            "Reading the Delta sink %s at version %d in the task with delta-rs (%s)",
+            spec.location,
+            version,
+            "the whole table" if r["scope"] is None else f"{len(r['scope'])} key ranges",
+        )
+        sink_side = delta_rs_side(
+            spec.location.replace("s3a://", "s3://", 1),
+            version,
+            r["key"],
+            r["columns"],
+            spec.key_column,
+            spec.deleted_column,
+            r["scope"],
+            s3.delta_rs_options() if s3 is not None else None,
+        )
         try:
-            report, common = compare(r["source_hook"], sink_side, r["schema"], r["table"], r["key"], r["columns"],
-                                     self.source_filter, r["captured"], fanout=self.fanout,
-                                     max_segments=self.max_segments, leaf_width=self.leaf_width, scope=r["scope"])
+            report, common = compare(
+                r["source_hook"],
+                sink_side,
+                r["schema"],
+                r["table"],
+                r["key"],
+                r["columns"],
+                self.source_filter,
+                r["captured"],
+                fanout=self.fanout,
+                max_segments=self.max_segments,
+                leaf_width=self.leaf_width,
+                scope=r["scope"],
+            )
         finally:
             sink_side.close()
         return self._finish(context, r, report, common.to_json() if common else None)
@@ -354,14 +482,23 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         r = getattr(self, "_delta_request", None) or self._request()
         self._delta_request = r
         captured: BinlogPosition | None = r["captured"]
-        return {"sink": asdict(r["spec"]), "schema": r["schema"], "table": r["table"], "key": [c.to_json() for c in r["key"].columns],
-                "columns": [c.to_json() for c in r["columns"]], "source_filter": self.source_filter,
-                "captured": str(captured) if captured is not None else None, "fanout": self.fanout,
-                "max_segments": self.max_segments, "leaf_width": self.leaf_width,
-                "mysql_conn_id": self.mysql_conn_id, "scope": r["scope"],
-                # A JSON-record sink (a settlement window) with the default column list: columns none of its
-                # records hold yet (added at the source after they were written) are found by the job.
-                "find_pending": bool(r["spec"].json_column and not self.columns)}
+        return {
+            "sink": asdict(r["spec"]),
+            "schema": r["schema"],
+            "table": r["table"],
+            "key": [c.to_json() for c in r["key"].columns],
+            "columns": [c.to_json() for c in r["columns"]],
+            "source_filter": self.source_filter,
+            "captured": str(captured) if captured is not None else None,
+            "fanout": self.fanout,
+            "max_segments": self.max_segments,
+            "leaf_width": self.leaf_width,
+            "mysql_conn_id": self.mysql_conn_id,
+            "scope": r["scope"],
+            # A JSON-record sink (a settlement window) with the default column list: columns none of its
+            # records hold yet (added at the source after they were written) are found by the job.
+            "find_pending": bool(r["spec"].json_column and not self.columns),
+        }
 
     def _s3_settings(self):
         """Return the S3 settings of ``aws_conn_id`` for a Delta sink on S3 (read once per run), else None."""
@@ -387,15 +524,20 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         r = self._delta_request
         held_by_none = [c for c in result.get("pending_columns") or () if c not in (r.get("pending_columns") or ())]
         if held_by_none:
-            self.log.warning("Columns %s of %s are in none of the sink's records%s (added at the source after they "
-                             "were written): compared without them, reported as pending. A settlement window gets "
-                             "them when it is re-extracted (reextract=true).", held_by_none, self.table,
-                             f" matching {r['spec'].filter}" if r["spec"].filter else "")
+            self.log.warning(
+                "Columns %s of %s are in none of the sink's records%s (added at the source after they "
+                "were written): compared without them, reported as pending. A settlement window gets "
+                "them when it is re-extracted (reextract=true).",
+                held_by_none,
+                self.table,
+                f" matching {r['spec'].filter}" if r["spec"].filter else "",
+            )
             r = {**r, "pending_columns": [*(r.get("pending_columns") or ()), *held_by_none]}
         return self._finish(context, r, report_from_json(result["report"]), result["position"])
 
-    def _finish(self, context: Any, r: dict[str, Any], report: engine.Report, common: dict | None,
-                pg_conn: Any = None) -> dict:
+    def _finish(
+        self, context: Any, r: dict[str, Any], report: engine.Report, common: dict | None, pg_conn: Any = None
+    ) -> dict:
         """Log the report, store it, return it for XCom; raise on a real mismatch when asked to."""
         spec, schema, table = r["spec"], r["schema"], r["table"]
         fail = str(self.fail_on_mismatch).strip().lower() in ("true", "1", "yes")
@@ -409,35 +551,65 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             common["pending_columns"] = pending
         if common is not None:
             ranges = r.get("scope")
-            common["scope"] = {"kind": "full"} if ranges is None else {
-                "kind": "changed", "ranges": len(ranges), "keys_covered": sum(hi - lo for lo, hi in ranges)}
-        finished_at = datetime.now(timezone.utc)
-        self.log.info("\n%s", engine.summary_table(report, f"reconciliation {self.name} ({schema}.{table} vs "
-                                                            f"{spec.kind} {spec.location})"))
+            common["scope"] = (
+                {"kind": "full"}
+                if ranges is None
+                else {"kind": "changed", "ranges": len(ranges), "keys_covered": sum(hi - lo for lo, hi in ranges)}
+            )
+        finished_at = datetime.now(UTC)
+        self.log.info(
+            "\n%s",
+            engine.summary_table(
+                report, f"reconciliation {self.name} ({schema}.{table} vs {spec.kind} {spec.location})"
+            ),
+        )
         for q in report.queries:
-            self.log.info("query %-6s %-8s full_scan=%s ranges=%d rows=%d %.2fs", q.side, q.kind, q.full_scan,
-                          q.ranges, q.rows, q.seconds)
+            self.log.info(
+                "query %-6s %-8s full_scan=%s ranges=%d rows=%d %.2fs",
+                q.side,
+                q.kind,
+                q.full_scan,
+                q.ranges,
+                q.rows,
+                q.seconds,
+            )
         result_id = None
         if self.store_result:
             store = pg_conn if pg_conn is not None else self._postgres()
             try:
                 ti = context.get("ti")
                 result_id = results.store_result(
-                    store, self.name, report, r["started_at"], finished_at, common,
-                    {"dag_id": getattr(ti, "dag_id", None), "run_id": getattr(ti, "run_id", None),
-                     "task_id": getattr(ti, "task_id", None), "try_number": getattr(ti, "try_number", None)})
+                    store,
+                    self.name,
+                    report,
+                    r["started_at"],
+                    finished_at,
+                    common,
+                    {
+                        "dag_id": getattr(ti, "dag_id", None),
+                        "run_id": getattr(ti, "run_id", None),
+                        "task_id": getattr(ti, "task_id", None),
+                        "try_number": getattr(ti, "try_number", None),
+                    },
+                )
             finally:
                 if store is not pg_conn:
                     store.close()
-        summary = {"name": self.name, "result_id": result_id, **report.summary(), "position": common,
-                   "pending_columns": pending,
-                   "differences": [d.__dict__ for d in report.differences[:100]]}
+        summary = {
+            "name": self.name,
+            "result_id": result_id,
+            **report.summary(),
+            "position": common,
+            "pending_columns": pending,
+            "differences": [d.__dict__ for d in report.differences[:100]],
+        }
         self.openlineage_result = summary
         if not report.clean and fail:
             keys = ", ".join(f"{d.key} ({d.kind})" for d in report.differences if d.kind in engine.MISMATCH_KINDS)
             raise ReconciliationMismatch(
                 f"Sink differs from {schema}.{table}: {report.mismatches} key(s): {keys[:2000]}. The result is "
-                f"stored as {results.RESULT_TABLE} id {result_id}; rerun the load (or set fail_on_mismatch=False).")
+                f"stored as {results.RESULT_TABLE} id {result_id}; rerun the load (or set fail_on_mismatch=False)."
+            )
         return summary
 
     def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
@@ -455,8 +627,9 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if result is None:
             return inputs, [facets.output_dataset(results_table)]
         position = result.get("position")
-        commit = facets.CommitFacet(pipeline=self.name, position=None if position is None else
-                                    json.dumps(position, sort_keys=True, default=str))
+        commit = facets.CommitFacet(
+            pipeline=self.name, position=None if position is None else json.dumps(position, sort_keys=True, default=str)
+        )
         return inputs, [facets.output_dataset(results_table, rows=1 if result["result_id"] else 0, commit=commit)]
 
     def _postgres(self):
@@ -477,8 +650,9 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
             return read_handoff(self.full_load_path).min_position
         kafka = kafka_client_config(self.kafka_config_id)
-        committed = read_committed_offset(kafka, self.capture_pipeline, self.capture_source_partition,
-                                          self.offsets_topic)
+        committed = read_committed_offset(
+            kafka, self.capture_pipeline, self.capture_source_partition, self.offsets_topic
+        )
         if committed is None:
             path = self.full_load_path or self.base_path
             if not path:
@@ -497,5 +671,6 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if behind.total:
             raise AirflowException(
                 f"The sink has not applied everything the capture committed (lag {behind.describe()}); run the "
-                "apply first. Comparing now would report changes still in Kafka as mismatches.")
+                "apply first. Comparing now would report changes still in Kafka as mismatches."
+            )
         return captured

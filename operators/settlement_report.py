@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
 from decimal import Decimal
+from typing import Any
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
+from exactly_once_provider.connections import connect_kwargs
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.connections import connect_kwargs
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
@@ -55,14 +54,31 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     job_name = "settlement_report"
     job_module = "exactly_once_provider.spark_jobs.settlement_report"
 
-    def __init__(self, *, window_id: str, sink_path: str, report_table: str, source_table: str,
-                 group_by: Sequence[str], sum_columns: Sequence[str], mysql_conn_id: str = "mysql_default",
-                 postgres_conn_id: str = "postgres_default", spark_conn_id: str = "spark_default",
-                 spark_conf: dict[str, str] | None = None, aws_conn_id: str = "aws_default", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        window_id: str,
+        sink_path: str,
+        report_table: str,
+        source_table: str,
+        group_by: Sequence[str],
+        sum_columns: Sequence[str],
+        mysql_conn_id: str = "mysql_default",
+        postgres_conn_id: str = "postgres_default",
+        spark_conn_id: str = "spark_default",
+        spark_conf: dict[str, str] | None = None,
+        aws_conn_id: str = "aws_default",
+        **kwargs: Any,
+    ) -> None:
         # The groups exist only in this try's result file: a retry runs the read-only job again.
         kwargs.setdefault("durable", False)
         super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
-        self.window_id, self.sink_path, self.report_table, self.source_table = window_id, sink_path, report_table, source_table
+        self.window_id, self.sink_path, self.report_table, self.source_table = (
+            window_id,
+            sink_path,
+            report_table,
+            source_table,
+        )
         self.group_by, self.sum_columns = list(group_by), list(sum_columns)
         self.mysql_conn_id, self.postgres_conn_id = mysql_conn_id, postgres_conn_id
         self.spark_conn_id, self.spark_conf = spark_conn_id, spark_conf or {}
@@ -91,8 +107,13 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     def job_params(self, context: Any) -> dict[str, Any]:
         if not self.window_id or not self.group_by:
             raise ValueError("window_id and group_by must be non-empty.")
-        return {"sink_path": self.sink_path, "window_id": self.window_id, "group_by": self.group_by,
-                "sum_columns": self.sum_columns, "scales": self._scales()}
+        return {
+            "sink_path": self.sink_path,
+            "window_id": self.window_id,
+            "group_by": self.group_by,
+            "sum_columns": self.sum_columns,
+            "scales": self._scales(),
+        }
 
     def _s3_settings(self):
         """Return the S3 settings of ``aws_conn_id`` for a ``sink_path`` on S3 (read once per run), else None."""
@@ -109,15 +130,17 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         return SPARK_PACKAGES + (S3A_PACKAGES if self._s3_settings() is not None else ())
 
     def job_result(self, result: Any, context: Any) -> dict[str, Any]:
-        groups = [{**g, **{c: Decimal(g[c]) for c in self.sum_columns if g.get(c) is not None}}
-                  for g in result or []]
+        groups = [{**g, **{c: Decimal(g[c]) for c in self.sum_columns if g.get(c) is not None}} for g in result or []]
         if not groups:
             self.log.warning("Window %s has no rows in %s: the report is empty.", self.window_id, self.sink_path)
         written = self._replace(groups)
         header = [*self.group_by, "rows", *(f"{c}_sum" for c in self.sum_columns)]
-        self.log.info("settlement report of %s (version %s):\n%s", self.window_id, written["window_version"],
-                      "\n".join("  " + "  ".join(f"{str(v):>14}" for v in line)
-                                for line in [header] + written["lines"]))
+        self.log.info(
+            "settlement report of %s (version %s):\n%s",
+            self.window_id,
+            written["window_version"],
+            "\n".join("  " + "  ".join(f"{str(v):>14}" for v in line) for line in [header] + written["lines"]),
+        )
         self._name_report_asset(context)
         self.openlineage_result = written
         return written
@@ -138,9 +161,14 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         """The window-mode Delta table in; the report table out (one row per group of the window)."""
         source = lineage.storage_path(self.sink_path)
         report = lineage.postgres_table_of(self.postgres_conn_id, self.report_table)
-        fields = [("window_id", "text"), ("window_version", "int"), *((c, "text") for c in self.group_by),
-                  ("rows", "bigint"), *((f"{c}_sum", "numeric") for c in self.sum_columns),
-                  ("reported_at", "timestamptz")]
+        fields = [
+            ("window_id", "text"),
+            ("window_version", "int"),
+            *((c, "text") for c in self.group_by),
+            ("rows", "bigint"),
+            *((f"{c}_sum", "numeric") for c in self.sum_columns),
+            ("reported_at", "timestamptz"),
+        ]
         table = self.sink_path
         if self._s3_settings() is not None:  # the log is read through the connection's settings
             from exactly_once_provider.storage import open_storage
@@ -164,23 +192,37 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         lines = []
         try:
             with conn, conn.cursor() as cur:
-                cur.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {t} (window_id text NOT NULL, window_version int NOT NULL, {g},"
-                    " rows bigint NOT NULL, {s}, reported_at timestamptz NOT NULL DEFAULT now(),"
-                    " PRIMARY KEY (window_id, {k}))").format(
-                    t=table, g=sql.SQL(", ").join(sql.SQL("{} text").format(c) for c in group_cols),
-                    s=sql.SQL(", ").join(sql.SQL("{} numeric").format(c) for c in sum_cols),
-                    k=sql.SQL(", ").join(group_cols)))
+                cur.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {t} (window_id text NOT NULL, window_version int NOT NULL, {g},"
+                        " rows bigint NOT NULL, {s}, reported_at timestamptz NOT NULL DEFAULT now(),"
+                        " PRIMARY KEY (window_id, {k}))"
+                    ).format(
+                        t=table,
+                        g=sql.SQL(", ").join(sql.SQL("{} text").format(c) for c in group_cols),
+                        s=sql.SQL(", ").join(sql.SQL("{} numeric").format(c) for c in sum_cols),
+                        k=sql.SQL(", ").join(group_cols),
+                    )
+                )
                 # One transaction: the window's previous report disappears exactly when the new one appears.
                 cur.execute(sql.SQL("DELETE FROM {} WHERE window_id = %s").format(table), (self.window_id,))
                 for g in sorted(groups, key=lambda g: [str(g[c]) for c in self.group_by]):
                     values = [g[c] for c in self.group_by] + [g["eo_rows"]] + [g[c] for c in self.sum_columns]
-                    cur.execute(sql.SQL("INSERT INTO {t} (window_id, window_version, {c}) VALUES (%s, %s, {p})").format(
-                        t=table, c=sql.SQL(", ").join(group_cols + [sql.Identifier("rows")] + sum_cols),
-                        p=sql.SQL(", ").join(sql.Placeholder() * len(values))), [self.window_id, version, *values])
+                    cur.execute(
+                        sql.SQL("INSERT INTO {t} (window_id, window_version, {c}) VALUES (%s, %s, {p})").format(
+                            t=table,
+                            c=sql.SQL(", ").join(group_cols + [sql.Identifier("rows")] + sum_cols),
+                            p=sql.SQL(", ").join(sql.Placeholder() * len(values)),
+                        ),
+                        [self.window_id, version, *values],
+                    )
                     lines.append(values)
         finally:
             conn.close()
-        return {"window_id": self.window_id, "window_version": version, "groups": len(lines),
-                "rows": sum(int(line[len(self.group_by)]) for line in lines),
-                "lines": [[str(v) for v in line] for line in lines]}
+        return {
+            "window_id": self.window_id,
+            "window_version": version,
+            "groups": len(lines),
+            "rows": sum(int(line[len(self.group_by)]) for line in lines),
+            "lines": [[str(v) for v in line] for line in lines],
+        }

@@ -30,8 +30,16 @@ from exactly_once_provider.operators.spark_submit import (  # noqa: F401 - their
 )
 from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink
 from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
+from exactly_once_provider.spark_jobs.stream_spec import (  # noqa: F401
+    DELIVERIES,
+    MODES,
+    SINKS,
+    TRIGGERS,
+    Route,
+    StreamSpec,
+    split_topics,
+)
 from exactly_once_provider.storage import is_s3
-from exactly_once_provider.spark_jobs.stream_spec import DELIVERIES, MODES, SINKS, TRIGGERS, Route, StreamSpec, split_topics  # noqa: F401
 
 
 class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
@@ -107,8 +115,19 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     """
 
     template_fields: Sequence[str] = (
-        "pipeline", "topics", "streams", "sink", "checkpoint_location", "sink_path", "sink_table", "trigger",
-        "interval", "max_offsets_per_trigger", "max_runtime", "mode", "conf",
+        "pipeline",
+        "topics",
+        "streams",
+        "sink",
+        "checkpoint_location",
+        "sink_path",
+        "sink_table",
+        "trigger",
+        "interval",
+        "max_offsets_per_trigger",
+        "max_runtime",
+        "mode",
+        "conf",
     )
     ui_color = "#e8f4d9"
     operator_extra_links = (PipelineStatusLink(), SparkUILink())
@@ -117,8 +136,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     default_conf = {"spark.sql.shuffle.partitions": "2"}
     # A bounded run lives ~20 s: the JVM's C2 compiler threads then only compete with the job for the cores
     # (measured: apply of 1,000 changes 21.3 -> 18.2 s on 2 cores, make bench-increment); a long stream keeps C2.
-    bounded_run_conf = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-                        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    bounded_run_conf = {
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    }
 
     def __init__(
         self,
@@ -151,8 +172,16 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         env_vars: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(spark_conn_id=spark_conn_id, conf=conf, packages=packages, jars=jars,
-                         deploy_mode=deploy_mode, driver_memory=driver_memory, env_vars=env_vars, **kwargs)
+        super().__init__(
+            spark_conn_id=spark_conn_id,
+            conf=conf,
+            packages=packages,
+            jars=jars,
+            deploy_mode=deploy_mode,
+            driver_memory=driver_memory,
+            env_vars=env_vars,
+            **kwargs,
+        )
         self.pipeline = pipeline
         self.topics = topics
         self.streams = streams
@@ -190,12 +219,18 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         for item in self.streams or ():
             unknown = sorted(set(item) - {"topics", "sink_path", "sink_table", "checkpoint_location"})
             if unknown:
-                raise ValueError(f"streams: unknown settings {unknown}; each stream names topics, sink_path or "
-                                 "sink_table, and checkpoint_location.")
-            routes.append(Route(topics=split_topics(item.get("topics") or ()),
-                                checkpoint=item.get("checkpoint_location") or "",
-                                path=item.get("sink_path") if self._reads_path() else None,
-                                table=item.get("sink_table") if self.sink == "postgres" else None))
+                raise ValueError(
+                    f"streams: unknown settings {unknown}; each stream names topics, sink_path or "
+                    "sink_table, and checkpoint_location."
+                )
+            routes.append(
+                Route(
+                    topics=split_topics(item.get("topics") or ()),
+                    checkpoint=item.get("checkpoint_location") or "",
+                    path=item.get("sink_path") if self._reads_path() else None,
+                    table=item.get("sink_table") if self.sink == "postgres" else None,
+                )
+            )
         return tuple(routes)
 
     def stream_views(self) -> list[SparkKafkaToSinkOperator]:
@@ -219,19 +254,31 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
 
     def _stream_spec(self) -> StreamSpec:
         routed = bool(self.streams)
-        if routed and (split_topics(self.topics or ()) or self.sink_path or self.sink_table
-                       or self.checkpoint_location):
-            raise ValueError("streams name each table's topics, sink and checkpoint: leave topics, "
-                             "checkpoint_location, sink_path and sink_table unset beside them.")
+        if routed and (
+            split_topics(self.topics or ()) or self.sink_path or self.sink_table or self.checkpoint_location
+        ):
+            raise ValueError(
+                "streams name each table's topics, sink and checkpoint: leave topics, "
+                "checkpoint_location, sink_path and sink_table unset beside them."
+            )
         return StreamSpec(
-            pipeline=self.pipeline, topics=() if routed else split_topics(self.topics or ()),
-            checkpoint="" if routed else self.checkpoint_location, routes=self._routes(),
-            sink=self.sink, path=self.sink_path if self._reads_path() and not routed else None,
-            table=self.sink_table if self.sink == "postgres" and not routed else None, trigger=self.trigger,
-            interval=self.interval, max_offsets_per_trigger=int(self.max_offsets_per_trigger) if self.max_offsets_per_trigger else None,
+            pipeline=self.pipeline,
+            topics=() if routed else split_topics(self.topics or ()),
+            checkpoint="" if routed else self.checkpoint_location,
+            routes=self._routes(),
+            sink=self.sink,
+            path=self.sink_path if self._reads_path() and not routed else None,
+            table=self.sink_table if self.sink == "postgres" and not routed else None,
+            trigger=self.trigger,
+            interval=self.interval,
+            max_offsets_per_trigger=int(self.max_offsets_per_trigger) if self.max_offsets_per_trigger else None,
             max_runtime=float(self.max_runtime) if self.max_runtime not in (None, "", "None") else None,
-            mode=self.mode, key_field=self.key_field, version_field=self.version_field, op_field=self.op_field,
-            delivery=self.delivery).validate()
+            mode=self.mode,
+            key_field=self.key_field,
+            version_field=self.version_field,
+            op_field=self.op_field,
+            delivery=self.delivery,
+        ).validate()
 
     def _reads_path(self) -> bool:
         """Whether ``sink_path`` is read: the sink's own location, or (PostgreSQL current table) its full load."""
@@ -297,9 +344,14 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         from exactly_once_provider.sinks.base import open_sink
 
         location = self.sink_table if self.sink == "postgres" else self.sink_path
-        state = open_sink(self.sink, location, self.pipeline, s3=self._s3_settings(),
-                          postgres_connect=lambda: connect_kwargs(self.postgres_conn_id),
-                          topics=split_topics(self.topics) if self.topics else ()).committed()  # this query's
+        state = open_sink(
+            self.sink,
+            location,
+            self.pipeline,
+            s3=self._s3_settings(),
+            postgres_connect=lambda: connect_kwargs(self.postgres_conn_id),
+            topics=split_topics(self.topics) if self.topics else (),
+        ).committed()  # this query's
         return state.to_json() if state else None
 
     def before_submit(self) -> None:
@@ -345,7 +397,9 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
                 more_in, more_out = view.openlineage_datasets(found)
                 inputs, outputs = inputs + more_in, outputs + more_out
             return inputs, outputs
-        inputs = [facets.input_dataset(lineage.kafka_topic_of(self.kafka_conn_id, t)) for t in split_topics(self.topics)]
+        inputs = [
+            facets.input_dataset(lineage.kafka_topic_of(self.kafka_conn_id, t)) for t in split_topics(self.topics)
+        ]
         sink = self.sink_dataset()
         fields = None
         if self.sink == "delta":
@@ -355,10 +409,12 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         size = files = None
         if self.sink == "delta":
             size, files = facets.delta_commit_size(self._delta_table(), self._before_version, self._delta_version())
-        commit = facets.CommitFacet(pipeline=self.pipeline, kafkaOffsets=result["offsets"],
-                                    sinkVersion=result["batch_id"])
-        return inputs, [facets.output_dataset(sink, fields, rows=result["rows_this_run"], size=size, files=files,
-                                              commit=commit)]
+        commit = facets.CommitFacet(
+            pipeline=self.pipeline, kafkaOffsets=result["offsets"], sinkVersion=result["batch_id"]
+        )
+        return inputs, [
+            facets.output_dataset(sink, fields, rows=result["rows_this_run"], size=size, files=files, commit=commit)
+        ]
 
     def job_result(self, result: Any, context: Any) -> dict | None:
         # XCom mirrors the sink, read here; the driver's own answer is not needed (and absent on a reconnect).
@@ -369,10 +425,17 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             self.openlineage_result = {"streams": states}
             return self.openlineage_result
         before, after = self._before, self.sink_state()
-        self.log.info("pipeline %s: sink %s committed batch %s of checkpoint %s, %s rows in total (%s before "
-                      "this run); offsets %s", self.pipeline, self.sink, after and after["batch_id"],
-                      after and after["checkpoint_id"], after and after["rows_total"],
-                      before["rows_total"] if before else 0, after and after["offsets"])
+        self.log.info(
+            "pipeline %s: sink %s committed batch %s of checkpoint %s, %s rows in total (%s before "
+            "this run); offsets %s",
+            self.pipeline,
+            self.sink,
+            after and after["batch_id"],
+            after and after["checkpoint_id"],
+            after and after["rows_total"],
+            before["rows_total"] if before else 0,
+            after and after["offsets"],
+        )
         if after is not None:
             after["rows_this_run"] = after["rows_total"] - (before["rows_total"] if before else 0)
         self.openlineage_result = after

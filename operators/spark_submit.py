@@ -33,8 +33,8 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
 import exactly_once_provider
-from exactly_once_provider.hooks.spark_submit import CleanEnvironmentSparkSubmitHook, clean_environment
 from exactly_once_provider.connections import spark_redaction_regex, write_secret_file
+from exactly_once_provider.hooks.spark_submit import CleanEnvironmentSparkSubmitHook, clean_environment
 from exactly_once_provider.plugins.links import SparkUILink, push_link
 from exactly_once_provider.spark_jobs.class_archive import ARCHIVE_DIR_EXTRA, DriverClassArchive, chosen_elsewhere
 from exactly_once_provider.spark_jobs.packages import SPARK_PACKAGES
@@ -109,9 +109,16 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
     hook_class: type[CleanEnvironmentSparkSubmitHook] = CleanEnvironmentSparkSubmitHook
 
     def __init__(
-        self, *, spark_conn_id: str = "spark_default", conf: dict[str, Any] | None = None,
-        packages: Sequence[str] | None = None, jars: Sequence[str] | None = None, deploy_mode: str | None = None,
-        driver_memory: str = "1g", env_vars: dict[str, str] | None = None, **kwargs: Any,
+        self,
+        *,
+        spark_conn_id: str = "spark_default",
+        conf: dict[str, Any] | None = None,
+        packages: Sequence[str] | None = None,
+        jars: Sequence[str] | None = None,
+        deploy_mode: str | None = None,
+        driver_memory: str = "1g",
+        env_vars: dict[str, str] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(conn_id=spark_conn_id, **kwargs)
         # Set after SparkSubmitOperator.__init__, which sets its own (unused here) values of these names.
@@ -161,7 +168,8 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         except Exception as err:  # the provider's hook would silently fall back to yarn: refuse instead
             raise AirflowException(
                 f"Spark connection {self.spark_conn_id!r} is not defined; create it (host local[*] or "
-                f"spark://host:port) instead of relying on the Spark provider's fallback to yarn.") from err
+                f"spark://host:port) instead of relying on the Spark provider's fallback to yarn."
+            ) from err
         master = conn.host or ""
         if conn.port and "://" in master:
             master = f"{master}:{conn.port}"
@@ -186,7 +194,8 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
                 f"The standalone master's REST server does not answer at {endpoint} ({err}); cluster deploy mode "
                 "tracks and kills the driver there. Start the master with spark.master.rest.enabled=true and put "
                 f"its spark.master.rest.port in connection {self.spark_conn_id!r}'s Extra as 'rest-port', or "
-                "pass deploy_mode='client'.") from err
+                "pass deploy_mode='client'."
+            ) from err
 
     def job_default_conf(self) -> dict[str, str]:
         """Return the Spark settings this job gets unless ``conf`` sets them (default: :attr:`default_conf`)."""
@@ -212,10 +221,14 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         if packages is None and not jars and "spark.jars" not in conf:
             packages = self.default_packages()
         py_files = package_zip(job_dir)
-        spec = JobSpec(job=self.job_name, params=params,
-                       secrets_file=write_secret_file(job_dir, secrets, prefix="connections-"),
-                       result_file=str(Path(job_dir) / "result.json"),
-                       started_file=str(Path(job_dir) / "started.json"), app_name=self.app_name())
+        spec = JobSpec(
+            job=self.job_name,
+            params=params,
+            secrets_file=write_secret_file(job_dir, secrets, prefix="connections-"),
+            result_file=str(Path(job_dir) / "result.json"),
+            started_file=str(Path(job_dir) / "started.json"),
+            app_name=self.app_name(),
+        )
         args = ["--spec", spec.write(Path(job_dir) / "spec.json")]
         entry = module_file(self.job_module)
         java_class = None
@@ -234,10 +247,17 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         # env_vars stay off the hook: it would rebuild spark-submit's environment from this process's (with
         # Airflow's variables) and refuses them in standalone cluster mode; they go into the clean environment.
         self._submit_settings = dict(
-            conf=conf, py_files=py_files, jars=jars, java_class=java_class,
-            packages=",".join(packages) if packages else None, name=spec.app_name, application_args=args,
-            driver_memory=self.driver_memory, deploy_mode=self.deploy_mode,
-            submit_env=submit_env)
+            conf=conf,
+            py_files=py_files,
+            jars=jars,
+            java_class=java_class,
+            packages=",".join(packages) if packages else None,
+            name=spec.app_name,
+            application_args=args,
+            driver_memory=self.driver_memory,
+            deploy_mode=self.deploy_mode,
+            submit_env=submit_env,
+        )
         self.before_submit()
         return spec
 
@@ -248,7 +268,8 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
             return
         self._class_archive = DriverClassArchive.in_directory(directory)
         conf["spark.driver.extraJavaOptions"] = " ".join(
-            filter(None, [driver_options, self._class_archive.java_options()]))
+            filter(None, [driver_options, self._class_archive.java_options()])
+        )
 
     def default_packages(self) -> tuple[str, ...]:
         """Return the connectors' Maven coordinates when neither ``packages`` nor jars were given."""
@@ -274,8 +295,9 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
             finally:
                 watcher.stop()
                 if self._class_archive and self._class_archive.publish(succeeded):
-                    self.log.info("Spark driver class archive written: %s (later drivers start from it)",
-                                  self._class_archive.path)
+                    self.log.info(
+                        "Spark driver class archive written: %s (later drivers start from it)", self._class_archive.path
+                    )
             report = read_json(spec.result_file)
             if report is not None and "error" in report:
                 self._raise_job_error(spec, AirflowException("the driver reported an error"))
@@ -309,7 +331,9 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
             status = (re.search(r"status (\w+)", str(err)) or re.search(r"(\w+)$", str(err))).group(1)
             raise DriverEndedError(
                 f"Spark driver {external_id} of {self.job_label()} ended {status}; its log is in the worker's work "
-                f"directory (<work-dir>/{external_id}/stderr).", status) from err
+                f"directory (<work-dir>/{external_id}/stderr).",
+                status,
+            ) from err
         self.log.info("%s: driver %s FINISHED", self.job_label(), external_id)
 
     def _driver_started(self, context: Any, started: dict) -> None:

@@ -15,8 +15,6 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from exactly_once_provider.plugins.links import URL_PREFIX
-
 
 def _require_viewer() -> Any:
     from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
@@ -34,19 +32,39 @@ def _overview(all_keys: bool = False):
 
 def _to_json(overview) -> dict[str, Any]:
     return {
-        "read_at": overview.read_at, "errors": overview.errors, "notes": overview.notes, "unresolved": overview.unresolved,
-        "pipelines": [{
-            "name": s.spec.name, "state": s.state, "lag": s.lag, "dag_ids": sorted(s.spec.dag_ids),
-            "found_in": sorted(s.spec.found_in),
-            "sections": {sec.slug: {"rows": sec.rows, "error": sec.error} for sec in s.sections},
-        } for s in overview.pipelines],
-        "flows": [{
-            "name": f.name, "state": f.state, "pipelines": [m.spec.name for m in f.members], "sources": f.sources,
-            "topics": f.topics, "sinks": f.sinks, "lag": f.lag, "freshness_seconds": f.freshness,
-            "rows_per_second": f.throughput, "reconciliation": f.reconciliation,
-            "position": f.position and {"text": f.position.text, "gtid": f.position.gtid},
-            "history": [p.__dict__ for p in f.history], "notes": f.notes,
-        } for f in overview.flows],
+        "read_at": overview.read_at,
+        "errors": overview.errors,
+        "notes": overview.notes,
+        "unresolved": overview.unresolved,
+        "pipelines": [
+            {
+                "name": s.spec.name,
+                "state": s.state,
+                "lag": s.lag,
+                "dag_ids": sorted(s.spec.dag_ids),
+                "found_in": sorted(s.spec.found_in),
+                "sections": {sec.slug: {"rows": sec.rows, "error": sec.error} for sec in s.sections},
+            }
+            for s in overview.pipelines
+        ],
+        "flows": [
+            {
+                "name": f.name,
+                "state": f.state,
+                "pipelines": [m.spec.name for m in f.members],
+                "sources": f.sources,
+                "topics": f.topics,
+                "sinks": f.sinks,
+                "lag": f.lag,
+                "freshness_seconds": f.freshness,
+                "rows_per_second": f.throughput,
+                "reconciliation": f.reconciliation,
+                "position": f.position and {"text": f.position.text, "gtid": f.position.gtid},
+                "history": [p.__dict__ for p in f.history],
+                "notes": f.notes,
+            }
+            for f in overview.flows
+        ],
         "seconds": overview.seconds,
     }
 

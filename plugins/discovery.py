@@ -119,8 +119,10 @@ def _capture_topics(task: Any, pipeline: str, params: Mapping[str, Any]) -> dict
     for name in (n.strip() for item in names for n in str(item).split(",") if n.strip()):
         schema, _, table = name.rpartition(".")
         if not schema:
-            raise ValueError(f"table {name!r} takes its schema from the MySQL connection: name it schema.table "
-                             "for its topic to be shown")
+            raise ValueError(
+                f"table {name!r} takes its schema from the MySQL connection: name it schema.table "
+                "for its topic to be shown"
+            )
         topics[name] = topic_for(template, pipeline, schema, table)
     return topics
 
@@ -129,15 +131,21 @@ def _add_stream(spec: PipelineSpec, task: Any, params: Mapping[str, Any]) -> Non
     """Add a Kafka -> sink task's topics and sinks: its own, or each of its ``streams`` (one query per table)."""
     sink = render(task.sink, params)
     queries = getattr(task, "streams", None) or [
-        {"topics": task.topics, "sink_path": task.sink_path, "sink_table": task.sink_table}]
+        {"topics": task.topics, "sink_path": task.sink_path, "sink_table": task.sink_table}
+    ]
     for query in queries:
         topics = query.get("topics")
         spec.topics |= _topics([render(t, params) for t in ([topics] if isinstance(topics, str) else topics or ())])
         location = render(query.get("sink_table") if sink == "postgres" else query.get("sink_path"), params)
         on_s3 = sink != "postgres" and is_s3(location or "")
-        spec.sinks.add(SinkSpec(sink, location, getattr(task, "postgres_conn_id", None),
-                                render(getattr(task, "aws_conn_id", None) or "aws_default", params)
-                                if on_s3 else None))
+        spec.sinks.add(
+            SinkSpec(
+                sink,
+                location,
+                getattr(task, "postgres_conn_id", None),
+                render(getattr(task, "aws_conn_id", None) or "aws_default", params) if on_s3 else None,
+            )
+        )
     spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))
 
 
@@ -155,7 +163,8 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
         for task in dag.tasks:
             kind = task.task_type
             if kind not in PRODUCERS | STREAMS | FULL_LOADS | RECONCILERS or not str(
-                    getattr(task, "_task_module", MODULE_PREFIX)).startswith(MODULE_PREFIX):
+                getattr(task, "_task_module", MODULE_PREFIX)
+            ).startswith(MODULE_PREFIX):
                 continue
             try:
                 if kind in FULL_LOADS:
@@ -164,7 +173,9 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
                 if kind in RECONCILERS:  # its result row is named like the pipeline it checks
                     spec = found.pipeline(render(task.name, params), "dag")
                     spec.dag_ids.add(dag.dag_id)
-                    spec.result_conn_ids.add(render(getattr(task, "postgres_conn_id", None) or "postgres_default", params))
+                    spec.result_conn_ids.add(
+                        render(getattr(task, "postgres_conn_id", None) or "postgres_default", params)
+                    )
                     continue
                 spec = found.pipeline(render(task.pipeline, params), "dag")
                 spec.dag_ids.add(dag.dag_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from html import escape
 
 from exactly_once_provider.plugins.flows import Flow
@@ -43,28 +43,31 @@ def sparkline(flow: str, chart: str, times: list[float], values: list[float | No
     """
     known = [(t, v) for t, v in zip(times, values) if v is not None]
     data = escape(json.dumps([[round(t, 3), v] for t, v in known]))
-    head = (f'<div class="chart" data-flow="{escape(flow)}" data-chart="{chart}" data-points="{data}">'
-            f'{escape(label)}')
+    head = f'<div class="chart" data-flow="{escape(flow)}" data-chart="{chart}" data-points="{data}">{escape(label)}'
     if len(known) < 2:
         return f'{head}<div class="note">{len(known)} commit{"s" * (len(known) != 1)}: no chart yet</div></div>'
     t0, t1 = known[0][0], known[-1][0]
     top = max(v for _, v in known) or 1
-    x = (lambda t: PAD + (WIDTH - 2 * PAD) * ((t - t0) / (t1 - t0) if t1 > t0 else 1))
-    y = (lambda v: HEIGHT - PAD - (HEIGHT - 2 * PAD) * v / top)
+    x = lambda t: PAD + (WIDTH - 2 * PAD) * ((t - t0) / (t1 - t0) if t1 > t0 else 1)
+    y = lambda v: HEIGHT - PAD - (HEIGHT - 2 * PAD) * v / top
     points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in known)
     last_t, last_v = known[-1]
-    since = datetime.fromtimestamp(t0, timezone.utc).strftime("%H:%M:%S")
+    since = datetime.fromtimestamp(t0, UTC).strftime("%H:%M:%S")
     shown = "{:,.0f}" if all(float(v).is_integer() for _, v in known) else "{:,.1f}"
-    return (f'{head}: newest {shown.format(last_v)}, max {shown.format(top)} · {len(known)} commits since {since} UTC'
-            f'<svg width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
-            f'aria-label="{escape(label)}"><polyline fill="none" stroke="#2f6fb3" stroke-width="1.6" '
-            f'points="{points}"/><circle cx="{x(last_t):.1f}" cy="{y(last_v):.1f}" r="2.6" fill="#2f6fb3"/></svg></div>')
+    return (
+        f"{head}: newest {shown.format(last_v)}, max {shown.format(top)} · {len(known)} commits since {since} UTC"
+        f'<svg width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="{escape(label)}"><polyline fill="none" stroke="#2f6fb3" stroke-width="1.6" '
+        f'points="{points}"/><circle cx="{x(last_t):.1f}" cy="{y(last_v):.1f}" r="2.6" fill="#2f6fb3"/></svg></div>'
+    )
 
 
 def _figure(flow: str, figure: str, value: str, label: str, title: str = "") -> str:
     hover = f' title="{escape(title)}"' if title else ""
-    return (f'<div class="fig" data-flow="{escape(flow)}" data-figure="{figure}"{hover}><b>{value}</b>'
-            f'<span>{escape(label)}</span></div>')
+    return (
+        f'<div class="fig" data-flow="{escape(flow)}" data-figure="{figure}"{hover}><b>{value}</b>'
+        f"<span>{escape(label)}</span></div>"
+    )
 
 
 def render_flow(flow: Flow, colours: dict, pipeline_card: Callable) -> str:
@@ -80,23 +83,41 @@ def render_flow(flow: Flow, colours: dict, pipeline_card: Callable) -> str:
     recon = flow.reconciliation
     position = flow.position
     figures = [
-        _figure(flow.name, "freshness", duration(flow.freshness), "freshness (since the source commit of the oldest unapplied change)"),
+        _figure(
+            flow.name,
+            "freshness",
+            duration(flow.freshness),
+            "freshness (since the source commit of the oldest unapplied change)",
+        ),
         _figure(flow.name, "lag", "—" if flow.lag is None else f"{flow.lag:,}", "lag (records)"),
         _figure(flow.name, "throughput", rate(flow.throughput), "throughput (sink commits)"),
-        _figure(flow.name, "reconciliation", escape(recon["result"]) if recon else "—",
-                f"last reconciliation {recon['finished at']}" if recon else "no reconciliation"),
-        _figure(flow.name, "position", escape(position.text) if position else "—", "committed position",
-                f"GTID {position.gtid}" if position and position.gtid else ""),
+        _figure(
+            flow.name,
+            "reconciliation",
+            escape(recon["result"]) if recon else "—",
+            f"last reconciliation {recon['finished at']}" if recon else "no reconciliation",
+        ),
+        _figure(
+            flow.name,
+            "position",
+            escape(position.text) if position else "—",
+            "committed position",
+            f"GTID {position.gtid}" if position and position.gtid else "",
+        ),
     ]
     times = [p.at for p in flow.history]
-    charts = (sparkline(flow.name, "lag", times, [p.lag for p in flow.history], "lag at each sink commit (records)")
-              + sparkline(flow.name, "rows_per_second", times, [p.rows_per_second for p in flow.history],
-                          "rows/s between sink commits"))
+    charts = sparkline(
+        flow.name, "lag", times, [p.lag for p in flow.history], "lag at each sink commit (records)"
+    ) + sparkline(
+        flow.name, "rows_per_second", times, [p.rows_per_second for p in flow.history], "rows/s between sink commits"
+    )
     members = ", ".join(m.spec.name for m in flow.members)
     notes = "".join(f'<div class="note">{escape(n)}</div>' for n in flow.notes)
-    return (f'<div class="flow" id="flow-{escape(flow.name)}" data-flow="{escape(flow.name)}" '
-            f'data-state="{flow.state}" style="--c:{colour};--b:{background}"><h2>{path or escape(flow.name)}</h2>'
-            f'<span class="badge">{label}</span><span class="found">pipelines: {escape(members)}</span>'
-            f'<div class="figs">{"".join(figures)}</div><div class="charts">{charts}</div>{notes}'
-            f'<details class="pipes"><summary>pipelines, offsets, sink commits</summary>'
-            f'{"".join(pipeline_card(m) for m in flow.members)}</details></div>')
+    return (
+        f'<div class="flow" id="flow-{escape(flow.name)}" data-flow="{escape(flow.name)}" '
+        f'data-state="{flow.state}" style="--c:{colour};--b:{background}"><h2>{path or escape(flow.name)}</h2>'
+        f'<span class="badge">{label}</span><span class="found">pipelines: {escape(members)}</span>'
+        f'<div class="figs">{"".join(figures)}</div><div class="charts">{charts}</div>{notes}'
+        f'<details class="pipes"><summary>pipelines, offsets, sink commits</summary>'
+        f"{''.join(pipeline_card(m) for m in flow.members)}</details></div>"
+    )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from exactly_once_provider.plugins.status import BEHIND, EMPTY, ERROR, MISMATCH, OK, PipelineStatus, Position
@@ -93,8 +93,9 @@ def group(statuses: list[PipelineStatus]) -> list[list[PipelineStatus]]:
     groups: dict[int, list[PipelineStatus]] = {}
     for i, status in enumerate(statuses):
         groups.setdefault(root(i), []).append(status)
-    return [sorted(g, key=lambda s: (not s.spec.sources, not s.spec.offsets_topics, s.spec.name))
-            for g in groups.values()]
+    return [
+        sorted(g, key=lambda s: (not s.spec.sources, not s.spec.offsets_topics, s.spec.name)) for g in groups.values()
+    ]
 
 
 def _rows(status: PipelineStatus, slug: str) -> list[dict]:
@@ -114,7 +115,6 @@ def delta_history(location: str, pipeline: str, limit: int = HISTORY, s3: Any = 
 
     from exactly_once_provider.sinks.delta import DeltaSink, _output_rows
     from exactly_once_provider.sinks.delta_commit import commits
-
     from exactly_once_provider.storage import open_storage
 
     key = DeltaSink(location, pipeline).key
@@ -125,7 +125,11 @@ def delta_history(location: str, pipeline: str, limit: int = HISTORY, s3: Any = 
         body = json.loads(raw).get(key) if raw else None
         if not isinstance(body, dict):
             continue
-        rows = int(body.get("rows_total") or 0) if "windows" in body else int(body.get("rows_before", 0)) + _output_rows(info)
+        rows = (
+            int(body.get("rows_total") or 0)
+            if "windows" in body
+            else int(body.get("rows_before", 0)) + _output_rows(info)
+        )
         found.append((info.get("timestamp", 0) / 1000, rows, body.get("offsets") or {}))
         if len(found) >= limit:
             break
@@ -152,7 +156,9 @@ def offsets_at_times(consumer: Any, asks: list[tuple[str, int, int]], ends: dict
     while any(queues.values()):
         asked = [TopicPartition(t, p, queue.pop()) for (t, p), queue in queues.items() if queue]
         for tp, ask in zip(consumer.offsets_for_times(asked, timeout=10), asked):
-            found[(ask.topic, ask.partition, ask.offset)] = tp.offset if tp.offset >= 0 else ends[(ask.topic, ask.partition)]
+            found[(ask.topic, ask.partition, ask.offset)] = (
+                tp.offset if tp.offset >= 0 else ends[(ask.topic, ask.partition)]
+            )
     return found
 
 
@@ -196,7 +202,7 @@ def source_commit_time(value: bytes | None) -> float | None:
         return None
     try:
         stamp = json.loads(value).get("commit_ts")
-        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except (ValueError, TypeError, AttributeError):
         return None
 
@@ -211,8 +217,9 @@ class _Live:
     fill: list = field(default_factory=list)  # callbacks(offsets at times, unapplied since)
 
 
-def build(statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTORY,
-          s3_for: Any = lambda sink: None) -> list[Flow]:
+def build(
+    statuses: list[PipelineStatus], consumer_for: Any, limit: int = HISTORY, s3_for: Any = lambda sink: None
+) -> list[Flow]:
     """Return one flow per group of ``statuses`` with its figures and history.
 
     :param statuses: the pipelines as :func:`~exactly_once_provider.plugins.status.read_overview` read them.
@@ -265,8 +272,11 @@ def _plan(flow: Flow, member: PipelineStatus, live: _Live, limit: int, s3_for: A
     rows = [r for r in _rows(member, "lag") if isinstance(r.get("partition"), int)]
     for r in rows:
         live.ends[(r["topic"], r["partition"])] = r["end offset"]
-    lagging = [(r["topic"], r["partition"], r["sink next offset"]) for r in rows
-               if isinstance(r.get("lag"), int) and r["lag"] > 0]
+    lagging = [
+        (r["topic"], r["partition"], r["sink next offset"])
+        for r in rows
+        if isinstance(r.get("lag"), int) and r["lag"] > 0
+    ]
     live.lagging += lagging
     if member.spec.sinks and member.lag == 0:
         flow.freshness = flow.freshness or 0.0
@@ -294,8 +304,17 @@ def _plan(flow: Flow, member: PipelineStatus, live: _Live, limit: int, s3_for: A
 
         def lag_history(at_times: dict, since: dict, now: float, points=points, history=history) -> None:
             for point, (_, _, committed) in zip(points, history):
-                point.lag = sum(max(0, at_times[(r["topic"], r["partition"], int(point.at * 1000))]
-                                    - int((committed.get(r["topic"]) or {}).get(str(r["partition"]), 0)))
-                                for r in rows) if rows else None
+                point.lag = (
+                    sum(
+                        max(
+                            0,
+                            at_times[(r["topic"], r["partition"], int(point.at * 1000))]
+                            - int((committed.get(r["topic"]) or {}).get(str(r["partition"]), 0)),
+                        )
+                        for r in rows
+                    )
+                    if rows
+                    else None
+                )
 
         live.fill.append(lag_history)

@@ -17,12 +17,24 @@ from typing import Any
 from exactly_once_provider.plugins.flow_card import duration, rate, render_flow
 from exactly_once_provider.plugins.flows import Flow, group
 from exactly_once_provider.plugins.status import (
-    BEHIND, EMPTY, ERROR, MISMATCH, OK, Overview, PipelineStatus, Position, Section,
+    BEHIND,
+    EMPTY,
+    ERROR,
+    MISMATCH,
+    OK,
+    Overview,
+    PipelineStatus,
+    Position,
+    Section,
 )
 
-COLOURS = {OK: ("#1f7a3a", "#e6f4ea", "ok"), BEHIND: ("#8a5a00", "#fff4d6", "behind"),
-           ERROR: ("#b42318", "#fde8e7", "error"), EMPTY: ("#555", "#eee", "nothing committed"),
-           MISMATCH: ("#b42318", "#fde8e7", "reconciliation mismatch")}
+COLOURS = {
+    OK: ("#1f7a3a", "#e6f4ea", "ok"),
+    BEHIND: ("#8a5a00", "#fff4d6", "behind"),
+    ERROR: ("#b42318", "#fde8e7", "error"),
+    EMPTY: ("#555", "#eee", "nothing committed"),
+    MISMATCH: ("#b42318", "#fde8e7", "reconciliation mismatch"),
+}
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:16px 20px;color:#1d2530;background:#fafbfc}
@@ -58,18 +70,25 @@ def _cell(value: Any) -> str:
 
 def _position(value: Position) -> str:
     title = f"GTID {value.gtid}" if value.gtid else "no GTID recorded"
-    return f'<span class="pos" title="{escape(title)}" data-gtid="{escape(value.gtid or "")}">{escape(value.text)}</span>'
+    return (
+        f'<span class="pos" title="{escape(title)}" data-gtid="{escape(value.gtid or "")}">{escape(value.text)}</span>'
+    )
 
 
 def _section(pipeline: str, section: Section) -> str:
-    parts = [f'<h3>{escape(section.title)}</h3>']
+    parts = [f"<h3>{escape(section.title)}</h3>"]
     if section.error:
-        parts.append(f'<div class="err" data-pipeline="{escape(pipeline)}" data-section="{section.slug}" '
-                     f'data-error="1">could not read: {escape(section.error)}</div>')
+        parts.append(
+            f'<div class="err" data-pipeline="{escape(pipeline)}" data-section="{section.slug}" '
+            f'data-error="1">could not read: {escape(section.error)}</div>'
+        )
     if section.rows:
-        numeric = {c for c in section.columns if all(isinstance(r.get(c), int) and not isinstance(r.get(c), bool)
-                                                     for r in section.rows)}
-        head = "".join(f'<th{" class=num" if c in numeric else ""}>{escape(c)}</th>' for c in section.columns)
+        numeric = {
+            c
+            for c in section.columns
+            if all(isinstance(r.get(c), int) and not isinstance(r.get(c), bool) for r in section.rows)
+        }
+        head = "".join(f"<th{' class=num' if c in numeric else ''}>{escape(c)}</th>" for c in section.columns)
         body = []
         for row in section.rows:
             cells = []
@@ -80,11 +99,15 @@ def _section(pipeline: str, section: Section) -> str:
                     classes.append("lagbad" if value else "lagok")
                 cls = f' class="{" ".join(classes)}"' if classes else ""
                 text = _position(value) if isinstance(value, Position) else escape(_cell(value))
-                cells.append(f'<td{cls} data-pipeline="{escape(pipeline)}" data-section="{section.slug}" '
-                             f'data-column="{escape(column)}">{text}</td>')
+                cells.append(
+                    f'<td{cls} data-pipeline="{escape(pipeline)}" data-section="{section.slug}" '
+                    f'data-column="{escape(column)}">{text}</td>'
+                )
             body.append(f"<tr>{''.join(cells)}</tr>")
-        parts.append(f'<table class="t" data-section="{section.slug}"><thead><tr>{head}</tr></thead>'
-                     f"<tbody>{''.join(body)}</tbody></table>")
+        parts.append(
+            f'<table class="t" data-section="{section.slug}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>"
+        )
     if section.note:
         parts.append(f'<div class="note">{escape(section.note)}</div>')
     return "".join(parts)
@@ -97,10 +120,12 @@ def _card(status: PipelineStatus) -> str:
     empty = [s.title for s in status.sections if not (s.rows or s.error)]
     found = ", ".join(sorted(status.spec.found_in))
     dags = ", ".join(sorted(status.spec.dag_ids)) or "none"
-    html = [f'<div class="card" id="pipeline-{escape(name)}" data-pipeline="{escape(name)}" '
-            f'data-state="{status.state}" style="--c:{colour};--b:{background}">',
-            f'<h2>{escape(name)}</h2><span class="badge">{label}</span>'
-            f'<span class="found">found in: {escape(found)} · DAGs: {escape(dags)}</span>']
+    html = [
+        f'<div class="card" id="pipeline-{escape(name)}" data-pipeline="{escape(name)}" '
+        f'data-state="{status.state}" style="--c:{colour};--b:{background}">',
+        f'<h2>{escape(name)}</h2><span class="badge">{label}</span>'
+        f'<span class="found">found in: {escape(found)} · DAGs: {escape(dags)}</span>',
+    ]
     html += [_section(name, s) for s in shown]
     if empty:
         html.append(f'<div class="muted">nothing recorded yet: {escape(" · ".join(empty))}</div>')
@@ -113,13 +138,17 @@ def _summary(flows: list[Flow]) -> str:
     for f in flows:
         colour, background, label = COLOURS[f.state]
         name = escape(f.name)
-        rows.append(f'<tr><td><a href="#flow-{name}">{name}</a></td>'
-                    f'<td><span class="badge" style="--c:{colour};--b:{background}">{label}</span></td>'
-                    f'<td class="num" data-pipeline="{name}" data-section="summary" data-column="lag">'
-                    f'{"" if f.lag is None else f.lag}</td><td class="num">{duration(f.freshness)}</td>'
-                    f'<td class="num">{rate(f.throughput)}</td></tr>')
-    return ('<table class="summary"><thead><tr><th>flow</th><th>state</th><th>total lag</th><th>freshness</th>'
-            f"<th>throughput</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        rows.append(
+            f'<tr><td><a href="#flow-{name}">{name}</a></td>'
+            f'<td><span class="badge" style="--c:{colour};--b:{background}">{label}</span></td>'
+            f'<td class="num" data-pipeline="{name}" data-section="summary" data-column="lag">'
+            f'{"" if f.lag is None else f.lag}</td><td class="num">{duration(f.freshness)}</td>'
+            f'<td class="num">{rate(f.throughput)}</td></tr>'
+        )
+    return (
+        '<table class="summary"><thead><tr><th>flow</th><th>state</th><th>total lag</th><th>freshness</th>'
+        f"<th>throughput</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def render_page(overview: Overview, only: str | None = None) -> str:
@@ -131,19 +160,25 @@ def render_page(overview: Overview, only: str | None = None) -> str:
     """
     flows = overview.flows or [Flow(g[0].spec.name, g) for g in group(overview.pipelines)]
     flows = [f for f in flows if only is None or f.has(only)]
-    body = [f"<h1>Exactly-once pipelines</h1><div class=\"meta\">read live at {escape(overview.read_at)} from "
-            f"the offsets ledger, Kafka and the sinks in {overview.seconds:.2f} s · {len(overview.pipelines)} "
-            f"pipelines in {len(overview.flows)} flows · reload to refresh</div>"]
+    body = [
+        f'<h1>Exactly-once pipelines</h1><div class="meta">read live at {escape(overview.read_at)} from '
+        f"the offsets ledger, Kafka and the sinks in {overview.seconds:.2f} s · {len(overview.pipelines)} "
+        f"pipelines in {len(overview.flows)} flows · reload to refresh</div>"
+    ]
     body += [f'<div class="err">{escape(e)}</div>' for e in overview.errors]
     body += [f'<div class="note">{escape(n)}</div>' for n in overview.notes]
     if only is not None and not flows:
-        body.append(f'<div class="err">No pipeline named {escape(only)!s} was found in the DAGs, the offsets '
-                    "ledger or the PostgreSQL offsets table.</div>")
+        body.append(
+            f'<div class="err">No pipeline named {escape(only)!s} was found in the DAGs, the offsets '
+            "ledger or the PostgreSQL offsets table.</div>"
+        )
     if len(flows) > 1:
         body.append(_summary(flows))
     body += [render_flow(f, COLOURS, _card) for f in flows]
     if overview.unresolved:
         items = "".join(f"<li>{escape(u)}</li>" for u in overview.unresolved)
         body.append(f'<div class="muted">Task arguments known only at run time (not shown):<ul>{items}</ul></div>')
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>Exactly-once pipelines</title>'
-            f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>")
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>Exactly-once pipelines</title>'
+        f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>"
+    )

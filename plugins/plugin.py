@@ -21,11 +21,13 @@ class ExactlyOncePlugin(AirflowPlugin):
 
     name = PLUGIN_NAME
     fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "Exactly-once pipelines"}]
-    external_views = [{
-        "name": "Exactly-once pipelines",
-        # Relative: the UI resolves it against its own base URL, so it works behind a proxy prefix too.
-        "href": f"{URL_PREFIX.lstrip('/')}/",
-        "url_route": "exactly-once",
-        "destination": "nav",
-        "category": "browse",
-    }]
+    external_views = [
+        {
+            "name": "Exactly-once pipelines",
+            # Relative: the UI resolves it against its own base URL, so it works behind a proxy prefix too.
+            "href": f"{URL_PREFIX.lstrip('/')}/",
+            "url_route": "exactly-once",
+            "destination": "nav",
+            "category": "browse",
+        }
+    ]

@@ -16,15 +16,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
-from exactly_once_provider.sinks import delta_commit
-from exactly_once_provider.sinks.base import open_sink
 from exactly_once_provider.kafka.offsets import CommittedOffset, read_ledger, topic_end_offsets
 from exactly_once_provider.plugins.discovery import (
-    Discovery, PipelineSpec, SinkSpec, add_dags, add_ledger_keys, add_postgres_pipelines,
+    Discovery,
+    PipelineSpec,
+    SinkSpec,
+    add_dags,
+    add_ledger_keys,
+    add_postgres_pipelines,
 )
+from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks.base import open_sink
 
 OK, BEHIND, EMPTY, ERROR, MISMATCH = "ok", "behind", "empty", "error", "mismatch"
 
@@ -103,9 +108,18 @@ class Connections:
             from exactly_once_provider.kafka.offsets import end_offsets_consumer
 
             config = self.kafka(conn_id)
-            self._consumers[key] = end_offsets_consumer(config) if isolation == "read_uncommitted" else Consumer({
-                **config, "group.id": f"eo-status-{uuid.uuid4().hex[:8]}", "isolation.level": isolation,
-                "enable.auto.commit": False})
+            self._consumers[key] = (
+                end_offsets_consumer(config)
+                if isolation == "read_uncommitted"
+                else Consumer(
+                    {
+                        **config,
+                        "group.id": f"eo-status-{uuid.uuid4().hex[:8]}",
+                        "isolation.level": isolation,
+                        "enable.auto.commit": False,
+                    }
+                )
+            )
         return self._consumers[key]
 
     def s3(self, sink: SinkSpec) -> Any:
@@ -179,9 +193,11 @@ def _offset_text(offset: Any) -> Any:
 
 def ledger_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | ValueError]) -> Section:
     """Return the committed source offsets of ``spec`` from the read ledger (one row per source partition)."""
-    section = Section("ledger", "Committed source offset (offsets ledger)",
-                      ("source partition", "offset", "batch", "version", "records", "sequence", "mode",
-                       "committed at"))
+    section = Section(
+        "ledger",
+        "Committed source offset (offsets ledger)",
+        ("source partition", "offset", "batch", "version", "records", "sequence", "mode", "committed at"),
+    )
     for key, record in sorted(ledger.items()):
         pipeline, _, partition = key.partition("/")
         if pipeline != spec.name:
@@ -189,17 +205,28 @@ def ledger_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | Value
         if isinstance(record, ValueError):
             section.error = f"{key}: {record}"
             continue
-        section.rows.append({
-            "source partition": partition, "offset": _offset_text(record.offset), "batch": record.batch_id,
-            "version": record.batch_version, "records": record.records, "sequence": record.sequence,
-            "mode": record.delivery_mode, "committed at": record.committed_at})
+        section.rows.append(
+            {
+                "source partition": partition,
+                "offset": _offset_text(record.offset),
+                "batch": record.batch_id,
+                "version": record.batch_version,
+                "records": record.records,
+                "sequence": record.sequence,
+                "mode": record.delivery_mode,
+                "committed at": record.committed_at,
+            }
+        )
     return section
 
 
 def windows_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | ValueError]) -> Section:
     """Return the settlement windows the watermark ledger records (newest first), with their versions."""
-    section = Section("windows", "Settlement windows", ("source partition", "batch", "version", "lower", "upper", "bound by",
-                                             "rows", "checksum", "published at"))
+    section = Section(
+        "windows",
+        "Settlement windows",
+        ("source partition", "batch", "version", "lower", "upper", "bound by", "rows", "checksum", "published at"),
+    )
     for key, record in sorted(ledger.items()):
         if not key.startswith(f"{spec.name}/") or not isinstance(record, CommittedOffset):
             continue
@@ -207,43 +234,77 @@ def windows_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | Valu
         if not (isinstance(offset, dict) and offset.get("kind") == "watermark"):
             continue
         for window in reversed(list(offset.get("history", {}).values())):
-            section.rows.append({
-                "source partition": record.source_partition, "batch": window["batch_id"],
-                "version": window["batch_version"], "lower": window["lower"], "upper": window["upper"],
-                "bound by": window["upper_reason"], "rows": window["rows"],
-                "checksum": window["checksum"][:19], "published at": window["published_at"]})
+            section.rows.append(
+                {
+                    "source partition": record.source_partition,
+                    "batch": window["batch_id"],
+                    "version": window["batch_version"],
+                    "lower": window["lower"],
+                    "upper": window["upper"],
+                    "bound by": window["upper_reason"],
+                    "rows": window["rows"],
+                    "checksum": window["checksum"][:19],
+                    "published at": window["published_at"],
+                }
+            )
     return section
 
 
 def sink_commit(sink: SinkSpec, pipeline: str, connections: Connections) -> dict[str, Any] | None:
     """Return the last commit of ``pipeline`` in ``sink`` as a page row (None before the first commit)."""
     conn_id = sink.conn_id or "postgres_default"
-    reader = open_sink(sink.kind, sink.location, pipeline, postgres_connect=lambda: connections.postgres(conn_id),
-                       postgres_conn_id=conn_id, s3=connections.s3(sink) if sink.aws_conn_id else None)
+    reader = open_sink(
+        sink.kind,
+        sink.location,
+        pipeline,
+        postgres_connect=lambda: connections.postgres(conn_id),
+        postgres_conn_id=conn_id,
+        s3=connections.s3(sink) if sink.aws_conn_id else None,
+    )
     committed = reader.committed()
     if committed is None:
         return None
     windows = committed.extra.get("windows")
-    return {"sink": sink.kind, "location": sink.location or "(offsets table only)", "commit": reader.commit_location(),
-            "checkpoint": committed.checkpoint_id, "batch id": committed.batch_id,
-            "rows in sink": committed.rows_total, "next offsets": committed.offsets, "_windows": windows or {}}
+    return {
+        "sink": sink.kind,
+        "location": sink.location or "(offsets table only)",
+        "commit": reader.commit_location(),
+        "checkpoint": committed.checkpoint_id,
+        "batch id": committed.batch_id,
+        "rows in sink": committed.rows_total,
+        "next offsets": committed.offsets,
+        "_windows": windows or {},
+    }
 
 
 def sink_windows_section(sink_rows: list[dict[str, Any]]) -> Section:
     """Return the settlement windows each sink holds (window mode): the version that won and its rows."""
-    section = Section("sink_windows", "Settlement windows applied in the sink (window mode)",
-                      ("sink", "location", "window", "version", "rows"))
+    section = Section(
+        "sink_windows",
+        "Settlement windows applied in the sink (window mode)",
+        ("sink", "location", "window", "version", "rows"),
+    )
     for row in sink_rows:
         for window, state in sorted((row.get("_windows") or {}).items(), reverse=True):
-            section.rows.append({"sink": row["sink"], "location": row["location"], "window": window,
-                                 "version": int(state["version"]), "rows": int(state.get("rows", 0))})
+            section.rows.append(
+                {
+                    "sink": row["sink"],
+                    "location": row["location"],
+                    "window": window,
+                    "version": int(state["version"]),
+                    "rows": int(state.get("rows", 0)),
+                }
+            )
     return section
 
 
 def sinks_section(spec: PipelineSpec, connections: Connections) -> Section:
     """Return the last sink commit of each sink of ``spec``."""
-    section = Section("sink", "Last sink commit", ("sink", "location", "commit", "checkpoint", "batch id", "rows in sink",
-                                           "next offsets"))
+    section = Section(
+        "sink",
+        "Last sink commit",
+        ("sink", "location", "commit", "checkpoint", "batch id", "rows in sink", "next offsets"),
+    )
 
     def read() -> None:
         errors = []
@@ -262,8 +323,9 @@ def sinks_section(spec: PipelineSpec, connections: Connections) -> Section:
 
 def lag_section(spec: PipelineSpec, sink_rows: list[dict[str, Any]], connections: Connections) -> tuple[Section, int]:
     """Return end offsets and lag per topic partition (lag against the least advanced sink), and total lag."""
-    section = Section("lag", "Kafka end offsets and consumer lag", ("topic", "partition", "end offset", "sink next offset",
-                                                             "lag"))
+    section = Section(
+        "lag", "Kafka end offsets and consumer lag", ("topic", "partition", "end offset", "sink next offset", "lag")
+    )
     committed: dict[str, dict[str, int]] = {}
     for row in sink_rows:
         for topic, parts in (row.get("next offsets") or {}).items():
@@ -286,9 +348,15 @@ def lag_section(spec: PipelineSpec, sink_rows: list[dict[str, Any]], connections
                 sink_next = committed.get(topic, {}).get(str(partition))
                 lag = None if sink_next is None else end - sink_next
                 total += lag or 0
-                section.rows.append({"topic": topic, "partition": partition, "end offset": end,
-                                     "sink next offset": "—" if sink_next is None else sink_next,
-                                     "lag": "—" if lag is None else lag})
+                section.rows.append(
+                    {
+                        "topic": topic,
+                        "partition": partition,
+                        "end offset": end,
+                        "sink next offset": "—" if sink_next is None else sink_next,
+                        "lag": "—" if lag is None else lag,
+                    }
+                )
 
     _guard(section, read)
     if not spec.sinks:
@@ -310,17 +378,24 @@ def full_loads_section(spec: PipelineSpec) -> Section:
 
     from exactly_once_provider.full_load import handoff
 
-    section = Section("full_loads", "Full loads and reloads (handoff records)", ("table", "Delta version", "load id", "rows",
-                                                                   "chunks", "snapshot from", "snapshot to",
-                                                                   "published at"))
+    section = Section(
+        "full_loads",
+        "Full loads and reloads (handoff records)",
+        ("table", "Delta version", "load id", "rows", "chunks", "snapshot from", "snapshot to", "published at"),
+    )
 
     def row(h, info: dict) -> dict:
         published = info.get("timestamp")
-        return {"table": f"{h.schema}.{h.table}", "Delta version": h.table_version, "load id": h.load_id,
-                "rows": h.rows, "chunks": len(h.chunks), "snapshot from": str(h.min_position),
-                "snapshot to": str(h.max_position),
-                "published at": datetime.fromtimestamp(published / 1000, timezone.utc).isoformat()
-                if published else ""}
+        return {
+            "table": f"{h.schema}.{h.table}",
+            "Delta version": h.table_version,
+            "load id": h.load_id,
+            "rows": h.rows,
+            "chunks": len(h.chunks),
+            "snapshot from": str(h.min_position),
+            "snapshot to": str(h.max_position),
+            "published at": datetime.fromtimestamp(published / 1000, UTC).isoformat() if published else "",
+        }
 
     def read() -> None:
         for path in sorted(spec.full_loads):
@@ -347,27 +422,51 @@ def full_loads_section(spec: PipelineSpec) -> Section:
 
 def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Section:
     """Return the last reconciliation result stored for the pipeline (``eo_reconciliation``, by name)."""
-    section = Section("reconciliation", "Last reconciliation", (
-        "result", "finished at", "source rows", "sink rows", "missing", "extra", "changed", "duplicate",
-        "in flight", "full scans", "run"))
+    section = Section(
+        "reconciliation",
+        "Last reconciliation",
+        (
+            "result",
+            "finished at",
+            "source rows",
+            "sink rows",
+            "missing",
+            "extra",
+            "changed",
+            "duplicate",
+            "in flight",
+            "full scans",
+            "run",
+        ),
+    )
 
     def read() -> None:
         for conn_id in sorted(spec.result_conn_ids or {"postgres_default"}):
             found = connections.reconciliations(conn_id).get(spec.name)
             rows = [found] if found else []
             for r in rows:
-                section.rows.append({
-                    "result": r["status"], "finished at": r["finished_at"].isoformat(timespec="seconds"),
-                    "source rows": r["source_rows"], "sink rows": r["sink_rows"], "missing": r["missing"],
-                    "extra": r["extra"], "changed": r["changed"], "duplicate": r["duplicate"],
-                    "in flight": r["in_flight"], "full scans": (r["cost"] or {}).get("full_scans"),
-                    "run": f"{r['dag_id'] or ''} {r['run_id'] or ''}".strip()})
+                section.rows.append(
+                    {
+                        "result": r["status"],
+                        "finished at": r["finished_at"].isoformat(timespec="seconds"),
+                        "source rows": r["source_rows"],
+                        "sink rows": r["sink_rows"],
+                        "missing": r["missing"],
+                        "extra": r["extra"],
+                        "changed": r["changed"],
+                        "duplicate": r["duplicate"],
+                        "in flight": r["in_flight"],
+                        "full scans": (r["cost"] or {}).get("full_scans"),
+                        "run": f"{r['dag_id'] or ''} {r['run_id'] or ''}".strip(),
+                    }
+                )
 
     return _guard(section, read)
 
 
-def read_overview(dags: list[Any], connections: Connections | None = None,
-                  every_ledger_key: bool = False, history: int = 30) -> Overview:
+def read_overview(
+    dags: list[Any], connections: Connections | None = None, every_ledger_key: bool = False, history: int = 30
+) -> Overview:
     """
     Discover the pipelines and read each one's state from the live systems.
 
@@ -412,9 +511,9 @@ def read_overview(dags: list[Any], connections: Connections | None = None,
             ledger.update(records)
             add_ledger_keys(found, records, topic)
     try:
-        from exactly_once_provider.sinks.postgres import OFFSETS_TABLE
-
         import psycopg2
+
+        from exactly_once_provider.sinks.postgres import OFFSETS_TABLE
 
         with psycopg2.connect(**connections.postgres("postgres_default")) as conn, conn.cursor() as cur:
             cur.execute("SELECT to_regclass(%s)", (OFFSETS_TABLE,))
@@ -429,12 +528,26 @@ def read_overview(dags: list[Any], connections: Connections | None = None,
         spec = found.pipelines[name]
         sinks = sinks_section(spec, connections)
         lag, total = lag_section(spec, sinks.rows, connections)
-        sections = [ledger_section(spec, ledger), lag, sinks, reconciliation_section(spec, connections),
-                    windows_section(spec, ledger), sink_windows_section(sinks.rows), full_loads_section(spec)]
+        sections = [
+            ledger_section(spec, ledger),
+            lag,
+            sinks,
+            reconciliation_section(spec, connections),
+            windows_section(spec, ledger),
+            sink_windows_section(sinks.rows),
+            full_loads_section(spec),
+        ]
         statuses.append(PipelineStatus(spec, sections, total))
     try:
         joined = flows.build(statuses, connections.consumer, history, s3_for=connections.s3)
     finally:
         connections.close()
-    return Overview(statuses, found.unresolved, errors, notes, datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    joined, time.monotonic() - started)
+    return Overview(
+        statuses,
+        found.unresolved,
+        errors,
+        notes,
+        datetime.now(UTC).isoformat(timespec="seconds"),
+        joined,
+        time.monotonic() - started,
+    )

@@ -41,15 +41,42 @@ _OBSERVABILITY_CALLBACKS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "on
 # Settings of the connection that do not concern the Spark job's read_committed Kafka source: producer-only
 # settings, consumer-group settings Spark manages itself (it refuses kafka.group.id with subscribe-style
 # offsets, sets isolation and offsets from the job) and librdkafka diagnostics.
-_NOT_FOR_THE_SPARK_SOURCE = frozenset({
-    "transactional.id", "enable.idempotence", "acks", "linger.ms", "batch.size", "transaction.timeout.ms",
-    "compression.type", "compression.codec", "queue.buffering.max.messages", "queue.buffering.max.kbytes",
-    "queue.buffering.max.ms", "message.timeout.ms", "delivery.timeout.ms", "max.in.flight.requests.per.connection",
-    "max.in.flight", "retries", "message.send.max.retries", "batch.num.messages", "retry.backoff.ms",
-    "group.id", "enable.auto.commit", "auto.offset.reset", "isolation.level", "enable.partition.eof",
-    "session.timeout.ms", "debug", "log_level", "statistics.interval.ms", "api.version.request",
-    "broker.address.family", "enable.ssl.certificate.verification", *_OBSERVABILITY_CALLBACKS,
-})
+_NOT_FOR_THE_SPARK_SOURCE = frozenset(
+    {
+        "transactional.id",
+        "enable.idempotence",
+        "acks",
+        "linger.ms",
+        "batch.size",
+        "transaction.timeout.ms",
+        "compression.type",
+        "compression.codec",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.kbytes",
+        "queue.buffering.max.ms",
+        "message.timeout.ms",
+        "delivery.timeout.ms",
+        "max.in.flight.requests.per.connection",
+        "max.in.flight",
+        "retries",
+        "message.send.max.retries",
+        "batch.num.messages",
+        "retry.backoff.ms",
+        "group.id",
+        "enable.auto.commit",
+        "auto.offset.reset",
+        "isolation.level",
+        "enable.partition.eof",
+        "session.timeout.ms",
+        "debug",
+        "log_level",
+        "statistics.interval.ms",
+        "api.version.request",
+        "broker.address.family",
+        "enable.ssl.certificate.verification",
+        *_OBSERVABILITY_CALLBACKS,
+    }
+)
 _SASL_LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
@@ -79,7 +106,8 @@ def kafka_client_config(kafka_config_id: str) -> dict[str, Any]:
     except ValueError as err:  # the provider's message does not say which connection is wrong
         raise ValueError(
             f"Kafka connection {kafka_config_id!r} cannot be used: {err} Put the brokers into its Extra JSON, e.g. "
-            '{"bootstrap.servers": "host:9092"}, or pass the id of a kafka connection.') from None
+            '{"bootstrap.servers": "host:9092"}, or pass the id of a kafka connection.'
+        ) from None
 
 
 def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: float = 20.0) -> Any:
@@ -100,8 +128,9 @@ def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: fl
     from exactly_once_provider.errors import ServiceAccessError
 
     causes: list[str] = []
-    admin = AdminClient({**config, "error_cb": lambda err: causes.append(err.str()),
-                         "logger": _CollectingLogger(causes)})
+    admin = AdminClient(
+        {**config, "error_cb": lambda err: causes.append(err.str()), "logger": _CollectingLogger(causes)}
+    )
     try:
         # not list_topics(): a full listing costs what the cluster holds (provider/kafka/topics.py)
         admin.describe_cluster(request_timeout=timeout).result(timeout + 5)
@@ -128,9 +157,12 @@ def kafka_authorization_error(err: Any, kafka_config_id: str, config: dict[str, 
 
     from exactly_once_provider.errors import ServiceAccessError
 
-    denied = {KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic", KafkaError.GROUP_AUTHORIZATION_FAILED: "consumer group",
-              KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional id",
-              KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster"}
+    denied = {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
+        KafkaError.GROUP_AUTHORIZATION_FAILED: "consumer group",
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional id",
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
+    }
     code = err.code() if hasattr(err, "code") else None
     if code not in denied:
         return None
@@ -138,7 +170,8 @@ def kafka_authorization_error(err: Any, kafka_config_id: str, config: dict[str, 
     return ServiceAccessError(
         f"Kafka connection {kafka_config_id!r}: user {user!r} has no ACL on the {denied[code]} this task needs "
         f"({what}); the broker answered {err.name()}. Grant the principal User:{user} those operations "
-        "(kafka-acls --add --allow-principal ...), or use a connection whose user has them.")
+        "(kafka-acls --add --allow-principal ...), or use a connection whose user has them."
+    )
 
 
 class _CollectingLogger(logging.Logger):
@@ -157,22 +190,32 @@ def _kafka_refusal(config: dict[str, Any], causes: list[str], failure: str) -> s
     protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
     user = config.get("sasl.username")
     if "SASL authentication error" in text or "Authentication failed" in text:
-        return (f"the brokers refused the login of user {user!r} ({config.get('sasl.mechanism', 'SASL')}: invalid "
-                "credentials). Fix sasl.username/sasl.password in the connection's Extra, or create the user on "
-                "the cluster.")
+        return (
+            f"the brokers refused the login of user {user!r} ({config.get('sasl.mechanism', 'SASL')}: invalid "
+            "credentials). Fix sasl.username/sasl.password in the connection's Extra, or create the user on "
+            "the cluster."
+        )
     if "certificate verify failed" in text:
-        return ("the broker's TLS certificate is not signed by a CA this connection trusts (certificate verify "
-                f"failed; ssl.ca.location={config.get('ssl.ca.location')!r}). Put the CA that signed the brokers' "
-                "certificates in ssl.ca.location.")
+        return (
+            "the broker's TLS certificate is not signed by a CA this connection trusts (certificate verify "
+            f"failed; ssl.ca.location={config.get('ssl.ca.location')!r}). Put the CA that signed the brokers' "
+            "certificates in ssl.ca.location."
+        )
     if "SSL" in text and "handshake" in text.lower():
-        return f"the TLS handshake with the brokers failed ({_last_cause(causes)}). Check the connection's ssl.* settings."
+        return (
+            f"the TLS handshake with the brokers failed ({_last_cause(causes)}). Check the connection's ssl.* settings."
+        )
     if "APIVERSION_QUERY" in text and "closed by peer" in text and protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
-        return (f"the brokers closed the connection at the first request: their listener expects another protocol "
-                f"than security.protocol={protocol} (TLS or SASL?). Set security.protocol (e.g. SASL_SSL) and the "
-                "matching sasl.*/ssl.* settings in the connection's Extra.")
+        return (
+            f"the brokers closed the connection at the first request: their listener expects another protocol "
+            f"than security.protocol={protocol} (TLS or SASL?). Set security.protocol (e.g. SASL_SSL) and the "
+            "matching sasl.*/ssl.* settings in the connection's Extra."
+        )
     if "Connection refused" in text or "resolve" in text.lower():
-        return (f"no broker answers at bootstrap.servers={config.get('bootstrap.servers')!r} "
-                f"({_last_cause(causes)}). Check the address and that the cluster is up.")
+        return (
+            f"no broker answers at bootstrap.servers={config.get('bootstrap.servers')!r} "
+            f"({_last_cause(causes)}). Check the address and that the cluster is up."
+        )
     return f"the brokers cannot be reached ({failure}; {_last_cause(causes) or 'no further detail'})."
 
 
@@ -226,15 +269,20 @@ def spark_kafka_options(config: dict[str, Any]) -> dict[str, str]:
         if mechanism not in _SASL_LOGIN_MODULES:
             raise ValueError(
                 f"Kafka setting sasl.mechanism={mechanism!r} cannot be passed to the Spark job (supported: "
-                f"{', '.join(_SASL_LOGIN_MODULES)}).")
+                f"{', '.join(_SASL_LOGIN_MODULES)})."
+            )
         if username is None or password is None:
             raise ValueError(f"Kafka setting sasl.username/sasl.password is missing for sasl.mechanism={mechanism}.")
         options["kafka.sasl.mechanism"] = mechanism
-        options["kafka.sasl.jaas.config"] = (f"{_SASL_LOGIN_MODULES[mechanism]} required username="
-                                             f"{_jaas_quoted(username)} password={_jaas_quoted(password)};")
+        options["kafka.sasl.jaas.config"] = (
+            f"{_SASL_LOGIN_MODULES[mechanism]} required username="
+            f"{_jaas_quoted(username)} password={_jaas_quoted(password)};"
+        )
     elif mechanism or username is not None or password is not None:
-        raise ValueError(f"Kafka settings sasl.* are set but security.protocol={protocol}: use SASL_SSL or "
-                         "SASL_PLAINTEXT, or remove them.")
+        raise ValueError(
+            f"Kafka settings sasl.* are set but security.protocol={protocol}: use SASL_SSL or "
+            "SASL_PLAINTEXT, or remove them."
+        )
     if (ca := take("ssl.ca.location")) is not None:
         options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": str(ca)})
     if (ca_pem := take("ssl.ca.pem")) is not None:
@@ -251,7 +299,8 @@ def spark_kafka_options(config: dict[str, Any]) -> dict[str, str]:
             raise ValueError(
                 "Kafka setting ssl.certificate.location/ssl.key.location cannot be passed to the Spark job as two "
                 "files: put the key and its certificate chain into one PEM file named by both, or use "
-                "ssl.keystore.location (PKCS#12).")
+                "ssl.keystore.location (PKCS#12)."
+            )
         options.update({"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": str(certificate)})
     if (key_password := take("ssl.key.password")) is not None:
         options["kafka.ssl.key.password"] = str(key_password)
@@ -261,13 +310,17 @@ def spark_kafka_options(config: dict[str, Any]) -> dict[str, str]:
             raise ValueError(f"Kafka setting ssl.endpoint.identification.algorithm={algorithm!r}: use https or none.")
         options["kafka.ssl.endpoint.identification.algorithm"] = "https" if algorithm == "https" else ""
     if "enable.ssl.certificate.verification" in config and not _bool(config["enable.ssl.certificate.verification"]):
-        raise ValueError("Kafka setting enable.ssl.certificate.verification=false cannot be passed to the Spark job "
-                         "(the Java client always verifies): give the broker's CA in ssl.ca.location instead.")
+        raise ValueError(
+            "Kafka setting enable.ssl.certificate.verification=false cannot be passed to the Spark job "
+            "(the Java client always verifies): give the broker's CA in ssl.ca.location instead."
+        )
     if "oauth_cb" in settings:
         raise ValueError("Kafka setting oauth_cb (OAUTHBEARER) cannot be passed to the Spark job.")
     if settings:
-        raise ValueError(f"Kafka setting {sorted(settings)[0]} cannot be passed to the Spark job's Kafka source "
-                         f"(not mapped: {', '.join(sorted(settings))}); remove it from the connection's Extra.")
+        raise ValueError(
+            f"Kafka setting {sorted(settings)[0]} cannot be passed to the Spark job's Kafka source "
+            f"(not mapped: {', '.join(sorted(settings))}); remove it from the connection's Extra."
+        )
     return options
 
 
@@ -339,14 +392,22 @@ def mysql_connect_kwargs(mysql_conn_id: str) -> dict[str, Any]:
         raise ValueError(f"Connection {mysql_conn_id!r} has no host; set the MySQL server's host.")
     for refused in ("iam", "unix_socket"):
         if extra.get(refused):
-            raise ValueError(f"Connection {mysql_conn_id!r}: Extra {refused!r} is not supported by this provider's "
-                             "readers; remove it.")
+            raise ValueError(
+                f"Connection {mysql_conn_id!r}: Extra {refused!r} is not supported by this provider's "
+                "readers; remove it."
+            )
     if extra.get("client", "mysqlclient") != "mysqlclient":
-        raise ValueError(f"Connection {mysql_conn_id!r}: Extra client={extra['client']!r}; the readers use "
-                         "mysqlclient conventions (Extra 'ssl', 'ssl_mode'): remove 'client'.")
+        raise ValueError(
+            f"Connection {mysql_conn_id!r}: Extra client={extra['client']!r}; the readers use "
+            "mysqlclient conventions (Extra 'ssl', 'ssl_mode'): remove 'client'."
+        )
     kwargs: dict[str, Any] = {
-        "host": conn.host, "port": int(conn.port or 3306), "user": conn.login or "", "passwd": conn.password or "",
-        "db": conn.schema or "", "connect_timeout": int(extra.get("connect_timeout", 10)),
+        "host": conn.host,
+        "port": int(conn.port or 3306),
+        "user": conn.login or "",
+        "passwd": conn.password or "",
+        "db": conn.schema or "",
+        "connect_timeout": int(extra.get("connect_timeout", 10)),
     }
     ssl = extra.get("ssl")
     if ssl:
@@ -354,14 +415,18 @@ def mysql_connect_kwargs(mysql_conn_id: str) -> dict[str, Any]:
             ssl = json.loads(ssl)
         unknown = sorted(set(ssl) - set(_MYSQL_SSL_KEYS))
         if unknown:
-            raise ValueError(f"Connection {mysql_conn_id!r}: Extra ssl key {unknown[0]!r} is unknown; use "
-                             f"{', '.join(_MYSQL_SSL_KEYS)}.")
+            raise ValueError(
+                f"Connection {mysql_conn_id!r}: Extra ssl key {unknown[0]!r} is unknown; use "
+                f"{', '.join(_MYSQL_SSL_KEYS)}."
+            )
         kwargs["ssl"] = dict(ssl)
     if extra.get("ssl_mode"):
         mode = str(extra["ssl_mode"]).upper().replace("-", "_")
         if mode not in _MYSQL_SSL_MODES:
-            raise ValueError(f"Connection {mysql_conn_id!r}: Extra ssl_mode={extra['ssl_mode']!r}; use one of "
-                             f"{', '.join(_MYSQL_SSL_MODES)}.")
+            raise ValueError(
+                f"Connection {mysql_conn_id!r}: Extra ssl_mode={extra['ssl_mode']!r}; use one of "
+                f"{', '.join(_MYSQL_SSL_MODES)}."
+            )
         kwargs["ssl_mode"] = mode
     return kwargs
 
@@ -418,8 +483,9 @@ def connectorx_tls_query(ssl: dict[str, Any] | None, ssl_mode: str | None) -> di
     """
     for key in ("cert", "key", "capath", "cipher"):
         if ssl and ssl.get(key):
-            raise ValueError(f"MySQL Extra ssl.{key} cannot be passed to the native reader (connectorx); use "
-                             "reader='rows'.")
+            raise ValueError(
+                f"MySQL Extra ssl.{key} cannot be passed to the native reader (connectorx); use reader='rows'."
+            )
     mode = _tls_mode(ssl, ssl_mode)
     if mode is None or mode == "DISABLED" or (mode == "PREFERRED" and not ssl):
         return {}
@@ -433,16 +499,38 @@ def connectorx_tls_query(ssl: dict[str, Any] | None, ssl_mode: str | None) -> di
 
 # libpq parameters that have an environment variable (PostgreSQL's libpq-envars): what the Spark job can get.
 _LIBPQ_ENVIRONMENT = {
-    "host": "PGHOST", "hostaddr": "PGHOSTADDR", "port": "PGPORT", "dbname": "PGDATABASE", "user": "PGUSER",
-    "password": "PGPASSWORD", "passfile": "PGPASSFILE", "service": "PGSERVICE", "options": "PGOPTIONS",
-    "application_name": "PGAPPNAME", "client_encoding": "PGCLIENTENCODING", "connect_timeout": "PGCONNECT_TIMEOUT",
-    "sslmode": "PGSSLMODE", "sslnegotiation": "PGSSLNEGOTIATION", "sslcompression": "PGSSLCOMPRESSION",
-    "sslcert": "PGSSLCERT", "sslkey": "PGSSLKEY", "sslcertmode": "PGSSLCERTMODE", "sslrootcert": "PGSSLROOTCERT",
-    "sslcrl": "PGSSLCRL", "sslcrldir": "PGSSLCRLDIR", "sslsni": "PGSSLSNI", "requirepeer": "PGREQUIREPEER",
-    "ssl_min_protocol_version": "PGSSLMINPROTOCOLVERSION", "ssl_max_protocol_version": "PGSSLMAXPROTOCOLVERSION",
-    "gssencmode": "PGGSSENCMODE", "krbsrvname": "PGKRBSRVNAME", "gsslib": "PGGSSLIB",
-    "channel_binding": "PGCHANNELBINDING", "require_auth": "PGREQUIREAUTH",
-    "target_session_attrs": "PGTARGETSESSIONATTRS", "load_balance_hosts": "PGLOADBALANCEHOSTS",
+    "host": "PGHOST",
+    "hostaddr": "PGHOSTADDR",
+    "port": "PGPORT",
+    "dbname": "PGDATABASE",
+    "user": "PGUSER",
+    "password": "PGPASSWORD",
+    "passfile": "PGPASSFILE",
+    "service": "PGSERVICE",
+    "options": "PGOPTIONS",
+    "application_name": "PGAPPNAME",
+    "client_encoding": "PGCLIENTENCODING",
+    "connect_timeout": "PGCONNECT_TIMEOUT",
+    "sslmode": "PGSSLMODE",
+    "sslnegotiation": "PGSSLNEGOTIATION",
+    "sslcompression": "PGSSLCOMPRESSION",
+    "sslcert": "PGSSLCERT",
+    "sslkey": "PGSSLKEY",
+    "sslcertmode": "PGSSLCERTMODE",
+    "sslrootcert": "PGSSLROOTCERT",
+    "sslcrl": "PGSSLCRL",
+    "sslcrldir": "PGSSLCRLDIR",
+    "sslsni": "PGSSLSNI",
+    "requirepeer": "PGREQUIREPEER",
+    "ssl_min_protocol_version": "PGSSLMINPROTOCOLVERSION",
+    "ssl_max_protocol_version": "PGSSLMAXPROTOCOLVERSION",
+    "gssencmode": "PGGSSENCMODE",
+    "krbsrvname": "PGKRBSRVNAME",
+    "gsslib": "PGGSSLIB",
+    "channel_binding": "PGCHANNELBINDING",
+    "require_auth": "PGREQUIREAUTH",
+    "target_session_attrs": "PGTARGETSESSIONATTRS",
+    "load_balance_hosts": "PGLOADBALANCEHOSTS",
 }
 
 
@@ -463,11 +551,20 @@ def connect_kwargs(conn_id: str, **defaults: Any) -> dict[str, Any]:
     conn = BaseHook.get_connection(conn_id)
     extra = conn.extra_dejson
     if extra.get("iam"):
-        raise ValueError(f"Connection {conn_id!r}: Extra 'iam' (token authentication) is not supported by this "
-                         "provider; use a password.")
+        raise ValueError(
+            f"Connection {conn_id!r}: Extra 'iam' (token authentication) is not supported by this "
+            "provider; use a password."
+        )
     libpq = {k: v for k, v in extra.items() if k not in PostgresHook.ignored_extra_options}
-    return {"host": conn.host or None, "port": conn.port or 5432, "dbname": conn.schema or None,
-            "user": conn.login or None, "password": conn.password or None, **defaults, **libpq}
+    return {
+        "host": conn.host or None,
+        "port": conn.port or 5432,
+        "dbname": conn.schema or None,
+        "user": conn.login or None,
+        "password": conn.password or None,
+        **defaults,
+        **libpq,
+    }
 
 
 def postgres_connection(conn_id: str, **defaults: Any) -> Any:
@@ -489,16 +586,20 @@ def postgres_connection(conn_id: str, **defaults: Any) -> Any:
     except psycopg2.OperationalError as err:
         message = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
         if "no encryption" in message:
-            hint = ("the server accepts this user only over TLS: set the connection's Extra sslmode (verify-full, "
-                    "with sslrootcert naming the CA).")
+            hint = (
+                "the server accepts this user only over TLS: set the connection's Extra sslmode (verify-full, "
+                "with sslrootcert naming the CA)."
+            )
         elif "certificate verify failed" in message or "root certificate" in message:
             hint = "the server's TLS certificate is not trusted: put the CA that signed it in the Extra sslrootcert."
         elif "password authentication failed" in message:
             hint = "check the connection's login and password."
         else:
             raise
-        raise ServiceAccessError(f"PostgreSQL connection {conn_id!r} ({kwargs.get('host')}:{kwargs.get('port')}, "
-                                 f"user {kwargs.get('user')!r}) was refused: {message} -- {hint}") from None
+        raise ServiceAccessError(
+            f"PostgreSQL connection {conn_id!r} ({kwargs.get('host')}:{kwargs.get('port')}, "
+            f"user {kwargs.get('user')!r}) was refused: {message} -- {hint}"
+        ) from None
 
 
 def libpq_environment(conn_id: str) -> dict[str, str]:
@@ -511,6 +612,8 @@ def libpq_environment(conn_id: str) -> dict[str, str]:
     kwargs = {key: value for key, value in connect_kwargs(conn_id).items() if value is not None}
     unmapped = sorted(set(kwargs) - set(_LIBPQ_ENVIRONMENT))
     if unmapped:
-        raise ValueError(f"Connection {conn_id!r}: Extra {unmapped[0]!r} has no libpq environment variable, so the "
-                         "Spark job cannot receive it; remove it from the connection's Extra.")
+        raise ValueError(
+            f"Connection {conn_id!r}: Extra {unmapped[0]!r} has no libpq environment variable, so the "
+            "Spark job cannot receive it; remove it from the connection's Extra."
+        )
     return {_LIBPQ_ENVIRONMENT[key]: str(value) for key, value in kwargs.items()}

@@ -69,8 +69,9 @@ def postgres_table(host: str, port: int | None, database: str, table: str) -> Da
     schema = schema or "public"
     _require(host=host, database=database, table=name)
     server = f"{host}:{port or 5432}"
-    return DatasetName(f"postgres://{server}", f"{database}.{schema}.{name}",
-                       f"postgres://{server}/{database}/{schema}/{name}")
+    return DatasetName(
+        f"postgres://{server}", f"{database}.{schema}.{name}", f"postgres://{server}/{database}/{schema}/{name}"
+    )
 
 
 def storage_path(location: str) -> DatasetName:

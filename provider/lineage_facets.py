@@ -48,8 +48,10 @@ def delta_fields(location) -> list[tuple[str, str]]:
     state = table_state(location)
     if state is None:
         return []
-    return [(f["name"], f["type"] if isinstance(f["type"], str) else f["type"].get("type", "struct"))
-            for f in json.loads(state.metadata["schemaString"])["fields"]]
+    return [
+        (f["name"], f["type"] if isinstance(f["type"], str) else f["type"].get("type", "struct"))
+        for f in json.loads(state.metadata["schemaString"])["fields"]
+    ]
 
 
 def delta_commit_size(location, after_version: int, upto_version: int) -> tuple[int, int]:
@@ -103,6 +105,7 @@ def schema_facet(fields: list) -> SchemaDatasetFacet:
 
     :param fields: the columns.
     """
+
     def one(field: tuple) -> SchemaDatasetFacetFields:
         nested = [one(f) for f in field[2]] if len(field) > 2 else None
         return SchemaDatasetFacetFields(name=field[0], type=field[1], fields=nested)
@@ -120,8 +123,14 @@ def input_dataset(name: DatasetName, fields: list | None = None) -> InputDataset
     return InputDataset(namespace=name.namespace, name=name.name, facets=facets)
 
 
-def output_dataset(name: DatasetName, fields: list | None = None, rows: int | None = None, size: int | None = None,
-                   files: int | None = None, commit: CommitFacet | None = None) -> OutputDataset:
+def output_dataset(
+    name: DatasetName,
+    fields: list | None = None,
+    rows: int | None = None,
+    size: int | None = None,
+    files: int | None = None,
+    commit: CommitFacet | None = None,
+) -> OutputDataset:
     """Build an output dataset with its schema, what the run wrote and the progress committed with it.
 
     :param name: the dataset.
@@ -134,8 +143,9 @@ def output_dataset(name: DatasetName, fields: list | None = None, rows: int | No
     facets = {"schema": schema_facet(fields)} if fields else {}
     output_facets: dict[str, Any] = {}
     if rows is not None:
-        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=rows, size=size,
-                                                                               fileCount=files)
+        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(
+            rowCount=rows, size=size, fileCount=files
+        )
     if commit is not None:
         output_facets[COMMIT_FACET] = commit
     return OutputDataset(namespace=name.namespace, name=name.name, facets=facets, outputFacets=output_facets)

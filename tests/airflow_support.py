@@ -45,7 +45,8 @@ def write_template_dag(folder: Path, dag_id: str, factory: str, kwargs: dict) ->
     module, function = factory.rsplit(".", 1)
     path = folder / f"{dag_id}.py"
     # "airflow" and "dag" must appear in the file, or the DAG processor's safe mode skips it.
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         # An airflow DAG built by a template for a test.
         import datetime
         import json
@@ -56,7 +57,8 @@ def write_template_dag(folder: Path, dag_id: str, factory: str, kwargs: dict) ->
         kwargs["start_date"] = pendulum.parse(kwargs["start_date"])
         kwargs.update({{k: datetime.timedelta(**v) for k, v in kwargs.items() if isinstance(v, dict) and set(v) == {{"seconds"}}}})
         dag = {function}(**kwargs)
-    """))
+    """)
+    )
     return path
 
 
@@ -112,8 +114,15 @@ class AirflowClient:
 
     def backfill(self, dag_id: str, from_date: str, to_date: str, max_active_runs: int = 1) -> dict:
         """Create a backfill of the intervals whose logical date is in [from_date, to_date] (the UI's "Backfill")."""
-        body = {"dag_id": dag_id, "from_date": from_date, "to_date": to_date, "max_active_runs": max_active_runs,
-                "run_backwards": False, "reprocess_behavior": "none", "dag_run_conf": {}}
+        body = {
+            "dag_id": dag_id,
+            "from_date": from_date,
+            "to_date": to_date,
+            "max_active_runs": max_active_runs,
+            "run_backwards": False,
+            "reprocess_behavior": "none",
+            "dag_run_conf": {},
+        }
         return self.request("POST", "/backfills", json=body)
 
     def runs(self, dag_id: str) -> list[dict]:
@@ -135,11 +144,13 @@ class AirflowClient:
             if found["state"] == state:
                 return found
             if found["state"] in TERMINAL_RUN_STATES:
-                raise AssertionError(f"run {run_id} of {dag_id} ended {found['state']}, not {state}:\n"
-                                     + self.describe(dag_id, run_id))
+                raise AssertionError(
+                    f"run {run_id} of {dag_id} ended {found['state']}, not {state}:\n" + self.describe(dag_id, run_id)
+                )
             time.sleep(2)
-        raise AssertionError(f"run {run_id} of {dag_id} not {state} within {timeout}s:\n"
-                             + self.describe(dag_id, run_id))
+        raise AssertionError(
+            f"run {run_id} of {dag_id} not {state} within {timeout}s:\n" + self.describe(dag_id, run_id)
+        )
 
     # ------------------------------------------------------------------------------------ task instances
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
@@ -149,30 +160,39 @@ class AirflowClient:
         return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
 
     @timed("airflow_wait")
-    def wait_task(self, dag_id: str, run_id: str, task_id: str, states: tuple[str, ...],
-                  timeout: float = 600) -> dict:
+    def wait_task(self, dag_id: str, run_id: str, task_id: str, states: tuple[str, ...], timeout: float = 600) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = self.task_instance(dag_id, run_id, task_id)
             if found["state"] in states:
                 return found
             if found["state"] in ("failed", "upstream_failed", "success", "skipped"):
-                raise AssertionError(f"{task_id} in {run_id} ended {found['state']}, waited for {states}:\n"
-                                     + self.describe(dag_id, run_id))
+                raise AssertionError(
+                    f"{task_id} in {run_id} ended {found['state']}, waited for {states}:\n"
+                    + self.describe(dag_id, run_id)
+                )
             time.sleep(1)
-        raise AssertionError(f"{task_id} in {run_id} not in {states} within {timeout}s:\n"
-                             + self.describe(dag_id, run_id))
+        raise AssertionError(
+            f"{task_id} in {run_id} not in {states} within {timeout}s:\n" + self.describe(dag_id, run_id)
+        )
 
     def clear(self, dag_id: str, run_id: str, task_ids: list[str], include_downstream: bool = True) -> list[dict]:
         """Clear tasks of one run (the UI's "Clear" with downstream); the run goes back to queued."""
-        body = {"dry_run": False, "dag_run_id": run_id, "task_ids": task_ids, "only_failed": False,
-                "include_downstream": include_downstream, "reset_dag_runs": True}
+        body = {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "task_ids": task_ids,
+            "only_failed": False,
+            "include_downstream": include_downstream,
+            "reset_dag_runs": True,
+        }
         return self.request("POST", f"/dags/{dag_id}/clearTaskInstances", json=body)["task_instances"]
 
     def mark(self, dag_id: str, run_id: str, task_id: str, state: str = "failed") -> dict:
         """Set a task instance's state (the UI's "Mark as failed/success"); a running task is then killed."""
-        return self.request("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
-                            json={"new_state": state})
+        return self.request(
+            "PATCH", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}", json={"new_state": state}
+        )
 
     def task_log(self, dag_id: str, run_id: str, task_id: str) -> str:
         """The task's log files of every try (read from the log folder; the REST log endpoint pages them)."""
@@ -219,8 +239,7 @@ class AirflowServer:
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "2",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db,
-            "AIRFLOW__CORE__AUTH_MANAGER":
-                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -249,17 +268,21 @@ class AirflowServer:
         self.dags.mkdir(parents=True, exist_ok=True)
         (self.home / "passwords.json").write_text(json.dumps({ADMIN: self.password}))
         self._create_database()
-        migrate = subprocess.run([airflow_bin(), "db", "migrate"], env=self.env, capture_output=True, text=True,
-                                 timeout=600)
-        assert migrate.returncode == 0, \
+        migrate = subprocess.run(
+            [airflow_bin(), "db", "migrate"], env=self.env, capture_output=True, text=True, timeout=600
+        )
+        assert migrate.returncode == 0, (
             f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}"
+        )
         for name in COMPONENTS:
-            args = [airflow_bin(), name] + (["--port", str(self.port), "--host", "127.0.0.1"]
-                                            if name == "api-server" else [])
+            args = [airflow_bin(), name] + (
+                ["--port", str(self.port), "--host", "127.0.0.1"] if name == "api-server" else []
+            )
             out = open(self.home / f"{name}.log", "ab")
             # Own process group: teardown stops each component with every child it forked (task runners too).
-            self.processes[name] = subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                                    start_new_session=True, cwd=self.home)
+            self.processes[name] = subprocess.Popen(
+                args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.home
+            )
             out.close()
         self.client = AirflowClient(self.base_url, ADMIN, self.password, self.logs)
         self._wait_healthy(timeout)
@@ -276,12 +299,15 @@ class AirflowServer:
                 last = httpx.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).json()
             except (httpx.HTTPError, ValueError):
                 last = None
-            if last and all((last.get(part) or {}).get("status") == "healthy"
-                            for part in ("metadatabase", "scheduler", "triggerer", "dag_processor")):
+            if last and all(
+                (last.get(part) or {}).get("status") == "healthy"
+                for part in ("metadatabase", "scheduler", "triggerer", "dag_processor")
+            ):
                 return
             time.sleep(1)
-        raise AssertionError(f"Airflow not healthy within {timeout}s: {last}\n"
-                             + "\n".join(self.log_tail(n) for n in self.processes))
+        raise AssertionError(
+            f"Airflow not healthy within {timeout}s: {last}\n" + "\n".join(self.log_tail(n) for n in self.processes)
+        )
 
     def log_tail(self, name: str, chars: int = 3000) -> str:
         path = self.home / f"{name}.log"
@@ -309,8 +335,9 @@ class AirflowServer:
         import psycopg2
 
         s = self.stack
-        conn = psycopg2.connect(host=s.HOST, port=s.POSTGRES_PORT, dbname=s.DB_NAME, user=s.DB_USER,
-                                password=s.DB_PASSWORD)
+        conn = psycopg2.connect(
+            host=s.HOST, port=s.POSTGRES_PORT, dbname=s.DB_NAME, user=s.DB_USER, password=s.DB_PASSWORD
+        )
         conn.autocommit = True  # CREATE/DROP DATABASE cannot run in a transaction
         return conn
 

@@ -20,14 +20,18 @@ SAME_TS = dt.datetime(2026, 1, 1, 12, 0, 0)  # many rows share this timestamp
 
 
 def create_tables(cur, main: str, side: str) -> None:
-    cur.execute(f"CREATE TABLE `{main}` (id INT PRIMARY KEY, grp INT NOT NULL, amount DECIMAL(14,2) NOT NULL, "
-                "note VARCHAR(64), ts TIMESTAMP(6) NULL, dt DATETIME(6) NULL)")
+    cur.execute(
+        f"CREATE TABLE `{main}` (id INT PRIMARY KEY, grp INT NOT NULL, amount DECIMAL(14,2) NOT NULL, "
+        "note VARCHAR(64), ts TIMESTAMP(6) NULL, dt DATETIME(6) NULL)"
+    )
     cur.execute(f"CREATE TABLE `{side}` (id INT PRIMARY KEY, main_id INT NOT NULL, qty INT UNSIGNED NOT NULL)")
 
 
 def seed(cur, main: str, rows: int) -> None:
-    cur.executemany(f"INSERT INTO `{main}` VALUES (%s, %s, %s, %s, %s, %s)",
-                    [(i, i % 7, decimal.Decimal(i) / 4, f"seed-{i}", SAME_TS, SAME_TS) for i in range(rows)])
+    cur.executemany(
+        f"INSERT INTO `{main}` VALUES (%s, %s, %s, %s, %s, %s)",
+        [(i, i % 7, decimal.Decimal(i) / 4, f"seed-{i}", SAME_TS, SAME_TS) for i in range(rows)],
+    )
 
 
 class Writer(threading.Thread):
@@ -37,8 +41,17 @@ class Writer(threading.Thread):
     Ids below ``reserved`` are left alone (for the long transaction of the test).
     """
 
-    def __init__(self, stack, main: str, side: str, seeded: int, reserved: int = 10, seed_value: int = 7,
-                 pause: float = 0.005, tag_prefix: str = "w") -> None:
+    def __init__(
+        self,
+        stack,
+        main: str,
+        side: str,
+        seeded: int,
+        reserved: int = 10,
+        seed_value: int = 7,
+        pause: float = 0.005,
+        tag_prefix: str = "w",
+    ) -> None:
         super().__init__(daemon=True)
         self.tag_prefix = tag_prefix
         self.stack, self.main, self.side, self.pause = stack, main, side, pause
@@ -65,17 +78,20 @@ class Writer(threading.Thread):
             self.error = err
 
     def transaction(self, cur, tag: str) -> None:
-        kind = self.rnd.choice(["insert", "multi_insert", "update", "delete", "multi_table", "rollback",
-                                "same_ts", "update"])
+        kind = self.rnd.choice(
+            ["insert", "multi_insert", "update", "delete", "multi_table", "rollback", "same_ts", "update"]
+        )
         cur.execute("BEGIN")
         changes = 0
-        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         if kind in ("insert", "multi_insert", "same_ts", "rollback"):
             count = 1 if kind == "insert" else self.rnd.randint(2, 12)
             ids = [self._new_id() for _ in range(count)]
             ts = SAME_TS if kind == "same_ts" else now
-            cur.executemany(f"INSERT INTO `{self.main}` VALUES (%s, %s, %s, %s, %s, %s)",
-                            [(i, i % 7, decimal.Decimal(self.rnd.randint(0, 10**6)) / 100, tag, ts, ts) for i in ids])
+            cur.executemany(
+                f"INSERT INTO `{self.main}` VALUES (%s, %s, %s, %s, %s, %s)",
+                [(i, i % 7, decimal.Decimal(self.rnd.randint(0, 10**6)) / 100, tag, ts, ts) for i in ids],
+            )
             changes += count
             if kind == "rollback":
                 cur.execute(f"UPDATE `{self.main}` SET note = %s WHERE id = %s", (tag, self._pick()))
@@ -85,8 +101,9 @@ class Writer(threading.Thread):
             self.live.update(ids)
         elif kind == "update":
             for i in {self._pick() for _ in range(self.rnd.randint(1, 4))}:
-                changes += cur.execute(f"UPDATE `{self.main}` SET amount = amount + 1, note = %s, ts = %s WHERE id = %s",
-                                       (tag, now, i))
+                changes += cur.execute(
+                    f"UPDATE `{self.main}` SET amount = amount + 1, note = %s, ts = %s WHERE id = %s", (tag, now, i)
+                )
         elif kind == "delete":
             i = self._pick()
             changes += cur.execute(f"DELETE FROM `{self.main}` WHERE id = %s", (i,))
@@ -95,12 +112,17 @@ class Writer(threading.Thread):
             i = self._new_id()
             cur.execute(f"INSERT INTO `{self.main}` VALUES (%s, 1, 1.00, %s, %s, %s)", (i, tag, now, now))
             self.live.add(i)
-            cur.execute(f"INSERT INTO `{self.side}` (id, main_id, qty) VALUES (%s, %s, %s)", (i, i, self.rnd.randint(0, 2**32 - 1)))
+            cur.execute(
+                f"INSERT INTO `{self.side}` (id, main_id, qty) VALUES (%s, %s, %s)",
+                (i, i, self.rnd.randint(0, 2**32 - 1)),
+            )
             self.side_ids.append(i)
             changes += 2
             if len(self.side_ids) > 1:
-                changes += cur.execute(f"UPDATE `{self.side}` SET qty = qty DIV 2 + 1, main_id = main_id + 1 "
-                                       f"WHERE id = %s", (self.rnd.choice(self.side_ids[:-1]),))
+                changes += cur.execute(
+                    f"UPDATE `{self.side}` SET qty = qty DIV 2 + 1, main_id = main_id + 1 WHERE id = %s",
+                    (self.rnd.choice(self.side_ids[:-1]),),
+                )
         cur.execute("COMMIT")
         cur.execute("SELECT @@last_gtid")
         self.committed.append((cur.fetchone()[0], changes, tag))
@@ -135,14 +157,22 @@ def topic_records(stack, topic: str) -> list[dict]:
 
 def main_row(values: dict) -> tuple:
     """A row of the main table as comparable text (record images, source rows and Spark rows alike)."""
+
     def stamp(v):
         if v is None:
             return None
         if isinstance(v, str):
             v = dt.datetime.fromisoformat(v.removesuffix("Z"))
         return v.strftime(TS_FORMAT)
-    return (int(values["id"]), int(values["grp"]), str(decimal.Decimal(str(values["amount"]))), values["note"],
-            stamp(values["ts"]), stamp(values["dt"]))
+
+    return (
+        int(values["id"]),
+        int(values["grp"]),
+        str(decimal.Decimal(str(values["amount"]))),
+        values["note"],
+        stamp(values["ts"]),
+        stamp(values["dt"]),
+    )
 
 
 def full_load_rows(sink: str) -> dict:
@@ -154,14 +184,17 @@ def full_load_rows(sink: str) -> dict:
 
     commits = sorted(Path(sink, "_delta_log").glob("*.json"))
     assert [c.stem for c in commits] == ["0" * 20], f"expected one publish commit, found {commits}"
-    files = [urllib.parse.unquote(json.loads(line)["add"]["path"]) for line in commits[0].read_text().splitlines()
-             if '"add"' in line]
+    files = [
+        urllib.parse.unquote(json.loads(line)["add"]["path"])
+        for line in commits[0].read_text().splitlines()
+        if '"add"' in line
+    ]
     rows = {}
     for name in files:
         for row in pq.read_table(Path(sink, name)).to_pylist():
             for column in ("ts", "dt"):
                 if row[column] is not None and row[column].tzinfo is not None:
-                    row[column] = row[column].astimezone(dt.timezone.utc).replace(tzinfo=None)
+                    row[column] = row[column].astimezone(dt.UTC).replace(tzinfo=None)
             rows[json.dumps({"id": row["id"]})] = row
     return rows
 
@@ -188,8 +221,13 @@ def source_table(stack, table: str) -> list[dict]:
         conn.close()
 
 
-def check_transactions(records: list[dict], committed: list[tuple[str, int, str]], rolled_back: list[str],
-                       filtered_up_to: int, tables: set[str]) -> dict:
+def check_transactions(
+    records: list[dict],
+    committed: list[tuple[str, int, str]],
+    rolled_back: list[str],
+    filtered_up_to: int,
+    tables: set[str],
+) -> dict:
     """
     Check every committed writer transaction appears exactly once; return counts for the report.
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import profiling
+from tests.profiling import pytest_runtest_makereport, pytest_runtest_protocol  # noqa: F401 - its hooks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,6 @@ def _load_stack_module():
 STACK = _load_stack_module()
 
 # Where each test's time goes (make test-profile): the fixed costs are timed into the JUnit XML.
-pytest_plugins = ["tests.profiling"]
 profiling.install(STACK)
 
 
@@ -49,8 +49,9 @@ def pytest_collection_modifyitems(items):
         parts = Path(item.fspath).relative_to(REPO / "tests").parts
         if parts[0] in ("unit", "integration", "faults"):
             item.add_marker(getattr(pytest.mark, parts[0]))
-    rank = {id(item): 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
-            for item in items}
+    rank = {
+        id(item): 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2 for item in items
+    }
     items.sort(key=lambda item: rank[id(item)])  # stable: the rest keeps the collection order
 
 
@@ -64,7 +65,8 @@ def stack():
     STACK.up()
     if "SharedArchiveFile" not in os.environ.get("SPARK_SUBMIT_OPTS", ""):
         os.environ["SPARK_SUBMIT_OPTS"] = " ".join(
-            filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), STACK.spark_test_java_options()]))
+            filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), STACK.spark_test_java_options()])
+        )
     return STACK
 
 
@@ -108,8 +110,7 @@ def airflow_cli(airflow_home):
     """Run an ``airflow`` CLI command in the session's AIRFLOW_HOME; returns the CompletedProcess."""
 
     def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([_airflow(), *args], env=airflow_home, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run([_airflow(), *args], env=airflow_home, capture_output=True, text=True, timeout=timeout)
 
     return run
 
@@ -152,8 +153,14 @@ def fault_outcome(request):
     import json
 
     def record(*, rows: int, lost: int, duplicated: int, scenario: str | None = None) -> None:
-        line = {"scenario": scenario or request.node.name, "nodeid": request.node.nodeid, "rows": rows,
-                "lost": lost, "duplicated": duplicated, "run": os.environ.get("EO_FAULT_RUN")}
+        line = {
+            "scenario": scenario or request.node.name,
+            "nodeid": request.node.nodeid,
+            "rows": rows,
+            "lost": lost,
+            "duplicated": duplicated,
+            "run": os.environ.get("EO_FAULT_RUN"),
+        }
         logging.getLogger("eo.faults").info("fault outcome %s", line)
         path = os.environ.get("EO_FAULT_REPORT")
         if path:

@@ -34,16 +34,27 @@ def compare(expected: Iterable[Hashable], got: Iterable[Hashable]) -> Outcome:
     missing = want - have
     duplicated = {row: n - want[row] for row, n in have.items() if row in want and n > want[row]}
     unexpected = {row: n for row, n in have.items() if row not in want}
-    example = "; ".join(part for part in (
-        f"missing e.g. {sorted(missing, key=repr)[:3]}" if missing else "",
-        f"duplicated e.g. {list(duplicated.items())[:3]}" if duplicated else "",
-        f"unexpected e.g. {list(unexpected)[:3]}" if unexpected else "") if part)
-    return Outcome(sum(want.values()), sum(missing.values()), sum(duplicated.values()),
-                   sum(unexpected.values()), example)
+    example = "; ".join(
+        part
+        for part in (
+            f"missing e.g. {sorted(missing, key=repr)[:3]}" if missing else "",
+            f"duplicated e.g. {list(duplicated.items())[:3]}" if duplicated else "",
+            f"unexpected e.g. {list(unexpected)[:3]}" if unexpected else "",
+        )
+        if part
+    )
+    return Outcome(
+        sum(want.values()), sum(missing.values()), sum(duplicated.values()), sum(unexpected.values()), example
+    )
 
 
-def check(fault_outcome: Callable[..., None], expected: Iterable[Hashable], got: Iterable[Hashable],
-          what: str = "rows", duplicated_versions: int = 0) -> Outcome:
+def check(
+    fault_outcome: Callable[..., None],
+    expected: Iterable[Hashable],
+    got: Iterable[Hashable],
+    what: str = "rows",
+    duplicated_versions: int = 0,
+) -> Outcome:
     """
     Report the comparison to the matrix, then assert exactly once: 0 lost, 0 duplicated, 0 unexpected.
 
@@ -52,13 +63,19 @@ def check(fault_outcome: Callable[..., None], expected: Iterable[Hashable], got:
     """
     outcome = compare(expected, got)
     if duplicated_versions:
-        outcome = Outcome(outcome.rows, outcome.lost, outcome.duplicated + duplicated_versions, outcome.unexpected,
-                          f"{outcome.example}; {duplicated_versions} source versions published more than once")
+        outcome = Outcome(
+            outcome.rows,
+            outcome.lost,
+            outcome.duplicated + duplicated_versions,
+            outcome.unexpected,
+            f"{outcome.example}; {duplicated_versions} source versions published more than once",
+        )
     fault_outcome(rows=outcome.rows, lost=outcome.lost, duplicated=outcome.duplicated)
     assert outcome.rows > 0, f"the oracle expected no {what}: the scenario checked nothing"
     assert (outcome.lost, outcome.duplicated, outcome.unexpected) == (0, 0, 0), (
         f"{what}: {outcome.lost} lost, {outcome.duplicated} duplicated, {outcome.unexpected} unexpected of "
-        f"{outcome.rows}: {outcome.example}")
+        f"{outcome.rows}: {outcome.example}"
+    )
     return outcome
 
 
@@ -72,8 +89,18 @@ class ConcurrentWriter:
     of the thread fails the test.
     """
 
-    def __init__(self, stack, table: str, first_new_id: int, existing: int, seed: int = 1,
-                 pause: float = 0.005, long_every: int = 50, long_seconds: float = 0.8, deletes: bool = True) -> None:
+    def __init__(
+        self,
+        stack,
+        table: str,
+        first_new_id: int,
+        existing: int,
+        seed: int = 1,
+        pause: float = 0.005,
+        long_every: int = 50,
+        long_seconds: float = 0.8,
+        deletes: bool = True,
+    ) -> None:
         self.stack, self.table, self.deletes = stack, table, deletes
         self.next_id, self.existing = first_new_id, existing
         self.rng = random.Random(seed)
@@ -93,8 +120,9 @@ class ConcurrentWriter:
             cur.execute(f"INSERT INTO `{self.table}` (id, v, s) VALUES (%s, 0, 'new')", (self.next_id,))
             self.next_id += 1
         elif op < 0.85 or not self.deletes:
-            cur.execute(f"UPDATE `{self.table}` SET v = v + 1, s = 'upd' WHERE id = %s",
-                        (self.rng.randint(1, self.existing),))
+            cur.execute(
+                f"UPDATE `{self.table}` SET v = v + 1, s = 'upd' WHERE id = %s", (self.rng.randint(1, self.existing),)
+            )
         else:
             cur.execute(f"DELETE FROM `{self.table}` WHERE id = %s", (self.rng.randint(1, self.existing),))
 

@@ -9,7 +9,6 @@ import uuid
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-
 # librdkafka's own log lines (connection retries while a broker is down) go to logging, which pytest captures.
 QUIET = {"logger": logging.getLogger("tests.rdkafka")}
 
@@ -34,11 +33,13 @@ def new_topic(bootstrap: str, partitions: int = 1, replication_factor: int = 1, 
 
 
 def transactional_producer(bootstrap: str, transactional_id: str | None = None) -> Producer:
-    producer = Producer({
-        "bootstrap.servers": bootstrap,
-        "transactional.id": transactional_id or f"test-{uuid.uuid4().hex[:10]}",
-        **QUIET,
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": transactional_id or f"test-{uuid.uuid4().hex[:10]}",
+            **QUIET,
+        }
+    )
     producer.init_transactions(60)
     return producer
 
@@ -55,17 +56,20 @@ def produce_transaction(producer: Producer, topic: str, values: list[bytes], com
         producer.abort_transaction(60)
 
 
-def read_all(bootstrap: str, topic: str, isolation_level: str = "read_committed", partitions: int = 1,
-             idle_seconds: float = 3.0) -> list[bytes]:
+def read_all(
+    bootstrap: str, topic: str, isolation_level: str = "read_committed", partitions: int = 1, idle_seconds: float = 3.0
+) -> list[bytes]:
     """Read every record the given isolation level exposes, until the end offsets are reached."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-        "isolation.level": isolation_level,
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        **QUIET,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation_level,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            **QUIET,
+        }
+    )
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         values: list[bytes] = []

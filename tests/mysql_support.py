@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import decimal
+import json
 import subprocess
 import uuid
 from collections import Counter
@@ -13,9 +13,17 @@ import MySQLdb
 
 
 def connect(stack, **kwargs):
-    return MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=kwargs.pop("user", stack.DB_USER),
-                           password=kwargs.pop("password", stack.DB_PASSWORD), database=stack.DB_NAME,
-                           autocommit=True, charset="utf8mb4", init_command="SET time_zone = '+00:00'", **kwargs)
+    return MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=kwargs.pop("user", stack.DB_USER),
+        password=kwargs.pop("password", stack.DB_PASSWORD),
+        database=stack.DB_NAME,
+        autocommit=True,
+        charset="utf8mb4",
+        init_command="SET time_zone = '+00:00'",
+        **kwargs,
+    )
 
 
 def load_time_zone(cur, zone: str, database: str) -> None:
@@ -23,8 +31,9 @@ def load_time_zone(cur, zone: str, database: str) -> None:
     cur.execute("SELECT COUNT(*) FROM mysql.time_zone_name WHERE Name = %s", (zone,))
     if cur.fetchone()[0]:
         return
-    sql = subprocess.run(["mariadb-tzinfo-to-sql", f"/usr/share/zoneinfo/{zone}", zone], check=True,
-                         capture_output=True, text=True).stdout
+    sql = subprocess.run(
+        ["mariadb-tzinfo-to-sql", f"/usr/share/zoneinfo/{zone}", zone], check=True, capture_output=True, text=True
+    ).stdout
     cur.execute("USE mysql")
     for statement in sql.split(";\n"):
         if statement.strip():
@@ -55,7 +64,7 @@ def normalise(value):
     if isinstance(value, dt.timedelta):
         return _time_text(value)
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
     if isinstance(value, decimal.Decimal) and value == value.to_integral_value() and value.as_tuple().exponent == 0:
         return int(value)
     if isinstance(value, decimal.Decimal):
@@ -84,8 +93,10 @@ def assert_same_rows(sink: Counter, source: Counter, columns: list[str]) -> None
         return
     dupes = [row for row, n in sink.items() if n > 1]
     only_sink, only_source = sink - source, source - sink
-    detail = f"{len(dupes)} duplicated rows in the sink; {len(only_sink)} rows only in the sink; " \
-             f"{len(only_source)} only in the source"
+    detail = (
+        f"{len(dupes)} duplicated rows in the sink; {len(only_sink)} rows only in the sink; "
+        f"{len(only_source)} only in the source"
+    )
     by_key = {row[0]: row for row in only_sink}
     for row in only_source:
         other = by_key.get(row[0])
@@ -103,20 +114,57 @@ ALL_TYPES = """(
   s VARCHAR(64) CHARACTER SET utf8mb4, tx TEXT, f FLOAT, db DOUBLE, e ENUM('a','b'), y YEAR, bt BIT(8)
 )"""
 
-ALL_TYPES_COLUMNS = ["id", "d", "big_d", "dt", "ts", "dd", "t", "j", "b", "vb", "u", "ui", "ti", "s", "tx", "f", "db",
-                     "e", "y", "bt"]
+ALL_TYPES_COLUMNS = [
+    "id",
+    "d",
+    "big_d",
+    "dt",
+    "ts",
+    "dd",
+    "t",
+    "j",
+    "b",
+    "vb",
+    "u",
+    "ui",
+    "ti",
+    "s",
+    "tx",
+    "f",
+    "db",
+    "e",
+    "y",
+    "bt",
+]
 
 
 def all_types_rows(n: int) -> list[tuple]:
     """Return ``n`` rows of :data:`ALL_TYPES` with awkward values, then one row of NULLs (id ``n + 1``)."""
     rows = []
     for i in range(1, n + 1):
-        rows.append((
-            i, f"{i}.125", f"{i}1234567890123456789.0123456789", f"2024-10-27 0{i % 4}:30:00.{i:06d}",
-            f"2024-03-31 02:{i % 60:02d}:00.5", "2024-02-29", f"-{i % 800}:01:02.5" if i % 2 else "12:00:00",
-            json.dumps({"i": i, "s": "ü😀", "a": [1, None]}), bytes([i % 256, 0, 255]) * 3, b"\x00`'\"",
-            2**64 - i, 2**32 - i, -128 + i % 256, f"ȧ😀 {i} ' \" ` ;", "x" * (i % 300), 0.5, i / 7,
-            "ab"[i % 2], 1901 + i % 254, bytes([i % 256]),
-        ))
+        rows.append(
+            (
+                i,
+                f"{i}.125",
+                f"{i}1234567890123456789.0123456789",
+                f"2024-10-27 0{i % 4}:30:00.{i:06d}",
+                f"2024-03-31 02:{i % 60:02d}:00.5",
+                "2024-02-29",
+                f"-{i % 800}:01:02.5" if i % 2 else "12:00:00",
+                json.dumps({"i": i, "s": "ü😀", "a": [1, None]}),
+                bytes([i % 256, 0, 255]) * 3,
+                b"\x00`'\"",
+                2**64 - i,
+                2**32 - i,
+                -128 + i % 256,
+                f"ȧ😀 {i} ' \" ` ;",
+                "x" * (i % 300),
+                0.5,
+                i / 7,
+                "ab"[i % 2],
+                1901 + i % 254,
+                bytes([i % 256]),
+            )
+        )
     rows.append((n + 1,) + (None,) * 19)  # every nullable column NULL
     return rows

@@ -46,8 +46,16 @@ def clean_copy(dest: Path) -> Path:
     list counts as package data), which hid a sub-package missing from setup.cfg, and parallel builds in one
     checkout race on them.
     """
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = REPO / name
         if source.is_file():  # a tracked file deleted in the work tree is listed too

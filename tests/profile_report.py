@@ -21,10 +21,24 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-ORDER = ["airflow start/stop", "stack", "spark session", "spark app start", "spark app work", "airflow wait",
-         "sleep", "own work"]
-KIND = {"airflow_start": "airflow start/stop", "airflow_stop": "airflow start/stop", "stack": "stack",
-        "spark_session": "spark session", "airflow_wait": "airflow wait", "sleep": "sleep"}
+ORDER = [
+    "airflow start/stop",
+    "stack",
+    "spark session",
+    "spark app start",
+    "spark app work",
+    "airflow wait",
+    "sleep",
+    "own work",
+]
+KIND = {
+    "airflow_start": "airflow start/stop",
+    "airflow_stop": "airflow start/stop",
+    "stack": "stack",
+    "spark_session": "spark session",
+    "airflow_wait": "airflow wait",
+    "sleep": "sleep",
+}
 
 
 def read_cases(paths: list[Path]) -> list[dict]:
@@ -37,11 +51,16 @@ def read_cases(paths: list[Path]) -> list[dict]:
             for tag in ("failure", "error", "skipped"):
                 if case.find(tag) is not None:
                     outcome = tag
-            cases.append({
-                "part": path.stem, "file": _module_path(case.get("classname", "")),
-                "name": case.get("name"), "time": float(case.get("time") or 0), "outcome": outcome,
-                "spans": json.loads(props.get("profile") or "[]"),
-            })
+            cases.append(
+                {
+                    "part": path.stem,
+                    "file": _module_path(case.get("classname", "")),
+                    "name": case.get("name"),
+                    "time": float(case.get("time") or 0),
+                    "outcome": outcome,
+                    "spans": json.loads(props.get("profile") or "[]"),
+                }
+            )
     return cases
 
 
@@ -50,7 +69,7 @@ def _module_path(classname: str) -> str:
     parts = classname.split(".")
     for index, part in enumerate(parts):
         if part.startswith("test_"):
-            return "/".join(parts[:index + 1]) + ".py"
+            return "/".join(parts[: index + 1]) + ".py"
     return "/".join(parts) + ".py"
 
 
@@ -106,11 +125,15 @@ def table(headers: list[str], rows: list[list], out) -> None:
     text = [[str(c) for c in row] for row in [headers, *rows]]
     widths = [max(len(r[i]) for r in text) for i in range(len(headers))]
     for index, row in enumerate(text):
-        out.write("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                     for i, (c, w) in enumerate(zip(row, widths))) + " |\n")
+        out.write(
+            "| "
+            + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+            + " |\n"
+        )
         if index == 0:
-            out.write("|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":"
-                                     for i, w in enumerate(widths)) + "|\n")
+            out.write(
+                "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|\n"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     spark_start = args.spark_start if args.spark_start is not None else spark_start_estimate(cases)
     out = sys.stdout
     apps = [e - s for c in cases for kind, s, e in c["spans"] if kind == "spark_app"]
-    out.write(f"{len(cases)} tests in {', '.join(str(p) for p in paths)}; worker-seconds; "
-              f"{len(apps)} spark-submits (median {statistics.median(apps) if apps else 0:.1f} s), "
-              f"start-up counted as the first {spark_start:.1f} s of each\n\n")
+    out.write(
+        f"{len(cases)} tests in {', '.join(str(p) for p in paths)}; worker-seconds; "
+        f"{len(apps)} spark-submits (median {statistics.median(apps) if apps else 0:.1f} s), "
+        f"start-up counted as the first {spark_start:.1f} s of each\n\n"
+    )
     by_case = [(case, attribute(case, spark_start)) for case in cases]
     total = sum(c["time"] for c in cases) or 1.0
 
@@ -151,17 +176,29 @@ def main(argv: list[str] | None = None) -> int:
         files[case["file"]]["total"] += case["time"]
         for kind, seconds in split.items():
             files[case["file"]][kind] += seconds
-    short = {"airflow start/stop": "airflow", "spark session": "session", "spark app start": "app start",
-             "spark app work": "app work", "airflow wait": "af wait"}
-    rows = [[name, counts[name], apps_per_file[name], f"{f['total']:.0f}",
-             *[f"{f[kind]:.0f}" for kind in ORDER]]
-            for name, f in sorted(files.items(), key=lambda kv: -kv[1]["total"])[:args.top]]
+    short = {
+        "airflow start/stop": "airflow",
+        "spark session": "session",
+        "spark app start": "app start",
+        "spark app work": "app work",
+        "airflow wait": "af wait",
+    }
+    rows = [
+        [name, counts[name], apps_per_file[name], f"{f['total']:.0f}", *[f"{f[kind]:.0f}" for kind in ORDER]]
+        for name, f in sorted(files.items(), key=lambda kv: -kv[1]["total"])[: args.top]
+    ]
     table(["file", "tests", "apps", "seconds", *[short.get(k, k) for k in ORDER]], rows, out)
 
     out.write(f"\nSlowest tests (top {args.top})\n\n")
-    rows = [[f"{case['file']}::{case['name']}", case["outcome"], f"{case['time']:.0f}",
-             *[f"{split[kind]:.0f}" for kind in ORDER]]
-            for case, split in sorted(by_case, key=lambda cs: -cs[0]["time"])[:args.top]]
+    rows = [
+        [
+            f"{case['file']}::{case['name']}",
+            case["outcome"],
+            f"{case['time']:.0f}",
+            *[f"{split[kind]:.0f}" for kind in ORDER],
+        ]
+        for case, split in sorted(by_case, key=lambda cs: -cs[0]["time"])[: args.top]
+    ]
     table(["test", "outcome", "seconds", *[short.get(k, k) for k in ORDER]], rows, out)
     return 0
 

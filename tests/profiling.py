@@ -95,8 +95,15 @@ def install(stack_module) -> None:
     _sleep.__eo_profiled__ = True
     time.sleep = _sleep
     subprocess.Popen.__init__ = _popen_init
-    for name in ("up", "start_by_name", "start_kafka", "start_mariadb", "start_postgres", "start_minio",
-                 "start_spark_cluster"):
+    for name in (
+        "up",
+        "start_by_name",
+        "start_kafka",
+        "start_mariadb",
+        "start_postgres",
+        "start_minio",
+        "start_spark_cluster",
+    ):
         setattr(stack_module, name, timed("stack")(getattr(stack_module, name)))
     stack_module.Process.kill = timed("stack")(stack_module.Process.kill)
     stack_module.MariadbServer.start = timed("stack")(stack_module.MariadbServer.start)
@@ -122,7 +129,10 @@ def pytest_runtest_makereport(item, call):
         return
     now = time.monotonic()
     with _lock:
-        spans = [(kind, round(max(s, started) - started, 3), round(min(e, now) - started, 3))
-                 for kind, s, e in _intervals if e > started]
+        spans = [
+            (kind, round(max(s, started) - started, 3), round(min(e, now) - started, 3))
+            for kind, s, e in _intervals
+            if e > started
+        ]
         _intervals.clear()
     outcome.get_result().user_properties.append(("profile", json.dumps(spans, separators=(",", ":"))))

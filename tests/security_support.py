@@ -37,18 +37,31 @@ def marker_users(stack) -> dict[str, str]:
     The users persist across runs (only their passwords change): the PostgreSQL role owns a schema of its name,
     where its sink and offsets tables land, apart from the other tests' tables.
     """
-    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType,
-                                       ResourceType, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion)
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
 
     secrets = {kind: f"LEAKMARK{kind}{uuid.uuid4().hex}" for kind in ("kafka", "mysql", "postgres")}
     user, db_user = "eo-leak", "eo_leak"
     admin = AdminClient({"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"})  # the super user's listener
-    upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
-                                          secrets["kafka"].encode())
+    upsert = UserScramCredentialUpsertion(
+        user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), secrets["kafka"].encode()
+    )
     admin.alter_user_scram_credentials([upsert])[user].result(30)
-    bindings = [AclBinding(kind, "*", ResourcePatternType.LITERAL, f"User:{user}", "*", AclOperation.ALL,
-                           AclPermissionType.ALLOW)
-                for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)]
+    bindings = [
+        AclBinding(
+            kind, "*", ResourcePatternType.LITERAL, f"User:{user}", "*", AclOperation.ALL, AclPermissionType.ALLOW
+        )
+        for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)
+    ]
     for future in admin.create_acls(bindings).values():
         future.result(30)
     cur = connect(stack).cursor()
@@ -56,8 +69,9 @@ def marker_users(stack) -> dict[str, str]:
     cur.execute("ALTER USER %s@'%%' IDENTIFIED BY %s REQUIRE SSL", (db_user, secrets["mysql"]))
     cur.execute(f"GRANT SELECT, REPLICATION SLAVE, BINLOG MONITOR, REPLICATION CLIENT ON *.* TO `{db_user}`@'%'")
     # The server's superuser over its socket (local trust): the stack's user may not create roles.
-    pg = psycopg2.connect(host=str(stack.HOME / "postgres"), port=stack.POSTGRES_PORT, user="postgres",
-                          dbname=stack.DB_NAME)
+    pg = psycopg2.connect(
+        host=str(stack.HOME / "postgres"), port=stack.POSTGRES_PORT, user="postgres", dbname=stack.DB_NAME
+    )
     pg.autocommit = True
     with pg.cursor() as pcur:
         pcur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (db_user,))
@@ -72,13 +86,29 @@ def marker_users(stack) -> dict[str, str]:
     ca = str(stack.tls_files()["ca.pem"])
     return {
         "secrets": secrets,
-        "AIRFLOW_CONN_KAFKA_LEAK": json.dumps({"conn_type": "kafka", "extra": {
-            **stack.kafka_secure_client_config(user, secrets["kafka"])}}),
-        "AIRFLOW_CONN_MYSQL_LEAK": json.dumps({
-            "conn_type": "mysql", "host": stack.HOST, "port": stack.MARIADB_PORT, "login": db_user,
-            "password": secrets["mysql"], "schema": stack.DB_NAME, "extra": {"ssl": {"ca": ca}}}),
-        "AIRFLOW_CONN_POSTGRES_LEAK": json.dumps({
-            "conn_type": "postgres", "host": stack.HOST, "port": stack.POSTGRES_PORT, "login": db_user,
-            "password": secrets["postgres"], "schema": stack.DB_NAME,
-            "extra": {"sslmode": "verify-full", "sslrootcert": ca}}),
+        "AIRFLOW_CONN_KAFKA_LEAK": json.dumps(
+            {"conn_type": "kafka", "extra": {**stack.kafka_secure_client_config(user, secrets["kafka"])}}
+        ),
+        "AIRFLOW_CONN_MYSQL_LEAK": json.dumps(
+            {
+                "conn_type": "mysql",
+                "host": stack.HOST,
+                "port": stack.MARIADB_PORT,
+                "login": db_user,
+                "password": secrets["mysql"],
+                "schema": stack.DB_NAME,
+                "extra": {"ssl": {"ca": ca}},
+            }
+        ),
+        "AIRFLOW_CONN_POSTGRES_LEAK": json.dumps(
+            {
+                "conn_type": "postgres",
+                "host": stack.HOST,
+                "port": stack.POSTGRES_PORT,
+                "login": db_user,
+                "password": secrets["postgres"],
+                "schema": stack.DB_NAME,
+                "extra": {"sslmode": "verify-full", "sslrootcert": ca},
+            }
+        ),
     }

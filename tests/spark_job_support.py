@@ -33,15 +33,23 @@ def task_spark_conf(stack, s3: bool = False) -> dict[str, str]:
     return {**stack.spark_conf(s3=s3), "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
 
 
-def produce_interleaved(bootstrap: str, topic: str, transactions: int, per_transaction: int,
-                        partitions: int = 1, abort_every: int = 3, tag: str = "r") -> list[tuple[str, str]]:
+def produce_interleaved(
+    bootstrap: str,
+    topic: str,
+    transactions: int,
+    per_transaction: int,
+    partitions: int = 1,
+    abort_every: int = 3,
+    tag: str = "r",
+) -> list[tuple[str, str]]:
     """Write ``transactions`` transactions (every ``abort_every``-th aborted); return committed (key, value)."""
     producer = transactional_producer(bootstrap)
     committed: list[tuple[str, str]] = []
     for txn in range(transactions):
         commit = txn % abort_every != 1
-        rows = [(f"{tag}{txn}-{i}", json.dumps({"txn": txn, "i": i, "committed": commit}))
-                for i in range(per_transaction)]
+        rows = [
+            (f"{tag}{txn}-{i}", json.dumps({"txn": txn, "i": i, "committed": commit})) for i in range(per_transaction)
+        ]
         producer.begin_transaction()
         for n, (key, value) in enumerate(rows):
             producer.produce(topic, value.encode(), key.encode(), partition=n % partitions)
@@ -56,19 +64,36 @@ def produce_interleaved(bootstrap: str, topic: str, transactions: int, per_trans
 
 def produce_plain(bootstrap: str, topic: str, count: int, partitions: int = 1) -> None:
     """Write ``count`` small non-transactional records fast (benchmark input)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000,
-                         "compression.type": "lz4", **QUIET})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.num.messages": 10000,
+            "compression.type": "lz4",
+            **QUIET,
+        }
+    )
     for i in range(count):
-        producer.produce(topic, b'{"n":%d,"payload":"abcdefghijklmnopqrstuvwxyz"}' % i, b"k%d" % i,
-                         partition=i % partitions)
+        producer.produce(
+            topic, b'{"n":%d,"payload":"abcdefghijklmnopqrstuvwxyz"}' % i, b"k%d" % i, partition=i % partitions
+        )
         if i % 100000 == 0:
             producer.poll(0)
     producer.flush(120)
 
 
-def job_args(stack, pipeline: str, topic: str, checkpoint: Path | str, sink: str, target: str,
-             max_offsets: int | None = None, delivery: str = "exactly-once", mode: str = "append",
-             s3: dict | None = None) -> list[str]:
+def job_args(
+    stack,
+    pipeline: str,
+    topic: str,
+    checkpoint: Path | str,
+    sink: str,
+    target: str,
+    max_offsets: int | None = None,
+    delivery: str = "exactly-once",
+    mode: str = "append",
+    s3: dict | None = None,
+) -> list[str]:
     """:param s3: the S3 settings (``S3Settings.to_json()``) of a sink on S3, for the secrets file."""
     # The job reads the connections' settings from a 0600 file, as the operator passes them.
     secrets = {"kafka": {"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"}}
@@ -79,8 +104,22 @@ def job_args(stack, pipeline: str, topic: str, checkpoint: Path | str, sink: str
     # beside a local checkpoint; a checkpoint on S3 (a URI): in a private temporary directory
     folder = str(checkpoint.parent) if isinstance(checkpoint, Path) else tempfile.mkdtemp(prefix="eo-job-")
     secrets_file = write_secret_file(folder, secrets, prefix="connections-")
-    args = ["--pipeline", pipeline, "--secrets-file", secrets_file, "--topics", topic,
-            "--checkpoint", str(checkpoint), "--sink", sink, "--delivery", delivery, "--mode", mode]
+    args = [
+        "--pipeline",
+        pipeline,
+        "--secrets-file",
+        secrets_file,
+        "--topics",
+        topic,
+        "--checkpoint",
+        str(checkpoint),
+        "--sink",
+        sink,
+        "--delivery",
+        delivery,
+        "--mode",
+        mode,
+    ]
     args += ["--table", target] if sink == "postgres" else ["--path", target]
     if max_offsets:
         args += ["--max-offsets-per-trigger", str(max_offsets)]
@@ -88,8 +127,13 @@ def job_args(stack, pipeline: str, topic: str, checkpoint: Path | str, sink: str
 
 
 def pg_env(stack) -> dict[str, str]:
-    return {"PGHOST": stack.HOST, "PGPORT": str(stack.POSTGRES_PORT), "PGDATABASE": stack.DB_NAME,
-            "PGUSER": stack.DB_USER, "PGPASSWORD": stack.DB_PASSWORD}
+    return {
+        "PGHOST": stack.HOST,
+        "PGPORT": str(stack.POSTGRES_PORT),
+        "PGDATABASE": stack.DB_NAME,
+        "PGUSER": stack.DB_USER,
+        "PGPASSWORD": stack.DB_PASSWORD,
+    }
 
 
 def kill_driver_at(step: str, batch_id: int) -> dict[str, str]:
@@ -100,10 +144,25 @@ def kill_driver_at(step: str, batch_id: int) -> dict[str, str]:
 def submit_command(stack, args: list[str], master: str = "local[2]", conf: dict[str, str] | None = None) -> list[str]:
     # A job whose arguments name an S3 location gets the s3a connector (its settings travel in the secrets file).
     s3 = any(arg.startswith(("s3://", "s3a://")) for arg in args)
-    connectors = [arg for key, value in {**stack.spark_conf(s3=s3), **(conf or {})}.items()
-                  for arg in ("--conf", f"{key}={value}")]
-    return [SPARK_SUBMIT, "--master", master, "--driver-memory", "1g",
-            "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false", *connectors, JOB, *args]
+    connectors = [
+        arg
+        for key, value in {**stack.spark_conf(s3=s3), **(conf or {})}.items()
+        for arg in ("--conf", f"{key}={value}")
+    ]
+    return [
+        SPARK_SUBMIT,
+        "--master",
+        master,
+        "--driver-memory",
+        "1g",
+        "--conf",
+        "spark.sql.shuffle.partitions=2",
+        "--conf",
+        "spark.ui.enabled=false",
+        *connectors,
+        JOB,
+        *args,
+    ]
 
 
 def submit_env(stack, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -112,11 +171,23 @@ def submit_env(stack, extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_job(stack, args: list[str], extra_env: dict[str, str] | None = None, timeout: float = 300,
-            log_file: Path | None = None, conf: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_job(
+    stack,
+    args: list[str],
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 300,
+    log_file: Path | None = None,
+    conf: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     """Run the job to its end with spark-submit (its own process group, like a driver on a worker)."""
-    result = subprocess.run(submit_command(stack, args, conf=conf), env=submit_env(stack, extra_env), capture_output=True,
-                            text=True, timeout=timeout, start_new_session=True)
+    result = subprocess.run(
+        submit_command(stack, args, conf=conf),
+        env=submit_env(stack, extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
     if log_file is not None:
         with open(log_file, "a") as handle:
             handle.write(result.stdout + result.stderr)
@@ -125,8 +196,13 @@ def run_job(stack, args: list[str], extra_env: dict[str, str] | None = None, tim
 
 def start_job(stack, args: list[str], log_file: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     handle = open(log_file, "a")
-    return subprocess.Popen(submit_command(stack, args), env=submit_env(stack, extra_env), stdout=handle,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        submit_command(stack, args),
+        env=submit_env(stack, extra_env),
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def sigkill_group(proc: subprocess.Popen) -> None:
@@ -189,7 +265,9 @@ def delta_rows(path, columns=("kafka_partition", "kafka_offset", "record_key", "
     return rows
 
 
-def arrow_rows(files: list[str], columns=("kafka_partition", "kafka_offset", "record_key", "record_value")) -> list[tuple]:
+def arrow_rows(
+    files: list[str], columns=("kafka_partition", "kafka_offset", "record_key", "record_value")
+) -> list[tuple]:
     import pyarrow.parquet as pq
 
     rows: list[tuple] = []
@@ -207,12 +285,14 @@ def files_rows(root, columns=("kafka_partition", "kafka_offset", "record_key", "
     return [] if table is None else list(zip(*(table.column(c).to_pylist() for c in columns)))
 
 
-def postgres_rows(stack, table: str,
-                  columns=("kafka_partition", "kafka_offset", "record_key", "record_value")) -> list[tuple]:
+def postgres_rows(
+    stack, table: str, columns=("kafka_partition", "kafka_offset", "record_key", "record_value")
+) -> list[tuple]:
     import psycopg2
 
-    conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                            password=stack.DB_PASSWORD)
+    conn = psycopg2.connect(
+        host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER, password=stack.DB_PASSWORD
+    )
     try:
         with conn.cursor() as cur:
             cur.execute(f"SELECT {', '.join(columns)} FROM {table}")
@@ -249,11 +329,14 @@ def wait_for_committed_end(bootstrap: str, topic: str, partitions: int, timeout:
     from confluent_kafka import Consumer, TopicPartition
 
     def ends(isolation: str) -> dict[int, int]:  # ListOffsets(latest) answers the LSO to read_committed
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eo-lso", "isolation.level": isolation,
-                             **QUIET})
+        consumer = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "eo-lso", "isolation.level": isolation, **QUIET}
+        )
         try:
-            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
-                    for p in range(partitions)}
+            return {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
+                for p in range(partitions)
+            }
         finally:
             consumer.close()
 
@@ -275,7 +358,8 @@ def assert_exactly(rows: list[tuple], committed: list[tuple[str, str]]) -> None:
     missing, extra = want - got, got - want
     assert not missing and not extra, (
         f"{len(missing)} committed records missing (e.g. {list(missing)[:3]}), "
-        f"{len(extra)} unexpected records (e.g. {list(extra)[:3]})")
+        f"{len(extra)} unexpected records (e.g. {list(extra)[:3]})"
+    )
     assert all(json.loads(value)["committed"] for _, _, _, value in rows), "an aborted record reached the sink"
     positions = [(p, o) for p, o, _, _ in rows]
     assert len(set(positions)) == len(positions), "a Kafka (partition, offset) is in the sink twice"

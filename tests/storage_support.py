@@ -30,8 +30,13 @@ def race_put_if_absent(storage_for_writer: Callable[[], object], key: str, write
 
 def check_put_read_list_delete(storage) -> None:
     """The storage contract every backend keeps: overwrite, read, exists, list by prefix, delete, delete_prefix."""
-    for key in ("_manifests/00.json", "_manifests/01.json", "data/x/part-0.parquet", "data/x/part-1.parquet",
-                "data-other.txt"):
+    for key in (
+        "_manifests/00.json",
+        "_manifests/01.json",
+        "data/x/part-0.parquet",
+        "data/x/part-1.parquet",
+        "data-other.txt",
+    ):
         storage.put(key, key.encode())
     storage.put("_manifests/01.json", b"replaced")
     assert storage.read("_manifests/01.json") == b"replaced" and storage.read("missing") is None

@@ -27,8 +27,15 @@ STATUSES = ("new", "paid", "shipped", "delivered")
 
 def _mysql():
     conn = json.loads(os.environ["AIRFLOW_CONN_MYSQL_DEFAULT"])
-    return MySQLdb.connect(host=conn["host"], port=int(conn["port"]), user=conn["login"], password=conn["password"],
-                           database=conn["schema"], autocommit=False, init_command="SET time_zone = '+00:00'")
+    return MySQLdb.connect(
+        host=conn["host"],
+        port=int(conn["port"]),
+        user=conn["login"],
+        password=conn["password"],
+        database=conn["schema"],
+        autocommit=False,
+        init_command="SET time_zone = '+00:00'",
+    )
 
 
 def seed(orders: int) -> None:
@@ -37,16 +44,20 @@ def seed(orders: int) -> None:
     cur = conn.cursor()
     for table in ("refunds", "payments", "orders"):
         cur.execute(f"DROP TABLE IF EXISTS {table}")
-    cur.execute("CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, customer_id INT NOT NULL,"
-                " status VARCHAR(16) NOT NULL, amount DECIMAL(12,2) NOT NULL, currency CHAR(3) NOT NULL,"
-                " note VARCHAR(64) CHARACTER SET utf8mb4 NULL, created_at TIMESTAMP(6) NOT NULL DEFAULT"
-                " CURRENT_TIMESTAMP(6), updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
-                " ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))")
+    cur.execute(
+        "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, customer_id INT NOT NULL,"
+        " status VARCHAR(16) NOT NULL, amount DECIMAL(12,2) NOT NULL, currency CHAR(3) NOT NULL,"
+        " note VARCHAR(64) CHARACTER SET utf8mb4 NULL, created_at TIMESTAMP(6) NOT NULL DEFAULT"
+        " CURRENT_TIMESTAMP(6), updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
+        " ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))"
+    )
     for table, parent in (("payments", "order_id"), ("refunds", "payment_id")):
-        cur.execute(f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, {parent} BIGINT NOT NULL,"
-                    " amount DECIMAL(12,2) NOT NULL, currency CHAR(3) NOT NULL, method VARCHAR(16) NOT NULL,"
-                    " updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6),"
-                    " KEY (updated_at))")
+        cur.execute(
+            f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, {parent} BIGINT NOT NULL,"
+            " amount DECIMAL(12,2) NOT NULL, currency CHAR(3) NOT NULL, method VARCHAR(16) NOT NULL,"
+            " updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6),"
+            " KEY (updated_at))"
+        )
     rng = random.Random(42)
     now = time.time()
     for start in range(0, orders, 1000):
@@ -63,15 +74,26 @@ def seed(orders: int) -> None:
 def _new_order(cur, rng: random.Random, historic: bool = False) -> None:
     currency = rng.choice(CURRENCIES)
     amount = Decimal(rng.randrange(100, 500_000)) / 100
-    cur.execute("INSERT INTO orders (customer_id, status, amount, currency, note) VALUES (%s, %s, %s, %s, %s)",
-                (rng.randrange(1, 5000), "paid" if historic else "new", amount, currency,
-                 None if rng.random() < 0.3 else rng.choice(["gift", "express", "café", "retour"])))
+    cur.execute(
+        "INSERT INTO orders (customer_id, status, amount, currency, note) VALUES (%s, %s, %s, %s, %s)",
+        (
+            rng.randrange(1, 5000),
+            "paid" if historic else "new",
+            amount,
+            currency,
+            None if rng.random() < 0.3 else rng.choice(["gift", "express", "café", "retour"]),
+        ),
+    )
     order_id = cur.lastrowid
-    cur.execute("INSERT INTO payments (order_id, amount, currency, method) VALUES (%s, %s, %s, %s)",
-                (order_id, amount, currency, rng.choice(["card", "transfer", "wallet"])))
+    cur.execute(
+        "INSERT INTO payments (order_id, amount, currency, method) VALUES (%s, %s, %s, %s)",
+        (order_id, amount, currency, rng.choice(["card", "transfer", "wallet"])),
+    )
     if rng.random() < 0.05:
-        cur.execute("INSERT INTO refunds (payment_id, amount, currency, method) VALUES (%s, %s, %s, 'card')",
-                    (cur.lastrowid, amount / 2, currency))
+        cur.execute(
+            "INSERT INTO refunds (payment_id, amount, currency, method) VALUES (%s, %s, %s, 'card')",
+            (cur.lastrowid, amount / 2, currency),
+        )
 
 
 def writer(rate: float) -> None:
@@ -91,8 +113,10 @@ def writer(rate: float) -> None:
             _new_order(cur, rng)
             counts["orders"] += 1
         elif roll < 0.9:
-            cur.execute("UPDATE orders SET status = %s, amount = amount + 0.01 WHERE id = %s",
-                        (rng.choice(STATUSES), rng.randint(low, high)))
+            cur.execute(
+                "UPDATE orders SET status = %s, amount = amount + 0.01 WHERE id = %s",
+                (rng.choice(STATUSES), rng.randint(low, high)),
+            )
             counts["updates"] += 1
         elif roll < 0.97:
             cur.execute("DELETE FROM orders WHERE id = %s AND status = 'new'", (rng.randint(low, high),))
@@ -113,20 +137,25 @@ def report() -> int:
     import psycopg2
 
     conn = json.loads(os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"])
-    pg = psycopg2.connect(host=conn["host"], port=conn["port"], dbname=conn["schema"], user=conn["login"],
-                          password=conn["password"])
+    pg = psycopg2.connect(
+        host=conn["host"], port=conn["port"], dbname=conn["schema"], user=conn["login"], password=conn["password"]
+    )
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
     from exactly_once_provider.reconcile.results import latest_results
 
     run = os.environ.get("EO_DEMO_RUN", "")
     rows = [r for r in latest_results(pg) if r["name"].endswith(run)]
     pg.close()
-    print(f"\n{'pipeline':<28} {'source rows':>11} {'sink rows':>10} {'checksums':>9} {'missing':>7} "
-          f"{'extra':>5} {'changed':>7} {'duplicates':>10} {'in flight':>9}  status")
+    print(
+        f"\n{'pipeline':<28} {'source rows':>11} {'sink rows':>10} {'checksums':>9} {'missing':>7} "
+        f"{'extra':>5} {'changed':>7} {'duplicates':>10} {'in flight':>9}  status"
+    )
     for r in rows:
         same = "equal" if r["source_checksum"] == r["sink_checksum"] else "DIFFER"
-        print(f"{r['name']:<28} {r['source_rows']:>11} {r['sink_rows']:>10} {same:>9} {r['missing']:>7} "
-              f"{r['extra']:>5} {r['changed']:>7} {r['duplicate']:>10} {r['in_flight']:>9}  {r['status']}")
+        print(
+            f"{r['name']:<28} {r['source_rows']:>11} {r['sink_rows']:>10} {same:>9} {r['missing']:>7} "
+            f"{r['extra']:>5} {r['changed']:>7} {r['duplicate']:>10} {r['in_flight']:>9}  {r['status']}"
+        )
     return 0 if rows and all(r["status"] == "clean" for r in rows) else 1
 
 

@@ -305,28 +305,75 @@ def tls_files() -> dict[str, Path]:
     key is readable by its owner only.
     """
     directory = tls_dir()
-    files = {name: directory / name for name in
-             ("ca.pem", "ca.key", "server.pem", "server.key", "server-keystore.pem", "other-ca.pem")}
+    files = {
+        name: directory / name
+        for name in ("ca.pem", "ca.key", "server.pem", "server.key", "server-keystore.pem", "other-ca.pem")
+    }
     if all(path.exists() for path in files.values()):
         return files
     directory.mkdir(parents=True, exist_ok=True)
     subject = "/O=exactly-once local stack/CN="
     for ca in ("ca", "other-ca"):
-        run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-keyout",
-             str(directory / f"{ca}.key"), "-out", str(directory / f"{ca}.pem"), "-subj", f"{subject}{ca}"])
+        run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "3650",
+                "-keyout",
+                str(directory / f"{ca}.key"),
+                "-out",
+                str(directory / f"{ca}.pem"),
+                "-subj",
+                f"{subject}{ca}",
+            ]
+        )
     extensions = directory / "server.ext"
     extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(files["server.key"]),
-         "-out", str(directory / "server.csr"), "-subj", f"{subject}localhost"])
-    run(["openssl", "x509", "-req", "-days", "3650", "-in", str(directory / "server.csr"), "-CA",
-         str(files["ca.pem"]), "-CAkey", str(files["ca.key"]), "-CAcreateserial", "-out", str(files["server.pem"]),
-         "-extfile", str(extensions)])
+    run(
+        [
+            "openssl",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(files["server.key"]),
+            "-out",
+            str(directory / "server.csr"),
+            "-subj",
+            f"{subject}localhost",
+        ]
+    )
+    run(
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-days",
+            "3650",
+            "-in",
+            str(directory / "server.csr"),
+            "-CA",
+            str(files["ca.pem"]),
+            "-CAkey",
+            str(files["ca.key"]),
+            "-CAcreateserial",
+            "-out",
+            str(files["server.pem"]),
+            "-extfile",
+            str(extensions),
+        ]
+    )
     files["server-keystore.pem"].write_text(files["server.key"].read_text() + files["server.pem"].read_text())
     for name in ("ca.key", "server.key", "server-keystore.pem"):
         files[name].chmod(0o600)
     directory.chmod(0o755)
     return files
-
 
 
 # ---------------------------------------------------------------------------------------------- Kafka
@@ -345,8 +392,16 @@ def kafka_libs() -> Path:
     log("resolving Kafka %s jars from Maven Central into %s", kafka_version(), libs)
     libs.mkdir(parents=True, exist_ok=True)
     run(
-        ["mvn", "-q", "-B", "-f", str(HERE / "kafka" / "pom.xml"), "dependency:copy-dependencies",
-         f"-DoutputDirectory={libs}", "-DincludeScope=runtime"]
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(HERE / "kafka" / "pom.xml"),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={libs}",
+            "-DincludeScope=runtime",
+        ]
     )
     done.touch()
     return libs
@@ -418,8 +473,9 @@ class KafkaNode:
             if config.exists() and f"SASL_SSL://{HOST}:{self.secure_port}" in config.read_text():
                 # Started with the listener and still recovering its logs (minutes with thousands of test
                 # partitions): killing it now would only start that recovery again. The readiness check waits.
-                log("%s is still starting (its SASL_SSL listener on port %s is not up yet)", self.name,
-                    self.secure_port)
+                log(
+                    "%s is still starting (its SASL_SSL listener on port %s is not up yet)", self.name, self.secure_port
+                )
                 return
             # A broker started by an older stack.py, before the secured listener existed: start it anew.
             log("%s runs without its SASL_SSL listener (port %s): restarting it", self.name, self.secure_port)
@@ -445,18 +501,48 @@ class KafkaNode:
         )
         classpath = f"{libs}/*"
         if not (self.directory / "data" / "meta.properties").exists():
-            run(["java", "-cp", classpath, "kafka.tools.StorageTool", "format", "-t", _cluster_id(),
-                 "-c", str(config), "-g"])
+            run(
+                [
+                    "java",
+                    "-cp",
+                    classpath,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    _cluster_id(),
+                    "-c",
+                    str(config),
+                    "-g",
+                ]
+            )
         self.process.start(
-            ["java", f"-Xms{self.heap}", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-             f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath, "kafka.Kafka", str(config)]
+            [
+                "java",
+                f"-Xms{self.heap}",
+                f"-Xmx{self.heap}",
+                "-XX:+UseG1GC",
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={log4j}",
+                "-cp",
+                classpath,
+                "kafka.Kafka",
+                str(config),
+            ]
         )
 
 
 def kafka_single() -> list[KafkaNode]:
     return [
-        KafkaNode("kafka", 1, KAFKA_PORT, KAFKA_CONTROLLER_PORT, f"1@{HOST}:{KAFKA_CONTROLLER_PORT}",
-                  KAFKA_SINGLE_NODE_SETTINGS, KAFKA_HEAP, secure_port=KAFKA_SECURE_PORT)
+        KafkaNode(
+            "kafka",
+            1,
+            KAFKA_PORT,
+            KAFKA_CONTROLLER_PORT,
+            f"1@{HOST}:{KAFKA_CONTROLLER_PORT}",
+            KAFKA_SINGLE_NODE_SETTINGS,
+            KAFKA_HEAP,
+            secure_port=KAFKA_SECURE_PORT,
+        )
     ]
 
 
@@ -471,8 +557,7 @@ def kafka_security_settings() -> dict[str, str]:
     tls = tls_files()
     return {
         "sasl.enabled.mechanisms": SCRAM_MECHANISM,
-        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
-            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
         "ssl.keystore.type": "PEM",
         "ssl.keystore.location": str(tls["server-keystore.pem"]),
         "ssl.truststore.type": "PEM",
@@ -501,30 +586,53 @@ def kafka_users_and_acls(bootstrap: str) -> str:
     ``eo`` may do what the product does (topics, consumer groups, transactional ids, idempotent writes);
     ``eo-no-txn`` the same without transactional ids; ``eo-denied`` authenticates and may do nothing.
     """
-    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType,
-                                       ResourceType, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion)
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stack.rdkafka")})
     mechanism = ScramMechanism.SCRAM_SHA_512
-    upserts = [UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 8192), password.encode())
-               for user, password in ((KAFKA_ADMIN_USER, KAFKA_ADMIN_PASSWORD), (DB_USER, DB_PASSWORD),
-                                      (KAFKA_DENIED_USER, KAFKA_DENIED_PASSWORD),
-                                      (KAFKA_NO_TXN_USER, KAFKA_NO_TXN_PASSWORD))]
+    upserts = [
+        UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 8192), password.encode())
+        for user, password in (
+            (KAFKA_ADMIN_USER, KAFKA_ADMIN_PASSWORD),
+            (DB_USER, DB_PASSWORD),
+            (KAFKA_DENIED_USER, KAFKA_DENIED_PASSWORD),
+            (KAFKA_NO_TXN_USER, KAFKA_NO_TXN_PASSWORD),
+        )
+    ]
     for future in admin.alter_user_scram_credentials(upserts, request_timeout=15).values():
         future.result(timeout=30)
     principal = f"User:{DB_USER}"
     allow = AclPermissionType.ALLOW
-    bindings = [AclBinding(kind, "*", ResourcePatternType.LITERAL, principal, "*", AclOperation.ALL, allow)
-                for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)]
-    bindings.append(AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, principal, "*",
-                               AclOperation.ALL, allow))
+    bindings = [
+        AclBinding(kind, "*", ResourcePatternType.LITERAL, principal, "*", AclOperation.ALL, allow)
+        for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)
+    ]
+    bindings.append(
+        AclBinding(
+            ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, principal, "*", AclOperation.ALL, allow
+        )
+    )
     no_txn = f"User:{KAFKA_NO_TXN_USER}"
-    bindings += [AclBinding(kind, "*", ResourcePatternType.LITERAL, no_txn, "*", AclOperation.ALL, allow)
-                 for kind in (ResourceType.TOPIC, ResourceType.GROUP)]
+    bindings += [
+        AclBinding(kind, "*", ResourcePatternType.LITERAL, no_txn, "*", AclOperation.ALL, allow)
+        for kind in (ResourceType.TOPIC, ResourceType.GROUP)
+    ]
     for future in admin.create_acls(bindings, request_timeout=15).values():
         future.result(timeout=30)
-    return (f"SCRAM users {DB_USER}, {KAFKA_NO_TXN_USER}, {KAFKA_DENIED_USER}, {KAFKA_ADMIN_USER}; ACLs for "
-            f"{principal} and {no_txn}")
+    return (
+        f"SCRAM users {DB_USER}, {KAFKA_NO_TXN_USER}, {KAFKA_DENIED_USER}, {KAFKA_ADMIN_USER}; ACLs for "
+        f"{principal} and {no_txn}"
+    )
 
 
 def kafka_cluster_whole(bootstrap: str, brokers: int) -> str:
@@ -532,11 +640,16 @@ def kafka_cluster_whole(bootstrap: str, brokers: int) -> str:
     from confluent_kafka.admin import AdminClient
 
     metadata = AdminClient({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stack.rdkafka")}).list_topics(
-        timeout=10)
+        timeout=10
+    )
     if len(metadata.brokers) < brokers:
         raise RuntimeError(f"{len(metadata.brokers)} of {brokers} brokers registered")
-    short = [f"{topic}/{p.id}" for topic, t in metadata.topics.items() for p in t.partitions.values()
-             if set(p.isrs) != set(p.replicas)]
+    short = [
+        f"{topic}/{p.id}"
+        for topic, t in metadata.topics.items()
+        for p in t.partitions.values()
+        if set(p.isrs) != set(p.replicas)
+    ]
     if short:
         raise RuntimeError(f"{len(short)} partition(s) with replicas out of sync, e.g. {short[:3]}")
     return f"{len(metadata.brokers)} brokers, {len(metadata.topics)} topics, every replica in sync"
@@ -545,8 +658,7 @@ def kafka_cluster_whole(bootstrap: str, brokers: int) -> str:
 def kafka_cluster() -> list[KafkaNode]:
     voters = ",".join(f"{i + 1}@{HOST}:{port}" for i, port in enumerate(KAFKA_CLUSTER_CONTROLLER_PORTS))
     return [
-        KafkaNode(f"kafka-cluster-{i + 1}", i + 1, port, cport, voters, KAFKA_CLUSTER_SETTINGS,
-                  KAFKA_CLUSTER_NODE_HEAP)
+        KafkaNode(f"kafka-cluster-{i + 1}", i + 1, port, cport, voters, KAFKA_CLUSTER_SETTINGS, KAFKA_CLUSTER_NODE_HEAP)
         for i, (port, cport) in enumerate(zip(KAFKA_CLUSTER_PORTS, KAFKA_CLUSTER_CONTROLLER_PORTS))
     ]
 
@@ -579,10 +691,14 @@ def kafka_round_trip(bootstrap: str, replication_factor: int = 1, client: dict |
     err, msg = delivered[0]
     if err is not None:
         raise RuntimeError(f"readiness record not delivered: {err}")
-    consumer = Consumer({
-        "group.id": "eo-readiness", "isolation.level": "read_committed",
-        "enable.auto.commit": False, **quiet,
-    })
+    consumer = Consumer(
+        {
+            "group.id": "eo-readiness",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            **quiet,
+        }
+    )
     try:
         consumer.assign([TopicPartition(topic, 0, msg.offset())])
         deadline = time.monotonic() + 15
@@ -605,8 +721,12 @@ def start_kafka(nodes: list[KafkaNode], timeout: float = 120) -> None:
         if node.secure_port:
             log("%s: %s", node.name, kafka_users_and_acls(node.bootstrap))
             secured = kafka_secure_client_config()
-            detail = wait_ready(node.process, lambda c=secured: kafka_round_trip(c["bootstrap.servers"], rf, c), timeout)
-            log("%s ready on %s (SASL_SSL, SCRAM user %s): %s", node.name, secured["bootstrap.servers"], DB_USER, detail)
+            detail = wait_ready(
+                node.process, lambda c=secured: kafka_round_trip(c["bootstrap.servers"], rf, c), timeout
+            )
+            log(
+                "%s ready on %s (SASL_SSL, SCRAM user %s): %s", node.name, secured["bootstrap.servers"], DB_USER, detail
+            )
 
 
 # -------------------------------------------------------------------------------------------- MariaDB
@@ -638,7 +758,9 @@ def _mariadb_cnf() -> Path:
         "user=root",
         *(f"{key}={value}" for key, value in MARIADB_SETTINGS.items()),
         # TLS on (the server certificate of tls_files()); the user TLS_USER may only connect over it.
-        f"ssl_ca={tls['ca.pem']}", f"ssl_cert={tls['server.pem']}", f"ssl_key={tls['server.key']}",
+        f"ssl_ca={tls['ca.pem']}",
+        f"ssl_cert={tls['server.pem']}",
+        f"ssl_key={tls['server.key']}",
         "",
     ]
     (directory / "tmp").mkdir(parents=True, exist_ok=True)
@@ -650,8 +772,9 @@ def mariadb_round_trip() -> str:
     """Open a consistent snapshot and read its exact binlog position as the stack's user."""
     import MySQLdb
 
-    conn = MySQLdb.connect(host=HOST, port=MARIADB_PORT, user=DB_USER, password=DB_PASSWORD,
-                           database=DB_NAME, connect_timeout=5)
+    conn = MySQLdb.connect(
+        host=HOST, port=MARIADB_PORT, user=DB_USER, password=DB_PASSWORD, database=DB_NAME, connect_timeout=5
+    )
     try:
         cur = conn.cursor()
         cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
@@ -709,8 +832,14 @@ def start_mariadb(timeout: float = 90) -> None:
         if not (_mariadb_dir() / "data" / "mysql").exists():
             log("initialising MariaDB datadir %s", _mariadb_dir() / "data")
             shutil.rmtree(_mariadb_dir() / "data", ignore_errors=True)  # what an interrupted install left
-            run(["mariadb-install-db", f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
-                 "--skip-test-db"])
+            run(
+                [
+                    "mariadb-install-db",
+                    f"--defaults-file={cnf}",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                ]
+            )
         MARIADB.start([_mariadbd(), f"--defaults-file={cnf}"])
         wait_ready(MARIADB, _mariadb_bootstrap, timeout)
     log("mariadb ready on %s:%s: %s", HOST, MARIADB_PORT, wait_ready(MARIADB, mariadb_round_trip, timeout))
@@ -729,8 +858,13 @@ def _mariadbd() -> str:
 # Both run the capture's settings plus what GTID failover needs on every server of a cluster.
 MARIADB_REPLICATION_SETTINGS = {"log_slave_updates": "ON", "gtid_strict_mode": "ON"}
 # Small, explicit budget per server of a pair (the shared server has 256M of buffer pool).
-MARIADB_PAIR_MEMORY = {"innodb_buffer_pool_size": "48M", "innodb_log_file_size": "16M", "max_connections": "40",
-                       "performance_schema": "OFF", "innodb_log_buffer_size": "4M"}
+MARIADB_PAIR_MEMORY = {
+    "innodb_buffer_pool_size": "48M",
+    "innodb_log_file_size": "16M",
+    "max_connections": "40",
+    "performance_schema": "OFF",
+    "innodb_log_buffer_size": "4M",
+}
 MARIADB_PAIR_PORTS = (13316 + PORT_OFFSET, 13317 + PORT_OFFSET)  # stack.py pair-up; tests pick free ports
 
 
@@ -752,12 +886,25 @@ class MariadbServer:
         return str(self.directory / "mariadb.sock")
 
     def cnf(self) -> Path:
-        settings = {**MARIADB_SETTINGS, **MARIADB_REPLICATION_SETTINGS, **MARIADB_PAIR_MEMORY,
-                    "server_id": str(self.server_id)}
-        lines = ["[mariadbd]", f"datadir={self.directory / 'data'}", f"socket={self.socket}",
-                 f"pid-file={self.directory / 'mariadbd.pid'}", f"port={self.port}", f"bind-address={HOST}",
-                 f"log_error={self.directory / 'mariadb.err'}", f"tmpdir={self.directory / 'tmp'}", "user=root",
-                 *(f"{key}={value}" for key, value in settings.items()), ""]
+        settings = {
+            **MARIADB_SETTINGS,
+            **MARIADB_REPLICATION_SETTINGS,
+            **MARIADB_PAIR_MEMORY,
+            "server_id": str(self.server_id),
+        }
+        lines = [
+            "[mariadbd]",
+            f"datadir={self.directory / 'data'}",
+            f"socket={self.socket}",
+            f"pid-file={self.directory / 'mariadbd.pid'}",
+            f"port={self.port}",
+            f"bind-address={HOST}",
+            f"log_error={self.directory / 'mariadb.err'}",
+            f"tmpdir={self.directory / 'tmp'}",
+            "user=root",
+            *(f"{key}={value}" for key, value in settings.items()),
+            "",
+        ]
         (self.directory / "tmp").mkdir(parents=True, exist_ok=True)
         cnf = self.directory / "my.cnf"
         cnf.write_text("\n".join(lines))
@@ -783,8 +930,14 @@ class MariadbServer:
         cnf = self.cnf()
         fresh = not (self.directory / "data" / "mysql").exists()
         if fresh:
-            run(["mariadb-install-db", f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
-                 "--skip-test-db"])
+            run(
+                [
+                    "mariadb-install-db",
+                    f"--defaults-file={cnf}",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                ]
+            )
         self.process.start([_mariadbd(), f"--defaults-file={cnf}"])
         wait_ready(self.process, lambda: self.query("SELECT 1"), timeout)
         if primary is None:  # idempotent: a start after a failed first one finishes the job
@@ -796,13 +949,21 @@ class MariadbServer:
             # database arrive by replication from the primary's binlog.
             self.query("RESET MASTER")
             self.query("SET GLOBAL gtid_slave_pos = ''")
-            self.query(f"CHANGE MASTER TO MASTER_HOST='{HOST}', MASTER_PORT={primary.port}, MASTER_USER=%s, "
-                       "MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
-                       (DB_USER, DB_PASSWORD))
+            self.query(
+                f"CHANGE MASTER TO MASTER_HOST='{HOST}', MASTER_PORT={primary.port}, MASTER_USER=%s, "
+                "MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
+                (DB_USER, DB_PASSWORD),
+            )
             self.query("START SLAVE")
             wait_ready(self.process, lambda: self.caught_up(primary), timeout)
-        log("%s ready on %s:%s (server_id %s)%s", self.name, HOST, self.port, self.server_id,
-            f", replica of {primary.name}" if primary else "")
+        log(
+            "%s ready on %s:%s (server_id %s)%s",
+            self.name,
+            HOST,
+            self.port,
+            self.server_id,
+            f", replica of {primary.name}" if primary else "",
+        )
 
     def gtid_binlog_pos(self) -> str:
         return self.query("SELECT @@gtid_binlog_pos")[0][0]
@@ -811,8 +972,7 @@ class MariadbServer:
         """Wait until this replica applied everything in the primary's binlog now; return that GTID position."""
         target = primary.gtid_binlog_pos()
         if self.query("SELECT MASTER_GTID_WAIT(%s, %s)", (target, timeout))[0][0] != 0:
-            raise RuntimeError(f"{self.name} did not reach {target} in {timeout}s: "
-                               f"{self.query('SHOW SLAVE STATUS')}")
+            raise RuntimeError(f"{self.name} did not reach {target} in {timeout}s: {self.query('SHOW SLAVE STATUS')}")
         return target
 
     def promote(self) -> None:
@@ -835,8 +995,9 @@ class MariadbServer:
             pass
 
 
-def mariadb_pair(name: str, ports: tuple[int, int] = MARIADB_PAIR_PORTS,
-                 server_ids: tuple[int, int] = (101, 102)) -> tuple[MariadbServer, MariadbServer]:
+def mariadb_pair(
+    name: str, ports: tuple[int, int] = MARIADB_PAIR_PORTS, server_ids: tuple[int, int] = (101, 102)
+) -> tuple[MariadbServer, MariadbServer]:
     """Start a primary and its GTID replica (``HOME/pairs/NAME``); remove them with ``MariadbServer.remove``."""
     base = HOME / "pairs" / name
     primary = MariadbServer(f"{name}-primary", base / "primary", ports[0], server_ids[0])
@@ -860,8 +1021,9 @@ def _postgres_bin(tool: str) -> str:
 def postgres_round_trip() -> str:
     import psycopg2
 
-    conn = psycopg2.connect(host=HOST, port=POSTGRES_PORT, user=DB_USER, password=DB_PASSWORD,
-                            dbname=DB_NAME, connect_timeout=5)
+    conn = psycopg2.connect(
+        host=HOST, port=POSTGRES_PORT, user=DB_USER, password=DB_PASSWORD, dbname=DB_NAME, connect_timeout=5
+    )
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT version()")
@@ -881,13 +1043,36 @@ def start_postgres(timeout: float = 60) -> None:
             log("initialising PostgreSQL datadir %s", data)
             directory.mkdir(parents=True, exist_ok=True)
             shutil.chown(directory, "postgres", "postgres")
-            run([_postgres_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
-                 "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8"], user="postgres")
+            run(
+                [
+                    _postgres_bin("initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                ],
+                user="postgres",
+            )
         settings = {**POSTGRES_SETTINGS, **_postgres_tls(directory)}
         arguments = [arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]
         POSTGRES.start(
-            [_postgres_bin("postgres"), "-D", str(data), "-c", f"port={POSTGRES_PORT}",
-             "-c", f"listen_addresses={HOST}", "-c", f"unix_socket_directories={directory}", *arguments],
+            [
+                _postgres_bin("postgres"),
+                "-D",
+                str(data),
+                "-c",
+                f"port={POSTGRES_PORT}",
+                "-c",
+                f"listen_addresses={HOST}",
+                "-c",
+                f"unix_socket_directories={directory}",
+                *arguments,
+            ],
             user="postgres",
         )
         wait_ready(POSTGRES, lambda: _postgres_bootstrap(directory), timeout)
@@ -896,8 +1081,21 @@ def start_postgres(timeout: float = 60) -> None:
 
 def _postgres_setting(socket_dir: Path, name: str) -> str | None:
     try:
-        return run(["psql", "-h", str(socket_dir), "-p", str(POSTGRES_PORT), "-U", "postgres", "-d", "postgres",
-                    "-tAc", f"SHOW {name}"]).stdout.strip()
+        return run(
+            [
+                "psql",
+                "-h",
+                str(socket_dir),
+                "-p",
+                str(POSTGRES_PORT),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-tAc",
+                f"SHOW {name}",
+            ]
+        ).stdout.strip()
     except RuntimeError:
         return None  # not answering yet: the readiness wait decides
 
@@ -915,14 +1113,20 @@ def _postgres_tls(directory: Path) -> dict[str, str]:
         f"hostnossl all +{TLS_USER} {HOST}/32 reject\n"  # the TLS user and every role that is a member of it
         f"host all all {HOST}/32 scram-sha-256\n"
     )
-    return {"ssl": "on", "ssl_cert_file": str(tls["server.pem"]), "ssl_key_file": str(key),
-            "ssl_ca_file": str(tls["ca.pem"]), "hba_file": str(hba)}
+    return {
+        "ssl": "on",
+        "ssl_cert_file": str(tls["server.pem"]),
+        "ssl_key_file": str(key),
+        "ssl_ca_file": str(tls["ca.pem"]),
+        "hba_file": str(hba),
+    }
 
 
 def _postgres_bootstrap(socket_dir: Path) -> None:
     def psql(sql: str) -> str:
-        return run(["psql", "-h", str(socket_dir), "-p", str(POSTGRES_PORT), "-U", "postgres", "-d", "postgres",
-                    "-tAc", sql]).stdout.strip()
+        return run(
+            ["psql", "-h", str(socket_dir), "-p", str(POSTGRES_PORT), "-U", "postgres", "-d", "postgres", "-tAc", sql]
+        ).stdout.strip()
 
     if psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{DB_USER}'") != "1":
         psql(f"CREATE ROLE {DB_USER} LOGIN CREATEDB PASSWORD '{DB_PASSWORD}'")
@@ -930,8 +1134,21 @@ def _postgres_bootstrap(socket_dir: Path) -> None:
         psql(f"CREATE DATABASE {DB_NAME} OWNER {DB_USER}")
     if psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{TLS_USER}'") != "1":
         psql(f"CREATE ROLE {TLS_USER} LOGIN PASSWORD '{TLS_PASSWORD}'")
-    run(["psql", "-h", str(socket_dir), "-p", str(POSTGRES_PORT), "-U", "postgres", "-d", DB_NAME, "-tAc",
-         f"GRANT ALL ON DATABASE {DB_NAME} TO {TLS_USER}; GRANT ALL ON SCHEMA public TO {TLS_USER}"])
+    run(
+        [
+            "psql",
+            "-h",
+            str(socket_dir),
+            "-p",
+            str(POSTGRES_PORT),
+            "-U",
+            "postgres",
+            "-d",
+            DB_NAME,
+            "-tAc",
+            f"GRANT ALL ON DATABASE {DB_NAME} TO {TLS_USER}; GRANT ALL ON SCHEMA public TO {TLS_USER}",
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------- Spark
@@ -978,8 +1195,10 @@ def _check_hadoop_version() -> None:
     shipped = [jar.name for jar in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")]
     wanted = f"hadoop-client-api-{_pom_property('hadoop.version')}.jar"
     if shipped != [wanted]:
-        raise RuntimeError(f"pyspark ships {shipped}, but docker/local/spark/pom.xml pins hadoop-aws "
-                           f"{_pom_property('hadoop.version')}: set <hadoop.version> to pyspark's Hadoop version.")
+        raise RuntimeError(
+            f"pyspark ships {shipped}, but docker/local/spark/pom.xml pins hadoop-aws "
+            f"{_pom_property('hadoop.version')}: set <hadoop.version> to pyspark's Hadoop version."
+        )
 
 
 def _resolved_jars() -> list[Path]:
@@ -993,6 +1212,7 @@ def _resolved_jars() -> list[Path]:
     import hashlib
 
     import pyspark
+
     from exactly_once_provider.spark_jobs.packages import DELTA_CONNECTOR, SPARK_VERSION
 
     _check_hadoop_version()
@@ -1002,12 +1222,28 @@ def _resolved_jars() -> list[Path]:
     target = HOME / "spark" / f"jars-{SPARK_VERSION}-delta-{delta_version}-{pom_hash}"
     done = target / ".resolved"
     if not done.exists():
-        log("resolving Spark connectors (Kafka %s, Delta %s, hadoop-aws %s) from Maven Central into %s",
-            SPARK_VERSION, delta_version, _pom_property("hadoop.version"), target)
+        log(
+            "resolving Spark connectors (Kafka %s, Delta %s, hadoop-aws %s) from Maven Central into %s",
+            SPARK_VERSION,
+            delta_version,
+            _pom_property("hadoop.version"),
+            target,
+        )
         shutil.rmtree(target, ignore_errors=True)
-        run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-             f"-DoutputDirectory={target}", "-DincludeScope=runtime", f"-Dspark.version={SPARK_VERSION}",
-             f"-Ddelta.version={delta_version}"])
+        run(
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "-f",
+                str(pom),
+                "dependency:copy-dependencies",
+                f"-DoutputDirectory={target}",
+                "-DincludeScope=runtime",
+                f"-Dspark.version={SPARK_VERSION}",
+                f"-Ddelta.version={delta_version}",
+            ]
+        )
         shipped = {_artifact(jar) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
         for jar in target.glob("*.jar"):
             if _artifact(jar) in shipped:
@@ -1074,20 +1310,38 @@ def _build_class_archive(archive: Path, jars: list[Path]) -> None:
     scratch = HOME / "spark" / f"warmup-{uuid.uuid4().hex[:8]}"
     partial = archive.with_name(f"{archive.stem}.{os.getpid()}.partial")
     try:
-        run([str(Path(PYTHON).parent / "spark-submit"), "--master", "local[2]", "--driver-memory", "1g",
-             "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-             "--conf", f"spark.jars={','.join(map(str, jars))}",
-             "--conf", f"spark.driver.extraJavaOptions=-XX:ArchiveClassesAtExit={partial} -XX:TieredStopAtLevel=1",
-             str(HERE / "spark" / "warmup.py"), bootstrap, topic, str(scratch)],
-            env={**os.environ, **spark_env()}, timeout=600)
+        run(
+            [
+                str(Path(PYTHON).parent / "spark-submit"),
+                "--master",
+                "local[2]",
+                "--driver-memory",
+                "1g",
+                "--conf",
+                "spark.ui.enabled=false",
+                "--conf",
+                "spark.sql.shuffle.partitions=2",
+                "--conf",
+                f"spark.jars={','.join(map(str, jars))}",
+                "--conf",
+                f"spark.driver.extraJavaOptions=-XX:ArchiveClassesAtExit={partial} -XX:TieredStopAtLevel=1",
+                str(HERE / "spark" / "warmup.py"),
+                bootstrap,
+                topic,
+                str(scratch),
+            ],
+            env={**os.environ, **spark_env()},
+            timeout=600,
+        )
         _require(partial.exists(), f"the warm-up job wrote no class archive at {partial}")
         partial.replace(archive)  # whole or absent: a killed build leaves only its partial file
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(scratch, ignore_errors=True)
         admin.delete_topics([topic])
-    log("Spark driver class archive built in %.0fs (%d MB)", time.monotonic() - started,
-        archive.stat().st_size // 2**20)
+    log(
+        "Spark driver class archive built in %.0fs (%d MB)", time.monotonic() - started, archive.stat().st_size // 2**20
+    )
 
 
 def spark_test_java_options() -> str:
@@ -1133,8 +1387,9 @@ def _runs_a_deleted_checkout(process: Process) -> bool:
     classpath = args[args.index(b"-cp") + 1].decode() if b"-cp" in args else ""
     # Only the jars say where the JVM came from: spark-class also lists pyspark/conf, which a pip-installed
     # pyspark does not have (counting it made every call restart the cluster under the other tests' drivers).
-    jars = [Path(e[:-1]) if e.endswith("*") else Path(e) for e in classpath.split(os.pathsep)
-            if e.endswith("*") or e.endswith(".jar")]
+    jars = [
+        Path(e[:-1]) if e.endswith("*") else Path(e) for e in classpath.split(os.pathsep) if e.endswith(("*", ".jar"))
+    ]
     return any(not jar.exists() for jar in jars)
 
 
@@ -1154,32 +1409,57 @@ def _start_spark_cluster(timeout: float) -> None:
         stop_all([SPARK_WORKER, SPARK_MASTER])
     if SPARK_MASTER.pid() is not None and not _spark_rest_answers():
         # A master started before its REST server was configured: cluster-mode drivers could not be tracked.
-        log("spark master runs without its REST server (port %s): restarting master and worker",
-            SPARK_MASTER_REST_PORT)
+        log("spark master runs without its REST server (port %s): restarting master and worker", SPARK_MASTER_REST_PORT)
         stop_all([SPARK_WORKER, SPARK_MASTER])
     if SPARK_MASTER.pid() is None:
         SPARK_MASTER.start(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
-             "--port", str(SPARK_MASTER_PORT), "--webui-port", str(SPARK_MASTER_UI_PORT)],
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                HOST,
+                "--port",
+                str(SPARK_MASTER_PORT),
+                "--webui-port",
+                str(SPARK_MASTER_UI_PORT),
+            ],
             # The REST submission server (off by default, spark.master.rest.enabled) lets cluster-mode drivers be
             # tracked and killed by id: SparkSubmitHook polls /v1/submissions/status/<driver id>.
-            env={**spark_env(), "SPARK_MASTER_OPTS": f"-Dspark.master.rest.enabled=true "
-                                                     f"-Dspark.master.rest.host={HOST} "
-                                                     f"-Dspark.master.rest.port={SPARK_MASTER_REST_PORT}"},
+            env={
+                **spark_env(),
+                "SPARK_MASTER_OPTS": f"-Dspark.master.rest.enabled=true "
+                f"-Dspark.master.rest.host={HOST} "
+                f"-Dspark.master.rest.port={SPARK_MASTER_REST_PORT}",
+            },
         )
     wait_ready(SPARK_MASTER, lambda: _require(_spark_master_state()["status"] == "ALIVE", "master not ALIVE"), timeout)
     if SPARK_WORKER.pid() is None:
         work = HOME / "spark" / "work"
         work.mkdir(parents=True, exist_ok=True)
         SPARK_WORKER.start(
-            [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", HOST, "--cores", SPARK_WORKER_CORES,
-             "--memory", SPARK_WORKER_MEMORY, "--webui-port", str(SPARK_WORKER_UI_PORT),
-             "--work-dir", str(work), SPARK_MASTER_URL],
+            [
+                spark_class,
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                HOST,
+                "--cores",
+                SPARK_WORKER_CORES,
+                "--memory",
+                SPARK_WORKER_MEMORY,
+                "--webui-port",
+                str(SPARK_WORKER_UI_PORT),
+                "--work-dir",
+                str(work),
+                SPARK_MASTER_URL,
+            ],
             # Every application leaves a copy of its jars (~40 MB) in the work dir: drop those of finished
             # applications after an hour, or a test session fills gigabytes of disk.
-            env={**spark_env(), "SPARK_WORKER_OPTS": "-Dspark.worker.cleanup.enabled=true "
-                                                     "-Dspark.worker.cleanup.interval=600 "
-                                                     "-Dspark.worker.cleanup.appDataTtl=3600"},
+            env={
+                **spark_env(),
+                "SPARK_WORKER_OPTS": "-Dspark.worker.cleanup.enabled=true "
+                "-Dspark.worker.cleanup.interval=600 "
+                "-Dspark.worker.cleanup.appDataTtl=3600",
+            },
         )
     wait_ready(SPARK_WORKER, lambda: _require(_spark_master_state()["aliveworkers"] >= 1, "no alive worker"), timeout)
     log("spark standalone ready: master %s, UI http://%s:%s", SPARK_MASTER_URL, HOST, SPARK_MASTER_UI_PORT)
@@ -1225,8 +1505,10 @@ def minio_binary() -> Path:
     started = time.monotonic()
     try:
         # GOTOOLCHAIN=local: use the installed Go, never download another toolchain.
-        run([_go(), "install", f"{MINIO_MODULE}@{MINIO_VERSION}"],
-            env={**os.environ, "GOBIN": str(scratch), "GOTOOLCHAIN": "local"})
+        run(
+            [_go(), "install", f"{MINIO_MODULE}@{MINIO_VERSION}"],
+            env={**os.environ, "GOBIN": str(scratch), "GOTOOLCHAIN": "local"},
+        )
         os.replace(scratch / "minio", binary)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -1238,8 +1520,9 @@ def minio_settings():
     """Return the :class:`~exactly_once_provider.storage.s3.S3Settings` of the stack's MinIO (its root user)."""
     from exactly_once_provider.storage.s3 import S3Settings
 
-    return S3Settings(MINIO_ACCESS_KEY, MINIO_SECRET_KEY, None, minio_endpoint(), MINIO_REGION, "path", None,
-                      "aws_default")
+    return S3Settings(
+        MINIO_ACCESS_KEY, MINIO_SECRET_KEY, None, minio_endpoint(), MINIO_REGION, "path", None, "aws_default"
+    )
 
 
 def minio_client():
@@ -1248,10 +1531,13 @@ def minio_client():
     from botocore.config import Config
 
     return boto3.client(
-        "s3", endpoint_url=minio_endpoint(), aws_access_key_id=MINIO_ACCESS_KEY,
-        aws_secret_access_key=MINIO_SECRET_KEY, region_name=MINIO_REGION,
-        config=Config(s3={"addressing_style": "path"}, connect_timeout=5, read_timeout=30,
-                      retries={"max_attempts": 2}))
+        "s3",
+        endpoint_url=minio_endpoint(),
+        aws_access_key_id=MINIO_ACCESS_KEY,
+        aws_secret_access_key=MINIO_SECRET_KEY,
+        region_name=MINIO_REGION,
+        config=Config(s3={"addressing_style": "path"}, connect_timeout=5, read_timeout=30, retries={"max_attempts": 2}),
+    )
 
 
 def minio_round_trip() -> str:
@@ -1294,10 +1580,17 @@ def start_minio(timeout: float = 60) -> None:
         data = HOME / "minio" / "data"
         data.mkdir(parents=True, exist_ok=True)
         # Credentials through the environment, never the command line; the web console is off (no second port).
-        MINIO.start([str(binary), "server", str(data), "--address", f"{HOST}:{MINIO_PORT}", "--quiet"],
-                    env={"MINIO_ROOT_USER": MINIO_ACCESS_KEY, "MINIO_ROOT_PASSWORD": MINIO_SECRET_KEY,
-                         "MINIO_BROWSER": "off", "MINIO_REGION": MINIO_REGION,
-                         "GOMEMLIMIT": MINIO_MEMORY_LIMIT, "MINIO_UPDATE": "off"})
+        MINIO.start(
+            [str(binary), "server", str(data), "--address", f"{HOST}:{MINIO_PORT}", "--quiet"],
+            env={
+                "MINIO_ROOT_USER": MINIO_ACCESS_KEY,
+                "MINIO_ROOT_PASSWORD": MINIO_SECRET_KEY,
+                "MINIO_BROWSER": "off",
+                "MINIO_REGION": MINIO_REGION,
+                "GOMEMLIMIT": MINIO_MEMORY_LIMIT,
+                "MINIO_UPDATE": "off",
+            },
+        )
     wait_ready(MINIO, _minio_buckets, timeout)
     log("minio ready on %s: %s", minio_endpoint(), wait_ready(MINIO, minio_round_trip, timeout))
 
@@ -1312,36 +1605,78 @@ def connection_env() -> dict[str, str]:
         # database sessions stay for the tests' own clients, which read what the product wrote.
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka_secure_client_config()}),
         "AIRFLOW_CONN_KAFKA_CLUSTER": json.dumps(
-            {"conn_type": "kafka",
-             "extra": {"bootstrap.servers": ",".join(f"{HOST}:{p}" for p in KAFKA_CLUSTER_PORTS)}}),
+            {"conn_type": "kafka", "extra": {"bootstrap.servers": ",".join(f"{HOST}:{p}" for p in KAFKA_CLUSTER_PORTS)}}
+        ),
         "AIRFLOW_CONN_MYSQL_DEFAULT": json.dumps(
-            {"conn_type": "mysql", "host": HOST, "port": MARIADB_PORT, "login": DB_USER,
-             "password": DB_PASSWORD, "schema": DB_NAME,
-             "extra": {"ssl": {"ca": str(tls["ca.pem"])}, "ssl_mode": "VERIFY_IDENTITY"}}),
+            {
+                "conn_type": "mysql",
+                "host": HOST,
+                "port": MARIADB_PORT,
+                "login": DB_USER,
+                "password": DB_PASSWORD,
+                "schema": DB_NAME,
+                "extra": {"ssl": {"ca": str(tls["ca.pem"])}, "ssl_mode": "VERIFY_IDENTITY"},
+            }
+        ),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps(
-            {"conn_type": "postgres", "host": HOST, "port": POSTGRES_PORT, "login": DB_USER,
-             "password": DB_PASSWORD, "schema": DB_NAME,
-             "extra": {"sslmode": "verify-full", "sslrootcert": str(tls["ca.pem"])}}),
+            {
+                "conn_type": "postgres",
+                "host": HOST,
+                "port": POSTGRES_PORT,
+                "login": DB_USER,
+                "password": DB_PASSWORD,
+                "schema": DB_NAME,
+                "extra": {"sslmode": "verify-full", "sslrootcert": str(tls["ca.pem"])},
+            }
+        ),
         # The secured endpoints: SASL_SSL + SCRAM Kafka, MariaDB and PostgreSQL users that must use TLS.
         "AIRFLOW_CONN_KAFKA_SECURE": json.dumps({"conn_type": "kafka", "extra": kafka_secure_client_config()}),
         "AIRFLOW_CONN_MYSQL_TLS": json.dumps(
-            {"conn_type": "mysql", "host": HOST, "port": MARIADB_PORT, "login": TLS_USER, "password": TLS_PASSWORD,
-             "schema": DB_NAME, "extra": {"ssl": {"ca": str(tls["ca.pem"])}, "ssl_mode": "VERIFY_IDENTITY"}}),
+            {
+                "conn_type": "mysql",
+                "host": HOST,
+                "port": MARIADB_PORT,
+                "login": TLS_USER,
+                "password": TLS_PASSWORD,
+                "schema": DB_NAME,
+                "extra": {"ssl": {"ca": str(tls["ca.pem"])}, "ssl_mode": "VERIFY_IDENTITY"},
+            }
+        ),
         "AIRFLOW_CONN_POSTGRES_TLS": json.dumps(
-            {"conn_type": "postgres", "host": HOST, "port": POSTGRES_PORT, "login": TLS_USER,
-             "password": TLS_PASSWORD, "schema": DB_NAME,
-             "extra": {"sslmode": "verify-full", "sslrootcert": str(tls["ca.pem"])}}),
+            {
+                "conn_type": "postgres",
+                "host": HOST,
+                "port": POSTGRES_PORT,
+                "login": TLS_USER,
+                "password": TLS_PASSWORD,
+                "schema": DB_NAME,
+                "extra": {"sslmode": "verify-full", "sslrootcert": str(tls["ca.pem"])},
+            }
+        ),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
-            {"conn_type": "spark", "host": f"spark://{HOST}", "port": SPARK_MASTER_PORT,
-             "extra": {"deploy-mode": "cluster", "rest-port": SPARK_MASTER_REST_PORT}}),
+            {
+                "conn_type": "spark",
+                "host": f"spark://{HOST}",
+                "port": SPARK_MASTER_PORT,
+                "extra": {"deploy-mode": "cluster", "rest-port": SPARK_MASTER_REST_PORT},
+            }
+        ),
         # The standard `aws` connection type of apache-airflow-providers-amazon, pointed at the stack's MinIO:
         # login/password are the access key and secret, the endpoint URL is in the extra (users' connections to
         # AWS S3 or another S3-compatible store have the same shape).
         "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(
-            {"conn_type": "aws", "login": MINIO_ACCESS_KEY, "password": MINIO_SECRET_KEY,
-             "extra": {"endpoint_url": minio_endpoint(), "region_name": MINIO_REGION,
-                       "config_kwargs": {"s3": {"addressing_style": "path"}}}}),
+            {
+                "conn_type": "aws",
+                "login": MINIO_ACCESS_KEY,
+                "password": MINIO_SECRET_KEY,
+                "extra": {
+                    "endpoint_url": minio_endpoint(),
+                    "region_name": MINIO_REGION,
+                    "config_kwargs": {"s3": {"addressing_style": "path"}},
+                },
+            }
+        ),
     }
 
 
@@ -1365,7 +1700,8 @@ def check_free_disk() -> None:
         raise RuntimeError(
             f"only {free / 2**30:.1f} GiB free on the disk of {HOME}; the stack and a test run need at least "
             f"{MIN_FREE_DISK / 2**30:.0f} GiB (a full disk takes Kafka's log dir offline). Free some space, e.g. "
-            f"`make stack-clean` (stops the services and deletes their data; they start empty again)")
+            f"`make stack-clean` (stops the services and deletes their data; they start empty again)"
+        )
     if free < LOW_FREE_DISK:
         log("WARNING: only %.1f GiB free on the disk of %s", free / 2**30, HOME)
 
@@ -1460,13 +1796,18 @@ def start_by_name(name: str) -> None:
         if node.name == name:
             node.start()
             # one node of three answers its round trip only with a quorum, which the others provide
-            log("%s ready: %s", name, wait_ready(node.process, lambda: kafka_round_trip(node.bootstrap, 3), 120))
+            log("%s ready: %s", name, wait_ready(node.process, lambda: kafka_round_trip(node.bootstrap, 3), 120))  # noqa: B023 - called here
             # Answering is not caught up: until its replicas are back in sync, a topic created with RF 3 or a
             # second broker lost finds the cluster short. The next test gets the whole cluster.
             bootstrap = ",".join(n.bootstrap for n in cluster)
-            return log("%s: %s", name, wait_ready(node.process, lambda: kafka_cluster_whole(bootstrap, 3), 120))
-    starters = {"mariadb": start_mariadb, "postgres": start_postgres, "minio": start_minio,
-                "spark-master": start_spark_cluster, "spark-worker": start_spark_cluster}
+            return log("%s: %s", name, wait_ready(node.process, lambda: kafka_cluster_whole(bootstrap, 3), 120))  # noqa: B023 - called here
+    starters = {
+        "mariadb": start_mariadb,
+        "postgres": start_postgres,
+        "minio": start_minio,
+        "spark-master": start_spark_cluster,
+        "spark-worker": start_spark_cluster,
+    }
     if name not in starters:
         raise SystemExit(f"unknown service {name!r}")
     starters[name]()
@@ -1488,8 +1829,10 @@ def main(argv: list[str] | None = None) -> int:
     p_kill.add_argument("service")
     p_start = sub.add_parser("start", help="start one service again and wait until ready")
     p_start.add_argument("service")
-    sub.add_parser("pair-up", help="start a MariaDB primary + GTID replica pair (ports %d, %d), not part of up"
-                   % MARIADB_PAIR_PORTS)
+    sub.add_parser(
+        "pair-up",
+        help="start a MariaDB primary + GTID replica pair (ports %d, %d), not part of up" % MARIADB_PAIR_PORTS,
+    )
     sub.add_parser("pair-down", help="stop the pair of pair-up and delete its data")
     args = parser.parse_args(argv)
 
@@ -1515,8 +1858,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "pair-up":
         mariadb_pair("pair")
     elif args.command == "pair-down":
-        for server in (MariadbServer("pair-primary", HOME / "pairs" / "pair" / "primary", MARIADB_PAIR_PORTS[0], 101),
-                       MariadbServer("pair-replica", HOME / "pairs" / "pair" / "replica", MARIADB_PAIR_PORTS[1], 102)):
+        for server in (
+            MariadbServer("pair-primary", HOME / "pairs" / "pair" / "primary", MARIADB_PAIR_PORTS[0], 101),
+            MariadbServer("pair-replica", HOME / "pairs" / "pair" / "replica", MARIADB_PAIR_PORTS[1], 102),
+        ):
             server.remove()
     return 0
 

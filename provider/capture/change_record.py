@@ -53,16 +53,18 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from exactly_once_provider.source.binlog import RowChange, SchemaChange, SourceTransaction, TableShape
 from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.source.binlog import RowChange, SchemaChange, SourceTransaction, TableShape
 
 FORMAT = 1
 DEFAULT_TOPIC_TEMPLATE = "{pipeline}.{schema}.{table}"
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _dumps = orjson.dumps  # compact UTF-8 JSON bytes, the same text as the stdlib's for every type but float
 # One record's value; the parts that do not change within a transaction or a table are pre-encoded.
-_VALUE = (b'{"format":%d,"op":"%b","pk":%b,"before":%b,"after":%b,"version":%d,"source":{"server_id":%b,'
-          b'"file":%b,"pos":%d,"row":%d,%b%d%b')
+_VALUE = (
+    b'{"format":%d,"op":"%b","pk":%b,"before":%b,"after":%b,"version":%d,"source":{"server_id":%b,'
+    b'"file":%b,"pos":%d,"row":%d,%b%d%b'
+)
 _OPS = {op: op.encode() for op in ("c", "u", "d")}
 
 
@@ -94,11 +96,14 @@ def topic_for(template: str, pipeline: str, schema: str, table: str) -> str:
     try:
         name = template.format(pipeline=pipeline, schema=schema, table=table)
     except (KeyError, IndexError) as err:
-        raise ValueError(f"topic_template {template!r} uses unknown placeholder {err}; use {{pipeline}}, "
-                         "{schema} and {table}.") from None
+        raise ValueError(
+            f"topic_template {template!r} uses unknown placeholder {err}; use {{pipeline}}, {{schema}} and {{table}}."
+        ) from None
     if not _TOPIC.match(name) or name in (".", ".."):
-        raise ValueError(f"topic_template {template!r} gives {name!r} for {schema}.{table}, which is not a valid "
-                         "Kafka topic name (1-249 of letters, digits, '.', '_', '-'). Change the template.")
+        raise ValueError(
+            f"topic_template {template!r} gives {name!r} for {schema}.{table}, which is not a valid "
+            "Kafka topic name (1-249 of letters, digits, '.', '_', '-'). Change the template."
+        )
     return name
 
 
@@ -120,11 +125,12 @@ class ChangeRecord(NamedTuple):
 
 
 def _iso(seconds: int) -> str:
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str],
-               version_base: int = 0) -> Iterator[ChangeRecord]:
+def records_of(
+    txn: SourceTransaction, topics: dict[tuple[str, str], str], version_base: int = 0
+) -> Iterator[ChangeRecord]:
     """
     Yield the change records of a committed transaction, in binlog order.
 
@@ -137,8 +143,12 @@ def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str],
         whose binlog positions are not comparable with the old server's (:mod:`exactly_once_provider.capture.resume`).
     """
     changes = list(_split_key_changes(txn.rows))
-    tail = (b'"gtid":%b,"commit_file":%b,"commit_pos":%d,"txn_rows":%d,"txn_row":'
-            % (_dumps(txn.gtid), _dumps(txn.end.file), txn.end.pos, len(changes)))
+    tail = b'"gtid":%b,"commit_file":%b,"commit_pos":%d,"txn_rows":%d,"txn_row":' % (
+        _dumps(txn.gtid),
+        _dumps(txn.end.file),
+        txn.end.pos,
+        len(changes),
+    )
     server_id = _dumps(txn.server_id)
     commit_ts = _dumps(_iso(txn.commit_ts))
     tables: dict[int, tuple] = {}  # id(shape) -> what every record of that table shares in this transaction
@@ -148,18 +158,33 @@ def records_of(txn: SourceTransaction, topics: dict[tuple[str, str], str],
         table = tables.get(id(shape))  # the rows hold their shape: its id is stable for this call
         if table is None:
             table = tables[id(shape)] = (
-                topics[(shape.schema, shape.table)], shape.key, _image_encoder(shape),
-                b',"schema":%b,"table":%b},"commit_ts":%b,"schema_version":%b}' % (
-                    _dumps(shape.schema), _dumps(shape.table), commit_ts, _dumps(shape.schema_version)))
+                topics[(shape.schema, shape.table)],
+                shape.key,
+                _image_encoder(shape),
+                b',"schema":%b,"table":%b},"commit_ts":%b,"schema_version":%b}'
+                % (_dumps(shape.schema), _dumps(shape.table), commit_ts, _dumps(shape.schema_version)),
+            )
         topic, key_columns, encode, closing = table
         file = files.get(row.file)
         if file is None:
             file = files[row.file] = (_dumps(row.file), (_file_index(row.file) << 32) + version_base)
         image = after if after is not None else before
         key = encode({column: image[column] for column in key_columns})
-        value = _VALUE % (FORMAT, _OPS[op], key, b"null" if before is None else encode(before),
-                          b"null" if after is None else encode(after), file[1] + row.event_pos + row.row_index,
-                          server_id, file[0], row.event_pos, row.row_index, tail, index, closing)
+        value = _VALUE % (
+            FORMAT,
+            _OPS[op],
+            key,
+            b"null" if before is None else encode(before),
+            b"null" if after is None else encode(after),
+            file[1] + row.event_pos + row.row_index,
+            server_id,
+            file[0],
+            row.event_pos,
+            row.row_index,
+            tail,
+            index,
+            closing,
+        )
         yield ChangeRecord(value, key, None, topic, key_values, shape.schema, shape.table)
 
 
@@ -184,9 +209,19 @@ def schema_record(change: SchemaChange, topics: dict[tuple[str, str], str]) -> l
     """
     records = []
     for schema, table in change.tables:
-        value = {"format": FORMAT, "op": "ddl", "ddl": change.query, "version": change.end.version,
-                 "source": {"file": change.end.file, "pos": change.end.pos,
-                            "gtid": change.gtid, "schema": schema, "table": table}}
+        value = {
+            "format": FORMAT,
+            "op": "ddl",
+            "ddl": change.query,
+            "version": change.end.version,
+            "source": {
+                "file": change.end.file,
+                "pos": change.end.pos,
+                "gtid": change.gtid,
+                "schema": schema,
+                "table": table,
+            },
+        }
         records.append(ChangeRecord(_dumps(value), None, None, topics[(schema, table)], (), schema, table))
     return records
 

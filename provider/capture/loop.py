@@ -43,8 +43,8 @@ from exactly_once_provider.capture.change_record import records_of, schema_recor
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load.handoff import Handoff
 from exactly_once_provider.kafka.writer import Message, PipelineWriter, TransactionPolicy
-from exactly_once_provider.source.binlog import SchemaChange, SourceTransaction, TableName
 from exactly_once_provider.positions import BinlogPosition, parse_position
+from exactly_once_provider.source.binlog import SchemaChange, SourceTransaction, TableName
 from exactly_once_provider.source.gtid import Gtid, advance
 from exactly_once_provider.source.gtid import format_position as gtid_text
 
@@ -72,8 +72,9 @@ class HandoffFilter:
         tables bisect the chunk bounds in Python.
     """
 
-    def __init__(self, handoffs: dict[TableName, Handoff],
-                 locators: dict[TableName, Callable[[tuple], int]] | None = None) -> None:
+    def __init__(
+        self, handoffs: dict[TableName, Handoff], locators: dict[TableName, Callable[[tuple], int]] | None = None
+    ) -> None:
         self._tables = {}
         for name, handoff in handoffs.items():
             chunks = sorted(handoff.chunks, key=lambda c: c.chunk.index)
@@ -182,25 +183,30 @@ def start_position(request: CaptureRequest, committed: Any, check_tables: bool =
     if committed is not None:
         offset = committed.offset
         if not isinstance(offset, dict) or offset.get("format") != OFFSET_FORMAT:
-            raise ValueError(f"The ledger of this pipeline holds {offset!r}, not a binlog capture offset: another "
-                             "kind of pipeline uses the same pipeline/source_partition name. Use a new name.")
+            raise ValueError(
+                f"The ledger of this pipeline holds {offset!r}, not a binlog capture offset: another "
+                "kind of pipeline uses the same pipeline/source_partition name. Use a new name."
+            )
         position = parse_position(offset)
         known = set(offset.get("tables", []))
-        for (schema, table), handoff in (request.handoffs.items() if check_tables else ()):
+        for (schema, table), handoff in request.handoffs.items() if check_tables else ():
             name = f"{schema}.{table}"
             if name not in known and handoff.min_position < position:
                 raise ValueError(
                     f"Table {name} was added to a capture already at {position}, but its full load's snapshot is at "
                     f"{handoff.min_position}: changes between the two would be lost. Capture it in a new pipeline, "
-                    "or run its full load again so its snapshot is after the capture's position.")
+                    "or run its full load again so its snapshot is after the capture's position."
+                )
         return position, False
     candidates = [h.min_position for h in request.handoffs.values()]
     if len(request.handoffs) < len(request.tables):
         if request.start_position is None:
             missing = sorted(f"{s}.{t}" for s, t in request.tables if (s, t) not in request.handoffs)
-            raise ValueError(f"Tables {missing} have no full load (full_load_paths) and no start_position is "
-                             "given: the first run would not know where their changes begin. Run their full "
-                             "load, or pass start_position='FILE:POS' to capture changes only.")
+            raise ValueError(
+                f"Tables {missing} have no full load (full_load_paths) and no start_position is "
+                "given: the first run would not know where their changes begin. Run their full "
+                "load, or pass start_position='FILE:POS' to capture changes only."
+            )
         candidates.append(request.start_position)
     return min(candidates, key=lambda p: p.sort_key), True
 
@@ -227,8 +233,13 @@ def _fewer_gc_passes() -> Iterator[None]:
 
 
 @_fewer_gc_passes()  # see CAPTURE_GC_THRESHOLD
-def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureRequest,
-                should_stop: Callable[[], bool] = lambda: False, progress_log: Any = log) -> CaptureResult:
+def run_capture(
+    hook: MySqlBinlogHook,
+    writer: PipelineWriter,
+    request: CaptureRequest,
+    should_stop: Callable[[], bool] = lambda: False,
+    progress_log: Any = log,
+) -> CaptureResult:
     """
     Capture the binlog into Kafka until the mode says stop; return the committed position.
 
@@ -252,9 +263,17 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
     check_full_loads(where.version_base, where.server_id, pending_handoffs, writer.pipeline)  # versions compare
     handoff = HandoffFilter(pending_handoffs, request.chunk_locators)
     stats = CaptureStats()
-    progress_log.info("Capturing %s from %s (%s)%s", ", ".join(request.table_names), resume, where.how,
-                      f" up to the binlog end {until}" if until else f", continuous for {request.max_runtime}s"
-                      if request.max_runtime else ", continuous until stopped")
+    progress_log.info(
+        "Capturing %s from %s (%s)%s",
+        ", ".join(request.table_names),
+        resume,
+        where.how,
+        f" up to the binlog end {until}"
+        if until
+        else f", continuous for {request.max_runtime}s"
+        if request.max_runtime
+        else ", continuous until stopped",
+    )
     gtids = dict(where.gtid_position) if where.gtid_position is not None else None
     table_gtids = {name: dict(at) for name, at in (where.table_gtids or {}).items()}
     base = where.version_base
@@ -275,12 +294,20 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
         nonlocal batch, batch_txns, last_commit, committed_position, submitted_position
         if position == submitted_position and not batch:
             return
-        handed_off.update({f"{s}.{t}": h.load_id for (s, t), h in pending_handoffs.items()
-                           if position >= h.max_position})
-        offset = {"format": OFFSET_FORMAT, **position.to_json(), "gtid": gtid, "tables": request.table_names,
-                  "handed_off": handed_off,
-                  "server_id": where.server_id, "gtid_pos": gtid_text(gtids) if gtids else None,
-                  "version_base": base, "table_gtids": {name: gtid_text(at) for name, at in table_gtids.items()}}
+        handed_off.update(
+            {f"{s}.{t}": h.load_id for (s, t), h in pending_handoffs.items() if position >= h.max_position}
+        )
+        offset = {
+            "format": OFFSET_FORMAT,
+            **position.to_json(),
+            "gtid": gtid,
+            "tables": request.table_names,
+            "handed_off": handed_off,
+            "server_id": where.server_id,
+            "gtid_pos": gtid_text(gtids) if gtids else None,
+            "version_base": base,
+            "table_gtids": {name: gtid_text(at) for name, at in table_gtids.items()},
+        }
         if writer.submit_batch(next(iter(request.topics.values())), batch, offset) is not None:
             committed_position = submitted_position
         submitted_position = position
@@ -328,8 +355,10 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
                 if last is not None:
                     gtids[last.domain] = last
             now = time.monotonic()
-            if len(batch) >= request.policy.max_records or (
-                    now - last_commit) * 1000 >= request.policy.commit_interval_ms:
+            if (
+                len(batch) >= request.policy.max_records
+                or (now - last_commit) * 1000 >= request.policy.commit_interval_ms
+            ):
                 stats.rows += len(batch)
                 commit()
             if now >= next_progress:
@@ -348,33 +377,47 @@ def run_capture(hook: MySqlBinlogHook, writer: PipelineWriter, request: CaptureR
 
 def _covered(change: SchemaChange, request: CaptureRequest) -> bool:
     """Return whether the statement is before the full load's snapshot of every table it touches."""
-    return all((s, t) in request.handoffs and change.end <= request.handoffs[(s, t)].min_position
-               for s, t in change.tables)
+    return all(
+        (s, t) in request.handoffs and change.end <= request.handoffs[(s, t)].min_position for s, t in change.tables
+    )
 
 
-def _schema_change(change: SchemaChange, request: CaptureRequest, stats: CaptureStats,
-                   progress_log: Any) -> AirflowException | None:
+def _schema_change(
+    change: SchemaChange, request: CaptureRequest, stats: CaptureStats, progress_log: Any
+) -> AirflowException | None:
     """Log a DDL on a captured table; return the error to stop with if the stream cannot follow it."""
     names = ", ".join(f"{s}.{t}" for s, t in change.tables)
     if _covered(change, request):
-        progress_log.info("DDL at %s on %s is before the full load's snapshot; skipped: %s", change.end, names,
-                          change.query[:200])
+        progress_log.info(
+            "DDL at %s on %s is before the full load's snapshot; skipped: %s", change.end, names, change.query[:200]
+        )
         return None
     if change.kind == "alter":
         stats.schema_changes.append(f"{change.end}: {change.query[:200]}")
-        progress_log.warning("Schema change at %s on %s: %s. Following records carry a new schema_version "
-                             "(column names come from the binlog's row metadata).", change.end, names,
-                             change.query[:200])
+        progress_log.warning(
+            "Schema change at %s on %s: %s. Following records carry a new schema_version "
+            "(column names come from the binlog's row metadata).",
+            change.end,
+            names,
+            change.query[:200],
+        )
         return None
     return AirflowException(
         f"{change.query[:200]!r} at {change.end} changes or removes rows of captured table(s) {names} without row "
         "events, so the stream alone can no longer rebuild them. Everything before it is committed. Run a full "
         "reload of these tables (trigger with full_reload=true): the capture continues past this statement once "
-        "their snapshot is after it.")
+        "their snapshot is after it."
+    )
 
 
-def _progress(hook: MySqlBinlogHook, stats: CaptureStats, position: BinlogPosition,
-              committed: BinlogPosition | None, pending: int, progress_log: Any) -> None:
+def _progress(
+    hook: MySqlBinlogHook,
+    stats: CaptureStats,
+    position: BinlogPosition,
+    committed: BinlogPosition | None,
+    pending: int,
+    progress_log: Any,
+) -> None:
     try:
         lag_bytes, lag_files = hook.lag(position)
         lag = f"{lag_bytes} bytes / {lag_files} files behind the binlog end"
@@ -383,7 +426,14 @@ def _progress(hook: MySqlBinlogHook, stats: CaptureStats, position: BinlogPositi
     seconds = stats.seconds
     progress_log.info(
         "capture: %d transactions, %d rows committed (%.0f rows/s), %d pending, %d dropped as already loaded, "
-        "%d Kafka transactions; read up to %s, committed %s; %s", stats.transactions, stats.rows,
-        stats.rows / seconds if seconds > 0 else 0.0, pending, stats.dropped_by_handoff, stats.kafka_transactions,
-        position, committed or "nothing yet", lag)
-
+        "%d Kafka transactions; read up to %s, committed %s; %s",
+        stats.transactions,
+        stats.rows,
+        stats.rows / seconds if seconds > 0 else 0.0,
+        pending,
+        stats.dropped_by_handoff,
+        stats.kafka_transactions,
+        position,
+        committed or "nothing yet",
+        lag,
+    )

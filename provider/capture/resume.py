@@ -87,8 +87,7 @@ def full_load_version_base(hook: MySqlBinlogHook, committed: Any) -> tuple[int, 
     return failover_base(offset), server.server_id
 
 
-def check_full_loads(version_base: int, server_id: int, pending: dict[tuple[str, str], Any],
-                     pipeline: str) -> None:
+def check_full_loads(version_base: int, server_id: int, pending: dict[tuple[str, str], Any], pipeline: str) -> None:
     """Refuse full loads whose rows' versions do not compare with the capture's: THE check of a load's base.
 
     A full load's rows carry its snapshot version plus the version base it took (:func:`full_load_version_base`);
@@ -102,20 +101,26 @@ def check_full_loads(version_base: int, server_id: int, pending: dict[tuple[str,
     :param pending: the full loads whose handoff the capture has not passed, ``{(schema, table): handoff}``.
     :param pipeline: the capture's pipeline (named in the message).
     """
-    wrong = {name: h for name, h in pending.items() if h.version_base != version_base
-             or (h.server_id is not None and h.server_id != server_id)}
+    wrong = {
+        name: h
+        for name, h in pending.items()
+        if h.version_base != version_base or (h.server_id is not None and h.server_id != server_id)
+    }
     if not wrong:
         return
     tables = "; ".join(
         f"{s}.{t} (load {h.load_id}: version base {h.version_base} on server_id "
-        f"{h.server_id if h.server_id is not None else 'not recorded'})" for (s, t), h in sorted(wrong.items()))
+        f"{h.server_id if h.server_id is not None else 'not recorded'})"
+        for (s, t), h in sorted(wrong.items())
+    )
     raise AirflowException(
         f"Capture {pipeline!r} reads server_id {server_id} with version base {version_base}, but full loads "
         f"still to hand off were taken with another base or on another server: {tables}. Their rows' versions "
         "do not compare with the capture's, so changes could overwrite newer rows. Nothing was written. This "
         "happens when the full load ran without capture_pipeline (it then takes base 0), or when the capture "
         "committed (or moved to another server) between the full load and this run. Run the full load again "
-        "(trigger the DAG with full_reload=true); see docs/failover.md.")
+        "(trigger the DAG with full_reload=true); see docs/failover.md."
+    )
 
 
 @dataclass(frozen=True)
@@ -159,8 +164,9 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
     position, first_run = start_position(request, committed, check_tables=committed is None)
     if first_run:
         at = _gtids_at(hook, position) if server.is_mariadb else None
-        return Resume(position, True, at, server.server_id, how="first run: smallest full-load snapshot or "
-                                                                "start_position")
+        return Resume(
+            position, True, at, server.server_id, how="first run: smallest full-load snapshot or start_position"
+        )
     offset = committed.offset
     recorded = offset.get("server_id")
     delivered = _delivered(offset)
@@ -171,46 +177,78 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
         check_divergence(delivered, server, table_gtids, offset)
     if recorded == server.server_id:
         start_position(request, committed)  # tables added behind the capture: positions of this server
-        return Resume(position, False, delivered or None, server.server_id, base, table_gtids, handed_off,
-                      how=f"last committed offset (server_id {server.server_id}, by file/position)")
+        return Resume(
+            position,
+            False,
+            delivered or None,
+            server.server_id,
+            base,
+            table_gtids,
+            handed_off,
+            how=f"last committed offset (server_id {server.server_id}, by file/position)",
+        )
     at = _gtids_at(hook, position) if recorded is None and server.is_mariadb else None
     if recorded is None and (not delivered or _same_gtids(at, delivered)):
         # A ledger record from before server ids were recorded: the server it was read from is unknown. Its GTID
         # matches the binlog there: the full GTID position (every domain) is tracked from now on.
         start_position(request, committed)
-        return Resume(position, False, at or delivered or None, server.server_id, base, table_gtids, handed_off,
-                      how="last committed offset (by file/position; the record names no server)")
+        return Resume(
+            position,
+            False,
+            at or delivered or None,
+            server.server_id,
+            base,
+            table_gtids,
+            handed_off,
+            how="last committed offset (by file/position; the record names no server)",
+        )
     where = f"server_id {recorded}" if recorded is not None else "a server whose binlog is at another GTID there"
     if not server.is_mariadb or not delivered:
         raise AirflowException(
             f"The capture's committed position {position} is on {where}, but the connection reaches server_id "
             f"{server.server_id}{'' if server.is_mariadb else ' (MySQL)'}: the same file/position names other "
             "transactions on another server, so the capture refuses to resume there. "
-            + ("Resuming a MySQL capture on another server by its GTID set is not supported yet. " if not
-               server.is_mariadb else "The ledger holds no GTID position to find the place on this server. ")
+            + (
+                "Resuming a MySQL capture on another server by its GTID set is not supported yet. "
+                if not server.is_mariadb
+                else "The ledger holds no GTID position to find the place on this server. "
+            )
             + "Point the connection back at the server the capture read, or run a full reload (trigger the DAG "
-            "with full_reload=true) to start the pipeline from a new snapshot of this server.")
+            "with full_reload=true) to start the pipeline from a new snapshot of this server."
+        )
     # Full loads taken on this server (after the failover) stay pending: their positions are this server's,
     # and their rows carry the base taken below (check_full_loads). The others are the old server's.
     old = {n: h for n, h in request.handoffs.items() if h.server_id != server.server_id}
-    late = sorted(f"{s}.{t}" for (s, t), h in old.items()
-                  if handed_off.get(f"{s}.{t}") != h.load_id and position < h.max_position)
+    late = sorted(
+        f"{s}.{t}" for (s, t), h in old.items() if handed_off.get(f"{s}.{t}") != h.load_id and position < h.max_position
+    )
     if late:
         raise AirflowException(
             f"The capture stopped at {position} on {where}, before the full load snapshots of {late} were all "
             "passed: their handoff positions are on that server's binlog and mean nothing on this one. Run a full "
-            "reload of these tables (trigger the DAG with full_reload=true).")
+            "reload of these tables (trigger the DAG with full_reload=true)."
+        )
     known = set(offset.get("tables", []))
     added = sorted(f"{s}.{t}" for s, t in request.handoffs if f"{s}.{t}" not in known)
     if added:
-        raise ValueError(f"Tables {added} were added to the capture while it moves to another server: resume it "
-                         "on the new server first, then add them (after their full load on that server).")
+        raise ValueError(
+            f"Tables {added} were added to the capture while it moves to another server: resume it "
+            "on the new server first, then add them (after their full load on that server)."
+        )
     found = hook.locate_gtid(delivered, request.server_id)
     new_base = failover_base(offset)
     passed = {**handed_off, **{f"{s}.{t}": h.load_id for (s, t), h in old.items()}}  # the old server's: passed
-    return Resume(found, False, delivered, server.server_id, new_base, table_gtids, passed,
-                  how=f"GTID position {gtid.format_position(delivered)} of {where}, found at {found} on server_id "
-                      f"{server.server_id} (version base {new_base})")
+    return Resume(
+        found,
+        False,
+        delivered,
+        server.server_id,
+        new_base,
+        table_gtids,
+        passed,
+        how=f"GTID position {gtid.format_position(delivered)} of {where}, found at {found} on server_id "
+        f"{server.server_id} (version base {new_base})",
+    )
 
 
 def committed_position_on(hook: MySqlBinlogHook, offset: dict, dump_server_id: int) -> tuple[BinlogPosition, str]:
@@ -236,12 +274,15 @@ def committed_position_on(hook: MySqlBinlogHook, offset: dict, dump_server_id: i
         raise AirflowException(
             f"The capture's committed position {position} is on server_id {recorded}, but the connection reaches "
             f"server_id {server.server_id}, and the ledger holds no GTID position to find it there: the capture "
-            "will refuse to resume on this server. Point the connection back, or run a full reload (full_reload=true).")
+            "will refuse to resume on this server. Point the connection back, or run a full reload (full_reload=true)."
+        )
     table_gtids = {name: gtid.parse_position(text) for name, text in (offset.get("table_gtids") or {}).items()}
     check_divergence(delivered, server, table_gtids, offset)
     found = hook.locate_gtid(delivered, dump_server_id)
-    return found, (f"GTID position {gtid.format_position(delivered)} of server_id {recorded} (committed at {position}),"
-                   f" at {found} on server_id {server.server_id}")
+    return found, (
+        f"GTID position {gtid.format_position(delivered)} of server_id {recorded} (committed at {position}),"
+        f" at {found} on server_id {server.server_id}"
+    )
 
 
 def _gtids_at(hook: MySqlBinlogHook, position: BinlogPosition) -> gtid.GtidPosition | None:
@@ -270,8 +311,9 @@ def _delivered(offset: dict) -> gtid.GtidPosition:
     return {}
 
 
-def check_divergence(delivered: gtid.GtidPosition, server: gtid.ServerIdentity,
-                     table_gtids: dict[str, gtid.GtidPosition], offset: dict) -> None:
+def check_divergence(
+    delivered: gtid.GtidPosition, server: gtid.ServerIdentity, table_gtids: dict[str, gtid.GtidPosition], offset: dict
+) -> None:
     """
     Stop with :class:`DivergedSourceError` unless the server's binlog holds every delivered GTID.
 
@@ -284,9 +326,12 @@ def check_divergence(delivered: gtid.GtidPosition, server: gtid.ServerIdentity,
     if not lost:
         return
     touched = sorted({name for name, at in table_gtids.items() for span in lost if span.touches(at)})
-    tables = (f"tables touched: {', '.join(touched)}" if touched else
-              f"the ledger does not know which of {', '.join(offset.get('tables', [])) or 'the captured tables'} "
-              "they touched (treat all as touched)")
+    tables = (
+        f"tables touched: {', '.join(touched)}"
+        if touched
+        else f"the ledger does not know which of {', '.join(offset.get('tables', [])) or 'the captured tables'} "
+        "they touched (treat all as touched)"
+    )
     raise DivergedSourceError(
         f"The source server (server_id {server.server_id}) lacks transactions the capture already delivered to "
         f"Kafka: {'; '.join(str(span) for span in lost)} ({tables}). Its binlog holds "
@@ -297,4 +342,5 @@ def check_divergence(delivered: gtid.GtidPosition, server: gtid.ServerIdentity,
         "The way back: recover those transactions onto this server if they still exist (then the capture "
         "resumes), or reconcile the tables against it (ReconcileOperator) and start them afresh under a NEW "
         "pipeline name (its own ledger key, topic and current table): a full_reload under this pipeline keeps "
-        "refusing this server the same way; see docs/failover.md, 'The divergence error'.")
+        "refusing this server the same way; see docs/failover.md, 'The divergence error'."
+    )

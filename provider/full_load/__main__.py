@@ -40,18 +40,33 @@ def request_from_json(params: dict[str, Any]) -> FullLoadRequest:
 def result_to_json(result: FullLoadResult) -> dict[str, Any]:
     """Return what the operator needs of a finished load: the handoff and what this run did."""
     h = result.handoff
-    return {"load_id": h.load_id, "schema": h.schema, "table": h.table, "rows": h.rows,
-            "table_version": h.table_version, "min_position": str(h.min_position),
-            "max_position": str(h.max_position), "already_published": result.already_published,
-            "chunks_read": result.chunks_read, "chunks_resumed": result.chunks_resumed,
-            "seconds": round(result.seconds, 3),
-            "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)} for c in h.chunks]}
+    return {
+        "load_id": h.load_id,
+        "schema": h.schema,
+        "table": h.table,
+        "rows": h.rows,
+        "table_version": h.table_version,
+        "min_position": str(h.min_position),
+        "max_position": str(h.max_position),
+        "already_published": result.already_published,
+        "chunks_read": result.chunks_read,
+        "chunks_resumed": result.chunks_resumed,
+        "seconds": round(result.seconds, 3),
+        "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)} for c in h.chunks],
+    }
 
 
 def _progress(table: str):
     def report(p: Progress) -> None:  # the task log shows it: spark-submit's output goes there
-        log.info("full load %s: %d/%d chunks done, %d rows, %.0f rows/s", table, p.chunks_done, p.chunks_total,
-                 p.rows, p.rows_per_second)
+        log.info(
+            "full load %s: %d/%d chunks done, %d rows, %.0f rows/s",
+            table,
+            p.chunks_done,
+            p.chunks_total,
+            p.rows,
+            p.rows_per_second,
+        )
+
     return report
 
 
@@ -61,8 +76,12 @@ def _driver(spec, secrets) -> dict[str, Any]:
     request = request_from_json(spec.params)
     spark = driver_session(spec)
     try:
-        result = run_full_load(spark, MySqlSourceHook(mysql_conn_id=spec.params["mysql_conn_id"]), request,
-                               progress=_progress(request.table))
+        result = run_full_load(
+            spark,
+            MySqlSourceHook(mysql_conn_id=spec.params["mysql_conn_id"]),
+            request,
+            progress=_progress(request.table),
+        )
     finally:
         spark.stop()
     return result_to_json(result)
@@ -97,24 +116,46 @@ def main(argv: list[str] | None = None) -> int:
     from exactly_once_provider.storage.s3 import register_settings, settings_for
 
     register_settings(settings_for(args.aws_conn_id, args.sink, args.staging))
-    builder = (SparkSession.builder.appName(f"eo-full-load-{args.table}")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-               .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    builder = (
+        SparkSession.builder.appName(f"eo-full-load-{args.table}")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    )
     if args.master:
         builder = builder.master(args.master)
     for item in args.conf:
         key, _, value = item.partition("=")
         builder = builder.config(key, value)
     spark = with_storage_conf(builder).getOrCreate()
-    request = FullLoadRequest(schema=args.schema, table=args.table, sink_path=args.sink, staging_path=args.staging,
-                              chunk_rows=args.chunk_rows, chunks_per_job=args.chunks_per_job,
-                              fetch_rows=args.fetch_rows, reader=args.reader, full_reload=args.full_reload)
+    request = FullLoadRequest(
+        schema=args.schema,
+        table=args.table,
+        sink_path=args.sink,
+        staging_path=args.staging,
+        chunk_rows=args.chunk_rows,
+        chunks_per_job=args.chunks_per_job,
+        fetch_rows=args.fetch_rows,
+        reader=args.reader,
+        full_reload=args.full_reload,
+    )
     result = run_full_load(spark, MySqlSourceHook(mysql_conn_id=args.mysql_conn_id), request)
     h = result.handoff
-    print(RESULT_PREFIX + json.dumps({"rows": h.rows, "table_version": h.table_version, "chunks_read": result.chunks_read,
-                      "chunks_resumed": result.chunks_resumed, "seconds": round(result.seconds, 3),
-                      "min_position": str(h.min_position), "load_id": h.load_id}), flush=True)
+    print(
+        RESULT_PREFIX
+        + json.dumps(
+            {
+                "rows": h.rows,
+                "table_version": h.table_version,
+                "chunks_read": result.chunks_read,
+                "chunks_resumed": result.chunks_resumed,
+                "seconds": round(result.seconds, 3),
+                "min_position": str(h.min_position),
+                "load_id": h.load_id,
+            }
+        ),
+        flush=True,
+    )
     spark.stop()
     return 0
 

@@ -168,8 +168,10 @@ def to_arrays(columns: list[Column], rows: list[tuple]) -> list[pa.Array]:
     if not rows:
         return [pa.array([], type=t) for t in targets]
     struct = pa.array(rows, type=pa.struct([pa.field(str(i), t) for i, t in enumerate(inputs)]))
-    return [a if _passes_through(c) else _parse(c, a.cast(pa.string()), t)
-            for c, a, t in zip(columns, struct.flatten(), targets)]
+    return [
+        a if _passes_through(c) else _parse(c, a.cast(pa.string()), t)
+        for c, a, t in zip(columns, struct.flatten(), targets)
+    ]
 
 
 def row_select(column: Column) -> str:
@@ -198,7 +200,7 @@ def native_select(column: Column) -> str:
     """Return the SQL expression the native reader selects ``column`` with."""
     name = quote_identifier(column.name)
     if _travels_unscaled(column):
-        scaled = f"{name} * {10 ** column.scale}" if column.scale else name
+        scaled = f"{name} * {10**column.scale}" if column.scale else name
         return f"CAST({scaled} AS SIGNED) AS {name}"
     return f"CAST({name} AS CHAR) AS {name}" if column.data_type in _NATIVE_AS_TEXT else name
 
@@ -207,10 +209,12 @@ def _from_unscaled(column: Column, array: pa.Array, target: pa.DataType) -> pa.A
     """Return the BIGINT unscaled values of a DECIMAL(p <= 18, s) column as ``target`` (decimal128(p, s))."""
     ints = array.cast(pa.int64())
     bounds = pc.min_max(ints)
-    limit = 10 ** target.precision
+    limit = 10**target.precision
     if bounds["min"].is_valid and not (-limit < bounds["min"].as_py() and bounds["max"].as_py() < limit):
-        raise pa.ArrowInvalid(f"Column {column.name!r} ({column.column_type}) read an unscaled value outside "
-                              f"{target.precision} digits ({bounds['min']} .. {bounds['max']}).")
+        raise pa.ArrowInvalid(
+            f"Column {column.name!r} ({column.column_type}) read an unscaled value outside "
+            f"{target.precision} digits ({bounds['min']} .. {bounds['max']})."
+        )
     # decimal128(19, 0) holds the same 128-bit integers as decimal128(p, s) does: only the scale is read anew.
     wide = ints.cast(pa.decimal128(19, 0))
     return pa.Array.from_buffers(target, len(wide), wide.buffers(), null_count=wide.null_count, offset=wide.offset)

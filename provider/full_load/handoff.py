@@ -27,11 +27,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from exactly_once_provider.sinks import current_table, delta_commit
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.full_load.plan import chunk_from_json
-from exactly_once_provider.source.snapshot import Chunk
 from exactly_once_provider.positions import BinlogPosition, parse_position
+from exactly_once_provider.sinks import current_table, delta_commit
+from exactly_once_provider.source.snapshot import Chunk
 
 MARKER_KEY = current_table.FULL_LOAD_MARKER
 FORMAT = 1
@@ -106,9 +106,17 @@ class Handoff:
         return f"(CASE {branches} ELSE {last} END)" if branches else str(last)
 
 
-def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: list[dict],
-           columns: list[dict] = (), staging: str | None = None, version_base: int = 0,
-           server_id: int | None = None) -> dict:
+def marker(
+    load_id: str,
+    schema: str,
+    table: str,
+    key: tuple[str, ...],
+    chunks: list[dict],
+    columns: list[dict] = (),
+    staging: str | None = None,
+    version_base: int = 0,
+    server_id: int | None = None,
+) -> dict:
     """Build the commit marker from chunk dicts (``plan.chunk_to_json`` + file, pos, rows) and column dicts.
 
     :param staging: the load's staging directory (its manifest keeps the published marker).
@@ -117,15 +125,23 @@ def marker(load_id: str, schema: str, table: str, key: tuple[str, ...], chunks: 
     """
     positions = [parse_position(c) for c in chunks]
     lowest, highest = (min(positions, key=lambda p: p.sort_key), max(positions, key=lambda p: p.sort_key))
-    return {MARKER_KEY: {
-        "format": FORMAT, "load_id": load_id, "schema": schema, "table": table, "key": list(key),
-        "columns": list(columns),
-        "staging": staging, "version_base": int(version_base), "server_id": server_id,
-        "rows": sum(c["rows"] for c in chunks),
-        "min_position": lowest.to_json(),
-        "max_position": highest.to_json(),
-        "chunks": sorted(chunks, key=lambda c: c["index"]),
-    }}
+    return {
+        MARKER_KEY: {
+            "format": FORMAT,
+            "load_id": load_id,
+            "schema": schema,
+            "table": table,
+            "key": list(key),
+            "columns": list(columns),
+            "staging": staging,
+            "version_base": int(version_base),
+            "server_id": server_id,
+            "rows": sum(c["rows"] for c in chunks),
+            "min_position": lowest.to_json(),
+            "max_position": highest.to_json(),
+            "chunks": sorted(chunks, key=lambda c: c["index"]),
+        }
+    }
 
 
 def parse(table_version: int, data: dict) -> Handoff:
@@ -133,11 +149,19 @@ def parse(table_version: int, data: dict) -> Handoff:
     body = data[MARKER_KEY]
     if body.get("format") != FORMAT:
         raise ValueError(f"Unknown full-load handoff format {body.get('format')!r}; expected {FORMAT}.")
-    chunks = tuple(ChunkPosition(chunk_from_json(c), parse_position(c), int(c["rows"]))
-                   for c in body["chunks"])
-    return Handoff(body["load_id"], body["schema"], body["table"], tuple(body["key"]), int(body["rows"]), chunks,
-                   table_version, tuple(Column(**c) for c in body.get("columns", ())),
-                   int(body.get("version_base") or 0), body.get("server_id"))
+    chunks = tuple(ChunkPosition(chunk_from_json(c), parse_position(c), int(c["rows"])) for c in body["chunks"])
+    return Handoff(
+        body["load_id"],
+        body["schema"],
+        body["table"],
+        tuple(body["key"]),
+        int(body["rows"]),
+        chunks,
+        table_version,
+        tuple(Column(**c) for c in body.get("columns", ())),
+        int(body.get("version_base") or 0),
+        body.get("server_id"),
+    )
 
 
 def read_handoff(sink_path: str) -> Handoff:
@@ -156,8 +180,14 @@ def read_handoff(sink_path: str) -> Handoff:
             continue
         if MARKER_KEY in found:
             return parse(version, found)
-        pointer = next((body[current_table.POINTER] for key, body in found.items() if key.startswith("eo_stream:")
-                        and isinstance(body, dict) and body.get(current_table.POINTER)), None)
+        pointer = next(
+            (
+                body[current_table.POINTER]
+                for key, body in found.items()
+                if key.startswith("eo_stream:") and isinstance(body, dict) and body.get(current_table.POINTER)
+            ),
+            None,
+        )
         if pointer is not None:
             return _pointed(sink_path, pointer)
     raise LookupError(
@@ -195,4 +225,5 @@ def _pointed(sink_path: str, pointer: dict) -> Handoff:
     raise delta_commit.CommitMarkerError(
         f"The full load {load_id} (Delta version {version}) that {sink_path} builds on is neither in its Delta log "
         f"(cleaned up) nor in its staging manifest {pointer.get('staging')}: its handoff positions are lost. Run a "
-        "full_reload.")
+        "full_reload."
+    )

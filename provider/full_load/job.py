@@ -19,8 +19,6 @@ rerun finds its load id in the sink's newest full-load marker (and both commits 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import os
 import re
@@ -29,10 +27,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exactly_once_provider.connections import connectorx_tls_query
-from exactly_once_provider.sinks import delta_commit
-from exactly_once_provider.sinks.durable import fsync_dir
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load import handoff
@@ -40,9 +37,11 @@ from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
 from exactly_once_provider.full_load.spark_source import chunk_read_options, read_chunks, spark_schema
 from exactly_once_provider.full_load.staging import Staging
-from exactly_once_provider.storage import is_s3
+from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks.durable import fsync_dir
 from exactly_once_provider.source.identifiers import quote_table
 from exactly_once_provider.source.snapshot import plan_chunks
+from exactly_once_provider.storage import is_s3
 
 if TYPE_CHECKING:  # the hook is the caller's; the domain only calls its public methods
     from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
@@ -137,12 +136,12 @@ class FullLoadResult:
 
 
 def _log_progress(p: Progress) -> None:
-    log.info("full load: %d/%d chunks, %d rows, %.0f rows/s", p.chunks_done, p.chunks_total, p.rows,
-             p.rows_per_second)
+    log.info("full load: %d/%d chunks, %d rows, %.0f rows/s", p.chunks_done, p.chunks_total, p.rows, p.rows_per_second)
 
 
-def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
-                  progress: Callable[[Progress], None] = _log_progress) -> FullLoadResult:
+def run_full_load(
+    spark, hook: MySqlSourceHook, request: FullLoadRequest, progress: Callable[[Progress], None] = _log_progress
+) -> FullLoadResult:
     """Load ``request.table`` into ``request.sink_path``, resuming a crashed load; return the handoff.
 
     :param spark: the SparkSession (local or cluster) to run on.
@@ -159,28 +158,49 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
     manifest = staging.load()
     if manifest and manifest.get("published"):
         version = manifest["published"]["table_version"]
-        return FullLoadResult(handoff.parse(version, manifest["published"]["marker"]), 0, len(manifest["done"]),
-                              time.monotonic() - started, already_published=True)
-    checked = hook.preflight(request.schema, request.table, request.chunk_key, request.expected_rows_per_second,
-                             request.require_replication)
+        return FullLoadResult(
+            handoff.parse(version, manifest["published"]["marker"]),
+            0,
+            len(manifest["done"]),
+            time.monotonic() - started,
+            already_published=True,
+        )
+    checked = hook.preflight(
+        request.schema, request.table, request.chunk_key, request.expected_rows_per_second, request.require_replication
+    )
     with hook.cursor() as cur:
         cur.execute("SELECT @@server_id")
         server_id = int(cur.fetchone()[0])
         if request.server_id is not None and server_id != request.server_id:
             raise SourceConfigurationError(
                 f"The full load's version base {request.version_base} was found for server_id {request.server_id},"
-                f" but the connection now reaches server_id {server_id} (it changed during the task): retry it.")
+                f" but the connection now reaches server_id {server_id} (it changed during the task): retry it."
+            )
         columns = [c.to_json() for c in table_columns(cur, request.schema, request.table)]
         _check_column_names(request.schema, request.table, [c["name"] for c in columns])
         if manifest is None:
             chunks = plan_chunks(cur, request.schema, request.table, checked.key.columns, request.chunk_rows)
-            manifest = {"format": MANIFEST_FORMAT, "load_id": uuid.uuid4().hex, "schema": request.schema,
-                        "table": request.table, "key": list(checked.key.columns), "columns": columns,
-                        "chunks": [chunk_to_json(c) for c in chunks], "done": {}, "published": None,
-                        "version_base": request.version_base, "server_id": server_id}
+            manifest = {
+                "format": MANIFEST_FORMAT,
+                "load_id": uuid.uuid4().hex,
+                "schema": request.schema,
+                "table": request.table,
+                "key": list(checked.key.columns),
+                "columns": columns,
+                "chunks": [chunk_to_json(c) for c in chunks],
+                "done": {},
+                "published": None,
+                "version_base": request.version_base,
+                "server_id": server_id,
+            }
             staging.save(manifest)
-            log.info("full load %s: planned %d chunks of ~%d rows by key %s", manifest["load_id"], len(chunks),
-                     request.chunk_rows, list(checked.key.columns))
+            log.info(
+                "full load %s: planned %d chunks of ~%d rows by key %s",
+                manifest["load_id"],
+                len(chunks),
+                request.chunk_rows,
+                list(checked.key.columns),
+            )
     _check_resumable(hook, request, manifest, columns, list(checked.key.columns))
     staged_base = int(manifest.get("version_base") or 0)
     staged_server = manifest.get("server_id", server_id)  # a load staged before servers were recorded: this one
@@ -188,7 +208,8 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
         raise ValueError(
             f"The staged full load in {staging.root} took version base {staged_base} on server_id "
             f"{staged_server}, but the capture's base on server_id {server_id} is now "
-            f"{request.version_base} (the capture moved on since): rerun with full_reload=True.")
+            f"{request.version_base} (the capture moved on since): rerun with full_reload=True."
+        )
     resumed = len(manifest["done"])
     for orphan in staging.remove_unlisted_files(manifest):
         log.info("full load: removed staged file %s an unfinished task left behind", orphan)
@@ -200,22 +221,39 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
     size = max(1, request.chunks_per_job)
     phases["prepare"] = time.monotonic() - started
     for start in range(0, len(pending), size):
-        wave = pending[start:start + size]
-        options = chunk_read_options(settings, checked.server.is_mariadb, request.schema, request.table,
-                                     [Column(**c) for c in columns], checked.key.columns, wave, request.fetch_rows,
-                                     manifest["load_id"], str(staging.data_dir), request.reader,
-                                     int(manifest.get("version_base") or 0), _s3_settings(staging))
+        wave = pending[start : start + size]
+        options = chunk_read_options(
+            settings,
+            checked.server.is_mariadb,
+            request.schema,
+            request.table,
+            [Column(**c) for c in columns],
+            checked.key.columns,
+            wave,
+            request.fetch_rows,
+            manifest["load_id"],
+            str(staging.data_dir),
+            request.reader,
+            int(manifest.get("version_base") or 0),
+            _s3_settings(staging),
+        )
         wave_started = time.monotonic()
         results = read_chunks(spark, options)
         phases["read_and_stage"] = phases.get("read_and_stage", 0.0) + time.monotonic() - wave_started
         found = sorted(r["chunk"] for r in results)
         if found != sorted(c["index"] for c in wave):
-            raise delta_commit.CommitMarkerError(f"A wave returned chunks {found}, expected "
-                                                 f"{sorted(c['index'] for c in wave)}.")
+            raise delta_commit.CommitMarkerError(
+                f"A wave returned chunks {found}, expected {sorted(c['index'] for c in wave)}."
+            )
         for r in results:
-            manifest["done"][str(r["chunk"])] = {"file": r["binlog_file"], "pos": int(r["binlog_pos"]),
-                                                 "rows": int(r["rows"]), "data": r["data_file"],
-                                                 "bytes": int(r["data_bytes"]), "reader": r["reader"]}
+            manifest["done"][str(r["chunk"])] = {
+                "file": r["binlog_file"],
+                "pos": int(r["binlog_pos"]),
+                "rows": int(r["rows"]),
+                "data": r["data_file"],
+                "bytes": int(r["data_bytes"]),
+                "reader": r["reader"],
+            }
             read_rows += int(r["rows"])
         staging.save(manifest)  # the chunk progress marker, after the executors made the wave's files durable
         progress(Progress(len(manifest["done"]), total, read_rows, time.monotonic() - started))
@@ -226,8 +264,9 @@ def run_full_load(spark, hook: MySqlSourceHook, request: FullLoadRequest,
     manifest["published"] = {"table_version": version, "marker": body}
     staging.save(manifest)
     phases["publish"] = time.monotonic() - publish_started
-    return FullLoadResult(handoff.parse(version, body), len(pending), resumed, time.monotonic() - started,
-                          stats={"phases": phases})
+    return FullLoadResult(
+        handoff.parse(version, body), len(pending), resumed, time.monotonic() - started, stats={"phases": phases}
+    )
 
 
 # Delta refuses these characters in column names (unless the table uses column mapping, which this load's
@@ -241,14 +280,20 @@ def _check_column_names(schema: str, table: str, names: list[str]) -> None:
         raise SourceConfigurationError(
             f"Columns {bad} of {quote_table(schema, table)} contain characters a Delta table cannot hold in a "
             f"column name (any of {DELTA_INVALID_NAME_CHARACTERS!r}): rename them in the source "
-            "(ALTER TABLE ... RENAME COLUMN) before the full load.")
+            "(ALTER TABLE ... RENAME COLUMN) before the full load."
+        )
 
 
-def _check_resumable(hook: MySqlSourceHook, request: FullLoadRequest, manifest: dict, columns: list[dict],
-                     key: list[str]) -> None:
+def _check_resumable(
+    hook: MySqlSourceHook, request: FullLoadRequest, manifest: dict, columns: list[dict], key: list[str]
+) -> None:
     """Refuse to resume when staged chunks no longer match the table or their positions were purged."""
     same = (manifest["schema"], manifest["table"], manifest["key"], manifest["columns"]) == (
-        request.schema, request.table, key, columns)
+        request.schema,
+        request.table,
+        key,
+        columns,
+    )
     if not same:
         raise ValueError(
             f"The staged full load in {request.staging().root} is for a different table, key or column list "
@@ -275,11 +320,21 @@ _STAGED_NAME = re.compile(r"^(?P<load>[0-9a-f]{32})-c\d{6}-[0-9a-f]{12}\.parquet
 def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> tuple[int, dict]:
     """Publish every staged chunk as one Delta commit that carries the handoff positions."""
     done = manifest["done"]
-    chunks = [{**c, **{k: v for k, v in done[str(c["index"])].items() if k in ("file", "pos", "rows")}}
-              for c in manifest["chunks"]]
-    body = handoff.marker(manifest["load_id"], manifest["schema"], manifest["table"], tuple(manifest["key"]),
-                          chunks, manifest["columns"], str(request.staging().root),
-                          int(manifest.get("version_base") or 0), manifest.get("server_id"))
+    chunks = [
+        {**c, **{k: v for k, v in done[str(c["index"])].items() if k in ("file", "pos", "rows")}}
+        for c in manifest["chunks"]
+    ]
+    body = handoff.marker(
+        manifest["load_id"],
+        manifest["schema"],
+        manifest["table"],
+        tuple(manifest["key"]),
+        chunks,
+        manifest["columns"],
+        str(request.staging().root),
+        int(manifest.get("version_base") or 0),
+        manifest.get("server_id"),
+    )
     sink = request.sink_path.removeprefix("file://")
     try:
         published = handoff.read_handoff(sink)
@@ -298,8 +353,10 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
             if path != os.path.join(sink, name):
                 os.replace(path, os.path.join(sink, name))
         fsync_dir(sink)
-        listed = [{"name": e["data"], "bytes": e["bytes"], "rows": e["rows"]}
-                  for _, e in sorted(done.items(), key=lambda item: int(item[0]))]
+        listed = [
+            {"name": e["data"], "bytes": e["bytes"], "rows": e["rows"]}
+            for _, e in sorted(done.items(), key=lambda item: int(item[0]))
+        ]
         schema = spark_schema([Column(**c) for c in manifest["columns"]]).json()
         return delta_commit.create_with_files(sink, schema, listed, body, app_id, 1), body
     staged = spark.read.schema(spark_schema([Column(**c) for c in manifest["columns"]])).parquet(*files.values())
@@ -347,7 +404,8 @@ def _staged_files(staging: Staging, sink: str, done: dict) -> dict[str, str]:
         if problem:
             raise delta_commit.CommitMarkerError(
                 f"Staged file {name} of chunk {index} {problem}: the staging area {staging.root} is damaged; rerun "
-                "with full_reload=True.")
+                "with full_reload=True."
+            )
         files[name] = location
     return files
 
@@ -361,7 +419,8 @@ def _can_adopt(sink: str, staging, load_id: str) -> bool:
     if is_s3(sink) or not isinstance(staging.root, Path):
         return False  # no rename on object stores: Delta's writer rewrites the staged files into the table
     if os.path.isdir(os.path.join(sink, "_delta_log")) and any(
-            n.endswith(".json") and not n.startswith(".") for n in os.listdir(os.path.join(sink, "_delta_log"))):
+        n.endswith(".json") and not n.startswith(".") for n in os.listdir(os.path.join(sink, "_delta_log"))
+    ):
         return False
     existing = sink if os.path.isdir(sink) else os.path.dirname(os.path.abspath(sink))
     if os.stat(existing).st_dev != os.stat(staging.root).st_dev:

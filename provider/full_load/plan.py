@@ -33,7 +33,7 @@ def decode_value(value: Any) -> Any:
     """Invert :func:`encode_value`."""
     if not isinstance(value, dict):
         return value
-    (tag, text), = value.items()
+    ((tag, text),) = value.items()
     return {
         "b64": lambda: base64.b64decode(text),
         "dec": lambda: decimal.Decimal(text),

@@ -55,8 +55,10 @@ log = logging.getLogger(__name__)
 def arrow_schema(columns: list[Column]) -> pa.Schema:
     """Return the Arrow schema of the staged rows: the source columns in order, then the current table's
     version and tombstone columns (:mod:`exactly_once_provider.sinks.current_table`)."""
-    return pa.schema([pa.field(c.name, arrow_type(c)) for c in columns]
-                     + [pa.field(VERSION_COLUMN, pa.int64()), pa.field(DELETED_COLUMN, pa.bool_())])
+    return pa.schema(
+        [pa.field(c.name, arrow_type(c)) for c in columns]
+        + [pa.field(VERSION_COLUMN, pa.int64()), pa.field(DELETED_COLUMN, pa.bool_())]
+    )
 
 
 def spark_schema(columns: list[Column]) -> StructType:
@@ -103,16 +105,29 @@ def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:
     if o["is_mariadb"] == "true" and o.get("reader", "native") == "native":
         try:
             position, batches = read_chunk_arrow(
-                settings, o["schema"], o["table"], [native_select(c) for c in columns], json.loads(o["key"]), chunk,
-                int(o["fetch_rows"]))
+                settings,
+                o["schema"],
+                o["table"],
+                [native_select(c) for c in columns],
+                json.loads(o["key"]),
+                chunk,
+                int(o["fetch_rows"]),
+            )
             if position is not None:
                 meta = _meta_arrays(position, int(o.get("version_base", 0)))
-                rows = target.write(schema, (pa.RecordBatch.from_arrays(
-                    [from_native(c, a) for c, a in zip(columns, b.columns)] + meta(b.num_rows), schema=schema)
-                    for b in batches))
+                rows = target.write(
+                    schema,
+                    (
+                        pa.RecordBatch.from_arrays(
+                            [from_native(c, a) for c, a in zip(columns, b.columns)] + meta(b.num_rows), schema=schema
+                        )
+                        for b in batches
+                    ),
+                )
         except (NativeReadError, pa.ArrowException) as error:
-            log.warning("full load chunk %d: the native reader failed (%s); reading it with the row reader",
-                        chunk.index, error)
+            log.warning(
+                "full load chunk %d: the native reader failed (%s); reading it with the row reader", chunk.index, error
+            )
             position = None
     if position is None:
         reader = "rows"
@@ -120,18 +135,36 @@ def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:
         rows_batches = None
         try:
             position, rows_batches = read_chunk(
-                conn, o["is_mariadb"] == "true", o["schema"], o["table"], [row_select(c) for c in columns],
-                json.loads(o["key"]), chunk, int(o["fetch_rows"]))
+                conn,
+                o["is_mariadb"] == "true",
+                o["schema"],
+                o["table"],
+                [row_select(c) for c in columns],
+                json.loads(o["key"]),
+                chunk,
+                int(o["fetch_rows"]),
+            )
             meta = _meta_arrays(position, int(o.get("version_base", 0)))
-            rows = target.write(schema, (
-                pa.RecordBatch.from_arrays(to_arrays(columns, batch) + meta(len(batch)), schema=schema)
-                for batch in rows_batches))
+            rows = target.write(
+                schema,
+                (
+                    pa.RecordBatch.from_arrays(to_arrays(columns, batch) + meta(len(batch)), schema=schema)
+                    for batch in rows_batches
+                ),
+            )
         finally:
             if rows_batches is not None:
                 rows_batches.close()  # its cursor and snapshot first: after conn.close() they fail with error 2006
             conn.close()
-    return {"chunk": chunk.index, "binlog_file": position.file, "binlog_pos": position.pos, "rows": rows,
-            "data_file": name, "data_bytes": target.size(), "reader": reader}
+    return {
+        "chunk": chunk.index,
+        "binlog_file": position.file,
+        "binlog_pos": position.pos,
+        "rows": rows,
+        "data_file": name,
+        "data_bytes": target.size(),
+        "reader": reader,
+    }
 
 
 def _meta_arrays(position, version_base: int = 0):
@@ -214,8 +247,11 @@ def dictionary_columns(sample: pa.RecordBatch | None, min_rows: int = 1000) -> l
     """
     if sample is None or sample.num_rows < min_rows:
         return True
-    repeating = [name for name, column in zip(sample.schema.names, sample.columns)
-                 if 2 * pc.count_distinct(column).as_py() <= sample.num_rows]
+    repeating = [
+        name
+        for name, column in zip(sample.schema.names, sample.columns)
+        if 2 * pc.count_distinct(column).as_py() <= sample.num_rows
+    ]
     return repeating or False
 
 
@@ -252,9 +288,19 @@ class RowGroupBuffer:
 
 
 def chunk_read_options(
-    settings: ConnectionSettings, is_mariadb: bool, schema: str, table: str, columns: list[Column],
-    key: tuple[str, ...], chunks: list[dict], fetch_rows: int, load_id: str, data_dir: str, reader: str = "native",
-    version_base: int = 0, s3: S3Settings | None = None,
+    settings: ConnectionSettings,
+    is_mariadb: bool,
+    schema: str,
+    table: str,
+    columns: list[Column],
+    key: tuple[str, ...],
+    chunks: list[dict],
+    fetch_rows: int,
+    load_id: str,
+    data_dir: str,
+    reader: str = "native",
+    version_base: int = 0,
+    s3: S3Settings | None = None,
 ) -> dict[str, str]:
     """Return the job options for ``chunks`` (JSON chunk dicts from :mod:`.plan`).
 
@@ -265,10 +311,19 @@ def chunk_read_options(
     """
     public = {k: v for k, v in settings.__dict__.items() if k != "password"}
     options = {
-        "connection": json.dumps(public), "password": settings.password, "is_mariadb": str(is_mariadb).lower(),
-        "schema": schema, "table": table, "columns": json.dumps([c.to_json() for c in columns]),
-        "key": json.dumps(list(key)), "chunks": json.dumps(chunks), "fetch_rows": str(fetch_rows),
-        "load_id": load_id, "data_dir": data_dir, "reader": reader, "version_base": str(version_base),
+        "connection": json.dumps(public),
+        "password": settings.password,
+        "is_mariadb": str(is_mariadb).lower(),
+        "schema": schema,
+        "table": table,
+        "columns": json.dumps([c.to_json() for c in columns]),
+        "key": json.dumps(list(key)),
+        "chunks": json.dumps(chunks),
+        "fetch_rows": str(fetch_rows),
+        "load_id": load_id,
+        "data_dir": data_dir,
+        "reader": reader,
+        "version_base": str(version_base),
     }
     if s3 is not None:
         # The executors' Python workers write the chunk objects themselves (the rows never cross into the JVM),

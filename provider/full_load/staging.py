@@ -69,8 +69,10 @@ class Staging:
                 self._sequence = sequences[-1]
                 return json.loads(data)
             # deleted by a newer save between the listing and the read: look again
-        raise AirflowException(f"The staging manifests of {self.root} kept disappearing while being read: is "
-                               "another full load of this table running?")
+        raise AirflowException(
+            f"The staging manifests of {self.root} kept disappearing while being read: is "
+            "another full load of this table running?"
+        )
 
     def save(self, manifest: dict) -> None:
         """Publish ``manifest`` as the next numbered manifest (put-if-absent): whole or not at all.
@@ -82,7 +84,8 @@ class Staging:
             raise StagingFencedError(
                 f"Staging manifest {sequence} of {self.root} was saved by another loader: two full loads of "
                 f"{manifest.get('schema')}.{manifest.get('table')} run at once. This one recorded nothing; stop "
-                "the other one, then rerun (the load resumes from the staged chunks).")
+                "the other one, then rerun (the load resumes from the staged chunks)."
+            )
         self._sequence = sequence
         if sequence - KEEP_MANIFESTS >= 0:
             self.storage.delete(_key(sequence - KEEP_MANIFESTS))

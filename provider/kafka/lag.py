@@ -21,8 +21,9 @@ from exactly_once_provider.kafka.topics import partitions_of
 Offsets = dict[str, dict[int, int]]
 
 
-def stable_end_offsets(client_config: dict[str, Any], topics: list[str], timeout: float = 30,
-                       missing_ok: bool = False) -> Offsets:
+def stable_end_offsets(
+    client_config: dict[str, Any], topics: list[str], timeout: float = 30, missing_ok: bool = False
+) -> Offsets:
     """Return the read_committed end offset (LSO) of every partition of ``topics``.
 
     :param client_config: confluent-kafka settings (at least ``bootstrap.servers``).
@@ -30,8 +31,13 @@ def stable_end_offsets(client_config: dict[str, Any], topics: list[str], timeout
     :param timeout: seconds to wait for the broker.
     :param missing_ok: a topic that does not exist yet has no offsets (nothing to read) instead of an error.
     """
-    admin = AdminClient({k: v for k, v in client_config.items() if k == "bootstrap.servers"
-                         or k.startswith(("security.", "sasl.", "ssl."))})
+    admin = AdminClient(
+        {
+            k: v
+            for k, v in client_config.items()
+            if k == "bootstrap.servers" or k.startswith(("security.", "sasl.", "ssl."))
+        }
+    )
     request = {}
     for topic, partitions in partitions_of(admin, topics, timeout).items():
         if partitions is None:
@@ -51,12 +57,18 @@ def stable_end_offsets(client_config: dict[str, Any], topics: list[str], timeout
 
 def group_offsets(client_config: dict[str, Any], group_id: str, topics: list[str], timeout: float = 30) -> Offsets:
     """Return a consumer group's committed offsets for ``topics`` (-1: nothing committed)."""
-    connection = {k: v for k, v in client_config.items() if k == "bootstrap.servers"
-                  or k.startswith(("security.", "sasl.", "ssl."))}  # SASL/TLS too, as in stable_end_offsets
+    connection = {
+        k: v
+        for k, v in client_config.items()
+        if k == "bootstrap.servers" or k.startswith(("security.", "sasl.", "ssl."))
+    }  # SASL/TLS too, as in stable_end_offsets
     consumer = Consumer({**connection, "group.id": group_id, "enable.auto.commit": False})
     try:
-        wanted = [TopicPartition(t, p) for t in topics  # by name: a full listing costs what the cluster holds
-                  for p in consumer.list_topics(t, timeout=timeout).topics[t].partitions]
+        wanted = [
+            TopicPartition(t, p)
+            for t in topics  # by name: a full listing costs what the cluster holds
+            for p in consumer.list_topics(t, timeout=timeout).topics[t].partitions
+        ]
         return _by_topic(consumer.committed(wanted, timeout=timeout))
     finally:
         consumer.close()
@@ -69,8 +81,9 @@ def _by_topic(partitions: list[TopicPartition]) -> Offsets:
     return result
 
 
-def sink_offsets(sink: str, location: str, pipeline: str, postgres_connect: dict | None = None,
-                 s3: Any = None) -> Offsets:
+def sink_offsets(
+    sink: str, location: str, pipeline: str, postgres_connect: dict | None = None, s3: Any = None
+) -> Offsets:
     """Return the Kafka offsets a pipeline's sink committed (empty before its first commit).
 
     :param sink: ``delta``, ``postgres`` or ``files``.
@@ -94,13 +107,19 @@ class Lag:
 
     @property
     def per_partition(self) -> dict[str, dict[int, int]]:
-        return {t: {p: max(0, end - max(self.committed.get(t, {}).get(p, 0), 0)) for p, end in parts.items()}
-                for t, parts in self.end.items()}
+        return {
+            t: {p: max(0, end - max(self.committed.get(t, {}).get(p, 0), 0)) for p, end in parts.items()}
+            for t, parts in self.end.items()
+        }
 
     @property
     def total(self) -> int:
         return sum(n for parts in self.per_partition.values() for n in parts.values())
 
     def describe(self) -> str:
-        return ", ".join(f"{t}[{p}] {n}" for t, parts in sorted(self.per_partition.items())
-                         for p, n in sorted(parts.items())) or "no partitions"
+        return (
+            ", ".join(
+                f"{t}[{p}] {n}" for t, parts in sorted(self.per_partition.items()) for p, n in sorted(parts.items())
+            )
+            or "no partitions"
+        )

@@ -34,8 +34,8 @@ from exactly_once_provider.faults import fault_point
 from exactly_once_provider.kafka.offsets import (
     OFFSETS_SCHEMA_VERSION,
     connection_only,
-    latest_raw_values,
     ensure_offsets_topic,
+    latest_raw_values,
     ledger_partition,
     moved_to,
     topic_end_offsets,
@@ -45,8 +45,9 @@ from exactly_once_provider.kafka.topic_reader import read_until
 log = logging.getLogger(__name__)
 
 
-def migrate_ledger(client_config: dict[str, Any], source: str, target: str, quiet_s: float = 60,
-                   timeout: float = 120) -> int:
+def migrate_ledger(
+    client_config: dict[str, Any], source: str, target: str, quiet_s: float = 60, timeout: float = 120
+) -> int:
     """
     Copy every key's latest committed record of ledger ``source`` into the new ledger ``target``; return how
     many keys the target holds. Idempotent: a finished migration is verified, not repeated.
@@ -61,8 +62,13 @@ def migrate_ledger(client_config: dict[str, Any], source: str, target: str, quie
     if source == target:
         raise ValueError(f"Migrating ledger {source!r} onto itself: name a new topic.")
     partitions = ensure_offsets_topic(client_config, target, timeout=timeout)
-    producer = Producer({**connection_only(client_config), "transactional.id": f"eo-ledger-migration/{source}",
-                         "transaction.timeout.ms": int(timeout * 1000)})
+    producer = Producer(
+        {
+            **connection_only(client_config),
+            "transactional.id": f"eo-ledger-migration/{source}",
+            "transaction.timeout.ms": int(timeout * 1000),
+        }
+    )
     # First: aborts what a killed earlier attempt left open, which the reads below would otherwise wait for.
     producer.init_transactions(timeout)
     ends = topic_end_offsets(client_config, source)
@@ -75,8 +81,9 @@ def migrate_ledger(client_config: dict[str, Any], source: str, target: str, quie
         raise ValueError(f"Ledger {target!r} already holds {len(copied)} committed key(s); migrate into a new topic.")
     _refuse_recent_writes(client_config, source, ends, quiet_s, timeout)
     producer.begin_transaction()
-    marker = json.dumps({"schema_version": OFFSETS_SCHEMA_VERSION, "moved_to": target},
-                        sort_keys=True, separators=(",", ":")).encode()
+    marker = json.dumps(
+        {"schema_version": OFFSETS_SCHEMA_VERSION, "moved_to": target}, sort_keys=True, separators=(",", ":")
+    ).encode()
     for key, value in latest.items():
         pipeline = key.split(b"/", 1)[0].decode()
         producer.produce(target, value, key, partition=ledger_partition(pipeline, partitions))
@@ -84,8 +91,10 @@ def migrate_ledger(client_config: dict[str, Any], source: str, target: str, quie
     fault_point("migration_copied")
     if topic_end_offsets(client_config, source) != ends:
         producer.abort_transaction(timeout)
-        raise AirflowException(f"Ledger {source!r} changed during the migration: a writer is running. Nothing "
-                               "was migrated; stop the pipelines' DAGs and run it again.")
+        raise AirflowException(
+            f"Ledger {source!r} changed during the migration: a writer is running. Nothing "
+            "was migrated; stop the pipelines' DAGs and run it again."
+        )
     for key in latest:
         pipeline = key.split(b"/", 1)[0].decode()
         producer.produce(source, marker, key, partition=ledger_partition(pipeline, len(ends)))
@@ -93,30 +102,46 @@ def migrate_ledger(client_config: dict[str, Any], source: str, target: str, quie
     fault_point("migration_before_commit")
     producer.commit_transaction(timeout)
     fault_point("migration_committed")
-    log.info("Migrated %d key(s) of ledger %s into %s (%d partitions); point offsets_topic at %s",
-             len(latest), source, target, partitions, target)
+    log.info(
+        "Migrated %d key(s) of ledger %s into %s (%d partitions); point offsets_topic at %s",
+        len(latest),
+        source,
+        target,
+        partitions,
+        target,
+    )
     return len(latest)
 
 
-def _verify_finished(source: str, target: str, latest: dict[bytes, bytes], copied: dict[bytes, bytes],
-                     moved: set[bytes]) -> int:
+def _verify_finished(
+    source: str, target: str, latest: dict[bytes, bytes], copied: dict[bytes, bytes], moved: set[bytes]
+) -> int:
     """Check a migration that already committed: every key moved to ``target`` and present there."""
     elsewhere = {moved_to(latest[k]) for k in moved} - {target}
     if elsewhere or len(moved) != len(latest) or not moved <= set(copied):
         raise AirflowException(
             f"Ledger {source!r} is partly migrated (moved to {sorted(elsewhere | {target})}, "
             f"{len(latest) - len(moved)} key(s) written after the move, {len(moved - set(copied))} missing in "
-            f"{target!r}): a writer kept using the old ledger. Compare both ledgers before resuming.")
+            f"{target!r}): a writer kept using the old ledger. Compare both ledgers before resuming."
+        )
     log.info("Ledger %s was already migrated into %s (%d keys)", source, target, len(copied))
     return len(copied)
 
 
-def _refuse_recent_writes(config: dict[str, Any], topic: str, ends: dict[int, int], quiet_s: float,
-                          timeout: float) -> None:
+def _refuse_recent_writes(
+    config: dict[str, Any], topic: str, ends: dict[int, int], quiet_s: float, timeout: float
+) -> None:
     """Raise if the last record of a partition of ``topic`` is younger than ``quiet_s`` seconds."""
-    consumer = Consumer({**connection_only(config), "group.id": f"eo-ledger-migration-{time.time_ns()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            **connection_only(config),
+            "group.id": f"eo-ledger-migration-{time.time_ns()}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
     try:
         # read_committed: an aborted attempt of this migration is no writer; an open transaction is waited for
         # and then counts. The last offsets may be transaction markers, which no consumer receives: read the
@@ -129,7 +154,8 @@ def _refuse_recent_writes(config: dict[str, Any], topic: str, ends: dict[int, in
         if newest and age < quiet_s:
             raise AirflowException(
                 f"Ledger {topic!r} received a record {age:.0f}s ago: a writer is running. Pause the "
-                f"pipelines' DAGs, wait {quiet_s:.0f}s and migrate again.")
+                f"pipelines' DAGs, wait {quiet_s:.0f}s and migrate again."
+            )
     finally:
         consumer.close()
 

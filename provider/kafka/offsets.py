@@ -49,11 +49,12 @@ import uuid
 import zlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
 from exactly_once_provider.kafka.topic_reader import read_until
 from exactly_once_provider.kafka.topics import partitions_of
 
@@ -130,7 +131,8 @@ def check_ledger_partitions(topic: str, partitions: int) -> int:
             f"Offsets topic {topic!r} has {partitions} partitions; a ledger has 1 (legacy) or {LEDGER_PARTITIONS}. "
             "Its partition count must never change (a pipeline's keys would move to another partition and "
             "its resume point would be missed): copy it into a new topic with "
-            "exactly_once_provider.kafka.ledger_migration.migrate_ledger instead.")
+            "exactly_once_provider.kafka.ledger_migration.migrate_ledger instead."
+        )
     return partitions
 
 
@@ -190,7 +192,8 @@ class CommittedOffset:
         if target is not None:
             raise LedgerMovedError(
                 f"This pipeline's offsets ledger was migrated to topic {target!r}; set offsets_topic={target!r} "
-                "(its resume point is there). Nothing was read from the old ledger.")
+                "(its resume point is there). Nothing was read from the old ledger."
+            )
         version = data.get("schema_version") if isinstance(data, dict) else None
         if version != OFFSETS_SCHEMA_VERSION:
             raise ValueError(
@@ -204,15 +207,30 @@ class CommittedOffset:
         return cls(**{name: data[name] for name in fields})
 
 
-def new_committed_offset(pipeline: str, source_partition: str, offset: Any, sequence: int, batch_id: str,
-                         batch_version: int, records: int, transactional_id: str | None,
-                         delivery_mode: str) -> CommittedOffset:
+def new_committed_offset(
+    pipeline: str,
+    source_partition: str,
+    offset: Any,
+    sequence: int,
+    batch_id: str,
+    batch_version: int,
+    records: int,
+    transactional_id: str | None,
+    delivery_mode: str,
+) -> CommittedOffset:
     """Build the ledger record of a transaction about to be committed (stamped with the producer clock)."""
     json.dumps(offset)  # fail before producing anything if the offset cannot be stored
     return CommittedOffset(
-        pipeline=pipeline, source_partition=source_partition, offset=offset, sequence=sequence, batch_id=batch_id,
-        batch_version=batch_version, records=records, transactional_id=transactional_id,
-        delivery_mode=delivery_mode, committed_at=datetime.now(timezone.utc).isoformat(),
+        pipeline=pipeline,
+        source_partition=source_partition,
+        offset=offset,
+        sequence=sequence,
+        batch_id=batch_id,
+        batch_version=batch_version,
+        records=records,
+        transactional_id=transactional_id,
+        delivery_mode=delivery_mode,
+        committed_at=datetime.now(UTC).isoformat(),
     )
 
 
@@ -225,8 +243,11 @@ def marker_value(kind: str, committed: CommittedOffset, partition_records: int |
     :param partition_records: for ``"end"``: how many data records of the batch this partition holds.
     """
     body = {
-        "schema_version": OFFSETS_SCHEMA_VERSION, "marker": kind, "pipeline": committed.pipeline,
-        "source_partition": committed.source_partition, "sequence": committed.sequence,
+        "schema_version": OFFSETS_SCHEMA_VERSION,
+        "marker": kind,
+        "pipeline": committed.pipeline,
+        "source_partition": committed.source_partition,
+        "sequence": committed.sequence,
         "batch_id": committed.batch_id,
         "batch_version": committed.batch_version,
     }
@@ -235,8 +256,13 @@ def marker_value(kind: str, committed: CommittedOffset, partition_records: int |
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TOPIC,
-                         replication_factor: int = -1, timeout: float = 30, admin: Any = None) -> int:
+def ensure_offsets_topic(
+    admin_config: dict[str, Any],
+    topic: str = DEFAULT_OFFSETS_TOPIC,
+    replication_factor: int = -1,
+    timeout: float = 30,
+    admin: Any = None,
+) -> int:
     """
     Create the offsets topic if missing; refuse an existing topic that is not compacted; return its partitions.
 
@@ -254,7 +280,8 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
     admin = admin or AdminClient(connection_only(admin_config))
     if partitions_of(admin, [topic], timeout)[topic] is None:
         future = admin.create_topics(
-            [NewTopic(topic, LEDGER_PARTITIONS, replication_factor, config=dict(COMPACTION_CONFIG))])[topic]
+            [NewTopic(topic, LEDGER_PARTITIONS, replication_factor, config=dict(COMPACTION_CONFIG))]
+        )[topic]
         try:
             future.result(timeout=timeout)
         except KafkaException as err:
@@ -283,10 +310,13 @@ def ensure_offsets_topic(admin_config: dict[str, Any], topic: str = DEFAULT_OFFS
     _warn_if_fragile(admin, topic, config, timeout)
     ineffective = compaction_problems({name: entry.value for name, entry in config.items()})
     if ineffective:
-        log.warning("Offsets topic %s keeps uncompacted history (%s): every read of it gets slower with "
-                    "traffic. Alter it with kafka-configs.sh --alter --add-config %s", topic,
-                    ", ".join(ineffective), ",".join(f"{k}={v}" for k, v in COMPACTION_CONFIG.items() if k !=
-                                                     "cleanup.policy"))
+        log.warning(
+            "Offsets topic %s keeps uncompacted history (%s): every read of it gets slower with "
+            "traffic. Alter it with kafka-configs.sh --alter --add-config %s",
+            topic,
+            ", ".join(ineffective),
+            ",".join(f"{k}={v}" for k, v in COMPACTION_CONFIG.items() if k != "cleanup.policy"),
+        )
     return check_ledger_partitions(topic, len(partitions))
 
 
@@ -324,10 +354,14 @@ def _warn_if_fragile(admin: Any, topic: str, config: dict[str, Any], timeout: fl
     problems = durability_problems(replicas, int(config["min.insync.replicas"].value or 1))
     _WARNED.add(topic)
     if problems:
-        log.warning("Offsets topic %s has %s: a broker restart can leave a transaction's end marker unwritten on a "
-                    "leaderless partition (Kafka 4.3.1), which later commits an aborted batch with the next one. "
-                    "In production give the offsets and data topics replication factor >= 3 and "
-                    "min.insync.replicas=2 (docs/pitfalls.md#kafka).", topic, " and ".join(problems))
+        log.warning(
+            "Offsets topic %s has %s: a broker restart can leave a transaction's end marker unwritten on a "
+            "leaderless partition (Kafka 4.3.1), which later commits an aborted batch with the next one. "
+            "In production give the offsets and data topics replication factor >= 3 and "
+            "min.insync.replicas=2 (docs/pitfalls.md#kafka).",
+            topic,
+            " and ".join(problems),
+        )
 
 
 def compaction_problems(config: dict[str, str | None]) -> list[str]:
@@ -336,9 +370,11 @@ def compaction_problems(config: dict[str, str | None]) -> list[str]:
 
     :param config: the topic's configuration, name -> value.
     """
-    limits = {"segment.ms": float(COMPACTION_CONFIG["segment.ms"]),
-              "min.cleanable.dirty.ratio": 0.5,  # Kafka's default: half the log may be history
-              "min.compaction.lag.ms": float(COMPACTION_CONFIG["segment.ms"])}
+    limits = {
+        "segment.ms": float(COMPACTION_CONFIG["segment.ms"]),
+        "min.cleanable.dirty.ratio": 0.5,  # Kafka's default: half the log may be history
+        "min.compaction.lag.ms": float(COMPACTION_CONFIG["segment.ms"]),
+    }
     problems = []
     for name, limit in limits.items():
         value = config.get(name)
@@ -347,8 +383,13 @@ def compaction_problems(config: dict[str, str | None]) -> list[str]:
     return problems
 
 
-def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source_partition: str,
-                          topic: str = DEFAULT_OFFSETS_TOPIC, timeout: float = 120) -> CommittedOffset | None:
+def read_committed_offset(
+    consumer_config: dict[str, Any],
+    pipeline: str,
+    source_partition: str,
+    topic: str = DEFAULT_OFFSETS_TOPIC,
+    timeout: float = 120,
+) -> CommittedOffset | None:
     """
     Return the last committed offset of ``pipeline``/``source_partition``, or None if it never committed.
 
@@ -374,8 +415,9 @@ def read_committed_offset(consumer_config: dict[str, Any], pipeline: str, source
     return None if value is None else CommittedOffset.from_value(value)
 
 
-def latest_values_of_keys(consumer_config: dict[str, Any], topic: str, keys: Iterable[tuple[str, str]],
-                          timeout: float = 120) -> dict[bytes, bytes]:
+def latest_values_of_keys(
+    consumer_config: dict[str, Any], topic: str, keys: Iterable[tuple[str, str]], timeout: float = 120
+) -> dict[bytes, bytes]:
     """
     Return the latest committed raw value of each ``(pipeline, source_partition)`` key that has one.
 
@@ -403,8 +445,9 @@ def latest_values_of_keys(consumer_config: dict[str, Any], topic: str, keys: Ite
             while end > low and missing:
                 start = max(low, end - window)
                 newest: dict[bytes, bytes] = {}  # a key's last record in this window is its latest overall
-                for message in read_until(consumer, topic, {partition: start}, {partition: end},
-                                          max(deadline - time.monotonic(), 0.0), _STUCK):
+                for message in read_until(
+                    consumer, topic, {partition: start}, {partition: end}, max(deadline - time.monotonic(), 0.0), _STUCK
+                ):
                     if message.key() in missing and message.value() is not None:
                         newest[message.key()] = message.value()
                 found.update(newest)
@@ -415,9 +458,13 @@ def latest_values_of_keys(consumer_config: dict[str, Any], topic: str, keys: Ite
         consumer.close()
 
 
-def read_ledger(consumer_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TOPIC,
-                timeout: float = 120, pipelines: Iterable[str] | None = None,
-                keys: Iterable[tuple[str, str]] | None = None) -> dict[str, CommittedOffset | ValueError]:
+def read_ledger(
+    consumer_config: dict[str, Any],
+    topic: str = DEFAULT_OFFSETS_TOPIC,
+    timeout: float = 120,
+    pipelines: Iterable[str] | None = None,
+    keys: Iterable[tuple[str, str]] | None = None,
+) -> dict[str, CommittedOffset | ValueError]:
     """
     Return the last committed record of every key of the offsets topic (for display and discovery).
 
@@ -435,8 +482,12 @@ def read_ledger(consumer_config: dict[str, Any], topic: str = DEFAULT_OFFSETS_TO
         (:func:`latest_values_of_keys`): the cost no longer grows with the partitions' history.
     """
     if keys is not None:
-        values = latest_values_of_keys(consumer_config, topic, [
-            (validate_name("pipeline", p), validate_name("source_partition", s)) for p, s in keys], timeout)
+        values = latest_values_of_keys(
+            consumer_config,
+            topic,
+            [(validate_name("pipeline", p), validate_name("source_partition", s)) for p, s in keys],
+            timeout,
+        )
     else:
         wanted = None if pipelines is None else {validate_name("pipeline", p) for p in pipelines}
         values = latest_raw_values(consumer_config, topic, timeout, wanted)
@@ -476,15 +527,24 @@ def end_offsets_consumer(config: dict[str, Any]) -> Consumer:
     return _consumer(config, "read_uncommitted")
 
 
-_ELECTING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                       KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.UNKNOWN_LEADER_EPOCH})
-_STUCK = ("A transaction stays open on it; it ends at the producer's transaction.timeout.ms. If it never ends (a broker "
-          "restart can leave a transaction without its end marker: docs/pitfalls.md#kafka), find and abort it with "
-          "kafka-transactions.sh find-hanging / abort.")
+_ELECTING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
+_STUCK = (
+    "A transaction stays open on it; it ends at the producer's transaction.timeout.ms. If it never ends (a broker "
+    "restart can leave a transaction without its end marker: docs/pitfalls.md#kafka), find and abort it with "
+    "kafka-transactions.sh find-hanging / abort."
+)
 
 
-def _ledger_bounds(config: dict[str, Any], topic: str, pipelines: set[str] | None,
-                   timeout: float) -> tuple[int, dict[int, tuple[int, int]]]:
+def _ledger_bounds(
+    config: dict[str, Any], topic: str, pipelines: set[str] | None, timeout: float
+) -> tuple[int, dict[int, tuple[int, int]]]:
     """Return the ledger's partition count and (log start, high watermark) of the partitions of ``pipelines``
     (None: every partition), asked read_uncommitted: the high watermark includes open transactions."""
     consumer = _consumer(config, "read_uncommitted")
@@ -501,8 +561,9 @@ def _ledger_bounds(config: dict[str, Any], topic: str, pipelines: set[str] | Non
         consumer.close()
 
 
-def latest_raw_values(consumer_config: dict[str, Any], topic: str, timeout: float,
-                      pipelines: set[str] | None) -> dict[bytes, bytes]:
+def latest_raw_values(
+    consumer_config: dict[str, Any], topic: str, timeout: float, pipelines: set[str] | None
+) -> dict[bytes, bytes]:
     """
     Return the latest committed raw value of each key (of ``pipelines``, if given), reading forwards from
     each partition's start to the high watermark (as :func:`read_ledger`, without parsing: the migration
@@ -517,11 +578,20 @@ def latest_raw_values(consumer_config: dict[str, Any], topic: str, timeout: floa
     consumer = _consumer(consumer_config, "read_committed")
     try:
         latest: dict[bytes, bytes] = {}
-        for message in read_until(consumer, topic, {p: low for p, (low, _) in bounds.items()},
-                                  {p: high for p, (_, high) in bounds.items()}, timeout, _STUCK):
+        for message in read_until(
+            consumer,
+            topic,
+            {p: low for p, (low, _) in bounds.items()},
+            {p: high for p, (_, high) in bounds.items()},
+            timeout,
+            _STUCK,
+        ):
             key = message.key()
-            if key is not None and message.value() is not None and (
-                    pipelines is None or key.split(b"/", 1)[0].decode(errors="replace") in pipelines):
+            if (
+                key is not None
+                and message.value() is not None
+                and (pipelines is None or key.split(b"/", 1)[0].decode(errors="replace") in pipelines)
+            ):
                 latest[key] = message.value()
         return latest
     finally:
@@ -542,23 +612,37 @@ def _watermarks(consumer: Consumer, partition: TopicPartition, timeout: float) -
 
 
 def _consumer(config: dict[str, Any], isolation_level: str) -> Consumer:
-    return Consumer({
-        **connection_only(config),
-        "group.id": f"eo-offsets-reader-{uuid.uuid4().hex[:12]}",
-        "isolation.level": isolation_level,
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        # End of partition is only known from a fetch that finds nothing more, which the broker holds for
-        # fetch.wait.max.ms (default 500 ms) hoping for data: the whole cost of a small read. 10 ms keeps
-        # the wait for an open transaction's end just as correct, with polls every 10 ms.
-        "fetch.wait.max.ms": 10,
-    })
+    return Consumer(
+        {
+            **connection_only(config),
+            "group.id": f"eo-offsets-reader-{uuid.uuid4().hex[:12]}",
+            "isolation.level": isolation_level,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            # End of partition is only known from a fetch that finds nothing more, which the broker holds for
+            # fetch.wait.max.ms (default 500 ms) hoping for data: the whole cost of a small read. 10 ms keeps
+            # the wait for an open transaction's end just as correct, with polls every 10 ms.
+            "fetch.wait.max.ms": 10,
+        }
+    )
 
 
 def connection_only(config: dict[str, Any]) -> dict[str, Any]:
     """Keep the connection settings of a producer config and drop producer-only ones."""
-    producer_only = {"transactional.id", "enable.idempotence", "acks", "linger.ms", "batch.size",
-                     "transaction.timeout.ms", "compression.type", "queue.buffering.max.messages",
-                     "queue.buffering.max.kbytes", "message.timeout.ms", "delivery.timeout.ms",
-                     "max.in.flight.requests.per.connection", "retries", "batch.num.messages"}
+    producer_only = {
+        "transactional.id",
+        "enable.idempotence",
+        "acks",
+        "linger.ms",
+        "batch.size",
+        "transaction.timeout.ms",
+        "compression.type",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.kbytes",
+        "message.timeout.ms",
+        "delivery.timeout.ms",
+        "max.in.flight.requests.per.connection",
+        "retries",
+        "batch.num.messages",
+    }
     return {k: v for k, v in config.items() if k not in producer_only}

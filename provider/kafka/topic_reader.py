@@ -15,8 +15,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 
-def read_until(consumer: Any, topic: str, starts: dict[int, int], ends: dict[int, int],
-               timeout: float, stuck_hint: str = "") -> Iterator[Any]:
+def read_until(
+    consumer: Any, topic: str, starts: dict[int, int], ends: dict[int, int], timeout: float, stuck_hint: str = ""
+) -> Iterator[Any]:
     """
     Yield the records of ``topic`` from ``starts`` up to ``ends`` (exclusive end offsets), per partition.
 
@@ -35,8 +36,7 @@ def read_until(consumer: Any, topic: str, starts: dict[int, int], ends: dict[int
     deadline = time.monotonic() + timeout
     while pending:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"Reading topic {topic!r} did not reach offsets {ends} within {timeout}s. "
-                               + stuck_hint)
+            raise TimeoutError(f"Reading topic {topic!r} did not reach offsets {ends} within {timeout}s. " + stuck_hint)
         message = consumer.poll(0.5)
         if message is None:
             continue

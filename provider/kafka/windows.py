@@ -86,15 +86,19 @@ class WatermarkState:
             raise ValueError(
                 f"The ledger of {committed.pipeline}/{committed.source_partition} holds offset {offset!r}, which "
                 "is not a watermark window: another kind of pipeline uses this name. Choose another pipeline "
-                "or source_partition.")
+                "or source_partition."
+            )
         if offset.get("watermark_version") != WATERMARK_VERSION:
-            raise ValueError(f"Watermark ledger version {offset.get('watermark_version')!r} is not "
-                             f"{WATERMARK_VERSION}; upgrade the provider before resuming.")
+            raise ValueError(
+                f"Watermark ledger version {offset.get('watermark_version')!r} is not "
+                f"{WATERMARK_VERSION}; upgrade the provider before resuming."
+            )
         if offset["cursor_kind"] != cursor_kind:
             raise ValueError(
                 f"The ledger of {committed.pipeline}/{committed.source_partition} was written with "
                 f"cursor_kind={offset['cursor_kind']!r}, this task uses {cursor_kind!r}. Keep the cursor kind, "
-                "or start a new pipeline name.")
+                "or start a new pipeline name."
+            )
         history = {key: WindowRecord(**value) for key, value in offset.get("history", {}).items()}
         return cls(cursor_kind=cursor_kind, next_lower=offset.get("next_lower"), history=history)
 
@@ -109,8 +113,11 @@ class WatermarkState:
     def to_offset(self, window: WindowRecord) -> dict[str, Any]:
         """Return the ledger ``offset`` JSON of the transaction that publishes ``window``."""
         return {
-            "kind": "watermark", "watermark_version": WATERMARK_VERSION, "cursor_kind": self.cursor_kind,
-            "next_lower": self.next_lower, "window": asdict(window),
+            "kind": "watermark",
+            "watermark_version": WATERMARK_VERSION,
+            "cursor_kind": self.cursor_kind,
+            "next_lower": self.next_lower,
+            "window": asdict(window),
             "history": {key: asdict(value) for key, value in self.history.items()},
         }
 
@@ -120,8 +127,16 @@ def published_now() -> str:
     return datetime.now().astimezone().isoformat()
 
 
-def locate_batch(consumer_config: dict[str, Any], topic: str, pipeline: str, source_partition: str, batch_id: str,
-                 batch_version: int, published_at: str | None = None, timeout: float = 60) -> dict[str, dict]:
+def locate_batch(
+    consumer_config: dict[str, Any],
+    topic: str,
+    pipeline: str,
+    source_partition: str,
+    batch_id: str,
+    batch_version: int,
+    published_at: str | None = None,
+    timeout: float = 60,
+) -> dict[str, dict]:
     """
     Return, per partition, the Kafka offsets of one committed batch: its begin/end markers and data records.
 
@@ -140,16 +155,25 @@ def locate_batch(consumer_config: dict[str, Any], topic: str, pipeline: str, sou
     :param published_at: the window's ``published_at`` (ISO-8601).
     :param timeout: seconds before giving up.
     """
-    base = {k: v for k, v in consumer_config.items() if k in ("bootstrap.servers", "security.protocol") or
-            k.startswith(("sasl.", "ssl."))}
-    consumer = Consumer({**base, "group.id": f"eo-batch-locator-{uuid.uuid4().hex[:12]}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
+    base = {
+        k: v
+        for k, v in consumer_config.items()
+        if k in ("bootstrap.servers", "security.protocol") or k.startswith(("sasl.", "ssl."))
+    }
+    consumer = Consumer(
+        {
+            **base,
+            "group.id": f"eo-batch-locator-{uuid.uuid4().hex[:12]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     try:
         metadata = consumer.list_topics(topic, timeout=30).topics[topic]
         partitions = sorted(metadata.partitions)
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
-        starts = {p: OFFSET_BEGINNING for p in partitions}
+        starts = dict.fromkeys(partitions, OFFSET_BEGINNING)
         if published_at is not None:
             since_ms = int((datetime.fromisoformat(published_at).timestamp() - 60) * 1000)
             found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions], 30)
@@ -163,7 +187,11 @@ def locate_batch(consumer_config: dict[str, Any], topic: str, pipeline: str, sou
             if marker is not None:
                 body = json.loads(message.value())
                 ours = (body["pipeline"], body["source_partition"], body["batch_id"], body["batch_version"]) == (
-                    pipeline, source_partition, batch_id, batch_version)
+                    pipeline,
+                    source_partition,
+                    batch_id,
+                    batch_version,
+                )
                 if ours:
                     entry = result.setdefault(str(partition), {"records": 0, "first": None, "last": None})
                     entry["begin_marker" if marker == b"begin" else "end_marker"] = message.offset()

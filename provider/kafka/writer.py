@@ -36,12 +36,9 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.kafka.offsets import (
-    DEFAULT_OFFSETS_TOPIC,
-    DELIVERY_MODES,
     MARKER_HEADER,
     CommittedOffset,
     check_ledger_partitions,
-    ensure_offsets_topic,
     ledger_partition,
     marker_value,
     new_committed_offset,
@@ -60,9 +57,15 @@ MIN_RECORDS_PER_TRANSACTION = 100
 # Delivery errors of records librdkafka dropped because their transaction failed (not the cause).
 PURGED_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 # Record errors a replay cannot fix: the batch fails with a DeliveryError instead of being replayed.
-UNDELIVERABLE_CODES = frozenset({
-    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TOPIC_EXCEPTION})
+UNDELIVERABLE_CODES = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_EXCEPTION,
+    }
+)
 
 
 def transactional_id_for(pipeline: str, source_partition: str) -> str:
@@ -101,7 +104,8 @@ class TransactionPolicy:
         if self.max_records < 1 or self.commit_interval_ms < 1:
             raise ValueError("max_records and commit_interval_ms must be positive.")
         if not self.allow_small_transactions and (
-                self.max_records < MIN_RECORDS_PER_TRANSACTION or self.commit_interval_ms < MIN_COMMIT_INTERVAL_MS):
+            self.max_records < MIN_RECORDS_PER_TRANSACTION or self.commit_interval_ms < MIN_COMMIT_INTERVAL_MS
+        ):
             raise ValueError(
                 f"Transactions of at most {self.max_records} records or {self.commit_interval_ms} ms are too "
                 f"small: each commit costs a coordinator round trip. Use max_records >= "
@@ -138,7 +142,8 @@ def _pairs(messages: Sequence[Any]) -> bool:
     if widths and min(widths) < 4:
         raise ValueError(
             f"A batch holds records of {min(widths)} fields: give every record as Message(value, key, headers, "
-            "topic) or a plain tuple in that order, or make the whole batch (value, key) pairs.")
+            "topic) or a plain tuple in that order, or make the whole batch (value, key) pairs."
+        )
     return False
 
 
@@ -209,10 +214,22 @@ class PipelineWriter:
     Build it with :meth:`TransactionalProducerHook.open_writer`. Not thread-safe; one per source partition.
     """
 
-    def __init__(self, producer_factory: Callable[[], Producer], client_config: dict[str, Any], pipeline: str,
-                 source_partition: str, delivery_mode: str, transactional_id: str | None, offsets_topic: str,
-                 batch_markers: bool, log: Any, transaction_timeout_s: float = 60, max_replays: int = 3,
-                 max_recreates: int = 3, track_partition_offsets: bool = True) -> None:
+    def __init__(
+        self,
+        producer_factory: Callable[[], Producer],
+        client_config: dict[str, Any],
+        pipeline: str,
+        source_partition: str,
+        delivery_mode: str,
+        transactional_id: str | None,
+        offsets_topic: str,
+        batch_markers: bool,
+        log: Any,
+        transaction_timeout_s: float = 60,
+        max_replays: int = 3,
+        max_recreates: int = 3,
+        track_partition_offsets: bool = True,
+    ) -> None:
         self._producer_factory = producer_factory
         self._client_config = client_config
         self.pipeline = pipeline
@@ -243,18 +260,28 @@ class PipelineWriter:
             if self.transactional:
                 self._retry("init_transactions", self.producer.init_transactions, self.transaction_timeout_s)
             self.last_committed = read_committed_offset(
-                self._client_config, self.pipeline, self.source_partition, self.offsets_topic,
-                timeout=2 * self.transaction_timeout_s + 30)
+                self._client_config,
+                self.pipeline,
+                self.source_partition,
+                self.offsets_topic,
+                timeout=2 * self.transaction_timeout_s + 30,
+            )
         except BaseException:
             # The caller never gets this writer, so nobody else would close its producer: left to the garbage
             # collector, a transactional producer lives on with this id's epoch while the next writer starts.
             self.close(timeout=5)
             raise
-        self.log.info("Pipeline %s/%s (%s, transactional.id=%s) resumes after %s", self.pipeline,
-                      self.source_partition, self.delivery_mode, self.transactional_id,
-                      "nothing (first run)" if self.last_committed is None else
-                      # reprlib: a structured offset (a watermark pipeline's window history) stays one short line
-                      f"offset {reprlib.repr(self.last_committed.offset)} (batch {self.last_committed.batch_id})")
+        self.log.info(
+            "Pipeline %s/%s (%s, transactional.id=%s) resumes after %s",
+            self.pipeline,
+            self.source_partition,
+            self.delivery_mode,
+            self.transactional_id,
+            "nothing (first run)"
+            if self.last_committed is None
+            # reprlib: a structured offset (a watermark pipeline's window history) stays one short line
+            else f"offset {reprlib.repr(self.last_committed.offset)} (batch {self.last_committed.batch_id})",
+        )
         return self.last_committed
 
     def close(self, timeout: float = 30) -> None:
@@ -279,9 +306,16 @@ class PipelineWriter:
                 # blocks: raising would replace the error that explains the failure (e.g. "was fenced").
                 self.log.warning("Producer closed after a fatal error: %s", exc.args[0])
 
-    def write_batch(self, topic: str, messages: Sequence[Message], offset: Any, batch_id: str | None = None,
-                    batch_version: int = 1, consumer: Any = None,
-                    consumer_offsets: Sequence[TopicPartition] | None = None) -> CommittedOffset:
+    def write_batch(
+        self,
+        topic: str,
+        messages: Sequence[Message],
+        offset: Any,
+        batch_id: str | None = None,
+        batch_version: int = 1,
+        consumer: Any = None,
+        consumer_offsets: Sequence[TopicPartition] | None = None,
+    ) -> CommittedOffset:
         """
         Produce ``messages`` and the ledger record for ``offset``; return the committed ledger record.
 
@@ -300,9 +334,16 @@ class PipelineWriter:
         self.submit_batch(topic, messages, offset, batch_id, batch_version, consumer, consumer_offsets)
         return self.wait()
 
-    def submit_batch(self, topic: str, messages: Sequence[Message], offset: Any, batch_id: str | None = None,
-                     batch_version: int = 1, consumer: Any = None,
-                     consumer_offsets: Sequence[TopicPartition] | None = None) -> CommittedOffset | None:
+    def submit_batch(
+        self,
+        topic: str,
+        messages: Sequence[Message],
+        offset: Any,
+        batch_id: str | None = None,
+        batch_version: int = 1,
+        consumer: Any = None,
+        consumer_offsets: Sequence[TopicPartition] | None = None,
+    ) -> CommittedOffset | None:
         """
         Produce a batch like :meth:`write_batch`, but return while its commit is still on its way.
 
@@ -324,16 +365,25 @@ class PipelineWriter:
         before = self.last_committed
         sequence = (before.sequence if before else 0) + 1
         committed = new_committed_offset(
-            self.pipeline, self.source_partition, offset, sequence, batch_id or str(sequence), batch_version,
-            len(messages), self.transactional_id, self.delivery_mode)
+            self.pipeline,
+            self.source_partition,
+            offset,
+            sequence,
+            batch_id or str(sequence),
+            batch_version,
+            len(messages),
+            self.transactional_id,
+            self.delivery_mode,
+        )
         batch = _Batch(topic, messages, committed, consumer, consumer_offsets, before, pairs=pairs)
         try:
             self._produce_batch(batch)
         except (_AbortAndReplay, _Recreate) as exc:
             batch.failure = exc  # wait() aborts and replays it, or recreates the producer
         else:
-            batch.thread = threading.Thread(target=self._commit_in_background, args=(batch,),
-                                            name=f"eo-commit-{committed.batch_id}", daemon=True)
+            batch.thread = threading.Thread(
+                target=self._commit_in_background, args=(batch,), name=f"eo-commit-{committed.batch_id}", daemon=True
+            )
             batch.thread.start()
         self._pending = batch
         return previous
@@ -376,14 +426,20 @@ class PipelineWriter:
                     failure = exc
             if isinstance(failure, _AbortAndReplay):
                 replays += 1
-                self.log.warning("Transaction of batch %s must be aborted (%s); replay %d/%d",
-                                 committed.batch_id, failure.error, replays, self.max_replays)
+                self.log.warning(
+                    "Transaction of batch %s must be aborted (%s); replay %d/%d",
+                    committed.batch_id,
+                    failure.error,
+                    replays,
+                    self.max_replays,
+                )
                 if self._abort():
                     if replays > self.max_replays:
                         raise AirflowException(
                             f"Batch {committed.batch_id} of {self.pipeline}/{self.source_partition} was "
                             f"aborted {replays} times, last because of {failure.error}; nothing of it is "
-                            "visible. Check the broker and retry the task.") from None
+                            "visible. Check the broker and retry the task."
+                        ) from None
                     failure = None
                     continue
             recreate_error, failure = failure.error, None
@@ -392,13 +448,15 @@ class PipelineWriter:
                 raise AirflowException(
                     f"Producer of {self.pipeline}/{self.source_partition} failed fatally {recreates} times, "
                     f"last: {recreate_error}. The ledger still says offset "
-                    f"{before.offset if before else None!r}; retry the task to resume from there.")
-            self.log.warning("Producer failed fatally (%s); recreating it and re-reading the ledger",
-                             recreate_error)
+                    f"{before.offset if before else None!r}; retry the task to resume from there."
+                )
+            self.log.warning("Producer failed fatally (%s); recreating it and re-reading the ledger", recreate_error)
             self.close(timeout=0)
             self.open()
             if self.last_committed is not None and (
-                    self.last_committed.sequence, self.last_committed.batch_id, self.last_committed.offset,
+                self.last_committed.sequence,
+                self.last_committed.batch_id,
+                self.last_committed.offset,
             ) == (committed.sequence, committed.batch_id, committed.offset):
                 self.log.info("Batch %s turned out committed before the failure", committed.batch_id)
                 return self.last_committed
@@ -406,7 +464,8 @@ class PipelineWriter:
                 raise AirflowException(
                     f"The ledger of {self.pipeline}/{self.source_partition} moved to "
                     f"{self.last_committed} while this writer held batch {committed.batch_id}: another writer "
-                    "uses the same pipeline and source_partition. Give each writer its own source_partition.")
+                    "uses the same pipeline and source_partition. Give each writer its own source_partition."
+                )
 
     def _produce_batch(self, batch: _Batch) -> None:
         """Begin the transaction and hand every record of the batch to librdkafka (the caller's thread)."""
@@ -421,8 +480,9 @@ class PipelineWriter:
             self._produce(self.offsets_topic, batch.ledger_record, batch.ledger, self._ledger_partition())
         batch.partitions = self._topic_partitions(topic) if self.batch_markers else []
         for partition in batch.partitions:
-            self._produce(topic, Message(marker_value("begin", committed), headers={MARKER_HEADER: b"begin"}),
-                          None, partition)
+            self._produce(
+                topic, Message(marker_value("begin", committed), headers={MARKER_HEADER: b"begin"}), None, partition
+            )
         reported = self._reported_records(topic, messages, batch.partitions, batch.pairs)
         if messages:
             half = len(messages) // 2 + 1
@@ -430,8 +490,16 @@ class PipelineWriter:
             fault_point("mid_produce")
             self._produce_records(topic, messages, half, len(messages), batch.deliveries, reported, batch.pairs)
 
-    def _produce_records(self, topic: str, messages: Sequence[Message], start: int, stop: int,
-                         deliveries: _Deliveries, reported: set[int] | None, pairs: bool = False) -> None:
+    def _produce_records(
+        self,
+        topic: str,
+        messages: Sequence[Message],
+        start: int,
+        stop: int,
+        deliveries: _Deliveries,
+        reported: set[int] | None,
+        pairs: bool = False,
+    ) -> None:
         """Produce ``messages[start:stop]`` in a tight loop (one C call per record): the hot path of every
         writer. A full local queue sends that one record through :meth:`_produce`, which waits for room; a
         refused record is classified as there."""
@@ -441,23 +509,23 @@ class PipelineWriter:
             try:
                 # Fields by position: a record may be a longer tuple whose first four are Message's (ChangeRecord).
                 if pairs:  # (value, key) pairs: no headers, no topic of their own
-                    for index in range(index, stop):
+                    for index in range(index, stop):  # noqa: B020 - resumes where a full queue stopped it
                         value, key = messages[index]
                         if reported is None or index in reported:
                             produce(topic, value, key, on_delivery=deliveries)
                         else:
                             produce(topic, value, key)
                 elif reported is None:
-                    for index in range(index, stop):
+                    for index in range(index, stop):  # noqa: B020 - resumes where a full queue stopped it
                         message = messages[index]
-                        produce(message[3] or topic, message[0], message[1], on_delivery=deliveries,
-                                headers=message[2])
+                        produce(message[3] or topic, message[0], message[1], on_delivery=deliveries, headers=message[2])
                 else:  # exactly_once: a few records get a report; the rest pass no keyword (cheaper C call)
-                    for index in range(index, stop):
+                    for index in range(index, stop):  # noqa: B020 - resumes where a full queue stopped it
                         message = messages[index]
                         if index in reported:
-                            produce(message[3] or topic, message[0], message[1], on_delivery=deliveries,
-                                    headers=message[2])
+                            produce(
+                                message[3] or topic, message[0], message[1], on_delivery=deliveries, headers=message[2]
+                            )
                         elif message[2] is None:
                             produce(message[3] or topic, message[0], message[1])
                         else:
@@ -473,8 +541,9 @@ class PipelineWriter:
                 message = _as_message(messages[index])
                 raise self._produce_error(exc.args[0], message.topic or topic, message) from None
 
-    def _reported_records(self, topic: str, messages: Sequence[Message], markers: list[int],
-                          pairs: bool = False) -> set[int] | None:
+    def _reported_records(
+        self, topic: str, messages: Sequence[Message], markers: list[int], pairs: bool = False
+    ) -> set[int] | None:
         """
         Return the indexes of the records that need a delivery report, or None for all of them.
 
@@ -508,12 +577,17 @@ class PipelineWriter:
         fault_point("produced")
         for partition in batch.partitions:
             count = deliveries.per_partition[(topic, partition)]
-            self._produce(topic, Message(marker_value("end", committed, count), headers={MARKER_HEADER: b"end"}),
-                          None, partition)
+            self._produce(
+                topic, Message(marker_value("end", committed, count), headers={MARKER_HEADER: b"end"}), None, partition
+            )
         if batch.consumer is not None:
-            self._classify("send_offsets_to_transaction", producer.send_offsets_to_transaction,
-                           list(batch.consumer_offsets), batch.consumer.consumer_group_metadata(),
-                           self.transaction_timeout_s)
+            self._classify(
+                "send_offsets_to_transaction",
+                producer.send_offsets_to_transaction,
+                list(batch.consumer_offsets),
+                batch.consumer.consumer_group_metadata(),
+                self.transaction_timeout_s,
+            )
         if self.transactional:
             fault_point("before_commit")
             try:
@@ -527,7 +601,8 @@ class PipelineWriter:
             if deliveries.errors:  # librdkafka never commits a transaction with a failed delivery
                 raise AirflowException(
                     f"Batch {committed.batch_id} of {self.pipeline}/{self.source_partition} was committed although "
-                    f"records failed ({deliveries.errors[0]}); the topic may miss them. Report this as a bug.")
+                    f"records failed ({deliveries.errors[0]}); the topic may miss them. Report this as a bug."
+                )
         else:
             # Without a transaction the ledger record must follow the delivered data: written first, a crash
             # between the two would skip data that never arrived.
@@ -536,8 +611,9 @@ class PipelineWriter:
         self._check_deliveries(batch.ledger)
         fault_point("after_commit")
 
-    def _produce(self, topic: str, message: Message, deliveries: _Deliveries | None,
-                 partition: int | None = None) -> None:
+    def _produce(
+        self, topic: str, message: Message, deliveries: _Deliveries | None, partition: int | None = None
+    ) -> None:
         kwargs: dict[str, Any] = {"value": message.value, "key": message.key, "headers": message.headers}
         if partition is not None:
             kwargs["partition"] = partition
@@ -561,7 +637,8 @@ class PipelineWriter:
         self._abort_quietly()
         return DeliveryError(
             f"Cannot produce a record of {len(message.value or b'')} bytes to {topic!r}: {error.str()} "
-            f"({error.name()}). Nothing of this batch is committed.{_advice(error)}")
+            f"({error.name()}). Nothing of this batch is committed.{_advice(error)}"
+        )
 
     def _flush(self, deliveries: _Deliveries) -> None:
         deadline = time.monotonic() + self.transaction_timeout_s + 30
@@ -596,9 +673,13 @@ class PipelineWriter:
         return DeliveryError(
             f"{len(errors)} record(s) (or record batches) of {self.pipeline}/{self.source_partition} were not "
             f"delivered, first: {error.str()} ({error.name()}). "
-            + ("The transaction was aborted; nothing of this batch is visible."
-               if self.transactional else "at_least_once mode: the batch will be produced again on retry.")
-            + _advice(error))
+            + (
+                "The transaction was aborted; nothing of this batch is visible."
+                if self.transactional
+                else "at_least_once mode: the batch will be produced again on retry."
+            )
+            + _advice(error)
+        )
 
     def _abort(self) -> bool:
         """Abort the open transaction; return False if the producer must be recreated instead."""
@@ -654,22 +735,24 @@ class PipelineWriter:
             raise _Recreate(error) from None
 
     def _fatal(self, error: KafkaError) -> Exception:
-        if error.code() in FENCED_CODES or (
-                error.code() == KafkaError._FATAL and "fenced" in error.str().lower()):
+        if error.code() in FENCED_CODES or (error.code() == KafkaError._FATAL and "fenced" in error.str().lower()):
             return ProducerFencedError(
                 f"Producer {self.transactional_id} was fenced: a newer writer with the same transactional id "
                 f"took over ({error.str()}). Its open transaction is aborted and never visible; this attempt "
-                "stops so the two writers do not fight. Make sure only one task writes this source partition.")
+                "stops so the two writers do not fight. Make sure only one task writes this source partition."
+            )
         return _Recreate(error)
 
 
 def _advice(error: KafkaError) -> str:
     """Return what to change for a delivery error the user can fix, or an empty string."""
     if error.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE):
-        return (" A record (or a record batch) is larger than the topic's max.message.bytes or the producer's "
-                "message.max.bytes allows: raise the topic's max.message.bytes (and the broker's "
-                "message.max.bytes / replica.fetch.max.bytes), keep producer_config batch.size below it, or "
-                "make the records smaller.")
+        return (
+            " A record (or a record batch) is larger than the topic's max.message.bytes or the producer's "
+            "message.max.bytes allows: raise the topic's max.message.bytes (and the broker's "
+            "message.max.bytes / replica.fetch.max.bytes), keep producer_config batch.size below it, or "
+            "make the records smaller."
+        )
     return ""
 
 

@@ -16,8 +16,8 @@ from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.positions import parse_position
 from exactly_once_provider.reconcile import sides
 from exactly_once_provider.reconcile.keys import Key
-from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.reconcile.run import compare, report_to_json, sink_spec_from_json
+from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.spark_jobs.driver import run_job
 from exactly_once_provider.spark_jobs.spec import JobSpec
 
@@ -41,16 +41,29 @@ def _driver(job: JobSpec, secrets: dict) -> dict[str, Any]:
             pending = sides.columns_not_held(spark, spec, key, columns, version)
             columns = [c for c in columns if c.name not in pending]
         sink_side = sides.delta_side(spark, spec, key, columns, scope, version if version >= 0 else None)
-        report, common = compare(MySqlSourceHook(p["mysql_conn_id"]), sink_side, p["schema"], p["table"], key,
-                                 columns, p["source_filter"], parse_position(p["captured"]) if p["captured"] else None,
-                                 fanout=p["fanout"], max_segments=p["max_segments"], leaf_width=p["leaf_width"],
-                                 scope=scope)
+        report, common = compare(
+            MySqlSourceHook(p["mysql_conn_id"]),
+            sink_side,
+            p["schema"],
+            p["table"],
+            key,
+            columns,
+            p["source_filter"],
+            parse_position(p["captured"]) if p["captured"] else None,
+            fanout=p["fanout"],
+            max_segments=p["max_segments"],
+            leaf_width=p["leaf_width"],
+            scope=scope,
+        )
     finally:
         if sink_side is not None:
             sink_side.close()
         spark.stop()
-    return {"report": report_to_json(report), "position": common.to_json() if common else None,
-            "pending_columns": pending}
+    return {
+        "report": report_to_json(report),
+        "position": common.to_json() if common else None,
+        "pending_columns": pending,
+    }
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -57,7 +57,8 @@ def kind_of(column: Column) -> str:
         return "text"
     raise ValueError(
         f"Column {column.name!r} has type {column.column_type}, whose text form differs between MariaDB, "
-        "PostgreSQL and Spark (FLOAT/DOUBLE/JSON/TIME); leave it out of `columns` to reconcile the others.")
+        "PostgreSQL and Spark (FLOAT/DOUBLE/JSON/TIME); leave it out of `columns` to reconcile the others."
+    )
 
 
 @dataclass(frozen=True)
@@ -153,9 +154,11 @@ def python_text(value: Any, column: Column) -> str:
         return f"{Decimal(value):.{column.scale or 0}f}"
     if kind == "datetime":
         if value.tzinfo is not None:
-            value = value.astimezone(timezone.utc)
-        return (f"{value.year:04d}-{value.month:02d}-{value.day:02d} "
-                f"{value.hour:02d}:{value.minute:02d}:{value.second:02d}.{value.microsecond:06d}")
+            value = value.astimezone(UTC)
+        return (
+            f"{value.year:04d}-{value.month:02d}-{value.day:02d} "
+            f"{value.hour:02d}:{value.minute:02d}:{value.second:02d}.{value.microsecond:06d}"
+        )
     if kind == "date":
         value = value.date() if isinstance(value, datetime) else value
         return f"{value.year:04d}-{value.month:02d}-{value.day:02d}" if isinstance(value, date) else str(value)

@@ -20,7 +20,6 @@ from exactly_once_provider.reconcile.canonical import SPARK, python_row_hash
 from exactly_once_provider.reconcile.engine import Ranges, split_ranges
 from exactly_once_provider.reconcile.keys import Key
 
-
 MAX_PUSHED_SPANS = 64
 
 
@@ -69,7 +68,7 @@ class PairsSide:
             yield from self.pairs
             return
         for lo, hi in ranges:
-            yield from self.pairs[bisect.bisect_left(self.keys, lo):bisect.bisect_left(self.keys, hi)]
+            yield from self.pairs[bisect.bisect_left(self.keys, lo) : bisect.bisect_left(self.keys, hi)]
 
     def segments(self, base: int, width: int, ranges: Ranges | None) -> dict[int, tuple[int, int]]:
         found: dict[int, list[int]] = {}
@@ -83,9 +82,16 @@ class PairsSide:
         return list(self._in(ranges))
 
 
-def delta_rs_side(path: str, version: int, key: Key, columns: list[Column], sink_key: str | None = None,
-                  deleted_column: str | None = None, scope: Ranges | None = None,
-                  storage_options: dict[str, str] | None = None) -> PairsSide:
+def delta_rs_side(
+    path: str,
+    version: int,
+    key: Key,
+    columns: list[Column],
+    sink_key: str | None = None,
+    deleted_column: str | None = None,
+    scope: Ranges | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> PairsSide:
     """Return the Delta table's side at ``version``, read with delta-rs.
 
     :param path: the Delta table.
@@ -108,8 +114,10 @@ def delta_rs_side(path: str, version: int, key: Key, columns: list[Column], sink
     table = DeltaTable(path, version=version, storage_options=storage_options)
     missing = sorted(set(names) - {f.name for f in table.schema().fields})
     if missing:
-        raise ValueError(f"The Delta table {path} (version {version}) has no column(s) {missing}: reconcile the "
-                         "columns it has (pass columns=[...]) or reload it.")
+        raise ValueError(
+            f"The Delta table {path} (version {version}) has no column(s) {missing}: reconcile the "
+            "columns it has (pass columns=[...]) or reload it."
+        )
     conditions = [f"NOT {_quote(deleted_column)}"] if deleted_column else []
     if scope is not None and not key.hashed:
         conditions.append(ranges_predicate(names[0], scope))

@@ -106,11 +106,16 @@ class Report:
 
     def summary(self) -> dict:
         return {
-            "source_rows": self.source_rows, "sink_rows": self.sink_rows,
-            "source_checksum": f"{self.source_checksum:x}", "sink_checksum": f"{self.sink_checksum:x}",
+            "source_rows": self.source_rows,
+            "sink_rows": self.sink_rows,
+            "source_checksum": f"{self.source_checksum:x}",
+            "sink_checksum": f"{self.sink_checksum:x}",
             **{kind: self.count(kind) for kind in (*MISMATCH_KINDS, "in_flight")},
-            "clean": self.clean, "queries": len(self.queries), "full_scans": self.full_scans,
-            "levels": self.levels, "seconds": round(self.seconds, 3),
+            "clean": self.clean,
+            "queries": len(self.queries),
+            "full_scans": self.full_scans,
+            "levels": self.levels,
+            "seconds": round(self.seconds, 3),
         }
 
 
@@ -168,8 +173,16 @@ def _both(pool: ThreadPoolExecutor, left: Callable[[], T], right: Callable[[], T
     return pending.result(), right_result
 
 
-def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int = 256, leaf_width: int = 16,
-              in_flight_keys: Iterable[int] = (), scope: Ranges | None = None) -> Report:
+def reconcile(
+    source: Side,
+    sink: Side,
+    *,
+    fanout: int = 16,
+    max_segments: int = 256,
+    leaf_width: int = 16,
+    in_flight_keys: Iterable[int] = (),
+    scope: Ranges | None = None,
+) -> Report:
     """Compare ``source`` and ``sink`` and return the :class:`Report`.
 
     :param source: the source side.
@@ -196,8 +209,10 @@ def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int =
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-source") as pool:
         while True:
             report.levels += 1
-            left, right = _both(pool, lambda: src.segments(base, width, level_ranges),
-                                lambda: dst.segments(base, width, level_ranges))
+            # both lambdas are called before the loop goes on: B023 (late binding) cannot bite
+            source_segments = lambda: src.segments(base, width, level_ranges)  # noqa: B023
+            sink_segments = lambda: dst.segments(base, width, level_ranges)  # noqa: B023
+            left, right = _both(pool, source_segments, sink_segments)
             if report.levels == 1:
                 report.source_rows, report.source_checksum = (sum(v[i] for v in left.values()) for i in (0, 1))
                 report.sink_rows, report.sink_checksum = (sum(v[i] for v in right.values()) for i in (0, 1))
@@ -206,7 +221,7 @@ def reconcile(source: Side, sink: Side, *, fanout: int = 16, max_segments: int =
             if not ranges:
                 break
             if width <= leaf_width:
-                _compare_keys(*_both(pool, lambda: src.rows(ranges), lambda: dst.rows(ranges)), in_flight, report)
+                _compare_keys(*_both(pool, lambda: src.rows(ranges), lambda: dst.rows(ranges)), in_flight, report)  # noqa: B023
                 break
             level_ranges, width = ranges, max(1, width // fanout)
     labels = {**getattr(sink, "labels", {}), **getattr(source, "labels", {})}
@@ -224,8 +239,9 @@ def _within(ranges: Ranges, scope: Ranges | None) -> Ranges:
     return [(lo, hi) for lo, hi in cut if lo < hi]
 
 
-def _compare_keys(source_rows: list[tuple[int, int]], sink_rows: list[tuple[int, int]], in_flight: set[int],
-                  report: Report) -> None:
+def _compare_keys(
+    source_rows: list[tuple[int, int]], sink_rows: list[tuple[int, int]], in_flight: set[int], report: Report
+) -> None:
     left: dict[int, Counter] = defaultdict(Counter)
     right: dict[int, Counter] = defaultdict(Counter)
     for key, digest in source_rows:
@@ -253,14 +269,16 @@ def _compare_keys(source_rows: list[tuple[int, int]], sink_rows: list[tuple[int,
 def summary_table(report: Report, title: str = "reconciliation") -> str:
     """Return a readable fixed-width table of the report (for the task log and the demo)."""
     s = report.summary()
-    rows = [("", "source", "sink"), ("rows", s["source_rows"], s["sink_rows"]),
-            ("checksum", s["source_checksum"], s["sink_checksum"])]
+    rows = [
+        ("", "source", "sink"),
+        ("rows", s["source_rows"], s["sink_rows"]),
+        ("checksum", s["source_checksum"], s["sink_checksum"]),
+    ]
     lines = [f"{title}: {'CLEAN' if report.clean else 'MISMATCH'}"]
     lines += [f"  {str(a):<10} {str(b):>20} {str(c):>20}" for a, b, c in rows]
     lines.append("  " + "  ".join(f"{k} {s[k]}" for k in (*MISMATCH_KINDS, "in_flight")))
-    lines.append(f"  cost: {s['queries']} queries, {s['full_scans']} full scans, {s['levels']} levels, "
-                 f"{s['seconds']}s")
-    shown = [d for d in report.differences][:20]
+    lines.append(f"  cost: {s['queries']} queries, {s['full_scans']} full scans, {s['levels']} levels, {s['seconds']}s")
+    shown = list(report.differences)[:20]
     if shown:
         lines.append(f"  {'key':>14} {'kind':<10} {'source':>6} {'sink':>6}")
         lines += [f"  {d.label or d.key:>14} {d.kind:<10} {d.source_rows:>6} {d.sink_rows:>6}" for d in shown]

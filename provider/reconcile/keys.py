@@ -63,8 +63,10 @@ class Key:
             name = dialect.quote(sink_name or self.columns[0].name)
             return f"CAST({name} AS BIGINT)" if dialect.name == "spark" else name
         if sink_name and sink_name != self.columns[0].name:
-            raise ValueError("A sink key column of another name (sink_key_column) works for a single integer key "
-                             "only; name the sink's key columns like the source's.")
+            raise ValueError(
+                "A sink key column of another name (sink_key_column) works for a single integer key "
+                "only; name the sink's key columns like the source's."
+            )
         return dialect.row_hash([dialect.canonical(dialect.quote(c.name), c) for c in self.columns])
 
     def label_expression(self, dialect: Dialect) -> str | None:

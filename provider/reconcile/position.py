@@ -42,13 +42,18 @@ class CommonPosition:
     changes_read: int
 
     def to_json(self) -> dict:
-        return {"captured": str(self.captured), "snapshot": str(self.snapshot),
-                "in_flight_keys": len(self.in_flight_keys), "changes_read": self.changes_read,
-                "in_flight": sorted(self.in_flight_keys)}  # checked again by the next "changed" reconciliation
+        return {
+            "captured": str(self.captured),
+            "snapshot": str(self.snapshot),
+            "in_flight_keys": len(self.in_flight_keys),
+            "changes_read": self.changes_read,
+            "in_flight": sorted(self.in_flight_keys),
+        }  # checked again by the next "changed" reconciliation
 
 
-def keys_changed_between(connection: dict[str, Any], schema: str, table: str, key: Key, after: BinlogPosition,
-                         until: BinlogPosition) -> tuple[frozenset[int], int]:
+def keys_changed_between(
+    connection: dict[str, Any], schema: str, table: str, key: Key, after: BinlogPosition, until: BinlogPosition
+) -> tuple[frozenset[int], int]:
     """Return the keys of ``schema.table`` with a row change in ``(after, until]``, and how many changes.
 
     Reads the binlog with python-mysql-replication by file and position (``is_mariadb=False``: with True it
@@ -67,9 +72,17 @@ def keys_changed_between(connection: dict[str, Any], schema: str, table: str, ke
     if until <= after:
         return frozenset(), 0
     stream = BinLogStreamReader(
-        connection_settings=connection, server_id=900_000 + uuid.uuid4().int % 90_000, resume_stream=True,
-        log_file=after.file, log_pos=after.pos, is_mariadb=False, blocking=False,
-        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent], only_schemas=[schema], only_tables=[table])
+        connection_settings=connection,
+        server_id=900_000 + uuid.uuid4().int % 90_000,
+        resume_stream=True,
+        log_file=after.file,
+        log_pos=after.pos,
+        is_mariadb=False,
+        blocking=False,
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+        only_schemas=[schema],
+        only_tables=[table],
+    )
     keys: set[int] = set()
     changes = 0
     try:

@@ -38,8 +38,15 @@ CREATE TABLE IF NOT EXISTS {RESULT_TABLE} (
 """
 
 
-def store_result(conn: Any, name: str, report: Report, started_at: datetime, finished_at: datetime,
-                 position: dict | None = None, where: dict | None = None) -> int:
+def store_result(
+    conn: Any,
+    name: str,
+    report: Report,
+    started_at: datetime,
+    finished_at: datetime,
+    position: dict | None = None,
+    where: dict | None = None,
+) -> int:
     """Insert one result row (creating the table if missing); return its id.
 
     :param conn: an open psycopg2 connection (committed here).
@@ -61,10 +68,26 @@ def store_result(conn: Any, name: str, report: Report, started_at: datetime, fin
             " status, source_rows, sink_rows, source_checksum, sink_checksum, missing, extra, duplicate, changed,"
             " in_flight, position, cost, differences) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
             " %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-            (name, where.get("dag_id"), where.get("run_id"), where.get("task_id"), where.get("try_number"),
-             started_at, finished_at, "clean" if report.clean else "mismatch", s["source_rows"], s["sink_rows"],
-             s["source_checksum"], s["sink_checksum"], *(s[k] for k in MISMATCH_KINDS), s["in_flight"],
-             json.dumps(position) if position else None, json.dumps(cost), json.dumps(differences)))
+            (
+                name,
+                where.get("dag_id"),
+                where.get("run_id"),
+                where.get("task_id"),
+                where.get("try_number"),
+                started_at,
+                finished_at,
+                "clean" if report.clean else "mismatch",
+                s["source_rows"],
+                s["sink_rows"],
+                s["source_checksum"],
+                s["sink_checksum"],
+                *(s[k] for k in MISMATCH_KINDS),
+                s["in_flight"],
+                json.dumps(position) if position else None,
+                json.dumps(cost),
+                json.dumps(differences),
+            ),
+        )
         row_id = cur.fetchone()[0]
     conn.commit()
     return row_id
@@ -76,8 +99,9 @@ def latest_clean(conn: Any, name: str) -> dict | None:
         cur.execute("SELECT to_regclass(%s)", (RESULT_TABLE,))
         if cur.fetchone()[0] is None:
             return None
-        cur.execute(f"SELECT * FROM {RESULT_TABLE} WHERE name = %s AND status = 'clean' ORDER BY id DESC LIMIT 1",
-                    (name,))
+        cur.execute(
+            f"SELECT * FROM {RESULT_TABLE} WHERE name = %s AND status = 'clean' ORDER BY id DESC LIMIT 1", (name,)
+        )
         row = cur.fetchone()
         return dict(zip([c.name for c in cur.description], row)) if row else None
 
@@ -89,8 +113,11 @@ def latest_results(conn: Any, name: str | None = None) -> list[dict]:
         if cur.fetchone()[0] is None:
             return []
         cur.execute(
-            f"SELECT DISTINCT ON (name) * FROM {RESULT_TABLE}" + (" WHERE name = %s" if name else "")
-            + " ORDER BY name, id DESC", (name,) if name else None)
+            f"SELECT DISTINCT ON (name) * FROM {RESULT_TABLE}"
+            + (" WHERE name = %s" if name else "")
+            + " ORDER BY name, id DESC",
+            (name,) if name else None,
+        )
         columns = [c.name for c in cur.description]
         rows = [dict(zip(columns, row)) for row in cur.fetchall()]
     return sorted(rows, key=lambda r: r["id"], reverse=True)

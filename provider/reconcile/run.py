@@ -22,10 +22,21 @@ if TYPE_CHECKING:  # the hook is the caller's; the domain only calls its public 
 log = logging.getLogger(__name__)
 
 
-def compare(source_hook: MySqlSourceHook, sink_side: Any, schema: str, table: str, key: Key,
-            columns: list[Column], source_filter: str | None, captured: BinlogPosition | None, *, fanout: int,
-            max_segments: int, leaf_width: int, scope: engine.Ranges | None = None
-            ) -> tuple[engine.Report, position.CommonPosition | None]:
+def compare(
+    source_hook: MySqlSourceHook,
+    sink_side: Any,
+    schema: str,
+    table: str,
+    key: Key,
+    columns: list[Column],
+    source_filter: str | None,
+    captured: BinlogPosition | None,
+    *,
+    fanout: int,
+    max_segments: int,
+    leaf_width: int,
+    scope: engine.Ranges | None = None,
+) -> tuple[engine.Report, position.CommonPosition | None]:
     """Open the source snapshot and compare it with the (already pinned) sink side.
 
     :param source_hook: the source.
@@ -46,16 +57,33 @@ def compare(source_hook: MySqlSourceHook, sink_side: Any, schema: str, table: st
         common = None
         if captured is not None:
             keys, changes = position.keys_changed_between(
-                source_hook.connection_settings().replication_settings(), schema, table, key, captured,
-                snapshot.position)
+                source_hook.connection_settings().replication_settings(),
+                schema,
+                table,
+                key,
+                captured,
+                snapshot.position,
+            )
             common = position.CommonPosition(captured, snapshot.position, keys, changes)
-            log.info("Common position: captured %s, source snapshot %s; %d changes of %d keys in between are in "
-                     "flight", captured, snapshot.position, changes, len(keys))
+            log.info(
+                "Common position: captured %s, source snapshot %s; %d changes of %d keys in between are in flight",
+                captured,
+                snapshot.position,
+                changes,
+                len(keys),
+            )
         source = sides.source_side(snapshot.cursor, schema, table, key, columns, source_filter)
         if key.hashed:
             leaf_width = max(leaf_width, HASHED_LEAF_WIDTH)
-        report = engine.reconcile(source, sink_side, fanout=fanout, max_segments=max_segments, leaf_width=leaf_width,
-                                  in_flight_keys=common.in_flight_keys if common else (), scope=scope)
+        report = engine.reconcile(
+            source,
+            sink_side,
+            fanout=fanout,
+            max_segments=max_segments,
+            leaf_width=leaf_width,
+            in_flight_keys=common.in_flight_keys if common else (),
+            scope=scope,
+        )
     return report, common
 
 
@@ -66,11 +94,21 @@ def report_to_json(report: engine.Report) -> dict[str, Any]:
 
 def report_from_json(data: dict[str, Any]) -> engine.Report:
     """Return the report of :func:`report_to_json`'s output."""
-    return engine.Report(**{**data, "differences": [engine.Difference(**d) for d in data["differences"]],
-                            "queries": [engine.Query(**q) for q in data["queries"]]})
+    return engine.Report(
+        **{
+            **data,
+            "differences": [engine.Difference(**d) for d in data["differences"]],
+            "queries": [engine.Query(**q) for q in data["queries"]],
+        }
+    )
 
 
 def sink_spec_from_json(data: dict[str, Any]) -> sides.SinkSpec:
     """Return the :class:`~exactly_once_provider.reconcile.sides.SinkSpec` of its ``asdict`` (JSON lists -> tuples)."""
-    return sides.SinkSpec(**{**data, "json_path": tuple(data["json_path"]),
-                             "key_json_paths": tuple(tuple(p) for p in data["key_json_paths"])})
+    return sides.SinkSpec(
+        **{
+            **data,
+            "json_path": tuple(data["json_path"]),
+            "key_json_paths": tuple(tuple(p) for p in data["key_json_paths"]),
+        }
+    )

@@ -24,8 +24,13 @@ from exactly_once_provider.reconcile.keys import Key
 MAX_RANGES = 4096
 
 
-def changed_keys(client_config: dict[str, Any], start: dict[str, dict[int, int]],
-                 end: dict[str, dict[int, int]], key: Key, timeout: float = 300) -> set[int] | None:
+def changed_keys(
+    client_config: dict[str, Any],
+    start: dict[str, dict[int, int]],
+    end: dict[str, dict[int, int]],
+    key: Key,
+    timeout: float = 300,
+) -> set[int] | None:
     """Return the keys of the change records between ``start`` and ``end`` (read_committed), as the integers the
     engine bisects (:meth:`Key.of_record_key`: the key itself, or a composite/text key's hash); None when a
     schema record (``ALTER TABLE``) is among them: the current table's apply may have rewritten every older row
@@ -43,9 +48,15 @@ def changed_keys(client_config: dict[str, Any], start: dict[str, dict[int, int]]
     from exactly_once_provider.kafka.topic_reader import read_until
 
     keys: set[int] = set()
-    consumer = Consumer({**client_config, "group.id": f"eo-reconcile-scope-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
+    consumer = Consumer(
+        {
+            **client_config,
+            "group.id": f"eo-reconcile-scope-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
     try:
         for topic, ends in end.items():
             starts = {p: start.get(topic, {}).get(p, OFFSET_BEGINNING) for p in ends}
@@ -58,7 +69,8 @@ def changed_keys(client_config: dict[str, Any], start: dict[str, dict[int, int]]
                     raise ValueError(
                         f"Record at {topic}/{message.partition()}@{message.offset()} has no key {key.names} in its "
                         f"JSON key ({err!r}): the incremental reconciliation reads the binlog capture's change "
-                        "records; use scope='full' for other topics.") from None
+                        "records; use scope='full' for other topics."
+                    ) from None
     finally:
         consumer.close()
     return keys
@@ -82,7 +94,7 @@ def key_ranges(keys: set[int] | list[int], max_ranges: int = MAX_RANGES) -> Rang
             ranges.append([key, key + 1])
     if len(ranges) > max_ranges:
         gaps = sorted(range(len(ranges) - 1), key=lambda i: ranges[i + 1][0] - ranges[i][1])
-        close = set(gaps[:len(ranges) - max_ranges])
+        close = set(gaps[: len(ranges) - max_ranges])
         merged = [ranges[0]]
         for i in range(1, len(ranges)):
             if i - 1 in close:

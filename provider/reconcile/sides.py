@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load import handoff
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.reconcile.canonical import MARIADB, POSTGRES, SPARK, Dialect
 from exactly_once_provider.reconcile.engine import Ranges, split_ranges
 from exactly_once_provider.reconcile.keys import LABEL_SEPARATOR, Key
+from exactly_once_provider.sinks import delta_commit
 
 SINK_KINDS = ("delta", "postgres")
 
@@ -96,8 +96,17 @@ def _spark_ranges(key: Any, ranges: Ranges) -> Any:
 class SqlSide:
     """A side answered by SQL on a DB-API cursor (the MariaDB source, a PostgreSQL sink)."""
 
-    def __init__(self, label: str, dialect: Dialect, cursor: Any, relation: str, key_expr: str, hash_expr: str,
-                 where: str | None = None, key_label_expr: str | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        dialect: Dialect,
+        cursor: Any,
+        relation: str,
+        key_expr: str,
+        hash_expr: str,
+        where: str | None = None,
+        key_label_expr: str | None = None,
+    ) -> None:
         self.label, self.dialect, self.cursor = label, dialect, cursor
         self.relation, self.key, self.hash, self.where = relation, key_expr, hash_expr, where
         self.key_label = key_label_expr
@@ -119,7 +128,8 @@ class SqlSide:
         cast = "::numeric" if self.dialect is POSTGRES else ""
         rows = self._query(
             f"SELECT FLOOR(({self.key} - {int(base)}){cast} / {int(width)}) AS eo_seg, COUNT(*), SUM({self.hash})"
-            f" FROM {self.relation}{self._where(ranges)} GROUP BY 1")
+            f" FROM {self.relation}{self._where(ranges)} GROUP BY 1"
+        )
         return {int(seg): (int(n), int(total or 0)) for seg, n, total in rows}
 
     def rows(self, ranges: Ranges) -> list[tuple[int, int]]:
@@ -130,8 +140,9 @@ class SqlSide:
         return [(int(r[0]), int(r[1])) for r in found]
 
 
-def source_side(cursor: Any, schema: str, table: str, key: Key, columns: list[Column],
-                where: str | None = None) -> SqlSide:
+def source_side(
+    cursor: Any, schema: str, table: str, key: Key, columns: list[Column], where: str | None = None
+) -> SqlSide:
     """Return the MariaDB/MySQL source side; ``cursor`` should be inside a consistent snapshot.
 
     :param cursor: an open cursor of the source (UTC session).
@@ -143,8 +154,16 @@ def source_side(cursor: Any, schema: str, table: str, key: Key, columns: list[Co
     """
     q = MARIADB.quote
     parts = [MARIADB.canonical(q(c.name), c) for c in _with_key(key, columns)]
-    return SqlSide("source", MARIADB, cursor, f"{q(schema)}.{q(table)}", key.expression(MARIADB),
-                   MARIADB.row_hash(parts), where, key.label_expression(MARIADB))
+    return SqlSide(
+        "source",
+        MARIADB,
+        cursor,
+        f"{q(schema)}.{q(table)}",
+        key.expression(MARIADB),
+        MARIADB.row_hash(parts),
+        where,
+        key.label_expression(MARIADB),
+    )
 
 
 def postgres_side(cursor: Any, spec: SinkSpec, key: Key, columns: list[Column]) -> SqlSide:
@@ -155,19 +174,30 @@ def postgres_side(cursor: Any, spec: SinkSpec, key: Key, columns: list[Column]) 
         raise ValueError(_JSON_KEY_ERROR)
     if spec.json_column:
         key = key.columns[0]
+
         def raw(name: str, path: tuple[str, ...] = spec.json_path) -> str:
             return f"({q(spec.json_column)}::jsonb #>> '{{{','.join((*path, name))}}}')"
+
         key_paths = spec.key_json_paths or ((*spec.json_path, key.name),)
-        key_expr = "COALESCE(" + ", ".join(f"({q(spec.json_column)}::jsonb #>> '{{{','.join(p)}}}')::bigint"
-                                           for p in key_paths) + ")"
+        key_expr = (
+            "COALESCE("
+            + ", ".join(f"({q(spec.json_column)}::jsonb #>> '{{{','.join(p)}}}')::bigint" for p in key_paths)
+            + ")"
+        )
         if len(key_paths) == 1:
-            key_expr = key_expr[len("COALESCE("):-1]
+            key_expr = key_expr[len("COALESCE(") : -1]
         parts = [POSTGRES.canonical(raw(c.name), c, True, spec.binary_encoding) for c in _with_key(key, columns)]
     else:
         key_expr = key.expression(POSTGRES, spec.key_column)
         parts = [POSTGRES.canonical(q(c.name), c) for c in _with_key(key, columns)]
-    where = " AND ".join(p for p in (spec.filter and f"({spec.filter})",
-                                     spec.deleted_column and f"NOT {q(spec.deleted_column)}") if p) or None
+    where = (
+        " AND ".join(
+            p
+            for p in (spec.filter and f"({spec.filter})", spec.deleted_column and f"NOT {q(spec.deleted_column)}")
+            if p
+        )
+        or None
+    )
     labels = key.label_expression(POSTGRES) if isinstance(key, Key) else None
     return SqlSide("sink", POSTGRES, cursor, relation, key_expr, POSTGRES.row_hash(parts), where, labels)
 
@@ -201,8 +231,13 @@ class SparkSide:
         return self.frame if not ranges else self.frame.where(_spark_ranges(F.col("k"), ranges))
 
     def segments(self, base: int, width: int, ranges: Ranges | None) -> dict[int, tuple[int, int]]:
-        rows = (self._filtered(ranges).selectExpr(f"CAST(floor((k - {int(base)}) / {int(width)}) AS BIGINT) AS seg", "h")
-                .groupBy("seg").agg({"*": "count", "h": "sum"}).collect())
+        rows = (
+            self._filtered(ranges)
+            .selectExpr(f"CAST(floor((k - {int(base)}) / {int(width)}) AS BIGINT) AS seg", "h")
+            .groupBy("seg")
+            .agg({"*": "count", "h": "sum"})
+            .collect()
+        )
         return {int(r["seg"]): (int(r["count(1)"]), int(r["sum(h)"] or 0)) for r in rows}
 
     def rows(self, ranges: Ranges) -> list[tuple[int, int]]:
@@ -236,8 +271,9 @@ def columns_not_held(spark: Any, spec: SinkSpec, key: Key, columns: list[Column]
     return [c.name for c in columns if c.name not in held and c.name not in key.names]
 
 
-def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
-               scope: Ranges | None = None, version: int | None = None) -> SparkSide:
+def delta_side(
+    spark: Any, spec: SinkSpec, key: Key, columns: list[Column], scope: Ranges | None = None, version: int | None = None
+) -> SparkSide:
     """Return a Delta sink side read at the table's current version (pinned for the whole comparison).
 
     :param scope: a plain table: read only the keys in these ranges (an incremental reconciliation: the rows
@@ -261,8 +297,9 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
 
     def plain(frame):
         parts = [SPARK.canonical(q(c.name), c) for c in cols]
-        return frame.selectExpr(f"{key_expr} AS k", f"{SPARK.row_hash(parts)} AS h",
-                                *([f"{label} AS label"] if label else []))
+        return frame.selectExpr(
+            f"{key_expr} AS k", f"{SPARK.row_hash(parts)} AS h", *([f"{label} AS label"] if label else [])
+        )
 
     if not spec.json_column:
         frame = pinned(spec.location, version)
@@ -282,10 +319,13 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
 
     json = q(spec.json_column)
     key_paths = spec.key_json_paths or ((*spec.json_path, key.name),)
-    json_key = "COALESCE(" + ", ".join(f"CAST(get_json_object({json}, '{path_of(*p)}') AS BIGINT)"
-                                       for p in key_paths) + ")"
-    parts = [SPARK.canonical(f"get_json_object({json}, '{path_of(*spec.json_path, c.name)}')", c, True,
-                             spec.binary_encoding) for c in cols]
+    json_key = (
+        "COALESCE(" + ", ".join(f"CAST(get_json_object({json}, '{path_of(*p)}') AS BIGINT)" for p in key_paths) + ")"
+    )
+    parts = [
+        SPARK.canonical(f"get_json_object({json}, '{path_of(*spec.json_path, c.name)}')", c, True, spec.binary_encoding)
+        for c in cols
+    ]
     if spec.base_path and delta_commit.newest_version(spec.location) < 0:
         # No change applied yet (the apply creates its table with its first batch): the full load is the table.
         loaded = handoff.read_handoff(spec.base_path)
@@ -295,8 +335,12 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
         changes = changes.where(spec.filter)
     deleted = F.col(spec.deleted_column) if spec.deleted_column else F.lit(False)
     version = F.col(spec.version_column) if spec.version_column else F.lit(None)
-    keyed = changes.select(F.expr(json_key).alias("k"), deleted.alias("eo_deleted"), version.alias("eo_version"),
-                           F.expr(SPARK.row_hash(parts)).alias("h"))
+    keyed = changes.select(
+        F.expr(json_key).alias("k"),
+        deleted.alias("eo_deleted"),
+        version.alias("eo_version"),
+        F.expr(SPARK.row_hash(parts)).alias("h"),
+    )
     if not spec.base_path:
         return SparkSide(keyed.where("NOT eo_deleted").select("k", "h"))
     # The effective table: a key's newest change (kept by the CDC apply, tombstones included) replaces its
@@ -305,8 +349,9 @@ def delta_side(spark: Any, spec: SinkSpec, key: Key, columns: list[Column],
     loaded = handoff.read_handoff(spec.base_path)
     newer = keyed.where(f"eo_version >= {loaded.snapshot_version_sql('k')}") if spec.version_column else keyed
     base = plain(pinned(spec.base_path, loaded.table_version))
-    return SparkSide(base.join(newer.select("k"), "k", "left_anti")
-                     .unionByName(newer.where("NOT eo_deleted").select("k", "h")))
+    return SparkSide(
+        base.join(newer.select("k"), "k", "left_anti").unionByName(newer.where("NOT eo_deleted").select("k", "h"))
+    )
 
 
 def version_of(position: BinlogPosition) -> int:
@@ -314,8 +359,10 @@ def version_of(position: BinlogPosition) -> int:
     return position.version
 
 
-_JSON_KEY_ERROR = ("A sink holding rows as JSON records (sink_json_column) is reconciled on a single integer key; "
-                   "reconcile the current table (a plain table) for composite or text keys.")
+_JSON_KEY_ERROR = (
+    "A sink holding rows as JSON records (sink_json_column) is reconciled on a single integer key; "
+    "reconcile the current table (a plain table) for composite or text keys."
+)
 
 
 def _with_key(key: Key | Column, columns: list[Column]) -> list[Column]:

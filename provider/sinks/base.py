@@ -43,16 +43,25 @@ class BatchCommit:
 
     def to_json(self) -> dict:
         return {
-            "pipeline": self.pipeline, "checkpoint_id": self.checkpoint_id, "batch_id": self.batch_id,
-            "offsets": offsets_to_json(self.offsets), "rows_total": self.rows_total, **self.extra,
+            "pipeline": self.pipeline,
+            "checkpoint_id": self.checkpoint_id,
+            "batch_id": self.batch_id,
+            "offsets": offsets_to_json(self.offsets),
+            "rows_total": self.rows_total,
+            **self.extra,
         }
 
     @classmethod
     def from_json(cls, data: dict) -> BatchCommit:
         known = {"pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total"}
-        return cls(data["pipeline"], data["checkpoint_id"], int(data["batch_id"]),
-                   offsets_from_json(data["offsets"]), int(data.get("rows_total", 0)),
-                   {k: v for k, v in data.items() if k not in known})
+        return cls(
+            data["pipeline"],
+            data["checkpoint_id"],
+            int(data["batch_id"]),
+            offsets_from_json(data["offsets"]),
+            int(data.get("rows_total", 0)),
+            {k: v for k, v in data.items() if k not in known},
+        )
 
 
 class StaleBatchError(RuntimeError):
@@ -92,7 +101,8 @@ def require_predecessor(found: BatchCommit | None, expected: object, commit: Bat
         f"Batch {commit.batch_id} of checkpoint {commit.checkpoint_id} (pipeline {commit.pipeline!r}) was planned on "
         f"{_describe(expected)}, but the {sink} sink now holds {_describe(found)}: another driver commits this "
         "pipeline (a zombie of an earlier run, or two jobs on one pipeline). Nothing of this batch was committed "
-        "and the sink is exact as it is; stop the other driver.")
+        "and the sink is exact as it is; stop the other driver."
+    )
 
 
 def replayed(found: BatchCommit | None, commit: BatchCommit) -> bool:
@@ -131,8 +141,10 @@ def require_newer_windows(windows: dict[str, int], held: dict[str, int], holder:
     """
     for window, version in sorted(windows.items()):
         if not newer_version(version, held.get(window)):
-            raise ValueError(f"window {window} v{version} is not newer than {holder} v{held.get(window, 0)}: "
-                             "another writer publishes this pipeline; run one job per pipeline.")
+            raise ValueError(
+                f"window {window} v{version} is not newer than {holder} v{held.get(window, 0)}: "
+                "another writer publishes this pipeline; run one job per pipeline."
+            )
 
 
 def offsets_to_json(offsets: Offsets) -> dict:
@@ -144,8 +156,15 @@ def offsets_from_json(data: dict) -> Offsets:
 
 
 # The columns of a settlement window row (window mode); every sink stores them as they are.
-WINDOW_COLUMNS = ("window_id", "window_version", "kafka_topic", "kafka_partition", "kafka_offset", "record_key",
-                  "record_value")
+WINDOW_COLUMNS = (
+    "window_id",
+    "window_version",
+    "kafka_topic",
+    "kafka_partition",
+    "kafka_offset",
+    "record_key",
+    "record_value",
+)
 
 
 SINK_KINDS = ("delta", "postgres", "files")
@@ -181,18 +200,28 @@ class Sink(Protocol):
     def commit(self, df: Any, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
         """Commit ``df`` and ``commit`` in one atomic step; return False if the batch was already committed."""
 
-    def commit_windows(self, df: Any, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
-                       expected: object = UNCHECKED) -> bool:
+    def commit_windows(
+        self, df: Any, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
+    ) -> bool:
         """Replace the rows of ``windows`` by ``df`` and commit versions and offsets in one atomic step."""
 
     def append(self, df: Any) -> None:
         """Append ``df`` without progress (the at-least-once baseline)."""
 
 
-def open_sink(kind: str, location: str, pipeline: str, *,
-              postgres_connect: dict | Callable[[], dict] | None = None, postgres_conn_id: str | None = None,
-              mode: str = "append", commit_with: str = "own", key: tuple[str, ...] = (), s3: Any = None,
-              topics: Sequence[str] = ()) -> Sink:
+def open_sink(
+    kind: str,
+    location: str,
+    pipeline: str,
+    *,
+    postgres_connect: dict | Callable[[], dict] | None = None,
+    postgres_conn_id: str | None = None,
+    mode: str = "append",
+    commit_with: str = "own",
+    key: tuple[str, ...] = (),
+    s3: Any = None,
+    topics: Sequence[str] = (),
+) -> Sink:
     """Return the sink of ``kind`` at ``location`` for ``pipeline``: THE dispatch on the sink kind.
 
     Opening reads nothing and needs no Spark; only the writer methods use Spark.
@@ -225,6 +254,7 @@ def open_sink(kind: str, location: str, pipeline: str, *,
         from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, PostgresSink
 
         connect = postgres_connect() if callable(postgres_connect) else postgres_connect
-        return PostgresSink(location or OFFSETS_TABLE, pipeline, connect, mode=mode, conn_id=postgres_conn_id,
-                            topics=topics)
+        return PostgresSink(
+            location or OFFSETS_TABLE, pipeline, connect, mode=mode, conn_id=postgres_conn_id, topics=topics
+        )
     raise ValueError(f"sink must be one of {', '.join(SINK_KINDS)}, got {kind!r}.")

@@ -38,8 +38,13 @@ from contextlib import contextmanager
 
 from exactly_once_provider import faults
 from exactly_once_provider.sinks import current_table, delta_commit, delta_merge
-from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, require_newer_windows,
-                                              require_predecessor)
+from exactly_once_provider.sinks.base import (
+    UNCHECKED,
+    BatchCommit,
+    StaleBatchError,
+    require_newer_windows,
+    require_predecessor,
+)
 
 
 def _sql_string(value: str) -> str:
@@ -70,8 +75,15 @@ class DeltaSink:
     # Current mode: the rows a schema change fills are merged with the batch (CurrentChanges adds them).
     fills_in_place = False
 
-    def __init__(self, path: str, pipeline: str, mode: str = "append", commit_with: str = "own",
-                 key: tuple[str, ...] = (), s3: object = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        pipeline: str,
+        mode: str = "append",
+        commit_with: str = "own",
+        key: tuple[str, ...] = (),
+        s3: object = None,
+    ) -> None:
         if commit_with not in ("own", "delta"):
             raise ValueError(f"commit_with must be 'own' or 'delta', got {commit_with!r}.")
         if mode == "current" and not key:
@@ -119,7 +131,8 @@ class DeltaSink:
             if isinstance(marker, dict) and current_table.FULL_LOAD_MARKER in marker:
                 return current_table.full_load_pointer(version, marker)
         raise delta_commit.CommitMarkerError(
-            f"{self.path} has no full-load commit: the current table is created by the full load; run it first.")
+            f"{self.path} has no full-load commit: the current table is created by the full load; run it first."
+        )
 
     def commit_location(self) -> str:
         """Return ``Delta version <n>`` of the newest commit carrying this pipeline's marker ("" before it)."""
@@ -177,7 +190,8 @@ class DeltaSink:
             raise StaleBatchError(
                 f"{err} Batch {commit.batch_id} of checkpoint {commit.checkpoint_id} (pipeline "
                 f"{self.pipeline!r}) was not committed and the sink is exact as it is; stop the other "
-                "driver (a zombie of an earlier run, or two jobs on one pipeline).") from None
+                "driver (a zombie of an earlier run, or two jobs on one pipeline)."
+            ) from None
 
     def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
         """Write the batch and its marker in one Delta commit; return False if it was already committed.
@@ -209,21 +223,45 @@ class DeltaSink:
                 faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
             if self.commit_with == "own" and not self.schema_changed:
                 with self._fenced(commit):
-                    delta_merge.merge_newer(df, self.table, self.key_columns, marker, app_id, commit.batch_id,
-                                            replace_equal=bool(self.new_fills), fence=fence)
+                    delta_merge.merge_newer(
+                        df,
+                        self.table,
+                        self.key_columns,
+                        marker,
+                        app_id,
+                        commit.batch_id,
+                        replace_equal=bool(self.new_fills),
+                        fence=fence,
+                    )
             else:  # Delta's MERGE: the table's schema evolves in the same commit
-                delta_commit.merge_with_marker(df, self.table, on, marker, app_id, commit.batch_id,
-                                               update_when=newer, evolve_schema=self.schema_changed)
+                delta_commit.merge_with_marker(
+                    df,
+                    self.table,
+                    on,
+                    marker,
+                    app_id,
+                    commit.batch_id,
+                    update_when=newer,
+                    evolve_schema=self.schema_changed,
+                )
             return True
         if next(delta_commit.commits(self.table), None) is None:
             # MERGE needs a table: create it empty (no marker; a crash here is harmless, the next try reuses it).
             df.limit(0).write.format("delta").mode("append").save(delta_commit.spark_path(self.table))
-        delta_commit.merge_with_marker(df, self.table, "t.pk = s.pk", marker, app_id, commit.batch_id,
-                                       update_when="s.source_version > t.source_version")
+        delta_commit.merge_with_marker(
+            df,
+            self.table,
+            "t.pk = s.pk",
+            marker,
+            app_id,
+            commit.batch_id,
+            update_when="s.source_version > t.source_version",
+        )
         return True
 
-    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
-                       expected: object = UNCHECKED) -> bool:
+    def commit_windows(
+        self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
+    ) -> bool:
         """Replace the rows of ``windows`` by ``df`` and commit the offsets in ONE Delta commit.
 
         :param df: the rows of the published window versions (window-mode columns).
@@ -245,8 +283,9 @@ class DeltaSink:
         marker = {self.key: body}
         if windows:
             where = "window_id IN ({})".format(", ".join(_sql_string(w) for w in sorted(windows)))
-            delta_commit.commit_with_marker(df, self.table, marker, app_id, commit.batch_id, mode="overwrite",
-                                            replace_where=where)
+            delta_commit.commit_with_marker(
+                df, self.table, marker, app_id, commit.batch_id, mode="overwrite", replace_where=where
+            )
         else:  # nothing to publish, the offsets move on (e.g. past stale versions): an empty commit
             delta_commit.commit_with_marker(df.limit(0), self.table, marker, app_id, commit.batch_id, mode="append")
         return True

@@ -121,7 +121,8 @@ def check_fence(table: Table, fence: tuple[str, int] | None, upto: int) -> None:
         if isinstance(marker, dict) and key in marker:
             raise ForeignProgressError(
                 f"Version {version} of {table_storage(table).uri()} carries a {key!r} marker committed after this writer read "
-                f"the table at version {read_version}: another writer commits the same progress.")
+                f"the table at version {read_version}: another writer commits the same progress."
+            )
 
 
 def commits(path: Table) -> Iterator[tuple[int, dict]]:
@@ -165,8 +166,10 @@ def find_commit(path: Table, app_id: str, version: int) -> int | None:
     checkpoint = newest_checkpoint[0] if newest_checkpoint else None
 
     def matches(table_version: int) -> bool:
-        return any(t.get("appId") == app_id and int(t.get("version", -1)) == version
-                   for t in _read_commit(storage, table_version)["txn"])
+        return any(
+            t.get("appId") == app_id and int(t.get("version", -1)) == version
+            for t in _read_commit(storage, table_version)["txn"]
+        )
 
     for table_version in versions:
         if checkpoint is not None and table_version <= checkpoint:
@@ -197,8 +200,15 @@ def latest_marker(path: Table, key: str) -> tuple[int, dict] | None:
     return None
 
 
-def commit_with_marker(df: Any, path: Table, marker: dict, app_id: str, version: int, mode: str = "overwrite",
-                       replace_where: str | None = None) -> int:
+def commit_with_marker(
+    df: Any,
+    path: Table,
+    marker: dict,
+    app_id: str,
+    version: int,
+    mode: str = "overwrite",
+    replace_where: str | None = None,
+) -> int:
     """Write ``df`` to the Delta table at ``path`` as one commit carrying ``marker``; return the table version.
 
     Idempotent per ``(app_id, version)``: if that pair is already committed nothing is written.
@@ -219,8 +229,13 @@ def commit_with_marker(df: Any, path: Table, marker: dict, app_id: str, version:
     done = find_commit(path, app_id, version)
     if done is not None:
         return done
-    writer = (df.write.format("delta").mode(mode).option("txnAppId", app_id).option("txnVersion", version)
-              .option("userMetadata", json.dumps(marker, sort_keys=True)))
+    writer = (
+        df.write.format("delta")
+        .mode(mode)
+        .option("txnAppId", app_id)
+        .option("txnVersion", version)
+        .option("userMetadata", json.dumps(marker, sort_keys=True))
+    )
     if replace_where:
         writer = writer.option("replaceWhere", replace_where)
     elif mode == "overwrite":
@@ -232,13 +247,24 @@ def commit_with_marker(df: Any, path: Table, marker: dict, app_id: str, version:
     return done
 
 
-_TXN_CONFS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
-              "spark.databricks.delta.commitInfo.userMetadata")
+_TXN_CONFS = (
+    "spark.databricks.delta.write.txnAppId",
+    "spark.databricks.delta.write.txnVersion",
+    "spark.databricks.delta.commitInfo.userMetadata",
+)
 
 
-def merge_with_marker(source: Any, path: Table, on: str, marker: dict, app_id: str, version: int,
-                      update_when: str | None = None, delete_when: str | None = None,
-                      evolve_schema: bool = False) -> int:
+def merge_with_marker(
+    source: Any,
+    path: Table,
+    on: str,
+    marker: dict,
+    app_id: str,
+    version: int,
+    update_when: str | None = None,
+    delete_when: str | None = None,
+    evolve_schema: bool = False,
+) -> int:
     """MERGE ``source`` into the Delta table at ``path`` as one commit carrying ``marker``; return its version.
 
     The MERGE counterpart of :func:`commit_with_marker` (added for the streaming CDC apply): Delta takes the
@@ -286,8 +312,15 @@ def merge_with_marker(source: Any, path: Table, on: str, marker: dict, app_id: s
     return done
 
 
-def create_with_files(path: Table, schema_json: str, files: list[dict], marker: dict, app_id: str,
-                      version: int, engine: str = "exactly-once-provider") -> int:
+def create_with_files(
+    path: Table,
+    schema_json: str,
+    files: list[dict],
+    marker: dict,
+    app_id: str,
+    version: int,
+    engine: str = "exactly-once-provider",
+) -> int:
     """Create a NEW Delta table at ``path`` from Parquet files already in it, in one commit carrying ``marker``.
 
     The publish of a first full load (added for its speed): the files are adopted where they are, nothing is
@@ -323,15 +356,26 @@ def create_with_files(path: Table, schema_json: str, files: list[dict], marker: 
     # Delta upgrades a new table with a TIMESTAMP_NTZ column to table features (reader 3, writer 7) and
     # lists the legacy writer features of writer version 2 with it; otherwise the table is (1, 2).
     if '"timestamp_ntz"' in schema_json:
-        protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
-                    "writerFeatures": ["timestampNtz", "invariants", "appendOnly"]}
+        protocol = {
+            "minReaderVersion": 3,
+            "minWriterVersion": 7,
+            "readerFeatures": ["timestampNtz"],
+            "writerFeatures": ["timestampNtz", "invariants", "appendOnly"],
+        }
     else:
         protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
     actions = [
         {"commitInfo": _commit_info(now, "ErrorIfExists", files, marker, engine)},
-        {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
-                      "schemaString": schema_json, "partitionColumns": [], "configuration": {},
-                      "createdTime": now}},
+        {
+            "metaData": {
+                "id": str(uuid.uuid4()),
+                "format": {"provider": "parquet", "options": {}},
+                "schemaString": schema_json,
+                "partitionColumns": [],
+                "configuration": {},
+                "createdTime": now,
+            }
+        },
         {"protocol": protocol},
         {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
         *add_actions(storage, files, now),
@@ -341,17 +385,28 @@ def create_with_files(path: Table, schema_json: str, files: list[dict], marker: 
     return 0
 
 
-def _commit_info(now: int, mode: str, files: list[dict], marker: dict, engine: str,
-                 read_version: int | None = None) -> dict:
+def _commit_info(
+    now: int, mode: str, files: list[dict], marker: dict, engine: str, read_version: int | None = None
+) -> dict:
     """Return the ``commitInfo`` of a blind WRITE of ``files`` (what Delta's own WRITE records)."""
     import uuid
 
-    info = {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": mode, "partitionBy": "[]"},
-            **({"readVersion": read_version} if read_version is not None else {}),
-            "isolationLevel": "Serializable", "isBlindAppend": True,
-            "operationMetrics": {"numFiles": str(len(files)), "numOutputRows": str(sum(f["rows"] for f in files)),
-                                 "numOutputBytes": str(sum(f["bytes"] for f in files))},
-            "userMetadata": json.dumps(marker, sort_keys=True), "engineInfo": engine, "txnId": str(uuid.uuid4())}
+    info = {
+        "timestamp": now,
+        "operation": "WRITE",
+        "operationParameters": {"mode": mode, "partitionBy": "[]"},
+        **({"readVersion": read_version} if read_version is not None else {}),
+        "isolationLevel": "Serializable",
+        "isBlindAppend": True,
+        "operationMetrics": {
+            "numFiles": str(len(files)),
+            "numOutputRows": str(sum(f["rows"] for f in files)),
+            "numOutputBytes": str(sum(f["bytes"] for f in files)),
+        },
+        "userMetadata": json.dumps(marker, sort_keys=True),
+        "engineInfo": engine,
+        "txnId": str(uuid.uuid4()),
+    }
     return info
 
 
@@ -367,9 +422,18 @@ def add_actions(storage: Any, files: list[dict], now: int) -> list[dict]:
         if info.size != f["bytes"]:
             raise CommitMarkerError(f"{storage.uri(f['name'])} has {info.size} bytes, not {f['bytes']}.")
         mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else now
-        adds.append({"add": {"path": quote(f["name"]), "partitionValues": {}, "size": f["bytes"],
-                             "modificationTime": mtime, "dataChange": True,
-                             "stats": json.dumps({"numRecords": f["rows"], **f.get("stats", {})})}})
+        adds.append(
+            {
+                "add": {
+                    "path": quote(f["name"]),
+                    "partitionValues": {},
+                    "size": f["bytes"],
+                    "modificationTime": mtime,
+                    "dataChange": True,
+                    "stats": json.dumps({"numRecords": f["rows"], **f.get("stats", {})}),
+                }
+            }
+        )
     return adds
 
 
@@ -390,15 +454,31 @@ _READER_FEATURES = frozenset({"timestampNtz"})
 _WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "timestampNtz"})
 _LEGACY_WRITER_VERSIONS = {4: "change data feed or generated columns", 5: "column mapping", 6: "identity columns"}
 # Table properties that change nothing in what an append writes (others starting with "delta." are refused).
-_NEUTRAL_PROPERTIES = frozenset({
-    "delta.appendOnly", "delta.checkpointInterval", "delta.logRetentionDuration",
-    "delta.deletedFileRetentionDuration", "delta.setTransactionRetentionDuration", "delta.enableExpiredLogCleanup",
-    "delta.dataSkippingNumIndexedCols", "delta.dataSkippingStatsColumns", "delta.checkpoint.writeStatsAsJson",
-    "delta.checkpoint.writeStatsAsStruct", "delta.isolationLevel", "delta.minReaderVersion",
-    "delta.minWriterVersion"})
-_OFF_PROPERTIES = {"delta.enableChangeDataFeed": "false", "delta.enableDeletionVectors": "false",
-                   "delta.enableRowTracking": "false", "delta.enableInCommitTimestamps": "false",
-                   "delta.columnMapping.mode": "none", "delta.enableTypeWidening": "false"}
+_NEUTRAL_PROPERTIES = frozenset(
+    {
+        "delta.appendOnly",
+        "delta.checkpointInterval",
+        "delta.logRetentionDuration",
+        "delta.deletedFileRetentionDuration",
+        "delta.setTransactionRetentionDuration",
+        "delta.enableExpiredLogCleanup",
+        "delta.dataSkippingNumIndexedCols",
+        "delta.dataSkippingStatsColumns",
+        "delta.checkpoint.writeStatsAsJson",
+        "delta.checkpoint.writeStatsAsStruct",
+        "delta.isolationLevel",
+        "delta.minReaderVersion",
+        "delta.minWriterVersion",
+    }
+)
+_OFF_PROPERTIES = {
+    "delta.enableChangeDataFeed": "false",
+    "delta.enableDeletionVectors": "false",
+    "delta.enableRowTracking": "false",
+    "delta.enableInCommitTimestamps": "false",
+    "delta.columnMapping.mode": "none",
+    "delta.enableTypeWidening": "false",
+}
 # Each own append's files: a new directory of the table (visible to VACUUM, which removes a killed writer's
 # orphans after the retention period; names starting with "_" or "." would hide them from it forever).
 DATA_PREFIX = "eo-"
@@ -436,6 +516,7 @@ def _shape(kind: Any) -> Any:
 
 def nullable_schema(schema_json: str) -> str:
     """Return ``schema_json`` with every field nullable: what Delta records for a table a DataFrame creates."""
+
     def relax(kind: Any) -> Any:
         if not isinstance(kind, dict):
             return kind
@@ -444,9 +525,14 @@ def nullable_schema(schema_json: str) -> str:
         if kind.get("type") == "array":
             return {**kind, "containsNull": True, "elementType": relax(kind["elementType"])}
         if kind.get("type") == "map":
-            return {**kind, "valueContainsNull": True, "keyType": relax(kind["keyType"]),
-                    "valueType": relax(kind["valueType"])}
+            return {
+                **kind,
+                "valueContainsNull": True,
+                "keyType": relax(kind["keyType"]),
+                "valueType": relax(kind["valueType"]),
+            }
         return kind
+
     return json.dumps(relax(json.loads(schema_json)))
 
 
@@ -471,7 +557,8 @@ def check_appendable(state: delta_log.TableState, schema_json: str) -> None:
     if writer in _LEGACY_WRITER_VERSIONS or writer > 7:
         reasons.append(f"writer version {writer} ({_LEGACY_WRITER_VERSIONS.get(writer, 'unknown')})")
     features = (set(protocol.get("readerFeatures") or ()) - _READER_FEATURES) | (
-        set(protocol.get("writerFeatures") or ()) - _WRITER_FEATURES)
+        set(protocol.get("writerFeatures") or ()) - _WRITER_FEATURES
+    )
     reasons += [f"table feature {f}" for f in sorted(features)]
     if metadata.get("partitionColumns"):
         reasons.append(f"partition columns {metadata['partitionColumns']}")
@@ -480,8 +567,11 @@ def check_appendable(state: delta_log.TableState, schema_json: str) -> None:
     for key, value in sorted(state.configuration.items()):
         if key.startswith("delta.constraints."):
             reasons.append(f"CHECK constraint {key.removeprefix('delta.constraints.')}")
-        elif (key.startswith("delta.") and key not in _NEUTRAL_PROPERTIES
-              and str(value).lower() != _OFF_PROPERTIES.get(key)):
+        elif (
+            key.startswith("delta.")
+            and key not in _NEUTRAL_PROPERTIES
+            and str(value).lower() != _OFF_PROPERTIES.get(key)
+        ):
             reasons.append(f"table property {key}={value}")
     table_schema = json.loads(metadata["schemaString"])
     for name, f in _fields(table_schema):
@@ -491,16 +581,21 @@ def check_appendable(state: delta_log.TableState, schema_json: str) -> None:
         if declared:
             reasons.append(f"column {name} with {', '.join(declared)}")
     if _shape(table_schema) != _shape(json.loads(schema_json)):
-        reasons.append(f"columns {_column_list(table_schema)} while the batch has "
-                       f"{_column_list(json.loads(schema_json))}")
+        reasons.append(
+            f"columns {_column_list(table_schema)} while the batch has {_column_list(json.loads(schema_json))}"
+        )
     if reasons:
-        raise UnsupportedTableError(f"The own append commit does not write the Delta table at {state.path} correctly: "
-                                    f"it has {'; '.join(reasons)}.")
+        raise UnsupportedTableError(
+            f"The own append commit does not write the Delta table at {state.path} correctly: "
+            f"it has {'; '.join(reasons)}."
+        )
 
 
 def _column_list(schema: dict) -> str:
-    return ", ".join(f"{f['name']} {f['type'] if isinstance(f['type'], str) else f['type'].get('type')}"
-                     for f in schema.get("fields", []))
+    return ", ".join(
+        f"{f['name']} {f['type'] if isinstance(f['type'], str) else f['type'].get('type')}"
+        for f in schema.get("fields", [])
+    )
 
 
 def txn_committed(storage: Any, state: delta_log.TableState, app_id: str, version: int, seen: int | None) -> int | None:
@@ -519,12 +614,21 @@ def txn_committed(storage: Any, state: delta_log.TableState, app_id: str, versio
     if newest != seen:
         raise CommitMarkerError(
             f"Another writer committed txn ({app_id}, {newest}) to {storage.uri()} while this one was committing "
-            f"({app_id}, {version}): two writers share one app id; run one writer per app id.")
+            f"({app_id}, {version}): two writers share one app id; run one writer per app id."
+        )
     return None
 
 
-def append_with_files(path: Table, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
-                      engine: str = "exactly-once-provider", fence: tuple[str, int] | None = None) -> tuple[int, bool]:
+def append_with_files(
+    path: Table,
+    schema_json: str,
+    files: list[dict],
+    marker: dict,
+    app_id: str,
+    version: int,
+    engine: str = "exactly-once-provider",
+    fence: tuple[str, int] | None = None,
+) -> tuple[int, bool]:
     """Append Parquet files already in the table's directory as ONE commit carrying ``marker``.
 
     The commit Delta's own blind append would write (``commitInfo`` WRITE/Append with ``userMetadata``,
@@ -567,19 +671,24 @@ def append_with_files(path: Table, schema_json: str, files: list[dict], marker: 
         check_appendable(state, schema_json)
         check_fence(storage, fence, state.version)
         now = int(time.time() * 1000)
-        actions = [{"commitInfo": _commit_info(now, "Append", files, marker, engine, read_version=state.version)},
-                   {"txn": {"appId": app_id, "version": version, "lastUpdated": now}}, *adds]
+        actions = [
+            {"commitInfo": _commit_info(now, "Append", files, marker, engine, read_version=state.version)},
+            {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
+            *adds,
+        ]
         if put_commit(storage, state.version + 1, actions):
             return state.version + 1, True
         lost_to = state.version + 1
         state = delta_log.table_state(storage)
         if state.version < lost_to:
-            raise CommitMarkerError(f"{storage.uri(delta_log.LOG)} holds commit {lost_to} but lists only up to "
-                                    f"{state.version}.")
+            raise CommitMarkerError(
+                f"{storage.uri(delta_log.LOG)} holds commit {lost_to} but lists only up to {state.version}."
+            )
 
 
-def append_with_marker(df: Any, path: Table, marker: dict, app_id: str, version: int,
-                       fence: tuple[str, int] | None = None) -> int:
+def append_with_marker(
+    df: Any, path: Table, marker: dict, app_id: str, version: int, fence: tuple[str, int] | None = None
+) -> int:
     """Append ``df`` to the Delta table at ``path`` as one commit carrying ``marker``; return the table version.
 
     The fast path of :func:`commit_with_marker` ``mode="append"`` (same result, same idempotence per
@@ -620,8 +729,7 @@ def append_with_marker(df: Any, path: Table, marker: dict, app_id: str, version:
         df.write.parquet(storage.spark_uri(folder))
         files = written_files(storage, folder, json.loads(schema_json))
         try:
-            table_version, written = _commit_files(storage, schema_json, files, marker, app_id, version, state,
-                                                   fence)
+            table_version, written = _commit_files(storage, schema_json, files, marker, app_id, version, state, fence)
         except UnsupportedTableError as err:  # the table changed under us: nothing of ours was committed
             storage.delete_prefix(folder + "/")
             check_fence(storage, fence, newest_version(storage))
@@ -634,8 +742,16 @@ def append_with_marker(df: Any, path: Table, marker: dict, app_id: str, version:
     return table_version
 
 
-def _commit_files(path: Any, schema_json: str, files: list[dict], marker: dict, app_id: str, version: int,
-                  state: delta_log.TableState | None, fence: tuple[str, int] | None) -> tuple[int, bool]:
+def _commit_files(
+    path: Any,
+    schema_json: str,
+    files: list[dict],
+    marker: dict,
+    app_id: str,
+    version: int,
+    state: delta_log.TableState | None,
+    fence: tuple[str, int] | None,
+) -> tuple[int, bool]:
     if state is None:
         try:
             return create_with_files(path, schema_json, files, marker, app_id, version), True
@@ -645,8 +761,13 @@ def _commit_files(path: Any, schema_json: str, files: list[dict], marker: dict, 
 
 
 def _with_delta_writer(df: Any, path: Table, marker: dict, app_id: str, version: int, err: Exception) -> int:
-    log.warning("%s Committing (%s, %d) through Delta's own writer instead (slower: it rebuilds the table "
-                "state for the txn id on every commit).", err, app_id, version)
+    log.warning(
+        "%s Committing (%s, %d) through Delta's own writer instead (slower: it rebuilds the table "
+        "state for the txn id on every commit).",
+        err,
+        app_id,
+        version,
+    )
     return commit_with_marker(df, path, marker, app_id, version, mode="append")
 
 
@@ -660,15 +781,21 @@ def written_files(storage: Any, folder: str, schema: dict) -> list[dict]:
 
     files = []
     for key in storage.list(folder + "/"):
-        name = key[len(folder) + 1:]
+        name = key[len(folder) + 1 :]
         if "/" in name or not name.endswith(".parquet") or name.startswith((".", "_")):
             continue
         filesystem, location = storage.arrow_path(key)
         footer = pq.read_metadata(location, filesystem=filesystem)
         if footer.num_rows == 0:
             continue
-        files.append({"name": key, "bytes": filesystem.get_file_info(location).size, "rows": footer.num_rows,
-                      "stats": _column_stats(footer, schema)})
+        files.append(
+            {
+                "name": key,
+                "bytes": filesystem.get_file_info(location).size,
+                "rows": footer.num_rows,
+                "stats": _column_stats(footer, schema),
+            }
+        )
     return files
 
 
@@ -705,9 +832,11 @@ def _column_stats(footer: Any, schema: dict) -> dict:
                 highs[name] = max(highs.get(name, stats.max), stats.max)
             elif stats.null_count != row_group.num_rows:  # values without bounds: no bounds for the file
                 complete.discard(name)
-    result = {"minValues": {n: v for n, v in lows.items() if n in complete},
-              "maxValues": {n: v for n, v in highs.items() if n in complete},
-              "nullCount": {n: v for n, v in nulls.items() if n in complete}}
+    result = {
+        "minValues": {n: v for n, v in lows.items() if n in complete},
+        "maxValues": {n: v for n, v in highs.items() if n in complete},
+        "nullCount": {n: v for n, v in nulls.items() if n in complete},
+    }
     return {k: v for k, v in result.items() if v}
 
 
@@ -740,8 +869,13 @@ def checkpoint_if_due(spark: Any, path: Table, version: int) -> bool:
         table.create_checkpoint()
         table.cleanup_metadata()
     except Exception as err:  # an optimisation: the table is complete without it, the next commit tries again
-        log.warning("No checkpoint of version %d of %s: %s: %s; the next commit tries again.", version,
-                    storage.uri(), type(err).__name__, err)
+        log.warning(
+            "No checkpoint of version %d of %s: %s: %s; the next commit tries again.",
+            version,
+            storage.uri(),
+            type(err).__name__,
+            err,
+        )
         return False
     written = delta_log.newest_checkpoint(delta_log.log_names(storage, recent=True))
     return written is not None and written[0] >= version

@@ -75,8 +75,11 @@ def log_names(table: Table, recent: bool = False) -> list[str]:
     storage = table_storage(table)
     hint = _hinted_checkpoint(storage) if recent else None
     if hint is not None:
-        names = _probe_from(storage, hint) if _is_local(storage) else _names(
-            storage.list(LOG, start_after=f"{LOG}{hint['version']:020d}"))  # "<v>" sorts just before "<v>.*"
+        names = (
+            _probe_from(storage, hint)
+            if _is_local(storage)
+            else _names(storage.list(LOG, start_after=f"{LOG}{hint['version']:020d}"))
+        )  # "<v>" sorts just before "<v>.*"
         newest = newest_checkpoint(names)
         if commit_versions(names) and newest is not None and newest[0] >= hint["version"]:
             return names
@@ -84,7 +87,7 @@ def log_names(table: Table, recent: bool = False) -> list[str]:
 
 
 def _names(keys: list[str]) -> list[str]:
-    return [k[len(LOG):] for k in keys if "/" not in k[len(LOG):]]
+    return [k[len(LOG) :] for k in keys if "/" not in k[len(LOG) :]]
 
 
 def _is_local(storage: Storage) -> bool:
@@ -164,8 +167,11 @@ def _map(value: Any) -> dict:
 
 def _metadata(value: dict) -> dict:
     fmt = value.get("format") or {}
-    return {**value, "configuration": _map(value.get("configuration")),
-            "format": {**fmt, "options": _map(fmt.get("options"))}}
+    return {
+        **value,
+        "configuration": _map(value.get("configuration")),
+        "format": {**fmt, "options": _map(fmt.get("options"))},
+    }
 
 
 _checkpoints: dict[tuple[str, int], tuple[dict | None, dict | None, dict[str, int]]] = {}
@@ -256,8 +262,10 @@ def table_state(path: Table) -> TableState | None:
                 app_id = action["txn"]["appId"]
                 txns[app_id] = max(txns.get(app_id, -1), int(action["txn"]["version"]))
     if protocol is None or metadata is None:
-        raise ValueError(f"the Delta log in {storage.uri(LOG)} has no protocol or metaData up to version {versions[-1]}: "
-                         "it is incomplete (commits before a missing checkpoint were removed?).")
+        raise ValueError(
+            f"the Delta log in {storage.uri(LOG)} has no protocol or metaData up to version {versions[-1]}: "
+            "it is incomplete (commits before a missing checkpoint were removed?)."
+        )
     return TableState(path, versions[-1], protocol, metadata, checkpoint[0] if checkpoint else None, txns)
 
 
@@ -277,8 +285,10 @@ def _checkpoint_adds(storage: Storage, name: str) -> dict[str, dict]:
         import pyarrow.parquet as pq
 
         adds = [a for a in pq.read_table(file, columns=["add"], filesystem=filesystem).column("add").to_pylist() if a]
-    files = {a["path"]: {"path": a["path"], "size": a["size"],
-                         "partitionValues": _map(a.get("partitionValues"))} for a in adds}
+    files = {
+        a["path"]: {"path": a["path"], "size": a["size"], "partitionValues": _map(a.get("partitionValues"))}
+        for a in adds
+    }
     if len(_checkpoint_files) >= 8:
         _checkpoint_files.clear()
     _checkpoint_files[cache_key] = files
@@ -301,8 +311,10 @@ def active_files(state: TableState) -> dict[str, dict]:
         names = log_names(storage, recent=True)
         found = newest_checkpoint(names)
         if found is None or found[0] != state.checkpoint:
-            raise ValueError(f"the checkpoint of version {state.checkpoint} in {storage.uri(LOG)} is gone: read the "
-                             "table's state again.")
+            raise ValueError(
+                f"the checkpoint of version {state.checkpoint} in {storage.uri(LOG)} is gone: read the "
+                "table's state again."
+            )
         for name in found[1]:
             files.update(_checkpoint_adds(storage, name))
         start = state.checkpoint + 1
@@ -310,8 +322,11 @@ def active_files(state: TableState) -> dict[str, dict]:
         for action in read_log_file(storage, f"{version:020d}.json"):
             if action.get("add"):
                 add = action["add"]
-                files[add["path"]] = {"path": add["path"], "size": add["size"],
-                                      "partitionValues": add.get("partitionValues") or {}}
+                files[add["path"]] = {
+                    "path": add["path"],
+                    "size": add["size"],
+                    "partitionValues": add.get("partitionValues") or {},
+                }
             elif action.get("remove"):
                 files.pop(action["remove"]["path"], None)
     return files

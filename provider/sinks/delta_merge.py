@@ -58,8 +58,9 @@ def _normalised(uri: str) -> str:
     return (parsed.netloc + path) if parsed.scheme not in ("", "file") else "/" + path.lstrip("/")
 
 
-def _files_holding(changes: Any, storage: Any, files: dict[str, dict], key: tuple[str, ...],
-                   table_schema: Any) -> list[str]:
+def _files_holding(
+    changes: Any, storage: Any, files: dict[str, dict], key: tuple[str, ...], table_schema: Any
+) -> list[str]:
     """Return the log paths of the data files that hold a key of ``changes`` (one Spark job)."""
     if not files:
         return []
@@ -76,13 +77,16 @@ def _files_holding(changes: Any, storage: Any, files: dict[str, dict], key: tupl
     paths = [by_location.get(_normalised(location)) for location in found]
     if None in paths:
         raise delta_commit.CommitMarkerError(
-            f"Spark read {found[paths.index(None)]!r}, which no add action of {storage.uri()} names.")
+            f"Spark read {found[paths.index(None)]!r}, which no add action of {storage.uri()} names."
+        )
     return sorted(paths)
 
 
 def _small_files(files: dict[str, dict], touched: list[str]) -> list[str]:
     """Return the untouched files below :data:`SMALL_FILE_BYTES` to rewrite with the batch, smallest first."""
-    small = sorted((int(f["size"]), p) for p, f in files.items() if p not in touched and int(f["size"]) < SMALL_FILE_BYTES)
+    small = sorted(
+        (int(f["size"]), p) for p, f in files.items() if p not in touched and int(f["size"]) < SMALL_FILE_BYTES
+    )
     chosen, total = [], 0
     for size, path in small:
         if total + size > SMALL_FILES_TOTAL_BYTES:
@@ -92,8 +96,9 @@ def _small_files(files: dict[str, dict], touched: list[str]) -> list[str]:
     return chosen
 
 
-def _merged(changes: Any, storage: Any, touched: list[str], key: tuple[str, ...], table_schema: Any,
-            replace_equal: bool) -> Any:
+def _merged(
+    changes: Any, storage: Any, touched: list[str], key: tuple[str, ...], table_schema: Any, replace_equal: bool
+) -> Any:
     """Return the rows of the ``touched`` files with ``changes`` merged in, plus the changes of new keys."""
     from pyspark.sql import functions as F
 
@@ -112,27 +117,45 @@ def _merged(changes: Any, storage: Any, touched: list[str], key: tuple[str, ...]
     # does not touch.)
     take_change = s_version.isNotNull() & (t_version.isNull() | newer)
     return t.join(s, on, "full_outer").select(
-        *[F.when(take_change, F.col(f"s.{quoted(c)}")).otherwise(F.col(f"t.{quoted(c)}")).alias(c) for c in columns])
+        *[F.when(take_change, F.col(f"s.{quoted(c)}")).otherwise(F.col(f"t.{quoted(c)}")).alias(c) for c in columns]
+    )
 
 
-def _merge_info(now: int, read_version: int, source_rows: int, removed: list[dict], added: list[dict],
-                marker: dict, on: str) -> dict:
+def _merge_info(
+    now: int, read_version: int, source_rows: int, removed: list[dict], added: list[dict], marker: dict, on: str
+) -> dict:
     """Return the ``commitInfo`` of the own MERGE (the fields Delta's MERGE records that readers use)."""
-    return {"timestamp": now, "operation": "MERGE",
-            "operationParameters": {"predicate": json.dumps([on]), "matchedPredicates": "[]",
-                                    "notMatchedPredicates": "[]"},
-            "readVersion": read_version, "isolationLevel": "Serializable", "isBlindAppend": False,
-            "operationMetrics": {"numSourceRows": str(source_rows), "numTargetFilesRemoved": str(len(removed)),
-                                 "numTargetFilesAdded": str(len(added)),
-                                 "numOutputRows": str(sum(f["rows"] for f in added)),
-                                 "numTargetBytesRemoved": str(sum(int(f["size"]) for f in removed)),
-                                 "numTargetBytesAdded": str(sum(f["bytes"] for f in added))},
-            "userMetadata": json.dumps(marker, sort_keys=True), "engineInfo": "exactly-once-provider",
-            "txnId": str(uuid.uuid4())}
+    return {
+        "timestamp": now,
+        "operation": "MERGE",
+        "operationParameters": {"predicate": json.dumps([on]), "matchedPredicates": "[]", "notMatchedPredicates": "[]"},
+        "readVersion": read_version,
+        "isolationLevel": "Serializable",
+        "isBlindAppend": False,
+        "operationMetrics": {
+            "numSourceRows": str(source_rows),
+            "numTargetFilesRemoved": str(len(removed)),
+            "numTargetFilesAdded": str(len(added)),
+            "numOutputRows": str(sum(f["rows"] for f in added)),
+            "numTargetBytesRemoved": str(sum(int(f["size"]) for f in removed)),
+            "numTargetBytesAdded": str(sum(f["bytes"] for f in added)),
+        },
+        "userMetadata": json.dumps(marker, sort_keys=True),
+        "engineInfo": "exactly-once-provider",
+        "txnId": str(uuid.uuid4()),
+    }
 
 
-def merge_newer(changes: Any, path: Table, key: tuple[str, ...], marker: dict, app_id: str, version: int,
-                replace_equal: bool = False, fence: tuple[str, int] | None = None) -> int:
+def merge_newer(
+    changes: Any,
+    path: Table,
+    key: tuple[str, ...],
+    marker: dict,
+    app_id: str,
+    version: int,
+    replace_equal: bool = False,
+    fence: tuple[str, int] | None = None,
+) -> int:
     """MERGE ``changes`` into the current table at ``path`` as ONE commit carrying ``marker``; return its version.
 
     The rows of ``changes`` replace the table's rows of the same key only when their ``_eo_version`` is newer
@@ -163,7 +186,8 @@ def merge_newer(changes: Any, path: Table, key: tuple[str, ...], marker: dict, a
         state = delta_log.table_state(storage)
         if state is None:
             raise delta_commit.CommitMarkerError(
-                f"No Delta table at {storage.uri()}: the current table is created by the full load; run it first.")
+                f"No Delta table at {storage.uri()}: the current table is created by the full load; run it first."
+            )
         seen = state.txns.get(app_id)
         for _ in range(ATTEMPTS):
             done = delta_commit.txn_committed(storage, state, app_id, version, seen)
@@ -174,24 +198,35 @@ def merge_newer(changes: Any, path: Table, key: tuple[str, ...], marker: dict, a
                 delta_commit.check_appendable(state, delta_commit.nullable_schema(table_schema.json()))
                 _check_key(state, table_schema, key)
             except delta_commit.UnsupportedTableError as err:
-                log.warning("%s Merging (%s, %d) through Delta's MERGE instead (slower: two table state "
-                            "reconstructions per commit).", err, app_id, version)
+                log.warning(
+                    "%s Merging (%s, %d) through Delta's MERGE instead (slower: two table state "
+                    "reconstructions per commit).",
+                    err,
+                    app_id,
+                    version,
+                )
                 delta_commit.check_fence(storage, fence, state.version)
-                return delta_commit.merge_with_marker(changes, storage, on, marker, app_id, version,
-                                                      update_when=newer)
+                return delta_commit.merge_with_marker(changes, storage, on, marker, app_id, version, update_when=newer)
             delta_commit.check_fence(storage, fence, state.version)
-            committed = _rewrite_and_commit(changes, storage, state, table_schema, key, marker, app_id, version,
-                                            replace_equal, source_rows, on)
+            committed = _rewrite_and_commit(
+                changes, storage, state, table_schema, key, marker, app_id, version, replace_equal, source_rows, on
+            )
             if committed is not None:
                 delta_commit.checkpoint_if_due(changes.sparkSession, storage, committed)
                 return committed
-            log.info("Another writer committed version %d of %s first: planning (%s, %d) again on the newer "
-                     "state.", state.version + 1, storage.uri(), app_id, version)
+            log.info(
+                "Another writer committed version %d of %s first: planning (%s, %d) again on the newer state.",
+                state.version + 1,
+                storage.uri(),
+                app_id,
+                version,
+            )
             state = delta_log.table_state(storage)
         raise delta_commit.CommitMarkerError(
             f"Other writers committed to {storage.uri()} first {ATTEMPTS} times in a row while ({app_id}, {version}) "
             "was merged; nothing of it was committed: stop the other writers (maintenance jobs on the current "
-            "table) and restart the stream.")
+            "table) and restart the stream."
+        )
     finally:
         changes.unpersist()
 
@@ -203,8 +238,10 @@ def _count_unique(changes: Any, key: tuple[str, ...]) -> int:
 
     rows, keys = changes.agg(F.count(F.lit(1)), F.count_distinct(*[F.col(quoted(k)) for k in key])).first()
     if rows != keys:
-        raise ValueError(f"The batch holds {rows} changes of {keys} keys: a MERGE needs at most one change per key "
-                         f"({', '.join(key)}).")
+        raise ValueError(
+            f"The batch holds {rows} changes of {keys} keys: a MERGE needs at most one change per key "
+            f"({', '.join(key)})."
+        )
     return rows
 
 
@@ -212,12 +249,23 @@ def _check_key(state: delta_log.TableState, table_schema: Any, key: tuple[str, .
     missing = [k for k in (*key, VERSION_COLUMN) if k not in table_schema.fieldNames()]
     if missing:
         raise delta_commit.UnsupportedTableError(
-            f"The current table at {state.path} has no column {', '.join(missing)}.")
+            f"The current table at {state.path} has no column {', '.join(missing)}."
+        )
 
 
-def _rewrite_and_commit(changes: Any, storage: Any, state: delta_log.TableState, table_schema: Any,
-                        key: tuple[str, ...], marker: dict, app_id: str, version: int, replace_equal: bool,
-                        source_rows: int, on: str) -> int | None:
+def _rewrite_and_commit(
+    changes: Any,
+    storage: Any,
+    state: delta_log.TableState,
+    table_schema: Any,
+    key: tuple[str, ...],
+    marker: dict,
+    app_id: str,
+    version: int,
+    replace_equal: bool,
+    source_rows: int,
+    on: str,
+) -> int | None:
     """Write the merged files and commit them as ``state.version + 1``; None (nothing left behind) if another
     writer committed that version first."""
     files = delta_log.active_files(state)
@@ -231,12 +279,24 @@ def _rewrite_and_commit(changes: Any, storage: Any, state: delta_log.TableState,
         added = delta_commit.written_files(storage, folder, json.loads(table_schema.json()))
         now = int(time.time() * 1000)
         removed = [files[p] for p in touched]
-        actions = [{"commitInfo": _merge_info(now, state.version, source_rows, removed, added, marker, on)},
-                   {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
-                   *({"remove": {"path": f["path"], "deletionTimestamp": now, "dataChange": True,
-                                 "extendedFileMetadata": True, "partitionValues": f["partitionValues"],
-                                 "size": f["size"]}} for f in removed),
-                   *delta_commit.add_actions(storage, added, now)]
+        actions = [
+            {"commitInfo": _merge_info(now, state.version, source_rows, removed, added, marker, on)},
+            {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
+            *(
+                {
+                    "remove": {
+                        "path": f["path"],
+                        "deletionTimestamp": now,
+                        "dataChange": True,
+                        "extendedFileMetadata": True,
+                        "partitionValues": f["partitionValues"],
+                        "size": f["size"],
+                    }
+                }
+                for f in removed
+            ),
+            *delta_commit.add_actions(storage, added, now),
+        ]
         written = delta_commit.put_commit(storage, state.version + 1, actions)
         return state.version + 1 if written else None
     finally:

@@ -35,8 +35,14 @@ from pathlib import Path
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.faults import fault_point
-from exactly_once_provider.sinks.base import (UNCHECKED, BatchCommit, StaleBatchError, replayed,
-                                              require_newer_windows, require_predecessor)
+from exactly_once_provider.sinks.base import (
+    UNCHECKED,
+    BatchCommit,
+    StaleBatchError,
+    replayed,
+    require_newer_windows,
+    require_predecessor,
+)
 from exactly_once_provider.storage import Storage, open_storage
 
 MANIFEST_FORMAT = 1
@@ -66,8 +72,10 @@ def latest_manifest(root: str | Path | Storage) -> dict | None:
         if data is not None:
             return json.loads(data)
         # retention removed it after a newer one was published: look again
-    raise AirflowException(f"The newest manifest of {storage.uri(MANIFESTS)} kept disappearing while being read: "
-                           "is a manifest retention other than this provider's removing manifests?")
+    raise AirflowException(
+        f"The newest manifest of {storage.uri(MANIFESTS)} kept disappearing while being read: "
+        "is a manifest retention other than this provider's removing manifests?"
+    )
 
 
 def newest_sequence(root: str | Path | Storage) -> tuple[int | None, dict | None]:
@@ -107,8 +115,11 @@ def write_pointer(root: str | Path | Storage, manifest: dict) -> None:
     :param root: the sink's root (or its storage).
     :param manifest: the manifest just published.
     """
-    pointer = {"format": MANIFEST_FORMAT, "sequence": manifest["sequence"],
-               **{k: manifest[k] for k in ("pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total")}}
+    pointer = {
+        "format": MANIFEST_FORMAT,
+        "sequence": manifest["sequence"],
+        **{k: manifest[k] for k in ("pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total")},
+    }
     if manifest.get("windows"):
         pointer["windows"] = {w: {"version": v["version"], "rows": v["rows"]} for w, v in manifest["windows"].items()}
     sink_storage(root).put(MANIFESTS + POINTER, json.dumps(pointer, sort_keys=True).encode())
@@ -180,13 +191,17 @@ class FilesSink:
         if manifest is None:
             return None
         if manifest["pipeline"] != self.pipeline:
-            raise ValueError(f"{self.root} holds pipeline {manifest['pipeline']!r}, not {self.pipeline!r}: "
-                             "give each pipeline its own files sink directory.")
-        state = BatchCommit.from_json({k: manifest[k] for k in
-                                       ("pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total")})
+            raise ValueError(
+                f"{self.root} holds pipeline {manifest['pipeline']!r}, not {self.pipeline!r}: "
+                "give each pipeline its own files sink directory."
+            )
+        state = BatchCommit.from_json(
+            {k: manifest[k] for k in ("pipeline", "checkpoint_id", "batch_id", "offsets", "rows_total")}
+        )
         if manifest.get("windows"):  # as the other sinks report them: version and rows per window
-            state.extra["windows"] = {w: {"version": v["version"], "rows": v["rows"]}
-                                      for w, v in manifest["windows"].items()}
+            state.extra["windows"] = {
+                w: {"version": v["version"], "rows": v["rows"]} for w, v in manifest["windows"].items()
+            }
         return state
 
     def commit_location(self) -> str:
@@ -198,8 +213,7 @@ class FilesSink:
         """Remove what a crash left unpublished (:meth:`remove_orphans`) before the job's first batch."""
         removed = self.remove_orphans()
         if removed:
-            log.warning("files sink: removed %d unpublished batch folder(s) left by a crash: %s",
-                        len(removed), removed)
+            log.warning("files sink: removed %d unpublished batch folder(s) left by a crash: %s", len(removed), removed)
 
     def remove_orphans(self) -> list[str]:
         """Delete the batch folders no published manifest references; return what was removed.
@@ -252,7 +266,8 @@ class FilesSink:
                 f"Manifest {sequence} of {self.root} was published by another writer while this one was writing "
                 f"batch {fields['batch_id']} of checkpoint {fields['checkpoint_id']}: another driver commits "
                 f"pipeline {self.pipeline!r}. Nothing of this batch was published (its files are orphans, removed "
-                "at the next start); stop the other driver.")
+                "at the next start); stop the other driver."
+            )
         fault_point("files_manifest_published")
         write_pointer(self.storage, manifest)
         fault_point("files_pointer_written")
@@ -281,11 +296,14 @@ class FilesSink:
         if done:
             return False
         files = self._write(df, f"data/{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}")
-        self._publish(previous, {
-            **commit.to_json(),
-            "rows_total": (previous["rows_total"] if previous else 0) + sum(f["rows"] for f in files),
-            "files": (previous["files"] if previous else []) + files,
-        })
+        self._publish(
+            previous,
+            {
+                **commit.to_json(),
+                "rows_total": (previous["rows_total"] if previous else 0) + sum(f["rows"] for f in files),
+                "files": (previous["files"] if previous else []) + files,
+            },
+        )
         return True
 
     def published_windows(self) -> dict[str, int]:
@@ -293,8 +311,9 @@ class FilesSink:
         manifest = latest_manifest(self.storage)
         return {w: int(v["version"]) for w, v in (manifest or {}).get("windows", {}).items()}
 
-    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
-                       expected: object = UNCHECKED) -> bool:
+    def commit_windows(
+        self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
+    ) -> bool:
         """Write each window version into ``windows/``, publish versions + offsets in one manifest.
 
         :param df: the rows of the published window versions (window-mode columns).
@@ -313,13 +332,17 @@ class FilesSink:
         state = dict((previous or {}).get("windows", {}))
         require_newer_windows(windows, {w: int(v["version"]) for w, v in state.items()}, "the published")
         for window, version in sorted(windows.items()):
-            files = self._write(df.filter(F.col("window_id") == window).coalesce(1),
-                                f"windows/{_slug(window)}/{name}")
+            files = self._write(df.filter(F.col("window_id") == window).coalesce(1), f"windows/{_slug(window)}/{name}")
             state[window] = {"version": version, "rows": rows[window], "files": files}
-        self._publish(previous, {
-            **commit.to_json(), "rows_total": sum(w["rows"] for w in state.values()), "windows": state,
-            "files": [f for w in state.values() for f in w["files"]],
-        })
+        self._publish(
+            previous,
+            {
+                **commit.to_json(),
+                "rows_total": sum(w["rows"] for w in state.values()),
+                "windows": state,
+                "files": [f for w in state.values() for f in w["files"]],
+            },
+        )
         return True
 
     def append(self, df) -> None:

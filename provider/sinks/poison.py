@@ -51,15 +51,25 @@ def locate(raw, limit: int = 5) -> list[tuple]:
 
     bad_key = F.col("key").isNotNull() & ~F.is_valid_utf8(F.col("key").cast("string"))
     bad_value = F.col("value").isNotNull() & ~F.is_valid_utf8(F.col("value").cast("string"))
-    rows = (raw.filter(bad_key | bad_value)
-            .select("topic", "partition", "offset", F.when(bad_key, "key").otherwise("value").alias("column"),
-                    F.hex(F.substring(F.when(bad_key, F.col("key")).otherwise(F.col("value")), 1, 24)).alias("hex"))
-            .orderBy("topic", "partition", "offset").limit(limit).collect())
+    rows = (
+        raw.filter(bad_key | bad_value)
+        .select(
+            "topic",
+            "partition",
+            "offset",
+            F.when(bad_key, "key").otherwise("value").alias("column"),
+            F.hex(F.substring(F.when(bad_key, F.col("key")).otherwise(F.col("value")), 1, 24)).alias("hex"),
+        )
+        .orderBy("topic", "partition", "offset")
+        .limit(limit)
+        .collect()
+    )
     return [tuple(r) for r in rows]
 
 
-def refuse(found: list[tuple], reason: str, sink_kind: str, batch_id: int | None,
-           committed: Offsets | None) -> PoisonRecordError:
+def refuse(
+    found: list[tuple], reason: str, sink_kind: str, batch_id: int | None, committed: Offsets | None
+) -> PoisonRecordError:
     """Return the error that stops the job at poison records (raise it)."""
     where = ", ".join(f"{t}/{p}@{o} ({c}{', 0x' + h if h else ''})" for t, p, o, c, h in found) or "unknown offsets"
     return PoisonRecordError(
@@ -67,4 +77,5 @@ def refuse(found: list[tuple], reason: str, sink_kind: str, batch_id: int | None
         f"batch was committed; the sink stays at offsets {json.dumps(offsets_to_json(committed or {}))} and every rerun stops "
         "here. Fix the producer to write UTF-8 text (e.g. JSON) without NUL characters; the record itself must "
         "then be dealt with at the source (a new topic, or a re-extracted window), because the job never skips "
-        "a record silently.")
+        "a record silently."
+    )

@@ -41,9 +41,15 @@ import psycopg2
 from psycopg2 import sql
 
 from exactly_once_provider.sinks import poison
+from exactly_once_provider.sinks.base import (
+    UNCHECKED,
+    WINDOW_COLUMNS,
+    BatchCommit,
+    replayed,
+    require_newer_windows,
+    require_predecessor,
+)
 from exactly_once_provider.sinks.postgres_current import CurrentTable
-from exactly_once_provider.sinks.base import (UNCHECKED, WINDOW_COLUMNS, BatchCommit, replayed, require_newer_windows,
-                                              require_predecessor)
 
 OFFSETS_TABLE = "eo_stream_offsets"
 COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "record_key", "record_value")
@@ -93,8 +99,15 @@ class PostgresSink:
     # Current mode: the rows a schema change fills are updated in place (CurrentTable.apply), not merged.
     fills_in_place = True
 
-    def __init__(self, table: str, pipeline: str, connect_kwargs: dict | None = None, mode: str = "append",
-                 conn_id: str | None = None, topics: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        table: str,
+        pipeline: str,
+        connect_kwargs: dict | None = None,
+        mode: str = "append",
+        conn_id: str | None = None,
+        topics: Sequence[str] = (),
+    ) -> None:
         self.table = sql.Identifier(*table.split("."))
         self.pipeline = pipeline
         self.topics = list(topics)
@@ -152,23 +165,32 @@ class PostgresSink:
             cur.execute(_DDL_OFFSETS)
             if self.mode == "window":
                 cur.execute(_DDL_WINDOWS)
-                cur.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (window_id text NOT NULL, window_version bigint NOT NULL,"
-                    " kafka_topic text NOT NULL, kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL,"
-                    " record_key text, record_value text)").format(self.table))
+                cur.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (window_id text NOT NULL, window_version bigint NOT NULL,"
+                        " kafka_topic text NOT NULL, kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL,"
+                        " record_key text, record_value text)"
+                    ).format(self.table)
+                )
                 index = sql.Identifier(f"{self.table.strings[-1]}_window_id_idx"[:63])
                 cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (window_id)").format(index, self.table))
             elif self.mode == "current":
                 CurrentTable.ensure_state_table(cur)
             elif self.mode == "cdc":
-                cur.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (pk text PRIMARY KEY, source_version bigint NOT NULL,"
-                    " deleted boolean NOT NULL, record_value text, kafka_topic text NOT NULL,"
-                    " kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL)").format(self.table))
+                cur.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (pk text PRIMARY KEY, source_version bigint NOT NULL,"
+                        " deleted boolean NOT NULL, record_value text, kafka_topic text NOT NULL,"
+                        " kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL)"
+                    ).format(self.table)
+                )
             else:
-                cur.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (kafka_topic text NOT NULL, kafka_partition integer NOT NULL,"
-                    " kafka_offset bigint NOT NULL, record_key text, record_value text)").format(self.table))
+                cur.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (kafka_topic text NOT NULL, kafka_partition integer NOT NULL,"
+                        " kafka_offset bigint NOT NULL, record_key text, record_value text)"
+                    ).format(self.table)
+                )
         conn.close()
 
     def _read_state(self, cur) -> BatchCommit | None:
@@ -176,8 +198,11 @@ class PostgresSink:
         where, params = "pipeline = %s", [self.pipeline]
         if self.topics:
             where, params = f"{where} AND topic = ANY(%s)", [*params, self.topics]
-        cur.execute(f"SELECT topic, kafka_partition, next_offset, checkpoint_id, batch_id, rows_total"
-                    f" FROM {OFFSETS_TABLE} WHERE {where} ORDER BY committed_at DESC, batch_id DESC", params)
+        cur.execute(
+            f"SELECT topic, kafka_partition, next_offset, checkpoint_id, batch_id, rows_total"
+            f" FROM {OFFSETS_TABLE} WHERE {where} ORDER BY committed_at DESC, batch_id DESC",
+            params,
+        )
         rows = cur.fetchall()
         if not rows:
             return None
@@ -203,8 +228,9 @@ class PostgresSink:
                         state.extra["schema"] = schema
                 cur.execute("SELECT to_regclass(%s)", (WINDOWS_TABLE,))
                 if state is not None and cur.fetchone()[0] is not None:
-                    cur.execute(f"SELECT window_id, version, rows FROM {WINDOWS_TABLE} WHERE pipeline = %s",
-                                (self.pipeline,))
+                    cur.execute(
+                        f"SELECT window_id, version, rows FROM {WINDOWS_TABLE} WHERE pipeline = %s", (self.pipeline,)
+                    )
                     windows = {w: {"version": v, "rows": n} for w, v, n in cur.fetchall()}
                     if windows:
                         state.extra["windows"] = windows
@@ -227,14 +253,19 @@ class PostgresSink:
             target = sql.Identifier("eo_changes")
             cur.execute(sql.SQL("CREATE TEMP TABLE eo_changes (LIKE {}) ON COMMIT DROP").format(self.table))
         columns = sql.SQL(", ").join(map(sql.Identifier, self.columns))
-        cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(target, columns).as_string(cur),
-                        buffer)
+        cur.copy_expert(
+            sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(target, columns).as_string(cur), buffer
+        )
         if self.mode == "cdc":
-            updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
-                                         for c in self.columns if c != "pk")
-            cur.execute(sql.SQL(
-                "INSERT INTO {t} ({c}) SELECT {c} FROM eo_changes ON CONFLICT (pk) DO UPDATE SET {u}"
-                " WHERE {t}.source_version < EXCLUDED.source_version").format(t=self.table, c=columns, u=updates))
+            updates = sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in self.columns if c != "pk"
+            )
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {t} ({c}) SELECT {c} FROM eo_changes ON CONFLICT (pk) DO UPDATE SET {u}"
+                    " WHERE {t}.source_version < EXCLUDED.source_version"
+                ).format(t=self.table, c=columns, u=updates)
+            )
         return table.num_rows
 
     def _refuse_nul(self, table) -> None:
@@ -246,11 +277,18 @@ class PostgresSink:
                 continue
             bad = table.filter(pc.fill_null(pc.match_substring(table[column], "\x00"), False))
             if bad.num_rows:
-                found = [(r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], column, "")
-                         for r in bad.slice(0, 5).to_pylist()]
+                found = [
+                    (r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], column, "")
+                    for r in bad.slice(0, 5).to_pylist()
+                ]
                 state = self.committed()
-                raise poison.refuse(found, "text with a NUL character (PostgreSQL text cannot store it)", self.kind,
-                                    None, state.offsets if state else None)
+                raise poison.refuse(
+                    found,
+                    "text with a NUL character (PostgreSQL text cannot store it)",
+                    self.kind,
+                    None,
+                    state.offsets if state else None,
+                )
 
     @contextmanager
     def _batch_transaction(self, commit: BatchCommit, expected: object = UNCHECKED) -> Iterator[_Batch]:
@@ -302,8 +340,9 @@ class PostgresSink:
         with self._batch_transaction(commit, expected) as batch:
             if batch.done:
                 return False
-            written = self.current.apply(batch.cur, changes, self.schema_state, self.new_fills, self.schema_changed,
-                                         self.full_load[0].key)
+            written = self.current.apply(
+                batch.cur, changes, self.schema_state, self.new_fills, self.schema_changed, self.full_load[0].key
+            )
             batch.rows_total = batch.rows_before + written
         return True
 
@@ -317,7 +356,8 @@ class PostgresSink:
                     " next_offset = EXCLUDED.next_offset, checkpoint_id = EXCLUDED.checkpoint_id,"
                     " batch_id = EXCLUDED.batch_id, rows_total = EXCLUDED.rows_total,"
                     " committed_at = now()",
-                    (self.pipeline, topic, partition, offset, commit.checkpoint_id, commit.batch_id, rows_total))
+                    (self.pipeline, topic, partition, offset, commit.checkpoint_id, commit.batch_id, rows_total),
+                )
 
     def published_windows(self) -> dict[str, int]:
         """Return window id -> version published in the table (window mode)."""
@@ -329,8 +369,9 @@ class PostgresSink:
         finally:
             conn.close()
 
-    def commit_windows(self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit,
-                       expected: object = UNCHECKED) -> bool:
+    def commit_windows(
+        self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
+    ) -> bool:
         """Delete the rows of ``windows``, insert ``df``, record the versions and the offsets: ONE transaction.
 
         :param df: the rows of the published window versions (window-mode columns).
@@ -344,20 +385,22 @@ class PostgresSink:
             if batch.done:
                 return False
             cur = batch.cur
-            cur.execute(f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s"
-                        " AND window_id = ANY(%s)", (self.pipeline, list(windows)))
+            cur.execute(
+                f"SELECT window_id, version FROM {WINDOWS_TABLE} WHERE pipeline = %s AND window_id = ANY(%s)",
+                (self.pipeline, list(windows)),
+            )
             require_newer_windows(windows, dict(cur.fetchall()))
             if windows:
-                cur.execute(sql.SQL("DELETE FROM {} WHERE window_id = ANY(%s)").format(self.table),
-                            (list(windows),))
+                cur.execute(sql.SQL("DELETE FROM {} WHERE window_id = ANY(%s)").format(self.table), (list(windows),))
                 self._copy(cur, df)
             for window, version in windows.items():
                 cur.execute(
                     f"INSERT INTO {WINDOWS_TABLE} (pipeline, window_id, version, rows) VALUES (%s, %s, %s, %s)"
                     " ON CONFLICT (pipeline, window_id) DO UPDATE SET version = EXCLUDED.version,"
-                    " rows = EXCLUDED.rows, committed_at = now()", (self.pipeline, window, version, rows[window]))
-            cur.execute(f"SELECT coalesce(sum(rows), 0) FROM {WINDOWS_TABLE} WHERE pipeline = %s",
-                        (self.pipeline,))
+                    " rows = EXCLUDED.rows, committed_at = now()",
+                    (self.pipeline, window, version, rows[window]),
+                )
+            cur.execute(f"SELECT coalesce(sum(rows), 0) FROM {WINDOWS_TABLE} WHERE pipeline = %s", (self.pipeline,))
             batch.rows_total = int(cur.fetchone()[0])
         return True
 

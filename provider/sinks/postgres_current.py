@@ -44,9 +44,18 @@ CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
 BUILD_BATCH_ROWS = 50_000
 
 
-_FIXED_TYPES = {pa.int32(): "integer", pa.int64(): "bigint", pa.float32(): "real", pa.float64(): "double precision",
-                pa.date32(): "date", pa.binary(): "bytea", pa.large_binary(): "bytea", pa.string(): "text",
-                pa.large_string(): "text", pa.bool_(): "boolean"}
+_FIXED_TYPES = {
+    pa.int32(): "integer",
+    pa.int64(): "bigint",
+    pa.float32(): "real",
+    pa.float64(): "double precision",
+    pa.date32(): "date",
+    pa.binary(): "bytea",
+    pa.large_binary(): "bytea",
+    pa.string(): "text",
+    pa.large_string(): "text",
+    pa.bool_(): "boolean",
+}
 
 
 def pg_type(data_type: pa.DataType) -> str:
@@ -77,7 +86,8 @@ def refuse_nul(table: pa.Table, key: tuple[str, ...], where: str) -> None:
                 f"Column {field.name!r} of {bad.num_rows} row(s) of {where} holds the NUL character, which "
                 f"PostgreSQL text cannot store (keys {keys}{' ...' if bad.num_rows > 5 else ''}). Nothing of it was "
                 "committed. Remove the NUL characters at the source (the next change of each row carries the new "
-                "value), or keep this table in the Delta current table only.")
+                "value), or keep this table in the Delta current table only."
+            )
 
 
 def csv_rows(table: pa.Table) -> io.BytesIO:
@@ -90,8 +100,7 @@ def csv_rows(table: pa.Table) -> io.BytesIO:
 
     for i, field in enumerate(table.schema):
         if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
-            hexed = pa.array([None if v is None else "\\x" + v.hex() for v in table.column(i).to_pylist()],
-                             pa.string())
+            hexed = pa.array([None if v is None else "\\x" + v.hex() for v in table.column(i).to_pylist()], pa.string())
             table = table.set_column(i, field.name, hexed)
     buffer = io.BytesIO()
     pacsv.write_csv(table, buffer, pacsv.WriteOptions(include_header=False))
@@ -119,16 +128,20 @@ class CurrentTable:
         cur.execute("SELECT to_regclass(%s)", (STATE_TABLE,))
         if cur.fetchone()[0] is None:
             return None
-        cur.execute(f"SELECT schema_state FROM {STATE_TABLE} WHERE pipeline = %s AND table_name = %s",
-                    (self.pipeline, self.table.as_string(cur)))
+        cur.execute(
+            f"SELECT schema_state FROM {STATE_TABLE} WHERE pipeline = %s AND table_name = %s",
+            (self.pipeline, self.table.as_string(cur)),
+        )
         row = cur.fetchone()
         return json.loads(row[0]) if row else None
 
     def _write_state(self, cur, state: dict) -> None:
-        cur.execute(f"INSERT INTO {STATE_TABLE} (pipeline, table_name, load_id, schema_state) VALUES (%s, %s, %s, %s)"
-                    " ON CONFLICT (pipeline, table_name) DO UPDATE SET"
-                    " load_id = EXCLUDED.load_id, schema_state = EXCLUDED.schema_state, updated_at = now()",
-                    (self.pipeline, self.table.as_string(cur), state["load_id"], json.dumps(state)))
+        cur.execute(
+            f"INSERT INTO {STATE_TABLE} (pipeline, table_name, load_id, schema_state) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT (pipeline, table_name) DO UPDATE SET"
+            " load_id = EXCLUDED.load_id, schema_state = EXCLUDED.schema_state, updated_at = now()",
+            (self.pipeline, self.table.as_string(cur), state["load_id"], json.dumps(state)),
+        )
 
     def _exists(self, cur) -> bool:
         cur.execute("SELECT to_regclass(%s)", (self.table.as_string(cur),))
@@ -141,9 +154,11 @@ class CurrentTable:
         owners = [r[0] for r in cur.fetchall()]
         if self.pipeline not in owners:
             built_by = f"the current table of pipeline {owners[0]!r}" if owners else "not built by this provider"
-            raise ValueError(f"PostgreSQL table {name} exists and is {built_by}; the current table of pipeline "
-                             f"{self.pipeline!r} replaces its table at every full load. Name another table "
-                             "(postgres_table / sink_table), or drop this one if it may go.")
+            raise ValueError(
+                f"PostgreSQL table {name} exists and is {built_by}; the current table of pipeline "
+                f"{self.pipeline!r} replaces its table at every full load. Name another table "
+                "(postgres_table / sink_table), or drop this one if it may go."
+            )
 
     def _held_columns(self, cur) -> set[str]:
         cur.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(self.table))
@@ -152,8 +167,10 @@ class CurrentTable:
     def _refuse_stale_build(self, cur, handoff: Any) -> None:
         """Refuse to build from a full load this pipeline built from before once its stream has committed: the
         changes applied since are in no full load (a dropped table, a renamed ``sink_table``)."""
-        cur.execute(f"SELECT table_name FROM {STATE_TABLE} WHERE pipeline = %s AND load_id = %s",
-                    (self.pipeline, handoff.load_id))
+        cur.execute(
+            f"SELECT table_name FROM {STATE_TABLE} WHERE pipeline = %s AND load_id = %s",
+            (self.pipeline, handoff.load_id),
+        )
         built = sorted(r[0] for r in cur.fetchall())
         if built:
             name = self.table.as_string(cur)
@@ -162,10 +179,12 @@ class CurrentTable:
                 f"PostgreSQL table {name} {what}, and pipeline {self.pipeline!r} has committed changes since it "
                 f"built from full load {handoff.load_id} of {handoff.schema}.{handoff.table}: built again from that "
                 "load it would miss them. Nothing was written. Run a full reload (full_reload=true): the table is "
-                "built from the new load and the stream goes on from its offsets.")
+                "built from the new load and the stream goes on from its offsets."
+            )
 
-    def build(self, cur, handoff: Any, delta_location: Any, storage_options: dict | None = None,
-              streamed: bool = False) -> bool:
+    def build(
+        self, cur, handoff: Any, delta_location: Any, storage_options: dict | None = None, streamed: bool = False
+    ) -> bool:
         """Create the table from the full load ``handoff`` names, unless it holds that load; return whether built.
 
         :param cur: a cursor of a transaction holding the pipeline's advisory lock (committed by the caller).
@@ -186,33 +205,55 @@ class CurrentTable:
         columns = list(handoff.columns)
         names = [c.name for c in columns] + list(META_COLUMNS)
         try:
-            dataset = DeltaTable(delta_location, version=handoff.table_version,
-                                 storage_options=storage_options).to_pyarrow_dataset()
+            dataset = DeltaTable(
+                delta_location, version=handoff.table_version, storage_options=storage_options
+            ).to_pyarrow_dataset()
         except Exception as err:
             raise RuntimeError(
                 f"The full load {handoff.load_id} of {handoff.schema}.{handoff.table} (version {handoff.table_version} "
                 f"of {delta_location}) cannot be read any more ({type(err).__name__}: {err}); run a full reload "
-                "(full_reload=true) to build the PostgreSQL current table again.") from err
+                "(full_reload=true) to build the PostgreSQL current table again."
+            ) from err
         if self._exists(cur):
             self._refuse_foreign_table(cur)
             cur.execute(sql.SQL("DROP TABLE {}").format(self.table))
         types = dataset.schema  # the full load's Arrow types: arrow_type of each source column
-        definitions = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(pg_type(types.field(c.name).type)))
-                       for c in columns]
-        definitions += [sql.SQL(f"{VERSION_COLUMN} bigint NOT NULL"), sql.SQL(f"{DELETED_COLUMN} boolean NOT NULL"),
-                        sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, handoff.key)))]
+        definitions = [
+            sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(pg_type(types.field(c.name).type))) for c in columns
+        ]
+        definitions += [
+            sql.SQL(f"{VERSION_COLUMN} bigint NOT NULL"),
+            sql.SQL(f"{DELETED_COLUMN} boolean NOT NULL"),
+            sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, handoff.key))),
+        ]
         cur.execute(sql.SQL("CREATE TABLE {} ({})").format(self.table, sql.SQL(", ").join(definitions)))
         rows = 0
         for batch in dataset.to_batches(columns=names, batch_size=BUILD_BATCH_ROWS):
             rows_read = pa.Table.from_batches([batch])
             refuse_nul(rows_read, tuple(handoff.key), f"the full load {handoff.load_id}")
             rows += self._copy(cur, self.table, rows_read, names)
-            log.info("PostgreSQL current table %s: %d full-load rows copied (%.0f rows/s)",
-                     self.table.as_string(cur), rows, rows / max(time.monotonic() - started, 1e-3))
-        self._write_state(cur, {"load_id": handoff.load_id, "columns": [c.to_json() for c in columns],
-                                "fills": [], "applied": handoff.min_version})
-        log.info("PostgreSQL current table %s built from full load %s: %d rows in %.1fs",
-                 self.table.as_string(cur), handoff.load_id, rows, time.monotonic() - started)
+            log.info(
+                "PostgreSQL current table %s: %d full-load rows copied (%.0f rows/s)",
+                self.table.as_string(cur),
+                rows,
+                rows / max(time.monotonic() - started, 1e-3),
+            )
+        self._write_state(
+            cur,
+            {
+                "load_id": handoff.load_id,
+                "columns": [c.to_json() for c in columns],
+                "fills": [],
+                "applied": handoff.min_version,
+            },
+        )
+        log.info(
+            "PostgreSQL current table %s built from full load %s: %d rows in %.1fs",
+            self.table.as_string(cur),
+            handoff.load_id,
+            rows,
+            time.monotonic() - started,
+        )
         faults.fault_point("postgres_current_built")  # EO_FAULT_AT=postgres_current_built: built, not committed
         return True
 
@@ -220,11 +261,15 @@ class CurrentTable:
     def _copy(cur, target: sql.Composable, table: pa.Table, names: list[str]) -> int:
         if table.num_rows:
             columns = sql.SQL(", ").join(map(sql.Identifier, names))
-            cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(target, columns)
-                            .as_string(cur), csv_rows(table.select(names)))
+            cur.copy_expert(
+                sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(target, columns).as_string(cur),
+                csv_rows(table.select(names)),
+            )
         return table.num_rows
 
-    def apply(self, cur, changes: pa.Table, state: dict, fills: list, schema_changed: bool, key: tuple[str, ...]) -> int:
+    def apply(
+        self, cur, changes: pa.Table, state: dict, fills: list, schema_changed: bool, key: tuple[str, ...]
+    ) -> int:
         """Apply one batch inside its transaction (see the module); return the changes written.
 
         :param changes: the batch's newest change per key, typed (Arrow, the state's columns then the meta ones).
@@ -238,8 +283,11 @@ class CurrentTable:
         types = {field.name: pg_type(field.type) for field in changes.schema}  # typed by the full load's rules
         held = self._held_columns(cur)
         for name in (n for n in names if n not in held):
-            cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
-                self.table, sql.Identifier(name), sql.SQL(types[name])))
+            cur.execute(
+                sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                    self.table, sql.Identifier(name), sql.SQL(types[name])
+                )
+            )
         for fill in sorted(fills, key=lambda f: f.version):  # in statement order: a rename reads earlier fills
             if fill.source is not None:
                 value = sql.Identifier(fill.source)
@@ -247,23 +295,39 @@ class CurrentTable:
                 value = sql.SQL("NULL")
             else:
                 value = sql.SQL("CAST({} AS {})").format(sql.Literal(fill.value), sql.SQL(types[fill.column]))
-            cur.execute(sql.SQL("UPDATE {} SET {} = {} WHERE {} < %s").format(
-                self.table, sql.Identifier(fill.column), value, sql.Identifier(VERSION_COLUMN)), (fill.version,))
+            cur.execute(
+                sql.SQL("UPDATE {} SET {} = {} WHERE {} < %s").format(
+                    self.table, sql.Identifier(fill.column), value, sql.Identifier(VERSION_COLUMN)
+                ),
+                (fill.version,),
+            )
         if schema_changed:  # the table's new columns and filled rows exist in this transaction only
             faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
         written = 0
         if changes.num_rows:
             staged = sql.Identifier("eo_current_changes")
-            cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-                staged, sql.SQL(", ").join(map(sql.Identifier, names)), self.table))
+            cur.execute(
+                sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+                    staged, sql.SQL(", ").join(map(sql.Identifier, names)), self.table
+                )
+            )
             written = self._copy(cur, staged, changes, names)
             listed = sql.SQL(", ").join(map(sql.Identifier, names))
-            updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n))
-                                         for n in names if n not in key)
-            cur.execute(sql.SQL(
-                "INSERT INTO {t} ({c}) SELECT {c} FROM {s} ON CONFLICT ({k}) DO UPDATE SET {u}"
-                " WHERE {t}.{v} < EXCLUDED.{v}").format(
-                    t=self.table, c=listed, s=staged, k=sql.SQL(", ").join(map(sql.Identifier, key)), u=updates,
-                    v=sql.Identifier(VERSION_COLUMN)))
+            updates = sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in names if n not in key
+            )
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {t} ({c}) SELECT {c} FROM {s} ON CONFLICT ({k}) DO UPDATE SET {u}"
+                    " WHERE {t}.{v} < EXCLUDED.{v}"
+                ).format(
+                    t=self.table,
+                    c=listed,
+                    s=staged,
+                    k=sql.SQL(", ").join(map(sql.Identifier, key)),
+                    u=updates,
+                    v=sql.Identifier(VERSION_COLUMN),
+                )
+            )
         self._write_state(cur, state)
         return written

@@ -52,13 +52,11 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from exactly_once_provider.errors import SourceConfigurationError
-from exactly_once_provider.source import preflight
-from exactly_once_provider.source.row_decoder import RowDecoder, library_columns, row_decoder
-from exactly_once_provider.source.snapshot import ServerChunkLocator, server_ordered_columns
 from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.source.row_decoder import RowDecoder, library_columns, row_decoder
 
 if TYPE_CHECKING:
-    from exactly_once_provider.full_load.handoff import Handoff
+    pass
 
 # Server error 1236: "Could not find first log file name in binary log index file" (and other fatal
 # reading errors of the dump thread); the message tells which.
@@ -76,11 +74,13 @@ class PurgedPositionError(SourceConfigurationError):
 
 
 def purged_message(position: BinlogPosition, retained: list[str]) -> str:
-    return (f"Binlog position {position} can no longer be read: {position.file} was purged (the server keeps "
-            f"{retained[:1] + ['...'] + retained[-1:] if len(retained) > 2 else retained}). Changes after it are "
-            "lost to the binlog, so the capture refuses to skip them: run a new full load (trigger the DAG with "
-            "full_reload=true) to take a new snapshot, and raise binlog_expire_logs_seconds so the capture keeps "
-            "up.")
+    return (
+        f"Binlog position {position} can no longer be read: {position.file} was purged (the server keeps "
+        f"{retained[:1] + ['...'] + retained[-1:] if len(retained) > 2 else retained}). Changes after it are "
+        "lost to the binlog, so the capture refuses to skip them: run a new full load (trigger the DAG with "
+        "full_reload=true) to take a new snapshot, and raise binlog_expire_logs_seconds so the capture keeps "
+        "up."
+    )
 
 
 # ------------------------------------------------------------------------------------------ conversions
@@ -235,7 +235,8 @@ class TableShape:
                     raise AirflowException(
                         f"Column {name!r} of {self.schema}.{self.table} holds a zero or invalid date ({why}), which "
                         "has no date value: the capture refuses to turn it into NULL. Fix the row in the source "
-                        "(and set sql_mode NO_ZERO_DATE,NO_ZERO_IN_DATE), then run a full reload of the table.")
+                        "(and set sql_mode NO_ZERO_DATE,NO_ZERO_IN_DATE), then run a full reload of the table."
+                    )
         return row
 
     def key_of(self, values: dict[str, Any]) -> tuple:
@@ -246,7 +247,8 @@ class TableShape:
             raise AirflowException(
                 f"Key column {missing} of {self.schema}.{self.table} is not in the binlog row (columns "
                 f"{list(self.columns)}): was it dropped or renamed by an ALTER TABLE? The capture cannot tell "
-                "rows apart without it; restore the key or run a full reload with the new key.") from None
+                "rows apart without it; restore the key or run a full reload with the new key."
+            ) from None
 
 
 def _key_getter(key: tuple[str, ...], fixes: tuple[Callable[[Any], Any] | None, ...]) -> Callable[[dict], tuple]:
@@ -266,19 +268,31 @@ def table_shape(event: TableMapEvent, key: tuple[str, ...]) -> TableShape:
     if any(not n for n in names):
         raise SourceConfigurationError(
             f"The binlog has no column names for {event.schema}.{event.table}: set binlog_row_metadata=FULL "
-            "(SET GLOBAL and my.cnf). Without it columns cannot be mapped after an ALTER TABLE.")
-    described = [(c.name, c.type, bool(getattr(c, "unsigned", False)), getattr(c, "max_length", 0),
-                  getattr(c, "character_set_name", None), getattr(c, "precision", None),
-                  getattr(c, "decimals", None), list(getattr(c, "enum_values", None) or []),
-                  list(getattr(c, "set_values", None) or [])) for c in columns]
+            "(SET GLOBAL and my.cnf). Without it columns cannot be mapped after an ALTER TABLE."
+        )
+    described = [
+        (
+            c.name,
+            c.type,
+            bool(getattr(c, "unsigned", False)),
+            getattr(c, "max_length", 0),
+            getattr(c, "character_set_name", None),
+            getattr(c, "precision", None),
+            getattr(c, "decimals", None),
+            list(getattr(c, "enum_values", None) or []),
+            list(getattr(c, "set_values", None) or []),
+        )
+        for c in columns
+    ]
     version = hashlib.sha256(json.dumps(described, default=str).encode()).hexdigest()[:16]
     by_name = {c.name: c for c in columns}
     converters = tuple((c.name, f) for c in columns if (f := column_converter(c)) is not None)
     empty_sets = frozenset(c.name for c in columns if c.type == FIELD_TYPE.SET)
     fixes = tuple(_raw_key_fix(by_name[k]) if k in by_name else None for k in key)
     floats = tuple(c.name for c in columns if c.type in _FLOAT_TYPES)
-    return TableShape(event.schema, event.table, names, version, converters, empty_sets, key, fixes, floats,
-                      row_decoder(columns))
+    return TableShape(
+        event.schema, event.table, names, version, converters, empty_sets, key, fixes, floats, row_decoder(columns)
+    )
 
 
 # ----------------------------------------------------------------------------------------- transactions
@@ -329,9 +343,11 @@ class SchemaChange:
     end: BinlogPosition
 
 
-_DDL = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE|DROP\s+(?:TEMPORARY\s+)?TABLE|"
-                  r"TRUNCATE(?:\s+TABLE)?|RENAME\s+TABLE|CREATE\s+(?:OR\s+REPLACE\s+)?TABLE)\s+(.*)$",
-                  re.IGNORECASE | re.DOTALL)
+_DDL = re.compile(
+    r"^\s*(?:/\*.*?\*/\s*)*(ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE|DROP\s+(?:TEMPORARY\s+)?TABLE|"
+    r"TRUNCATE(?:\s+TABLE)?|RENAME\s+TABLE|CREATE\s+(?:OR\s+REPLACE\s+)?TABLE)\s+(.*)$",
+    re.IGNORECASE | re.DOTALL,
+)
 _IDENT = r"(?:`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
 _QUALIFIED = re.compile(rf"({_IDENT})(?:\s*\.\s*({_IDENT}))?")
 
@@ -391,8 +407,15 @@ def first_transaction_after(connection: dict[str, Any], gtid_position: str, serv
     :param gtid_position: ``"0-1-77,..."``: the last GTID of each domain already read.
     :param server_id: the replica server id to register with.
     """
-    stream = BinLogStreamReader(dict(connection), server_id=server_id, is_mariadb=True, auto_position=gtid_position,
-                                blocking=False, only_events=[RotateEvent, MariadbGtidEvent], enable_logging=False)
+    stream = BinLogStreamReader(
+        dict(connection),
+        server_id=server_id,
+        is_mariadb=True,
+        auto_position=gtid_position,
+        blocking=False,
+        only_events=[RotateEvent, MariadbGtidEvent],
+        enable_logging=False,
+    )
     file = None
     try:
         for event in stream:
@@ -405,7 +428,8 @@ def first_transaction_after(connection: dict[str, Any], gtid_position: str, serv
             raise GtidNotInBinlogError(
                 f"The server refuses to send its binlog from GTID position {gtid_position}: {error.args[1]}. Its "
                 "binlog no longer holds (purged) or never held that position, so the capture cannot continue from it "
-                "on this server: run a full reload (trigger the DAG with full_reload=true).") from None
+                "on this server: run a full reload (trigger the DAG with full_reload=true)."
+            ) from None
         raise
     finally:
         stream.close()
@@ -428,8 +452,15 @@ class _RestartStream(Exception):
 class BinlogReader:
     """Iterate committed transactions from a position; see :meth:`transactions`. Not thread-safe."""
 
-    def __init__(self, connection: dict[str, Any], tables: dict[TableName, tuple[str, ...]], server_id: int,
-                 heartbeat_seconds: float, reconnect_timeout: float, log: Any) -> None:
+    def __init__(
+        self,
+        connection: dict[str, Any],
+        tables: dict[TableName, tuple[str, ...]],
+        server_id: int,
+        heartbeat_seconds: float,
+        reconnect_timeout: float,
+        log: Any,
+    ) -> None:
         self._connection = connection
         self.tables = dict(tables)
         self.server_id = server_id
@@ -448,16 +479,35 @@ class BinlogReader:
     def _open(self, position: BinlogPosition, blocking: bool) -> BinLogStreamReader:
         self.close()
         self.stream = BinLogStreamReader(
-            dict(self._connection), server_id=self.server_id, resume_stream=True, log_file=position.file,
-            log_pos=position.pos, blocking=blocking, is_mariadb=False,
-            only_schemas=sorted({s for s, _ in self.tables}), only_tables=sorted({t for _, t in self.tables}),
-            only_events=[MariadbGtidEvent, QueryEvent, XidEvent, XAPrepareEvent, RotateEvent, HeartbeatLogEvent,
-                         TableMapEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
-            slave_heartbeat=self.heartbeat_seconds if blocking else None, enable_logging=False)
+            dict(self._connection),
+            server_id=self.server_id,
+            resume_stream=True,
+            log_file=position.file,
+            log_pos=position.pos,
+            blocking=blocking,
+            is_mariadb=False,
+            only_schemas=sorted({s for s, _ in self.tables}),
+            only_tables=sorted({t for _, t in self.tables}),
+            only_events=[
+                MariadbGtidEvent,
+                QueryEvent,
+                XidEvent,
+                XAPrepareEvent,
+                RotateEvent,
+                HeartbeatLogEvent,
+                TableMapEvent,
+                WriteRowsEvent,
+                UpdateRowsEvent,
+                DeleteRowsEvent,
+            ],
+            slave_heartbeat=self.heartbeat_seconds if blocking else None,
+            enable_logging=False,
+        )
         return self.stream
 
-    def transactions(self, start: BinlogPosition, until: BinlogPosition | None = None,
-                     blocking: bool = False) -> Iterator[SourceTransaction | SchemaChange | Idle]:
+    def transactions(
+        self, start: BinlogPosition, until: BinlogPosition | None = None, blocking: bool = False
+    ) -> Iterator[SourceTransaction | SchemaChange | Idle]:
         """
         Yield every committed transaction after ``start`` (a transaction boundary), in commit order.
 
@@ -488,7 +538,8 @@ class BinlogReader:
                     self.close()
                     raise PurgedPositionError(
                         f"The server refused to send the binlog from {boundary}: {error.args[1]}. "
-                        + purged_message(boundary, [])) from None
+                        + purged_message(boundary, [])
+                    ) from None
                 reason = repr(error)
             except _CONNECTION_ERRORS as error:
                 reason = repr(error)
@@ -498,13 +549,16 @@ class BinlogReader:
             if now - failing_since > self.reconnect_timeout:
                 raise AirflowException(
                     f"Lost the binlog stream ({reason}) and could not resume it for {self.reconnect_timeout:.0f}s; "
-                    f"nothing after {boundary} was captured. Retry the task once the server is back.")
-            self.log.warning("Binlog stream interrupted (%s); resuming at the last transaction boundary %s",
-                             reason, boundary)
+                    f"nothing after {boundary} was captured. Retry the task once the server is back."
+                )
+            self.log.warning(
+                "Binlog stream interrupted (%s); resuming at the last transaction boundary %s", reason, boundary
+            )
             time.sleep(min(5.0, 0.5 + (now - failing_since) / 4))
 
-    def _read(self, start: BinlogPosition, until: BinlogPosition | None,
-              blocking: bool) -> Iterator[SourceTransaction | SchemaChange | Idle]:
+    def _read(
+        self, start: BinlogPosition, until: BinlogPosition | None, blocking: bool
+    ) -> Iterator[SourceTransaction | SchemaChange | Idle]:
         stream = self._open(start, blocking)
         file = start.file
         current: SourceTransaction | None = None
@@ -530,9 +584,14 @@ class BinlogReader:
                 continue  # artificial events sent at the start of a dump
             event_start = end - packet.event_size
             if isinstance(event, MariadbGtidEvent):
-                current = SourceTransaction(event.gtid, packet.server_id, BinlogPosition(file, event_start),
-                                            boundary, packet.timestamp,
-                                            standalone=bool(event.flags & _MARIADB_GTID_STANDALONE))
+                current = SourceTransaction(
+                    event.gtid,
+                    packet.server_id,
+                    BinlogPosition(file, event_start),
+                    boundary,
+                    packet.timestamp,
+                    standalone=bool(event.flags & _MARIADB_GTID_STANDALONE),
+                )
                 continue
             if isinstance(event, TableMapEvent):
                 name = (event.schema, event.table)
@@ -543,8 +602,9 @@ class BinlogReader:
                 if shape is None:
                     continue  # a table not captured (only_tables matches names in any schema)
                 if current is None:
-                    current = SourceTransaction(None, packet.server_id, BinlogPosition(file, event_start), boundary,
-                                                packet.timestamp)
+                    current = SourceTransaction(
+                        None, packet.server_id, BinlogPosition(file, event_start), boundary, packet.timestamp
+                    )
                 current.rows.extend(_row_changes(event, shape, file, event_start))
                 current.tables.add((shape.schema, shape.table))
                 continue
@@ -559,14 +619,16 @@ class BinlogReader:
             if isinstance(event, XAPrepareEvent):
                 raise AirflowException(
                     f"XA transaction at {file}:{event_start}: XA PREPARE writes rows to the binlog before the "
-                    "outcome is known, which this capture does not support. Avoid XA on captured tables.")
+                    "outcome is known, which this capture does not support. Avoid XA on captured tables."
+                )
             if isinstance(event, QueryEvent):
                 query = event.query if isinstance(event.query, str) else event.query.decode(errors="replace")
                 statement = query.lstrip().upper()
                 if statement.startswith("BEGIN"):
                     if current is None:
-                        current = SourceTransaction(None, packet.server_id, BinlogPosition(file, event_start),
-                                                    boundary, packet.timestamp)
+                        current = SourceTransaction(
+                            None, packet.server_id, BinlogPosition(file, event_start), boundary, packet.timestamp
+                        )
                     continue
                 if statement.startswith("COMMIT"):
                     boundary = BinlogPosition(file, end)
@@ -597,15 +659,22 @@ class BinlogReader:
             raise _RestartStream("the stream ended inside a transaction")
 
     def _shape(self, event: TableMapEvent, key: tuple[str, ...]) -> TableShape:
-        signature = (event.schema, event.table, tuple((c.name, c.type, getattr(c, "max_length", 0),
-                                                       getattr(c, "unsigned", False)) for c in event.columns))
+        signature = (
+            event.schema,
+            event.table,
+            tuple((c.name, c.type, getattr(c, "max_length", 0), getattr(c, "unsigned", False)) for c in event.columns),
+        )
         shape = self._shapes.get(signature)
         if shape is None:
             shape = self._shapes[signature] = table_shape(event, key)
             if shape.decoder is None:
-                self.log.info("Rows of %s.%s are decoded by python-mysql-replication (about half the speed of the "
-                              "capture's own decoder) because of column(s) %s", event.schema, event.table,
-                              ", ".join(library_columns(event.columns)))
+                self.log.info(
+                    "Rows of %s.%s are decoded by python-mysql-replication (about half the speed of the "
+                    "capture's own decoder) because of column(s) %s",
+                    event.schema,
+                    event.table,
+                    ", ".join(library_columns(event.columns)),
+                )
         return shape
 
 
@@ -617,23 +686,45 @@ def _row_changes(event: Any, shape: TableShape, file: str, event_start: int) -> 
         for index, row in enumerate(rows):
             values = row["values"]
             key = shape.key_of(values)
-            yield RowChange(shape, "c", None, shape.convert(values, row["none_sources"]), None, key, file,
-                            event_start, index)
+            yield RowChange(
+                shape, "c", None, shape.convert(values, row["none_sources"]), None, key, file, event_start, index
+            )
     elif isinstance(event, DeleteRowsEvent):
         for index, row in enumerate(rows):
             values = row["values"]
             key = shape.key_of(values)
-            yield RowChange(shape, "d", shape.convert(values, row["none_sources"]), None, key, None, file,
-                            event_start, index)
+            yield RowChange(
+                shape, "d", shape.convert(values, row["none_sources"]), None, key, None, file, event_start, index
+            )
     else:
         for index, row in enumerate(rows):
             before, after = row["before_values"], row["after_values"]
             key_before, key_after = shape.key_of(before), shape.key_of(after)
-            yield RowChange(shape, "u", shape.convert(before, row["before_none_sources"]),
-                            shape.convert(after, row["after_none_sources"]), key_before, key_after, file,
-                            event_start, index)
+            yield RowChange(
+                shape,
+                "u",
+                shape.convert(before, row["before_none_sources"]),
+                shape.convert(after, row["after_none_sources"]),
+                key_before,
+                key_after,
+                file,
+                event_start,
+                index,
+            )
 
 
-__all__ = ["BinlogReader", "GtidNotInBinlogError", "Idle", "MySqlBinlogHook", "PurgedPositionError", "RowChange", "SchemaChange",
-           "SourceTransaction", "TableShape", "column_converter", "ddl_tables", "first_transaction_after", "replica_server_id",
-           "table_shape"]
+__all__ = [
+    "BinlogReader",
+    "GtidNotInBinlogError",
+    "Idle",
+    "PurgedPositionError",
+    "RowChange",
+    "SchemaChange",
+    "SourceTransaction",
+    "TableShape",
+    "column_converter",
+    "ddl_tables",
+    "first_transaction_after",
+    "replica_server_id",
+    "table_shape",
+]

@@ -68,8 +68,10 @@ def parse_position(text: str | None) -> GtidPosition:
     position: GtidPosition = {}
     for gtid in parse_list(text):
         if gtid.domain in position:
-            raise ValueError(f"GTID position {text!r} names domain {gtid.domain} twice: a position holds the last "
-                             "GTID of each domain (gtid_binlog_pos), not a state (gtid_binlog_state).")
+            raise ValueError(
+                f"GTID position {text!r} names domain {gtid.domain} twice: a position holds the last "
+                "GTID of each domain (gtid_binlog_pos), not a state (gtid_binlog_state)."
+            )
         position[gtid.domain] = gtid
     return position
 
@@ -110,8 +112,10 @@ class MissingRange:
         if self.first == self.last:
             return f"{self.domain}-{self.server_id}-{self.last}"
         if self.first is None:
-            return f"every GTID of server {self.server_id} in domain {self.domain} up to {self.domain}-" \
-                   f"{self.server_id}-{self.last}"
+            return (
+                f"every GTID of server {self.server_id} in domain {self.domain} up to {self.domain}-"
+                f"{self.server_id}-{self.last}"
+            )
         return f"{self.domain}-{self.server_id}-{self.first} .. {self.domain}-{self.server_id}-{self.last}"
 
     def touches(self, table_position: Mapping[int, Gtid]) -> bool:
@@ -139,5 +143,14 @@ def missing(delivered: Mapping[int, Gtid], state: Iterable[Gtid]) -> list[Missin
     return found
 
 
-__all__ = ["Gtid", "GtidPosition", "MissingRange", "ServerIdentity", "advance", "format_position", "missing", "parse_list",
-           "parse_position"]
+__all__ = [
+    "Gtid",
+    "GtidPosition",
+    "MissingRange",
+    "ServerIdentity",
+    "advance",
+    "format_position",
+    "missing",
+    "parse_list",
+    "parse_position",
+]

@@ -25,6 +25,7 @@ from urllib.parse import quote, urlencode
 import pyarrow as pa
 
 from exactly_once_provider.connections import connectorx_tls_query
+from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.source.identifiers import quote_table, sql_literal
 from exactly_once_provider.source.snapshot import (
     MARIADB_SNAPSHOT_STATEMENTS,
@@ -33,7 +34,6 @@ from exactly_once_provider.source.snapshot import (
     range_predicate,
     snapshot_position,
 )
-from exactly_once_provider.positions import BinlogPosition
 
 _POSITION_STATEMENTS = (
     "SELECT CONCAT(MAX(IF(VARIABLE_NAME = 'BINLOG_SNAPSHOT_FILE', VARIABLE_VALUE, NULL)), ':',"
@@ -56,10 +56,15 @@ def connection_url(settings: ConnectionSettings) -> str:
     It holds the password: pass it to connectorx only, never to a log line.
     """
     user, password = quote(settings.user, safe=""), quote(settings.password, safe="")
-    query = {"prefer_socket": "false", "tcp_connect_timeout_ms": str(settings.connect_timeout * 1000),
-             **connectorx_tls_query(settings.ssl, settings.ssl_mode)}
-    return (f"mysql://{user}:{password}@{settings.host}:{settings.port}/{quote(settings.database, safe='')}"
-            f"?{urlencode(query, quote_via=quote)}")
+    query = {
+        "prefer_socket": "false",
+        "tcp_connect_timeout_ms": str(settings.connect_timeout * 1000),
+        **connectorx_tls_query(settings.ssl, settings.ssl_mode),
+    }
+    return (
+        f"mysql://{user}:{password}@{settings.host}:{settings.port}/{quote(settings.database, safe='')}"
+        f"?{urlencode(query, quote_via=quote)}"
+    )
 
 
 def chunk_query(schema: str, table: str, select: Sequence[str], key: Sequence[str], chunk: Chunk) -> str:
@@ -69,7 +74,12 @@ def chunk_query(schema: str, table: str, select: Sequence[str], key: Sequence[st
 
 
 def read_chunk_arrow(
-    settings: ConnectionSettings, schema: str, table: str, select: Sequence[str], key: Sequence[str], chunk: Chunk,
+    settings: ConnectionSettings,
+    schema: str,
+    table: str,
+    select: Sequence[str],
+    key: Sequence[str],
+    chunk: Chunk,
     batch_rows: int,
 ) -> tuple[BinlogPosition | None, Iterator[pa.RecordBatch]]:
     """Open a snapshot, return its position and the chunk's record batches (``select`` columns) read inside it.
@@ -90,8 +100,13 @@ def read_chunk_arrow(
     pre = ["SET NAMES utf8mb4", "SET time_zone = '+00:00'", *MARIADB_SNAPSHOT_STATEMENTS, *_POSITION_STATEMENTS]
     try:
         reader = connectorx.read_sql(
-            connection_url(settings), chunk_query(schema, table, select, key, chunk), return_type="arrow_stream",
-            protocol="binary", pre_execution_query=pre, batch_size=batch_rows)
+            connection_url(settings),
+            chunk_query(schema, table, select, key, chunk),
+            return_type="arrow_stream",
+            protocol="binary",
+            pre_execution_query=pre,
+            batch_size=batch_rows,
+        )
     except BaseException as error:  # connectorx raises a pyo3 PanicException (a BaseException) on bad values
         raise _native_error(error, settings.password) from None
     batches = _batches(reader, len(select), settings.password)

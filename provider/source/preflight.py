@@ -179,8 +179,11 @@ def resolve_chunk_key(cur: Any, schema: str, table: str, chunk_key: tuple[str, .
     indexes: dict[str, list[tuple[str, bool, bool]]] = {}
     for index, column, non_unique, nullable in cur.fetchall():
         indexes.setdefault(index, []).append((column, int(non_unique) == 0, nullable == "YES"))
-    unique = {name: tuple(c for c, _, _ in cols) for name, cols in indexes.items()
-              if all(u for _, u, _ in cols) and not any(n for _, _, n in cols)}
+    unique = {
+        name: tuple(c for c, _, _ in cols)
+        for name, cols in indexes.items()
+        if all(u for _, u, _ in cols) and not any(n for _, _, n in cols)
+    }
     if chunk_key:
         wanted = tuple(chunk_key)
         for name, columns in sorted(unique.items(), key=lambda item: item[0] != "PRIMARY"):
@@ -218,11 +221,15 @@ def column_catalog(cur: Any, schema: str, table: str) -> dict[str, ColumnCatalog
     :param schema: the database name.
     :param table: the table name.
     """
-    cur.execute("SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
-                "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (schema, table))
-    return {str(name).lower(): ColumnCatalog(str(data_type).lower(), charset and str(charset),
-                                             collation and str(collation))
-            for name, data_type, charset, collation in cur.fetchall()}
+    cur.execute(
+        "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+        "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+        (schema, table),
+    )
+    return {
+        str(name).lower(): ColumnCatalog(str(data_type).lower(), charset and str(charset), collation and str(collation))
+        for name, data_type, charset, collation in cur.fetchall()
+    }
 
 
 def check_chunkable_key(cur: Any, schema: str, table: str, key: ChunkKey) -> ChunkKey:

@@ -36,16 +36,24 @@ class Headroom:
             found.append(
                 f"the capture's binlog file {self.position.file} has only {self.files_before_purge} older file(s) "
                 f"before it in the server's retention (oldest {self.oldest_file}): it is purged next; let the "
-                "capture catch up or raise binlog_expire_logs_seconds")
+                "capture catch up or raise binlog_expire_logs_seconds"
+            )
         if self.bytes_behind > warn_bytes:
-            found.append(f"the capture is {self.bytes_behind} binlog bytes behind the server's end "
-                         f"({self.newest_file}), above {warn_bytes}")
+            found.append(
+                f"the capture is {self.bytes_behind} binlog bytes behind the server's end "
+                f"({self.newest_file}), above {warn_bytes}"
+            )
         return found
 
     def to_json(self) -> dict:
-        return {"position": str(self.position), "oldest_file": self.oldest_file, "newest_file": self.newest_file,
-                "purged": self.purged, "files_before_purge": self.files_before_purge,
-                "bytes_behind": self.bytes_behind}
+        return {
+            "position": str(self.position),
+            "oldest_file": self.oldest_file,
+            "newest_file": self.newest_file,
+            "purged": self.purged,
+            "files_before_purge": self.files_before_purge,
+            "bytes_behind": self.bytes_behind,
+        }
 
 
 def headroom(position: BinlogPosition, logs: list[tuple[str, int]]) -> Headroom:
@@ -60,5 +68,5 @@ def headroom(position: BinlogPosition, logs: list[tuple[str, int]]) -> Headroom:
     if position.file not in names:
         return Headroom(position, oldest, newest, True, 0, 0)
     index = names.index(position.file)
-    behind = max(0, ordered[index][1] - position.pos) + sum(size for _, size in ordered[index + 1:])
+    behind = max(0, ordered[index][1] - position.pos) + sum(size for _, size in ordered[index + 1 :])
     return Headroom(position, oldest, newest, False, index, behind)

@@ -42,7 +42,8 @@ def _fixed(fmt: str) -> Reader:
 
 def _int24(signed: bool) -> Reader:
     def read(buf: bytes, pos: int) -> tuple[int, int]:
-        return int.from_bytes(buf[pos:pos + 3], "little", signed=signed), pos + 3
+        return int.from_bytes(buf[pos : pos + 3], "little", signed=signed), pos + 3
+
     return read
 
 
@@ -52,10 +53,11 @@ def _fraction(fsp: int) -> Callable[[bytes, int], tuple[int, int]]:
     scale = 10 ** (6 - fsp)
 
     def read(buf: bytes, pos: int) -> tuple[int, int]:
-        value = int.from_bytes(buf[pos:pos + size], "big", signed=True)
+        value = int.from_bytes(buf[pos : pos + size], "big", signed=True)
         if fsp % 2:
             value = int(value / 10)
         return value * scale, pos + size
+
     if size == 0:
         return lambda buf, pos: (0, pos)
     return read
@@ -65,15 +67,22 @@ def _datetime2(fsp: int) -> Reader:
     fraction = _fraction(fsp)
 
     def read(buf: bytes, pos: int) -> tuple[dt.datetime, int]:
-        packed = int.from_bytes(buf[pos:pos + 5], "big")
+        packed = int.from_bytes(buf[pos : pos + 5], "big")
         year_month = (packed >> 22) & 0x1FFFF
         try:
-            value = dt.datetime(year_month // 13, year_month % 13, (packed >> 17) & 0x1F, (packed >> 12) & 0x1F,
-                                (packed >> 6) & 0x3F, packed & 0x3F)
+            value = dt.datetime(
+                year_month // 13,
+                year_month % 13,
+                (packed >> 17) & 0x1F,
+                (packed >> 12) & 0x1F,
+                (packed >> 6) & 0x3F,
+                packed & 0x3F,
+            )
         except ValueError:
             raise _NotExact from None
         micros, pos = fraction(buf, pos + 5)
         return (value.replace(microsecond=micros) if micros > 0 else value), pos
+
     return read
 
 
@@ -81,14 +90,15 @@ def _timestamp2(fsp: int) -> Reader:
     fraction = _fraction(fsp)
 
     def read(buf: bytes, pos: int) -> tuple[dt.datetime, int]:
-        seconds = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+        seconds = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
         micros, pos = fraction(buf, pos + 4)
         return _EPOCH + dt.timedelta(seconds=seconds, microseconds=micros), pos
+
     return read
 
 
 def _date(buf: bytes, pos: int) -> tuple[dt.date, int]:
-    packed = int.from_bytes(buf[pos:pos + 3], "little")
+    packed = int.from_bytes(buf[pos : pos + 3], "little")
     year, month, day = (packed >> 9) & 0x7FFF, (packed >> 5) & 0xF, packed & 0x1F
     if not (year and month and day):
         raise _NotExact  # the library returns None with a "none source": the capture refuses it there
@@ -103,7 +113,7 @@ def _decimal(precision: int, scale: int) -> Reader:
     size = lead_size + 4 * (whole_int + whole_frac) + tail_size
 
     def read(buf: bytes, pos: int) -> tuple[decimal.Decimal, int]:
-        raw = bytearray(buf[pos:pos + size])
+        raw = bytearray(buf[pos : pos + size])
         negative = not raw[0] & 0x80
         raw[0] ^= 0x80
         if negative:  # every byte is inverted
@@ -114,29 +124,32 @@ def _decimal(precision: int, scale: int) -> Reader:
             parts.append(str(int.from_bytes(raw[:lead_size], "big")))
             at = lead_size
         for _ in range(whole_int):
-            parts.append(f"{int.from_bytes(raw[at:at + 4], 'big'):09d}")
+            parts.append(f"{int.from_bytes(raw[at : at + 4], 'big'):09d}")
             at += 4
         parts.append(".")
         for _ in range(whole_frac):
-            parts.append(f"{int.from_bytes(raw[at:at + 4], 'big'):09d}")
+            parts.append(f"{int.from_bytes(raw[at : at + 4], 'big'):09d}")
             at += 4
         if tail_size:
-            parts.append(f"{int.from_bytes(raw[at:at + tail_size], 'big'):0{tail}d}")
+            parts.append(f"{int.from_bytes(raw[at : at + tail_size], 'big'):0{tail}d}")
         return decimal.Decimal("".join(parts)), pos + size
+
     return read
 
 
 def _text(length_size: int, encoding: str) -> Reader:
     def read(buf: bytes, pos: int) -> tuple[str, int]:
-        length = int.from_bytes(buf[pos:pos + length_size], "little")
+        length = int.from_bytes(buf[pos : pos + length_size], "little")
         start = pos + length_size
-        return buf[start:start + length].decode(encoding), start + length
+        return buf[start : start + length].decode(encoding), start + length
+
     return read
 
 
 def _enum(size: int, values: Sequence[str]) -> Reader:
     def read(buf: bytes, pos: int) -> tuple[str, int]:
-        return values[int.from_bytes(buf[pos:pos + size], "little")], pos + size
+        return values[int.from_bytes(buf[pos : pos + size], "little")], pos + size
+
     return read
 
 
@@ -200,7 +213,9 @@ class RowDecoder:
         self.names = names
         self.readers = readers
         self.null_bytes = (len(names) + 7) // 8
-        self.full_bitmap = (b"\xff" * self.null_bytes)[:-1] + bytes([(1 << (len(names) - 8 * (self.null_bytes - 1))) - 1])
+        self.full_bitmap = (b"\xff" * self.null_bytes)[:-1] + bytes(
+            [(1 << (len(names) - 8 * (self.null_bytes - 1))) - 1]
+        )
 
     def rows(self, event: Any) -> list[dict[str, Any]] | None:
         """
@@ -218,17 +233,20 @@ class RowDecoder:
         """Return the event's rows without moving past them, or None when the library must decode them."""
         update = isinstance(event, UpdateRowsEvent)
         wrapper = event.packet
-        if (not event.complete or event.number_of_columns != len(self.names)
-                or event.columns_present_bitmap != self.full_bitmap
-                or (update and event.columns_present_bitmap2 != self.full_bitmap)
-                or getattr(wrapper, "_BinLogPacketWrapper__data_buffer", b"")):
+        if (
+            not event.complete
+            or event.number_of_columns != len(self.names)
+            or event.columns_present_bitmap != self.full_bitmap
+            or (update and event.columns_present_bitmap2 != self.full_bitmap)
+            or getattr(wrapper, "_BinLogPacketWrapper__data_buffer", b"")
+        ):
             return None
         # Read the body where the packet holds it, without consuming it: the library's own "unread" appends to
         # its buffer instead of prepending (its DECIMAL reader relies on an empty buffer), so bytes handed back
         # would be decoded out of order.
         packet = wrapper.packet
         start = packet._position
-        body = packet._data[start:start + event.event_size - wrapper.read_bytes]
+        body = packet._data[start : start + event.event_size - wrapper.read_bytes]
         try:
             return self._decode(body, update)
         except (_NotExact, ValueError, IndexError, struct.error, UnicodeDecodeError):
@@ -242,8 +260,14 @@ class RowDecoder:
             if update:
                 before, pos = image(body, pos)
                 after, pos = image(body, pos)
-                rows.append({"before_values": before, "before_none_sources": _nulls(before),
-                             "after_values": after, "after_none_sources": _nulls(after)})
+                rows.append(
+                    {
+                        "before_values": before,
+                        "before_none_sources": _nulls(before),
+                        "after_values": after,
+                        "after_none_sources": _nulls(after),
+                    }
+                )
             else:
                 values, pos = image(body, pos)
                 rows.append({"values": values, "none_sources": _nulls(values)})
@@ -252,7 +276,7 @@ class RowDecoder:
         return rows
 
     def _image(self, body: bytes, pos: int) -> tuple[dict[str, Any], int]:
-        nulls = int.from_bytes(body[pos:pos + self.null_bytes], "little")
+        nulls = int.from_bytes(body[pos : pos + self.null_bytes], "little")
         pos += self.null_bytes
         values: dict[str, Any] = {}
         if not nulls:
@@ -286,6 +310,10 @@ _TYPE_NAMES = {code: name for name, code in reversed(vars(FIELD_TYPE).items()) i
 
 def library_columns(columns: Sequence[Any]) -> list[str]:
     """Return the columns that make a table's rows go to the library, as ``name (binlog type[, charset])``."""
-    return [f"{column.name} ({_TYPE_NAMES.get(column.type, column.type)}"
-            + (f", {column.character_set_name}" if getattr(column, "character_set_name", None) else "") + ")"
-            for column in columns if _reader(column) is None]
+    return [
+        f"{column.name} ({_TYPE_NAMES.get(column.type, column.type)}"
+        + (f", {column.character_set_name}" if getattr(column, "character_set_name", None) else "")
+        + ")"
+        for column in columns
+        if _reader(column) is None
+    ]

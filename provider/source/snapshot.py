@@ -23,9 +23,9 @@ import MySQLdb.cursors
 
 from exactly_once_provider.connections import mysql_tls_required, pymysql_tls
 from exactly_once_provider.errors import ServiceAccessError, SourceConfigurationError
+from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.source.identifiers import quote_identifier, quote_table
 from exactly_once_provider.source.preflight import column_catalog
-from exactly_once_provider.positions import BinlogPosition
 
 # Error 1064 (syntax) / 1295 / 1227 cover "SHOW BINARY LOG STATUS" on servers older than MySQL 8.2.
 _OLD_SYNTAX_CODES = {1064, 1295}
@@ -105,8 +105,9 @@ class Chunk:
     upper: tuple | None
 
 
-def _compare(columns: Sequence[str], values: Sequence[Any], last_op: str,
-             literal: Callable[[Any], str] | None = None) -> tuple[str, list]:
+def _compare(
+    columns: Sequence[str], values: Sequence[Any], last_op: str, literal: Callable[[Any], str] | None = None
+) -> tuple[str, list]:
     """Lexicographic ``(columns) <op> (values)`` spelled out so the range optimizer uses the key.
 
     Values are parameters (``%s``), or inlined with ``literal`` (then no parameters are returned).
@@ -125,8 +126,9 @@ def _compare(columns: Sequence[str], values: Sequence[Any], last_op: str,
     return "(" + " OR ".join(terms) + ")", params
 
 
-def range_predicate(columns: Sequence[str], chunk: Chunk,
-                    literal: Callable[[Any], str] | None = None) -> tuple[str, list]:
+def range_predicate(
+    columns: Sequence[str], chunk: Chunk, literal: Callable[[Any], str] | None = None
+) -> tuple[str, list]:
     """Return the SQL condition (and its parameters) selecting exactly the keys of ``chunk``.
 
     :param columns: the chunk key columns.
@@ -180,8 +182,13 @@ class ServerChunkLocator:
 
     CACHE_SIZE = 100_000
 
-    def __init__(self, connect: Callable[[], Any], key: Sequence[str], collations: dict[str, tuple[str, str]],
-                 uppers: Sequence[tuple]) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        key: Sequence[str],
+        collations: dict[str, tuple[str, str]],
+        uppers: Sequence[tuple],
+    ) -> None:
         for charset, collation in collations.values():
             if not (_NAME.fullmatch(charset) and _NAME.fullmatch(collation)):
                 raise ValueError(f"Unexpected character set or collation name {charset!r}/{collation!r}.")
@@ -191,7 +198,10 @@ class ServerChunkLocator:
         self._uppers = len(uppers)
         probe = ", ".join(
             f"CONVERT(%s USING {collations[c][0]}) COLLATE {collations[c][1]} AS {quote_identifier(c)}"
-            if c in collations else f"%s AS {quote_identifier(c)}" for c in key)
+            if c in collations
+            else f"%s AS {quote_identifier(c)}"
+            for c in key
+        )
         # The number of upper bounds below the key is the index of its chunk (lower < key <= upper).
         terms, self._bound_params = [], []
         for upper in uppers:
@@ -285,9 +295,16 @@ class ConnectionSettings:
         extra.update({k: v for k, v in (("ssl", self.ssl), ("ssl_mode", self.ssl_mode)) if v})
         try:
             conn = MySQLdb.connect(
-                host=self.host, port=self.port, user=self.user, password=self.password, database=self.database,
-                charset="utf8mb4", init_command="SET time_zone = '+00:00'", connect_timeout=self.connect_timeout,
-                autocommit=True, **extra,
+                host=self.host,
+                port=self.port,
+                user=self.user,
+                password=self.password,
+                database=self.database,
+                charset="utf8mb4",
+                init_command="SET time_zone = '+00:00'",
+                connect_timeout=self.connect_timeout,
+                autocommit=True,
+                **extra,
             )
         except MySQLdb.OperationalError as err:
             raise self._refusal(err) from None
@@ -300,14 +317,19 @@ class ConnectionSettings:
         code, message = (err.args + ("",))[:2]
         where = f"MySQL server {self.host}:{self.port} refused user {self.user!r} ({code}: {message})"
         if code == _LOGIN_DENIED:
-            hint = ("Check the connection's login and password." if self.ssl or self.ssl_mode else
-                    "Check the connection's login and password; a user created REQUIRE SSL is refused the same way "
-                    "when the connection does not ask for TLS: set its Extra ssl, e.g. {\"ssl\": {\"ca\": "
-                    "\"/path/ca.pem\"}}.")
+            hint = (
+                "Check the connection's login and password."
+                if self.ssl or self.ssl_mode
+                else "Check the connection's login and password; a user created REQUIRE SSL is refused the same way "
+                'when the connection does not ask for TLS: set its Extra ssl, e.g. {"ssl": {"ca": '
+                '"/path/ca.pem"}}.'
+            )
             return ServiceAccessError(f"{where}. {hint}")
         if "certificate" in str(message).lower() or "ssl" in str(message).lower() or "tls" in str(message).lower():
-            return ServiceAccessError(f"{where}. The TLS handshake failed: put the CA that signed the server's "
-                                      "certificate in the connection's Extra ssl.ca (and check ssl_mode).")
+            return ServiceAccessError(
+                f"{where}. The TLS handshake failed: put the CA that signed the server's "
+                "certificate in the connection's Extra ssl.ca (and check ssl_mode)."
+            )
         return err
 
     def _check_encrypted(self, conn: MySQLdb.connections.Connection) -> None:
@@ -322,17 +344,30 @@ class ConnectionSettings:
             raise SourceConfigurationError(
                 f"The connection's TLS settings require encryption (ssl_mode={self.ssl_mode or 'from ssl'}) but the "
                 f"session with {self.host}:{self.port} is not encrypted: enable TLS on the server (ssl_cert, "
-                "ssl_key), or fix the connection's Extra 'ssl'/'ssl_mode'.")
+                "ssl_key), or fix the connection's Extra 'ssl'/'ssl_mode'."
+            )
 
     def replication_settings(self) -> dict[str, Any]:
         """Return PyMySQL connection settings (python-mysql-replication's ``connection_settings``), TLS included."""
-        return {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,
-                "connect_timeout": self.connect_timeout, **pymysql_tls(self.ssl, self.ssl_mode)}
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "passwd": self.password,
+            "connect_timeout": self.connect_timeout,
+            **pymysql_tls(self.ssl, self.ssl_mode),
+        }
 
 
 def read_chunk(
-    conn: Any, is_mariadb: bool, schema: str, table: str, select: Sequence[str], key: Sequence[str],
-    chunk: Chunk, fetch_rows: int = 10_000,
+    conn: Any,
+    is_mariadb: bool,
+    schema: str,
+    table: str,
+    select: Sequence[str],
+    key: Sequence[str],
+    chunk: Chunk,
+    fetch_rows: int = 10_000,
 ) -> tuple[BinlogPosition, Iterator[list[tuple]]]:
     """Open a snapshot, return its position and an iterator of row batches of ``chunk`` read inside it.
 

@@ -111,8 +111,14 @@ class Window:
     guard: str
 
 
-def preflight(conn: Any, table: str, cursor_column: str, cursor_kind: str, deleted_column: str | None = None,
-              datetime_time_zone: str | None = None) -> WatermarkTable:
+def preflight(
+    conn: Any,
+    table: str,
+    cursor_column: str,
+    cursor_kind: str,
+    deleted_column: str | None = None,
+    datetime_time_zone: str | None = None,
+) -> WatermarkTable:
     """
     Check that ``table`` can be read by watermark and return how; raise what to fix otherwise.
 
@@ -125,8 +131,10 @@ def preflight(conn: Any, table: str, cursor_column: str, cursor_kind: str, delet
         ``@@global.time_zone``.
     """
     if cursor_kind not in CURSOR_KINDS:
-        raise ValueError(f"cursor_kind={cursor_kind!r}: use 'timestamp' (TIMESTAMP/DATETIME column) or 'id' "
-                         "(monotonically assigned integer).")
+        raise ValueError(
+            f"cursor_kind={cursor_kind!r}: use 'timestamp' (TIMESTAMP/DATETIME column) or 'id' "
+            "(monotonically assigned integer)."
+        )
     cur = conn.cursor()
     schema, _, name = table.rpartition(".")
     if not schema:
@@ -134,44 +142,59 @@ def preflight(conn: Any, table: str, cursor_column: str, cursor_kind: str, delet
         schema = cur.fetchone()[0]
         if not schema:
             raise ValueError(f"table={table!r} has no schema and the connection has none: write 'schema.table'.")
-    cur.execute("SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION FROM information_schema.COLUMNS "
-                "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, name))
+    cur.execute(
+        "SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION FROM information_schema.COLUMNS "
+        "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+        (schema, name),
+    )
     columns = {row[0]: (row[1].lower(), row[2]) for row in cur.fetchall()}
     where = f"{quote_identifier(schema)}.{quote_identifier(name)}"
     if not columns:
         raise SourceConfigurationError(
             f"Table {where} does not exist or the connection's user cannot see it: check `table` and grant "
-            "SELECT on it.")
+            "SELECT on it."
+        )
     if cursor_column not in columns:
         raise SourceConfigurationError(
             f"Cursor column {quote_identifier(cursor_column)} is not in {where} (columns: "
             f"{', '.join(columns)}). Set cursor_column to an existing column, e.g. an `updated_at TIMESTAMP(6) "
-            "NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)`.")
+            "NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)`."
+        )
     data_type, precision = columns[cursor_column]
     allowed = TIME_TYPES if cursor_kind == "timestamp" else ID_TYPES
     if data_type not in allowed:
-        hint = ("a TIMESTAMP(6) column maintained with DEFAULT/ON UPDATE CURRENT_TIMESTAMP(6)"
-                if cursor_kind == "timestamp" else "an integer AUTO_INCREMENT (or sequence-assigned) column")
+        hint = (
+            "a TIMESTAMP(6) column maintained with DEFAULT/ON UPDATE CURRENT_TIMESTAMP(6)"
+            if cursor_kind == "timestamp"
+            else "an integer AUTO_INCREMENT (or sequence-assigned) column"
+        )
         raise SourceConfigurationError(
             f"Cursor column {quote_identifier(cursor_column)} of {where} is {data_type.upper()}, which "
             f"cursor_kind={cursor_kind!r} does not support (it needs {' or '.join(t.upper() for t in allowed)}). "
-            f"Use {hint}.")
+            f"Use {hint}."
+        )
     if deleted_column is not None and deleted_column not in columns:
         raise SourceConfigurationError(
             f"Soft-delete column {quote_identifier(deleted_column)} is not in {where}: set deleted_column to the "
-            "flag column, or leave it unset.")
-    cur.execute("SELECT INDEX_NAME, SEQ_IN_INDEX, COLUMN_NAME FROM information_schema.STATISTICS "
-                "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY INDEX_NAME, SEQ_IN_INDEX", (schema, name))
+            "flag column, or leave it unset."
+        )
+    cur.execute(
+        "SELECT INDEX_NAME, SEQ_IN_INDEX, COLUMN_NAME FROM information_schema.STATISTICS "
+        "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY INDEX_NAME, SEQ_IN_INDEX",
+        (schema, name),
+    )
     indexes = cur.fetchall()
     if not any(seq == 1 and column == cursor_column for _, seq, column in indexes):
         raise SourceConfigurationError(
             f"No index of {where} starts with cursor column {quote_identifier(cursor_column)}: every window "
             f"would scan the whole table. Add one: ALTER TABLE {where} ADD INDEX "
-            f"({quote_identifier(cursor_column)}).")
+            f"({quote_identifier(cursor_column)})."
+        )
     primary_key = tuple(column for index, _, column in indexes if index == "PRIMARY")
     if not primary_key:
         raise SourceConfigurationError(
-            f"{where} has no PRIMARY KEY: window records are keyed by it so downstream can upsert. Add one.")
+            f"{where} has no PRIMARY KEY: window records are keyed by it so downstream can upsert. Add one."
+        )
     warnings: list[str] = []
     zone = "+00:00"
     if data_type == "datetime":
@@ -181,9 +204,21 @@ def preflight(conn: Any, table: str, cursor_column: str, cursor_kind: str, delet
                 f"Cursor column {quote_identifier(cursor_column)} of {where} is DATETIME in time zone {zone!r}, "
                 "which observes daylight saving time: when clocks go back, an hour of values repeats and "
                 "rows written in the second pass can sort before a bound already read. Use a TIMESTAMP "
-                "column (UTC internally), or run the server in a zone without DST.")
-    return WatermarkTable(schema, name, cursor_column, cursor_kind, data_type, int(precision or 0),
-                          primary_key, tuple(columns), deleted_column, zone, tuple(warnings))
+                "column (UTC internally), or run the server in a zone without DST."
+            )
+    return WatermarkTable(
+        schema,
+        name,
+        cursor_column,
+        cursor_kind,
+        data_type,
+        int(precision or 0),
+        primary_key,
+        tuple(columns),
+        deleted_column,
+        zone,
+        tuple(warnings),
+    )
 
 
 def _global_time_zone(cur: Any) -> str:
@@ -200,10 +235,13 @@ def _has_dst(cur: Any, zone: str) -> bool:
     except MySQLdb.MySQLError as err:
         raise SourceConfigurationError(
             f"The server does not know time zone {zone!r} ({err}): load its time zone tables "
-            "(mariadb-tzinfo-to-sql) or set datetime_time_zone to an offset like '+08:00'.") from err
+            "(mariadb-tzinfo-to-sql) or set datetime_time_zone to an offset like '+08:00'."
+        ) from err
     try:
         year = datetime.now().year
-        cur.execute("SELECT UNIX_TIMESTAMP(%s), UNIX_TIMESTAMP(%s)", (f"{year}-01-15 12:00:00", f"{year}-07-15 12:00:00"))
+        cur.execute(
+            "SELECT UNIX_TIMESTAMP(%s), UNIX_TIMESTAMP(%s)", (f"{year}-01-15 12:00:00", f"{year}-07-15 12:00:00")
+        )
         january, july = cur.fetchone()
         return int(july) - int(january) != (datetime(year, 7, 15) - datetime(year, 1, 15)).total_seconds()
     finally:
@@ -230,9 +268,17 @@ def truncate(value: datetime, precision: int) -> datetime:
     return value.replace(microsecond=value.microsecond - value.microsecond % step)
 
 
-def read_window(conn: Any, spec: WatermarkTable, lower: Any, *, interval_end: datetime | None = None,
-                safety_lag: float = 5.0, fixed_upper: Any = None, open_transaction_timeout: float = 300,
-                log: Any) -> Window:
+def read_window(
+    conn: Any,
+    spec: WatermarkTable,
+    lower: Any,
+    *,
+    interval_end: datetime | None = None,
+    safety_lag: float = 5.0,
+    fixed_upper: Any = None,
+    open_transaction_timeout: float = 300,
+    log: Any,
+) -> Window:
     """
     Read the next window ``[lower, upper)`` of ``spec`` in one consistent snapshot.
 
@@ -262,16 +308,19 @@ def read_window(conn: Any, spec: WatermarkTable, lower: Any, *, interval_end: da
     if upper is not None:
         column = quote_identifier(spec.cursor_column)
         order = ", ".join(quote_identifier(c) for c in (spec.cursor_column, *spec.primary_key))
-        sql = (f"SELECT {', '.join(quote_identifier(c) for c in spec.columns)} FROM {spec.qualified} "
-               f"WHERE {column} < %s" + (f" AND {column} >= %s" if lower is not None else "") + f" ORDER BY {order}")
+        sql = (
+            f"SELECT {', '.join(quote_identifier(c) for c in spec.columns)} FROM {spec.qualified} "
+            f"WHERE {column} < %s" + (f" AND {column} >= %s" if lower is not None else "") + f" ORDER BY {order}"
+        )
         cur.execute(sql, (upper,) if lower is None else (upper, lower))
         rows = [dict(zip(spec.columns, row)) for row in cur.fetchall()]
     conn.rollback()
     return Window(lower, upper, reason, rows, guard)
 
 
-def _timestamp_upper(cur: Any, spec: WatermarkTable, interval_end: datetime | None, safety_lag: float,
-                     timeout: float, log: Any) -> tuple[datetime, str, str]:
+def _timestamp_upper(
+    cur: Any, spec: WatermarkTable, interval_end: datetime | None, safety_lag: float, timeout: float, log: Any
+) -> tuple[datetime, str, str]:
     cur.execute("SELECT NOW(6)")  # before the guard: a writer begun after the guard's read writes values above it
     now = cur.fetchone()[0]
     open_before = _open_transactions(cur, log)
@@ -310,13 +359,16 @@ def _id_upper(cur: Any, spec: WatermarkTable, safety_lag: float, timeout: float,
     return (None if highest is None else int(highest) + 1), "max_id", guard
 
 
-def _wait_until_ended(cur: Any, transactions: set[tuple[int, datetime]], timeout: float, what: str,
-                      log: Any) -> None:
+def _wait_until_ended(cur: Any, transactions: set[tuple[int, datetime]], timeout: float, what: str, log: Any) -> None:
     """Wait until every one of ``transactions`` (thread id, start) has ended; raise after ``timeout`` s."""
     pending = set(transactions)
     if pending:
-        log.info("Waiting for %d open transaction(s) that may still commit %s: %s", len(pending), what,
-                 ", ".join(f"thread {thread} since {started}" for thread, started in sorted(pending)))
+        log.info(
+            "Waiting for %d open transaction(s) that may still commit %s: %s",
+            len(pending),
+            what,
+            ", ".join(f"thread {thread} since {started}" for thread, started in sorted(pending)),
+        )
     deadline = time.monotonic() + timeout
     while pending:
         pending &= set(_open_transactions(cur, log) or ())
@@ -325,7 +377,8 @@ def _wait_until_ended(cur: Any, transactions: set[tuple[int, datetime]], timeout
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"Transactions {sorted(pending)} (thread id, started) stayed open over {timeout}s and may still "
-                f"commit {what}. Find them with SHOW PROCESSLIST, or raise open_transaction_timeout.")
+                f"commit {what}. Find them with SHOW PROCESSLIST, or raise open_transaction_timeout."
+            )
         time.sleep(0.2)
 
 
@@ -342,14 +395,19 @@ def _open_transactions(cur: Any, log: Any) -> set[tuple[int, datetime]] | None:
     cur.execute("SET time_zone = 'SYSTEM'")
     time.sleep(TRX_CACHE_IDLE)  # let InnoDB refill its innodb_trx cache (module docstring)
     try:
-        cur.execute("SELECT trx_mysql_thread_id, UNIX_TIMESTAMP(trx_started) FROM information_schema.innodb_trx "
-                    "WHERE trx_mysql_thread_id <> CONNECTION_ID() AND trx_is_read_only = 0")
+        cur.execute(
+            "SELECT trx_mysql_thread_id, UNIX_TIMESTAMP(trx_started) FROM information_schema.innodb_trx "
+            "WHERE trx_mysql_thread_id <> CONNECTION_ID() AND trx_is_read_only = 0"
+        )
         found = cur.fetchall()
     except MySQLdb.OperationalError as err:
         if err.args[0] not in ACCESS_DENIED:
             raise
-        log.warning("Cannot read information_schema.innodb_trx (%s): the late-commit guard is off and the "
-                    "window relies on the safety lag alone. Grant PROCESS to the source user to enable it.", err)
+        log.warning(
+            "Cannot read information_schema.innodb_trx (%s): the late-commit guard is off and the "
+            "window relies on the safety lag alone. Grant PROCESS to the source user to enable it.",
+            err,
+        )
         return None
     finally:
         cur.execute("SET time_zone = %s", (zone,))
@@ -375,12 +433,21 @@ def row_message(spec: WatermarkTable, row: dict[str, Any]) -> tuple[bytes, bytes
 
     A row whose soft-delete flag is true is published with ``"op": "delete"``.
     """
-    key = json.dumps({c: row[c] for c in spec.primary_key}, default=_json_value, sort_keys=True,
-                     separators=(",", ":")).encode()
+    key = json.dumps(
+        {c: row[c] for c in spec.primary_key}, default=_json_value, sort_keys=True, separators=(",", ":")
+    ).encode()
     deleted = spec.deleted_column is not None and bool(row[spec.deleted_column])
-    value = json.dumps({"op": "delete" if deleted else "upsert", "table": f"{spec.schema}.{spec.table}",
-                        "cursor": format_cursor(row[spec.cursor_column]), "row": row},
-                       default=_json_value, sort_keys=True, separators=(",", ":")).encode()
+    value = json.dumps(
+        {
+            "op": "delete" if deleted else "upsert",
+            "table": f"{spec.schema}.{spec.table}",
+            "cursor": format_cursor(row[spec.cursor_column]),
+            "row": row,
+        },
+        default=_json_value,
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
     return key, value
 
 

@@ -17,7 +17,11 @@ from __future__ import annotations
 import json
 
 from exactly_once_provider import faults
-from exactly_once_provider.sinks.base import BatchCommit, Offsets, StaleBatchError, UNCHECKED, offsets_from_json, offsets_to_json, require_predecessor
+from exactly_once_provider.sinks.base import (
+    Offsets,
+    offsets_from_json,
+)
+
 
 def checkpoint_storage(checkpoint: str):
     """Return the storage rooted at a query's checkpoint location (local path, ``file://``, ``s3://``/``s3a://``)."""
@@ -39,7 +43,7 @@ def checkpoint_id(checkpoint: str) -> str:
 
 
 def _log_entries(storage, folder: str) -> list[int]:
-    names = (key[len(folder) + 1:] for key in storage.list(folder + "/"))
+    names = (key[len(folder) + 1 :] for key in storage.list(folder + "/"))
     return sorted(int(name) for name in names if name.isdigit())
 
 
@@ -83,15 +87,17 @@ def read_kafka_range(spark, kafka_options: dict[str, str], start: Offsets, end: 
     assign = {t: sorted(parts) for t, parts in end.items()}
     starting = {t: {str(p): start.get(t, {}).get(p, -2) for p in parts} for t, parts in end.items()}
     ending = {t: {str(p): max(o, start.get(t, {}).get(p, 0)) for p, o in parts.items()} for t, parts in end.items()}
-    return (spark.read.format("kafka")
-            .options(**kafka_options)
-            .option("assign", json.dumps(assign))
-            .option("startingOffsets", json.dumps(starting))
-            .option("endingOffsets", json.dumps(ending))
-            .option("kafka.isolation.level", "read_committed")
-            .option("includeHeaders", "true")
-            .option("failOnDataLoss", "true")
-            .load())
+    return (
+        spark.read.format("kafka")
+        .options(**kafka_options)
+        .option("assign", json.dumps(assign))
+        .option("startingOffsets", json.dumps(starting))
+        .option("endingOffsets", json.dumps(ending))
+        .option("kafka.isolation.level", "read_committed")
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", "true")
+        .load()
+    )
 
 
 def fault_point(step: str, batch_id: int) -> None:

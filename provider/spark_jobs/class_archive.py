@@ -30,8 +30,9 @@ QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 def chosen_elsewhere(*java_options: str | None) -> bool:
     """Return whether these JVM options (``SPARK_SUBMIT_OPTS``, the driver's) already name a class archive."""
-    return any(option and ("SharedArchiveFile" in option or "ArchiveClassesAtExit" in option)
-               for option in java_options)
+    return any(
+        option and ("SharedArchiveFile" in option or "ArchiveClassesAtExit" in option) for option in java_options
+    )
 
 
 def _java_binary() -> Path:
@@ -77,8 +78,9 @@ class DriverClassArchive:
     def in_directory(cls, directory: str) -> DriverClassArchive:
         """Return the archive of this install in ``directory``: use it if it exists, else write it this time."""
         if not directory or not os.path.isabs(directory):
-            raise ValueError(f"Spark connection Extra {ARCHIVE_DIR_EXTRA!r} must be an absolute directory path, "
-                             f"got {directory!r}")
+            raise ValueError(
+                f"Spark connection Extra {ARCHIVE_DIR_EXTRA!r} must be an absolute directory path, got {directory!r}"
+            )
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"spark-driver-{install_key()}.jsa"

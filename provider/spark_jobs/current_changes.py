@@ -8,10 +8,9 @@ and follows the table's schema changes (:class:`CurrentChanges`, rules in
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 import logging
+from typing import Any
 
 from exactly_once_provider.full_load.columns import Column, is_binary
 from exactly_once_provider.full_load.spark_source import spark_schema
@@ -67,9 +66,16 @@ def schema_change_ahead(err: BaseException) -> bool:
     return SCHEMA_AHEAD in str(err)
 
 
-def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], schema: str, table: str,
-                  fills: list[Fill] = (), since: int | str | None = None,
-                  refuse_schema_after: int | None = None) -> Any:
+def typed_changes(
+    records: Any,
+    columns: list[Column],
+    key: tuple[str, ...],
+    schema: str,
+    table: str,
+    fills: list[Fill] = (),
+    since: int | str | None = None,
+    refuse_schema_after: int | None = None,
+) -> Any:
     """Return the newest change per key of ``records`` as rows of the current table.
 
     Schema records (``op`` ``ddl``) are left out (:class:`CurrentChanges` reads them), or, newer than
@@ -100,25 +106,49 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
     from pyspark.sql.types import StringType, StructField, StructType
 
     types = {f.name: f.dataType for f in spark_schema(columns).fields}
-    where = F.concat(F.lit(" (topic "), F.col("kafka_topic"), F.lit(", partition "),
-                     F.col("kafka_partition").cast("string"), F.lit(", offset "),
-                     F.col("kafka_offset").cast("string"), F.lit(")"))
+    where = F.concat(
+        F.lit(" (topic "),
+        F.col("kafka_topic"),
+        F.lit(", partition "),
+        F.col("kafka_partition").cast("string"),
+        F.lit(", offset "),
+        F.col("kafka_offset").cast("string"),
+        F.lit(")"),
+    )
     source_schema = F.get_json_object("record_value", "$.source.schema")
     source_table = F.get_json_object("record_value", "$.source.table")
     version = F.get_json_object("record_value", "$.version").cast("bigint")
     image = F.coalesce(F.get_json_object("record_value", "$.after"), F.get_json_object("record_value", "$.before"))
     checked = (
-        F.when((source_schema != F.lit(schema)) | (source_table != F.lit(table)) | source_schema.isNull(),
-               F.raise_error(F.concat(
-                   F.lit("A change of "), F.coalesce(source_schema, F.lit("?")), F.lit("."),
-                   F.coalesce(source_table, F.lit("?")), where,
-                   F.lit(f" reached the current table of {schema}.{table}: one current table takes the topics of "
-                         "its own source table only; give each table its own sink (one application: "
-                         "the operator's streams)."))))
-        .when(version.isNull() | image.isNull(),
-              F.raise_error(F.concat(F.lit("A record without a numeric version or a before/after image"), where,
-                                     F.lit(" is not a change record of the binlog capture."))))
-        .otherwise(version))
+        F.when(
+            (source_schema != F.lit(schema)) | (source_table != F.lit(table)) | source_schema.isNull(),
+            F.raise_error(
+                F.concat(
+                    F.lit("A change of "),
+                    F.coalesce(source_schema, F.lit("?")),
+                    F.lit("."),
+                    F.coalesce(source_table, F.lit("?")),
+                    where,
+                    F.lit(
+                        f" reached the current table of {schema}.{table}: one current table takes the topics of "
+                        "its own source table only; give each table its own sink (one application: "
+                        "the operator's streams)."
+                    ),
+                )
+            ),
+        )
+        .when(
+            version.isNull() | image.isNull(),
+            F.raise_error(
+                F.concat(
+                    F.lit("A record without a numeric version or a before/after image"),
+                    where,
+                    F.lit(" is not a change record of the binlog capture."),
+                )
+            ),
+        )
+        .otherwise(version)
+    )
     as_text = StructType([StructField(c.name, StringType()) for c in columns])
     by_name = {c.name: c for c in columns}
 
@@ -129,25 +159,41 @@ def typed_changes(records: Any, columns: list[Column], key: tuple[str, ...], sch
     keep = ~ddl
     if refuse_schema_after is not None:
         newer = F.get_json_object("record_value", "$.version").cast("bigint") > F.lit(refuse_schema_after)
-        keep = F.when(ddl & newer, F.raise_error(F.lit(
-            f"{SCHEMA_AHEAD}: the batch holds a schema change its plan did not read; it is planned again with it."))
+        keep = F.when(
+            ddl & newer,
+            F.raise_error(
+                F.lit(
+                    f"{SCHEMA_AHEAD}: the batch holds a schema change its plan did not read; it is planned again with it."
+                )
+            ),
         ).otherwise(keep)
     parsed = records.filter(keep).select(
         checked.alias(VERSION_COLUMN),
         (F.get_json_object("record_value", "$.op") == F.lit("d")).alias(DELETED_COLUMN),
-        F.from_json(image, as_text).alias("image"), "kafka_offset")
+        F.from_json(image, as_text).alias("image"),
+        "kafka_offset",
+    )
     rows = parsed.select(
-        *[_filled(c.name, list(fills), F.col(VERSION_COLUMN), image_value, types[c.name]).alias(c.name)
-          for c in columns],
-        VERSION_COLUMN, DELETED_COLUMN, "kafka_offset")
+        *[
+            _filled(c.name, list(fills), F.col(VERSION_COLUMN), image_value, types[c.name]).alias(c.name)
+            for c in columns
+        ],
+        VERSION_COLUMN,
+        DELETED_COLUMN,
+        "kafka_offset",
+    )
     if since is not None:  # on the typed key, after the checks: bad records still fail
         rows = rows.where(F.col(VERSION_COLUMN) >= (F.lit(since) if isinstance(since, int) else F.expr(since)))
-    newest = F.max_by(F.struct(*[F.col(quoted(c)) for c in rows.columns]),
-                      F.struct(VERSION_COLUMN, "kafka_offset"))
-    return (rows.groupBy(*[F.col(quoted(k)) for k in key]).agg(newest.alias("c"))
-            .select(*[F.col("c")[c.name].alias(c.name) for c in columns],
-                    F.col("c")[VERSION_COLUMN].alias(VERSION_COLUMN),
-                    F.col("c")[DELETED_COLUMN].alias(DELETED_COLUMN)))
+    newest = F.max_by(F.struct(*[F.col(quoted(c)) for c in rows.columns]), F.struct(VERSION_COLUMN, "kafka_offset"))
+    return (
+        rows.groupBy(*[F.col(quoted(k)) for k in key])
+        .agg(newest.alias("c"))
+        .select(
+            *[F.col("c")[c.name].alias(c.name) for c in columns],
+            F.col("c")[VERSION_COLUMN].alias(VERSION_COLUMN),
+            F.col("c")[DELETED_COLUMN].alias(DELETED_COLUMN),
+        )
+    )
 
 
 SCHEMA_MARKER = "schema"  # in each stream commit's marker: the columns the current table follows (see below)
@@ -184,8 +230,7 @@ class CurrentChanges:
         previous = self.sink.committed()
         body = previous.extra.get(SCHEMA_MARKER) if previous else None
         if body and body.get("load_id") == self.source.load_id:
-            return ([Column(**c) for c in body["columns"]], [Fill(*f) for f in body["fills"]],
-                    int(body["applied"]))
+            return ([Column(**c) for c in body["columns"]], [Fill(*f) for f in body["fills"]], int(body["applied"]))
         # A statement at or before the snapshot is in the full load's columns already (the capture skips it).
         return list(self.source.columns), [], self.source.min_version
 
@@ -203,24 +248,46 @@ class CurrentChanges:
 
         columns, fills, applied = self._state()
         started_at = applied
-        found = [SchemaRecord.from_json(json.loads(row[0])) for row in
-                 df.filter(F.col("record_value").startswith(DDL_PREFIX)).select("record_value").collect()
-                 ] if schema_records else []
+        found = (
+            [
+                SchemaRecord.from_json(json.loads(row[0]))
+                for row in df.filter(F.col("record_value").startswith(DDL_PREFIX)).select("record_value").collect()
+            ]
+            if schema_records
+            else []
+        )
         new_fills: list[Fill] = []
         for record in sorted((r for r in found if r.version > applied), key=lambda r: r.version):
             columns, added = evolve(columns, self.source.key, record, self.name)
             new_fills += added
             applied = record.version
-            log.info("Schema change at %s on %s followed: %s (columns now %s; %d fill(s) of older rows)",
-                     record.position, self.name, record.query[:200], [c.name for c in columns], len(added))
+            log.info(
+                "Schema change at %s on %s followed: %s (columns now %s; %d fill(s) of older rows)",
+                record.position,
+                self.name,
+                record.query[:200],
+                [c.name for c in columns],
+                len(added),
+            )
         fills = fills + new_fills
-        self.sink.schema_state = {"load_id": self.source.load_id, "columns": [c.to_json() for c in columns],
-                                  "fills": [[f.column, f.version, f.value, f.source] for f in fills], "applied": applied}
+        self.sink.schema_state = {
+            "load_id": self.source.load_id,
+            "columns": [c.to_json() for c in columns],
+            "fills": [[f.column, f.version, f.value, f.source] for f in fills],
+            "applied": applied,
+        }
         self.sink.schema_changed = applied != started_at
         self.sink.new_fills = new_fills
-        changes = typed_changes(df, columns, self.source.key, self.source.schema, self.source.table, fills,
-                                since=self.source.snapshot_version_sql(quoted(self.source.key[0])),
-                                refuse_schema_after=None if schema_records else applied)
+        changes = typed_changes(
+            df,
+            columns,
+            self.source.key,
+            self.source.schema,
+            self.source.table,
+            fills,
+            since=self.source.snapshot_version_sql(quoted(self.source.key[0])),
+            refuse_schema_after=None if schema_records else applied,
+        )
         if not new_fills or self.sink.fills_in_place:  # PostgreSQL: an UPDATE in the batch's transaction
             return changes
         return self._with_backfill(changes, columns, new_fills)
@@ -240,9 +307,14 @@ class CurrentChanges:
 
         old = table.filter(version < F.lit(newest)).select(
             *[_filled(c.name, fills, version, held_value, types[c.name]).alias(c.name) for c in columns],
-            VERSION_COLUMN, DELETED_COLUMN)
+            VERSION_COLUMN,
+            DELETED_COLUMN,
+        )
         both = changes.withColumn("_eo_change", F.lit(1)).unionByName(old.withColumn("_eo_change", F.lit(0)))
         names = [c.name for c in columns] + [VERSION_COLUMN, DELETED_COLUMN]
         newest_row = F.max_by(F.struct(*[F.col(quoted(n)) for n in names]), F.struct(VERSION_COLUMN, "_eo_change"))
-        return (both.groupBy(*[F.col(quoted(k)) for k in self.source.key]).agg(newest_row.alias("c"))
-                .select(*[F.col("c")[n].alias(n) for n in names]))
+        return (
+            both.groupBy(*[F.col(quoted(k)) for k in self.source.key])
+            .agg(newest_row.alias("c"))
+            .select(*[F.col("c")[n].alias(n) for n in names])
+        )

@@ -58,8 +58,7 @@ def run_job(job: str, body: Callable[[JobSpec, dict[str, Any]], Any], argv: list
     :param body: the job.
     :param argv: the driver's arguments: ``--spec <file>``.
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stdout)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     exit_with_the_jvm()
     parser = argparse.ArgumentParser(prog=job)
     parser.add_argument("--spec", required=True, help="the job spec written by the operator (JSON)")

@@ -31,63 +31,109 @@ from typing import Any
 
 from exactly_once_provider.connections import read_secret_file, spark_kafka_options
 from exactly_once_provider.sinks import poison
+from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
+from exactly_once_provider.spark_jobs.batch import (
+    checkpoint_id,
+    checkpoint_positions,
+    checkpoint_storage,
+    fault_point,
+    read_kafka_range,
+    wal_offsets,
+)
+from exactly_once_provider.spark_jobs.current_changes import DDL_PREFIX, CurrentChanges, schema_change_ahead
 from exactly_once_provider.spark_jobs.driver import exit_with_the_jvm, run_job
 from exactly_once_provider.spark_jobs.session import limit_snapshot_partitions, register_storage, with_storage_conf
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_started
 from exactly_once_provider.spark_jobs.stream_spec import Route, StreamSpec, split_topics
-from exactly_once_provider.spark_jobs.current_changes import DDL_PREFIX, CurrentChanges, schema_change_ahead
-from exactly_once_provider.spark_jobs.batch import (checkpoint_id, checkpoint_positions, checkpoint_storage,
-                                                    fault_point, read_kafka_range, wal_offsets)
-from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
 
 log = logging.getLogger("exactly_once_provider.kafka_to_sink")
 JOB = "kafka_to_sink"
-SELECT = ("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
-          f"{poison.KEY_TEXT} AS record_key", f"{poison.VALUE_TEXT} AS record_value")
+SELECT = (
+    "topic AS kafka_topic",
+    "partition AS kafka_partition",
+    "offset AS kafka_offset",
+    f"{poison.KEY_TEXT} AS record_key",
+    f"{poison.VALUE_TEXT} AS record_value",
+)
 
 
 def parse_args(argv: list[str]) -> StreamSpec:
     parser = argparse.ArgumentParser(prog="kafka_to_sink", description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True, help="stable pipeline name (part of every sink commit)")
-    parser.add_argument("--secrets-file", required=True,
-                        help="0600 JSON file: {\"kafka\": the kafka connection's confluent-kafka settings, \"libpq\": "
-                             "PG* variables of the postgres sink} (secrets never travel on the command line)")
+    parser.add_argument(
+        "--secrets-file",
+        required=True,
+        help='0600 JSON file: {"kafka": the kafka connection\'s confluent-kafka settings, "libpq": '
+        "PG* variables of the postgres sink} (secrets never travel on the command line)",
+    )
     parser.add_argument("--topics", default="", help="comma-separated topic names")
     parser.add_argument("--checkpoint", default="", help="this pipeline's checkpoint directory")
-    parser.add_argument("--routes", default=None,
-                        help='several queries in one application, instead of --topics/--checkpoint/--path/--table: '
-                             'JSON [{"topics": [...], "checkpoint": ..., "path": ... | "table": ...}, ...]')
+    parser.add_argument(
+        "--routes",
+        default=None,
+        help="several queries in one application, instead of --topics/--checkpoint/--path/--table: "
+        'JSON [{"topics": [...], "checkpoint": ..., "path": ... | "table": ...}, ...]',
+    )
     parser.add_argument("--sink", required=True, choices=("delta", "postgres", "files"))
     parser.add_argument("--path", help="Delta table or files sink directory")
     parser.add_argument("--table", help="PostgreSQL table (connection: the secrets file's libpq PG* variables)")
     parser.add_argument("--trigger", default="available-now", choices=("available-now", "processing-time"))
     parser.add_argument("--interval", default="10 seconds", help="processing-time trigger interval")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
-    parser.add_argument("--max-runtime", type=float, default=None,
-                        help="processing-time: seconds after which the stream stops cleanly")
-    parser.add_argument("--mode", default="append", choices=("append", "cdc", "current", "window"),
-                        help="append records, apply CDC changes by primary key into a changes table (cdc) or "
-                             "into the full load's table (current) (newer source version wins), or replace "
-                             "settlement windows whole (newer batch version wins)")
-    parser.add_argument("--key-field", default="pk",
-                        help="CDC: JSON field of the record value holding the key, or several, comma-separated "
-                             "(e.g. source.schema,source.table,pk)")
+    parser.add_argument(
+        "--max-runtime", type=float, default=None, help="processing-time: seconds after which the stream stops cleanly"
+    )
+    parser.add_argument(
+        "--mode",
+        default="append",
+        choices=("append", "cdc", "current", "window"),
+        help="append records, apply CDC changes by primary key into a changes table (cdc) or "
+        "into the full load's table (current) (newer source version wins), or replace "
+        "settlement windows whole (newer batch version wins)",
+    )
+    parser.add_argument(
+        "--key-field",
+        default="pk",
+        help="CDC: JSON field of the record value holding the key, or several, comma-separated "
+        "(e.g. source.schema,source.table,pk)",
+    )
     parser.add_argument("--version-field", default="version", help="CDC: JSON field holding the source version")
     parser.add_argument("--op-field", default="op", help="CDC: JSON field holding the operation ('d' = delete)")
-    parser.add_argument("--delta-commit", default="own", choices=("own", "delta"),
-                        help="Delta append mode: the provider writes each batch's Delta commit itself (own) or "
-                             "Delta's writer does (delta: rebuilds the table state per commit, slower)")
-    parser.add_argument("--delivery", default="exactly-once", choices=("exactly-once", "at-least-once"),
-                        help="at-least-once = plain append, no sink-side progress (benchmark baseline only)")
+    parser.add_argument(
+        "--delta-commit",
+        default="own",
+        choices=("own", "delta"),
+        help="Delta append mode: the provider writes each batch's Delta commit itself (own) or "
+        "Delta's writer does (delta: rebuilds the table state per commit, slower)",
+    )
+    parser.add_argument(
+        "--delivery",
+        default="exactly-once",
+        choices=("exactly-once", "at-least-once"),
+        help="at-least-once = plain append, no sink-side progress (benchmark baseline only)",
+    )
     args = parser.parse_args(argv)
     try:  # the same rules the operator checks: one StreamSpec, one validation
         return StreamSpec(
-            pipeline=args.pipeline, topics=split_topics(args.topics), checkpoint=args.checkpoint, sink=args.sink,
-            path=args.path, table=args.table, trigger=args.trigger, interval=args.interval,
-            max_offsets_per_trigger=args.max_offsets_per_trigger, max_runtime=args.max_runtime, mode=args.mode, key_field=args.key_field,
-            version_field=args.version_field, op_field=args.op_field, delta_commit=args.delta_commit,
-            delivery=args.delivery, secrets_file=args.secrets_file,
-            routes=tuple(Route.from_json(r) for r in json.loads(args.routes)) if args.routes else ()).validate()
+            pipeline=args.pipeline,
+            topics=split_topics(args.topics),
+            checkpoint=args.checkpoint,
+            sink=args.sink,
+            path=args.path,
+            table=args.table,
+            trigger=args.trigger,
+            interval=args.interval,
+            max_offsets_per_trigger=args.max_offsets_per_trigger,
+            max_runtime=args.max_runtime,
+            mode=args.mode,
+            key_field=args.key_field,
+            version_field=args.version_field,
+            op_field=args.op_field,
+            delta_commit=args.delta_commit,
+            delivery=args.delivery,
+            secrets_file=args.secrets_file,
+            routes=tuple(Route.from_json(r) for r in json.loads(args.routes)) if args.routes else (),
+        ).validate()
     except ValueError as err:
         parser.error(str(err))
 
@@ -97,9 +143,15 @@ def make_sink(args: StreamSpec, source: Any = None) -> Sink:
 
     :param source: ``current`` mode: the handoff of the full load the current table builds on.
     """
-    sink = open_sink(args.sink, args.table if args.sink == "postgres" else args.path, args.pipeline,
-                     mode=args.mode, commit_with=args.delta_commit, key=source.key if source else (),
-                     topics=args.topics)
+    sink = open_sink(
+        args.sink,
+        args.table if args.sink == "postgres" else args.path,
+        args.pipeline,
+        mode=args.mode,
+        commit_with=args.delta_commit,
+        key=source.key if source else (),
+        topics=args.topics,
+    )
     if source is not None and args.sink == "postgres":  # built from the Delta full load: delta-rs reads it
         from exactly_once_provider.sinks.delta_log import table_storage
 
@@ -159,8 +211,15 @@ def reconcile_start(checkpoint: str, sink_offsets: Offsets | None, partitions: d
             log.info("checkpoint %s agrees with the sink (%s): resuming from it", checkpoint, sink_offsets)
             return "earliest"
         aside = f"{checkpoint.rstrip('/')}.stale-{int(time.time())}"
-        log.warning("checkpoint %s (committed %s, planned %s) disagrees with the sink (%s): moved to %s; "
-                    "starting from the sink's offsets", checkpoint, committed, planned, sink_offsets, aside)
+        log.warning(
+            "checkpoint %s (committed %s, planned %s) disagrees with the sink (%s): moved to %s; "
+            "starting from the sink's offsets",
+            checkpoint,
+            committed,
+            planned,
+            sink_offsets,
+            aside,
+        )
         _set_aside(checkpoint, aside)
     if sink_offsets is None:
         return "earliest"
@@ -189,8 +248,11 @@ def _not_yet_committed(df, offsets: Offsets):
     done = None
     for topic, parts in offsets.items():
         for partition, offset in parts.items():
-            cond = (F.col("kafka_topic") == topic) & (F.col("kafka_partition") == partition) \
+            cond = (
+                (F.col("kafka_topic") == topic)
+                & (F.col("kafka_partition") == partition)
                 & (F.col("kafka_offset") < offset)
+            )
             done = cond if done is None else done | cond
     return df if done is None else df.filter(~done)
 
@@ -224,8 +286,11 @@ def cdc_changes(df, key_field: str, version_field: str, op_field: str):
 
     paths = key_paths(key_field)
     parts = [F.get_json_object("record_value", f"$.{p}") for p in paths]
-    key = parts[0] if len(parts) == 1 else F.when(
-        sum((part.isNull().cast("int") for part in parts), F.lit(0)) == 0, F.to_json(F.array(*parts)))
+    key = (
+        parts[0]
+        if len(parts) == 1
+        else F.when(sum((part.isNull().cast("int") for part in parts), F.lit(0)) == 0, F.to_json(F.array(*parts)))
+    )
     # The capture's schema records (ALTER TABLE) are no change: the raw-record CDC table has nothing to evolve.
     records = df.filter(~F.col("record_value").startswith(DDL_PREFIX))
     if not set(TABLE_IDENTITY) <= set(paths):
@@ -233,18 +298,31 @@ def cdc_changes(df, key_field: str, version_field: str, op_field: str):
     parsed = records.select(
         key.alias("pk"),
         F.get_json_object("record_value", f"$.{version_field}").cast("bigint").alias("source_version"),
-        F.coalesce(F.get_json_object("record_value", f"$.{op_field}").isin("d", "delete"), F.lit(False))
-        .alias("deleted"),
-        "record_value", "kafka_topic", "kafka_partition", "kafka_offset")
-    bad = parsed.filter(F.col("pk").isNull() | F.col("source_version").isNull()).select(
-        "kafka_topic", "kafka_partition", "kafka_offset").limit(3).collect()
+        F.coalesce(F.get_json_object("record_value", f"$.{op_field}").isin("d", "delete"), F.lit(False)).alias(
+            "deleted"
+        ),
+        "record_value",
+        "kafka_topic",
+        "kafka_partition",
+        "kafka_offset",
+    )
+    bad = (
+        parsed.filter(F.col("pk").isNull() | F.col("source_version").isNull())
+        .select("kafka_topic", "kafka_partition", "kafka_offset")
+        .limit(3)
+        .collect()
+    )
     if bad:
-        raise ValueError(f"CDC records without '{key_field}' or a numeric '{version_field}' in their JSON value, "
-                         f"e.g. at {[tuple(r) for r in bad]}; fix the producer or the --key-field/--version-field.")
+        raise ValueError(
+            f"CDC records without '{key_field}' or a numeric '{version_field}' in their JSON value, "
+            f"e.g. at {[tuple(r) for r in bad]}; fix the producer or the --key-field/--version-field."
+        )
     cols = parsed.columns
-    return (parsed.groupBy("pk")
-            .agg(F.max_by(F.struct(*cols), F.struct("source_version", "kafka_offset")).alias("c"))
-            .select("c.*"))
+    return (
+        parsed.groupBy("pk")
+        .agg(F.max_by(F.struct(*cols), F.struct("source_version", "kafka_offset")).alias("c"))
+        .select("c.*")
+    )
 
 
 def refuse_mixed_tables(records, key_field: str) -> None:
@@ -263,7 +341,8 @@ def refuse_mixed_tables(records, key_field: str) -> None:
             f"One CDC sink is fed change records of two source tables, {first} and {second}, merged on the key "
             f"{key_field!r} alone: rows of both with equal keys would overwrite each other. Give each table its "
             "own sink (the operator's streams: one query per table, one application), or make the table part "
-            f"of the key: key_field='source.schema,source.table,{key_field}'. Nothing of this batch was committed.")
+            f"of the key: key_field='source.schema,source.table,{key_field}'. Nothing of this batch was committed."
+        )
 
 
 def current_table_source(path: str):
@@ -272,9 +351,11 @@ def current_table_source(path: str):
 
     found = read_handoff(path.removeprefix("file://"))
     if not found.columns:
-        raise ValueError(f"The full load in {path} was published by an older version of this provider (its handoff "
-                         "names no columns and its rows carry no source version): run it again with "
-                         "full_reload=True before merging changes into it.")
+        raise ValueError(
+            f"The full load in {path} was published by an older version of this provider (its handoff "
+            "names no columns and its rows carry no source version): run it again with "
+            "full_reload=True before merging changes into it."
+        )
     return found
 
 
@@ -283,8 +364,9 @@ def _covered(end: Offsets, committed: Offsets) -> bool:
 
 
 @contextmanager
-def _stop_at_poison(sink, spark, kafka_options: dict[str, str] | None, previous: BatchCommit | None, end: Offsets,
-                    batch_id: int):
+def _stop_at_poison(
+    sink, spark, kafka_options: dict[str, str] | None, previous: BatchCommit | None, end: Offsets, batch_id: int
+):
     """Turn Spark's ``validate_utf8`` failure inside a batch into a clear error naming the records."""
     try:
         yield
@@ -298,8 +380,16 @@ def _stop_at_poison(sink, spark, kafka_options: dict[str, str] | None, previous:
         raise poison.refuse(found, "key or value is not valid UTF-8", sink.kind, batch_id, start) from err
 
 
-def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exactly_once: bool,
-                  to_changes=None, kafka_options: dict[str, str] | None = None) -> None:
+def process_batch(
+    sink,
+    pipeline: str,
+    checkpoint: str,
+    df,
+    batch_id: int,
+    exactly_once: bool,
+    to_changes=None,
+    kafka_options: dict[str, str] | None = None,
+) -> None:
     """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline).
 
     ``to_changes`` turns the batch's records into CDC changes (``--mode cdc``); None appends records.
@@ -315,8 +405,7 @@ def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exact
     previous = sink.committed()
     if previous is not None:
         if replayed(previous, commit):  # early out only: the sink's check in its commit is authoritative
-            log.info("batch %d already committed to the %s sink (replay after a crash): skipped",
-                     batch_id, sink.kind)
+            log.info("batch %d already committed to the %s sink (replay after a crash): skipped", batch_id, sink.kind)
             return
         if _covered(end, previous.offsets):
             log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, previous.offsets)
@@ -339,14 +428,22 @@ def process_batch(sink, pipeline: str, checkpoint: str, df, batch_id: int, exact
     state = sink.committed()
     # Where a batch's time goes (planning: the changes step's own reads; commit: the sink's write) is what a
     # user tuning the trigger interval needs.
-    log.info("batch %d %s to the %s sink in %.2fs (planning %.2fs, commit %.2fs): offsets %s, %d rows in total",
-             batch_id, "committed" if written else "was already committed", sink.kind, time.monotonic() - started,
-             planned - started, time.monotonic() - planned, json.dumps(commit.to_json()["offsets"]),
-             state.rows_total if state else 0)
+    log.info(
+        "batch %d %s to the %s sink in %.2fs (planning %.2fs, commit %.2fs): offsets %s, %d rows in total",
+        batch_id,
+        "committed" if written else "was already committed",
+        sink.kind,
+        time.monotonic() - started,
+        planned - started,
+        time.monotonic() - planned,
+        json.dumps(commit.to_json()["offsets"]),
+        state.rows_total if state else 0,
+    )
 
 
-def process_window_batch(sink, pipeline: str, checkpoint: str, kafka_options: dict[str, str], spark,
-                         batch_id: int) -> None:
+def process_window_batch(
+    sink, pipeline: str, checkpoint: str, kafka_options: dict[str, str], spark, batch_id: int
+) -> None:
     """Settle the window versions completed by this micro-batch (window mode; see ``settlement``).
 
     The records are read again from Kafka from the sink's committed offsets to the micro-batch's end, so a
@@ -373,13 +470,18 @@ def process_window_batch(sink, pipeline: str, checkpoint: str, kafka_options: di
             raise settlement.WindowIntegrityError(
                 f"records outside any settlement batch (no {settlement.BATCH_HEADER} header, no marker) at "
                 f"{unframed} (topic, partition, offset): window mode reads topics written only by "
-                "WatermarkExtractOperator. Nothing was committed past offsets " + json.dumps(
-                    {t: {str(p): o for p, o in parts.items()} for t, parts in start.items()}) + ".")
+                "WatermarkExtractOperator. Nothing was committed past offsets "
+                + json.dumps({t: {str(p): o for p, o in parts.items()} for t, parts in start.items()})
+                + "."
+            )
         published = sink.published_windows()
         plan = settlement.plan_windows(markers, counts, start, end, published)
         for label in plan.incomplete:
-            log.info("window %s is incomplete in this read (no end marker yet): not published, read again "
-                     "from its begin marker next time", label)
+            log.info(
+                "window %s is incomplete in this read (no end marker yet): not published, read again "
+                "from its begin marker next time",
+                label,
+            )
         for label in plan.stale:
             log.info("window %s is not newer than the published version: skipped", label)
         if not plan.publish and plan.carry == start:
@@ -387,17 +489,28 @@ def process_window_batch(sink, pipeline: str, checkpoint: str, kafka_options: di
             return
         commit = BatchCommit(pipeline, commit_id, batch_id, plan.carry)
         fault_point("before_sink_commit", batch_id)
-        written = sink.commit_windows(settlement.window_rows(records, plan.publish), plan.publish, plan.rows, commit,
-                                      expected=previous)
+        written = sink.commit_windows(
+            settlement.window_rows(records, plan.publish), plan.publish, plan.rows, commit, expected=previous
+        )
         fault_point("after_sink_commit", batch_id)
     finally:
         records.unpersist()
     for window, version in sorted(plan.publish.items()):
-        log.info("window %s v%d published (%d rows, replacing v%s)", window, version, plan.rows[window],
-                 published.get(window, "-"))
-    log.info("batch %d %s to the %s sink in %.1fs: offsets %s", batch_id,
-             "committed" if written else "was already committed", sink.kind, time.monotonic() - started,
-             json.dumps(commit.to_json()["offsets"]))
+        log.info(
+            "window %s v%d published (%d rows, replacing v%s)",
+            window,
+            version,
+            plan.rows[window],
+            published.get(window, "-"),
+        )
+    log.info(
+        "batch %d %s to the %s sink in %.1fs: offsets %s",
+        batch_id,
+        "committed" if written else "was already committed",
+        sink.kind,
+        time.monotonic() - started,
+        json.dumps(commit.to_json()["offsets"]),
+    )
 
 
 def build_session(args: StreamSpec, job: JobSpec | None = None):
@@ -405,8 +518,9 @@ def build_session(args: StreamSpec, job: JobSpec | None = None):
 
     builder = SparkSession.builder.appName(f"eo-{args.pipeline}")
     if args.sink == "delta":
-        builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+        builder = builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension").config(
+            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
     spark = with_storage_conf(builder).getOrCreate()
     # The submit operator turns this line into the task's "Spark UI" extra link (plugins/links.py).
     log.info("Spark UI at %s", spark.sparkContext.uiWebUrl)
@@ -437,13 +551,17 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
     spark = build_session(args, job)
     kafka_options = spark_kafka_options(kafka_config)  # the Java client's names for the same settings
     started = time.monotonic()
-    queries = [_start_query(spark, query, sink, to_changes, starting, kafka_options, named=bool(args.routes))
-               for query, sink, to_changes, starting in prepared]
+    queries = [
+        _start_query(spark, query, sink, to_changes, starting, kafka_options, named=bool(args.routes))
+        for query, sink, to_changes, starting in prepared
+    ]
     await_queries(queries, args.pipeline, args.max_runtime)
     # Processing time without JVM start-up: what the benchmark compares between delivery modes.
     print(f"EO_TIMING {time.monotonic() - started:.3f}", flush=True)
-    states = {query.path or query.table: sink.committed() if query.delivery == "exactly-once" else None
-              for query, sink, _, _ in prepared}
+    states = {
+        query.path or query.table: sink.committed() if query.delivery == "exactly-once" else None
+        for query, sink, _, _ in prepared
+    }
     result = {where: state.to_json() if state else None for where, state in states.items()}
     if not args.routes:
         result = next(iter(result.values()))
@@ -464,10 +582,10 @@ def _prepare_query(args: StreamSpec, kafka_config: dict) -> tuple[StreamSpec, Si
         # Only the topics this run reads: a sink may still hold positions of topics the pipeline dropped.
         sink_offsets = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
         wait = 300 if args.trigger == "processing-time" else 0
-        starting = reconcile_start(args.checkpoint, sink_offsets or None,
-                                   topic_partitions(kafka_config, topics, wait))
+        starting = reconcile_start(args.checkpoint, sink_offsets or None, topic_partitions(kafka_config, topics, wait))
     to_changes = None
     if args.mode == "cdc":
+
         def to_changes(df):
             return cdc_changes(df, args.key_field, args.version_field, args.op_field)
     elif source is not None:
@@ -475,16 +593,19 @@ def _prepare_query(args: StreamSpec, kafka_config: dict) -> tuple[StreamSpec, Si
     return args, sink, to_changes, starting
 
 
-def _start_query(spark, args: StreamSpec, sink: Sink, to_changes, starting: str, kafka_options: dict[str, str],
-                 named: bool = False):
+def _start_query(
+    spark, args: StreamSpec, sink: Sink, to_changes, starting: str, kafka_options: dict[str, str], named: bool = False
+):
     """Start one streaming query of ``args.topics`` into ``sink``, committing each micro-batch exactly once."""
-    reader = (spark.readStream.format("kafka")
-              .options(**kafka_options)
-              .option("subscribe", ",".join(args.topics))
-              .option("kafka.isolation.level", "read_committed")
-              .option("startingOffsets", starting)
-              .option("failOnDataLoss", "true")
-              .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS))
+    reader = (
+        spark.readStream.format("kafka")
+        .options(**kafka_options)
+        .option("subscribe", ",".join(args.topics))
+        .option("kafka.isolation.level", "read_committed")
+        .option("startingOffsets", starting)
+        .option("failOnDataLoss", "true")
+        .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS)
+    )
     if args.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
     frame = reader.load().selectExpr(*SELECT)
@@ -494,14 +615,15 @@ def _start_query(spark, args: StreamSpec, sink: Sink, to_changes, starting: str,
         if args.mode == "window":
             process_window_batch(sink, args.pipeline, args.checkpoint, kafka_options, spark, batch_id)
         else:
-            process_batch(sink, args.pipeline, args.checkpoint, df, batch_id, exactly_once, to_changes,
-                          kafka_options)
+            process_batch(sink, args.pipeline, args.checkpoint, df, batch_id, exactly_once, to_changes, kafka_options)
 
     # Query names are unique within a session: a routed query is named after its topics too.
     name = f"{args.pipeline}[{','.join(args.topics)}]" if named else args.pipeline
-    writer = (frame.writeStream.queryName(name)
-              .option("checkpointLocation", checkpoint_storage(args.checkpoint).spark_uri())
-              .foreachBatch(each_batch))
+    writer = (
+        frame.writeStream.queryName(name)
+        .option("checkpointLocation", checkpoint_storage(args.checkpoint).spark_uri())
+        .foreachBatch(each_batch)
+    )
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:
@@ -538,8 +660,9 @@ def await_queries(queries: list, pipeline: str, max_runtime: float | None, poll:
         if not active:
             return
         if deadline is not None and time.monotonic() >= deadline:
-            log.info("stream %s ran for %.0fs (max_runtime): stopping its %d queries", pipeline, max_runtime,
-                     len(active))
+            log.info(
+                "stream %s ran for %.0fs (max_runtime): stopping its %d queries", pipeline, max_runtime, len(active)
+            )
             for query in active:
                 query.stop()
             return
@@ -554,8 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--spec"]:  # submitted by SparkKafkaToSinkOperator
         return run_job(JOB, _submitted, argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stdout)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     exit_with_the_jvm()
     run(parse_args(argv))
     return 0

@@ -48,7 +48,8 @@ _IGNORED = re.compile(
     r"ALGORITHM\b|LOCK\b|FORCE\b|COMMENT\b|ENGINE\b|AUTO_INCREMENT\b|ROW_FORMAT\b|KEY_BLOCK_SIZE\b|"
     r"(DEFAULT\s+)?(CHARACTER\s+SET|CHARSET|COLLATE)\b|ENABLE\s+KEYS|DISABLE\s+KEYS|ORDER\s+BY\b|"
     r"STATS_\w+\b|PAGE_COMPRESSED\b|PAGE_COMPRESSION_LEVEL\b|TRANSACTIONAL\b|CHECKSUM\b|DELAY_KEY_WRITE\b)",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 
 
 class RefusedSchemaChange(ValueError):
@@ -86,7 +87,8 @@ def refusal(record: SchemaRecord, table: str, why: str) -> RefusedSchemaChange:
         f"{record.query[:300]!r} at {record.position} on {table} cannot be followed by the current table: {why}. "
         "The batches before the one holding it are committed; nothing from that batch on is. Run a full reload "
         "of the table (trigger the DAG with full_reload=true): its snapshot is taken after the statement, so the "
-        "stream continues past it.")
+        "stream continues past it."
+    )
 
 
 def _split(text: str, sep: str = ",") -> list[str]:
@@ -115,11 +117,16 @@ def _split(text: str, sep: str = ",") -> list[str]:
 
 
 _IDENT = r"(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
-_TABLE_HEAD = re.compile(r"^\s*(?:/\*.*?\*/\s*)*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?"
-                         rf"{_IDENT}(?:\s*\.\s*{_IDENT})?\s*(?:WAIT\s+\d+\s+|NOWAIT\s+)?(.*)$",
-                         re.IGNORECASE | re.DOTALL)
-_TYPE = re.compile(r"^([A-Za-z]+)\s*(\(((?:[^()'\"]|'(?:[^'\\]|\\.|'')*')*)\))?\s*((?:UNSIGNED|SIGNED|ZEROFILL|"
-                   r"\s)*)(.*)$", re.IGNORECASE | re.DOTALL)
+_TABLE_HEAD = re.compile(
+    r"^\s*(?:/\*.*?\*/\s*)*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?"
+    rf"{_IDENT}(?:\s*\.\s*{_IDENT})?\s*(?:WAIT\s+\d+\s+|NOWAIT\s+)?(.*)$",
+    re.IGNORECASE | re.DOTALL,
+)
+_TYPE = re.compile(
+    r"^([A-Za-z]+)\s*(\(((?:[^()'\"]|'(?:[^'\\]|\\.|'')*')*)\))?\s*((?:UNSIGNED|SIGNED|ZEROFILL|"
+    r"\s)*)(.*)$",
+    re.IGNORECASE | re.DOTALL,
+)
 _STRING = re.compile(r"^'((?:[^'\\]|\\.|'')*)'", re.DOTALL)
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?(?=\s|$)", re.IGNORECASE)
 
@@ -129,8 +136,11 @@ def _name(token: str) -> str:
 
 
 def _unescape(text: str) -> str:
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "0": "\0", "r": "\r"}.get(m.group(1), m.group(1)),
-                  text.replace("''", "'"))
+    return re.sub(
+        r"\\(.)",
+        lambda m: {"n": "\n", "t": "\t", "0": "\0", "r": "\r"}.get(m.group(1), m.group(1)),
+        text.replace("''", "'"),
+    )
 
 
 @dataclass(frozen=True)
@@ -148,8 +158,15 @@ def _definition(name: str, text: str, why: Callable[[str], RefusedSchemaChange])
     if not found:
         raise why(f"the column definition {text[:80]!r} is not understood")
     data_type, args, flags, rest = found.group(1).lower(), found.group(3), found.group(4) or "", found.group(5)
-    data_type = {"integer": "int", "dec": "decimal", "numeric": "decimal", "fixed": "decimal", "bool": "tinyint",
-                 "boolean": "tinyint", "real": "double"}.get(data_type, data_type)
+    data_type = {
+        "integer": "int",
+        "dec": "decimal",
+        "numeric": "decimal",
+        "fixed": "decimal",
+        "bool": "tinyint",
+        "boolean": "tinyint",
+        "real": "double",
+    }.get(data_type, data_type)
     column_type = data_type + (f"({args})" if args else "") + (" unsigned" if "unsigned" in flags.lower() else "")
     precision = scale = None
     if data_type == "decimal":
@@ -173,23 +190,25 @@ def _definition(name: str, text: str, why: Callable[[str], RefusedSchemaChange])
             has_default = True
             string, number = _STRING.match(rest), _NUMBER.match(rest)
             if string:
-                default, rest = _unescape(string.group(1)), rest[string.end():].strip()
+                default, rest = _unescape(string.group(1)), rest[string.end() :].strip()
             elif number:
-                default, rest = number.group(0), rest[number.end():].strip()
+                default, rest = number.group(0), rest[number.end() :].strip()
             elif rest.upper().startswith("NULL"):
                 rest = rest[4:].strip()
             elif rest.upper().startswith(("TRUE", "FALSE")):
                 default = "1" if rest.upper().startswith("TRUE") else "0"
-                rest = rest[4 if default == "1" else 5:].strip()
+                rest = rest[4 if default == "1" else 5 :].strip()
             else:
-                raise why(f"column {name!r} has DEFAULT {rest.split()[0][:40]}, an expression: the rows that "
-                          "existed before the statement got its value at the statement's time, which the binlog "
-                          "does not hold")
+                raise why(
+                    f"column {name!r} has DEFAULT {rest.split()[0][:40]}, an expression: the rows that "
+                    "existed before the statement got its value at the statement's time, which the binlog "
+                    "does not hold"
+                )
         elif re.match(r"(CHARACTER\s+SET|CHARSET|COLLATE)\s+\S+", rest, re.IGNORECASE):
             rest = re.sub(r"^(CHARACTER\s+SET|CHARSET|COLLATE)\s+\S+", "", rest, flags=re.IGNORECASE).strip()
         elif re.match(r"COMMENT\s+'", rest, re.IGNORECASE):
-            rest = rest[rest.index("'"):]
-            rest = rest[_STRING.match(rest).end():].strip()
+            rest = rest[rest.index("'") :]
+            rest = rest[_STRING.match(rest).end() :].strip()
         elif re.match(r"ON\s+UPDATE\s+\w+(\(\d*\))?", rest, re.IGNORECASE):  # only later updates: row events
             rest = re.sub(r"^ON\s+UPDATE\s+\w+(\(\d*\))?", "", rest, flags=re.IGNORECASE).strip()
         elif re.match(r"(INVISIBLE|COLUMN_FORMAT\s+\w+|STORAGE\s+\w+)\b", rest, re.IGNORECASE):
@@ -227,8 +246,10 @@ def _old_rows_value(definition: _Definition, why: Callable[[str], RefusedSchemaC
         if t == "enum":  # the first member
             first = _STRING.match(column.column_type[5:])
             return _unescape(first.group(1)) if first else None
-        raise why(f"column {column.name!r} ({column.column_type}) is NOT NULL without a DEFAULT: the implicit "
-                  "value the server gave the existing rows is not one the sink can follow")
+        raise why(
+            f"column {column.name!r} ({column.column_type}) is NOT NULL without a DEFAULT: the implicit "
+            "value the server gave the existing rows is not one the sink can follow"
+        )
     value = definition.default
     if t in ("timestamp", "time", "set", "bit") or t in ("binary", "varbinary") or "blob" in t:
         # TIMESTAMP literals are read in the DDL session's time zone, which the binlog does not say; the
@@ -253,7 +274,8 @@ def _widens(old: Column, new: Column) -> bool:
         return _length(new) >= _length(old) and (new.data_type != "char" or old.data_type == "char")
     if old.data_type == "decimal" and new.data_type == "decimal":
         return (new.scale or 0) >= (old.scale or 0) and (
-            (new.precision or 10) - (new.scale or 0) >= (old.precision or 10) - (old.scale or 0))
+            (new.precision or 10) - (new.scale or 0) >= (old.precision or 10) - (old.scale or 0)
+        )
     return old.column_type.lower() == new.column_type.lower()
 
 
@@ -264,8 +286,9 @@ def _length(column: Column) -> int:
     return int(found.group(1)) if found else 1
 
 
-def evolve(columns: list[Column], key: tuple[str, ...], record: SchemaRecord,
-           table: str) -> tuple[list[Column], list[Fill]]:
+def evolve(
+    columns: list[Column], key: tuple[str, ...], record: SchemaRecord, table: str
+) -> tuple[list[Column], list[Fill]]:
     """Return the sink's columns after ``record``'s statement and the fills of the rows older than it.
 
     :param columns: the columns the sink holds (the full load's, evolved by earlier statements).
@@ -291,25 +314,33 @@ def evolve(columns: list[Column], key: tuple[str, ...], record: SchemaRecord,
         if old.name in key:
             raise why(f"it renames key column {old.name!r}")
         if new.name.lower() in by_name:
-            raise why(f"column {new.name!r} is already in the current table (a dropped or renamed column stays "
-                      "in it)")
+            raise why(f"column {new.name!r} is already in the current table (a dropped or renamed column stays in it)")
         by_name[new.name.lower()] = new
         order.append(new.name)
         fills.extend([Fill(new.name, record.version, None, old.name), Fill(old.name, record.version, None)])
+
     for clause in _split(head.group(3)):
-        if re.match(r"^(ADD|DROP|MODIFY|CHANGE|ALTER|RENAME)\s+PRIMARY\b|^(ADD|DROP)\s+(CONSTRAINT\s+\S+\s+)?"
-                    r"PRIMARY\s+KEY\b", clause, re.IGNORECASE):
+        if re.match(
+            r"^(ADD|DROP|MODIFY|CHANGE|ALTER|RENAME)\s+PRIMARY\b|^(ADD|DROP)\s+(CONSTRAINT\s+\S+\s+)?"
+            r"PRIMARY\s+KEY\b",
+            clause,
+            re.IGNORECASE,
+        ):
             raise why("it changes the primary key, which identifies the rows of the current table")
-        if re.match(r"^(PARTITION|ADD\s+PARTITION|DROP\s+PARTITION|TRUNCATE\s+PARTITION|REORGANIZE|EXCHANGE|"
-                    r"COALESCE|REBUILD|REMOVE\s+PARTITIONING|ANALYZE\s+PARTITION|CONVERT\s+(PARTITION|TABLE))",
-                    clause, re.IGNORECASE):
+        if re.match(
+            r"^(PARTITION|ADD\s+PARTITION|DROP\s+PARTITION|TRUNCATE\s+PARTITION|REORGANIZE|EXCHANGE|"
+            r"COALESCE|REBUILD|REMOVE\s+PARTITIONING|ANALYZE\s+PARTITION|CONVERT\s+(PARTITION|TABLE))",
+            clause,
+            re.IGNORECASE,
+        ):
             raise why("a partition clause can remove or move rows without row events")
         if re.match(r"^CONVERT\s+TO\b", clause, re.IGNORECASE):
             raise why("CONVERT TO CHARACTER SET rewrites every text value without row events")
         if _IGNORED.match(clause):
             continue
-        found = re.match(rf"^ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?{_IDENT}\s+(.*)$", clause,
-                         re.IGNORECASE | re.DOTALL)
+        found = re.match(
+            rf"^ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?{_IDENT}\s+(.*)$", clause, re.IGNORECASE | re.DOTALL
+        )
         if found and not found.group(2).lstrip().startswith("("):
             name = _name(found.group(1))
             if name.lower() in by_name:
@@ -322,8 +353,9 @@ def evolve(columns: list[Column], key: tuple[str, ...], record: SchemaRecord,
             if value is not None:
                 fills.append(Fill(name, record.version, value))
             continue
-        found = re.match(rf"^(MODIFY|CHANGE)\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?{_IDENT}\s+(.*)$", clause,
-                         re.IGNORECASE | re.DOTALL)
+        found = re.match(
+            rf"^(MODIFY|CHANGE)\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?{_IDENT}\s+(.*)$", clause, re.IGNORECASE | re.DOTALL
+        )
         if found:
             old_name, rest = _name(found.group(2)), found.group(3)
             new_name = old_name
@@ -340,16 +372,19 @@ def evolve(columns: list[Column], key: tuple[str, ...], record: SchemaRecord,
             if old.name in key and not _widens(old, definition.column):
                 raise why(f"it changes the type of key column {old.name!r}")
             if not _widens(old, definition.column):
-                raise why(f"it changes column {old.name!r} from {old.column_type} to "
-                          f"{definition.column.column_type}, which narrows it or changes the type the sink "
-                          "stores it as")
+                raise why(
+                    f"it changes column {old.name!r} from {old.column_type} to "
+                    f"{definition.column.column_type}, which narrows it or changes the type the sink "
+                    "stores it as"
+                )
             if new_name.lower() != old_name.lower():
                 rename(old, definition.column)
             else:
                 by_name[old.name.lower()] = definition.column
             continue
-        found = re.match(rf"^DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?{_IDENT}\s*(RESTRICT|CASCADE)?$", clause,
-                         re.IGNORECASE)
+        found = re.match(
+            rf"^DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?{_IDENT}\s*(RESTRICT|CASCADE)?$", clause, re.IGNORECASE
+        )
         if found:
             name = _name(found.group(1))
             old = by_name.get(name.lower())

@@ -48,8 +48,9 @@ def driver_session(spec: JobSpec, delta: bool = True) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(spec.app_name).config("spark.sql.session.timeZone", "UTC")
     if delta:
-        builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+        builder = builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension").config(
+            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
     spark = with_storage_conf(builder).getOrCreate()
     if delta:
         limit_snapshot_partitions(spark)
@@ -67,5 +68,6 @@ def limit_snapshot_partitions(spark: Any) -> None:
     if spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is not None:
         return
     shuffle = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    spark.conf.set("spark.databricks.delta.snapshotPartitions",
-                   str(max(1, min(shuffle, spark.sparkContext.defaultParallelism))))
+    spark.conf.set(
+        "spark.databricks.delta.snapshotPartitions", str(max(1, min(shuffle, spark.sparkContext.defaultParallelism)))
+    )

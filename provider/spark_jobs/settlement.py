@@ -69,7 +69,8 @@ class Marker:
             raise WindowIntegrityError(
                 f"{topic}/{partition}@{offset} has header {MARKER_HEADER}={kind!r} but its value is not a batch "
                 f"marker ({err!r}): only WatermarkExtractOperator / TransactionalProducerHook(batch_markers=True) "
-                "may write this topic in window mode.") from None
+                "may write this topic in window mode."
+            ) from None
         if kind not in ("begin", "end"):
             raise WindowIntegrityError(f"{topic}/{partition}@{offset}: unknown marker kind {kind!r}.")
         return cls(topic, partition, offset, kind, window, version, records, total)
@@ -106,8 +107,13 @@ class WindowPlan:
     stale: list[str] = field(default_factory=list)
 
 
-def plan_windows(markers: list[Marker], data_counts: dict[tuple[str, str, int], int], start: Offsets,
-                 end: Offsets, published: dict[str, int]) -> WindowPlan:
+def plan_windows(
+    markers: list[Marker],
+    data_counts: dict[tuple[str, str, int], int],
+    start: Offsets,
+    end: Offsets,
+    published: dict[str, int],
+) -> WindowPlan:
     """Decide which window versions of a read ``[start, end)`` are published and where the next read starts.
 
     :param markers: every begin/end marker in the read.
@@ -116,8 +122,9 @@ def plan_windows(markers: list[Marker], data_counts: dict[tuple[str, str, int], 
     :param end: where the read ended (exclusive).
     :param published: window id -> version the sink holds.
     """
-    plan = WindowPlan(carry={t: {p: max(o, start.get(t, {}).get(p, 0)) for p, o in parts.items()}
-                             for t, parts in end.items()})
+    plan = WindowPlan(
+        carry={t: {p: max(o, start.get(t, {}).get(p, 0)) for p, o in parts.items()} for t, parts in end.items()}
+    )
     versions: dict[tuple[str, int], list[Marker]] = {}
     for marker in markers:
         versions.setdefault((marker.window_id, marker.version), []).append(marker)
@@ -138,13 +145,15 @@ def plan_windows(markers: list[Marker], data_counts: dict[tuple[str, str, int], 
                         f"{label}: end marker at {where}@{end_marker.offset} but no begin marker after "
                         f"offset {start.get(topic, {}).get(partition, 'earliest')}: the read started inside the "
                         "batch (records deleted by retention, or offsets committed by something else). "
-                        "Re-extract the window (reextract=True) to publish a whole new version.")
+                        "Re-extract the window (reextract=True) to publish a whole new version."
+                    )
                 counted = data_counts.get((batch_header(window, version), topic, partition), 0)
                 if counted != end_marker.records:
                     raise WindowIntegrityError(
                         f"{label}: {where} holds {counted} data records between its markers, the end marker "
                         f"announces {end_marker.records}. The topic was written by something else than the batch "
-                        "producer; re-extract the window.")
+                        "producer; re-extract the window."
+                    )
             if version > complete.get(window, 0):
                 complete[window] = version
                 plan.rows[window] = total
@@ -155,8 +164,11 @@ def plan_windows(markers: list[Marker], data_counts: dict[tuple[str, str, int], 
             parts[partition] = min(parts.get(partition, begin.offset), begin.offset)
     for window, version in complete.items():
         plan.publish[window] = version
-    plan.stale += [f"{w} v{v}" for (w, v) in sorted(versions) if w in complete and v < complete[w]
-                   and newer_version(v, published.get(w))]
+    plan.stale += [
+        f"{w} v{v}"
+        for (w, v) in sorted(versions)
+        if w in complete and v < complete[w] and newer_version(v, published.get(w))
+    ]
     return plan
 
 
@@ -166,14 +178,19 @@ def read_range(spark, kafka_options: dict[str, str], start: Offsets, end: Offset
     Columns: ``kafka_topic, kafka_partition, kafka_offset, record_key, record_value, eo_marker, eo_batch``;
     key and value must be UTF-8 text (:mod:`~exactly_once_provider.sinks.poison`).
     """
-    from exactly_once_provider.spark_jobs.batch import read_kafka_range
     from exactly_once_provider.sinks.poison import KEY_TEXT, VALUE_TEXT
+    from exactly_once_provider.spark_jobs.batch import read_kafka_range
 
     header = "CAST(try_element_at(filter(headers, h -> h.key = '{}'), 1).value AS STRING)"
     return read_kafka_range(spark, kafka_options, start, end).selectExpr(
-        "topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
-        f"{KEY_TEXT} AS record_key", f"{VALUE_TEXT} AS record_value",
-        f"{header.format(MARKER_HEADER)} AS eo_marker", f"{header.format(BATCH_HEADER)} AS eo_batch")
+        "topic AS kafka_topic",
+        "partition AS kafka_partition",
+        "offset AS kafka_offset",
+        f"{KEY_TEXT} AS record_key",
+        f"{VALUE_TEXT} AS record_value",
+        f"{header.format(MARKER_HEADER)} AS eo_marker",
+        f"{header.format(BATCH_HEADER)} AS eo_batch",
+    )
 
 
 def scan(records) -> tuple[list[Marker], dict[tuple[str, str, int], int], list[tuple]]:
@@ -183,14 +200,25 @@ def scan(records) -> tuple[list[Marker], dict[tuple[str, str, int], int], list[t
     """
     from pyspark.sql import functions as F
 
-    markers = [Marker.parse(r.kafka_topic, r.kafka_partition, r.kafka_offset, r.eo_marker, r.record_value)
-               for r in records.filter(F.col("eo_marker").isNotNull()).collect()]
+    markers = [
+        Marker.parse(r.kafka_topic, r.kafka_partition, r.kafka_offset, r.eo_marker, r.record_value)
+        for r in records.filter(F.col("eo_marker").isNotNull()).collect()
+    ]
     data = records.filter(F.col("eo_marker").isNull())
-    counts = {(r.eo_batch, r.kafka_topic, r.kafka_partition): r["count"]
-              for r in data.filter(F.col("eo_batch").isNotNull())
-              .groupBy("eo_batch", "kafka_topic", "kafka_partition").count().collect()}
-    unframed = [tuple(r) for r in data.filter(F.col("eo_batch").isNull())
-                .select("kafka_topic", "kafka_partition", "kafka_offset").limit(3).collect()]
+    counts = {
+        (r.eo_batch, r.kafka_topic, r.kafka_partition): r["count"]
+        for r in data.filter(F.col("eo_batch").isNotNull())
+        .groupBy("eo_batch", "kafka_topic", "kafka_partition")
+        .count()
+        .collect()
+    }
+    unframed = [
+        tuple(r)
+        for r in data.filter(F.col("eo_batch").isNull())
+        .select("kafka_topic", "kafka_partition", "kafka_offset")
+        .limit(3)
+        .collect()
+    ]
     return markers, counts, unframed
 
 
@@ -201,6 +229,12 @@ def window_rows(records, publish: dict[str, int]):
     headers = [batch_header(w, v) for w, v in publish.items()]
     version = F.regexp_extract("eo_batch", r"/v(\d+)$", 1).cast("bigint")
     window = F.regexp_extract("eo_batch", r"^(.*)/v\d+$", 1)
-    return (records.filter(F.col("eo_marker").isNull() & F.col("eo_batch").isin(headers))
-            .select(window.alias("window_id"), version.alias("window_version"), "kafka_topic", "kafka_partition",
-                    "kafka_offset", "record_key", "record_value"))
+    return records.filter(F.col("eo_marker").isNull() & F.col("eo_batch").isin(headers)).select(
+        window.alias("window_id"),
+        version.alias("window_version"),
+        "kafka_topic",
+        "kafka_partition",
+        "kafka_offset",
+        "record_key",
+        "record_value",
+    )

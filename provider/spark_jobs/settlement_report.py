@@ -16,8 +16,9 @@ from exactly_once_provider.spark_jobs.spec import JobSpec
 JOB = "settlement_report"
 
 
-def window_groups(spark: Any, sink_path: str, window_id: str, group_by: list[str], sum_columns: list[str],
-                  scales: dict[str, int]) -> list[dict[str, Any]]:
+def window_groups(
+    spark: Any, sink_path: str, window_id: str, group_by: list[str], sum_columns: list[str], scales: dict[str, int]
+) -> list[dict[str, Any]]:
     """Return per group of ``window_id``: its values, ``eo_rows``, ``v`` (the window version) and each sum.
 
     Sums are exact decimals at the source column's scale, returned as text so JSON keeps every digit.
@@ -36,12 +37,16 @@ def window_groups(spark: Any, sink_path: str, window_id: str, group_by: list[str
 
     rows = spark.read.format("delta").load(spark_path(sink_path)).where(F.col("window_id") == window_id)
     groups = [F.get_json_object("record_value", f"$.row.{c}").alias(c) for c in group_by]
-    sums = [F.sum(F.get_json_object("record_value", f"$.row.{c}").cast(f"decimal(38,{scales[c]})")).alias(c)
-            for c in sum_columns]
-    result = rows.groupBy(*groups).agg(F.count(F.lit(1)).alias("eo_rows"), F.max("window_version").alias("v"),
-                                       *sums).collect()
-    return [{k: (str(v) if k in sum_columns and v is not None else v) for k, v in r.asDict().items()}
-            for r in result]
+    sums = [
+        F.sum(F.get_json_object("record_value", f"$.row.{c}").cast(f"decimal(38,{scales[c]})")).alias(c)
+        for c in sum_columns
+    ]
+    result = (
+        rows.groupBy(*groups)
+        .agg(F.count(F.lit(1)).alias("eo_rows"), F.max("window_version").alias("v"), *sums)
+        .collect()
+    )
+    return [{k: (str(v) if k in sum_columns and v is not None else v) for k, v in r.asDict().items()} for r in result]
 
 
 def _driver(spec: JobSpec, secrets: dict) -> list[dict[str, Any]]:

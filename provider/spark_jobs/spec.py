@@ -80,8 +80,10 @@ def read_json(path: str | Path) -> Any | None:
 
 def report_started(spec: JobSpec, spark_ui_url: str | None) -> None:
     """Tell the operator the driver runs: its Spark UI (the task's extra link) and where it runs."""
-    write_json_atomically(spec.started_file, {"spark_ui": spark_ui_url, "host": socket.gethostname(),
-                                              "cwd": os.getcwd(), "pid": os.getpid()})
+    write_json_atomically(
+        spec.started_file,
+        {"spark_ui": spark_ui_url, "host": socket.gethostname(), "cwd": os.getcwd(), "pid": os.getpid()},
+    )
 
 
 def report_result(spec: JobSpec, result: Any) -> None:
@@ -92,5 +94,4 @@ def report_result(spec: JobSpec, result: Any) -> None:
 def report_error(spec: JobSpec, err: BaseException) -> None:
     """Write the error that stopped the job; the operator raises it with the same meaning."""
     kind = VALUE_ERROR if isinstance(err, ValueError) else RUNTIME_ERROR
-    write_json_atomically(spec.result_file, {"error": {"kind": kind, "type": type(err).__name__,
-                                                       "message": str(err)}})
+    write_json_atomically(spec.result_file, {"error": {"kind": kind, "type": type(err).__name__, "message": str(err)}})

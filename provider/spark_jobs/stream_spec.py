@@ -87,15 +87,19 @@ class StreamSpec:
         """Return one single-route spec per query of this spec (itself when it has no routes)."""
         if not self.routes:
             return [self]
-        return [replace(self, topics=r.topics, checkpoint=r.checkpoint, path=r.path, table=r.table, routes=())
-                for r in self.routes]
+        return [
+            replace(self, topics=r.topics, checkpoint=r.checkpoint, path=r.path, table=r.table, routes=())
+            for r in self.routes
+        ]
 
     def validate(self) -> StreamSpec:
         """Return the spec; raise ValueError naming the first setting that is wrong."""
         if self.routes:
             return self._validate_routes()
         if not self.pipeline or not str(self.pipeline).replace("_", "").replace("-", "").isalnum():
-            raise ValueError(f"pipeline must be a non-empty name of letters, digits, '-' and '_', got {self.pipeline!r}.")
+            raise ValueError(
+                f"pipeline must be a non-empty name of letters, digits, '-' and '_', got {self.pipeline!r}."
+            )
         if not self.topics:
             raise ValueError("topics is empty: name at least one Kafka topic.")
         if self.sink not in SINKS:
@@ -107,8 +111,10 @@ class StreamSpec:
         if self.trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}.")
         if self.max_runtime is not None and (self.trigger != "processing-time" or self.max_runtime <= 0):
-            raise ValueError(f"max_runtime={self.max_runtime!r}: a positive number of seconds, with "
-                             "trigger='processing-time' (an available-now run ends by itself).")
+            raise ValueError(
+                f"max_runtime={self.max_runtime!r}: a positive number of seconds, with "
+                "trigger='processing-time' (an available-now run ends by itself)."
+            )
         if self.delivery not in DELIVERIES:
             raise ValueError(f"delivery must be one of {DELIVERIES}, got {self.delivery!r}.")
         if self.mode not in MODES:
@@ -120,8 +126,10 @@ class StreamSpec:
         if self.mode == "current" and self.sink == "files":
             raise ValueError("mode='current' keeps one row per key: it needs sink='delta' or 'postgres'.")
         if self.mode == "current" and self.sink == "postgres" and not self.path:
-            raise ValueError("mode='current' with sink='postgres' builds the table from the full load: set "
-                             "sink_path to the Delta table the full load published.")
+            raise ValueError(
+                "mode='current' with sink='postgres' builds the table from the full load: set "
+                "sink_path to the Delta table the full load published."
+            )
         if self.mode == "current" and self.delivery != "exactly-once":
             raise ValueError("mode='current' merges by source version: it needs delivery='exactly-once'.")
         if self.mode == "cdc" and self.sink == "files":
@@ -132,18 +140,24 @@ class StreamSpec:
 
     def _validate_routes(self) -> StreamSpec:
         if self.topics or self.checkpoint or self.path or self.table:
-            raise ValueError("routes name each query's topics, checkpoint and sink: leave topics, "
-                             "checkpoint_location, sink_path and sink_table unset beside them.")
+            raise ValueError(
+                "routes name each query's topics, checkpoint and sink: leave topics, "
+                "checkpoint_location, sink_path and sink_table unset beside them."
+            )
         if self.mode == "window":
             raise ValueError("mode='window' runs one query per application: it takes no routes.")
         queries = [q.validate() for q in self.queries()]
-        for what, values in (("checkpoint", [q.checkpoint for q in queries]),
-                             ("sink", [q.path or q.table for q in queries]),
-                             ("topic", [t for q in queries for t in q.topics])):
+        for what, values in (
+            ("checkpoint", [q.checkpoint for q in queries]),
+            ("sink", [q.path or q.table for q in queries]),
+            ("topic", [t for q in queries for t in q.topics]),
+        ):
             seen = {v for v in values if values.count(v) > 1}
             if seen:
-                raise ValueError(f"Two routes share the {what} {sorted(seen)[0]!r}: each query needs its own "
-                                 "topics, sink and checkpoint (one sink per source table).")
+                raise ValueError(
+                    f"Two routes share the {what} {sorted(seen)[0]!r}: each query needs its own "
+                    "topics, sink and checkpoint (one sink per source table)."
+                )
         return self
 
     def to_json(self) -> dict[str, Any]:

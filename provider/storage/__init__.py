@@ -79,8 +79,10 @@ def open_storage(location: str, s3: S3Settings | None = None) -> Storage:
 
         settings = s3 or registered_settings()
         if settings is None:
-            raise ValueError(f"{location} is on S3 but no S3 settings were given: name the `aws` Airflow connection "
-                             "(aws_conn_id) whose credentials and endpoint_url reach it.")
+            raise ValueError(
+                f"{location} is on S3 but no S3 settings were given: name the `aws` Airflow connection "
+                "(aws_conn_id) whose credentials and endpoint_url reach it."
+            )
         return S3Storage(location, settings)
     if "://" in location and not location.startswith("file://"):
         raise ValueError(f"Unsupported storage location {location!r}: use a local path, file://, s3:// or s3a://.")

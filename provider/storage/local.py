@@ -50,8 +50,11 @@ class LocalStorage:
             for name in files:
                 key = (Path(directory) / name).relative_to(self.root).as_posix()
                 # put_if_absent's temporary files (".<name>.<hex>.tmp") are never objects
-                if key.startswith(prefix) and not (name.startswith(".") and name.endswith(".tmp")) and (
-                        start_after is None or key > start_after):
+                if (
+                    key.startswith(prefix)
+                    and not (name.startswith(".") and name.endswith(".tmp"))
+                    and (start_after is None or key > start_after)
+                ):
                     keys.append(key)
         return sorted(keys)
 

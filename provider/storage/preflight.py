@@ -21,8 +21,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROBE_PREFIX = "_eo_preflight/"
-_CREDENTIAL_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
-                     "ExpiredToken", "Forbidden"}
+_CREDENTIAL_CODES = {
+    "403",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "Forbidden",
+}
 _MISSING_BUCKET_CODES = {"404", "NoSuchBucket", "NotFound"}
 
 
@@ -40,8 +47,9 @@ def preflight(storage: Storage) -> str:
         try:
             first = storage.put_if_absent(probe, b"first")
         except OSError as exc:
-            raise ServiceAccessError(f"Cannot write to {storage.uri()}: {exc}. Fix the path or its permissions.") \
-                from exc
+            raise ServiceAccessError(
+                f"Cannot write to {storage.uri()}: {exc}. Fix the path or its permissions."
+            ) from exc
         except Exception as exc:  # boto3's ClientError: the store refused the write itself
             raise _s3_refusal(storage, exc, "write a probe object") from exc
         second = storage.put_if_absent(probe, b"second")
@@ -49,7 +57,8 @@ def preflight(storage: Storage) -> str:
             raise ServiceAccessError(
                 f"{storage.uri()} does not honour conditional writes: a second PutObject with If-None-Match: * "
                 "on an existing key was not refused. Exactly-once commits need put-if-absent; use a store that "
-                "supports conditional writes (AWS S3, MinIO, ...) or a local path.")
+                "supports conditional writes (AWS S3, MinIO, ...) or a local path."
+            )
     finally:
         try:
             storage.delete(probe)
@@ -75,7 +84,8 @@ def preflight_locations(locations: Iterable[str | None], s3: S3Settings | None) 
 
 def _reach_bucket(storage) -> None:
     """HEAD the bucket: tells an unreachable endpoint, refused credentials and a missing bucket apart."""
-    from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, NoCredentialsError
+    from botocore.exceptions import ClientError, NoCredentialsError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
 
     try:
         storage.client.head_bucket(Bucket=storage.bucket)
@@ -83,10 +93,13 @@ def _reach_bucket(storage) -> None:
         endpoint = storage.settings.endpoint_url or "AWS S3"
         raise ServiceAccessError(
             f"Cannot reach the S3 endpoint {endpoint} of AWS connection {storage.settings.conn_id!r} ({exc}): "
-            "check endpoint_url in the connection's extra and that the store is running.") from exc
+            "check endpoint_url in the connection's extra and that the store is running."
+        ) from exc
     except NoCredentialsError as exc:
-        raise ServiceAccessError(f"AWS connection {storage.settings.conn_id!r} has no credentials: set its login "
-                                 "(access key id) and password (secret access key).") from exc
+        raise ServiceAccessError(
+            f"AWS connection {storage.settings.conn_id!r} has no credentials: set its login "
+            "(access key id) and password (secret access key)."
+        ) from exc
     except ClientError as exc:
         raise _s3_refusal(storage, exc, f"reach bucket {storage.bucket}") from exc
 
@@ -96,12 +109,17 @@ def _s3_refusal(storage, exc: Exception, what: str) -> ServiceAccessError:
     conn = storage.settings.conn_id
     if code in _MISSING_BUCKET_CODES:
         endpoint = storage.settings.endpoint_url or "AWS S3"
-        return ServiceAccessError(f"Bucket {storage.bucket!r} does not exist at {endpoint} (AWS connection {conn!r}): "
-                                  f"create it, or fix the bucket in {storage.uri()}.")
+        return ServiceAccessError(
+            f"Bucket {storage.bucket!r} does not exist at {endpoint} (AWS connection {conn!r}): "
+            f"create it, or fix the bucket in {storage.uri()}."
+        )
     if code in _CREDENTIAL_CODES:
-        return ServiceAccessError(f"The S3 store refused the credentials of AWS connection {conn!r} ({code}) when "
-                                  f"trying to {what}: fix the connection's login (access key id) and password "
-                                  "(secret access key), or grant them s3:GetObject, s3:PutObject, s3:ListBucket "
-                                  f"and s3:DeleteObject on {storage.uri()}.")
-    return ServiceAccessError(f"The S3 store refused to {what} in {storage.uri()} with AWS connection {conn!r}: "
-                              f"{code or exc}.")
+        return ServiceAccessError(
+            f"The S3 store refused the credentials of AWS connection {conn!r} ({code}) when "
+            f"trying to {what}: fix the connection's login (access key id) and password "
+            "(secret access key), or grant them s3:GetObject, s3:PutObject, s3:ListBucket "
+            f"and s3:DeleteObject on {storage.uri()}."
+        )
+    return ServiceAccessError(
+        f"The S3 store refused to {what} in {storage.uri()} with AWS connection {conn!r}: {code or exc}."
+    )

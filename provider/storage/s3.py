@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -62,13 +61,22 @@ class S3Settings:
         wrapper = hook.conn_config
         credentials = hook.get_session().get_credentials()
         if credentials is None:
-            raise ServiceAccessError(f"AWS connection {aws_conn_id!r} has no credentials: set its login (access key "
-                                     "id) and password (secret access key), or a credential source the host has.")
+            raise ServiceAccessError(
+                f"AWS connection {aws_conn_id!r} has no credentials: set its login (access key "
+                "id) and password (secret access key), or a credential source the host has."
+            )
         frozen = credentials.get_frozen_credentials()
         s3_config = getattr(wrapper.botocore_config, "s3", None) or {}
-        return cls(frozen.access_key, frozen.secret_key, frozen.token,
-                   wrapper.get_service_endpoint_url("s3") or wrapper.endpoint_url, hook.conn_region_name,
-                   s3_config.get("addressing_style"), hook.verify, aws_conn_id)
+        return cls(
+            frozen.access_key,
+            frozen.secret_key,
+            frozen.token,
+            wrapper.get_service_endpoint_url("s3") or wrapper.endpoint_url,
+            hook.conn_region_name,
+            s3_config.get("addressing_style"),
+            hook.verify,
+            aws_conn_id,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Return the settings for a secrets file (they hold the secret: never log or print them)."""
@@ -83,12 +91,22 @@ class S3Settings:
         import boto3
         from botocore.config import Config
 
-        config = Config(s3={"addressing_style": self.addressing_style} if self.addressing_style else None,
-                        connect_timeout=10, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"})
-        return boto3.client("s3", aws_access_key_id=self.access_key_id or None,
-                            aws_secret_access_key=self.secret_access_key or None,
-                            aws_session_token=self.session_token or None, endpoint_url=self.endpoint_url,
-                            region_name=self.region_name, verify=self.verify, config=config)
+        config = Config(
+            s3={"addressing_style": self.addressing_style} if self.addressing_style else None,
+            connect_timeout=10,
+            read_timeout=60,
+            retries={"max_attempts": 3, "mode": "standard"},
+        )
+        return boto3.client(
+            "s3",
+            aws_access_key_id=self.access_key_id or None,
+            aws_secret_access_key=self.secret_access_key or None,
+            aws_session_token=self.session_token or None,
+            endpoint_url=self.endpoint_url,
+            region_name=self.region_name,
+            verify=self.verify,
+            config=config,
+        )
 
     def arrow_filesystem(self) -> Any:
         """Return a pyarrow S3 filesystem with these settings (Parquet footers read with range requests)."""
@@ -96,8 +114,12 @@ class S3Settings:
 
         from pyarrow import fs
 
-        options: dict[str, Any] = {"access_key": self.access_key_id, "secret_key": self.secret_access_key,
-                                   "session_token": self.session_token, "region": self.region_name}
+        options: dict[str, Any] = {
+            "access_key": self.access_key_id,
+            "secret_key": self.secret_access_key,
+            "session_token": self.session_token,
+            "region": self.region_name,
+        }
         if self.endpoint_url:
             endpoint = urlparse(self.endpoint_url)
             options.update(endpoint_override=endpoint.netloc, scheme=endpoint.scheme)
@@ -113,9 +135,14 @@ class S3Settings:
         Conditional put (``etag``: ``If-None-Match: *`` on a log entry) makes delta-rs's own commits safe with
         several writers, as the provider's own commits are; plain HTTP is allowed only for an ``http://`` endpoint.
         """
-        options = {"AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
-                   "AWS_SESSION_TOKEN": self.session_token, "AWS_REGION": self.region_name,
-                   "AWS_ENDPOINT_URL": self.endpoint_url, "conditional_put": "etag"}
+        options = {
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_SESSION_TOKEN": self.session_token,
+            "AWS_REGION": self.region_name,
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "conditional_put": "etag",
+        }
         if self.endpoint_url and self.endpoint_url.startswith("http://"):
             options["AWS_ALLOW_HTTP"] = "true"
         if self.addressing_style == "virtual":
@@ -172,7 +199,7 @@ def split_uri(location: str) -> tuple[str, str]:
     scheme = next((s for s in S3_SCHEMES if location.startswith(s)), None)
     if scheme is None:
         raise ValueError(f"Not an S3 URI: {location!r} (expected s3://bucket/prefix).")
-    bucket, _, prefix = location[len(scheme):].partition("/")
+    bucket, _, prefix = location[len(scheme) :].partition("/")
     if not bucket:
         raise ValueError(f"S3 URI {location!r} names no bucket (expected s3://bucket/prefix).")
     return bucket, prefix.strip("/")
@@ -246,9 +273,10 @@ class S3Storage:
         base = f"{self.prefix}/" if self.prefix else ""
         keys = []
         after = {"StartAfter": base + start_after} if start_after is not None else {}
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix,
-                                                                           **after):
-            keys += [item["Key"][len(base):] for item in page.get("Contents", [])]
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=base + prefix, **after
+        ):
+            keys += [item["Key"][len(base) :] for item in page.get("Contents", [])]
         return sorted(keys)
 
     def delete(self, key: str) -> None:
@@ -257,8 +285,10 @@ class S3Storage:
     def delete_prefix(self, prefix: str) -> None:
         keys = [self._key(key) for key in self.list(prefix)]
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
-            self.client.delete_objects(Bucket=self.bucket, Delete={
-                "Objects": [{"Key": key} for key in keys[start:start + 1000]], "Quiet": True})
+            self.client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": key} for key in keys[start : start + 1000]], "Quiet": True},
+            )
 
     def arrow_path(self, key: str) -> tuple[Any, str]:
         if self._arrow_fs is None:  # one per storage: each new one resolves credentials and opens connections

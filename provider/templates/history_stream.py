@@ -164,24 +164,28 @@ def history_stream_dag(
     try:
         from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
     except ImportError as err:
-        raise ImportError("history_stream_dag needs the binlog capture operator "
-                          "(exactly_once_provider.operators.binlog_capture).") from err
+        raise ImportError(
+            "history_stream_dag needs the binlog capture operator (exactly_once_provider.operators.binlog_capture)."
+        ) from err
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: use one of {MODES}.")
     if (table is None) == (tables is None) or (tables is not None and (isinstance(tables, str) or not tables)):
-        raise ValueError("Name the source table with table='orders', or several with tables=['orders', ...]; "
-                         "not both.")
+        raise ValueError("Name the source table with table='orders', or several with tables=['orders', ...]; not both.")
     names = [table] if tables is None else list(tables)
     several = tables is not None
     if len(set(names)) != len(names):
         raise ValueError(f"tables={names!r} names a table twice.")
     if several and (TABLE not in table_path or TABLE not in checkpoint_location):
-        raise ValueError(f"tables={names!r}: table_path and checkpoint_location must name each table's location "
-                         f"with the {TABLE} placeholder (one current table and one checkpoint per table), got "
-                         f"{table_path!r} and {checkpoint_location!r}.")
+        raise ValueError(
+            f"tables={names!r}: table_path and checkpoint_location must name each table's location "
+            f"with the {TABLE} placeholder (one current table and one checkpoint per table), got "
+            f"{table_path!r} and {checkpoint_location!r}."
+        )
     if several and postgres_table is not None and TABLE not in postgres_table:
-        raise ValueError(f"tables={names!r}: postgres_table must name each table's PostgreSQL table with the "
-                         f"{TABLE} placeholder, got {postgres_table!r}.")
+        raise ValueError(
+            f"tables={names!r}: postgres_table must name each table's PostgreSQL table with the "
+            f"{TABLE} placeholder, got {postgres_table!r}."
+        )
     paths = {n: table_path.replace(TABLE, n) for n in names}
     checkpoints = {n: checkpoint_location.replace(TABLE, n) for n in names}
     stagings = {n: staging_path.replace(TABLE, n) if staging_path else None for n in names}
@@ -200,14 +204,22 @@ def history_stream_dag(
         max_active_runs=1,  # one capture per ledger key; increments follow each other
         default_args={"retries": retries, "retry_delay": retry_delay},
         tags=["exactly-once", "cdc", *tags],
-        params={"full_reload": Param(False, type="boolean",
-                                     description="take a new snapshot, replace the table atomically and restart "
-                                                 "the stream from its position"),
-                "full_reconcile": Param(False, type="boolean",
-                                        description="compare the whole table, not only the keys changed since "
-                                                    "the last clean reconciliation")},
+        params={
+            "full_reload": Param(
+                False,
+                type="boolean",
+                description="take a new snapshot, replace the table atomically and restart "
+                "the stream from its position",
+            ),
+            "full_reconcile": Param(
+                False,
+                type="boolean",
+                description="compare the whole table, not only the keys changed since the last clean reconciliation",
+            ),
+        },
         doc_md=__doc__,
     ) as dag:
+
         @task
         def preflight() -> dict:
             """Check the server and table are fit for a full load and a binlog capture, and S3 locations usable."""
@@ -217,8 +229,10 @@ def history_stream_dag(
             found = {}
             for name in names:
                 checked = MySqlSourceHook(mysql_conn_id).preflight(schema, name)
-                print(f"preflight ok: {name}: {checked.server.version_string}, key {list(checked.key.columns)}, "
-                      f"~{checked.estimated_rows} rows")
+                print(
+                    f"preflight ok: {name}: {checked.server.version_string}, key {list(checked.key.columns)}, "
+                    f"~{checked.estimated_rows} rows"
+                )
                 found[name] = {"key": list(checked.key.columns), "estimated_rows": checked.estimated_rows}
             locations = [*paths.values(), *checkpoints.values(), *(s for s in stagings.values() if s)]
             for storage in preflight_locations(locations, settings_for(aws_conn_id, *locations)):
@@ -244,61 +258,127 @@ def history_stream_dag(
                 return loads[0] if loads else "retention_guard"
             return loads + (["retention_guard"] if len(loads) < len(names) else [])
 
-        assets = {n: Asset(name=f"{dag_id}.{n}" if several else f"{dag_id}.table",
-                           uri=lineage.storage_path(paths[n]).asset_uri) for n in names}
+        assets = {
+            n: Asset(
+                name=f"{dag_id}.{n}" if several else f"{dag_id}.table", uri=lineage.storage_path(paths[n]).asset_uri
+            )
+            for n in names
+        }
         full_loads = []
         for name in names:
             # [START howto_operator_full_load]
             full_load = MySqlFullLoadOperator(
-                task_id=f"full_load{suffix[name]}", table=name, schema=schema, sink_path=paths[name],
-                staging_path=stagings[name], chunk_rows=chunk_rows, full_reload="{{ params.full_reload }}",
-                mysql_conn_id=mysql_conn_id, spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id,
-                spark_conf=spark_conf, outlets=[assets[name]], capture_pipeline=pipeline,
-                capture_source_partition=CAPTURE_SOURCE_PARTITION, kafka_config_id=kafka_config_id)
+                task_id=f"full_load{suffix[name]}",
+                table=name,
+                schema=schema,
+                sink_path=paths[name],
+                staging_path=stagings[name],
+                chunk_rows=chunk_rows,
+                full_reload="{{ params.full_reload }}",
+                mysql_conn_id=mysql_conn_id,
+                spark_conn_id=spark_conn_id,
+                aws_conn_id=aws_conn_id,
+                spark_conf=spark_conf,
+                outlets=[assets[name]],
+                capture_pipeline=pipeline,
+                capture_source_partition=CAPTURE_SOURCE_PARTITION,
+                kafka_config_id=kafka_config_id,
+            )
             # [END howto_operator_full_load]
             full_loads.append(full_load)
         # [START howto_operator_retention_guard]
         guard = BinlogRetentionGuardOperator(
-            task_id="retention_guard", capture_pipeline=pipeline, capture_source_partition=CAPTURE_SOURCE_PARTITION,
-            mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id)
+            task_id="retention_guard",
+            capture_pipeline=pipeline,
+            capture_source_partition=CAPTURE_SOURCE_PARTITION,
+            mysql_conn_id=mysql_conn_id,
+            kafka_config_id=kafka_config_id,
+        )
         # [END howto_operator_retention_guard]
         # [START howto_operator_binlog_capture]
         capture = BinlogCaptureOperator(
-            task_id="capture", tables=[f"{schema}.{n}" for n in names], pipeline=pipeline,
-            full_load_paths={f"{schema}.{n}": paths[n] for n in names}, mode=mode if continuous else "bounded",
-            max_runtime=seconds if continuous else None, source_partition=CAPTURE_SOURCE_PARTITION,
-            topic_partitions=topic_partitions, mysql_conn_id=mysql_conn_id, kafka_config_id=kafka_config_id,
-            aws_conn_id=aws_conn_id, trigger_rule="none_failed_min_one_success" if continuous else "all_success",
-            commit_interval_ms=capture_commit_interval_ms or (CONTINUOUS_COMMIT_INTERVAL_MS if continuous else 1_000))
+            task_id="capture",
+            tables=[f"{schema}.{n}" for n in names],
+            pipeline=pipeline,
+            full_load_paths={f"{schema}.{n}": paths[n] for n in names},
+            mode=mode if continuous else "bounded",
+            max_runtime=seconds if continuous else None,
+            source_partition=CAPTURE_SOURCE_PARTITION,
+            topic_partitions=topic_partitions,
+            mysql_conn_id=mysql_conn_id,
+            kafka_config_id=kafka_config_id,
+            aws_conn_id=aws_conn_id,
+            trigger_rule="none_failed_min_one_success" if continuous else "all_success",
+            commit_interval_ms=capture_commit_interval_ms or (CONTINUOUS_COMMIT_INTERVAL_MS if continuous else 1_000),
+        )
         # [END howto_operator_binlog_capture]
         # Several tables: one Spark application, one query per table into its own current table.
-        where = {"streams": [{"topics": [topics[n]], "sink_path": paths[n], "checkpoint_location": checkpoints[n]}
-                             for n in names]} if several else {
-            "topics": [topics[table]], "sink_path": table_path, "checkpoint_location": checkpoint_location}
+        where = (
+            {
+                "streams": [
+                    {"topics": [topics[n]], "sink_path": paths[n], "checkpoint_location": checkpoints[n]} for n in names
+                ]
+            }
+            if several
+            else {"topics": [topics[table]], "sink_path": table_path, "checkpoint_location": checkpoint_location}
+        )
         # [START howto_operator_spark_kafka_to_sink_current]
         apply = SparkKafkaToSinkOperator(
-            task_id="apply", pipeline=apply_pipeline, sink="delta", **where, mode="current",
-            trigger="processing-time" if continuous else "available-now", interval=stream_interval,
-            max_runtime=seconds if continuous else None, kafka_conn_id=kafka_config_id,
-            spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id, conf=dict(spark_conf or {}),
+            task_id="apply",
+            pipeline=apply_pipeline,
+            sink="delta",
+            **where,
+            mode="current",
+            trigger="processing-time" if continuous else "available-now",
+            interval=stream_interval,
+            max_runtime=seconds if continuous else None,
+            kafka_conn_id=kafka_config_id,
+            spark_conn_id=spark_conn_id,
+            aws_conn_id=aws_conn_id,
+            conf=dict(spark_conf or {}),
             outlets=list(assets.values()),
-            trigger_rule="none_failed_min_one_success" if continuous else "all_success")
+            trigger_rule="none_failed_min_one_success" if continuous else "all_success",
+        )
         # [END howto_operator_spark_kafka_to_sink_current]
         apply_postgres = None
         if postgres_table is not None:  # the same changes into the typed PostgreSQL table built from the full load
             pg_tables = {n: postgres_table.replace(TABLE, n) for n in names}
-            pg_where = {"streams": [{"topics": [topics[n]], "sink_path": paths[n], "sink_table": pg_tables[n],
-                                     "checkpoint_location": checkpoints[n].rstrip("/") + "_postgres"}
-                                    for n in names]} if several else {
-                "topics": [topics[table]], "sink_path": table_path, "sink_table": pg_tables[table],
-                "checkpoint_location": checkpoint_location.rstrip("/") + "_postgres"}
+            pg_where = (
+                {
+                    "streams": [
+                        {
+                            "topics": [topics[n]],
+                            "sink_path": paths[n],
+                            "sink_table": pg_tables[n],
+                            "checkpoint_location": checkpoints[n].rstrip("/") + "_postgres",
+                        }
+                        for n in names
+                    ]
+                }
+                if several
+                else {
+                    "topics": [topics[table]],
+                    "sink_path": table_path,
+                    "sink_table": pg_tables[table],
+                    "checkpoint_location": checkpoint_location.rstrip("/") + "_postgres",
+                }
+            )
             apply_postgres = SparkKafkaToSinkOperator(
-                task_id="apply_postgres", pipeline=f"{pipeline}-apply-postgres", sink="postgres", **pg_where,
-                mode="current", trigger="processing-time" if continuous else "available-now",
-                interval=stream_interval, max_runtime=seconds if continuous else None, kafka_conn_id=kafka_config_id,
-                postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id,
+                task_id="apply_postgres",
+                pipeline=f"{pipeline}-apply-postgres",
+                sink="postgres",
+                **pg_where,
+                mode="current",
+                trigger="processing-time" if continuous else "available-now",
+                interval=stream_interval,
+                max_runtime=seconds if continuous else None,
+                kafka_conn_id=kafka_config_id,
+                postgres_conn_id=postgres_conn_id,
+                spark_conn_id=spark_conn_id,
+                aws_conn_id=aws_conn_id,
                 conf=dict(spark_conf or {}),
-                trigger_rule="none_failed_min_one_success" if continuous else "all_success")
+                trigger_rule="none_failed_min_one_success" if continuous else "all_success",
+            )
         choice = choose_load()
         preflight() >> choice
         loaded = [*full_loads, guard]
@@ -310,32 +390,63 @@ def history_stream_dag(
                 loaded >> apply_postgres
             return dag
         # run_after: when a run was due (a manual run: its trigger time); the data interval is None on manual runs.
-        on_schedule = "false" if full_reconcile_hour is None else (
-            f"dag_run.run_after.hour == {int(full_reconcile_hour)} and dag_run.run_after.minute < {every_minutes}")
+        on_schedule = (
+            "false"
+            if full_reconcile_hour is None
+            else (
+                f"dag_run.run_after.hour == {int(full_reconcile_hour)} and dag_run.run_after.minute < {every_minutes}"
+            )
+        )
         for name in names:
             # Whether this run loaded the table: the full load's own XCom (it mirrors the handoff positions) exists
             # only if it ran. Not choose_load's answer: when a branch skips tasks, Airflow 3's SkipMixin raises
             # DownstreamTasksSkipped out of execute(), so the branch's return value never reaches XCom.
             loaded_now = f"ti.xcom_pull(task_ids='full_load{suffix[name]}') is not none"
-            reconcile_scope = ("{{ 'full' if params.full_reload or params.full_reconcile or " + loaded_now
-                               + " or (" + on_schedule + ") else 'changed' }}")
+            reconcile_scope = (
+                "{{ 'full' if params.full_reload or params.full_reconcile or "
+                + loaded_now
+                + " or ("
+                + on_schedule
+                + ") else 'changed' }}"
+            )
             # [START howto_sensor_consumer_lag]
             lag_gate = ConsumerLagSensor(
-                task_id=f"lag_gate{suffix[name]}", topics=[topics[name]], max_lag=max_lag, sink="delta",
-                sink_location=paths[name], sink_pipeline=apply_pipeline, missing_topics_ok=True,
-                kafka_config_id=kafka_config_id, aws_conn_id=aws_conn_id, timeout=3600,
-                trigger_rule="none_failed_min_one_success")
+                task_id=f"lag_gate{suffix[name]}",
+                topics=[topics[name]],
+                max_lag=max_lag,
+                sink="delta",
+                sink_location=paths[name],
+                sink_pipeline=apply_pipeline,
+                missing_topics_ok=True,
+                kafka_config_id=kafka_config_id,
+                aws_conn_id=aws_conn_id,
+                timeout=3600,
+                trigger_rule="none_failed_min_one_success",
+            )
             # [END howto_sensor_consumer_lag]
             # [START howto_operator_reconcile_current]
             reconcile = ReconcileOperator(
-                task_id=f"reconcile{suffix[name]}", name=f"{pipeline}.{name}" if several else pipeline,
-                table=f"{schema}.{name}", key_column=_per_table(key_column, name),
-                columns=_per_table(reconcile_columns, name), sink="delta", sink_path=paths[name],
-                sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline,
-                capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topics[name]],
-                sink_pipeline=apply_pipeline, full_load_path=paths[name], scope=reconcile_scope,
-                mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
-                kafka_config_id=kafka_config_id, aws_conn_id=aws_conn_id, spark_conf=spark_conf)
+                task_id=f"reconcile{suffix[name]}",
+                name=f"{pipeline}.{name}" if several else pipeline,
+                table=f"{schema}.{name}",
+                key_column=_per_table(key_column, name),
+                columns=_per_table(reconcile_columns, name),
+                sink="delta",
+                sink_path=paths[name],
+                sink_deleted_column=DELETED_COLUMN,
+                capture_pipeline=pipeline,
+                capture_source_partition=CAPTURE_SOURCE_PARTITION,
+                topics=[topics[name]],
+                sink_pipeline=apply_pipeline,
+                full_load_path=paths[name],
+                scope=reconcile_scope,
+                mysql_conn_id=mysql_conn_id,
+                postgres_conn_id=postgres_conn_id,
+                spark_conn_id=spark_conn_id,
+                kafka_config_id=kafka_config_id,
+                aws_conn_id=aws_conn_id,
+                spark_conf=spark_conf,
+            )
             # [END howto_operator_reconcile_current]
             loaded >> lag_gate >> capture
             apply >> reconcile
@@ -344,13 +455,23 @@ def history_stream_dag(
                 reconcile_postgres = ReconcileOperator(
                     task_id=f"reconcile_postgres{suffix[name]}",
                     name=f"{pipeline}.{name}.postgres" if several else f"{pipeline}.postgres",
-                    table=f"{schema}.{name}", key_column=_per_table(key_column, name),
-                    columns=_per_table(reconcile_columns, name), sink="postgres", sink_table=pg_tables[name],
-                    sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline,
-                    capture_source_partition=CAPTURE_SOURCE_PARTITION, topics=[topics[name]],
-                    sink_pipeline=f"{pipeline}-apply-postgres", full_load_path=paths[name], scope=reconcile_scope,
-                    mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, kafka_config_id=kafka_config_id,
-                    aws_conn_id=aws_conn_id)
+                    table=f"{schema}.{name}",
+                    key_column=_per_table(key_column, name),
+                    columns=_per_table(reconcile_columns, name),
+                    sink="postgres",
+                    sink_table=pg_tables[name],
+                    sink_deleted_column=DELETED_COLUMN,
+                    capture_pipeline=pipeline,
+                    capture_source_partition=CAPTURE_SOURCE_PARTITION,
+                    topics=[topics[name]],
+                    sink_pipeline=f"{pipeline}-apply-postgres",
+                    full_load_path=paths[name],
+                    scope=reconcile_scope,
+                    mysql_conn_id=mysql_conn_id,
+                    postgres_conn_id=postgres_conn_id,
+                    kafka_config_id=kafka_config_id,
+                    aws_conn_id=aws_conn_id,
+                )
                 # [END howto_operator_reconcile_current_postgres]
                 apply_postgres >> reconcile_postgres
         capture >> apply

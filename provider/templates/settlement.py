@@ -24,11 +24,11 @@ import pendulum
 from airflow.sdk import DAG, Asset, AssetAlias, CronDataIntervalTimetable, Param, task
 
 from exactly_once_provider import lineage
-from exactly_once_provider.source.identifiers import quote_identifier
 from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.operators.settlement_report import SettlementReportOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
+from exactly_once_provider.source.identifiers import quote_identifier
 
 _WINDOW = "ti.xcom_pull(task_ids='extract_window')"
 
@@ -109,14 +109,19 @@ def settlement_dag(
         default_args={"retries": retries, "retry_delay": retry_delay},
         tags=["exactly-once", "settlement", *tags],
         params={
-            "reextract": Param(False, type="boolean",
-                               description="re-read this window's recorded bounds and publish a new version"),
-            "window_end": Param(None, type=["null", "string"], format="date-time",
-                                description="settle the window ending at this instant instead of the interval "
-                                            "end (ISO-8601 with zone)"),
+            "reextract": Param(
+                False, type="boolean", description="re-read this window's recorded bounds and publish a new version"
+            ),
+            "window_end": Param(
+                None,
+                type=["null", "string"],
+                format="date-time",
+                description="settle the window ending at this instant instead of the interval end (ISO-8601 with zone)",
+            ),
         },
         doc_md=__doc__,
     ) as dag:
+
         @task
         def ensure_topic() -> str:
             """Check S3 locations are usable, before a window is extracted; create the windows' topic if it is
@@ -150,36 +155,77 @@ def settlement_dag(
 
         # [START howto_operator_watermark_extract_template]
         extract = WatermarkExtractOperator(
-            task_id="extract_window", table=table, cursor_column=cursor_column, cursor_kind="timestamp",
-            topic=topic, pipeline=pipeline, interval_end="{{ params.window_end or data_interval_end or '' }}",
-            reextract="{{ params.reextract }}", safety_lag=safety_lag, mysql_conn_id=mysql_conn_id,
-            kafka_config_id=kafka_config_id)
+            task_id="extract_window",
+            table=table,
+            cursor_column=cursor_column,
+            cursor_kind="timestamp",
+            topic=topic,
+            pipeline=pipeline,
+            interval_end="{{ params.window_end or data_interval_end or '' }}",
+            reextract="{{ params.reextract }}",
+            safety_lag=safety_lag,
+            mysql_conn_id=mysql_conn_id,
+            kafka_config_id=kafka_config_id,
+        )
         # [END howto_operator_watermark_extract_template]
         # [START howto_operator_spark_kafka_to_sink_window]
         load = SparkKafkaToSinkOperator(
-            task_id="load_window", pipeline=f"{pipeline}-load", topics=topic, sink="delta", sink_path=sink_path,
-            checkpoint_location=checkpoint_location, mode="window", trigger="available-now",
-            kafka_conn_id=kafka_config_id, spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id,
-            conf=dict(spark_conf or {}), outlets=[sink_asset])
+            task_id="load_window",
+            pipeline=f"{pipeline}-load",
+            topics=topic,
+            sink="delta",
+            sink_path=sink_path,
+            checkpoint_location=checkpoint_location,
+            mode="window",
+            trigger="available-now",
+            kafka_conn_id=kafka_config_id,
+            spark_conn_id=spark_conn_id,
+            aws_conn_id=aws_conn_id,
+            conf=dict(spark_conf or {}),
+            outlets=[sink_asset],
+        )
         # [END howto_operator_spark_kafka_to_sink_window]
         # [START howto_operator_reconcile_window]
-        window_id = (f"{{{{ {_WINDOW}['pipeline'] }}}}/{{{{ {_WINDOW}['source_partition'] }}}}/"
-                     f"{{{{ {_WINDOW}['batch_id'] }}}}")
+        window_id = (
+            f"{{{{ {_WINDOW}['pipeline'] }}}}/{{{{ {_WINDOW}['source_partition'] }}}}/{{{{ {_WINDOW}['batch_id'] }}}}"
+        )
         reconcile = ReconcileOperator(
-            task_id="reconcile_window", name=pipeline, table=table, columns=reconcile_columns, sink="delta",
-            sink_path=sink_path, sink_json_column="record_value", sink_json_path="row",
+            task_id="reconcile_window",
+            name=pipeline,
+            table=table,
+            columns=reconcile_columns,
+            sink="delta",
+            sink_path=sink_path,
+            sink_json_column="record_value",
+            sink_json_path="row",
             sink_filter=f"window_id = '{window_id}'",
-            source_filter=(f"{{% set w = {_WINDOW} %}}{{% if w['lower'] %}}{cursor} >= '{{{{ w['lower'] }}}}' AND "
-                           f"{{% endif %}}{cursor} < '{{{{ w['upper'] }}}}'"),
-            mysql_conn_id=mysql_conn_id, postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id,
-            aws_conn_id=aws_conn_id, spark_conf=spark_conf)
+            source_filter=(
+                f"{{% set w = {_WINDOW} %}}{{% if w['lower'] %}}{cursor} >= '{{{{ w['lower'] }}}}' AND "
+                f"{{% endif %}}{cursor} < '{{{{ w['upper'] }}}}'"
+            ),
+            mysql_conn_id=mysql_conn_id,
+            postgres_conn_id=postgres_conn_id,
+            spark_conn_id=spark_conn_id,
+            aws_conn_id=aws_conn_id,
+            spark_conf=spark_conf,
+        )
         # [END howto_operator_reconcile_window]
         # [START howto_operator_settlement_report]
         report = SettlementReportOperator(
-            task_id="settlement_report", window_id=window_id, sink_path=sink_path, report_table=report_table,
-            source_table=table, group_by=group_by, sum_columns=sum_columns, mysql_conn_id=mysql_conn_id,
-            postgres_conn_id=postgres_conn_id, spark_conn_id=spark_conn_id, aws_conn_id=aws_conn_id,
-            spark_conf=spark_conf, outlets=[report_asset])
+            task_id="settlement_report",
+            window_id=window_id,
+            sink_path=sink_path,
+            report_table=report_table,
+            source_table=table,
+            group_by=group_by,
+            sum_columns=sum_columns,
+            mysql_conn_id=mysql_conn_id,
+            postgres_conn_id=postgres_conn_id,
+            spark_conn_id=spark_conn_id,
+            aws_conn_id=aws_conn_id,
+            spark_conf=spark_conf,
+            outlets=[report_asset],
+        )
         # [END howto_operator_settlement_report]
         ensure_topic() >> extract >> load >> reconcile >> report
     return dag

@@ -12,9 +12,17 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from exactly_once_provider.kafka.lag import Lag, group_offsets, sink_offsets, stable_end_offsets
 
 
-def measure_lag(client_config: dict[str, Any], topics: list[str], sink: str | None = None,
-                sink_location: str | None = None, sink_pipeline: str | None = None, consumer_group: str | None = None,
-                postgres_connect: dict | None = None, missing_topics_ok: bool = False, s3: Any = None) -> Lag:
+def measure_lag(
+    client_config: dict[str, Any],
+    topics: list[str],
+    sink: str | None = None,
+    sink_location: str | None = None,
+    sink_pipeline: str | None = None,
+    consumer_group: str | None = None,
+    postgres_connect: dict | None = None,
+    missing_topics_ok: bool = False,
+    s3: Any = None,
+) -> Lag:
     """Return the lag of a sink (read from the sink's own commits) or of a consumer group.
 
     :param client_config: the ``kafka`` connection's client settings
@@ -58,11 +66,20 @@ class ConsumerLagTrigger(BaseTrigger):
     :param missing_topics_ok: a topic not created yet has no lag.
     """
 
-    def __init__(self, kafka_config_id: str, topics: list[str], max_lag: int, sink: str | None = None,
-                 sink_location: str | None = None, sink_pipeline: str | None = None,
-                 consumer_group: str | None = None, postgres_conn_id: str | None = None,
-                 poll_interval: float = 10.0, missing_topics_ok: bool = False,
-                 aws_conn_id: str | None = None) -> None:
+    def __init__(
+        self,
+        kafka_config_id: str,
+        topics: list[str],
+        max_lag: int,
+        sink: str | None = None,
+        sink_location: str | None = None,
+        sink_pipeline: str | None = None,
+        consumer_group: str | None = None,
+        postgres_conn_id: str | None = None,
+        poll_interval: float = 10.0,
+        missing_topics_ok: bool = False,
+        aws_conn_id: str | None = None,
+    ) -> None:
         super().__init__()
         self.kafka_config_id, self.topics, self.max_lag = kafka_config_id, list(topics), int(max_lag)
         self.sink, self.sink_location, self.sink_pipeline = sink, sink_location, sink_pipeline
@@ -70,12 +87,22 @@ class ConsumerLagTrigger(BaseTrigger):
         self.missing_topics_ok, self.aws_conn_id = missing_topics_ok, aws_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "kafka_config_id": self.kafka_config_id, "topics": self.topics, "max_lag": self.max_lag,
-            "sink": self.sink, "sink_location": self.sink_location, "sink_pipeline": self.sink_pipeline,
-            "consumer_group": self.consumer_group, "postgres_conn_id": self.postgres_conn_id,
-            "poll_interval": self.poll_interval, "missing_topics_ok": self.missing_topics_ok,
-            "aws_conn_id": self.aws_conn_id})
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "kafka_config_id": self.kafka_config_id,
+                "topics": self.topics,
+                "max_lag": self.max_lag,
+                "sink": self.sink,
+                "sink_location": self.sink_location,
+                "sink_pipeline": self.sink_pipeline,
+                "consumer_group": self.consumer_group,
+                "postgres_conn_id": self.postgres_conn_id,
+                "poll_interval": self.poll_interval,
+                "missing_topics_ok": self.missing_topics_ok,
+                "aws_conn_id": self.aws_conn_id,
+            },
+        )
 
     async def _connections(self) -> tuple[dict[str, Any], dict | None, Any]:
         """Read the connections in the triggerer (Airflow's connection API is synchronous: off the event loop)."""
@@ -97,13 +124,29 @@ class ConsumerLagTrigger(BaseTrigger):
         kafka, connect, s3 = await self._connections()
         started = time.monotonic()
         while True:
-            lag = await asyncio.to_thread(measure_lag, kafka, self.topics, self.sink,
-                                          self.sink_location, self.sink_pipeline, self.consumer_group, connect,
-                                          self.missing_topics_ok, s3)
+            lag = await asyncio.to_thread(
+                measure_lag,
+                kafka,
+                self.topics,
+                self.sink,
+                self.sink_location,
+                self.sink_pipeline,
+                self.consumer_group,
+                connect,
+                self.missing_topics_ok,
+                s3,
+            )
             if lag.total <= self.max_lag:
-                yield TriggerEvent({"status": "ok", "lag": lag.total, "detail": lag.describe(),
-                                    "waited_seconds": round(time.monotonic() - started, 1)})
+                yield TriggerEvent(
+                    {
+                        "status": "ok",
+                        "lag": lag.total,
+                        "detail": lag.describe(),
+                        "waited_seconds": round(time.monotonic() - started, 1),
+                    }
+                )
                 return
-            self.log.info("lag %d > %d (%s); checking again in %ss", lag.total, self.max_lag, lag.describe(),
-                          self.poll_interval)
+            self.log.info(
+                "lag %d > %d (%s); checking again in %ss", lag.total, self.max_lag, lag.describe(), self.poll_interval
+            )
             await asyncio.sleep(self.poll_interval)

@@ -39,8 +39,11 @@ def main(root: str, batches: str) -> None:
     first = 0 if state is None else int(state.batch_id) + 1
     print(f"RESUME {first}", flush=True)
     for batch in range(first, int(batches)):
-        sink.commit(Frame(list(range(10 * batch + 1, 10 * batch + 11))),
-                    BatchCommit("p", "c1", batch, {"t": {0: 10 * (batch + 1)}}), expected=state)
+        sink.commit(
+            Frame(list(range(10 * batch + 1, 10 * batch + 11))),
+            BatchCommit("p", "c1", batch, {"t": {0: 10 * (batch + 1)}}),
+            expected=state,
+        )
         state = sink.committed()
 
 

@@ -66,11 +66,17 @@ DUMP = ["java", "-cp", f"{LIBS}/*:{TOOLS}/*", "org.apache.kafka.tools.DumpLogSeg
 HOST = "127.0.0.1"
 QUIET = {"logger": logging.getLogger("repro.rdkafka")}
 SETTINGS = {  # docker/local/stack.py KAFKA_SINGLE_NODE_SETTINGS
-    "offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": "4",
-    "transaction.state.log.replication.factor": "1", "transaction.state.log.min.isr": "1",
-    "transaction.state.log.num.partitions": "4", "share.coordinator.state.topic.replication.factor": "1",
-    "share.coordinator.state.topic.min.isr": "1", "group.initial.rebalance.delay.ms": "0",
-    "auto.create.topics.enable": "false", "num.partitions": "1", "default.replication.factor": "1",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+    "default.replication.factor": "1",
     "min.insync.replicas": "1",
 }
 
@@ -93,8 +99,18 @@ time.sleep(3600)
 
 
 class Broker:
-    def __init__(self, run: Path, port: int, controller_port: int, tv: int, heap: str = "512m", node_id: int = 1,
-                 voters_port: int | None = None, cluster_id: str | None = None, extra: dict | None = None) -> None:
+    def __init__(
+        self,
+        run: Path,
+        port: int,
+        controller_port: int,
+        tv: int,
+        heap: str = "512m",
+        node_id: int = 1,
+        voters_port: int | None = None,
+        cluster_id: str | None = None,
+        extra: dict | None = None,
+    ) -> None:
         self.run, self.port, self.cport, self.tv, self.heap = run, port, controller_port, tv, heap
         self.node_id, self.cluster_id, self.extra = node_id, cluster_id, extra or {}
         self.voters_port = voters_port or controller_port  # node 1 is the only controller
@@ -109,26 +125,45 @@ class Broker:
         self.run.mkdir(parents=True, exist_ok=True)
         controller = self.node_id == 1
         props = {
-            "process.roles": "broker,controller" if controller else "broker", "node.id": str(self.node_id),
+            "process.roles": "broker,controller" if controller else "broker",
+            "node.id": str(self.node_id),
             "controller.quorum.voters": f"1@{HOST}:{self.voters_port}",
-            "listeners": f"PLAINTEXT://{HOST}:{self.port}" + (f",CONTROLLER://{HOST}:{self.cport}" if controller else ""),
+            "listeners": f"PLAINTEXT://{HOST}:{self.port}"
+            + (f",CONTROLLER://{HOST}:{self.cport}" if controller else ""),
             "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port}",
-            "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self.data), **SETTINGS, **self.extra,
+            "log.dirs": str(self.data),
+            **SETTINGS,
+            **self.extra,
         }
         (self.run / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (self.run / "log4j2.properties").write_text(
             "status = warn\nappender.out.type = Console\nappender.out.name = OUT\n"
             "appender.out.layout.type = PatternLayout\nappender.out.layout.pattern = [%d] %p %m (%c)%n\n"
-            "rootLogger.level = INFO\nrootLogger.appenderRef.out.ref = OUT\n")
+            "rootLogger.level = INFO\nrootLogger.appenderRef.out.ref = OUT\n"
+        )
         if not (self.data / "meta.properties").exists():
             if self.cluster_id is None:
                 self.cluster_id = subprocess.run(
                     ["java", "-cp", f"{LIBS}/*", "kafka.tools.StorageTool", "random-uuid"],
-                    capture_output=True, text=True, check=True).stdout.strip()
-            cmd = ["java", "-cp", f"{LIBS}/*", "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
-                   "-c", str(self.run / "server.properties"), "-g"]
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.strip()
+            cmd = [
+                "java",
+                "-cp",
+                f"{LIBS}/*",
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                self.cluster_id,
+                "-c",
+                str(self.run / "server.properties"),
+                "-g",
+            ]
             if self.node_id == 1:
                 cmd += ["--feature", f"transaction.version={self.tv}"]
             subprocess.run(cmd, check=True, capture_output=True)
@@ -136,17 +171,31 @@ class Broker:
     def start(self) -> None:
         with open(self.run / "broker.log", "ab") as out:
             self.proc = subprocess.Popen(
-                ["java", f"-Xms{self.heap}", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                 f"-Dlog4j2.configurationFile={self.run / 'log4j2.properties'}", "-cp", f"{LIBS}/*", "kafka.Kafka",
-                 str(self.run / "server.properties")],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    "java",
+                    f"-Xms{self.heap}",
+                    f"-Xmx{self.heap}",
+                    "-XX:+UseG1GC",
+                    "-Djava.awt.headless=true",
+                    f"-Dlog4j2.configurationFile={self.run / 'log4j2.properties'}",
+                    "-cp",
+                    f"{LIBS}/*",
+                    "kafka.Kafka",
+                    str(self.run / "server.properties"),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited, see {self.run / 'broker.log'}")
             try:
-                md = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 3000, **QUIET}) \
-                    .list_topics(timeout=3)
+                md = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 3000, **QUIET}).list_topics(
+                    timeout=3
+                )
                 if self.node_id in md.brokers:
                     return
             except KafkaException:
@@ -184,8 +233,16 @@ def producer(bootstrap: str, tid: str, txn_timeout_ms: int | None = None) -> Pro
 
 
 def read_all(bootstrap: str, topic: str, isolation: str, idle: float = 3.0) -> tuple[list[str], bool]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex[:8]}",
-                  "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": True, **QUIET})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"r-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            **QUIET,
+        }
+    )
     try:
         c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         values, eof, last, deadline = [], False, time.monotonic(), time.monotonic() + 30
@@ -231,8 +288,12 @@ def iteration(broker: Broker, old: str, ack: str, a_timeout: tuple[int, int] | N
     timeout_ms = random.randint(*a_timeout) if a_timeout else None
     if old in ("alive", "closed"):
         a = producer(broker.bootstrap, tid, timeout_ms)
-        a.begin_transaction(); a.produce(topic, b"committed-1"); a.flush(30); a.commit_transaction(60)
-        a.begin_transaction(); a.produce(topic, b"in-flight")
+        a.begin_transaction()
+        a.produce(topic, b"committed-1")
+        a.flush(30)
+        a.commit_transaction(60)
+        a.begin_transaction()
+        a.produce(topic, b"in-flight")
         if ack == "acked":
             left = a.flush(30)
         else:
@@ -241,34 +302,61 @@ def iteration(broker: Broker, old: str, ack: str, a_timeout: tuple[int, int] | N
         if old == "closed":
             a = None  # rd_kafka_destroy: the open transaction is neither committed nor aborted by the client
     else:
-        child = subprocess.Popen([sys.executable, "-c", OLD_PRODUCER, broker.bootstrap, tid, topic, ack,
-                                  *([str(timeout_ms)] if timeout_ms else [])],
-                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                OLD_PRODUCER,
+                broker.bootstrap,
+                tid,
+                topic,
+                ack,
+                *([str(timeout_ms)] if timeout_ms else []),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         line = child.stdout.readline().split()
         assert line and line[0] == "READY", line
         left = int(line[1])
         if old == "killed":
-            os.killpg(child.pid, signal.SIGKILL); child.wait()
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
     t0 = time.monotonic()
     broker.kill()
     broker.start()
     restart_s = round(time.monotonic() - t0, 1)
     if old == "killed-late":
         time.sleep(2)
-        os.killpg(child.pid, signal.SIGKILL); child.wait()
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
     b = producer(broker.bootstrap, tid)
-    b.begin_transaction(); b.produce(topic, b"committed-2"); b.flush(30); b.commit_transaction(60)
+    b.begin_transaction()
+    b.produce(topic, b"committed-2")
+    b.flush(30)
+    b.commit_transaction(60)
     committed, _ = read_all(broker.bootstrap, topic, "read_committed")
     uncommitted, _ = read_all(broker.bootstrap, topic, "read_uncommitted")
     del a, b
     if child is not None and child.poll() is None:
-        os.killpg(child.pid, signal.SIGKILL); child.wait()
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
     skipped = "Couldn't find leader endpoint for partitions Set(" + topic in (broker.run / "broker.log").read_text(
-        errors="replace")
-    return {"topic": topic, "old": old, "ack": ack, "unacked_left": left, "restart_s": restart_s,
-            "a_txn_timeout_ms": timeout_ms, "marker_skipped_in_log": skipped,
-            "read_committed": committed, "read_uncommitted": uncommitted,
-            "anomaly": "in-flight" in committed}
+        errors="replace"
+    )
+    return {
+        "topic": topic,
+        "old": old,
+        "ack": ack,
+        "unacked_left": left,
+        "restart_s": restart_s,
+        "a_txn_timeout_ms": timeout_ms,
+        "marker_skipped_in_log": skipped,
+        "read_committed": committed,
+        "read_uncommitted": uncommitted,
+        "anomaly": "in-flight" in committed,
+    }
 
 
 # ------------------------------------------------------------------------------- scenario "offline"
@@ -289,7 +377,7 @@ def java_hash(text: str) -> int:
 
 def _utf16_units(text: str) -> list[int]:
     raw = text.encode("utf-16-be")
-    return [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
+    return [int.from_bytes(raw[i : i + 2], "big") for i in range(0, len(raw), 2)]
 
 
 def coordinator_partition(tid: str, partitions: int) -> int:
@@ -325,13 +413,21 @@ def offline_iteration(n1: Broker, n2: Broker, b_when: str) -> dict:
     wait_for("data partition leader 2", lambda: leader_of(bootstrap, name) == 2)
     txn_md = admin.list_topics("__transaction_state", timeout=10).topics["__transaction_state"]
     count = len(txn_md.partitions)
-    tid = next(t for t in (f"offline-{name}-{i}" for i in range(1000))
-               if txn_md.partitions[coordinator_partition(t, count)].leader == 1)
-    child = subprocess.Popen([sys.executable, "-c", OLD_PRODUCER, bootstrap, tid, name, "acked"],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    tid = next(
+        t
+        for t in (f"offline-{name}-{i}" for i in range(1000))
+        if txn_md.partitions[coordinator_partition(t, count)].leader == 1
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", OLD_PRODUCER, bootstrap, tid, name, "acked"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     line = child.stdout.readline().split()
     assert line and line[0] == "READY", line
-    os.killpg(child.pid, signal.SIGKILL); child.wait()  # A crashes with its transaction open
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()  # A crashes with its transaction open
     n2.kill()
     wait_for("data partition without leader", lambda: leader_of(bootstrap, name) == -1)
     init_s = None
@@ -345,12 +441,23 @@ def offline_iteration(n1: Broker, n2: Broker, b_when: str) -> dict:
         wait_for("data partition leader 2 again", lambda: leader_of(bootstrap, name) == 2)
         b = producer(bootstrap, tid)
     wait_for("data partition leader 2 again", lambda: leader_of(bootstrap, name) == 2)
-    b.begin_transaction(); b.produce(name, b"committed-2"); b.flush(30); b.commit_transaction(60)
+    b.begin_transaction()
+    b.produce(name, b"committed-2")
+    b.flush(30)
+    b.commit_transaction(60)
     committed, _ = read_all(bootstrap, name, "read_committed")
     uncommitted, _ = read_all(bootstrap, name, "read_uncommitted")
     del b
-    return {"scenario": "offline", "b_when": b_when, "topic": name, "tid": tid, "b_init_s": init_s,
-            "read_committed": committed, "read_uncommitted": uncommitted, "anomaly": "in-flight" in committed}
+    return {
+        "scenario": "offline",
+        "b_when": b_when,
+        "topic": name,
+        "tid": tid,
+        "b_init_s": init_s,
+        "read_committed": committed,
+        "read_uncommitted": uncommitted,
+        "anomaly": "in-flight" in committed,
+    }
 
 
 def offline_commit_iteration(n1: Broker, n2: Broker) -> dict:
@@ -362,11 +469,19 @@ def offline_commit_iteration(n1: Broker, n2: Broker) -> dict:
     wait_for("data partition leader 2", lambda: leader_of(bootstrap, name) == 2)
     txn_md = admin.list_topics("__transaction_state", timeout=10).topics["__transaction_state"]
     count = len(txn_md.partitions)
-    tid = next(t for t in (f"offline-{name}-{i}" for i in range(1000))
-               if txn_md.partitions[coordinator_partition(t, count)].leader == 1)
+    tid = next(
+        t
+        for t in (f"offline-{name}-{i}" for i in range(1000))
+        if txn_md.partitions[coordinator_partition(t, count)].leader == 1
+    )
     a = producer(bootstrap, tid)
-    a.begin_transaction(); a.produce(name, b"committed-1"); a.flush(30); a.commit_transaction(60)
-    a.begin_transaction(); a.produce(name, b"committed-while-offline"); a.flush(30)
+    a.begin_transaction()
+    a.produce(name, b"committed-1")
+    a.flush(30)
+    a.commit_transaction(60)
+    a.begin_transaction()
+    a.produce(name, b"committed-while-offline")
+    a.flush(30)
     n2.kill()
     wait_for("data partition without leader", lambda: leader_of(bootstrap, name) == -1)
     t0 = time.monotonic()
@@ -374,14 +489,26 @@ def offline_commit_iteration(n1: Broker, n2: Broker) -> dict:
     commit_s = round(time.monotonic() - t0, 1)
     n2.start()
     wait_for("data partition leader 2 again", lambda: leader_of(bootstrap, name) == 2)
-    a.begin_transaction(); a.produce(name, b"aborted-later"); a.flush(30); a.abort_transaction(60)
-    a.begin_transaction(); a.produce(name, b"committed-3"); a.flush(30); a.commit_transaction(60)
+    a.begin_transaction()
+    a.produce(name, b"aborted-later")
+    a.flush(30)
+    a.abort_transaction(60)
+    a.begin_transaction()
+    a.produce(name, b"committed-3")
+    a.flush(30)
+    a.commit_transaction(60)
     committed, _ = read_all(bootstrap, name, "read_committed")
     uncommitted, _ = read_all(bootstrap, name, "read_uncommitted")
     del a
-    return {"scenario": "offline-commit", "topic": name, "tid": tid, "commit_s": commit_s,
-            "read_committed": committed, "read_uncommitted": uncommitted,
-            "anomaly": "committed-while-offline" not in committed}
+    return {
+        "scenario": "offline-commit",
+        "topic": name,
+        "tid": tid,
+        "commit_s": commit_s,
+        "read_committed": committed,
+        "read_uncommitted": uncommitted,
+        "anomaly": "committed-while-offline" not in committed,
+    }
 
 
 # ------------------------------------------------------------------------------- scenario "product"
@@ -416,22 +543,30 @@ print("DONE", flush=True)
 
 def product_iteration(n1: Broker, n2: Broker) -> dict:
     from exactly_once_provider.kafka.offsets import COMPACTION_CONFIG
+
     bootstrap = n1.bootstrap
     name = f"p-{uuid.uuid4().hex[:10]}"
     ledger = f"ledger-{name}"
     admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
     for topic, node, config in ((name, 2, {}), (ledger, 1, dict(COMPACTION_CONFIG))):
         admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[node]], config=config)])[
-            topic].result(30)
+            topic
+        ].result(30)
         wait_for(f"{topic} leader {node}", lambda t=topic, n=node: leader_of(bootstrap, t) == n)
     env = {**os.environ, "EO_FAULT_AT": "produced:2", "EO_FAULT_ACTION": "kill"}
-    first = subprocess.run([sys.executable, "-c", WRITER, bootstrap, name, ledger], env=env, capture_output=True,
-                           text=True, timeout=300)
+    first = subprocess.run(
+        [sys.executable, "-c", WRITER, bootstrap, name, ledger], env=env, capture_output=True, text=True, timeout=300
+    )
     assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-2000:])
     n2.kill()
     wait_for("data partition without leader", lambda: leader_of(bootstrap, name) == -1)
-    second = subprocess.Popen([sys.executable, "-c", WRITER, bootstrap, name, ledger], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    second = subprocess.Popen(
+        [sys.executable, "-c", WRITER, bootstrap, name, ledger],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines = []
     while not (lines and lines[-1].startswith("RESUME")):  # after open(): init_transactions and ledger read done
         line = second.stdout.readline()
@@ -442,20 +577,30 @@ def product_iteration(n1: Broker, n2: Broker) -> dict:
     n2.start()
     out, _ = second.communicate(timeout=300)
     skipped = "Couldn't find leader endpoint for partitions Set(" + name in (n1.run / "broker.log").read_text(
-        errors="replace")
+        errors="replace"
+    )
     values = [int(v) for v in read_all(bootstrap, name, "read_committed")[0]]
     duplicates = sorted(v for v in set(values) if values.count(v) > 1)
-    return {"scenario": "product", "topic": name, "writer2": resume, "writer2_rc": second.returncode,
-            "marker_skipped_in_log": skipped,
-            "records": len(values), "distinct": len(set(values)), "duplicated_values": duplicates,
-            "missing": sorted(set(range(1, 31)) - set(values)), "anomaly": bool(duplicates),
-            "writer2_tail": out.strip().splitlines()[-3:]}
+    return {
+        "scenario": "product",
+        "topic": name,
+        "writer2": resume,
+        "writer2_rc": second.returncode,
+        "marker_skipped_in_log": skipped,
+        "records": len(values),
+        "distinct": len(set(values)),
+        "duplicated_values": duplicates,
+        "missing": sorted(set(range(1, 31)) - set(values)),
+        "anomaly": bool(duplicates),
+        "writer2_tail": out.strip().splitlines()[-3:],
+    }
 
 
 def product_restart_iteration(broker: Broker, a_timeout: tuple[int, int]) -> dict:
     """The product on ONE node: writer 1 dies at "produced" of batch 2, the broker is SIGKILLed and restarted while
     writer 1's transaction.timeout.ms (random in ``a_timeout``) runs out; then writer 2 resumes (timeout 15 s)."""
     from exactly_once_provider.kafka.offsets import COMPACTION_CONFIG
+
     bootstrap = broker.bootstrap
     name = f"p-{uuid.uuid4().hex[:10]}"
     ledger = f"ledger-{name}"
@@ -465,24 +610,38 @@ def product_restart_iteration(broker: Broker, a_timeout: tuple[int, int]) -> dic
         wait_for(f"{topic} leader", lambda t=topic: leader_of(bootstrap, t) == 1)
     timeout_ms = random.randint(*a_timeout)
     env = {**os.environ, "EO_FAULT_AT": "produced:2", "EO_FAULT_ACTION": "kill"}
-    first = subprocess.run([sys.executable, "-c", WRITER, bootstrap, name, ledger, str(timeout_ms)], env=env,
-                           capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [sys.executable, "-c", WRITER, bootstrap, name, ledger, str(timeout_ms)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-2000:])
     broker.kill()
     broker.start()
-    second = subprocess.run([sys.executable, "-c", WRITER, bootstrap, name, ledger, "15000"], capture_output=True,
-                            text=True, timeout=600)
+    second = subprocess.run(
+        [sys.executable, "-c", WRITER, bootstrap, name, ledger, "15000"], capture_output=True, text=True, timeout=600
+    )
     values = [int(v) for v in read_all(bootstrap, name, "read_uncommitted")[0]]  # never blocks on an open txn
     committed = [int(v) for v in read_all(bootstrap, name, "read_committed", idle=5)[0]]
     log = (broker.run / "broker.log").read_text(errors="replace")
     duplicates = sorted(v for v in set(committed) if committed.count(v) > 1)
-    return {"scenario": "product-restart", "topic": name, "writer1_txn_timeout_ms": timeout_ms,
-            "skipped_data": "Couldn't find leader endpoint for partitions Set(" + name in log,
-            "skipped_ledger": "Couldn't find leader endpoint for partitions Set(" + ledger in log
-                              or f"Set({name}-0, {ledger}-0)" in log or f"Set({ledger}-0, {name}-0)" in log,
-            "writer2_rc": second.returncode, "writer2_tail": (second.stdout + second.stderr).strip().splitlines()[-2:],
-            "read_committed": len(committed), "read_uncommitted": len(values), "duplicated_values": duplicates,
-            "anomaly": bool(duplicates) or second.returncode != 0}
+    return {
+        "scenario": "product-restart",
+        "topic": name,
+        "writer1_txn_timeout_ms": timeout_ms,
+        "skipped_data": "Couldn't find leader endpoint for partitions Set(" + name in log,
+        "skipped_ledger": "Couldn't find leader endpoint for partitions Set(" + ledger in log
+        or f"Set({name}-0, {ledger}-0)" in log
+        or f"Set({ledger}-0, {name}-0)" in log,
+        "writer2_rc": second.returncode,
+        "writer2_tail": (second.stdout + second.stderr).strip().splitlines()[-2:],
+        "read_committed": len(committed),
+        "read_uncommitted": len(values),
+        "duplicated_values": duplicates,
+        "anomaly": bool(duplicates) or second.returncode != 0,
+    }
 
 
 def dump_files(directories: list[Path], out: Path) -> None:
@@ -499,15 +658,25 @@ def dump_files(directories: list[Path], out: Path) -> None:
 
 
 def run_offline(args) -> None:
-    run = BASE / (args.run or (f"product-tv{args.tv}" if args.scenario == "product"
-                               else f"offline-tv{args.tv}-{args.b_when}"))
+    run = BASE / (
+        args.run or (f"product-tv{args.tv}" if args.scenario == "product" else f"offline-tv{args.tv}-{args.b_when}")
+    )
     extra = {"offsets.topic.num.partitions": "2", "transaction.state.log.num.partitions": "4"}
     n1 = Broker(run / "n1", args.port, args.port + 1, args.tv, extra=extra)
     n1.format()
-    n2 = Broker(run / "n2", args.port + 2, args.port + 1, args.tv, node_id=2, cluster_id=n1.cluster_id,
-                voters_port=args.port + 1, extra=extra)
+    n2 = Broker(
+        run / "n2",
+        args.port + 2,
+        args.port + 1,
+        args.tv,
+        node_id=2,
+        cluster_id=n1.cluster_id,
+        voters_port=args.port + 1,
+        extra=extra,
+    )
     n2.format()
-    n1.start(); n2.start()
+    n1.start()
+    n2.start()
     producer(n1.bootstrap, "warm-up")  # creates __transaction_state
     dumped = False
     try:
@@ -523,11 +692,16 @@ def run_offline(args) -> None:
             with open(run / "results.jsonl", "a") as f:
                 f.write(json.dumps(result) + "\n")
             if result["anomaly"] and not dumped:
-                dump_files([n2.data / f"{result['topic']}-0"] + sorted(n1.data.glob("__transaction_state-*"))
-                           + sorted(n2.data.glob("__transaction_state-*")), run / f"dump-{result['topic']}.txt")
+                dump_files(
+                    [n2.data / f"{result['topic']}-0"]
+                    + sorted(n1.data.glob("__transaction_state-*"))
+                    + sorted(n2.data.glob("__transaction_state-*")),
+                    run / f"dump-{result['topic']}.txt",
+                )
                 dumped = True
     finally:
-        n2.stop(); n1.stop()
+        n2.stop()
+        n1.stop()
 
 
 def main() -> None:
@@ -539,22 +713,40 @@ def main() -> None:
     ap.add_argument("--run", default=None, help="run directory name under /var/tmp/kafka-anomaly")
     ap.add_argument("--port", type=int, default=29092)
     ap.add_argument("--scenario", choices=["restart", "offline", "product", "product-restart"], default="restart")
-    ap.add_argument("--b-when", choices=["down", "up", "commit"], default="down",
-                    help="offline scenario: B starts while the data partition is offline (down) or after (up); "
-                         "commit: A itself commits while it is offline, then aborts its next transaction")
-    ap.add_argument("--a-txn-timeout-ms", default=None,
-                    help="restart scenario: A's transaction.timeout.ms, 'LO-HI' picks one at random per iteration "
-                         "(to let the coordinator's own timeout abort race the broker's start-up)")
-    ap.add_argument("--abort-interval-ms", type=int, default=None,
-                    help="broker transaction.abort.timed.out.transaction.cleanup.interval.ms (default 10000)")
-    ap.add_argument("--filler-partitions", type=int, default=0,
-                    help="restart scenario: create this many extra partitions first (a slower start-up, like CI)")
+    ap.add_argument(
+        "--b-when",
+        choices=["down", "up", "commit"],
+        default="down",
+        help="offline scenario: B starts while the data partition is offline (down) or after (up); "
+        "commit: A itself commits while it is offline, then aborts its next transaction",
+    )
+    ap.add_argument(
+        "--a-txn-timeout-ms",
+        default=None,
+        help="restart scenario: A's transaction.timeout.ms, 'LO-HI' picks one at random per iteration "
+        "(to let the coordinator's own timeout abort race the broker's start-up)",
+    )
+    ap.add_argument(
+        "--abort-interval-ms",
+        type=int,
+        default=None,
+        help="broker transaction.abort.timed.out.transaction.cleanup.interval.ms (default 10000)",
+    )
+    ap.add_argument(
+        "--filler-partitions",
+        type=int,
+        default=0,
+        help="restart scenario: create this many extra partitions first (a slower start-up, like CI)",
+    )
     args = ap.parse_args()
     if args.scenario in ("offline", "product"):
         return run_offline(args)
     run = BASE / (args.run or f"tv{args.tv}")
-    extra = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": str(args.abort_interval_ms)} \
-        if args.abort_interval_ms else {}
+    extra = (
+        {"transaction.abort.timed.out.transaction.cleanup.interval.ms": str(args.abort_interval_ms)}
+        if args.abort_interval_ms
+        else {}
+    )
     broker = Broker(run, args.port, args.port + 1, args.tv, extra=extra)
     broker.format()
     broker.start()
@@ -564,12 +756,15 @@ def main() -> None:
         a_timeout = (int(lo), int(hi or lo))
     if args.filler_partitions:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap, **QUIET})
-        existing = sum(len(t.partitions) for n, t in admin.list_topics(timeout=30).topics.items()
-                       if n.startswith("filler-"))
-        todo = [NewTopic(f"filler-{uuid.uuid4().hex[:8]}", 50, 1)
-                for _ in range(max(0, args.filler_partitions - existing) // 50)]
+        existing = sum(
+            len(t.partitions) for n, t in admin.list_topics(timeout=30).topics.items() if n.startswith("filler-")
+        )
+        todo = [
+            NewTopic(f"filler-{uuid.uuid4().hex[:8]}", 50, 1)
+            for _ in range(max(0, args.filler_partitions - existing) // 50)
+        ]
         for start in range(0, len(todo), 10):
-            for future in admin.create_topics(todo[start:start + 10]).values():
+            for future in admin.create_topics(todo[start : start + 10]).values():
                 future.result(120)
     dumped = False
     try:

@@ -70,26 +70,48 @@ def junit_results(path: Path) -> list[tuple[str, str, float, str | None]]:
     return results
 
 
-def run_once(index: int, report: Path, pytest_args: list[str], workers: int) -> list[tuple[str, str, float, str | None]]:
+def run_once(
+    index: int, report: Path, pytest_args: list[str], workers: int
+) -> list[tuple[str, str, float, str | None]]:
     """Run the fault suite once, as ``make test`` does; return its JUnit results.
 
     With more than one worker the run has two parts: the scenarios that kill only their own processes on
     ``workers`` pytest-xdist workers, then the ``exclusive`` ones (they kill or restart a shared service) alone.
     """
-    parts = [("all", "not soak", [])] if workers < 2 else [
-        ("parallel", "not soak and not exclusive", ["-n", str(workers), "--dist", "loadgroup"]),
-        ("exclusive", "not soak and exclusive", [])]
+    parts = (
+        [("all", "not soak", [])]
+        if workers < 2
+        else [
+            ("parallel", "not soak and not exclusive", ["-n", str(workers), "--dist", "loadgroup"]),
+            ("exclusive", "not soak and exclusive", []),
+        ]
+    )
     env = {**os.environ, "EO_FAULT_REPORT": str(report), "EO_FAULT_RUN": str(index)}
     results = []
     for part, markers, part_args in parts:
         junit = report.with_name(f"{report.stem}-run{index}-{part}.xml")
-        command = [sys.executable, "-m", "pytest", "tests/faults", "-m", markers, "-p", "no:cacheprovider", "-q",
-                   *part_args, f"--junitxml={junit}", *pytest_args]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/faults",
+            "-m",
+            markers,
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            *part_args,
+            f"--junitxml={junit}",
+            *pytest_args,
+        ]
         started = time.monotonic()
         print(f"[faults-matrix] run {index} ({part}): {' '.join(command[2:])}", flush=True)
         completed = subprocess.run(command, cwd=REPO, env=env)
-        print(f"[faults-matrix] run {index} ({part}) ended with exit code {completed.returncode} after "
-              f"{time.monotonic() - started:.0f}s", flush=True)
+        print(
+            f"[faults-matrix] run {index} ({part}) ended with exit code {completed.returncode} after "
+            f"{time.monotonic() - started:.0f}s",
+            flush=True,
+        )
         if completed.returncode == NO_TESTS_COLLECTED:
             continue  # e.g. -k selected only exclusive scenarios: this part had nothing to run
         if not junit.exists():
@@ -135,21 +157,42 @@ def collect(results_per_run: list[list[tuple[str, str, float, str | None]]], rep
 
 def result(scenarios: dict[str, Scenario], runs: int, pytest_args: list[str], header: dict) -> dict:
     """Return the JSON result of a matrix run: every scenario's runs, passes, rows, lost, duplicated, mean seconds."""
-    return {**header, "runs": runs, "pytest_args": pytest_args, "scenarios": {
-        nodeid.removeprefix("tests/faults/"): {
-            "runs": s.runs, "passed": s.passed, "reported": s.reported, "rows": s.rows, "lost": s.lost,
-            "duplicated": s.duplicated, "ok": s.ok, "mean_s": round(s.seconds / max(s.runs, 1), 1),
-            "failures": s.failures[:3]} for nodeid, s in sorted(scenarios.items())}}
+    return {
+        **header,
+        "runs": runs,
+        "pytest_args": pytest_args,
+        "scenarios": {
+            nodeid.removeprefix("tests/faults/"): {
+                "runs": s.runs,
+                "passed": s.passed,
+                "reported": s.reported,
+                "rows": s.rows,
+                "lost": s.lost,
+                "duplicated": s.duplicated,
+                "ok": s.ok,
+                "mean_s": round(s.seconds / max(s.runs, 1), 1),
+                "failures": s.failures[:3],
+            }
+            for nodeid, s in sorted(scenarios.items())
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=int(os.environ.get("RUNS") or 3))
-    parser.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS") or 2),
-                        help="pytest-xdist workers for the scenarios that share the stack (1: one session per run)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("TEST_WORKERS") or 2),
+        help="pytest-xdist workers for the scenarios that share the stack (1: one session per run)",
+    )
     parser.add_argument("--report", type=Path, help="the JSON-lines outcome file (default: a new temp file)")
-    parser.add_argument("--table-only", action="store_true",
-                        help="print the table of an earlier run from --report and its -run<N>.xml files")
+    parser.add_argument(
+        "--table-only",
+        action="store_true",
+        help="print the table of an earlier run from --report and its -run<N>.xml files",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -166,14 +209,21 @@ def main(argv: list[str] | None = None) -> int:
         report.unlink(missing_ok=True)
         results = [run_once(index, report, args.pytest_args, args.workers) for index in range(1, args.runs + 1)]
     scenarios = collect(results, report)
-    print(f"\nFault matrix: {len(results)} run(s), {len(scenarios)} scenarios, "
-          f"{(time.monotonic() - started) / 60:.1f} min; outcomes in {report}\n")
-    outcome = {**result(scenarios, len(results), args.pytest_args, header),
-               "minutes": round((time.monotonic() - started) / 60, 1), "loadavg_after": os.getloadavg()}
+    print(
+        f"\nFault matrix: {len(results)} run(s), {len(scenarios)} scenarios, "
+        f"{(time.monotonic() - started) / 60:.1f} min; outcomes in {report}\n"
+    )
+    outcome = {
+        **result(scenarios, len(results), args.pytest_args, header),
+        "minutes": round((time.monotonic() - started) / 60, 1),
+        "loadavg_after": os.getloadavg(),
+    }
     print(matrix_table(outcome))
     if not args.table_only:
         path = write_result(outcome)
-        print(f"\nresult: {path.relative_to(REPO)} (python benchmarks/results_table.py puts it into docs/reliability.md)")
+        print(
+            f"\nresult: {path.relative_to(REPO)} (python benchmarks/results_table.py puts it into docs/reliability.md)"
+        )
     failed = {nodeid: s for nodeid, s in scenarios.items() if not s.ok}
     for nodeid, s in sorted(failed.items()):
         print(f"\n{nodeid}: " + "; ".join(s.failures[:3] or ["no fault_outcome line / lost or duplicated rows"]))

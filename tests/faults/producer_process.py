@@ -22,11 +22,18 @@ def numbered(resume_after, records):
 
 def main(topic: str, ledger: str, pipeline: str, records: str, per_transaction: str = "1000") -> None:
     result = TransactionalProduceOperator(
-        task_id="produce", topic=topic, offsets_topic=ledger, pipeline=pipeline, delivery_mode="exactly_once",
-        producer_function=numbered, producer_function_args=(int(records),),
-        max_records_per_transaction=int(per_transaction), commit_interval_ms=60_000,
+        task_id="produce",
+        topic=topic,
+        offsets_topic=ledger,
+        pipeline=pipeline,
+        delivery_mode="exactly_once",
+        producer_function=numbered,
+        producer_function_args=(int(records),),
+        max_records_per_transaction=int(per_transaction),
+        commit_interval_ms=60_000,
         producer_config={"transaction.timeout.ms": int(os.environ["EO_TEST_TRANSACTION_TIMEOUT_MS"])}
-        if os.environ.get("EO_TEST_TRANSACTION_TIMEOUT_MS") else None,
+        if os.environ.get("EO_TEST_TRANSACTION_TIMEOUT_MS")
+        else None,
     ).execute({})
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -35,28 +35,39 @@ def _dags_test(airflow_home: dict, logical_date: str, conf: dict, fault: str | N
     env = {**airflow_home, **({"EO_FAULT_AT": fault} if fault else {})}
     if not fault:
         env.pop("EO_FAULT_AT", None)
-    return subprocess.run([AIRFLOW, "dags", "test", "eo_watermark_settlement", logical_date, "--conf",
-                           json.dumps(conf)], env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [AIRFLOW, "dags", "test", "eo_watermark_settlement", logical_date, "--conf", json.dumps(conf)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.parametrize("fault", ["before_commit:1", pytest.param("produced:1", marks=pytest.mark.matrix)])
 def test_settlement_task_killed_before_its_commit_then_retried_publishes_every_version_once(
-        stack, airflow_home, fault, fault_outcome):
+    stack, airflow_home, fault, fault_outcome
+):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     table, topic, pipeline = unique_name("wm_kill"), new_topic(bootstrap), f"wm-kill-{uuid.uuid4().hex[:6]}"
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, v INT NOT NULL, s VARCHAR(8) NOT NULL, updated_at "
-                "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))")
-    cur.executemany(f"INSERT INTO `{table}` (id, v, s) VALUES (%s, %s, 'init')",
-                    [(i, i) for i in range(1, INITIAL + 1)])
+    cur.execute(
+        f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, v INT NOT NULL, s VARCHAR(8) NOT NULL, updated_at "
+        "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))"
+    )
+    cur.executemany(
+        f"INSERT INTO `{table}` (id, v, s) VALUES (%s, %s, 'init')", [(i, i) for i in range(1, INITIAL + 1)]
+    )
     conf = {"table": table, "topic": topic, "pipeline": pipeline, "safety_lag": 0.5, "reextract": False}
     # An interval that ends in the future: the window's upper bound is the DB clock minus the lag (or an open
     # transaction's start), so the writer's rows fall on both sides of it.
-    logical_date = (datetime.now(timezone.utc) + timedelta(days=1)).replace(
-        hour=18, minute=0, second=0, microsecond=0).isoformat()
-    writer = ConcurrentWriter(stack, table, first_new_id=10**6, existing=INITIAL, deletes=False, pause=0.01,
-                              long_every=30).start()
+    logical_date = (
+        (datetime.now(UTC) + timedelta(days=1)).replace(hour=18, minute=0, second=0, microsecond=0).isoformat()
+    )
+    writer = ConcurrentWriter(
+        stack, table, first_new_id=10**6, existing=INITIAL, deletes=False, pause=0.01, long_every=30
+    ).start()
     try:
         time.sleep(1)
         killed = _dags_test(airflow_home, logical_date, conf, fault)
@@ -82,12 +93,15 @@ def test_settlement_task_killed_before_its_commit_then_retried_publishes_every_v
     data = [r for r in records if "marker" not in r]
     versions = [(r["row"]["id"], r["cursor"]) for r in data]
     assert all(cursor < upper for _, cursor in versions), "a published version is above the window's upper bound"
-    cur.execute(f"SELECT id, v, s, DATE_FORMAT(updated_at, '%%Y-%%m-%%d %%H:%%i:%%s.%%f') FROM `{table}` "
-                "WHERE updated_at < %s", (upper,))
+    cur.execute(
+        f"SELECT id, v, s, DATE_FORMAT(updated_at, '%%Y-%%m-%%d %%H:%%i:%%s.%%f') FROM `{table}` WHERE updated_at < %s",
+        (upper,),
+    )
     source = [tuple(row) for row in cur.fetchall()]
     in_window = {row[0] for row in source}
-    published = [(r["row"]["id"], r["row"]["v"], r["row"]["s"], r["cursor"])
-                 for r in data if r["row"]["id"] in in_window]
+    published = [
+        (r["row"]["id"], r["row"]["v"], r["row"]["s"], r["cursor"]) for r in data if r["row"]["id"] in in_window
+    ]
     check(fault_outcome, source, published, "rows", duplicated_versions=len(versions) - len(set(versions)))
     assert len(source) > INITIAL, "the window should hold the seed rows and some of the writer's"
     cur.execute(f"DROP TABLE `{table}`")

@@ -18,8 +18,16 @@ import time
 
 import pytest
 
-from tests.capture_support import Writer, check_transactions, create_tables, main_row, replay, seed, source_table, \
-    topic_records
+from tests.capture_support import (
+    Writer,
+    check_transactions,
+    create_tables,
+    main_row,
+    replay,
+    seed,
+    source_table,
+    topic_records,
+)
 from tests.mysql_support import connect, unique_name
 
 RUNNER = """
@@ -31,12 +39,19 @@ print("RESULT " + json.dumps(op.execute({})), flush=True)
 """
 
 
-def _capture(args: dict, fault: str | None = None, kill_after: float | None = None,
-             timeout: float = 240) -> tuple[str, dict | None]:
+def _capture(
+    args: dict, fault: str | None = None, kill_after: float | None = None, timeout: float = 240
+) -> tuple[str, dict | None]:
     """Run one capture process; return how it ended (``ok``, ``fault``, ``killed``) and its XCom result."""
     env = {**os.environ, "EO_FAULT_AT": fault or ""}
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(args)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, json.dumps(args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         if kill_after is not None:
             try:
@@ -63,8 +78,13 @@ def _setup(stack):
     cur.execute("SHOW MASTER STATUS")
     file, pos = cur.fetchone()[:2]
     seed(cur, main, 300)  # captured as inserts: both tables are captured from their creation
-    args = {"tables": [main, side], "pipeline": unique_name("kill"), "start_position": f"{file}:{pos}",
-            "max_records": 100, "commit_interval_ms": 100}
+    args = {
+        "tables": [main, side],
+        "pipeline": unique_name("kill"),
+        "start_position": f"{file}:{pos}",
+        "max_records": 100,
+        "commit_interval_ms": 100,
+    }
     return conn, main, side, args
 
 
@@ -79,11 +99,14 @@ def _verify(stack, fault_outcome, main, side, args, writer, extra_committed=(), 
     main_records = [r for r in topic_records(stack, final["topics"][f"{stack.DB_NAME}.{main}"]) if r["op"] != "ddl"]
     side_records = [r for r in topic_records(stack, final["topics"][f"{stack.DB_NAME}.{side}"]) if r["op"] != "ddl"]
     assert {k: main_row(v) for k, v in replay({}, main_records).items()} == {
-        json.dumps({"id": r["id"]}): main_row(r) for r in source_table(stack, main)}
+        json.dumps({"id": r["id"]}): main_row(r) for r in source_table(stack, main)
+    }
     assert {k: (v["id"], v["main_id"], v["qty"]) for k, v in replay({}, side_records).items()} == {
-        json.dumps({"id": r["id"]}): (r["id"], r["main_id"], r["qty"]) for r in source_table(stack, side)}
-    counts = check_transactions(main_records + side_records, [*writer.committed, *extra_committed],
-                                writer.rolled_back, 0, {main, side})
+        json.dumps({"id": r["id"]}): (r["id"], r["main_id"], r["qty"]) for r in source_table(stack, side)
+    }
+    counts = check_transactions(
+        main_records + side_records, [*writer.committed, *extra_committed], writer.rolled_back, 0, {main, side}
+    )
     fault_outcome(rows=counts["records"], lost=counts["lost"], duplicated=counts["duplicated"])
     assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
     assert len(writer.committed) > 20
@@ -101,8 +124,9 @@ def _kill_loop(stack, fault_outcome, plan: list[str], seed_value: int) -> None:
             if step == "random":
                 how, _ = _capture({**args, "mode": "continuous", "max_runtime": 60}, kill_after=rnd.uniform(3, 8))
             else:  # a named fault point: the process SIGKILLs itself the n-th time it gets there
-                how, _ = _capture({**args, "mode": "continuous", "max_runtime": 60},
-                                  fault=f"{step}:{rnd.randint(1, 3)}")
+                how, _ = _capture(
+                    {**args, "mode": "continuous", "max_runtime": 60}, fault=f"{step}:{rnd.randint(1, 3)}"
+                )
             outcomes.append((step, how))
     finally:
         writer.stop.set()
@@ -114,14 +138,12 @@ def _kill_loop(stack, fault_outcome, plan: list[str], seed_value: int) -> None:
     conn.close()
 
 
-def test_capture_sigkilled_between_produce_and_commit_and_right_after_commit(stack, airflow_connections,
-                                                                            fault_outcome):
+def test_capture_sigkilled_between_produce_and_commit_and_right_after_commit(stack, airflow_connections, fault_outcome):
     _kill_loop(stack, fault_outcome, ["before_commit", "after_commit"], seed_value=11)
 
 
 @pytest.mark.matrix
-def test_capture_sigkilled_at_a_schema_change_mid_stream_delivers_it_once(stack, airflow_connections,
-                                                                          fault_outcome):
+def test_capture_sigkilled_at_a_schema_change_mid_stream_delivers_it_once(stack, airflow_connections, fault_outcome):
     """The capture dies with an ALTER TABLE read into its open Kafka transaction; the restart reads it again."""
     conn, main, side, args = _setup(stack)
     writer = Writer(stack, main, side, seeded=300, reserved=0, seed_value=31, pause=0.02)
@@ -160,8 +182,20 @@ def test_capture_sigkilled_at_a_schema_change_mid_stream_delivers_it_once(stack,
 @pytest.mark.matrix
 @pytest.mark.slow
 def test_capture_sigkilled_twelve_times(stack, airflow_connections, fault_outcome):
-    plan = ["random", "before_commit", "random", "after_commit", "mid_produce", "random", "before_commit",
-            "random", "after_commit", "random", "produced", "random"]
+    plan = [
+        "random",
+        "before_commit",
+        "random",
+        "after_commit",
+        "mid_produce",
+        "random",
+        "before_commit",
+        "random",
+        "after_commit",
+        "random",
+        "produced",
+        "random",
+    ]
     _kill_loop(stack, fault_outcome, plan, seed_value=23)
 
 
@@ -217,8 +251,13 @@ def test_mariadb_restarted_under_a_running_capture(stack, airflow_connections, f
 def _start_capture(args: dict, log) -> subprocess.Popen:
     """Start a capture process that stops cleanly on SIGTERM (the operator's on_kill), its output in ``log``."""
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(args)], stdout=out,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-c", RUNNER, json.dumps(args)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
 
 def _position(file: str, pos) -> tuple[str, int]:

@@ -30,15 +30,21 @@ def _run(root: Path, fault: str | None = None) -> subprocess.CompletedProcess:
     env.pop("EO_FAULT_AT", None)
     if fault:
         env["EO_FAULT_AT"] = fault
-    return subprocess.run([sys.executable, str(SCRIPT), str(root), str(BATCHES)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(root), str(BATCHES)], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 # The default suite keeps the kill between the manifest and the pointer (the pointer lags); make faults-matrix
 # adds the kills before the manifest and after the pointer.
-@pytest.mark.parametrize("step, resume", [pytest.param("files_staged:3", 2, marks=pytest.mark.matrix),
-                                          ("files_manifest_published:3", 3),
-                                          pytest.param("files_pointer_written:3", 3, marks=pytest.mark.matrix)])
+@pytest.mark.parametrize(
+    "step, resume",
+    [
+        pytest.param("files_staged:3", 2, marks=pytest.mark.matrix),
+        ("files_manifest_published:3", 3),
+        pytest.param("files_pointer_written:3", 3, marks=pytest.mark.matrix),
+    ],
+)
 def test_committer_killed_at_each_publish_step_resumes_exactly(tmp_path, fault_outcome, step, resume):
     killed = _run(tmp_path, step)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load.__main__ import RESULT_PREFIX
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.staging import Staging
+from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.storage import open_storage
 from exactly_once_provider.storage import s3 as s3_module
 from tests.fault_support import ConcurrentWriter, check
@@ -41,10 +41,30 @@ def _command(stack, table, sink, chunks_per_job=1):
     """The standalone load; a sink on S3 (and so its staging next to it) through the ``aws_default`` connection,
     which the process reads itself (no credentials on this command line)."""
     conf = stack.spark_conf(s3=sink.startswith("s3://"))
-    return [sys.executable, "-m", "exactly_once_provider.full_load", "--schema", stack.DB_NAME, "--table", table,
-            "--sink", sink, "--chunk-rows", str(CHUNK_ROWS), "--chunks-per-job", str(chunks_per_job),
-            "--master", "local[2]", "--aws-conn-id", "aws_default", "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.driver.memory=1g", *[x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]]
+    return [
+        sys.executable,
+        "-m",
+        "exactly_once_provider.full_load",
+        "--schema",
+        stack.DB_NAME,
+        "--table",
+        table,
+        "--sink",
+        sink,
+        "--chunk-rows",
+        str(CHUNK_ROWS),
+        "--chunks-per-job",
+        str(chunks_per_job),
+        "--master",
+        "local[2]",
+        "--aws-conn-id",
+        "aws_default",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.driver.memory=1g",
+        *[x for k, v in conf.items() for x in ("--conf", f"{k}={v}")],
+    ]
 
 
 def _published(sink: str) -> bool:
@@ -65,8 +85,9 @@ def _env(fault: str | None = None) -> dict[str, str]:
 def _kill_mid_load(stack, table, sink, staging, log_path):
     """Start the load, SIGKILL its whole process group once 2 chunks are staged; return the finished chunks."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(_command(stack, table, sink), env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            _command(stack, table, sink), env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             deadline = time.monotonic() + 300
             done: dict = {}
@@ -96,8 +117,13 @@ def _planned(staging: Staging) -> int:
 def _killed_at(stack, table, sink, fault: str, log_path: Path, chunks_per_job: int) -> None:
     """Run the load with ``EO_FAULT_AT=fault``: the driver SIGKILLs itself there; its Spark JVM goes with it."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(_command(stack, table, sink, chunks_per_job), env=_env(fault), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            _command(stack, table, sink, chunks_per_job),
+            env=_env(fault),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             code = proc.wait(600)
         finally:
@@ -111,16 +137,20 @@ def _killed_at(stack, table, sink, fault: str, log_path: Path, chunks_per_job: i
 # The default suite keeps the new kill point (every chunk staged, nothing published) with waves of 4 chunks:
 # two Spark launches, like the mid-load kill it replaces there. Mid-load kills and their chains: the matrix, also
 # with the sink and its staging area on the stack's MinIO (the executors' chunk objects killed mid-upload).
-@pytest.mark.parametrize("kills,store", [
-    (("full_load_before_publish",), "local"),
-    pytest.param(("mid_load", "full_load_before_publish"), "local", marks=pytest.mark.matrix),
-    pytest.param(("full_load_published",), "local", marks=pytest.mark.matrix),
-    pytest.param(("mid_load",), "local", marks=pytest.mark.matrix),
-    pytest.param(("mid_load",), "s3", marks=pytest.mark.matrix),
-], ids=lambda v: "+".join(v) if isinstance(v, tuple) else v)
-def test_full_load_killed_then_rerun_publishes_each_chunk_as_of_its_position(stack, airflow_connections, spark,
-                                                                              tmp_path, kills, store, fault_outcome,
-                                                                              monkeypatch):
+@pytest.mark.parametrize(
+    "kills,store",
+    [
+        (("full_load_before_publish",), "local"),
+        pytest.param(("mid_load", "full_load_before_publish"), "local", marks=pytest.mark.matrix),
+        pytest.param(("full_load_published",), "local", marks=pytest.mark.matrix),
+        pytest.param(("mid_load",), "local", marks=pytest.mark.matrix),
+        pytest.param(("mid_load",), "s3", marks=pytest.mark.matrix),
+    ],
+    ids=lambda v: "+".join(v) if isinstance(v, tuple) else v,
+)
+def test_full_load_killed_then_rerun_publishes_each_chunk_as_of_its_position(
+    stack, airflow_connections, spark, tmp_path, kills, store, fault_outcome, monkeypatch
+):
     table = unique_name("fl_kill")
     conn = connect(stack)
     cur = conn.cursor()
@@ -170,7 +200,8 @@ def test_full_load_killed_then_rerun_publishes_each_chunk_as_of_its_position(sta
     handoff = read_handoff(sink)
     events = _binlog_row_events(stack, table, handoff.min_position)
     assert ops > 50 and sum(1 for at, _ in events if at > handoff.min_position) > 20, (
-        f"the writer must change the table during the load ({ops} operations)")
+        f"the writer must change the table during the load ({ops} operations)"
+    )
     loaded = [(r.id, r.v, r.s) for r in spark.read.format("delta").load(sink.replace("s3://", "s3a://", 1)).collect()]
     expected = []
     for entry in handoff.chunks:

@@ -32,16 +32,28 @@ def _leader(bootstrap: str, topic: str, partition: int) -> int:
 
 
 @pytest.mark.parametrize("victim", ["data_leader", "ledger_leader"])
-def test_one_broker_of_three_sigkilled_mid_transaction_loses_and_duplicates_nothing(stack, cluster, tmp_path,
-                                                                                     airflow_connections, victim,
-                                                                                     fault_outcome):
+def test_one_broker_of_three_sigkilled_mid_transaction_loses_and_duplicates_nothing(
+    stack, cluster, tmp_path, airflow_connections, victim, fault_outcome
+):
     bootstrap = ",".join(node.bootstrap for node in cluster)
-    topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS, replication_factor=3), \
-        f"ledger-{uuid.uuid4().hex[:8]}", f"cluster-loss-{uuid.uuid4().hex[:6]}"
+    topic, ledger, pipeline = (
+        new_topic(bootstrap, PARTITIONS, replication_factor=3),
+        f"ledger-{uuid.uuid4().hex[:8]}",
+        f"cluster-loss-{uuid.uuid4().hex[:6]}",
+    )
     conn = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}})
     marker = tmp_path / "paused"
-    process = _start({"AIRFLOW_CONN_KAFKA_DEFAULT": conn, "EO_FAULT_AT": "mid_produce:3",
-                      "EO_FAULT_ACTION": "pause:120", "EO_FAULT_FILE": str(marker)}, topic, ledger, pipeline)
+    process = _start(
+        {
+            "AIRFLOW_CONN_KAFKA_DEFAULT": conn,
+            "EO_FAULT_AT": "mid_produce:3",
+            "EO_FAULT_ACTION": "pause:120",
+            "EO_FAULT_FILE": str(marker),
+        },
+        topic,
+        ledger,
+        pipeline,
+    )
     killed = None
     try:
         deadline = time.monotonic() + 120

@@ -32,14 +32,16 @@ BATCH = 10
 
 def _write(pipeline: str, data: str, ledger: str, upto: int) -> int:
     """Resume ``pipeline`` from ``ledger`` and write its records up to ``upto`` in batches; return the resume point."""
-    writer = TransactionalProducerHook(pipeline=pipeline, delivery_mode="exactly_once",
-                                       offsets_topic=ledger).open_writer()
+    writer = TransactionalProducerHook(
+        pipeline=pipeline, delivery_mode="exactly_once", offsets_topic=ledger
+    ).open_writer()
     try:
         resume = writer.last_committed.offset if writer.last_committed else 0
         for start in range(resume + 1, upto + 1, BATCH):
             numbers = range(start, min(start + BATCH, upto + 1))
-            writer.write_batch(data, [Message(f"{pipeline}:{n}".encode(), key=pipeline.encode()) for n in numbers],
-                               offset=numbers[-1])
+            writer.write_batch(
+                data, [Message(f"{pipeline}:{n}".encode(), key=pipeline.encode()) for n in numbers], offset=numbers[-1]
+            )
         return resume
     finally:
         writer.close()
@@ -47,11 +49,17 @@ def _write(pipeline: str, data: str, ledger: str, upto: int) -> int:
 
 # The default suite keeps the kill inside the open transaction and the one after the commit; make faults-matrix
 # adds the kill before the fence check.
-@pytest.mark.parametrize("step", [pytest.param("migration_copied", marks=pytest.mark.matrix),
-                                  "migration_before_commit", "migration_committed"])
+@pytest.mark.parametrize(
+    "step",
+    [pytest.param("migration_copied", marks=pytest.mark.matrix), "migration_before_commit", "migration_committed"],
+)
 def test_migration_killed_at_each_step_loses_and_repeats_nothing(stack, airflow_connections, fault_outcome, step):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    data, legacy, partitioned = new_topic(bootstrap), f"legacy-{uuid.uuid4().hex[:10]}", f"ledger-{uuid.uuid4().hex[:10]}"
+    data, legacy, partitioned = (
+        new_topic(bootstrap),
+        f"legacy-{uuid.uuid4().hex[:10]}",
+        f"ledger-{uuid.uuid4().hex[:10]}",
+    )
     # Names of this run only: the steps run on parallel workers, and one pipeline's transactional id on two
     # workers at once fences one writer by the other.
     run = uuid.uuid4().hex[:6]
@@ -61,9 +69,22 @@ def test_migration_killed_at_each_step_loses_and_repeats_nothing(stack, airflow_
     for pipeline in pipelines:
         assert _write(pipeline, data, legacy, 150) == 0
     process = subprocess.run(
-        [sys.executable, "-m", "exactly_once_provider.kafka.ledger_migration", "--bootstrap-servers", bootstrap,
-         "--quiet-seconds", "0", legacy, partitioned],
-        env={**os.environ, "PYTHONPATH": str(REPO), "EO_FAULT_AT": step}, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "exactly_once_provider.kafka.ledger_migration",
+            "--bootstrap-servers",
+            bootstrap,
+            "--quiet-seconds",
+            "0",
+            legacy,
+            partitioned,
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO), "EO_FAULT_AT": step},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr
     assert migrate_ledger({"bootstrap.servers": bootstrap}, legacy, partitioned, quiet_s=0, timeout=60) == 3
     with pytest.raises(LedgerMovedError):

@@ -32,8 +32,13 @@ PARTITIONS = 3
 
 def _start(env_extra: dict, topic: str, ledger: str, pipeline: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), **env_extra}
-    return subprocess.Popen([sys.executable, str(SCRIPT), topic, ledger, pipeline, str(RECORDS), "1000"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), topic, ledger, pipeline, str(RECORDS), "1000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _run(env_extra: dict, topic: str, ledger: str, pipeline: str) -> tuple[int, str]:
@@ -55,13 +60,25 @@ def _assert_exactly_once(bootstrap: str, topic: str, fault_outcome) -> None:
 
 # The default suite keeps the two kills that matter most: inside a flushed, uncommitted transaction, and right
 # after a commit (the ledger moved, the process never learned it). The others run in make faults-matrix.
-@pytest.mark.parametrize("fault", [
-    pytest.param("mid_produce:2", marks=pytest.mark.matrix), pytest.param("produced:2", marks=pytest.mark.matrix),
-    "before_commit:2", "after_commit:2", pytest.param("before_commit:5", marks=pytest.mark.matrix)])
-def test_producer_sigkill_then_restart_holds_every_record_exactly_once(stack, airflow_connections, fault,
-                                                                       fault_outcome):
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param("mid_produce:2", marks=pytest.mark.matrix),
+        pytest.param("produced:2", marks=pytest.mark.matrix),
+        "before_commit:2",
+        "after_commit:2",
+        pytest.param("before_commit:5", marks=pytest.mark.matrix),
+    ],
+)
+def test_producer_sigkill_then_restart_holds_every_record_exactly_once(
+    stack, airflow_connections, fault, fault_outcome
+):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", f"kill-{uuid.uuid4().hex[:6]}"
+    topic, ledger, pipeline = (
+        new_topic(bootstrap, PARTITIONS),
+        f"ledger-{uuid.uuid4().hex[:8]}",
+        f"kill-{uuid.uuid4().hex[:6]}",
+    )
 
     code, output = _run({"EO_FAULT_AT": fault}, topic, ledger, pipeline)
     assert code == -signal.SIGKILL, f"the producer was not killed at {fault}:\n{output[-3000:]}"
@@ -84,10 +101,15 @@ def test_producer_sigkill_then_restart_holds_every_record_exactly_once(stack, ai
 
 @pytest.mark.slow
 @pytest.mark.exclusive  # restarts the shared broker
-def test_broker_sigkill_during_a_transaction_loses_and_duplicates_nothing(stack, airflow_connections, tmp_path,
-                                                                         fault_outcome):
+def test_broker_sigkill_during_a_transaction_loses_and_duplicates_nothing(
+    stack, airflow_connections, tmp_path, fault_outcome
+):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    topic, ledger, pipeline = new_topic(bootstrap, PARTITIONS), f"ledger-{uuid.uuid4().hex[:8]}", f"broker-kill-{uuid.uuid4().hex[:6]}"
+    topic, ledger, pipeline = (
+        new_topic(bootstrap, PARTITIONS),
+        f"ledger-{uuid.uuid4().hex[:8]}",
+        f"broker-kill-{uuid.uuid4().hex[:6]}",
+    )
     marker = tmp_path / "paused"
     # The single test broker recovers every partition of the shared stack after a SIGKILL (thousands once the
     # suite has run: measured ~60 s in a CI rehearsal). A restart that outlasts transaction.timeout.ms lets the
@@ -95,8 +117,12 @@ def test_broker_sigkill_during_a_transaction_loses_and_duplicates_nothing(stack,
     # the partition (docs/pitfalls.md#kafka, "end marker can be skipped"); the documented way to keep it away is a
     # timeout the restart stays well within, as here.
     timeout = {"EO_TEST_TRANSACTION_TIMEOUT_MS": "300000"}
-    process = _start({"EO_FAULT_AT": "mid_produce:3", "EO_FAULT_ACTION": "pause:3", "EO_FAULT_FILE": str(marker),
-                      **timeout}, topic, ledger, pipeline)
+    process = _start(
+        {"EO_FAULT_AT": "mid_produce:3", "EO_FAULT_ACTION": "pause:3", "EO_FAULT_FILE": str(marker), **timeout},
+        topic,
+        ledger,
+        pipeline,
+    )
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert process.poll() is None and time.monotonic() < deadline, "the producer never reached its pause"

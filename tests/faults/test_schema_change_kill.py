@@ -19,8 +19,13 @@ import pytest
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 from tests import spark_job_support as jobs
 from tests.fault_support import check
-from tests.integration.spark_jobs.test_kafka_to_sink_schema_change import (COLUMNS, _delta_rs_rows, _postgres_rows,
-                                                                           _setup, alter_under_writer)
+from tests.integration.spark_jobs.test_kafka_to_sink_schema_change import (
+    COLUMNS,
+    _delta_rs_rows,
+    _postgres_rows,
+    _setup,
+    alter_under_writer,
+)
 from tests.mysql_support import connect, source_rows, unique_name
 
 pytestmark = pytest.mark.slow
@@ -33,23 +38,36 @@ def _postgres_columns(stack, table: str) -> set[str] | None:
     return held or None
 
 
-@pytest.mark.parametrize("sink,step", [
-    ("postgres", "current_schema_changed"),
-    pytest.param("postgres", "postgres_current_built", marks=pytest.mark.matrix),
-    pytest.param("delta", "current_schema_changed", marks=pytest.mark.matrix),
-])
-def test_apply_killed_at_a_schema_change_step_recovers_exactly(stack, spark, airflow_connections, tmp_path, sink,
-                                                              step, fault_outcome):
+@pytest.mark.parametrize(
+    "sink,step",
+    [
+        ("postgres", "current_schema_changed"),
+        pytest.param("postgres", "postgres_current_built", marks=pytest.mark.matrix),
+        pytest.param("delta", "current_schema_changed", marks=pytest.mark.matrix),
+    ],
+)
+def test_apply_killed_at_a_schema_change_step_recovers_exactly(
+    stack, spark, airflow_connections, tmp_path, sink, step, fault_outcome
+):
     table, pipeline = unique_name("sck"), unique_name("sck")
     path = _setup(stack, spark, tmp_path, table)
     conn = connect(stack)
     cur = conn.cursor()
     assert alter_under_writer(stack, cur, table, 0.1) > 0, "the writer ran alongside the statements"
-    topic = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
-                                  full_load_paths={table: path}).execute({})["topics"][f"{stack.DB_NAME}.{table}"]
+    topic = BinlogCaptureOperator(
+        task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path}
+    ).execute({})["topics"][f"{stack.DB_NAME}.{table}"]
     pg_table = table.lower()
-    args = jobs.job_args(stack, f"{pipeline}-apply", topic, tmp_path / "checkpoint", sink,
-                         pg_table if sink == "postgres" else path, max_offsets=40, mode="current")
+    args = jobs.job_args(
+        stack,
+        f"{pipeline}-apply",
+        topic,
+        tmp_path / "checkpoint",
+        sink,
+        pg_table if sink == "postgres" else path,
+        max_offsets=40,
+        mode="current",
+    )
     args += ["--path", path] if sink == "postgres" else []
 
     killed = jobs.run_job(stack, args, {"EO_FAULT_AT": step, "EO_FAULT_ACTION": "kill-group"})
@@ -59,8 +77,9 @@ def test_apply_killed_at_a_schema_change_step_recovers_exactly(stack, spark, air
         assert held is None if step == "postgres_current_built" else (held and "c" not in held), held
     final = jobs.run_job(stack, args)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-4000:]
-    assert jobs.result_line(final.stdout)["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(
-        f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}}
+    assert jobs.result_line(final.stdout)["offsets"] == {
+        topic: {str(p): o for p, o in jobs.end_offsets(f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}
+    }
 
     source = source_rows(stack, table, COLUMNS)
     got = _postgres_rows(stack, pg_table) if sink == "postgres" else _delta_rs_rows(path)

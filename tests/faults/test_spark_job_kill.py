@@ -15,8 +15,15 @@ import pytest
 
 from tests import spark_job_support as jobs
 from tests.fault_support import check
-from tests.integration.spark_jobs.test_kafka_to_sink import (SINKS, checkpoint_for, checkpoint_has, reader_for,
-                                                             s3_settings_for, sink_state, target_for)
+from tests.integration.spark_jobs.test_kafka_to_sink import (
+    SINKS,
+    checkpoint_for,
+    checkpoint_has,
+    reader_for,
+    s3_settings_for,
+    sink_state,
+    target_for,
+)
 from tests.kafka_support import new_topic
 
 pytestmark = pytest.mark.slow
@@ -29,19 +36,31 @@ def killed(result) -> bool:
 # The default suite keeps the kill that matters most (between the sink commit and Spark's checkpoint commit)
 # on Delta, then the run that finishes; every sink's full chain of kills runs in make faults-matrix, and so do
 # the Delta sink's on MinIO (delta-s3: the table and the checkpoint in the bucket).
-@pytest.mark.parametrize("sink,chain", [("delta", "short")] + [
-    pytest.param(s, "full", marks=pytest.mark.matrix) for s in (*SINKS, "delta-s3")] + [
-    pytest.param("delta-s3", "short", marks=pytest.mark.matrix)])
-def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack, airflow_connections, tmp_path, sink, chain,
-                                                                          fault_outcome):
+@pytest.mark.parametrize(
+    "sink,chain",
+    [("delta", "short")]
+    + [pytest.param(s, "full", marks=pytest.mark.matrix) for s in (*SINKS, "delta-s3")]
+    + [pytest.param("delta-s3", "short", marks=pytest.mark.matrix)],
+)
+def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(
+    stack, airflow_connections, tmp_path, sink, chain, fault_outcome
+):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
     location = target_for(sink, tmp_path, topic, stack)
     checkpoint = checkpoint_for(sink, tmp_path, topic, stack)
     pipeline = f"fault-{topic}"  # the PostgreSQL offsets table is shared by every test run: unique names
     s3 = s3_settings_for(sink)
-    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink.removesuffix("-s3"), location, max_offsets=60,
-                         s3=s3.to_json() if s3 else None)
+    args = jobs.job_args(
+        stack,
+        pipeline,
+        topic,
+        checkpoint,
+        sink.removesuffix("-s3"),
+        location,
+        max_offsets=60,
+        s3=s3.to_json() if s3 else None,
+    )
     target, sink = reader_for(sink, location, s3), sink.removesuffix("-s3")
     log = tmp_path / "job.log"
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=9, per_transaction=40, partitions=2)
@@ -86,7 +105,8 @@ def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(stack,
 
 @pytest.mark.matrix
 def test_window_mode_driver_killed_between_sink_and_checkpoint_commit_settles_each_window_once(
-        stack, airflow_connections, tmp_path, fault_outcome):
+    stack, airflow_connections, tmp_path, fault_outcome
+):
     """Window mode, Delta: SIGKILL right after the sink commit of batch 1, restart: one copy per window, v2 wins."""
     from tests.integration.spark_jobs.test_kafka_to_sink_window import Source, assert_windows, window_rows
 
@@ -94,8 +114,9 @@ def test_window_mode_driver_killed_between_sink_and_checkpoint_commit_settles_ea
     topic = new_topic(bootstrap, partitions=2)
     source = Source(stack, topic, f"ledger-{topic}")
     target = str(tmp_path / "delta-sink")
-    args = jobs.job_args(stack, f"winfault-{topic}", topic, tmp_path / "checkpoint", "delta", target, max_offsets=10,
-                         mode="window")
+    args = jobs.job_args(
+        stack, f"winfault-{topic}", topic, tmp_path / "checkpoint", "delta", target, max_offsets=10, mode="window"
+    )
     source.insert("d1", 6)
     source.extract("d1")
     source.insert("d2", 4)
@@ -112,6 +133,9 @@ def test_window_mode_driver_killed_between_sink_and_checkpoint_commit_settles_ea
     assert re.search(r"batch 1 already committed|disagrees with the sink", final.stdout), final.stdout[-3000:]
     rows = window_rows(stack, "delta", target)
     expected = source.rows()
-    fault_outcome(rows=len(rows), lost=max(0, sum(expected.values()) - len(rows)),
-                  duplicated=max(0, len(rows) - sum(expected.values())))
+    fault_outcome(
+        rows=len(rows),
+        lost=max(0, sum(expected.values()) - len(rows)),
+        duplicated=max(0, len(rows) - sum(expected.values())),
+    )
     assert_windows(rows, expected, {f"settle/{source.table}/d1": 2, f"settle/{source.table}/d2": 1})

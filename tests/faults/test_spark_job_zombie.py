@@ -16,8 +16,14 @@ import pytest
 
 from tests import spark_job_support as jobs
 from tests.fault_support import check
-from tests.integration.spark_jobs.test_kafka_to_sink import (SINKS, checkpoint_for, reader_for, s3_settings_for,
-                                                             sink_state, target_for)
+from tests.integration.spark_jobs.test_kafka_to_sink import (
+    SINKS,
+    checkpoint_for,
+    reader_for,
+    s3_settings_for,
+    sink_state,
+    target_for,
+)
 from tests.kafka_support import new_topic
 
 pytestmark = pytest.mark.slow
@@ -32,10 +38,12 @@ def _wait_for(path, timeout: float = 240) -> None:
 
 # The default suite runs the Delta sink (its own put-if-absent commit); every sink runs in make faults-matrix, and
 # the Delta sink on MinIO (delta-s3: the table and both checkpoints in the bucket).
-@pytest.mark.parametrize("sink", ["delta"] + [pytest.param(s, marks=pytest.mark.matrix) for s in (*SINKS, "delta-s3")
-                                              if s != "delta"])
-def test_a_zombie_of_an_older_checkpoint_commits_nothing_after_the_next_run(stack, airflow_connections, tmp_path, sink,
-                                                                           fault_outcome):
+@pytest.mark.parametrize(
+    "sink", ["delta"] + [pytest.param(s, marks=pytest.mark.matrix) for s in (*SINKS, "delta-s3") if s != "delta"]
+)
+def test_a_zombie_of_an_older_checkpoint_commits_nothing_after_the_next_run(
+    stack, airflow_connections, tmp_path, sink, fault_outcome
+):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
     location = target_for(sink, tmp_path, topic, stack)
@@ -51,16 +59,21 @@ def test_a_zombie_of_an_older_checkpoint_commits_nothing_after_the_next_run(stac
     # A: batches 0 and 1 commit, then A stops right before committing batch 2 (it planned it on batch 1).
     zombie_log = tmp_path / "zombie.log"
     zombie = jobs.start_job(
-        stack, jobs.job_args(stack, pipeline, topic, checkpoint_a, kind, location, max_offsets=60, **secrets),
-        zombie_log, {"EO_FAULT_AT": "before_sink_commit_2", "EO_FAULT_ACTION": "pause:600",
-                     "EO_FAULT_FILE": str(paused)})
+        stack,
+        jobs.job_args(stack, pipeline, topic, checkpoint_a, kind, location, max_offsets=60, **secrets),
+        zombie_log,
+        {"EO_FAULT_AT": "before_sink_commit_2", "EO_FAULT_ACTION": "pause:600", "EO_FAULT_FILE": str(paused)},
+    )
     try:
         _wait_for(paused)
         assert sink_state(stack, kind, target, pipeline).batch_id == 1
 
         # B: A's checkpoint is not there for it (a new checkpoint): it starts from the sink and commits everything.
-        run = jobs.run_job(stack, jobs.job_args(stack, pipeline, topic, checkpoint_b, kind, location,
-                                                max_offsets=60, **secrets), log_file=tmp_path / "next.log")
+        run = jobs.run_job(
+            stack,
+            jobs.job_args(stack, pipeline, topic, checkpoint_b, kind, location, max_offsets=60, **secrets),
+            log_file=tmp_path / "next.log",
+        )
         assert run.returncode == 0, run.stderr[-4000:]
         assert "starting from the sink's committed offsets" in run.stdout
         state = jobs.result_line(run.stdout)

@@ -26,7 +26,7 @@ UV = str(Path(sys.executable).parent / "uv")
 
 # Builds both templates with minimal arguments (no connection is read while a DAG is built) and prints their
 # shape. Run in the wheel's venv and, for comparison, in this checkout's.
-BUILD_TEMPLATES = r'''
+BUILD_TEMPLATES = r"""
 import json, sys
 import pendulum
 import exactly_once_provider.templates as templates
@@ -49,15 +49,15 @@ print(json.dumps({
                           "edges": sorted([t.task_id, d] for t in dag.tasks for d in t.downstream_task_ids)}
              for dag in dags},
 }))
-'''
+"""
 
 # The example DAG files of dags/ (they import the templates from the package) parse against the wheel.
-LOAD_EXAMPLES = r'''
+LOAD_EXAMPLES = r"""
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder=sys.argv[1])
 print(json.dumps({"dags": sorted(bag.dag_ids), "errors": bag.import_errors}))
-'''
+"""
 
 
 def _run(*cmd: str, **kwargs) -> str:
@@ -94,10 +94,18 @@ def wheel_venv(wheel, tmp_path_factory):
     home = work / "airflow"
     home.mkdir()
     # Nothing of this checkout or of the test's own environment (PYTHONPATH, AIRFLOW_*, connections).
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("AIRFLOW", "PYTHON", "EO_", "VIRTUAL_ENV"))}
-    env.update({"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}"})
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("AIRFLOW", "PYTHON", "EO_", "VIRTUAL_ENV"))
+    }
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}",
+        }
+    )
     yield {"python": python, "venv": venv, "env": env, "cwd": str(work)}
     shutil.rmtree(venv, ignore_errors=True)  # 1.3 GB of links into uv's cache; pytest keeps old tmp dirs
 
@@ -107,8 +115,14 @@ def test_wheel_holds_every_module_and_nothing_else(wheel):
         names = archive.namelist()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     expected = shipped_modules()
-    for module in ("hooks/kafka_producer.py", "operators/spark_stream.py", "plugins/plugin.py",
-                   "templates/history_stream.py", "templates/settlement.py", "triggers/consumer_lag.py"):
+    for module in (
+        "hooks/kafka_producer.py",
+        "operators/spark_stream.py",
+        "plugins/plugin.py",
+        "templates/history_stream.py",
+        "templates/settlement.py",
+        "triggers/consumer_lag.py",
+    ):
         assert f"{PACKAGE}/{module}" in expected  # guards the derivation from setup.cfg itself
     assert {n for n in names if n.endswith(".py")} == set(expected)
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {PACKAGE}
@@ -118,8 +132,9 @@ def test_wheel_holds_every_module_and_nothing_else(wheel):
 
 def test_templates_build_from_the_installed_wheel(wheel_venv):
     # -I: isolated, so neither the working directory nor PYTHONPATH can put this checkout on sys.path.
-    installed = _json_line(_run(wheel_venv["python"], "-I", "-c", BUILD_TEMPLATES, env=wheel_venv["env"],
-                                cwd=wheel_venv["cwd"]))
+    installed = _json_line(
+        _run(wheel_venv["python"], "-I", "-c", BUILD_TEMPLATES, env=wheel_venv["env"], cwd=wheel_venv["cwd"])
+    )
     assert installed["templates"].startswith(str(wheel_venv["venv"])), installed["templates"]
     assert "site-packages" in installed["templates"]
 
@@ -127,26 +142,53 @@ def test_templates_build_from_the_installed_wheel(wheel_venv):
     assert {"preflight", "full_load", "capture", "apply", "reconcile"} <= set(history)
     settlement = installed["dags"]["wheel_settlement"]["tasks"]
     assert {"extract_window", "load_window", "reconcile_window", "settlement_report"} <= set(settlement)
-    assert all(path.startswith(PACKAGE) for path in
-               [*history.values(), *settlement.values()] if not path.startswith("airflow."))
+    assert all(
+        path.startswith(PACKAGE)
+        for path in [*history.values(), *settlement.values()]
+        if not path.startswith("airflow.")
+    )
 
     # The same DAGs as the checkout builds: the wheel ships the templates as they are here.
-    from_checkout = _json_line(_run(sys.executable, "-c", BUILD_TEMPLATES, cwd=REPO,
-                                    env={**os.environ, "AIRFLOW_HOME": wheel_venv["env"]["AIRFLOW_HOME"]}))
+    from_checkout = _json_line(
+        _run(
+            sys.executable,
+            "-c",
+            BUILD_TEMPLATES,
+            cwd=REPO,
+            env={**os.environ, "AIRFLOW_HOME": wheel_venv["env"]["AIRFLOW_HOME"]},
+        )
+    )
     assert installed["dags"] == from_checkout["dags"]
 
 
 def test_example_dags_parse_against_the_installed_wheel(wheel_venv):
-    loaded = _json_line(_run(wheel_venv["python"], "-I", "-c", LOAD_EXAMPLES, str(REPO / "dags"),
-                             env=wheel_venv["env"], cwd=wheel_venv["cwd"]))
+    loaded = _json_line(
+        _run(
+            wheel_venv["python"],
+            "-I",
+            "-c",
+            LOAD_EXAMPLES,
+            str(REPO / "dags"),
+            env=wheel_venv["env"],
+            cwd=wheel_venv["cwd"],
+        )
+    )
     assert loaded["errors"] == {}
     assert {"eo_history_stream", "eo_settlement"} <= set(loaded["dags"])
 
 
 def test_airflow_in_the_venv_finds_the_provider_and_its_plugin(wheel_venv):
     airflow = str(wheel_venv["venv"] / "bin" / "airflow")
-    providers = _run(airflow, "providers", "get", "airflow-provider-exactly-once", "-o", "json",
-                     env=wheel_venv["env"], cwd=wheel_venv["cwd"])
+    providers = _run(
+        airflow,
+        "providers",
+        "get",
+        "airflow-provider-exactly-once",
+        "-o",
+        "json",
+        env=wheel_venv["env"],
+        cwd=wheel_venv["cwd"],
+    )
     assert "airflow-provider-exactly-once" in providers
     plugins = _run(airflow, "plugins", "-o", "json", env=wheel_venv["env"], cwd=wheel_venv["cwd"])
     assert '"exactly_once"' in plugins

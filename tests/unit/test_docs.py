@@ -57,8 +57,10 @@ def _markdown_files() -> list[Path]:
 def _anchors(page: Path) -> set[str]:
     """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
-    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-            for heading in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+    return {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        for heading in re.findall(r"^#+ (.+)$", text, re.MULTILINE)
+    }
 
 
 def test_every_relative_link_points_at_a_file_and_heading_inside_the_repository():
@@ -91,8 +93,12 @@ def test_no_reference_to_notes_outside_the_repository():
     """Code and docs cite docs/design.md and docs/pitfalls.md, never notes that live outside the repository."""
     folders = ("provider", "hooks", "operators", "plugins", "dags", "docker", "tests", "docs", "benchmarks")
     files = [REPO / name for name in ("README.md", "CONTRIBUTING.md", "Makefile", "setup.cfg", "pyproject.toml")]
-    files += [path for folder in folders for path in (REPO / folder).rglob("*")
-              if path.suffix in (".py", ".md", ".sh", ".cfg", ".toml", ".yaml", ".xml")]
+    files += [
+        path
+        for folder in folders
+        for path in (REPO / folder).rglob("*")
+        if path.suffix in (".py", ".md", ".sh", ".cfg", ".toml", ".yaml", ".xml")
+    ]
     cited = []
     for path in files:
         if path == Path(__file__).resolve() or not path.is_file():
@@ -113,9 +119,12 @@ def test_the_readme_is_a_users_page():
 def test_every_place_in_the_guarantee_table_exists():
     """CONTRIBUTING.md names one file and function per guarantee; a refactor that moves one must update it."""
     text = (REPO / "CONTRIBUTING.md").read_text()
-    table = text[text.index("## Where each guarantee lives"):]
-    sources = {path: path.read_text() for folder in ("provider", "hooks", "operators", "plugins")
-               for path in (REPO / folder).rglob("*.py")}
+    table = text[text.index("## Where each guarantee lives") :]
+    sources = {
+        path: path.read_text()
+        for folder in ("provider", "hooks", "operators", "plugins")
+        for path in (REPO / folder).rglob("*.py")
+    }
     missing, rows = [], 0
     for line in table.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
@@ -128,9 +137,12 @@ def test_every_place_in_the_guarantee_table_exists():
                     missing.append(name)
                 continue
             owner, _, member = name.rpartition(".")
-            defined = [source for source in sources.values()
-                       if re.search(rf"^\s*(?:def|class) {re.escape(member)}\b", source, re.MULTILINE)
-                       and (not owner or re.search(rf"^class {re.escape(owner)}\b", source, re.MULTILINE))]
+            defined = [
+                source
+                for source in sources.values()
+                if re.search(rf"^\s*(?:def|class) {re.escape(member)}\b", source, re.MULTILINE)
+                and (not owner or re.search(rf"^class {re.escape(owner)}\b", source, re.MULTILINE))
+            ]
             if not defined:
                 missing.append(name)
     assert rows >= 15, "the guarantee table was not found"

@@ -17,7 +17,10 @@ def matrix():
 def junit(path: Path, *cases: tuple[str, str | None]) -> None:
     body = "".join(
         f'<testcase classname="tests.faults.test_x" name="{name}" time="2.5">'
-        + (f'<failure message="{failure}"/>' if failure else "") + "</testcase>" for name, failure in cases)
+        + (f'<failure message="{failure}"/>' if failure else "")
+        + "</testcase>"
+        for name, failure in cases
+    )
     path.write_text(f'<testsuites><testsuite name="pytest">{body}</testsuite></testsuites>')
 
 
@@ -37,7 +40,10 @@ def test_a_run_is_a_parallel_part_then_the_exclusive_part(matrix, tmp_path, monk
     monkeypatch.setattr(matrix.subprocess, "run", fake_run)
     results = matrix.run_once(1, report, ["-k", "zombie"], workers=2)
 
-    assert [c[c.index("tests/faults") + 2] for c in commands] == ["not soak and not exclusive", "not soak and exclusive"]
+    assert [c[c.index("tests/faults") + 2] for c in commands] == [
+        "not soak and not exclusive",
+        "not soak and exclusive",
+    ]
     assert commands[0][commands[0].index("-n") + 1] == "2" and "-n" not in commands[1]
     assert all(c[-2:] == ["-k", "zombie"] for c in commands)
     assert [(name, failure) for _, name, _, failure in results] == [("test_a", None), ("test_b", "failure: boom")]

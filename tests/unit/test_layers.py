@@ -19,11 +19,29 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"provider": "", "hooks": "hooks", "operators": "operators", "plugins": "plugins"}
 CORE = {"errors", "version", "positions", "faults", "connections", "provider_info", "__init__"}
-DOMAIN = {"kafka", "source", "sinks", "spark_jobs", "full_load", "reconcile", "capture", "storage", "lineage",
-          "lineage_facets"}
+DOMAIN = {
+    "kafka",
+    "source",
+    "sinks",
+    "spark_jobs",
+    "full_load",
+    "reconcile",
+    "capture",
+    "storage",
+    "lineage",
+    "lineage_facets",
+}
 # Operators use the plugin's extra links and defer to the triggers; the templates compose operators.
-LAYER = {**{name: 0 for name in CORE}, **{name: 1 for name in DOMAIN}, "hooks": 2, "triggers": 3, "plugins": 3,
-         "operators": 4, "templates": 5, "entry": 5}
+LAYER = {
+    **dict.fromkeys(CORE, 0),
+    **dict.fromkeys(DOMAIN, 1),
+    "hooks": 2,
+    "triggers": 3,
+    "plugins": 3,
+    "operators": 4,
+    "templates": 5,
+    "entry": 5,
+}
 
 
 def _modules():
@@ -71,8 +89,11 @@ def test_every_unit_has_a_layer():
 
 
 def test_imports_point_down_the_layers():
-    upward = {f"{a} -> {b}": files for (a, b), files in _edges().items() if LAYER[b] > LAYER[a]
-              or (LAYER[a] == LAYER[b] and LAYER[a] >= 2)}
+    upward = {
+        f"{a} -> {b}": files
+        for (a, b), files in _edges().items()
+        if LAYER[b] > LAYER[a] or (LAYER[a] == LAYER[b] and LAYER[a] >= 2)
+    }
     assert upward == {}
 
 
@@ -97,18 +118,22 @@ def test_no_cycle_between_packages():
 
 
 def test_hooks_folder_holds_hooks_only():
-    from airflow.sdk import BaseHook
     import importlib
+
+    from airflow.sdk import BaseHook
 
     for path in sorted((ROOT / "hooks").glob("*.py")):
         if path.name == "__init__.py":
             continue
         module = importlib.import_module(f"exactly_once_provider.hooks.{path.stem}")
-        defined = [obj for obj in vars(module).values()
-                   if isinstance(obj, type) and obj.__module__ == module.__name__]
-        assert defined and all(issubclass(obj, BaseHook) or not obj.__name__[0].isupper() or
-                               obj.__module__ != module.__name__ or obj.__name__ in _RESULT_TYPES
-                               for obj in defined), path.name
+        defined = [obj for obj in vars(module).values() if isinstance(obj, type) and obj.__module__ == module.__name__]
+        assert defined and all(
+            issubclass(obj, BaseHook)
+            or not obj.__name__[0].isupper()
+            or obj.__module__ != module.__name__
+            or obj.__name__ in _RESULT_TYPES
+            for obj in defined
+        ), path.name
 
 
 # Small result records a hook returns (its public API), not domain logic.

@@ -48,8 +48,10 @@ class _Writer(threading.Thread):
                 if roll < 0.3:
                     cur.execute(f"INSERT INTO {self.table} (amount, note) VALUES (%s, 'new')", (rng.randrange(10**6),))
                 elif roll < 0.9:
-                    cur.execute(f"UPDATE {self.table} SET amount = amount + 1, note = %s WHERE id = %s",
-                                (f"u{self.transactions}", rng.randint(1, ROWS)))
+                    cur.execute(
+                        f"UPDATE {self.table} SET amount = amount + 1, note = %s WHERE id = %s",
+                        (f"u{self.transactions}", rng.randint(1, ROWS)),
+                    )
                 else:
                     cur.execute(f"DELETE FROM {self.table} WHERE id = %s", (rng.randint(1, ROWS),))
                 cur.execute("COMMIT")
@@ -108,12 +110,14 @@ def _logs(client, dag_id: str) -> str:
 
 def _running_try(client, dag_id: str, task_id: str, after: int = 0) -> tuple[str, dict]:
     """Wait for ``task_id`` running in the newest run with a try number above ``after``."""
+
     def found():
         for run in client.runs(dag_id)[:2]:
             ti = client.task_instance(dag_id, run["dag_run_id"], task_id)
             if ti["state"] == "running" and ti["try_number"] > after:
                 return run["dag_run_id"], ti
         return None
+
     return _wait(found, 600, f"{task_id} running (try > {after})", pause=2)
 
 
@@ -121,18 +125,37 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
     client = airflow_server.client
     table = f"afcs_{uuid.uuid4().hex[:6]}"
     conn = connect(stack)
-    conn.cursor().execute(f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
-                          " note VARCHAR(20) NULL)")
-    conn.cursor().executemany(f"INSERT INTO {table} (amount, note) VALUES (%s, %s)",
-                              [(Decimal(i) / 4, f"n{i}") for i in range(ROWS)])
+    conn.cursor().execute(
+        f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
+        " note VARCHAR(20) NULL)"
+    )
+    conn.cursor().executemany(
+        f"INSERT INTO {table} (amount, note) VALUES (%s, %s)", [(Decimal(i) / 4, f"n{i}") for i in range(ROWS)]
+    )
     conn.close()
     path, pipeline, dag_id = str(tmp_path / "current"), f"cs-{table}", f"eo_afcs_{table}"
-    write_template_dag(airflow_server.dags, dag_id, FACTORY, {
-        "dag_id": dag_id, "schema": stack.DB_NAME, "table": table, "key_column": "id", "pipeline": pipeline,
-        "table_path": path, "checkpoint_location": str(tmp_path / "checkpoint"),
-        "start_date": "2026-01-01T00:00:00+00:00", "mode": "continuous", "run_for": {"seconds": 150},
-        "stream_interval": "1 second", "chunk_rows": 500, "spark_conf": jobs.task_spark_conf(stack), "retries": 5,
-        "retry_delay": {"seconds": 3}})
+    write_template_dag(
+        airflow_server.dags,
+        dag_id,
+        FACTORY,
+        {
+            "dag_id": dag_id,
+            "schema": stack.DB_NAME,
+            "table": table,
+            "key_column": "id",
+            "pipeline": pipeline,
+            "table_path": path,
+            "checkpoint_location": str(tmp_path / "checkpoint"),
+            "start_date": "2026-01-01T00:00:00+00:00",
+            "mode": "continuous",
+            "run_for": {"seconds": 150},
+            "stream_interval": "1 second",
+            "chunk_rows": 500,
+            "spark_conf": jobs.task_spark_conf(stack),
+            "retries": 5,
+            "retry_delay": {"seconds": 3},
+        },
+    )
     client.wait_dag(dag_id)
     writer = _Writer(stack, table)
     writer.start()
@@ -140,8 +163,12 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
         client.unpause(dag_id)  # @continuous: the scheduler starts the first run itself
         run_id, capture = _running_try(client, dag_id, "capture")
         _running_try(client, dag_id, "apply")
-        _wait(lambda: _stream_commits(path, f"{pipeline}-apply") >= 3, 600, "three stream commits",
-              explain=lambda: _logs(client, dag_id))
+        _wait(
+            lambda: _stream_commits(path, f"{pipeline}-apply") >= 3,
+            600,
+            "three stream commits",
+            explain=lambda: _logs(client, dag_id),
+        )
 
         # 1. SIGKILL the capture's task process (its title names the task instance id): a retry restarts it.
         victims = processes_matching(f"airflow worker -- {capture['id']}")
@@ -151,11 +178,18 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
         _running_try(client, dag_id, "capture", after=capture["try_number"])
 
         # 2. SIGKILL the stream's Spark driver (spark-submit, its JVM and the Python driver: one process group).
-        _wait(lambda: _stream_commits(path, f"{pipeline}-apply") >= 6, 300, "stream commits after the capture kill",
-              explain=lambda: _logs(client, dag_id))
+        _wait(
+            lambda: _stream_commits(path, f"{pipeline}-apply") >= 6,
+            300,
+            "stream commits after the capture kill",
+            explain=lambda: _logs(client, dag_id),
+        )
         _, apply = _running_try(client, dag_id, "apply")
-        drivers = [line for line in processes_matching(f"eo-{pipeline}-apply") if "spark-submit" in line
-                   or "SparkSubmit" in line]
+        drivers = [
+            line
+            for line in processes_matching(f"eo-{pipeline}-apply")
+            if "spark-submit" in line or "SparkSubmit" in line
+        ]
         assert drivers, "no Spark driver of the stream"
         for line in drivers:
             try:
@@ -175,8 +209,10 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
     except AssertionError:
         current = _current(path)
         differ = sorted(k for k in source.keys() | current.keys() if source.get(k) != current.get(k))
-        raise AssertionError(f"{len(differ)} keys differ between the source and the current table, e.g. "
-                             f"{[(k, source.get(k), current.get(k)) for k in differ[:5]]}") from None
+        raise AssertionError(
+            f"{len(differ)} keys differ between the source and the current table, e.g. "
+            f"{[(k, source.get(k), current.get(k)) for k in differ[:5]]}"
+        ) from None
     finally:
         client.pause(dag_id)
         for run in client.runs(dag_id)[:2]:

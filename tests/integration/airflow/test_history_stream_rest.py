@@ -65,19 +65,36 @@ def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp
     table = f"afhs_{uuid.uuid4().hex[:6]}"
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
-                " currency CHAR(3) NOT NULL, note VARCHAR(20) NULL)")
-    cur.executemany(f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, %s)",
-                    [(Decimal(i) / 4, ("EUR", "USD")[i % 2], f"n{i}") for i in range(ROWS)])
+    cur.execute(
+        f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
+        " currency CHAR(3) NOT NULL, note VARCHAR(20) NULL)"
+    )
+    cur.executemany(
+        f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, %s)",
+        [(Decimal(i) / 4, ("EUR", "USD")[i % 2], f"n{i}") for i in range(ROWS)],
+    )
     full_load = str(tmp_path / "orders")
     dag_id = f"eo_afhs_{table}"
-    write_template_dag(airflow_server.dags, dag_id, FACTORY, {
-        "dag_id": dag_id, "schema": stack.DB_NAME, "table": table, "key_column": "id",
-        "pipeline": f"hs-{table}", "table_path": full_load,
-        "checkpoint_location": str(tmp_path / "checkpoint"),
-        "start_date": "2099-01-01T00:00:00+00:00",  # no scheduled runs: every run here is triggered
-        "chunk_rows": 250, "topic_partitions": 2, "spark_conf": jobs.task_spark_conf(stack), "retries": 0,
-        "postgres_table": f"{table}_current"})
+    write_template_dag(
+        airflow_server.dags,
+        dag_id,
+        FACTORY,
+        {
+            "dag_id": dag_id,
+            "schema": stack.DB_NAME,
+            "table": table,
+            "key_column": "id",
+            "pipeline": f"hs-{table}",
+            "table_path": full_load,
+            "checkpoint_location": str(tmp_path / "checkpoint"),
+            "start_date": "2099-01-01T00:00:00+00:00",  # no scheduled runs: every run here is triggered
+            "chunk_rows": 250,
+            "topic_partitions": 2,
+            "spark_conf": jobs.task_spark_conf(stack),
+            "retries": 0,
+            "postgres_table": f"{table}_current",
+        },
+    )
     pg_table = f"{table}_current"
     client.wait_dag(dag_id)
     client.unpause(dag_id)
@@ -94,8 +111,10 @@ def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp
     # 2. Changes after the load, an added column with a DEFAULT (MariaDB gives every existing row the default
     # without a row event); a plain run streams them (no second load).
     cur.execute(f"ALTER TABLE {table} ADD COLUMN flag SMALLINT NOT NULL DEFAULT 3")
-    cur.executemany(f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, NULL)",
-                    [(Decimal("1.50") * i, "CNY") for i in range(1, 6)])
+    cur.executemany(
+        f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, NULL)",
+        [(Decimal("1.50") * i, "CNY") for i in range(1, 6)],
+    )
     cur.execute(f"UPDATE {table} SET amount = amount + 100, note = 'upd' WHERE id % 97 = 0")
     cur.execute(f"DELETE FROM {table} WHERE id IN (3, 250, 251)")
     run = client.trigger(dag_id)

@@ -21,13 +21,16 @@ MAX_LAG = 20
 
 def _dag_file(folder, dag_id: str, body: str) -> None:
     # "airflow" and "dag" must appear in the file, or the DAG processor's safe mode skips it.
-    (folder / f"{dag_id}.py").write_text(textwrap.dedent(f"""\
+    (folder / f"{dag_id}.py").write_text(
+        textwrap.dedent(f"""\
         # An airflow DAG written by a test.
         import pendulum
         from airflow.sdk import DAG
 
         with DAG(dag_id={dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False):
-        """) + textwrap.indent(textwrap.dedent(body), "    "))
+        """)
+        + textwrap.indent(textwrap.dedent(body), "    ")
+    )
 
 
 def _wait_state(client, dag_id: str, run_id: str, task_id: str, state: str, timeout: float = 300) -> dict:
@@ -49,20 +52,28 @@ def test_lag_sensor_defers_to_the_triggerer_and_resumes_when_the_sink_catches_up
     jobs.wait_for_committed_end(bootstrap, topic, 2)
     sink, pipeline, tag = str(tmp_path / "sink"), f"lag-{topic}", uuid.uuid4().hex[:6]
     gate, apply = f"eo_lag_gate_{tag}", f"eo_lag_apply_{tag}"
-    _dag_file(airflow_server.dags, gate, f"""\
+    _dag_file(
+        airflow_server.dags,
+        gate,
+        f"""\
         from exactly_once_provider.operators.backpressure import ConsumerLagSensor
 
         ConsumerLagSensor(task_id="lag_gate", topics=[{topic!r}], max_lag={MAX_LAG}, sink="delta",
                           sink_location={sink!r}, sink_pipeline={pipeline!r}, missing_topics_ok=False,
                           poke_interval=2, timeout=900)
-        """)
-    _dag_file(airflow_server.dags, apply, f"""\
+        """,
+    )
+    _dag_file(
+        airflow_server.dags,
+        apply,
+        f"""\
         from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 
         SparkKafkaToSinkOperator(task_id="apply", pipeline={pipeline!r}, topics=[{topic!r}], sink="delta",
                                  sink_path={sink!r}, checkpoint_location={str(tmp_path / "checkpoint")!r},
                                  conf={{"spark.jars": {stack.spark_conf()["spark.jars"]!r}}})
-        """)
+        """,
+    )
     for dag_id in (gate, apply):
         client.wait_dag(dag_id)
         client.unpause(dag_id)

@@ -31,34 +31,62 @@ ENDS = ["2026-11-19T18:00:00+00:00", "2026-11-20T18:00:00+00:00"]
 STAMPS = ["2026-11-18 20:00:00", "2026-11-19 21:30:00", "2026-11-21 09:00:00"]
 
 
-def _settlement(stack, server, tmp_path, rows_per_stamp: int, retries: int = 0, stamps: list[str] = STAMPS,
-                timezone: str = "UTC") -> dict:
+def _settlement(
+    stack, server, tmp_path, rows_per_stamp: int, retries: int = 0, stamps: list[str] = STAMPS, timezone: str = "UTC"
+) -> dict:
     """A source table with rows at each of ``stamps`` (UTC), and a settlement DAG over it parsed and unpaused."""
     name = f"af_{uuid.uuid4().hex[:6]}"
     conn = connect(stack)
     cur = conn.cursor()
     cur.execute("SET time_zone = '+00:00'")  # the stamps and every window bound here are UTC
-    cur.execute(f"CREATE TABLE {name} (id INT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, "
-                "currency CHAR(3) NOT NULL, updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) "
-                "ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))")
+    cur.execute(
+        f"CREATE TABLE {name} (id INT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, "
+        "currency CHAR(3) NOT NULL, updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) "
+        "ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))"
+    )
     for n, stamp in enumerate(stamps):
         cur.execute(f"SET TIMESTAMP = UNIX_TIMESTAMP('{stamp}')")
-        cur.executemany(f"INSERT INTO {name} (amount, currency) VALUES (%s, %s)",
-                        [(Decimal(f"{n * 1000 + i}.{i % 100:02d}"), CURRENCIES[(i * 7 + n) % 3])
-                         for i in range(rows_per_stamp + n)])
+        cur.executemany(
+            f"INSERT INTO {name} (amount, currency) VALUES (%s, %s)",
+            [
+                (Decimal(f"{n * 1000 + i}.{i % 100:02d}"), CURRENCIES[(i * 7 + n) % 3])
+                for i in range(rows_per_stamp + n)
+            ],
+        )
     cur.execute("SET TIMESTAMP = DEFAULT")
     conn.close()
     dag_id = f"eo_af_{name}"
     pipeline = f"settle-{name}"
-    case = {"name": name, "dag_id": dag_id, "pipeline": pipeline, "sink": str(tmp_path / "windows"),
-            "report": f"{name}_report"}
-    write_template_dag(server.dags, dag_id, FACTORY, {
-        "dag_id": dag_id, "table": name, "cursor_column": "updated_at", "group_by": ["currency"],
-        "sum_columns": ["amount"], "pipeline": pipeline, "topic": f"eo-{name}", "sink_path": case["sink"],
-        "checkpoint_location": str(tmp_path / "checkpoint"), "report_table": case["report"],
-        # A start date in the future: the scheduler creates no runs of its own; every run here is manual.
-        "start_date": "2099-01-01T00:00:00+00:00", "safety_lag": 1, "spark_conf": jobs.task_spark_conf(stack),
-        "retries": retries, "timezone": timezone})
+    case = {
+        "name": name,
+        "dag_id": dag_id,
+        "pipeline": pipeline,
+        "sink": str(tmp_path / "windows"),
+        "report": f"{name}_report",
+    }
+    write_template_dag(
+        server.dags,
+        dag_id,
+        FACTORY,
+        {
+            "dag_id": dag_id,
+            "table": name,
+            "cursor_column": "updated_at",
+            "group_by": ["currency"],
+            "sum_columns": ["amount"],
+            "pipeline": pipeline,
+            "topic": f"eo-{name}",
+            "sink_path": case["sink"],
+            "checkpoint_location": str(tmp_path / "checkpoint"),
+            "report_table": case["report"],
+            # A start date in the future: the scheduler creates no runs of its own; every run here is manual.
+            "start_date": "2099-01-01T00:00:00+00:00",
+            "safety_lag": 1,
+            "spark_conf": jobs.task_spark_conf(stack),
+            "retries": retries,
+            "timezone": timezone,
+        },
+    )
     client = server.client
     client.wait_dag(dag_id)
     client.unpause(dag_id)
@@ -84,17 +112,18 @@ def _source_by_window(stack, table: str, ends: list[str]) -> dict[str, dict]:
 def _sink_by_window(path: str) -> dict[str, list[tuple]]:
     """The Delta sink's live rows per window id: [(window_version, id, amount, currency)], one entry per row."""
     found: dict[str, list[tuple]] = {}
-    for window_id, version, value in jobs.arrow_rows(jobs.delta_live_files(path),
-                                                     ("window_id", "window_version", "record_value")):
+    for window_id, version, value in jobs.arrow_rows(
+        jobs.delta_live_files(path), ("window_id", "window_version", "record_value")
+    ):
         row = json.loads(value)["row"]
-        found.setdefault(window_id, []).append((version, int(row["id"]), Decimal(str(row["amount"])),
-                                                row["currency"]))
+        found.setdefault(window_id, []).append((version, int(row["id"]), Decimal(str(row["amount"])), row["currency"]))
     return found
 
 
 def _report(stack, table: str) -> dict[str, dict[str, tuple]]:
-    pg = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                          password=stack.DB_PASSWORD)
+    pg = psycopg2.connect(
+        host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER, password=stack.DB_PASSWORD
+    )
     with pg.cursor() as cur:
         cur.execute(f"SELECT window_id, window_version, currency, rows, amount_sum FROM {table}")
         rows = cur.fetchall()
@@ -154,8 +183,9 @@ def test_settlement_windows_then_cleared_extract_leaves_one_copy(stack, airflow_
     client.wait_run(dag_id, runs[0], timeout=1500)
     extract = client.task_instance(dag_id, runs[0], "extract_window")
     assert extract["try_number"] == 2 and extract["state"] == "success", extract
-    assert "is already committed" in client.task_log(dag_id, runs[0], "extract_window"), \
+    assert "is already committed" in client.task_log(dag_id, runs[0], "extract_window"), (
         "the rerun extract did not find its window in the ledger"
+    )
     again = _assert_once_each(stack, case)
     assert again == first
     after = sorted((Path(case["sink"]) / "_delta_log").glob("*.json"))
@@ -173,8 +203,9 @@ def test_load_marked_failed_mid_run_kills_spark_and_retry_settles_once(stack, ai
         polls += 1
         if polls % 25 == 0:
             state = client.task_instance(dag_id, run_id, "load_window")["state"]
-            assert state in (None, "scheduled", "queued", "running"), \
+            assert state in (None, "scheduled", "queued", "running"), (
                 f"load_window {state} before its driver was seen: {processes_matching('spark')}"
+            )
         time.sleep(0.2)
     started = time.monotonic()
     assert client.task_instance(dag_id, run_id, "load_window")["state"] == "running"
@@ -183,13 +214,14 @@ def test_load_marked_failed_mid_run_kills_spark_and_retry_settles_once(stack, ai
     client.mark(dag_id, run_id, "load_window", "failed")  # the UI's "Mark as failed" on a running task
     deadline = time.monotonic() + 120
     while left := processes_matching(driver):  # on_kill must stop spark-submit, the JVM and the Python driver
-        assert time.monotonic() < deadline, f"processes left after mark-failed:\n" + "\n".join(left)
+        assert time.monotonic() < deadline, "processes left after mark-failed:\n" + "\n".join(left)
         time.sleep(1)
     client.wait_run(dag_id, run_id, state="failed", timeout=300)
     assert client.task_instance(dag_id, run_id, "load_window")["state"] == "failed"
     killed = client.task_log(dag_id, run_id, "load_window")
-    assert "shouldn't be running anymore" in killed and "Sending kill signal to spark-submit" in killed, \
+    assert "shouldn't be running anymore" in killed and "Sending kill signal to spark-submit" in killed, (
         "the task was not killed through on_kill"
+    )
 
     # The retry: the UI's "Clear" on the failed task (and downstream) reruns it from the committed state.
     client.clear(dag_id, run_id, ["load_window"])
@@ -203,8 +235,14 @@ def test_load_marked_failed_mid_run_kills_spark_and_retry_settles_once(stack, ai
 # Europe/Berlin leaves summer time on 2026-10-25 at 03:00 CEST (01:00 UTC): the nightly 02:00 interval that ends
 # that night is 25 hours long, and 02:00-03:00 local happens twice. Rows sit in both passes of that hour, at the
 # instant a window ends (it belongs to the next window) and after the last window (no window may take it).
-DST_STAMPS = ["2026-10-24 06:00:00", "2026-10-25 00:30:00", "2026-10-25 01:00:00", "2026-10-25 01:30:00",
-              "2026-10-26 00:59:59", "2026-10-26 01:00:00"]
+DST_STAMPS = [
+    "2026-10-24 06:00:00",
+    "2026-10-25 00:30:00",
+    "2026-10-25 01:00:00",
+    "2026-10-25 01:30:00",
+    "2026-10-26 00:59:59",
+    "2026-10-26 01:00:00",
+]
 DST_ENDS = ["2026-10-25T01:00:00+00:00", "2026-10-26T01:00:00+00:00"]
 
 
@@ -223,8 +261,13 @@ def test_backfill_across_the_dst_change_settles_each_night_once(stack, airflow_s
         assert not failed, client.describe(dag_id, failed[0]["dag_run_id"])
         assert time.monotonic() < deadline, f"backfill {backfill['id']} not done: {[r['state'] for r in runs]}"
         time.sleep(5)
-    intervals = sorted((datetime.fromisoformat(r["data_interval_start"].replace("Z", "+00:00")),
-                        datetime.fromisoformat(r["data_interval_end"].replace("Z", "+00:00"))) for r in runs)
+    intervals = sorted(
+        (
+            datetime.fromisoformat(r["data_interval_start"].replace("Z", "+00:00")),
+            datetime.fromisoformat(r["data_interval_end"].replace("Z", "+00:00")),
+        )
+        for r in runs
+    )
     assert [end.isoformat() for _, end in intervals] == DST_ENDS, intervals
     hours = [(end - start).total_seconds() / 3600 for start, end in intervals]
     assert hours == [25, 24], hours  # the night the clocks go back is one hour longer

@@ -14,11 +14,20 @@ from tests.kafka_support import new_topic, read_all
 def test_settlement_dag_publishes_the_interval_once_and_reextract_publishes_version_2(airflow_cli, stack):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     table, topic, pipeline = f"settle_{uuid.uuid4().hex[:6]}", new_topic(bootstrap), f"settle-{uuid.uuid4().hex[:6]}"
-    conn = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
-                           database=stack.DB_NAME, autocommit=True, init_command="SET time_zone = '+00:00'")
+    conn = MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+        init_command="SET time_zone = '+00:00'",
+    )
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE {table} (id INT AUTO_INCREMENT PRIMARY KEY, amount INT, updated_at TIMESTAMP(6) "
-                "NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))")
+    cur.execute(
+        f"CREATE TABLE {table} (id INT AUTO_INCREMENT PRIMARY KEY, amount INT, updated_at TIMESTAMP(6) "
+        "NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6), KEY (updated_at))"
+    )
     # `dags test` at 2026-11-21 02:00 Asia/Shanghai infers the interval that ends there: [11-19 18:00, 11-20 18:00) UTC.
     cur.execute("SET TIMESTAMP = UNIX_TIMESTAMP('2026-11-20 10:00:00')")
     cur.execute(f"INSERT INTO {table} (amount) VALUES (1), (2), (3)")
@@ -28,8 +37,14 @@ def test_settlement_dag_publishes_the_interval_once_and_reextract_publishes_vers
     conf = {"table": table, "topic": topic, "pipeline": pipeline, "safety_lag": 1, "reextract": False}
 
     def run(**overrides):
-        result = airflow_cli("dags", "test", "eo_watermark_settlement", "2026-11-20T18:00:00+00:00",
-                             "--conf", json.dumps({**conf, **overrides}))
+        result = airflow_cli(
+            "dags",
+            "test",
+            "eo_watermark_settlement",
+            "2026-11-20T18:00:00+00:00",
+            "--conf",
+            json.dumps({**conf, **overrides}),
+        )
         output = result.stdout + result.stderr
         assert result.returncode == 0, output[-5000:]
         return output

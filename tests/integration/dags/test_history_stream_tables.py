@@ -35,13 +35,24 @@ def test_three_tables_any_key_in_one_dag(airflow_home, stack, tmp_path):
     for prefix, name in names.items():
         cur.execute(f"CREATE TABLE `{name}` {TABLES[prefix][0]}")
     _seed(cur, names)
-    dag = TemplateDag(airflow_home, tmp_path / "dags", f"eo_hst_{suffix}",
-                      "exactly_once_provider.templates.history_stream.history_stream_dag", {
-                          "dag_id": f"eo_hst_{suffix}", "schema": stack.DB_NAME, "tables": list(names.values()),
-                          "pipeline": pipeline, "table_path": str(tmp_path / "lake" / "{table}"),
-                          "checkpoint_location": str(tmp_path / "checkpoints" / "{table}"),
-                          "start_date": "2026-01-01T00:00:00+00:00", "chunk_rows": 100,
-                          "spark_conf": stack.spark_conf(), "retries": 0})
+    dag = TemplateDag(
+        airflow_home,
+        tmp_path / "dags",
+        f"eo_hst_{suffix}",
+        "exactly_once_provider.templates.history_stream.history_stream_dag",
+        {
+            "dag_id": f"eo_hst_{suffix}",
+            "schema": stack.DB_NAME,
+            "tables": list(names.values()),
+            "pipeline": pipeline,
+            "table_path": str(tmp_path / "lake" / "{table}"),
+            "checkpoint_location": str(tmp_path / "checkpoints" / "{table}"),
+            "start_date": "2026-01-01T00:00:00+00:00",
+            "chunk_rows": 100,
+            "spark_conf": stack.spark_conf(),
+            "retries": 0,
+        },
+    )
     first = dag.test()  # three full loads, the first increment of all three
     _clean(first, pipeline, names)
     for name in names.values():

@@ -34,11 +34,12 @@ def _writer(stack, table: str, stop: threading.Event, counts: dict) -> None:
     while not stop.is_set():
         roll = rng.random()
         if roll < 0.4:
-            cur.execute(f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, 'live')",
-                        (Decimal(rng.randrange(1, 10**6)) / 100, rng.choice(["EUR", "USD", "CNY"])))
+            cur.execute(
+                f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, 'live')",
+                (Decimal(rng.randrange(1, 10**6)) / 100, rng.choice(["EUR", "USD", "CNY"])),
+            )
         elif roll < 0.85:
-            cur.execute(f"UPDATE {table} SET amount = amount + 1, note = NULL WHERE id = %s",
-                        (rng.randint(1, ROWS),))
+            cur.execute(f"UPDATE {table} SET amount = amount + 1, note = NULL WHERE id = %s", (rng.randint(1, ROWS),))
         else:
             cur.execute("START TRANSACTION")
             cur.execute(f"DELETE FROM {table} WHERE id = %s", (rng.randint(1, ROWS),))
@@ -62,25 +63,45 @@ def _postgres_current(stack, table: str) -> dict[int, tuple]:
 
 
 def _reconciliations(stack, name: str) -> list[str]:
-    return [r[0] for r in jobs.postgres_rows(stack, f"eo_reconciliation WHERE name = '{name}' ORDER BY id",
-                                             ("status",))]
+    return [
+        r[0] for r in jobs.postgres_rows(stack, f"eo_reconciliation WHERE name = '{name}' ORDER BY id", ("status",))
+    ]
 
 
 def test_history_then_stream_with_full_reload_under_writes(airflow_home, stack, tmp_path):
     table = f"hs_{uuid.uuid4().hex[:6]}"
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
-                " currency CHAR(3) NOT NULL, note VARCHAR(20) NULL)")
-    cur.executemany(f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, %s)",
-                    [(Decimal(i) / 4, ("EUR", "USD")[i % 2], f"n{i}") for i in range(ROWS)])
+    cur.execute(
+        f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
+        " currency CHAR(3) NOT NULL, note VARCHAR(20) NULL)"
+    )
+    cur.executemany(
+        f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, %s)",
+        [(Decimal(i) / 4, ("EUR", "USD")[i % 2], f"n{i}") for i in range(ROWS)],
+    )
     full_load = str(tmp_path / "orders")
-    dag = TemplateDag(airflow_home, tmp_path / "dags", f"eo_hs_{table}", "exactly_once_provider.templates.history_stream.history_stream_dag", {
-        "dag_id": f"eo_hs_{table}", "schema": stack.DB_NAME, "table": table, "key_column": "id",
-        "pipeline": f"hs-{table}", "table_path": full_load,
-        "checkpoint_location": str(tmp_path / "checkpoint"), "start_date": "2026-01-01T00:00:00+00:00",
-        "chunk_rows": 1000, "topic_partitions": 2, "spark_conf": stack.spark_conf(), "retries": 0,
-        "postgres_table": f"{table}_current"})
+    dag = TemplateDag(
+        airflow_home,
+        tmp_path / "dags",
+        f"eo_hs_{table}",
+        "exactly_once_provider.templates.history_stream.history_stream_dag",
+        {
+            "dag_id": f"eo_hs_{table}",
+            "schema": stack.DB_NAME,
+            "table": table,
+            "key_column": "id",
+            "pipeline": f"hs-{table}",
+            "table_path": full_load,
+            "checkpoint_location": str(tmp_path / "checkpoint"),
+            "start_date": "2026-01-01T00:00:00+00:00",
+            "chunk_rows": 1000,
+            "topic_partitions": 2,
+            "spark_conf": stack.spark_conf(),
+            "retries": 0,
+            "postgres_table": f"{table}_current",
+        },
+    )
     stop, counts = threading.Event(), {"ops": 0}
     thread = threading.Thread(target=_writer, args=(stack, table, stop, counts))
     thread.start()

@@ -27,25 +27,44 @@ def test_settlement_follows_an_added_column_and_a_widened_decimal_between_nights
     cur = conn.cursor()
     create_payments(cur, name)
     cur.execute(f"SET TIMESTAMP = UNIX_TIMESTAMP('{DAYS[0]}')")
-    cur.executemany(f"INSERT INTO {name} (amount, currency) VALUES (%s, %s)",
-                    [(Decimal(f"{i}.25"), ("EUR", "USD")[i % 2]) for i in range(6)])
+    cur.executemany(
+        f"INSERT INTO {name} (amount, currency) VALUES (%s, %s)",
+        [(Decimal(f"{i}.25"), ("EUR", "USD")[i % 2]) for i in range(6)],
+    )
     cur.execute("SET TIMESTAMP = DEFAULT")
     sink, report = str(tmp_path / "windows"), f"{name}_report"
-    dag = TemplateDag(airflow_home, tmp_path / "dags", f"eo_sts_{name}",
-                      "exactly_once_provider.templates.settlement.settlement_dag", {
-                          "dag_id": f"eo_sts_{name}", "table": name, "cursor_column": "updated_at",
-                          "group_by": ["currency"], "sum_columns": ["amount"], "pipeline": f"sts-{name}",
-                          "topic": f"eo-{name}", "sink_path": sink, "checkpoint_location": str(tmp_path / "cp"),
-                          "report_table": report, "start_date": "2026-11-01T00:00:00+08:00",
-                          "timezone": "Asia/Shanghai", "safety_lag": 1, "spark_conf": stack.spark_conf(),
-                          "retries": 0})
+    dag = TemplateDag(
+        airflow_home,
+        tmp_path / "dags",
+        f"eo_sts_{name}",
+        "exactly_once_provider.templates.settlement.settlement_dag",
+        {
+            "dag_id": f"eo_sts_{name}",
+            "table": name,
+            "cursor_column": "updated_at",
+            "group_by": ["currency"],
+            "sum_columns": ["amount"],
+            "pipeline": f"sts-{name}",
+            "topic": f"eo-{name}",
+            "sink_path": sink,
+            "checkpoint_location": str(tmp_path / "cp"),
+            "report_table": report,
+            "start_date": "2026-11-01T00:00:00+08:00",
+            "timezone": "Asia/Shanghai",
+            "safety_lag": 1,
+            "spark_conf": stack.spark_conf(),
+            "retries": 0,
+        },
+    )
     out = dag.test(ENDS[0])
     assert "CLEAN" in out, out[-4000:]
 
     # Between the nights: a column added with a default (existing rows take it without a new cursor value) and
     # amount widened past the old precision; day 1's rows use both.
-    cur.execute(f"ALTER TABLE {name} ADD COLUMN fee DECIMAL(8,2) NOT NULL DEFAULT 1.50 AFTER amount, "
-                "MODIFY amount DECIMAL(18,2) NOT NULL")
+    cur.execute(
+        f"ALTER TABLE {name} ADD COLUMN fee DECIMAL(8,2) NOT NULL DEFAULT 1.50 AFTER amount, "
+        "MODIFY amount DECIMAL(18,2) NOT NULL"
+    )
     cur.execute(f"SET TIMESTAMP = UNIX_TIMESTAMP('{DAYS[1]}')")
     day1 = [(Decimal(f"12345678901234.{i}5"), Decimal(f"0.{i}0"), ("EUR", "USD")[i % 2]) for i in range(5)]
     cur.executemany(f"INSERT INTO {name} (amount, fee, currency) VALUES (%s, %s, %s)", day1)
@@ -60,10 +79,11 @@ def test_settlement_follows_an_added_column_and_a_widened_decimal_between_nights
     conn.close()
 
     ids = [f"sts-{name}/{name}/{end}" for end in ENDS]
-    windows = Counter(w for w, in jobs.arrow_rows(jobs.delta_live_files(sink), ("window_id",)))
+    windows = Counter(w for (w,) in jobs.arrow_rows(jobs.delta_live_files(sink), ("window_id",)))
     assert windows == {ids[0]: 6, ids[1]: 5}, windows
-    pg = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                          password=stack.DB_PASSWORD)
+    pg = psycopg2.connect(
+        host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER, password=stack.DB_PASSWORD
+    )
     with pg.cursor() as pcur:
         pcur.execute(f"SELECT window_id, currency, rows, amount_sum FROM {report} ORDER BY window_id, currency")
         stored = pcur.fetchall()

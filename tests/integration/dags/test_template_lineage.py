@@ -36,7 +36,7 @@ def _completed(events: list[dict], dag_id: str) -> dict[str, list[dict]]:
     for event in events:
         job = event["job"]["name"]
         if event["eventType"] == "COMPLETE" and job.startswith(f"{dag_id}."):
-            found[job[len(dag_id) + 1:]].append(event)
+            found[job[len(dag_id) + 1 :]].append(event)
     return found
 
 
@@ -89,9 +89,12 @@ def lineage_env(airflow_home, tmp_path):
     """``airflow`` CLI environment whose OpenLineage events go to one file (the ``file`` transport)."""
     events = tmp_path / "openlineage" / "events.jsonl"
     events.parent.mkdir()
-    env = {**airflow_home, "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
-        {"type": "file", "log_file_path": str(events), "append": True}),
-        "AIRFLOW__OPENLINEAGE__NAMESPACE": "eo-lineage-test", "AIRFLOW__OPENLINEAGE__DISABLED": "False"}
+    env = {
+        **airflow_home,
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events), "append": True}),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "eo-lineage-test",
+        "AIRFLOW__OPENLINEAGE__DISABLED": "False",
+    }
     return env, events
 
 
@@ -100,20 +103,38 @@ def test_settlement_lineage(lineage_env, stack, tmp_path):
     name = f"ol_{uuid.uuid4().hex[:6]}"
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE {name} (id INT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, "
-                "currency CHAR(3) NOT NULL, updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (updated_at))")
+    cur.execute(
+        f"CREATE TABLE {name} (id INT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, "
+        "currency CHAR(3) NOT NULL, updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (updated_at))"
+    )
     cur.execute("SET TIMESTAMP = UNIX_TIMESTAMP('2026-11-17 20:00:00')")
-    cur.executemany(f"INSERT INTO {name} (amount, currency) VALUES (%s, %s)",
-                    [(Decimal(f"{i}.25"), ("EUR", "USD", "CNY")[i % 3]) for i in range(11)])
+    cur.executemany(
+        f"INSERT INTO {name} (amount, currency) VALUES (%s, %s)",
+        [(Decimal(f"{i}.25"), ("EUR", "USD", "CNY")[i % 3]) for i in range(11)],
+    )
     cur.execute("SET TIMESTAMP = DEFAULT")
     conn.close()
     dag_id, topic, sink, report = f"eo_settle_{name}", f"eo-{name}", str(tmp_path / "windows"), f"{name}_report"
-    kwargs = {"dag_id": dag_id, "table": name, "cursor_column": "updated_at", "group_by": ["currency"],
-              "sum_columns": ["amount"], "pipeline": f"settle-{name}", "topic": topic, "sink_path": sink,
-              "checkpoint_location": str(tmp_path / "checkpoint"), "report_table": report,
-              "start_date": "2026-11-01T00:00:00+08:00", "timezone": "Asia/Shanghai", "safety_lag": 1,
-              "spark_conf": stack.spark_conf(), "retries": 0}
-    dag = TemplateDag(env, tmp_path / "dags", dag_id, "exactly_once_provider.templates.settlement.settlement_dag", kwargs)
+    kwargs = {
+        "dag_id": dag_id,
+        "table": name,
+        "cursor_column": "updated_at",
+        "group_by": ["currency"],
+        "sum_columns": ["amount"],
+        "pipeline": f"settle-{name}",
+        "topic": topic,
+        "sink_path": sink,
+        "checkpoint_location": str(tmp_path / "checkpoint"),
+        "report_table": report,
+        "start_date": "2026-11-01T00:00:00+08:00",
+        "timezone": "Asia/Shanghai",
+        "safety_lag": 1,
+        "spark_conf": stack.spark_conf(),
+        "retries": 0,
+    }
+    dag = TemplateDag(
+        env, tmp_path / "dags", dag_id, "exactly_once_provider.templates.settlement.settlement_dag", kwargs
+    )
     dag.test("2026-11-18T18:00:00+00:00")
 
     events = _events(events_file)
@@ -127,8 +148,16 @@ def test_settlement_lineage(lineage_env, stack, tmp_path):
     committed = read_all(f"{stack.HOST}:{stack.KAFKA_PORT}", topic)
     data_records = [r for r in committed if b'"row"' in r]
     sink_rows = jobs.arrow_rows(jobs.delta_live_files(sink), ("window_id", "record_key"))
-    with psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                          password=stack.DB_PASSWORD) as pcon, pcon.cursor() as pcur:
+    with (
+        psycopg2.connect(
+            host=stack.HOST,
+            port=stack.POSTGRES_PORT,
+            dbname=stack.DB_NAME,
+            user=stack.DB_USER,
+            password=stack.DB_PASSWORD,
+        ) as pcon,
+        pcon.cursor() as pcur,
+    ):
         pcur.execute(f"SELECT count(*) FROM {report}")
         report_rows = pcur.fetchone()[0]
     assert (len(data_records), len(sink_rows), report_rows) == (11, 11, 3)
@@ -154,8 +183,12 @@ def test_settlement_lineage(lineage_env, stack, tmp_path):
     reconcile = done["reconcile_window"][-1]
     _dataset(reconcile, "inputs", *mysql)
     _dataset(reconcile, "inputs", *delta)
-    results = _dataset(reconcile, "outputs", f"postgres://{stack.HOST}:{stack.POSTGRES_PORT}",
-                       f"{stack.DB_NAME}.public.eo_reconciliation")
+    results = _dataset(
+        reconcile,
+        "outputs",
+        f"postgres://{stack.HOST}:{stack.POSTGRES_PORT}",
+        f"{stack.DB_NAME}.public.eo_reconciliation",
+    )
     assert _rows(results) == 1
 
     settled = done["settlement_report"][-1]
@@ -166,15 +199,19 @@ def test_settlement_lineage(lineage_env, stack, tmp_path):
 
     assert _reaches(events, mysql, pg) == [mysql, kafka, delta, pg]
     # The Assets the template declares are the datasets the lineage names.
-    from exactly_once_provider.templates.settlement import settlement_dag
     import pendulum
+
+    from exactly_once_provider.templates.settlement import settlement_dag
 
     parsed = settlement_dag(**{**kwargs, "start_date": pendulum.parse(kwargs["start_date"])})
     assert _outlet_datasets(parsed) == {delta}
     # The report's Asset (its URI names the PostgreSQL server) reached Airflow through the alias when it ran.
     db = sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db")
-    aliased = db.execute("SELECT a.uri FROM asset a JOIN asset_alias_asset aa ON aa.asset_id = a.id JOIN "
-                         "asset_alias al ON al.id = aa.alias_id WHERE al.name = ?", (f"{dag_id}.report",)).fetchall()
+    aliased = db.execute(
+        "SELECT a.uri FROM asset a JOIN asset_alias_asset aa ON aa.asset_id = a.id JOIN "
+        "asset_alias al ON al.id = aa.alias_id WHERE al.name = ?",
+        (f"{dag_id}.report",),
+    ).fetchall()
     db.close()
     assert {(d.namespace, d.name) for d in (translate_airflow_asset(Asset(uri=u), None) for (u,) in aliased)} == {pg}
 
@@ -184,17 +221,31 @@ def test_history_stream_lineage(lineage_env, stack, tmp_path):
     table = f"olh_{uuid.uuid4().hex[:6]}"
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
-                " note VARCHAR(20) NULL)")
-    cur.executemany(f"INSERT INTO {table} (amount, note) VALUES (%s, %s)", [(Decimal(i) / 4, f"n{i}") for i in range(500)])
+    cur.execute(
+        f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
+        " note VARCHAR(20) NULL)"
+    )
+    cur.executemany(
+        f"INSERT INTO {table} (amount, note) VALUES (%s, %s)", [(Decimal(i) / 4, f"n{i}") for i in range(500)]
+    )
     dag_id, pipeline = f"eo_hs_{table}", f"hs-{table}"
     table_path = str(tmp_path / "orders")
-    kwargs = {"dag_id": dag_id, "schema": stack.DB_NAME, "table": table, "key_column": "id", "pipeline": pipeline,
-              "table_path": table_path, "checkpoint_location": str(tmp_path / "checkpoint"),
-              "start_date": "2026-01-01T00:00:00+00:00", "chunk_rows": 200, "spark_conf": stack.spark_conf(),
-              "retries": 0}
-    dag = TemplateDag(env, tmp_path / "dags", dag_id, "exactly_once_provider.templates.history_stream.history_stream_dag",
-                      kwargs)
+    kwargs = {
+        "dag_id": dag_id,
+        "schema": stack.DB_NAME,
+        "table": table,
+        "key_column": "id",
+        "pipeline": pipeline,
+        "table_path": table_path,
+        "checkpoint_location": str(tmp_path / "checkpoint"),
+        "start_date": "2026-01-01T00:00:00+00:00",
+        "chunk_rows": 200,
+        "spark_conf": stack.spark_conf(),
+        "retries": 0,
+    }
+    dag = TemplateDag(
+        env, tmp_path / "dags", dag_id, "exactly_once_provider.templates.history_stream.history_stream_dag", kwargs
+    )
     dag.test()  # the full load, then an increment with nothing new
     cur.executemany(f"INSERT INTO {table} (amount, note) VALUES (%s, 'live')", [(Decimal(i),) for i in range(30)])
     cur.execute(f"UPDATE {table} SET note = 'changed' WHERE id <= 20")
@@ -245,8 +296,9 @@ def test_history_stream_lineage(lineage_env, stack, tmp_path):
     capture_edges = {(i["name"], o["name"]) for e in captures for i in e["inputs"] for o in e["outputs"]}
     assert (mysql[1], kafka[1]) in capture_edges and (kafka[1], table_path) in apply_edges
     assert (mysql[1], table_path) in full_load_edges  # and the stream: MySQL table -> topic -> the same table
-    from exactly_once_provider.templates.history_stream import history_stream_dag
     import pendulum
+
+    from exactly_once_provider.templates.history_stream import history_stream_dag
 
     parsed = history_stream_dag(**{**kwargs, "start_date": pendulum.parse(kwargs["start_date"])})
     assert _outlet_datasets(parsed) == {current}

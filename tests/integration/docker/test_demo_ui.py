@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -39,18 +38,25 @@ def _free_port() -> int:
 def _user_shell_env() -> dict[str, str]:
     """This process's environment without anything Airflow, the demo or the venv put there."""
     venv_bin = str(REPO / ".venv" / "bin")
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("AIRFLOW", "EO_", "PYSPARK", "VIRTUAL_ENV", "PYTHONPATH"))}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("AIRFLOW", "EO_", "PYSPARK", "VIRTUAL_ENV", "PYTHONPATH"))
+    }
     env["PATH"] = ":".join(p for p in env.get("PATH", "/usr/bin:/bin").split(":") if p != venv_bin)
     return env
 
 
 def _printed(run: str, data_dir: Path, home: Path, port: int) -> str:
     """What demo.sh prints at its end, for a demo run with these settings."""
-    env = {**_user_shell_env(), "AIRFLOW_HOME": str(home), "EO_DEMO_RUN": run, "EO_DATA_DIR": str(data_dir),
-           "AIRFLOW__API__PORT": str(port)}
-    return subprocess.run([str(UI), "--instructions"], env=env, capture_output=True, text=True,
-                          check=True).stdout
+    env = {
+        **_user_shell_env(),
+        "AIRFLOW_HOME": str(home),
+        "EO_DEMO_RUN": run,
+        "EO_DATA_DIR": str(data_dir),
+        "AIRFLOW__API__PORT": str(port),
+    }
+    return subprocess.run([str(UI), "--instructions"], env=env, capture_output=True, text=True, check=True).stdout
 
 
 def test_demo_prints_its_ui_command_through_ui_sh():
@@ -80,12 +86,16 @@ def test_printed_ui_command_serves_the_status_page(stack, tmp_path):
 
     # The log servers of the scheduler and the triggerer would take 8793/8794, which another Airflow on this
     # machine may hold: free ports here (not in the printed command, a user's machine has one Airflow).
-    env = {**_user_shell_env(), "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-           "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port())}
+    env = {
+        **_user_shell_env(),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+    }
     log_path = tmp_path / "ui.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(["bash", "-c", command], env=env, cwd=tmp_path, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            ["bash", "-c", command], env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def tail() -> str:
         return log_path.read_text(errors="replace")[-4000:]
@@ -103,16 +113,23 @@ def test_printed_ui_command_serves_the_status_page(stack, tmp_path):
             time.sleep(1)
 
     try:
-        wait_for("API server", lambda: _get(f"http://127.0.0.1:{port}/api/v2/monitor/health",
-                                            accept="application/json")[0] == 200, 300)
-        password = wait_for("admin password", lambda: password_file.exists()
-                            and json.loads(password_file.read_text()).get("admin"), 60)
+        wait_for(
+            "API server",
+            lambda: _get(f"http://127.0.0.1:{port}/api/v2/monitor/health", accept="application/json")[0] == 200,
+            300,
+        )
+        password = wait_for(
+            "admin password", lambda: password_file.exists() and json.loads(password_file.read_text()).get("admin"), 60
+        )
         status, _ = _get(page_url, accept="application/json")
         assert status == 401  # the page is behind Airflow's login
 
-        login = urllib.request.Request(f"http://localhost:{port}/auth/token", method="POST",
-                                       data=json.dumps({"username": "admin", "password": password}).encode(),
-                                       headers={"Content-Type": "application/json"})
+        login = urllib.request.Request(
+            f"http://localhost:{port}/auth/token",
+            method="POST",
+            data=json.dumps({"username": "admin", "password": password}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(login, timeout=60) as response:
             token = json.load(response)["access_token"]
 

@@ -12,10 +12,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
-from exactly_once_provider.kafka.writer import DeliveryError, Message, PipelineWriter, ProducerFencedError
 from exactly_once_provider.kafka.offsets import (
-    LEDGER_PARTITIONS, MARKER_HEADER, ledger_partition, read_committed_offset,
+    LEDGER_PARTITIONS,
+    MARKER_HEADER,
+    ledger_partition,
+    read_committed_offset,
 )
+from exactly_once_provider.kafka.writer import DeliveryError, Message, PipelineWriter, ProducerFencedError
 from tests.kafka_support import new_topic, read_all
 
 
@@ -133,8 +136,14 @@ def test_batch_markers_frame_each_transaction_in_every_partition(bootstrap):
     writer = _hook(ledger, ledger, batch_markers=True).open_writer()
     writer.write_batch(topic, _messages(*[f"v{i}" for i in range(20)]), offset=20, batch_id="2026-11-20")
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in (0, 1)])
     per_partition: dict[int, list] = {0: [], 1: []}
     eof: set[int] = set()
@@ -146,7 +155,8 @@ def test_batch_markers_frame_each_transaction_in_every_partition(bootstrap):
             continue
         headers = dict(message.headers() or [])
         per_partition[message.partition()].append(
-            json.loads(message.value()) if MARKER_HEADER in headers else message.value())
+            json.loads(message.value()) if MARKER_HEADER in headers else message.value()
+        )
     consumer.close()
 
     data_total = 0
@@ -164,14 +174,26 @@ def test_consume_transform_produce_commits_input_offsets_in_the_transaction(boot
     writer = _hook("copy", ledger).open_writer()
     writer.write_batch(source, _messages("a", "b", "c"), offset=3)
     group = f"copy-{uuid.uuid4().hex[:6]}"
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
     consumer.assign([TopicPartition(source, 0, OFFSET_BEGINNING)])
     consumed = [consumer.poll(10) for _ in range(3)]
     assert [m.value() for m in consumed] == [b"a", b"b", b"c"]
     copier = _hook("copy-out", ledger).open_writer()
-    copier.write_batch(target, [Message(m.value().upper()) for m in consumed], offset=consumed[-1].offset(),
-                       consumer=consumer, consumer_offsets=[TopicPartition(source, 0, consumed[-1].offset() + 1)])
+    copier.write_batch(
+        target,
+        [Message(m.value().upper()) for m in consumed],
+        offset=consumed[-1].offset(),
+        consumer=consumer,
+        consumer_offsets=[TopicPartition(source, 0, consumed[-1].offset() + 1)],
+    )
 
     assert read_all(bootstrap, target) == [b"A", b"B", b"C"]
     committed = consumer.committed([TopicPartition(source, 0)], timeout=30)
@@ -210,13 +232,23 @@ def test_partition_offsets_are_the_last_data_offsets_of_every_partition(bootstra
     topic, ledger = new_topic(bootstrap, partitions=3), f"ledger-{uuid.uuid4().hex[:8]}"
     writer = _hook(ledger, ledger).open_writer()
     for start in (0, 300):
-        writer.submit_batch(topic, [Message(str(n).encode(), key=f"k{n % 7}".encode()) for n in range(start, start + 300)]
-                            + [Message(b"keyless")], offset=start + 300)
+        writer.submit_batch(
+            topic,
+            [Message(str(n).encode(), key=f"k{n % 7}".encode()) for n in range(start, start + 300)]
+            + [Message(b"keyless")],
+            offset=start + 300,
+        )
     writer.wait()
     writer.close()
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(3)])
     last: dict[tuple[str, int], int] = {}
     eof: set[int] = set()

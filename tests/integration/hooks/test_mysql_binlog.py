@@ -12,21 +12,85 @@ import MySQLdb
 import pytest
 
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
-from exactly_once_provider.source.binlog import PurgedPositionError, SourceTransaction
 from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.source.binlog import PurgedPositionError, SourceTransaction
 from tests.mysql_support import connect, unique_name
 
-COLUMNS = ("id INT UNSIGNED PRIMARY KEY, d DECIMAL(30,10), f FLOAT, dbl DOUBLE, dt DATETIME(6), ts TIMESTAMP(3) NULL, "
-           "dd DATE, t TIME(2), y YEAR, j JSON, b BLOB, bn BINARY(4), vb VARBINARY(10), e ENUM('a','b','c'), "
-           "st SET('x','y','z'), bu BIGINT UNSIGNED, tu TINYINT UNSIGNED, ch CHAR(5), txt TEXT, bt BIT(10), n INT")
+COLUMNS = (
+    "id INT UNSIGNED PRIMARY KEY, d DECIMAL(30,10), f FLOAT, dbl DOUBLE, dt DATETIME(6), ts TIMESTAMP(3) NULL, "
+    "dd DATE, t TIME(2), y YEAR, j JSON, b BLOB, bn BINARY(4), vb VARBINARY(10), e ENUM('a','b','c'), "
+    "st SET('x','y','z'), bu BIGINT UNSIGNED, tu TINYINT UNSIGNED, ch CHAR(5), txt TEXT, bt BIT(10), n INT"
+)
 ROWS = [
-    (4294967295, "12345678901234567890.0123456789", 0.1, 2.25, "2026-03-29 02:30:00.123456", "2026-11-21 10:00:00.5",
-     "2026-01-02", "-12:34:56.78", 2024, '{"a": [1, 2.50, "x"], "b": null}', b"\x00\xff\x10", b"\x01\x02", b"\x00",
-     "b", "x,z", 18446744073709551615, 255, "ab", "héllo ✓", 0b1010101010, None),
-    (2, "-0.0000000001", -1.5, -1e300, "1000-01-01 00:00:00", "1970-01-01 00:00:01", "9999-12-31", "838:59:59",
-     1901, "[]", b"", b"\x00\x00\x00\x01", b"", "a", "", 0, 0, "", "", 0, -2147483648),
-    (3, None, None, None, None, None, None, "-00:00:00.01", None, None, None, None, None, None, None, None, None, None,
-     None, None, None),
+    (
+        4294967295,
+        "12345678901234567890.0123456789",
+        0.1,
+        2.25,
+        "2026-03-29 02:30:00.123456",
+        "2026-11-21 10:00:00.5",
+        "2026-01-02",
+        "-12:34:56.78",
+        2024,
+        '{"a": [1, 2.50, "x"], "b": null}',
+        b"\x00\xff\x10",
+        b"\x01\x02",
+        b"\x00",
+        "b",
+        "x,z",
+        18446744073709551615,
+        255,
+        "ab",
+        "héllo ✓",
+        0b1010101010,
+        None,
+    ),
+    (
+        2,
+        "-0.0000000001",
+        -1.5,
+        -1e300,
+        "1000-01-01 00:00:00",
+        "1970-01-01 00:00:01",
+        "9999-12-31",
+        "838:59:59",
+        1901,
+        "[]",
+        b"",
+        b"\x00\x00\x00\x01",
+        b"",
+        "a",
+        "",
+        0,
+        0,
+        "",
+        "",
+        0,
+        -2147483648,
+    ),
+    (
+        3,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        "-00:00:00.01",
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ),
 ]
 
 
@@ -95,8 +159,12 @@ def test_every_type_matches_the_servers_select_and_rollbacks_never_appear(stack,
     key = {(stack.DB_NAME, table): ("id",)}
     items = _read(MySqlBinlogHook(), key, start, until)
     rows = [r for t in items if isinstance(t, SourceTransaction) for r in t.rows]
-    assert [(r.op, r.key_after or r.key_before) for r in rows] == [("c", (4294967295,)), ("c", (2,)), ("c", (3,)),
-                                                                    ("u", (2,))]
+    assert [(r.op, r.key_after or r.key_before) for r in rows] == [
+        ("c", (4294967295,)),
+        ("c", (2,)),
+        ("c", (3,)),
+        ("u", (2,)),
+    ]
     dict_cur = connect(stack, cursorclass=MySQLdb.cursors.DictCursor).cursor()
     dict_cur.execute(f"SELECT * FROM `{table}` ORDER BY id")
     source = {r["id"]: _expected(r) for r in dict_cur.fetchall()}

@@ -15,8 +15,14 @@ from exactly_once_provider.positions import BinlogPosition
 
 
 def _connect(stack):
-    return MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER,
-                           password=stack.DB_PASSWORD, database=stack.DB_NAME, autocommit=True)
+    return MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+    )
 
 
 @pytest.fixture
@@ -80,14 +86,23 @@ def test_snapshot_position_splits_rows_exactly_between_snapshot_and_binlog(stack
     conn.close()
 
     stream = BinLogStreamReader(
-        connection_settings={"host": stack.HOST, "port": stack.MARIADB_PORT, "user": stack.DB_USER,
-                             "passwd": stack.DB_PASSWORD},
+        connection_settings={
+            "host": stack.HOST,
+            "port": stack.MARIADB_PORT,
+            "user": stack.DB_USER,
+            "passwd": stack.DB_PASSWORD,
+        },
         server_id=4000 + uuid.uuid4().int % 1000,
-        resume_stream=True, log_file=position.file, log_pos=position.pos,
+        resume_stream=True,
+        log_file=position.file,
+        log_pos=position.pos,
         # is_mariadb=True would ignore log_file/log_pos and start from a GTID
         # (docs/pitfalls.md#mysql-and-mariadb-sources).
-        is_mariadb=False, blocking=False, only_events=[WriteRowsEvent],
-        only_schemas=[stack.DB_NAME], only_tables=[table],
+        is_mariadb=False,
+        blocking=False,
+        only_events=[WriteRowsEvent],
+        only_schemas=[stack.DB_NAME],
+        only_tables=[table],
     )
     binlog_ids = [row["values"]["id"] for event in stream for row in event.rows]
     stream.close()

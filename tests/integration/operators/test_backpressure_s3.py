@@ -31,16 +31,32 @@ def test_the_lag_of_a_files_sink_on_minio_comes_from_its_manifest(stack, airflow
     jobs.wait_for_committed_end(bootstrap, topic, 2)
     end = jobs.end_offsets(bootstrap, topic, 2)
     location = f"s3://{stack.MINIO_BUCKETS[0]}/lag/{uuid.uuid4().hex[:8]}"
-    sensor = ConsumerLagSensor(task_id="lag", topics=topic, max_lag=0, sink="files", sink_location=location,
-                               sink_pipeline="lag-s3", deferrable=False)
+    sensor = ConsumerLagSensor(
+        task_id="lag",
+        topics=topic,
+        max_lag=0,
+        sink="files",
+        sink_location=location,
+        sink_pipeline="lag-s3",
+        deferrable=False,
+    )
     assert not sensor.poke({})  # nothing published: the whole topic is lag
     storage = open_storage(location, stack.minio_settings())
     try:
-        FilesSink(location, "lag-s3", storage).commit(ParquetFrame(storage, list(range(len(committed)))),
-                                                      BatchCommit("lag-s3", "c1", 0, {topic: end}))
+        FilesSink(location, "lag-s3", storage).commit(
+            ParquetFrame(storage, list(range(len(committed)))), BatchCommit("lag-s3", "c1", 0, {topic: end})
+        )
         assert sensor.poke({})
-        trigger = ConsumerLagTrigger("kafka_default", [topic], 0, sink="files", sink_location=location,
-                                     sink_pipeline="lag-s3", aws_conn_id="aws_default", poll_interval=0.1)
+        trigger = ConsumerLagTrigger(
+            "kafka_default",
+            [topic],
+            0,
+            sink="files",
+            sink_location=location,
+            sink_pipeline="lag-s3",
+            aws_conn_id="aws_default",
+            poll_interval=0.1,
+        )
         assert "aws_default" in str(trigger.serialize()) and stack.MINIO_SECRET_KEY not in str(trigger.serialize())
         event = _trigger_event(trigger)
         assert event["status"] == "ok" and event["lag"] == 0

@@ -45,8 +45,9 @@ def _binlog_end(cur) -> str:
     return f"{file}:{pos}"
 
 
-def test_full_load_mid_writer_then_capture_replays_to_the_source(stack, spark, airflow_connections, tmp_path, caplog,
-                                                                 capfd):
+def test_full_load_mid_writer_then_capture_replays_to_the_source(
+    stack, spark, airflow_connections, tmp_path, caplog, capfd
+):
     main, side = unique_name("cap_main"), unique_name("cap_side")
     pipeline = unique_name("cap")
     spark.conf.set("spark.databricks.delta.snapshotPartitions", "2")  # Delta's default of 50 tasks dominates
@@ -66,14 +67,22 @@ def test_full_load_mid_writer_then_capture_replays_to_the_source(stack, spark, a
         long_cur.execute(f"UPDATE `{main}` SET note = 'long', amount = amount + 100 WHERE id < 5")
         long_cur.execute(f"INSERT INTO `{main}` VALUES (5000000, 0, 0.01, 'long', NULL, NULL)")
         sink = str(tmp_path / "main")
-        MySqlFullLoadOperator(task_id="load", table=main, sink_path=sink, chunk_rows=300, chunks_per_job=8,
-                              spark_conf=stack.spark_conf()).execute({})
+        MySqlFullLoadOperator(
+            task_id="load", table=main, sink_path=sink, chunk_rows=300, chunks_per_job=8, spark_conf=stack.spark_conf()
+        ).execute({})
         long_cur.execute("COMMIT")
         long_cur.execute("SELECT @@last_gtid")
         writer.committed.append((long_cur.fetchone()[0], 6, "long"))
         time.sleep(1.0)
-        capture = dict(task_id="capture", tables=[main, side], pipeline=pipeline, full_load_paths={main: sink},
-                       start_position=side_start, max_records=500, commit_interval_ms=200)
+        capture = dict(
+            task_id="capture",
+            tables=[main, side],
+            pipeline=pipeline,
+            full_load_paths={main: sink},
+            start_position=side_start,
+            max_records=500,
+            commit_interval_ms=200,
+        )
         with caplog.at_level(logging.INFO):
             first = BinlogCaptureOperator(**capture).execute({})  # bounded, while the writer still writes
         time.sleep(1.0)
@@ -106,17 +115,22 @@ def test_full_load_mid_writer_then_capture_replays_to_the_source(stack, spark, a
     assert {k: main_row(v) for k, v in replayed.items()} == expected
     replayed_side = replay({}, side_records)
     assert {k: (v["id"], v["main_id"], v["qty"]) for k, v in replayed_side.items()} == {
-        json.dumps({"id": r["id"]}): (r["id"], r["main_id"], r["qty"]) for r in source_table(stack, side)}
+        json.dumps({"id": r["id"]}): (r["id"], r["main_id"], r["qty"]) for r in source_table(stack, side)
+    }
     assert any(r["qty"] > 2**31 for r in source_table(stack, side)), "unsigned values above INT range are covered"
 
     # Every committed source transaction exactly once; rolled-back ones never.
     filtered_up_to = gtid_at(stack, handoff.max_position)
-    counts = check_transactions(main_records + side_records, writer.committed, writer.rolled_back,
-                                filtered_up_to, {main, side})
+    counts = check_transactions(
+        main_records + side_records, writer.committed, writer.rolled_back, filtered_up_to, {main, side}
+    )
     assert counts["duplicated"] == 0 and counts["lost"] == 0, counts
     assert writer.rolled_back, "the writer rolled back some transactions"
-    multi = [g for g, _, _ in writer.committed
-             if {r["source"]["table"] for r in main_records + side_records if r["source"]["gtid"] == g} == {main, side}]
+    multi = [
+        g
+        for g, _, _ in writer.committed
+        if {r["source"]["table"] for r in main_records + side_records if r["source"]["gtid"] == g} == {main, side}
+    ]
     assert multi, "multi-table transactions reached both topics"
     assert sum(1 for g, _, _ in writer.committed if gtid_seq(g) > filtered_up_to) > 20
     cur.execute(f"DROP TABLE `{main}`, `{side}`")
@@ -143,8 +157,10 @@ def test_ddl_mid_stream_new_schema_version_then_truncate_stops_cleanly(stack, ai
     # Each ALTER TABLE rides in the topic as a schema record, in binlog order (typed sinks follow it).
     assert [r["op"] for r in everything] == ["c", "c", "ddl", "u", "ddl", "c"]
     ddl = [r for r in everything if r["op"] == "ddl"]
-    assert [r["ddl"] for r in ddl] == [f"ALTER TABLE `{table}` ADD COLUMN c DECIMAL(6,2) DEFAULT 1.50",
-                                       f"ALTER TABLE `{table}` DROP COLUMN b, MODIFY COLUMN a BIGINT UNSIGNED"]
+    assert [r["ddl"] for r in ddl] == [
+        f"ALTER TABLE `{table}` ADD COLUMN c DECIMAL(6,2) DEFAULT 1.50",
+        f"ALTER TABLE `{table}` DROP COLUMN b, MODIFY COLUMN a BIGINT UNSIGNED",
+    ]
     assert everything[1]["version"] < ddl[0]["version"] <= everything[3]["version"] < ddl[1]["version"]
     records = [r for r in everything if r["op"] != "ddl"]
     assert [(r["op"], r["pk"]["id"]) for r in records] == [("c", 1), ("c", 2), ("u", 1), ("c", 3)]
@@ -165,8 +181,15 @@ def test_continuous_mode_commits_at_the_interval_and_stops_on_kill(stack, airflo
     cur = conn.cursor()
     cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v INT)")
     start = _binlog_end(cur)
-    op = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=unique_name("cap_cont"),
-                               start_position=start, mode="continuous", max_runtime=60, commit_interval_ms=200)
+    op = BinlogCaptureOperator(
+        task_id="capture",
+        tables=[table],
+        pipeline=unique_name("cap_cont"),
+        start_position=start,
+        mode="continuous",
+        max_runtime=60,
+        commit_interval_ms=200,
+    )
     result: dict = {}
     runner = threading.Thread(target=lambda: result.update(op.execute({})))
     runner.start()

@@ -62,12 +62,15 @@ class _Writer(threading.Thread):
 
 
 def test_changes_during_the_load_are_filtered_by_the_chunk_the_server_puts_their_key_in(
-        stack, spark, airflow_connections, tmp_path):
+    stack, spark, airflow_connections, tmp_path
+):
     table, pipeline = unique_name("cap_ci"), unique_name("cap_ci")
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE `{table}` (k VARCHAR(16) CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci "
-                "NOT NULL PRIMARY KEY, v INT NOT NULL)")
+    cur.execute(
+        f"CREATE TABLE `{table}` (k VARCHAR(16) CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci "
+        "NOT NULL PRIMARY KEY, v INT NOT NULL)"
+    )
     keys = [_key(i) for i in range(1500)]
     cur.executemany(f"INSERT INTO `{table}` VALUES (%s, 0)", [(k,) for k in keys])
     writer = _Writer(stack, table, keys)
@@ -75,8 +78,9 @@ def test_changes_during_the_load_are_filtered_by_the_chunk_the_server_puts_their
     try:
         writer.start()
         time.sleep(0.5)
-        MySqlFullLoadOperator(task_id="load", table=table, sink_path=sink, chunk_rows=60, chunks_per_job=8,
-                              spark_conf=stack.spark_conf()).execute({})
+        MySqlFullLoadOperator(
+            task_id="load", table=table, sink_path=sink, chunk_rows=60, chunks_per_job=8, spark_conf=stack.spark_conf()
+        ).execute({})
         time.sleep(0.5)
     finally:
         writer.stop.set()
@@ -85,15 +89,18 @@ def test_changes_during_the_load_are_filtered_by_the_chunk_the_server_puts_their
     handoff = read_handoff(sink)
     assert len(handoff.chunks) > 20 and handoff.min_position < handoff.max_position
 
-    result = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
-                                   full_load_paths={table: sink}, max_records=500).execute({})
+    result = BinlogCaptureOperator(
+        task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: sink}, max_records=500
+    ).execute({})
     assert result["dropped_by_handoff"] > 0, "the writer ran during the load: some changes were already loaded"
 
     records = topic_records(stack, result["topics"][f"{stack.DB_NAME}.{table}"])
     versions = [r["version"] for r in records]
     assert len(versions) == len(set(versions)), "a source row change appears twice in the topic"
-    loaded = {json.dumps({"k": row["k"]}): {"k": row["k"], "v": row["v"]}
-              for row in spark.read.format("delta").load(sink).collect()}
+    loaded = {
+        json.dumps({"k": row["k"]}): {"k": row["k"], "v": row["v"]}
+        for row in spark.read.format("delta").load(sink).collect()
+    }
     replayed = {k: (v["k"], v["v"]) for k, v in replay(loaded, records).items()}
     cur.execute(f"SELECT k, v FROM `{table}`")
     source = {json.dumps({"k": k}): (k, v) for k, v in cur.fetchall()}

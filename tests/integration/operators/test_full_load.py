@@ -17,14 +17,17 @@ from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from tests.mysql_support import connect, unique_name
 
 
-def test_operator_loads_logs_progress_and_returns_the_positions(stack, spark, airflow_connections, tmp_path, caplog, capfd):
+def test_operator_loads_logs_progress_and_returns_the_positions(
+    stack, spark, airflow_connections, tmp_path, caplog, capfd
+):
     table = unique_name("op_fl")
     conn = connect(stack)
     conn.cursor().execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v INT)")
     conn.cursor().executemany(f"INSERT INTO `{table}` VALUES (%s, %s)", [(i, i) for i in range(1000)])
     sink = str(tmp_path / "sink")
-    op = MySqlFullLoadOperator(task_id="load", table=table, sink_path=sink, chunk_rows=300, chunks_per_job=2,
-                               spark_conf=stack.spark_conf())
+    op = MySqlFullLoadOperator(
+        task_id="load", table=table, sink_path=sink, chunk_rows=300, chunks_per_job=2, spark_conf=stack.spark_conf()
+    )
     try:
         with caplog.at_level(logging.INFO):
             result = op.execute({})
@@ -53,10 +56,20 @@ def test_cluster_deploy_mode_runs_the_driver_on_the_standalone_worker(stack, spa
     cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, %s, %s)", rows)
     sink = str(tmp_path / "sink")
     # spark_standalone's Extra says deploy-mode cluster: the driver is submitted to the master, runs on the worker.
-    op = MySqlFullLoadOperator(task_id="load", table=table, sink_path=sink, chunk_rows=300, chunks_per_job=2,
-                               spark_conn_id="spark_standalone",
-                               spark_conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false",
-                                           "spark.executor.memory": "512m", "spark.cores.max": "1"})
+    op = MySqlFullLoadOperator(
+        task_id="load",
+        table=table,
+        sink_path=sink,
+        chunk_rows=300,
+        chunks_per_job=2,
+        spark_conn_id="spark_standalone",
+        spark_conf={
+            "spark.jars": stack.spark_conf()["spark.jars"],
+            "spark.ui.enabled": "false",
+            "spark.executor.memory": "512m",
+            "spark.cores.max": "1",
+        },
+    )
     try:
         result = op.execute({})
     finally:
@@ -84,7 +97,8 @@ def _driver_state(stack, driver: str) -> str:
 
 
 def test_operator_with_its_sink_on_minio_stages_next_to_it_and_no_credential_reaches_a_log(
-        stack, airflow_connections, caplog, capfd, monkeypatch):
+    stack, airflow_connections, caplog, capfd, monkeypatch
+):
     """The default staging next to a sink on S3: the driver gets the ``aws_default`` settings from its secrets
     file, the executors inside the pickled task; delta-rs reads the table back equal to the source, once."""
     from deltalake import DeltaTable
@@ -101,15 +115,24 @@ def test_operator_with_its_sink_on_minio_stages_next_to_it_and_no_credential_rea
     cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, %s)", rows)
     prefix = f"s3://{stack.MINIO_BUCKETS[0]}/it-op-full-load/{uuid.uuid4().hex[:12]}"
     sink = f"{prefix}/orders"
-    op = MySqlFullLoadOperator(task_id="load", table=table, sink_path=sink, chunk_rows=300, chunks_per_job=2,
-                               spark_conf=stack.spark_conf(s3=True))
+    op = MySqlFullLoadOperator(
+        task_id="load",
+        table=table,
+        sink_path=sink,
+        chunk_rows=300,
+        chunks_per_job=2,
+        spark_conf=stack.spark_conf(s3=True),
+    )
     try:
         with caplog.at_level(logging.INFO):
             result = op.execute({})
         s3 = stack.minio_settings()
         staged = open_storage(f"{sink}._eo_full_load", s3).list("data/")
-        loaded = DeltaTable(sink, storage_options=s3.delta_rs_options()).to_pyarrow_table(
-            columns=["id", "v", "s"]).to_pylist()
+        loaded = (
+            DeltaTable(sink, storage_options=s3.delta_rs_options())
+            .to_pyarrow_table(columns=["id", "v", "s"])
+            .to_pylist()
+        )
     finally:
         cur.execute(f"DROP TABLE `{table}`")
         conn.close()

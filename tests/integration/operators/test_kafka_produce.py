@@ -27,8 +27,13 @@ def _operator(topic, ledger, **kwargs):
     kwargs.setdefault("pipeline", f"op-{topic}")  # own transactional id: a test on the other worker never fences it
     kwargs.setdefault("delivery_mode", "exactly_once")
     kwargs.setdefault("producer_function", numbered)
-    return TransactionalProduceOperator(task_id=f"t{uuid.uuid4().hex[:6]}", topic=topic, offsets_topic=ledger,
-                                        max_records_per_transaction=1000, **kwargs)
+    return TransactionalProduceOperator(
+        task_id=f"t{uuid.uuid4().hex[:6]}",
+        topic=topic,
+        offsets_topic=ledger,
+        max_records_per_transaction=1000,
+        **kwargs,
+    )
 
 
 def test_produces_in_transactions_and_a_rerun_continues_from_the_committed_offset(bootstrap):
@@ -36,7 +41,9 @@ def test_produces_in_transactions_and_a_rerun_continues_from_the_committed_offse
     first = _operator(topic, ledger, producer_function_args=(2500,)).execute({})
     assert first["records"] == 2500 and first["transactions"] == 3
     assert first["committed_offset"] == 2500 and first["resumed_after"] is None
-    assert first["transactional_id"] == f"eo-txn/op-{topic}/0" and first["partition_offsets"] == {"0": 2500 + 2 - 1}  # 2 commit markers
+    assert first["transactional_id"] == f"eo-txn/op-{topic}/0" and first["partition_offsets"] == {
+        "0": 2500 + 2 - 1
+    }  # 2 commit markers
 
     again = _operator(topic, ledger, producer_function_args=(2500,)).execute({})
     assert (again["records"], again["transactions"], again["committed_offset"]) == (0, 0, 2500)
@@ -51,8 +58,13 @@ def test_undeliverable_record_fails_the_task_and_its_transaction_stays_invisible
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the topic exists
     admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "4096"})])[topic].result(30)
     # max.message.bytes bounds a whole record batch, so the producer's batch.size must stay below it.
-    operator = _operator(topic, ledger, producer_function_args=(2500,), producer_function_kwargs={"big_at": 1500},
-                         producer_config={"batch.size": 2048})
+    operator = _operator(
+        topic,
+        ledger,
+        producer_function_args=(2500,),
+        producer_function_kwargs={"big_at": 1500},
+        producer_config={"batch.size": 2048},
+    )
     with pytest.raises(AirflowException, match="not delivered.*MSG_SIZE_TOO_LARGE|not delivered.*TOO_LARGE"):
         operator.execute({})
     # The first transaction (1..1000) committed; nothing of the failed one (1001..2000) is visible.

@@ -15,12 +15,12 @@ from decimal import Decimal
 import psycopg2
 import pytest
 
-from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.full_load import handoff
 from exactly_once_provider.operators.reconcile import ReconcileOperator, ReconciliationMismatch
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.reconcile.results import latest_results
 from exactly_once_provider.reconcile.sides import version_of
+from exactly_once_provider.sinks import delta_commit
 from tests import spark_job_support as jobs
 from tests.mysql_support import connect
 
@@ -29,14 +29,23 @@ COLUMNS = ("id", "amount", "currency", "note", "created", "updated", "day", "blo
 
 
 def _row(i: int) -> tuple:
-    return (i, Decimal(i % 9973) / 100, ("EUR", "USD", "CNY")[i % 3], None if i % 7 == 0 else f"n{i}-é",
-            dt.datetime(2026, 11, 20, 10, 0, 0, (i * 37) % 1_000_000), dt.datetime(2026, 11, 21, 1, 2, 3),
-            dt.date(2026, 1, 1) + dt.timedelta(days=i % 300), bytes([i % 256, 7]), i * 1_000_003)
+    return (
+        i,
+        Decimal(i % 9973) / 100,
+        ("EUR", "USD", "CNY")[i % 3],
+        None if i % 7 == 0 else f"n{i}-é",
+        dt.datetime(2026, 11, 20, 10, 0, 0, (i * 37) % 1_000_000),
+        dt.datetime(2026, 11, 21, 1, 2, 3),
+        dt.date(2026, 1, 1) + dt.timedelta(days=i % 300),
+        bytes([i % 256, 7]),
+        i * 1_000_003,
+    )
 
 
 def _pg(stack):
-    return psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                            password=stack.DB_PASSWORD)
+    return psycopg2.connect(
+        host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER, password=stack.DB_PASSWORD
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +53,11 @@ def source(stack):
     table = f"rec_{uuid.uuid4().hex[:8]}"
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, currency CHAR(3),"
-                " note VARCHAR(40) CHARACTER SET utf8mb4, created DATETIME(6), updated TIMESTAMP NULL,"
-                " day DATE, blob_col BLOB, big BIGINT)")
+    cur.execute(
+        f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, currency CHAR(3),"
+        " note VARCHAR(40) CHARACTER SET utf8mb4, created DATETIME(6), updated TIMESTAMP NULL,"
+        " day DATE, blob_col BLOB, big BIGINT)"
+    )
     rows = [_row(i) for i in range(1, ROWS + 1)]
     cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
     conn.close()
@@ -56,10 +67,14 @@ def source(stack):
 def _postgres_copy(stack, name: str, rows: list[tuple]) -> str:
     conn = _pg(stack)
     with conn, conn.cursor() as cur:
-        cur.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, amount numeric(12,2), currency text, note text,"
-                    " created timestamp, updated timestamp, day date, blob_col bytea, big bigint)")
-        cur.executemany(f"INSERT INTO {name} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        [r[:7] + (psycopg2.Binary(r[7]), r[8]) for r in rows])
+        cur.execute(
+            f"CREATE TABLE {name} (id bigint PRIMARY KEY, amount numeric(12,2), currency text, note text,"
+            " created timestamp, updated timestamp, day date, blob_col bytea, big bigint)"
+        )
+        cur.executemany(
+            f"INSERT INTO {name} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [r[:7] + (psycopg2.Binary(r[7]), r[8]) for r in rows],
+        )
     conn.close()
     return name
 
@@ -103,18 +118,23 @@ def test_postgres_sink_names_each_planted_difference(stack, airflow_connections,
     sink = _postgres_copy(stack, f"{table}_diff", rows)
     conn = _pg(stack)
     with conn, conn.cursor() as cur:
-        cur.execute(f"UPDATE {sink} SET amount = amount + 0.01 WHERE id = 4242")       # changed value
-        cur.execute(f"UPDATE {sink} SET note = NULL WHERE id = 4243")                  # changed to NULL
-        cur.execute(f"DELETE FROM {sink} WHERE id = 4001")                            # missing row
-        cur.execute(f"INSERT INTO {sink} (id, amount) VALUES (7500, 1)")              # extra row
+        cur.execute(f"UPDATE {sink} SET amount = amount + 0.01 WHERE id = 4242")  # changed value
+        cur.execute(f"UPDATE {sink} SET note = NULL WHERE id = 4243")  # changed to NULL
+        cur.execute(f"DELETE FROM {sink} WHERE id = 4001")  # missing row
+        cur.execute(f"INSERT INTO {sink} (id, amount) VALUES (7500, 1)")  # extra row
     conn.close()
     op = _operator(table, sink="postgres", sink_table=sink)
-    with pytest.raises(ReconciliationMismatch, match="4001 \\(missing\\), 4242 \\(changed\\), 4243 \\(changed\\), "
-                                                     "7500 \\(extra\\)"):
+    with pytest.raises(
+        ReconciliationMismatch, match="4001 \\(missing\\), 4242 \\(changed\\), 4243 \\(changed\\), 7500 \\(extra\\)"
+    ):
         op.execute({})
     report = _operator(table, sink="postgres", sink_table=sink, fail_on_mismatch=False).execute({})
     assert [(d["key"], d["kind"]) for d in report["differences"]] == [
-        (4001, "missing"), (4242, "changed"), (4243, "changed"), (7500, "extra")]
+        (4001, "missing"),
+        (4242, "changed"),
+        (4243, "changed"),
+        (7500, "extra"),
+    ]
     assert report["full_scans"] <= 3
 
 
@@ -128,18 +148,25 @@ def test_delta_sink_finds_a_changed_row_and_a_duplicate(stack, airflow_connectio
     sink_rows[998] = sink_rows[998][:2] + ("GBP",) + sink_rows[998][3:]  # key 999: changed currency
     sink_rows.append(sink_rows[3455])  # key 3456 twice
     frame = spark.createDataFrame(
-        sink_rows, "id long, amount decimal(12,2), currency string, note string, created timestamp_ntz,"
-                   " updated timestamp, day date, blob_col binary, big long")
+        sink_rows,
+        "id long, amount decimal(12,2), currency string, note string, created timestamp_ntz,"
+        " updated timestamp, day date, blob_col binary, big long",
+    )
     path = str(tmp_path / "delta")
     frame.write.format("delta").save(path)
-    found = _operator(table, sink="delta", sink_path=path, fail_on_mismatch=False, delta_reader=reader,
-                      spark_conf=jobs.task_spark_conf(stack)).execute({})
+    found = _operator(
+        table,
+        sink="delta",
+        sink_path=path,
+        fail_on_mismatch=False,
+        delta_reader=reader,
+        spark_conf=jobs.task_spark_conf(stack),
+    ).execute({})
     assert [(d["key"], d["kind"]) for d in found["differences"]] == [(999, "changed"), (3456, "duplicate")]
     assert found["sink_rows"] == ROWS + 1 and found["full_scans"] <= 3, found
 
 
-def test_cdc_view_compares_at_the_common_position_without_stopping_writers(stack, airflow_connections, spark,
-                                                                             tmp_path):
+def test_cdc_view_compares_at_the_common_position_without_stopping_writers(stack, airflow_connections, spark, tmp_path):
     """Base table + CDC changes (after images in JSON, tombstones); source changes after P are in flight."""
     table = f"rec_cdc_{uuid.uuid4().hex[:8]}"
     conn = connect(stack)
@@ -149,10 +176,16 @@ def test_cdc_view_compares_at_the_common_position_without_stopping_writers(stack
     cur.execute("SHOW MASTER STATUS")
     file, pos = cur.fetchone()[:2]
     base = str(tmp_path / "base")
-    marker = handoff.marker("load-1", stack.DB_NAME, table, ("id",),
-                            [{"index": 0, "lower": None, "upper": None, "file": file, "pos": pos, "rows": 1000}])
-    base_frame = spark.createDataFrame([(i, Decimal(i), "EUR") for i in range(1, 1001)],
-                                       "id int, amount decimal(10,2), currency string")
+    marker = handoff.marker(
+        "load-1",
+        stack.DB_NAME,
+        table,
+        ("id",),
+        [{"index": 0, "lower": None, "upper": None, "file": file, "pos": pos, "rows": 1000}],
+    )
+    base_frame = spark.createDataFrame(
+        [(i, Decimal(i), "EUR") for i in range(1, 1001)], "id int, amount decimal(10,2), currency string"
+    )
     delta_commit.commit_with_marker(base_frame, base, marker, "eo-full-load-load-1", 1)
     # Changes the "capture" applied after P (versions above the snapshot's), and one change from before the
     # snapshot (left from before a full reload): the snapshot already has its successor, so the base row wins.
@@ -160,22 +193,33 @@ def test_cdc_view_compares_at_the_common_position_without_stopping_writers(stack
     cur.execute(f"DELETE FROM {table} WHERE id = 6")
     cur.execute(f"INSERT INTO {table} VALUES (1001, 1001, 'USD')")
     after = version_of(BinlogPosition(file, pos)) + 1
-    changes = [("5", after, False, json.dumps({"op": "u", "after": {"id": 5, "amount": "55.00", "currency": "EUR"}})),
-               ("6", after + 1, True, json.dumps({"op": "d", "before": {"id": 6, "amount": "6.00", "currency": "EUR"}})),
-               ("1001", after + 2, False, json.dumps({"op": "c", "after": {"id": 1001, "amount": 1001,
-                                                                           "currency": "USD"}})),
-               ("8", after - 100, False, json.dumps({"op": "u", "after": {"id": 8, "amount": "0.00",
-                                                                          "currency": "EUR"}}))]
+    changes = [
+        ("5", after, False, json.dumps({"op": "u", "after": {"id": 5, "amount": "55.00", "currency": "EUR"}})),
+        ("6", after + 1, True, json.dumps({"op": "d", "before": {"id": 6, "amount": "6.00", "currency": "EUR"}})),
+        ("1001", after + 2, False, json.dumps({"op": "c", "after": {"id": 1001, "amount": 1001, "currency": "USD"}})),
+        ("8", after - 100, False, json.dumps({"op": "u", "after": {"id": 8, "amount": "0.00", "currency": "EUR"}})),
+    ]
     changes_path = str(tmp_path / "changes")
-    spark.createDataFrame(changes, "pk string, source_version long, deleted boolean, record_value string") \
-        .write.format("delta").save(changes_path)
+    spark.createDataFrame(changes, "pk string, source_version long, deleted boolean, record_value string").write.format(
+        "delta"
+    ).save(changes_path)
     # The handoff position P is before those three changes; the writer keeps going after them too.
     cur.execute(f"UPDATE {table} SET amount = 77 WHERE id = 7")
     conn.close()
-    op = _operator(table, sink="delta", sink_path=changes_path, base_path=base, sink_json_column="record_value",
-                   sink_json_path="after", sink_key_json_paths=["after.id", "before.id"],
-                   sink_deleted_column="deleted", sink_version_column="source_version", full_load_path=base,
-                   fail_on_mismatch=False, spark_conf=jobs.task_spark_conf(stack))  # the driver needs the Delta jars
+    op = _operator(
+        table,
+        sink="delta",
+        sink_path=changes_path,
+        base_path=base,
+        sink_json_column="record_value",
+        sink_json_path="after",
+        sink_key_json_paths=["after.id", "before.id"],
+        sink_deleted_column="deleted",
+        sink_version_column="source_version",
+        full_load_path=base,
+        fail_on_mismatch=False,
+        spark_conf=jobs.task_spark_conf(stack),
+    )  # the driver needs the Delta jars
     result = op.execute({})
     kinds = {d["key"]: d["kind"] for d in result["differences"]}
     # 5, 6, 1001 match through the changes, 8 through the base row; 7 changed after P: in flight.

@@ -24,11 +24,13 @@ ROWS = 3000
 
 def _flow(stack, table: str, pipeline: str, path: str, checkpoint) -> str:
     """Capture what changed and merge it into the current table; return the topic."""
-    result = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
-                                   full_load_paths={table: path}).execute({})
+    result = BinlogCaptureOperator(
+        task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path}
+    ).execute({})
     topic = result["topics"][f"{stack.DB_NAME}.{table}"]
-    applied = jobs.run_job(stack, jobs.job_args(stack, f"{pipeline}-apply", topic, checkpoint, "delta", path,
-                                                mode="current"))
+    applied = jobs.run_job(
+        stack, jobs.job_args(stack, f"{pipeline}-apply", topic, checkpoint, "delta", path, mode="current")
+    )
     assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
     return topic
 
@@ -36,10 +38,20 @@ def _flow(stack, table: str, pipeline: str, path: str, checkpoint) -> str:
 def _reconcile(stack, table: str, pipeline: str, path: str, topic: str, scope: str) -> dict:
     """Reconcile the current table as the template does (the key: the table's primary key, whatever its shape)."""
     return ReconcileOperator(
-        task_id="reconcile", name=pipeline, table=table, sink="delta", sink_path=path,
-        sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline, topics=[topic],
-        sink_pipeline=f"{pipeline}-apply", full_load_path=path, scope=scope, fail_on_mismatch=False,
-        spark_conf=jobs.task_spark_conf(stack)).execute({})
+        task_id="reconcile",
+        name=pipeline,
+        table=table,
+        sink="delta",
+        sink_path=path,
+        sink_deleted_column=DELETED_COLUMN,
+        capture_pipeline=pipeline,
+        topics=[topic],
+        sink_pipeline=f"{pipeline}-apply",
+        full_load_path=path,
+        scope=scope,
+        fail_on_mismatch=False,
+        spark_conf=jobs.task_spark_conf(stack),
+    ).execute({})
 
 
 def test_changed_scope_checks_only_touched_keys_and_full_checks_all(stack, spark, airflow_connections, tmp_path):
@@ -79,15 +91,19 @@ def test_changed_scope_checks_only_touched_keys_and_full_checks_all(stack, spark
     conn.close()
 
 
-def test_changed_scope_of_a_composite_key_table_names_the_touched_key_by_its_text(stack, spark, airflow_connections,
-                                                                                  tmp_path):
+def test_changed_scope_of_a_composite_key_table_names_the_touched_key_by_its_text(
+    stack, spark, airflow_connections, tmp_path
+):
     table, pipeline = unique_name("recck"), unique_name("recck")
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE `{table}` (region CHAR(2) NOT NULL, id INT NOT NULL, v INT NOT NULL, "
-                "PRIMARY KEY (region, id))")
-    cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, %s)",
-                    [(region, i, i) for region in ("EU", "US") for i in range(1, ROWS // 2 + 1)])
+    cur.execute(
+        f"CREATE TABLE `{table}` (region CHAR(2) NOT NULL, id INT NOT NULL, v INT NOT NULL, PRIMARY KEY (region, id))"
+    )
+    cur.executemany(
+        f"INSERT INTO `{table}` VALUES (%s, %s, %s)",
+        [(region, i, i) for region in ("EU", "US") for i in range(1, ROWS // 2 + 1)],
+    )
     path, checkpoint = str(tmp_path / "current"), tmp_path / "checkpoint"
     run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=table, sink_path=path))
     cur.execute(f"UPDATE `{table}` SET v = v + 1 WHERE id BETWEEN 10 AND 20")
@@ -103,21 +119,25 @@ def test_changed_scope_of_a_composite_key_table_names_the_touched_key_by_its_tex
     _flow(stack, table, pipeline, path, checkpoint)
     from delta.tables import DeltaTable
 
-    DeltaTable.forPath(spark, path).update("(region = 'US' AND id = 105) OR (region = 'EU' AND id = 1200)",
-                                           {"v": "-1"})  # behind the pipeline's back: one touched key, one not
+    DeltaTable.forPath(spark, path).update(
+        "(region = 'US' AND id = 105) OR (region = 'EU' AND id = 1200)", {"v": "-1"}
+    )  # behind the pipeline's back: one touched key, one not
     changed = reconcile("changed")
     assert [(d["label"], d["kind"]) for d in changed["differences"]] == [("US, 105", "changed")], changed
     assert changed["source_rows"] == 12 and changed["position"]["scope"]["kind"] == "changed"  # 11 + the insert
     full = reconcile("full")
-    assert sorted((d["label"], d["kind"]) for d in full["differences"]) == [("EU, 1200", "changed"),
-                                                                            ("US, 105", "changed")], full
+    assert sorted((d["label"], d["kind"]) for d in full["differences"]) == [
+        ("EU, 1200", "changed"),
+        ("US, 105", "changed"),
+    ], full
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()
 
 
 @pytest.mark.timeout(1800)  # four captures and applies, seven reconciliations on a shared machine
-def test_an_added_column_is_pending_until_applied_then_compared_over_the_whole_table(stack, spark, airflow_connections,
-                                                                                     tmp_path):
+def test_an_added_column_is_pending_until_applied_then_compared_over_the_whole_table(
+    stack, spark, airflow_connections, tmp_path
+):
     table, pipeline = unique_name("recadd"), unique_name("recadd")
     conn = connect(stack)
     cur = conn.cursor()
@@ -130,10 +150,21 @@ def test_an_added_column_is_pending_until_applied_then_compared_over_the_whole_t
     def reconcile(scope: str, reader: str = "delta-rs") -> dict:
         # delta-rs reads the whole table in the task too: one Spark application less per reconciliation
         return ReconcileOperator(
-            task_id="reconcile", name=pipeline, table=table, sink="delta", sink_path=path,
-            sink_deleted_column=DELETED_COLUMN, capture_pipeline=pipeline, topics=[topic],
-            sink_pipeline=f"{pipeline}-apply", full_load_path=path, scope=scope, fail_on_mismatch=False,
-            delta_reader=reader, spark_conf=jobs.task_spark_conf(stack)).execute({})
+            task_id="reconcile",
+            name=pipeline,
+            table=table,
+            sink="delta",
+            sink_path=path,
+            sink_deleted_column=DELETED_COLUMN,
+            capture_pipeline=pipeline,
+            topics=[topic],
+            sink_pipeline=f"{pipeline}-apply",
+            full_load_path=path,
+            scope=scope,
+            fail_on_mismatch=False,
+            delta_reader=reader,
+            spark_conf=jobs.task_spark_conf(stack),
+        ).execute({})
 
     assert reconcile("changed")["clean"]
     # The source has the column; the capture has not read the statement yet, so the sink does not have it.

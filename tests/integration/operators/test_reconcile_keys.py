@@ -30,8 +30,10 @@ def composite(stack):
     table = f"reck_{uuid.uuid4().hex[:8]}"
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE {table} (region CHAR(2) NOT NULL, n INT NOT NULL, amount DECIMAL(12,3) NOT NULL,"
-                " note VARCHAR(20) CHARACTER SET utf8mb4, PRIMARY KEY (region, n))")
+    cur.execute(
+        f"CREATE TABLE {table} (region CHAR(2) NOT NULL, n INT NOT NULL, amount DECIMAL(12,3) NOT NULL,"
+        " note VARCHAR(20) CHARACTER SET utf8mb4, PRIMARY KEY (region, n))"
+    )
     cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s, %s)", _rows())
     conn.close()
     return table
@@ -49,28 +51,45 @@ def _found(result: dict) -> list[tuple[str, str]]:
 
 def test_composite_key_postgres_sink_names_each_planted_key(stack, airflow_connections, composite):
     sink = f"{composite}_pg"
-    conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                            password=stack.DB_PASSWORD)
+    conn = psycopg2.connect(
+        host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER, password=stack.DB_PASSWORD
+    )
     with conn, conn.cursor() as cur:
-        cur.execute(f"CREATE TABLE {sink} (region text, n int, amount numeric(12,3), note text, "
-                    "PRIMARY KEY (region, n))")
+        cur.execute(
+            f"CREATE TABLE {sink} (region text, n int, amount numeric(12,3), note text, PRIMARY KEY (region, n))"
+        )
         cur.executemany(f"INSERT INTO {sink} VALUES (%s, %s, %s, %s)", _planted_rows())
     conn.close()
-    result = ReconcileOperator(task_id="reconcile", name=f"test-{sink}", table=composite, sink="postgres",
-                               sink_table=sink, fail_on_mismatch=False).execute({})
+    result = ReconcileOperator(
+        task_id="reconcile",
+        name=f"test-{sink}",
+        table=composite,
+        sink="postgres",
+        sink_table=sink,
+        fail_on_mismatch=False,
+    ).execute({})
     assert _found(result) == sorted(PLANTED), result["differences"]
     assert result["source_rows"] == ROWS and result["sink_rows"] == ROWS
 
 
 @pytest.mark.parametrize("reader", ["spark", "delta-rs"])
-def test_composite_key_delta_sink_names_each_planted_key_with_either_reader(stack, airflow_connections, spark,
-                                                                           composite, tmp_path, reader):
+def test_composite_key_delta_sink_names_each_planted_key_with_either_reader(
+    stack, airflow_connections, spark, composite, tmp_path, reader
+):
     path = str(tmp_path / "delta")
-    spark.createDataFrame(_planted_rows(), "region string, n int, amount decimal(12,3), note string") \
-        .write.format("delta").save(path)
-    result = ReconcileOperator(task_id="reconcile", name=f"test-{composite}", table=composite, sink="delta",
-                               sink_path=path, fail_on_mismatch=False, delta_reader=reader,
-                               spark_conf=jobs.task_spark_conf(stack)).execute({})
+    spark.createDataFrame(_planted_rows(), "region string, n int, amount decimal(12,3), note string").write.format(
+        "delta"
+    ).save(path)
+    result = ReconcileOperator(
+        task_id="reconcile",
+        name=f"test-{composite}",
+        table=composite,
+        sink="delta",
+        sink_path=path,
+        fail_on_mismatch=False,
+        delta_reader=reader,
+        spark_conf=jobs.task_spark_conf(stack),
+    ).execute({})
     assert _found(result) == sorted(PLANTED), result["differences"]
     assert result["full_scans"] <= 4, result  # bounds + the first pass on each side (a hash range is no index)
 
@@ -84,13 +103,21 @@ def test_text_key_clean_and_changed(stack, airflow_connections, spark, tmp_path)
     cur.executemany(f"INSERT INTO {table} VALUES (%s, %s)", rows)
     path = str(tmp_path / "delta")
     spark.createDataFrame(rows, "code string, v int").write.format("delta").save(path)
-    clean = ReconcileOperator(task_id="reconcile", name=f"test-{table}", table=table, sink="delta", sink_path=path,
-                              delta_reader="delta-rs").execute({})
+    clean = ReconcileOperator(
+        task_id="reconcile", name=f"test-{table}", table=table, sink="delta", sink_path=path, delta_reader="delta-rs"
+    ).execute({})
     assert clean["clean"] and clean["source_rows"] == clean["sink_rows"] == ROWS
     assert clean["source_checksum"] == clean["sink_checksum"]
     cur.execute(f"UPDATE {table} SET v = -1 WHERE code = 'acct-01234-é'")
-    changed = ReconcileOperator(task_id="reconcile", name=f"test-{table}", table=table, sink="delta",
-                                sink_path=path, fail_on_mismatch=False, delta_reader="delta-rs").execute({})
+    changed = ReconcileOperator(
+        task_id="reconcile",
+        name=f"test-{table}",
+        table=table,
+        sink="delta",
+        sink_path=path,
+        fail_on_mismatch=False,
+        delta_reader="delta-rs",
+    ).execute({})
     assert _found(changed) == [("acct-01234-é", "changed")]
     cur.execute(f"DROP TABLE {table}")
     conn.close()

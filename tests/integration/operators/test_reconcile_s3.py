@@ -32,12 +32,21 @@ def test_delta_table_on_s3_is_reconciled_by_either_reader(stack, airflow_connect
     s3 = stack.minio_settings()
     path = f"s3://{stack.MINIO_BUCKETS[0]}/it-reconcile/{uuid.uuid4().hex}"
     planted = [(code, amount + 1 if code == "c00042" else amount) for code, amount in rows]
-    write_deltalake(path, pa.table({"code": [r[0] for r in planted],
-                                    "amount": pa.array([r[1] for r in planted], pa.decimal128(12, 2))}),
-                    storage_options=s3.delta_rs_options())
-    result = ReconcileOperator(task_id="reconcile", name=f"test-{table}", table=table, sink="delta", sink_path=path,
-                               delta_reader=reader, fail_on_mismatch=False,
-                               spark_conf=jobs.task_spark_conf(stack, s3=True)).execute({})
+    write_deltalake(
+        path,
+        pa.table({"code": [r[0] for r in planted], "amount": pa.array([r[1] for r in planted], pa.decimal128(12, 2))}),
+        storage_options=s3.delta_rs_options(),
+    )
+    result = ReconcileOperator(
+        task_id="reconcile",
+        name=f"test-{table}",
+        table=table,
+        sink="delta",
+        sink_path=path,
+        delta_reader=reader,
+        fail_on_mismatch=False,
+        spark_conf=jobs.task_spark_conf(stack, s3=True),
+    ).execute({})
     assert [(d["label"], d["kind"]) for d in result["differences"]] == [("c00042", "changed")], result
     assert result["source_rows"] == result["sink_rows"] == ROWS
     cur.execute(f"DROP TABLE {table}")

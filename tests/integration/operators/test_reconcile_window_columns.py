@@ -12,8 +12,9 @@ from exactly_once_provider.operators.reconcile import ReconcileOperator
 from tests.mysql_support import connect
 
 
-def test_a_column_added_after_a_window_is_pending_and_a_record_missing_it_later_differs(stack, airflow_connections,
-                                                                                        spark, tmp_path):
+def test_a_column_added_after_a_window_is_pending_and_a_record_missing_it_later_differs(
+    stack, airflow_connections, spark, tmp_path
+):
     table = f"recw_{uuid.uuid4().hex[:8]}"
     conn = connect(stack)
     cur = conn.cursor()
@@ -34,9 +35,18 @@ def test_a_column_added_after_a_window_is_pending_and_a_record_missing_it_later_
 
     def reconcile(window: str, source_filter: str) -> dict:
         return ReconcileOperator(
-            task_id="reconcile", name=f"test-{table}", table=table, sink="delta", sink_path=sink,
-            sink_json_column="record_value", sink_json_path="row", sink_filter=f"window_id = '{window}'",
-            source_filter=source_filter, fail_on_mismatch=False, spark_conf=stack.spark_conf()).execute({})
+            task_id="reconcile",
+            name=f"test-{table}",
+            table=table,
+            sink="delta",
+            sink_path=sink,
+            sink_json_column="record_value",
+            sink_json_path="row",
+            sink_filter=f"window_id = '{window}'",
+            source_filter=source_filter,
+            fail_on_mismatch=False,
+            spark_conf=stack.spark_conf(),
+        ).execute({})
 
     before = reconcile("w/1", "id <= 20")
     assert before["pending_columns"] == ["fee"], before

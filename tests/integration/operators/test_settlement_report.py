@@ -18,21 +18,36 @@ def test_report_sums_one_window_exactly_and_a_rerun_replaces_it(stack, spark, ai
     conn = connect(stack)
     conn.cursor().execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, currency CHAR(3), amount DECIMAL(12, 2))")
     sink = str(tmp_path / "windows")
-    rows = [("w/p/1", 1, {"id": i, "currency": "EUR" if i % 3 else "USD", "amount": f"{i}.{i % 100:02d}"})
-            for i in range(1, 61)]
+    rows = [
+        ("w/p/1", 1, {"id": i, "currency": "EUR" if i % 3 else "USD", "amount": f"{i}.{i % 100:02d}"})
+        for i in range(1, 61)
+    ]
     rows.append(("w/p/2", 1, {"id": 99, "currency": "EUR", "amount": "1000.00"}))  # another window: not summed
-    spark.createDataFrame([(w, v, json.dumps({"row": r})) for w, v, r in rows],
-                          "window_id string, window_version int, record_value string") \
-        .write.format("delta").save(sink)
+    spark.createDataFrame(
+        [(w, v, json.dumps({"row": r})) for w, v, r in rows],
+        "window_id string, window_version int, record_value string",
+    ).write.format("delta").save(sink)
     report = f"report_{table}"
-    op = SettlementReportOperator(task_id="report", window_id="w/p/1", sink_path=sink, report_table=report,
-                                  source_table=table, group_by=["currency"], sum_columns=["amount"],
-                                  spark_conf=jobs.task_spark_conf(stack))
+    op = SettlementReportOperator(
+        task_id="report",
+        window_id="w/p/1",
+        sink_path=sink,
+        report_table=report,
+        source_table=table,
+        group_by=["currency"],
+        sum_columns=["amount"],
+        spark_conf=jobs.task_spark_conf(stack),
+    )
     try:
         first = op.execute({})
         again = op.execute({})  # a rerun replaces the window's rows
-        pg = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                              password=stack.DB_PASSWORD)
+        pg = psycopg2.connect(
+            host=stack.HOST,
+            port=stack.POSTGRES_PORT,
+            dbname=stack.DB_NAME,
+            user=stack.DB_USER,
+            password=stack.DB_PASSWORD,
+        )
         with pg, pg.cursor() as cur:
             cur.execute(f"SELECT window_id, window_version, currency, rows, amount_sum FROM {report} ORDER BY currency")
             stored = cur.fetchall()

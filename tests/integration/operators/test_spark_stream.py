@@ -26,7 +26,8 @@ from tests.kafka_support import new_topic
 
 def _operator(stack, tmp_path, **kwargs) -> SparkKafkaToSinkOperator:
     defaults = {
-        "task_id": "stream", "checkpoint_location": str(tmp_path / "checkpoint"),
+        "task_id": "stream",
+        "checkpoint_location": str(tmp_path / "checkpoint"),
         "conf": {"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
         "env_vars": {"PYSPARK_PYTHON": sys.executable},
     }
@@ -42,8 +43,15 @@ def test_local_submit_returns_sink_state_and_a_retry_is_a_no_op(stack, airflow_c
     topic = new_topic(bootstrap, partitions=2)
     table = f"eo_op_{topic.replace('-', '_')}"
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=5, per_transaction=30, partitions=2)
-    op = _operator(stack, tmp_path, pipeline=f"op-{topic}", topics=[topic], sink="postgres", sink_table=table,
-                   max_offsets_per_trigger=100)
+    op = _operator(
+        stack,
+        tmp_path,
+        pipeline=f"op-{topic}",
+        topics=[topic],
+        sink="postgres",
+        sink_table=table,
+        max_offsets_per_trigger=100,
+    )
 
     state = op.execute({})
     assert state["offsets"] == _end(bootstrap, topic)
@@ -52,8 +60,9 @@ def test_local_submit_returns_sink_state_and_a_retry_is_a_no_op(stack, airflow_c
 
     retry = op.execute({})  # an Airflow retry / clear: the job continues from the sink -> nothing new
     assert retry["rows_this_run"] == 0
-    assert {k: v for k, v in retry.items() if k != "rows_this_run"} == \
-        {k: v for k, v in state.items() if k != "rows_this_run"}
+    assert {k: v for k, v in retry.items() if k != "rows_this_run"} == {
+        k: v for k, v in state.items() if k != "rows_this_run"
+    }
     jobs.assert_exactly(jobs.postgres_rows(stack, table), committed)
 
 
@@ -73,9 +82,18 @@ def test_on_kill_stops_the_running_stream_and_the_next_run_is_exact(stack, airfl
     topic = new_topic(bootstrap, partitions=2)
     target = str(tmp_path / "files-sink")
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=4, per_transaction=30, partitions=2)
-    op = _operator(stack, tmp_path, pipeline="op-kill", topics=topic, sink="files", sink_path=target,
-                   trigger="processing-time", interval="1 second", max_offsets_per_trigger=40,
-                   conf={"spark.jars": stack.spark_conf()["spark.jars"]})  # Spark UI on: its extra link is checked
+    op = _operator(
+        stack,
+        tmp_path,
+        pipeline="op-kill",
+        topics=topic,
+        sink="files",
+        sink_path=target,
+        trigger="processing-time",
+        interval="1 second",
+        max_offsets_per_trigger=40,
+        conf={"spark.jars": stack.spark_conf()["spark.jars"]},
+    )  # Spark UI on: its extra link is checked
     outcome: dict = {}
     links: dict = {}
 
@@ -140,15 +158,22 @@ def _python_drivers(pipeline: str) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
         except OSError:
             continue
-        if any(arg.endswith(b"kafka_to_sink.py") for arg in argv) and pipeline.encode() in argv \
-                and not any(b"java" in arg for arg in argv[:1]):
+        if (
+            any(arg.endswith(b"kafka_to_sink.py") for arg in argv)
+            and pipeline.encode() in argv
+            and not any(b"java" in arg for arg in argv[:1])
+        ):
             found.append(int(entry.name))
     return found
 
 
 def _standalone_conf(stack) -> dict:
-    return {"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false",
-            "spark.executor.memory": "512m", "spark.cores.max": "1"}
+    return {
+        "spark.jars": stack.spark_conf()["spark.jars"],
+        "spark.ui.enabled": "false",
+        "spark.executor.memory": "512m",
+        "spark.cores.max": "1",
+    }
 
 
 # Client mode on the standalone master is a variant (the operator's client path is the local[*] one); the
@@ -162,9 +187,18 @@ def test_standalone_master_and_worker_client_mode(stack, airflow_connections, tm
     target = str(tmp_path / "delta-sink")
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=5, per_transaction=30, partitions=2)
 
-    op = _operator(stack, tmp_path, pipeline="op-standalone", topics=topic, sink="delta", sink_path=target,
-                   spark_conn_id="spark_standalone", deploy_mode="client", max_offsets_per_trigger=100,
-                   conf=_standalone_conf(stack))
+    op = _operator(
+        stack,
+        tmp_path,
+        pipeline="op-standalone",
+        topics=topic,
+        sink="delta",
+        sink_path=target,
+        spark_conn_id="spark_standalone",
+        deploy_mode="client",
+        max_offsets_per_trigger=100,
+        conf=_standalone_conf(stack),
+    )
     state = op.execute({})
     assert state["offsets"] == _end(bootstrap, topic)
     assert state["rows_total"] == len(committed)
@@ -195,15 +229,29 @@ def test_standalone_cluster_mode_runs_the_python_driver_on_the_worker(stack, air
     job.write_text("print('never runs')\n")
     refused = subprocess.run(
         [jobs.SPARK_SUBMIT, "--master", stack.SPARK_MASTER_URL, "--deploy-mode", "cluster", str(job)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, **stack.spark_env()})
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **stack.spark_env()},
+    )
     assert refused.returncode != 0
-    assert "Cluster deploy mode is currently not supported for python applications on standalone clusters" in \
-        refused.stdout + refused.stderr
+    assert (
+        "Cluster deploy mode is currently not supported for python applications on standalone clusters"
+        in refused.stdout + refused.stderr
+    )
 
     # ... so the operator submits the JVM class PythonRunner; cluster mode comes from the connection's Extra.
-    op = _operator(stack, tmp_path, pipeline=f"op-cluster-{topic}", topics=topic, sink="postgres",
-                   sink_table=table, spark_conn_id="spark_standalone", max_offsets_per_trigger=100,
-                   conf=_standalone_conf(stack))
+    op = _operator(
+        stack,
+        tmp_path,
+        pipeline=f"op-cluster-{topic}",
+        topics=topic,
+        sink="postgres",
+        sink_table=table,
+        spark_conn_id="spark_standalone",
+        max_offsets_per_trigger=100,
+        conf=_standalone_conf(stack),
+    )
     state = op.execute({})
     driver = op._hook._driver_id
     assert driver and _driver_state(stack, driver) == "FINISHED"
@@ -216,15 +264,26 @@ def test_standalone_cluster_mode_runs_the_python_driver_on_the_worker(stack, air
 @pytest.mark.slow
 @pytest.mark.matrix
 def test_standalone_cluster_mode_on_kill_kills_the_driver_and_the_next_run_is_exact(
-        stack, airflow_connections, tmp_path):
+    stack, airflow_connections, tmp_path
+):
     stack.start_spark_cluster()
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
     table = f"eo_op_cluster_{topic.replace('-', '_')}"
     committed = jobs.produce_interleaved(bootstrap, topic, transactions=6, per_transaction=30, partitions=2)
-    stream = _operator(stack, tmp_path, pipeline=f"op-cluster-{topic}", topics=topic, sink="postgres",
-                       sink_table=table, spark_conn_id="spark_standalone", trigger="processing-time",
-                       interval="1 second", max_offsets_per_trigger=40, conf=_standalone_conf(stack))
+    stream = _operator(
+        stack,
+        tmp_path,
+        pipeline=f"op-cluster-{topic}",
+        topics=topic,
+        sink="postgres",
+        sink_table=table,
+        spark_conn_id="spark_standalone",
+        trigger="processing-time",
+        interval="1 second",
+        max_offsets_per_trigger=40,
+        conf=_standalone_conf(stack),
+    )
     outcome: dict = {}
 
     def run() -> None:
@@ -254,9 +313,17 @@ def test_standalone_cluster_mode_on_kill_kills_the_driver_and_the_next_run_is_ex
     assert not _python_drivers(stream.pipeline)
 
     more = jobs.produce_interleaved(bootstrap, topic, transactions=3, per_transaction=30, partitions=2, tag="m")
-    again = _operator(stack, tmp_path, pipeline=f"op-cluster-{topic}", topics=topic, sink="postgres",
-                      sink_table=table, spark_conn_id="spark_standalone", max_offsets_per_trigger=100,
-                      conf=_standalone_conf(stack))
+    again = _operator(
+        stack,
+        tmp_path,
+        pipeline=f"op-cluster-{topic}",
+        topics=topic,
+        sink="postgres",
+        sink_table=table,
+        spark_conn_id="spark_standalone",
+        max_offsets_per_trigger=100,
+        conf=_standalone_conf(stack),
+    )
     state = again.execute({})
     assert _driver_state(stack, again._hook._driver_id) == "FINISHED"
     assert state["offsets"] == _end(bootstrap, topic)

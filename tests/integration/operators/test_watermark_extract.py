@@ -14,7 +14,7 @@ import json
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import MySQLdb
 import pytest
@@ -23,7 +23,6 @@ from exactly_once_provider.kafka.offsets import read_committed_offset
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 from exactly_once_provider.source.watermark import TRX_CACHE_IDLE
 from tests.kafka_support import new_topic, read_all
-
 
 # The late-commit guard counts every open read-write transaction on the server (it cannot tell which tables a
 # transaction touches), so another test's writer open at a window's end cuts the window there: these tests
@@ -40,17 +39,27 @@ def bootstrap(stack, airflow_connections):
 
 
 def connect(stack):
-    conn = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
-                           database=stack.DB_NAME, autocommit=True, init_command="SET time_zone = '+00:00'")
+    conn = MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+        init_command="SET time_zone = '+00:00'",
+    )
     return conn
 
 
-def create_table(stack, cursor_type="TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)"):
+def create_table(
+    stack, cursor_type="TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)"
+):
     name = f"wm_{uuid.uuid4().hex[:8]}"
     with connect(stack) as conn:
         conn.cursor().execute(
             f"CREATE TABLE {name} (id BIGINT AUTO_INCREMENT PRIMARY KEY, tag VARCHAR(40) NOT NULL, amount INT NOT "
-            f"NULL DEFAULT 0, deleted TINYINT NOT NULL DEFAULT 0, updated_at {cursor_type}, KEY (updated_at))")
+            f"NULL DEFAULT 0, deleted TINYINT NOT NULL DEFAULT 0, updated_at {cursor_type}, KEY (updated_at))"
+        )
     return name
 
 
@@ -73,8 +82,16 @@ def extract(table, topic, ledger, batch_id, **kwargs):
     kwargs.setdefault("cursor_column", "updated_at")
     kwargs.setdefault("cursor_kind", "timestamp")
     return WatermarkExtractOperator(
-        task_id=f"t{uuid.uuid4().hex[:6]}", table=table, topic=topic, pipeline="wm", offsets_topic=ledger,
-        safety_lag=LAG, deleted_column="deleted", batch_id=batch_id, **kwargs).execute({})
+        task_id=f"t{uuid.uuid4().hex[:6]}",
+        table=table,
+        topic=topic,
+        pipeline="wm",
+        offsets_topic=ledger,
+        safety_lag=LAG,
+        deleted_column="deleted",
+        batch_id=batch_id,
+        **kwargs,
+    ).execute({})
 
 
 def published(bootstrap, topic):
@@ -113,8 +130,10 @@ class Writer:
     def insert(self, tag, count, at=None):
         if at is not None:
             self.cur.execute(f"SET TIMESTAMP = {float(at):.6f}")
-        self.cur.execute(f"INSERT INTO {self.table} (tag, amount) VALUES " + ", ".join(["(%s, %s)"] * count),
-                         [x for n in range(count) for x in (tag, n)])
+        self.cur.execute(
+            f"INSERT INTO {self.table} (tag, amount) VALUES " + ", ".join(["(%s, %s)"] * count),
+            [x for n in range(count) for x in (tag, n)],
+        )
         self.cur.execute("SET TIMESTAMP = DEFAULT")
         self.record("tag = %s", (tag,))
 
@@ -125,8 +144,9 @@ class Writer:
         cur.execute("BEGIN")
         cur.execute(f"INSERT INTO {self.table} (tag) VALUES (%s), (%s)", (tag, tag))
         time.sleep(TRX_CACHE_IDLE)  # innodb_trx is a cache refilled only after 100 ms without a reader
-        self.cur.execute("SELECT trx_started FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = %s",
-                         (late.thread_id(),))
+        self.cur.execute(
+            "SELECT trx_started FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = %s", (late.thread_id(),)
+        )
         return late, self.cur.fetchone()[0]  # the system zone of the test server is UTC, like the session
 
     def commit_late(self, late, tag):
@@ -135,8 +155,9 @@ class Writer:
         self.record("tag = %s", (tag,), late=True)
 
     def update_published(self, upper, n, soft_delete):
-        self.cur.execute(f"SELECT id FROM {self.table} WHERE updated_at < %s AND deleted = 0 ORDER BY RAND() "
-                         f"LIMIT {n}", (upper,))
+        self.cur.execute(
+            f"SELECT id FROM {self.table} WHERE updated_at < %s AND deleted = 0 ORDER BY RAND() LIMIT {n}", (upper,)
+        )
         ids = [row[0] for row in self.cur.fetchall()]
         marks = ", ".join(["%s"] * len(ids))
         self.cur.execute(f"UPDATE {self.table} SET amount = amount + 1 WHERE id IN ({marks})", ids)
@@ -178,7 +199,7 @@ def test_windows_publish_every_row_version_once_and_the_naive_cursor_loses_late_
         late = (connection, f"late{i}")
         next_second = started + timedelta(seconds=1)  # trx_started has second precision: each guard in a new second
         bound = started - timedelta(seconds=1)  # the guard: the oldest open transaction's start minus 1 s
-        epoch = bound.replace(tzinfo=timezone.utc).timestamp()
+        epoch = bound.replace(tzinfo=UTC).timestamp()
         writer.insert(f"at{i}", 5, at=epoch)  # identical cursor values exactly at this window's upper bound
         writer.insert(f"below{i}", 3, at=epoch - 0.000001)  # identical values just below it
         if upper is not None:
@@ -204,7 +225,8 @@ def test_windows_publish_every_row_version_once_and_the_naive_cursor_loses_late_
     versions = [(r["row"]["id"], r["cursor"]) for r in records]
     assert len(versions) == len(set(versions)), "duplicated row versions"
     assert set(versions) == writer.versions, (
-        f"missing {sorted(writer.versions - set(versions))[:10]}, extra {sorted(set(versions) - writer.versions)[:10]}")
+        f"missing {sorted(writer.versions - set(versions))[:10]}, extra {sorted(set(versions) - writer.versions)[:10]}"
+    )
     assert sum(r["rows"] for r in results) == len(records) == len(writer.versions)
     assert sum(r["op"] == "delete" for r in records) == writer.soft_deleted > 0
     assert len(writer.late_versions) == 40
@@ -215,21 +237,26 @@ def test_windows_publish_every_row_version_once_and_the_naive_cursor_loses_late_
     assert ledger_record.offset["next_lower"] == final["upper"]
     assert ledger_record.offset["window"]["checksum"] == final["checksum"]
     assert ledger_record.batch_id == "final" and len(ledger_record.offset["history"]) == 21
-    print(f"\n{len(results)} windows, {len(writer.versions)} row versions published once each; naive lost "
-          f"{len(lost)} ({len(writer.late_versions)} late commits)")
+    print(
+        f"\n{len(results)} windows, {len(writer.versions)} row versions published once each; naive lost "
+        f"{len(lost)} ({len(writer.late_versions)} late commits)"
+    )
 
 
 def test_rerun_returns_the_recorded_batch_and_reextract_publishes_a_new_version(stack, bootstrap):
     table, topic, ledger = create_table(stack), new_topic(bootstrap), f"ledger-{uuid.uuid4().hex[:8]}"
     writer = Writer(stack, table)
     writer.insert("a", 10)
-    interval_end = writer.wait_past_newest().replace(tzinfo=timezone.utc)
+    interval_end = writer.wait_past_newest().replace(tzinfo=UTC)
     wait_server_clock(writer.cur, interval_end.replace(tzinfo=None) + timedelta(microseconds=1))
     writer.insert("b", 7)  # after the interval end: belongs to the next window
     writer.wait_past_newest(LAG)
     first = extract(table, topic, ledger, "2026-11-20", interval_end=interval_end.isoformat())
     assert (first["upper"], first["upper_reason"], first["rows"]) == (
-        interval_end.replace(tzinfo=None).strftime(FMT), "interval_end", 10)
+        interval_end.replace(tzinfo=None).strftime(FMT),
+        "interval_end",
+        10,
+    )
     assert first["kafka_offsets"]["0"]["records"] == 10
     second = extract(table, topic, ledger, "2026-11-21")
     assert (second["lower"], second["rows"]) == (first["upper"], 7)
@@ -244,9 +271,13 @@ def test_rerun_returns_the_recorded_batch_and_reextract_publishes_a_new_version(
 
     again = extract(table, topic, ledger, "2026-11-20", reextract="True")
     assert (again["batch_version"], again["lower"], again["upper"], again["rows"]) == (
-        2, first["lower"], first["upper"], 8)  # two rows moved to a later cursor value
+        2,
+        first["lower"],
+        first["upper"],
+        8,
+    )  # two rows moved to a later cursor value
     assert again["checksum"] != first["checksum"]
-    v2 = [r for r in published(bootstrap, topic)[len(before) - 4:]]  # after the first two framed batches
+    v2 = list(published(bootstrap, topic)[len(before) - 4 :])  # after the first two framed batches
     assert len(v2) == 8 and {r["row"]["tag"] for r in v2} == {"a"}
     ledger_record = read_committed_offset({"bootstrap.servers": bootstrap}, "wm", table, ledger)
     assert ledger_record.offset["next_lower"] == second["upper"], "a re-extract must not move the resume point"

@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[3]
 CHROMEDRIVER = "/usr/bin/chromedriver"
 USER, PASSWORD = "operator", "eo-browser-test"
 
-DAG_FILE = '''
+DAG_FILE = """
 import pendulum
 from airflow.sdk import DAG, Param
 from exactly_once_provider.operators.kafka_produce import TransactionalProduceOperator
@@ -79,7 +79,7 @@ with DAG("ui_flow", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
 with DAG("ui_settle", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
     WatermarkExtractOperator(task_id="extract", table=%(table)r, cursor_column="updated_at", cursor_kind="timestamp",
                              topic=%(wm_topic)r, pipeline=%(p_wm)r, offsets_topic=%(ledger)r)
-'''
+"""
 
 
 class ArrowBatch:
@@ -104,14 +104,23 @@ def _positions(resume_after, count):
     """Records whose source offsets are binlog positions with GTIDs, as a capture commits them."""
     done = 0 if resume_after is None else (resume_after["pos"] - 4) // 100
     for n in range(done + 1, count + 1):
-        yield SourceRecord(offset={"file": "binlog.000001", "pos": 4 + n * 100, "gtid": f"0-1-{n}"},
-                           key=f"k{n}", value=json.dumps({"n": n}))
+        yield SourceRecord(
+            offset={"file": "binlog.000001", "pos": 4 + n * 100, "gtid": f"0-1-{n}"},
+            key=f"k{n}",
+            value=json.dumps({"n": n}),
+        )
 
 
 def _consumer(bootstrap: str, isolation: str = "read_committed") -> Consumer:
-    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex[:8]}",
-                     "isolation.level": isolation, "enable.auto.commit": False,
-                     "enable.partition.eof": True})
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
 
 
 def _end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
@@ -134,8 +143,9 @@ def _committed_batch(bootstrap: str, topic: str, ends: dict[int, int]) -> pa.Tab
         while pending and time.monotonic() < deadline:
             message = consumer.poll(0.5)
             if message is not None and not message.error():
-                rows.append((topic, message.partition(), message.offset(), message.key().decode(),
-                             message.value().decode()))
+                rows.append(
+                    (topic, message.partition(), message.offset(), message.key().decode(), message.value().decode())
+                )
             # Done with a partition once the consumer's position passed its end (the commit markers included):
             # an end-of-partition event can come at the last stable offset, before the last transaction's
             # markers are written (commit_transaction returns before they are).
@@ -145,8 +155,9 @@ def _committed_batch(bootstrap: str, topic: str, ends: dict[int, int]) -> pa.Tab
     finally:
         consumer.close()
     assert not pending, f"partitions {pending} not read to {ends}"
-    return pa.table(list(zip(*rows)), names=["kafka_topic", "kafka_partition", "kafka_offset", "record_key",
-                                             "record_value"])
+    return pa.table(
+        list(zip(*rows)), names=["kafka_topic", "kafka_partition", "kafka_offset", "record_key", "record_value"]
+    )
 
 
 def _free_port() -> int:
@@ -159,10 +170,19 @@ def _free_port() -> int:
 def names(stack, tmp_path):
     tag = uuid.uuid4().hex[:6]
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
-    return {"p": f"ui_orders_{tag}", "p_wm": f"ui_settle_{tag}", "bootstrap": bootstrap, "p_flow": f"ui_cdc_{tag}",
-            "flow_topic": new_topic(bootstrap, prefix="uiflow"), "delta": str(tmp_path / "delta"),
-            "topic": new_topic(bootstrap, partitions=2, prefix="ui"), "wm_topic": new_topic(bootstrap, prefix="uiwm"),
-            "ledger": f"eo-offsets-ui-{tag}", "pg_table": f"ui_orders_{tag}", "table": f"ui_src_{tag}"}
+    return {
+        "p": f"ui_orders_{tag}",
+        "p_wm": f"ui_settle_{tag}",
+        "bootstrap": bootstrap,
+        "p_flow": f"ui_cdc_{tag}",
+        "flow_topic": new_topic(bootstrap, prefix="uiflow"),
+        "delta": str(tmp_path / "delta"),
+        "topic": new_topic(bootstrap, partitions=2, prefix="ui"),
+        "wm_topic": new_topic(bootstrap, prefix="uiwm"),
+        "ledger": f"eo-offsets-ui-{tag}",
+        "pg_table": f"ui_orders_{tag}",
+        "table": f"ui_src_{tag}",
+    }
 
 
 @pytest.fixture
@@ -176,22 +196,35 @@ def api_server(names, airflow_home, tmp_path):
     (dags / "ui_demo.py").write_text(DAG_FILE % names)
     (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
     port = _free_port()
-    env = {**airflow_home, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-           "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
-           "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
+    env = {
+        **airflow_home,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+    }
     airflow = str(Path(sys.executable).parent / "airflow")
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("reserialize", "api-server")}
     # The DAGs reach the metadata DB the way the dag processor puts them there; the server needs them only when
     # the page is read, so both start together (each Airflow start-up costs tens of seconds on a loaded box).
     processes = {
-        "reserialize": subprocess.Popen([airflow, "dags", "reserialize"], env=env, stdout=logs["reserialize"],
-                                        stderr=subprocess.STDOUT, start_new_session=True),
-        "api-server": subprocess.Popen([airflow, "api-server", "--host", "127.0.0.1", "--port", str(port),
-                                        "--workers", "1"], env=env, stdout=logs["api-server"],
-                                       stderr=subprocess.STDOUT, start_new_session=True),
+        "reserialize": subprocess.Popen(
+            [airflow, "dags", "reserialize"],
+            env=env,
+            stdout=logs["reserialize"],
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        ),
+        "api-server": subprocess.Popen(
+            [airflow, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            env=env,
+            stdout=logs["api-server"],
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        ),
     }
     url = f"http://127.0.0.1:{port}"
 
@@ -232,41 +265,85 @@ def demo(names, api_server, stack, airflow_connections):
 
     def produce(count):
         return TransactionalProduceOperator(
-            task_id="produce", topic=d["topic"], pipeline=d["p"], delivery_mode="exactly_once",
-            producer_function=_numbers, producer_function_kwargs={"count": count}, offsets_topic=d["ledger"],
-            max_records_per_transaction=200, commit_interval_ms=100_000).execute({})
+            task_id="produce",
+            topic=d["topic"],
+            pipeline=d["p"],
+            delivery_mode="exactly_once",
+            producer_function=_numbers,
+            producer_function_kwargs={"count": count},
+            offsets_topic=d["ledger"],
+            max_records_per_transaction=200,
+            commit_interval_ms=100_000,
+        ).execute({})
 
     produce(600)
     ends = _end_offsets(d["bootstrap"], d["topic"], 2)
-    sink = PostgresSink(d["pg_table"], d["p"], {"host": stack.HOST, "port": stack.POSTGRES_PORT,
-                                                "dbname": stack.DB_NAME, "user": stack.DB_USER,
-                                                "password": stack.DB_PASSWORD})
+    sink = PostgresSink(
+        d["pg_table"],
+        d["p"],
+        {
+            "host": stack.HOST,
+            "port": stack.POSTGRES_PORT,
+            "dbname": stack.DB_NAME,
+            "user": stack.DB_USER,
+            "password": stack.DB_PASSWORD,
+        },
+    )
     sink.ensure_tables()
     batch = _committed_batch(d["bootstrap"], d["topic"], ends)
     assert sink.commit(ArrowBatch(batch), BatchCommit(d["p"], "ui-ckpt", 0, {d["topic"]: ends}))
     produce(750)  # 150 more records after the sink commit: the pipeline now lags
 
-    with MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
-                         database=stack.DB_NAME, autocommit=True) as conn:
+    with MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+    ) as conn:
         cur = conn.cursor()
-        cur.execute(f"CREATE TABLE {d['table']} (id BIGINT PRIMARY KEY, amount INT NOT NULL, updated_at "
-                    "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (updated_at))")
-        cur.executemany(f"INSERT INTO {d['table']} (id, amount, updated_at) VALUES (%s, %s, %s)",
-                        [(i, i * 10, "2026-11-19 10:00:00") for i in range(1, 41)])
+        cur.execute(
+            f"CREATE TABLE {d['table']} (id BIGINT PRIMARY KEY, amount INT NOT NULL, updated_at "
+            "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (updated_at))"
+        )
+        cur.executemany(
+            f"INSERT INTO {d['table']} (id, amount, updated_at) VALUES (%s, %s, %s)",
+            [(i, i * 10, "2026-11-19 10:00:00") for i in range(1, 41)],
+        )
     for reextract in (False, True):
-        WatermarkExtractOperator(task_id="extract", table=d["table"], cursor_column="updated_at",
-                                 cursor_kind="timestamp", topic=d["wm_topic"], pipeline=d["p_wm"],
-                                 offsets_topic=d["ledger"], batch_id="2026-11-20",
-                                 interval_end="2026-11-20T00:00:00+00:00", reextract=reextract,
-                                 safety_lag=0).execute({})
+        WatermarkExtractOperator(
+            task_id="extract",
+            table=d["table"],
+            cursor_column="updated_at",
+            cursor_kind="timestamp",
+            topic=d["wm_topic"],
+            pipeline=d["p_wm"],
+            offsets_topic=d["ledger"],
+            batch_id="2026-11-20",
+            interval_end="2026-11-20T00:00:00+00:00",
+            reextract=reextract,
+            safety_lag=0,
+        ).execute({})
     _delta_flow(d, stack)
     from exactly_once_provider.reconcile.results import _DDL
 
-    with psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                          password=stack.DB_PASSWORD) as conn, conn.cursor() as cur:
+    with (
+        psycopg2.connect(
+            host=stack.HOST,
+            port=stack.POSTGRES_PORT,
+            dbname=stack.DB_NAME,
+            user=stack.DB_USER,
+            password=stack.DB_PASSWORD,
+        ) as conn,
+        conn.cursor() as cur,
+    ):
         cur.execute(_DDL)
-        cur.execute("INSERT INTO eo_reconciliation (name, started_at, finished_at, status) VALUES "
-                    "(%s, now(), now(), 'clean') RETURNING status", (d["p_flow"],))
+        cur.execute(
+            "INSERT INTO eo_reconciliation (name, started_at, finished_at, status) VALUES "
+            "(%s, now(), now(), 'clean') RETURNING status",
+            (d["p_flow"],),
+        )
         d["reconciliation"] = cur.fetchone()[0]
     conn.close()
     return d
@@ -282,27 +359,53 @@ def _delta_flow(d: dict, stack) -> None:
 
     apply, root, committed, total, rows_before = f"{d['p_flow']}-apply", Path(d["delta"]), {0: 0}, 0, 0
     root.mkdir()
+    previous: dict[int, int] = {}  # the end offsets of the round before (none before the first)
     for round_ in range(4):
         total += 100 * (round_ + 1)
         TransactionalProduceOperator(
-            task_id="capture", topic=d["flow_topic"], pipeline=d["p_flow"], delivery_mode="exactly_once",
-            producer_function=_positions, producer_function_kwargs={"count": total}, offsets_topic=d["ledger"],
-            max_records_per_transaction=1000, commit_interval_ms=100_000).execute({})
+            task_id="capture",
+            topic=d["flow_topic"],
+            pipeline=d["p_flow"],
+            delivery_mode="exactly_once",
+            producer_function=_positions,
+            producer_function_kwargs={"count": total},
+            offsets_topic=d["ledger"],
+            max_records_per_transaction=1000,
+            commit_interval_ms=100_000,
+        ).execute({})
         ends = _end_offsets(d["bootstrap"], d["flow_topic"], 1)
         if round_:  # commit what the previous round produced: one round behind
             batch = _committed_batch(d["bootstrap"], d["flow_topic"], previous)
             # the records of the previous round only (a fetch may bring records past its end as well)
-            batch = batch.filter(pc.and_(pc.greater_equal(batch["kafka_offset"], committed[0]),
-                                         pc.less(batch["kafka_offset"], previous[0])))
+            batch = batch.filter(
+                pc.and_(
+                    pc.greater_equal(batch["kafka_offset"], committed[0]), pc.less(batch["kafka_offset"], previous[0])
+                )
+            )
             name = f"part-{round_}.parquet"
             pq.write_table(batch, root / name)
             files = [{"name": name, "bytes": (root / name).stat().st_size, "rows": batch.num_rows}]
-            marker = {f"eo_stream:{apply}": {**BatchCommit(apply, "ui-ckpt", round_, {d["flow_topic"]: previous})
-                                             .to_json(), "rows_before": rows_before}}
-            schema = json.dumps({"type": "struct", "fields": [
-                {"name": f, "type": t, "nullable": True, "metadata": {}} for f, t in (
-                    ("kafka_topic", "string"), ("kafka_partition", "long"), ("kafka_offset", "long"),
-                    ("record_key", "string"), ("record_value", "string"))]})
+            marker = {
+                f"eo_stream:{apply}": {
+                    **BatchCommit(apply, "ui-ckpt", round_, {d["flow_topic"]: previous}).to_json(),
+                    "rows_before": rows_before,
+                }
+            }
+            schema = json.dumps(
+                {
+                    "type": "struct",
+                    "fields": [
+                        {"name": f, "type": t, "nullable": True, "metadata": {}}
+                        for f, t in (
+                            ("kafka_topic", "string"),
+                            ("kafka_partition", "long"),
+                            ("kafka_offset", "long"),
+                            ("record_key", "string"),
+                            ("record_value", "string"),
+                        )
+                    ],
+                }
+            )
             commit = create_with_files if round_ == 1 else append_with_files
             commit(str(root), schema, files, marker, "ui-test", round_)
             rows_before += batch.num_rows
@@ -315,8 +418,13 @@ def _delta_flow(d: dict, stack) -> None:
 def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1500,1000"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1500,1000",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(120)
@@ -350,8 +458,13 @@ def _delta_log(path: str) -> list[tuple[float, int, int]]:
     for file in sorted((Path(path) / "_delta_log").glob("*.json")):
         info = next(json.loads(line)["commitInfo"] for line in file.read_text().splitlines() if '"commitInfo"' in line)
         body = next(iter(json.loads(info["userMetadata"]).values()))
-        found.append((info["timestamp"] / 1000, body["rows_before"] + int(info["operationMetrics"]["numOutputRows"]),
-                      next(iter(body["offsets"].values()))["0"]))
+        found.append(
+            (
+                info["timestamp"] / 1000,
+                body["rows_before"] + int(info["operationMetrics"]["numOutputRows"]),
+                next(iter(body["offsets"].values()))["0"],
+            )
+        )
     return found
 
 
@@ -406,10 +519,21 @@ def test_status_page_shows_the_live_figures_after_logging_in(demo, api_server, b
     assert _cells(browser, p, "ledger", "records") == [str(committed.records)]
 
     # The PostgreSQL sink's commit and the lag behind it, read with plain SQL and a Kafka client.
-    with psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME, user=stack.DB_USER,
-                          password=stack.DB_PASSWORD) as conn, conn.cursor() as cur:
-        cur.execute("SELECT kafka_partition, next_offset, batch_id FROM eo_stream_offsets WHERE pipeline = %s "
-                    "ORDER BY kafka_partition", (p,))
+    with (
+        psycopg2.connect(
+            host=stack.HOST,
+            port=stack.POSTGRES_PORT,
+            dbname=stack.DB_NAME,
+            user=stack.DB_USER,
+            password=stack.DB_PASSWORD,
+        ) as conn,
+        conn.cursor() as cur,
+    ):
+        cur.execute(
+            "SELECT kafka_partition, next_offset, batch_id FROM eo_stream_offsets WHERE pipeline = %s "
+            "ORDER BY kafka_partition",
+            (p,),
+        )
         sink_rows = cur.fetchall()
         cur.execute(f"SELECT count(*) FROM {demo['pg_table']}")
         sink_count = cur.fetchone()[0]
@@ -427,8 +551,9 @@ def test_status_page_shows_the_live_figures_after_logging_in(demo, api_server, b
     assert card.get_attribute("data-state") == "behind"
 
     # The settlement window: batch 2026-11-20 re-extracted as version 2, with the source's row count.
-    with MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
-                         database=stack.DB_NAME) as conn:
+    with MySQLdb.connect(
+        host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD, database=stack.DB_NAME
+    ) as conn:
         cur = conn.cursor()
         cur.execute(f"SELECT count(*) FROM {demo['table']}")
         source_rows = cur.fetchone()[0]
@@ -440,15 +565,25 @@ def test_status_page_shows_the_live_figures_after_logging_in(demo, api_server, b
     # The operators' extra link (computed where the task runs, with the same [api] base_url) opens this page
     # filtered to the pipeline.
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", env["AIRFLOW__API__BASE_URL"])
-    link = PipelineStatusLink().get_link(SparkKafkaToSinkOperator(
-        task_id="t", pipeline=p, topics=demo["topic"], sink="postgres", sink_table=demo["pg_table"],
-        checkpoint_location="/tmp/unused"), ti_key=None)
+    link = PipelineStatusLink().get_link(
+        SparkKafkaToSinkOperator(
+            task_id="t",
+            pipeline=p,
+            topics=demo["topic"],
+            sink="postgres",
+            sink_table=demo["pg_table"],
+            checkpoint_location="/tmp/unused",
+        ),
+        ti_key=None,
+    )
     assert link == f"{url}/exactly-once/?pipeline={p}"
     browser.get(link)
     assert [c.get_attribute("data-pipeline") for c in browser.find_elements(By.CSS_SELECTOR, "div.card")] == [p]
     # The stream's link opens its flow's card, with the producer's pipeline: the docs' screenshot, unfolded.
     browser.get(f"{url}/exactly-once/?pipeline={demo['p_flow']}-apply")
-    assert [c.get_attribute("data-flow") for c in browser.find_elements(By.CSS_SELECTOR, "div.flow")] == [demo["p_flow"]]
+    assert [c.get_attribute("data-flow") for c in browser.find_elements(By.CSS_SELECTOR, "div.flow")] == [
+        demo["p_flow"]
+    ]
     browser.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
     _screenshot(browser, "exactly_once_flow_page.png")
 
@@ -481,8 +616,11 @@ def _check_delta_flow(browser, demo, read_started: float) -> None:
     # The position: the ledger's committed binlog position, not JSON; its GTID on hover.
     committed = read_committed_offset({"bootstrap.servers": demo["bootstrap"]}, pf, "0", demo["ledger"])
     position = figure("position")
-    assert position.find_element(By.TAG_NAME, "b").text == f"binlog.000001:{committed.offset['pos']}" \
+    assert (
+        position.find_element(By.TAG_NAME, "b").text
+        == f"binlog.000001:{committed.offset['pos']}"
         == "binlog.000001:100004"
+    )
     assert position.get_attribute("title") == f"GTID {committed.offset['gtid']}" == "GTID 0-1-1000"
 
     # The Delta log, read here: three commits (rounds 1-3), each one round behind the producer.
@@ -491,10 +629,13 @@ def _check_delta_flow(browser, demo, read_started: float) -> None:
     ends = _end_offsets(demo["bootstrap"], demo["flow_topic"], 1)
     assert figure("lag").find_element(By.TAG_NAME, "b").text == f"{ends[0] - log[-1][2]:,}"
     throughput = (log[-1][1] - log[0][1]) / (log[-1][0] - log[0][0])
-    assert float(figure("throughput").find_element(By.TAG_NAME, "b").text.split()[0]) == pytest.approx(throughput, abs=0.51)
+    assert float(figure("throughput").find_element(By.TAG_NAME, "b").text.split()[0]) == pytest.approx(
+        throughput, abs=0.51
+    )
     rates = points("rows_per_second")
     assert [v for _, v in rates] == pytest.approx(
-        [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(log, log[1:])], rel=1e-3)
+        [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(log, log[1:])], rel=1e-3
+    )
 
     # The lag at each commit: records written before the commit's time that it had not applied.
     times = _record_times(demo["bootstrap"], demo["flow_topic"], ends[0])

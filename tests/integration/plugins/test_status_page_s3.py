@@ -27,10 +27,21 @@ def test_a_delta_sink_on_s3_is_read_with_its_tasks_aws_connection(stack, airflow
     storage = open_storage(table, S3Settings.from_connection(conn_id))
     start = int(time.time() * 1000) - COMMITS * 1000
     for version in range(COMMITS):  # the commits DeltaSink writes: its marker in userMetadata
-        marker = {f"eo_stream:{pipeline}": {"pipeline": pipeline, "checkpoint_id": "c", "batch_id": version,
-                                            "offsets": {topic: {"0": 10 * (version + 1)}}, "rows_before": 10 * version}}
-        info = {"timestamp": start + version * 1000, "operation": "WRITE", "userMetadata": json.dumps(marker),
-                "operationMetrics": {"numOutputRows": "10"}}
+        marker = {
+            f"eo_stream:{pipeline}": {
+                "pipeline": pipeline,
+                "checkpoint_id": "c",
+                "batch_id": version,
+                "offsets": {topic: {"0": 10 * (version + 1)}},
+                "rows_before": 10 * version,
+            }
+        }
+        info = {
+            "timestamp": start + version * 1000,
+            "operation": "WRITE",
+            "userMetadata": json.dumps(marker),
+            "operationMetrics": {"numOutputRows": "10"},
+        }
         assert storage.put_if_absent(f"_delta_log/{version:020d}.json", json.dumps({"commitInfo": info}).encode())
     # The default connection now points nowhere: only the task's own connection can read the bucket.
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({**good, "password": "not-the-secret"}))
@@ -40,9 +51,15 @@ def test_a_delta_sink_on_s3_is_read_with_its_tasks_aws_connection(stack, airflow
     register_settings(None)
     try:
         with DAG(f"status_s3_{tag}", schedule=None, start_date=pendulum.datetime(2026, 1, 1)) as dag:
-            SparkKafkaToSinkOperator(task_id="apply", pipeline=pipeline, topics=topic, sink="delta", sink_path=table,
-                                     checkpoint_location=f"s3://{stack.MINIO_BUCKETS[0]}/status-{tag}/cp",
-                                     aws_conn_id=conn_id)
+            SparkKafkaToSinkOperator(
+                task_id="apply",
+                pipeline=pipeline,
+                topics=topic,
+                sink="delta",
+                sink_path=table,
+                checkpoint_location=f"s3://{stack.MINIO_BUCKETS[0]}/status-{tag}/cp",
+                aws_conn_id=conn_id,
+            )
         overview = read_overview([dag])
         status = next(p for p in overview.pipelines if p.spec.name == pipeline)
         sink = next(s for s in status.sections if s.slug == "sink")

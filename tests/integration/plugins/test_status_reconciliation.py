@@ -8,7 +8,7 @@ import uuid
 import psycopg2
 
 from exactly_once_provider.plugins.discovery import PipelineSpec
-from exactly_once_provider.plugins.status import MISMATCH, PipelineStatus, Connections, reconciliation_section
+from exactly_once_provider.plugins.status import MISMATCH, Connections, PipelineStatus, reconciliation_section
 from exactly_once_provider.reconcile.results import _DDL, RESULT_TABLE
 
 
@@ -16,7 +16,9 @@ def _store(cur, name: str, status: str, missing: int) -> None:
     cur.execute(
         f"INSERT INTO {RESULT_TABLE} (name, dag_id, run_id, started_at, finished_at, status, source_rows, sink_rows,"
         " missing, extra, duplicate, changed, in_flight, cost) VALUES (%s, 'd', %s, now(), now(), %s, 10, %s,"
-        " %s, 0, 0, 0, 0, %s)", (name, f"run-{status}", status, 10 - missing, missing, json.dumps({"full_scans": 2})))
+        " %s, 0, 0, 0, 0, %s)",
+        (name, f"run-{status}", status, 10 - missing, missing, json.dumps({"full_scans": 2})),
+    )
 
 
 def test_the_newest_result_of_the_pipeline_is_shown_and_a_mismatch_turns_it_red(stack, airflow_connections):
@@ -33,5 +35,6 @@ def test_the_newest_result_of_the_pipeline_is_shown_and_a_mismatch_turns_it_red(
 
     assert section.error is None
     assert [(r["result"], r["missing"], r["sink rows"], r["full scans"], r["run"]) for r in section.rows] == [
-        ("mismatch", 1, 9, 2, "d run-mismatch")]
+        ("mismatch", 1, 9, 2, "d run-mismatch")
+    ]
     assert PipelineStatus(PipelineSpec(name), [section], lag=0).state == MISMATCH

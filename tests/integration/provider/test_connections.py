@@ -20,9 +20,20 @@ from exactly_once_provider.kafka.lag import stable_end_offsets
 
 
 def _mysql(monkeypatch, stack, conn_id: str, extra: dict) -> None:
-    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(
-        {"conn_type": "mysql", "host": stack.HOST, "port": stack.MARIADB_PORT, "login": stack.DB_USER,
-         "password": stack.DB_PASSWORD, "schema": stack.DB_NAME, "extra": extra}))
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}",
+        json.dumps(
+            {
+                "conn_type": "mysql",
+                "host": stack.HOST,
+                "port": stack.MARIADB_PORT,
+                "login": stack.DB_USER,
+                "password": stack.DB_PASSWORD,
+                "schema": stack.DB_NAME,
+                "extra": extra,
+            }
+        ),
+    )
 
 
 def _mysql_cipher(conn_id: str) -> str:
@@ -33,8 +44,12 @@ def _mysql_cipher(conn_id: str) -> str:
 
 def test_mysql_tls_settings_decide_whether_the_session_is_encrypted(stack, monkeypatch):
     _mysql(monkeypatch, stack, "mysql_tls_required", {"ssl_mode": "REQUIRED"})
-    _mysql(monkeypatch, stack, "mysql_tls_verified", {"ssl": {"ca": str(stack.tls_files()["ca.pem"])},
-                                                      "ssl_mode": "VERIFY_IDENTITY"})
+    _mysql(
+        monkeypatch,
+        stack,
+        "mysql_tls_verified",
+        {"ssl": {"ca": str(stack.tls_files()["ca.pem"])}, "ssl_mode": "VERIFY_IDENTITY"},
+    )
     _mysql(monkeypatch, stack, "mysql_tls_off", {"ssl_mode": "DISABLED"})
     assert _mysql_cipher("mysql_tls_required") and _mysql_cipher("mysql_tls_verified")
     assert _mysql_cipher("mysql_tls_off") == ""
@@ -51,15 +66,18 @@ def test_binlog_reader_settings_carry_tls(stack, monkeypatch):
 def test_postgres_extras_reach_psycopg2(stack, airflow_connections, monkeypatch):
     body = json.loads(airflow_connections["AIRFLOW_CONN_POSTGRES_DEFAULT"])
     monkeypatch.setenv("AIRFLOW_CONN_PG_TLS_REQUIRED", json.dumps({**body, "extra": {"sslmode": "require"}}))
-    monkeypatch.setenv("AIRFLOW_CONN_PG_TLS_OFF", json.dumps(
-        {**body, "extra": {"sslmode": "disable", "application_name": "eo-connections-test"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PG_TLS_OFF",
+        json.dumps({**body, "extra": {"sslmode": "disable", "application_name": "eo-connections-test"}}),
+    )
     applications = {}
     for conn_id, encrypted in (("pg_tls_required", True), ("pg_tls_off", False), ("postgres_default", True)):
         conn = psycopg2.connect(**connect_kwargs(conn_id, connect_timeout=10))
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT ssl, current_setting('application_name') FROM pg_stat_ssl "
-                            "WHERE pid = pg_backend_pid()")
+                cur.execute(
+                    "SELECT ssl, current_setting('application_name') FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+                )
                 ssl, applications[conn_id] = cur.fetchone()
         finally:
             conn.close()
@@ -79,15 +97,41 @@ def test_the_java_kafka_client_accepts_the_mapped_sasl_ssl_options(spark, tmp_pa
     import subprocess
 
     ca = tmp_path / "ca.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=eo-test",
-                    "-keyout", str(tmp_path / "ca.key"), "-out", str(ca)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=eo-test",
+            "-keyout",
+            str(tmp_path / "ca.key"),
+            "-out",
+            str(ca),
+        ],
+        check=True,
+        capture_output=True,
+    )
     password = 'p"w\\MARKER'
-    options = spark_kafka_options({"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SASL_SSL",
-                                   "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "eo",
-                                   "sasl.password": password, "ssl.ca.location": str(ca)})
+    options = spark_kafka_options(
+        {
+            "bootstrap.servers": "127.0.0.1:1",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "eo",
+            "sasl.password": password,
+            "ssl.ca.location": str(ca),
+        }
+    )
     jvm = spark.sparkContext._jvm
     entry = jvm.org.apache.kafka.common.security.JaasConfig(
-        "KafkaClient", options["kafka.sasl.jaas.config"]).getAppConfigurationEntry("KafkaClient")[0]
+        "KafkaClient", options["kafka.sasl.jaas.config"]
+    ).getAppConfigurationEntry("KafkaClient")[0]
     assert entry.getLoginModuleName() == "org.apache.kafka.common.security.scram.ScramLoginModule"
     assert (entry.getOptions().get("username"), entry.getOptions().get("password")) == ("eo", password)
     props = jvm.java.util.Properties()

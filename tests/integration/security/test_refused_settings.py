@@ -27,18 +27,31 @@ def numbered(resume_after, last):
 
 def _produce(topic: str, ledger: str, kafka_config_id: str, last: int) -> dict:
     return TransactionalProduceOperator(
-        task_id="produce", topic=topic, offsets_topic=ledger, pipeline=f"sec-{topic}", delivery_mode="exactly_once",
-        producer_function=numbered, producer_function_args=(last,), max_records_per_transaction=1000,
-        kafka_config_id=kafka_config_id).execute({})
+        task_id="produce",
+        topic=topic,
+        offsets_topic=ledger,
+        pipeline=f"sec-{topic}",
+        delivery_mode="exactly_once",
+        producer_function=numbered,
+        producer_function_args=(last,),
+        max_records_per_transaction=1000,
+        kafka_config_id=kafka_config_id,
+    ).execute({})
 
 
 def _secure_consumer_read(stack, topic: str) -> list[bytes]:
     """Read the topic read_committed over SASL_SSL as the application user (a reader the test owns)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    consumer = Consumer({**stack.kafka_secure_client_config(), "group.id": f"sec-{uuid.uuid4().hex[:8]}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            **stack.kafka_secure_client_config(),
+            "group.id": f"sec-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         values = []
@@ -65,18 +78,26 @@ def test_transactions_over_sasl_ssl_commit_and_resume(stack, airflow_connections
 
 REFUSALS = {
     # variant: (what changes in the connection, what the error must say)
-    "wrong password": (lambda s, c: {**c, "sasl.password": "not-the-password"},
-                       r"refused the login of user 'eo'.*sasl\.username/sasl\.password"),
-    "untrusted broker certificate": (lambda s, c: {**c, "ssl.ca.location": str(s.tls_files()["other-ca.pem"])},
-                                     r"not signed by a CA this connection trusts.*ssl\.ca\.location"),
-    "plaintext client on the TLS listener": (lambda s, c: {"bootstrap.servers": c["bootstrap.servers"]},
-                                             r"security\.protocol=PLAINTEXT.*SASL_SSL"),
-    "user without ACLs": (lambda s, c: {**c, "sasl.username": s.KAFKA_DENIED_USER,
-                                        "sasl.password": s.KAFKA_DENIED_PASSWORD},
-                          r"user 'eo-denied' has no ACL on the topic.*offsets topic"),
-    "user without rights on transactional ids": (lambda s, c: {**c, "sasl.username": s.KAFKA_NO_TXN_USER,
-                                                               "sasl.password": s.KAFKA_NO_TXN_PASSWORD},
-                                                 r"user 'eo-no-txn' has no ACL on the transactional id"),
+    "wrong password": (
+        lambda s, c: {**c, "sasl.password": "not-the-password"},
+        r"refused the login of user 'eo'.*sasl\.username/sasl\.password",
+    ),
+    "untrusted broker certificate": (
+        lambda s, c: {**c, "ssl.ca.location": str(s.tls_files()["other-ca.pem"])},
+        r"not signed by a CA this connection trusts.*ssl\.ca\.location",
+    ),
+    "plaintext client on the TLS listener": (
+        lambda s, c: {"bootstrap.servers": c["bootstrap.servers"]},
+        r"security\.protocol=PLAINTEXT.*SASL_SSL",
+    ),
+    "user without ACLs": (
+        lambda s, c: {**c, "sasl.username": s.KAFKA_DENIED_USER, "sasl.password": s.KAFKA_DENIED_PASSWORD},
+        r"user 'eo-denied' has no ACL on the topic.*offsets topic",
+    ),
+    "user without rights on transactional ids": (
+        lambda s, c: {**c, "sasl.username": s.KAFKA_NO_TXN_USER, "sasl.password": s.KAFKA_NO_TXN_PASSWORD},
+        r"user 'eo-no-txn' has no ACL on the transactional id",
+    ),
 }
 
 
@@ -100,14 +121,26 @@ def test_refused_kafka_settings_name_the_connection_and_the_fix(stack, airflow_c
 
 
 def _mysql_conn(stack, monkeypatch, **extra) -> str:
-    monkeypatch.setenv("AIRFLOW_CONN_MYSQL_REFUSED", json.dumps(
-        {"conn_type": "mysql", "host": stack.HOST, "port": stack.MARIADB_PORT, "login": stack.TLS_USER,
-         "password": stack.TLS_PASSWORD, "schema": stack.DB_NAME, "extra": extra}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MYSQL_REFUSED",
+        json.dumps(
+            {
+                "conn_type": "mysql",
+                "host": stack.HOST,
+                "port": stack.MARIADB_PORT,
+                "login": stack.TLS_USER,
+                "password": stack.TLS_PASSWORD,
+                "schema": stack.DB_NAME,
+                "extra": extra,
+            }
+        ),
+    )
     return "mysql_refused"
 
 
-def test_mysql_user_that_requires_tls_is_refused_a_plaintext_connection_with_the_fix(stack, airflow_connections,
-                                                                                    monkeypatch):
+def test_mysql_user_that_requires_tls_is_refused_a_plaintext_connection_with_the_fix(
+    stack, airflow_connections, monkeypatch
+):
     with pytest.raises(ServiceAccessError, match=r"MySQL connection 'mysql_refused'.*REQUIRE SSL.*Extra ssl") as err:
         MySqlSourceHook(mysql_conn_id=_mysql_conn(stack, monkeypatch)).server_info()
     assert stack.TLS_PASSWORD not in str(err.value)
@@ -117,23 +150,37 @@ def test_mysql_user_that_requires_tls_is_refused_a_plaintext_connection_with_the
 
 
 def test_mysql_server_certificate_from_an_unknown_ca_is_refused(stack, airflow_connections, monkeypatch):
-    conn_id = _mysql_conn(stack, monkeypatch, ssl={"ca": str(stack.tls_files()["other-ca.pem"])},
-                          ssl_mode="VERIFY_CA")
+    conn_id = _mysql_conn(stack, monkeypatch, ssl={"ca": str(stack.tls_files()["other-ca.pem"])}, ssl_mode="VERIFY_CA")
     with pytest.raises(ServiceAccessError, match=r"MySQL connection 'mysql_refused'.*TLS handshake failed.*ssl\.ca"):
         MySqlSourceHook(mysql_conn_id=conn_id).server_info()
 
 
-@pytest.mark.parametrize("extra,expected", [
-    ({"sslmode": "disable"}, r"only over TLS: set the connection's Extra sslmode"),  # a plaintext client
-    ({"sslmode": "verify-full", "sslrootcert": "OTHER_CA"}, r"not trusted: put the CA.*sslrootcert"),
-])
-def test_postgres_role_that_requires_tls_refuses_plaintext_and_unknown_cas(stack, airflow_connections, monkeypatch,
-                                                                          extra, expected):
+@pytest.mark.parametrize(
+    "extra,expected",
+    [
+        ({"sslmode": "disable"}, r"only over TLS: set the connection's Extra sslmode"),  # a plaintext client
+        ({"sslmode": "verify-full", "sslrootcert": "OTHER_CA"}, r"not trusted: put the CA.*sslrootcert"),
+    ],
+)
+def test_postgres_role_that_requires_tls_refuses_plaintext_and_unknown_cas(
+    stack, airflow_connections, monkeypatch, extra, expected
+):
     if extra.get("sslrootcert") == "OTHER_CA":
         extra = {**extra, "sslrootcert": str(stack.tls_files()["other-ca.pem"])}
-    monkeypatch.setenv("AIRFLOW_CONN_POSTGRES_REFUSED", json.dumps(
-        {"conn_type": "postgres", "host": stack.HOST, "port": stack.POSTGRES_PORT, "login": stack.TLS_USER,
-         "password": stack.TLS_PASSWORD, "schema": stack.DB_NAME, "extra": extra}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_POSTGRES_REFUSED",
+        json.dumps(
+            {
+                "conn_type": "postgres",
+                "host": stack.HOST,
+                "port": stack.POSTGRES_PORT,
+                "login": stack.TLS_USER,
+                "password": stack.TLS_PASSWORD,
+                "schema": stack.DB_NAME,
+                "extra": extra,
+            }
+        ),
+    )
     with pytest.raises(ServiceAccessError, match=r"PostgreSQL connection 'postgres_refused'.*" + expected) as err:
         postgres_connection("postgres_refused")
     assert stack.TLS_PASSWORD not in str(err.value)

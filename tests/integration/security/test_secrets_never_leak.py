@@ -35,18 +35,32 @@ def _status_page(table: str, pipeline: str, topic: str, sink_table: str, tmp_pat
     from exactly_once_provider.plugins.status import read_overview
 
     with DAG(f"leak_{pipeline}".replace("-", "_"), schedule=None, start_date=pendulum.datetime(2026, 1, 1)) as dag:
-        BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline, mysql_conn_id="mysql_leak",
-                              kafka_config_id="kafka_leak")
-        SparkKafkaToSinkOperator(task_id="apply", pipeline=f"{pipeline}-apply", topics=[topic], sink="postgres",
-                                 sink_table=sink_table, mode="cdc", checkpoint_location=str(tmp_path / "checkpoint"),
-                                 kafka_conn_id="kafka_leak", postgres_conn_id="postgres_leak")
+        BinlogCaptureOperator(
+            task_id="capture",
+            tables=[table],
+            pipeline=pipeline,
+            mysql_conn_id="mysql_leak",
+            kafka_config_id="kafka_leak",
+        )
+        SparkKafkaToSinkOperator(
+            task_id="apply",
+            pipeline=f"{pipeline}-apply",
+            topics=[topic],
+            sink="postgres",
+            sink_table=sink_table,
+            mode="cdc",
+            checkpoint_location=str(tmp_path / "checkpoint"),
+            kafka_conn_id="kafka_leak",
+            postgres_conn_id="postgres_leak",
+        )
     overview = read_overview([dag])
     flow = next((f for f in overview.flows if f.has(f"{pipeline}-apply")), None)
     return render_page(overview), json.dumps(_to_json(overview), default=str), flow
 
 
 def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_command_line(
-        stack, airflow_connections, monkeypatch, tmp_path, caplog, capfd):
+    stack, airflow_connections, monkeypatch, tmp_path, caplog, capfd
+):
     tag = uuid.uuid4().hex[:8]
     users = marker_users(stack)
     secrets = users.pop("secrets")
@@ -59,8 +73,10 @@ def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_comm
     start = "{}:{}".format(*cur.fetchone()[:2])
     for batch in range(5):  # five source transactions
         cur.execute("BEGIN")
-        cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, %s)",
-                        [(batch * 100 + i, f"{batch}.{i:02d}", f"n{batch}-{i}") for i in range(100)])
+        cur.executemany(
+            f"INSERT INTO `{table}` VALUES (%s, %s, %s)",
+            [(batch * 100 + i, f"{batch}.{i:02d}", f"n{batch}-{i}") for i in range(100)],
+        )
         cur.execute("COMMIT")
     cur.execute(f"UPDATE `{table}` SET note = 'changed' WHERE id < 50")
     cur.execute(f"DELETE FROM `{table}` WHERE id >= 450")
@@ -73,17 +89,34 @@ def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_comm
     try:
         with caplog.at_level(logging.DEBUG):
             captured = BinlogCaptureOperator(
-                task_id="capture", tables=[table], pipeline=pipeline, start_position=start,
-                mysql_conn_id="mysql_leak", kafka_config_id="kafka_leak").execute({})
+                task_id="capture",
+                tables=[table],
+                pipeline=pipeline,
+                start_position=start,
+                mysql_conn_id="mysql_leak",
+                kafka_config_id="kafka_leak",
+            ).execute({})
             topic = captured["topics"][f"{stack.DB_NAME}.{table}"]
             state = SparkKafkaToSinkOperator(
-                task_id="apply", pipeline=f"{pipeline}-apply", topics=[topic], sink="postgres", sink_table=sink_table,
-                mode="cdc", checkpoint_location=str(tmp_path / "checkpoint"), kafka_conn_id="kafka_leak",
-                postgres_conn_id="postgres_leak", env_vars={"PYSPARK_PYTHON": sys.executable},
-                conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false",
-                      "spark.eventLog.enabled": "true", "spark.eventLog.dir": str(events),
-                      # Spark 4 compresses event logs with zstd by default: searching those bytes proves nothing
-                      "spark.eventLog.compress": "false"}).execute({})
+                task_id="apply",
+                pipeline=f"{pipeline}-apply",
+                topics=[topic],
+                sink="postgres",
+                sink_table=sink_table,
+                mode="cdc",
+                checkpoint_location=str(tmp_path / "checkpoint"),
+                kafka_conn_id="kafka_leak",
+                postgres_conn_id="postgres_leak",
+                env_vars={"PYSPARK_PYTHON": sys.executable},
+                conf={
+                    "spark.jars": stack.spark_conf()["spark.jars"],
+                    "spark.ui.enabled": "false",
+                    "spark.eventLog.enabled": "true",
+                    "spark.eventLog.dir": str(events),
+                    # Spark 4 compresses event logs with zstd by default: searching those bytes proves nothing
+                    "spark.eventLog.compress": "false",
+                },
+            ).execute({})
     finally:
         sampler.stop.set()
         sampler.join(10)
@@ -98,8 +131,9 @@ def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_comm
     assert captured["rows"] == 500 + 50 + 50 and captured["transactions"] == 7
     cur.execute(f"SELECT id, amount, note FROM `{table}` ORDER BY id")
     source = [(i, str(amount), note) for i, amount, note in cur.fetchall()]
-    pg = psycopg2.connect(host=str(stack.HOME / "postgres"), port=stack.POSTGRES_PORT, user="postgres",
-                          dbname=stack.DB_NAME)
+    pg = psycopg2.connect(
+        host=str(stack.HOME / "postgres"), port=stack.POSTGRES_PORT, user="postgres", dbname=stack.DB_NAME
+    )
     with pg.cursor() as pcur:
         pcur.execute(f"SELECT record_value FROM eo_leak.{sink_table}")
         values = [json.loads(value) for (value,) in pcur.fetchall()]
@@ -111,8 +145,15 @@ def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_comm
     # No secret anywhere the run wrote or showed.
     event_logs = "".join(path.read_text(errors="replace") for path in events.rglob("*") if path.is_file())
     assert "SparkListenerEnvironmentUpdate" in event_logs, "no readable Spark event log: the check would prove nothing"
-    places = {"task log": caplog.text, "stdout": output.out, "stderr": output.err, "Spark event log": event_logs,
-              "process arguments": "\n".join(sampler.seen), "status page": page, "status page JSON": page_json}
+    places = {
+        "task log": caplog.text,
+        "stdout": output.out,
+        "stderr": output.err,
+        "Spark event log": event_logs,
+        "process arguments": "\n".join(sampler.seen),
+        "status page": page,
+        "status page JSON": page_json,
+    }
     assert sampler.samples > 20 and any("spark" in args.lower() for args in sampler.seen), "sampling missed the run"
     leaks = [(kind, place) for kind, secret in secrets.items() for place, text in places.items() if secret in text]
     assert not leaks, f"secrets found: {leaks}"

@@ -66,8 +66,17 @@ def sink_state(stack, sink: str, target, pipeline: str):
     if sink == "files":  # a path or a storage (S3)
         storage = sink_storage(target)
         return FilesSink(storage.uri(), pipeline, storage).committed()
-    return PostgresSink(target, pipeline, {"host": stack.HOST, "port": stack.POSTGRES_PORT, "dbname": stack.DB_NAME,
-                                           "user": stack.DB_USER, "password": stack.DB_PASSWORD}).committed()
+    return PostgresSink(
+        target,
+        pipeline,
+        {
+            "host": stack.HOST,
+            "port": stack.POSTGRES_PORT,
+            "dbname": stack.DB_NAME,
+            "user": stack.DB_USER,
+            "password": stack.DB_PASSWORD,
+        },
+    ).committed()
 
 
 @pytest.mark.parametrize("sink", LOCATIONS)
@@ -80,8 +89,9 @@ def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack
     checkpoint = checkpoint_for(sink, tmp_path, topic, stack)  # delta-s3: in the bucket too (through s3a)
     target = reader_for(sink, location, s3)  # read back through the storage layer, on local disk or MinIO alike
     sink = sink.removesuffix("-s3")
-    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, location, max_offsets=120,
-                         s3=s3.to_json() if s3 else None)
+    args = jobs.job_args(
+        stack, pipeline, topic, checkpoint, sink, location, max_offsets=120, s3=s3.to_json() if s3 else None
+    )
     if s3:  # the credentials travel in the 0600 secrets file only, never on spark-submit's command line
         assert s3.secret_access_key not in " ".join(jobs.submit_command(stack, args))
     log = tmp_path / "job.log"

@@ -51,8 +51,13 @@ def produce_changes(bootstrap: str, topic: str) -> dict[str, tuple[int, bool, st
 
 def sink_state(stack, sink: str, target) -> dict[str, tuple[int, bool, str]]:
     if sink == "postgres":
-        conn = psycopg2.connect(host=stack.HOST, port=stack.POSTGRES_PORT, dbname=stack.DB_NAME,
-                                user=stack.DB_USER, password=stack.DB_PASSWORD)
+        conn = psycopg2.connect(
+            host=stack.HOST,
+            port=stack.POSTGRES_PORT,
+            dbname=stack.DB_NAME,
+            user=stack.DB_USER,
+            password=stack.DB_PASSWORD,
+        )
         try:
             with conn.cursor() as cur:
                 cur.execute(f"SELECT pk, source_version, deleted, record_value FROM {target}")
@@ -79,8 +84,17 @@ def test_cdc_apply_keeps_the_newest_committed_change_per_key(stack, tmp_path, si
         target = target_for(sink, tmp_path, topic, stack)
     expected = produce_changes(bootstrap, topic)
     assert any(deleted for _, deleted, _ in expected.values()), "the input should contain deletes"
-    args = jobs.job_args(stack, f"cdc-{topic}", topic, checkpoint_for(sink, tmp_path, topic, stack),
-                         sink.removesuffix("-s3"), target, max_offsets=70, mode="cdc", s3=s3.to_json() if s3 else None)
+    args = jobs.job_args(
+        stack,
+        f"cdc-{topic}",
+        topic,
+        checkpoint_for(sink, tmp_path, topic, stack),
+        sink.removesuffix("-s3"),
+        target,
+        max_offsets=70,
+        mode="cdc",
+        s3=s3.to_json() if s3 else None,
+    )
     target, sink = reader_for(sink, target, s3), sink.removesuffix("-s3")
 
     killed = jobs.run_job(stack, args, jobs.kill_driver_at("after_sink_commit", 1))
@@ -108,20 +122,24 @@ def test_a_sink_fed_by_two_tables_is_refused_unless_the_key_names_the_table(stac
     cur = conn.cursor()
     for name in tables:
         cur.execute(f"CREATE TABLE `{name}` (id INT PRIMARY KEY, v VARCHAR(10))")
-    capture = BinlogCaptureOperator(task_id="capture", tables=tables, pipeline=pipeline,
-                                    start_position=_binlog_end(cur))
+    capture = BinlogCaptureOperator(
+        task_id="capture", tables=tables, pipeline=pipeline, start_position=_binlog_end(cur)
+    )
     for name in tables:
         cur.execute(f"INSERT INTO `{name}` VALUES (1, %s), (2, %s)", (name[:5], name[:5]))
     captured = capture.execute({})["topics"]
     topics = [captured[f"{stack.DB_NAME}.{name}"] for name in tables]
     target = str(tmp_path / "one-sink")
-    args = jobs.job_args(stack, f"{pipeline}-apply", ",".join(topics), tmp_path / "checkpoint", "delta", target,
-                         mode="cdc")
+    args = jobs.job_args(
+        stack, f"{pipeline}-apply", ",".join(topics), tmp_path / "checkpoint", "delta", target, mode="cdc"
+    )
     refused = jobs.run_job(stack, args)
     output = refused.stdout + refused.stderr
     assert refused.returncode != 0
-    assert (f"two source tables, {stack.DB_NAME}.{min(tables)} and {stack.DB_NAME}.{max(tables)}, merged on the "
-            "key 'pk' alone") in output, output[-3000:]
+    assert (
+        f"two source tables, {stack.DB_NAME}.{min(tables)} and {stack.DB_NAME}.{max(tables)}, merged on the "
+        "key 'pk' alone"
+    ) in output, output[-3000:]
     assert "key_field='source.schema,source.table,pk'" in output
     from exactly_once_provider.sinks.base import open_sink
 
@@ -133,7 +151,9 @@ def test_a_sink_fed_by_two_tables_is_refused_unless_the_key_names_the_table(stac
     rows = jobs.delta_rows(target, ("pk", "deleted"))
     assert sorted(pk for pk, _ in rows) == sorted(
         json.dumps([stack.DB_NAME, name, json.dumps({"id": i}, separators=(",", ":"))], separators=(",", ":"))
-        for name in tables for i in (1, 2))
+        for name in tables
+        for i in (1, 2)
+    )
     for name in tables:
         cur.execute(f"DROP TABLE `{name}`")
     conn.close()

@@ -19,12 +19,20 @@ import pytest
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
+from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.sinks.current_table import CURRENT_ROWS, DELETED_COLUMN, VERSION_COLUMN, snapshot_version
 from tests import spark_job_support as jobs
-from tests.mysql_support import (ALL_TYPES, ALL_TYPES_COLUMNS, all_types_rows, assert_same_rows, connect,
-                                 normalise, source_rows, unique_name)
+from tests.mysql_support import (
+    ALL_TYPES,
+    ALL_TYPES_COLUMNS,
+    all_types_rows,
+    assert_same_rows,
+    connect,
+    normalise,
+    source_rows,
+    unique_name,
+)
 
 ROWS = 400
 
@@ -35,18 +43,23 @@ def _current_rows(spark, path: str):
     assert keys == 0, f"{keys} keys are in the current table more than once"
     from collections import Counter
 
-    return Counter(tuple(normalise(v) for v in row)
-                   for row in frame.filter(CURRENT_ROWS).select(*ALL_TYPES_COLUMNS).collect())
+    return Counter(
+        tuple(normalise(v) for v in row) for row in frame.filter(CURRENT_ROWS).select(*ALL_TYPES_COLUMNS).collect()
+    )
 
 
 def _change_the_source(cur, table: str) -> None:
     t = f"`{table}`"
-    cur.execute(f"UPDATE {t} SET d = d + 1, dt = '2025-01-01 10:00:00.000001', ts = '2025-06-30 23:59:59.999999', "
-                f"s = CONCAT('changed ', id, ' 😀'), j = '{{\"changed\": true}}', b = x'00ff00', f = 1.25, "
-                f"db = -2.5e-300, bt = b'10101010', u = 18446744073709551615, t = '-838:59:59' WHERE id <= 50")
+    cur.execute(
+        f"UPDATE {t} SET d = d + 1, dt = '2025-01-01 10:00:00.000001', ts = '2025-06-30 23:59:59.999999', "
+        f"s = CONCAT('changed ', id, ' 😀'), j = '{{\"changed\": true}}', b = x'00ff00', f = 1.25, "
+        f"db = -2.5e-300, bt = b'10101010', u = 18446744073709551615, t = '-838:59:59' WHERE id <= 50"
+    )
     cur.execute(f"DELETE FROM {t} WHERE id BETWEEN 51 AND 80")
-    cur.executemany(f"INSERT INTO {t} VALUES (" + ", ".join(["%s"] * 20) + ")",
-                    [(5000 + row[0],) + row[1:] for row in all_types_rows(40)[:40]])
+    cur.executemany(
+        f"INSERT INTO {t} VALUES (" + ", ".join(["%s"] * 20) + ")",
+        [(5000 + row[0],) + row[1:] for row in all_types_rows(40)[:40]],
+    )
     cur.execute(f"UPDATE {t} SET id = 9000 WHERE id = 100")  # a key change: a delete and a create
     cur.execute(f"UPDATE {t} SET d = NULL, big_d = NULL, dt = NULL, j = NULL, tx = NULL WHERE id = 101")
     cur.execute(f"DELETE FROM {t} WHERE id = 102")
@@ -74,36 +87,56 @@ def location(request, stack, tmp_path):
     register_settings(before)
 
 
-def test_changes_merge_into_the_full_load_table_typed_once_per_key(stack, spark, airflow_connections, tmp_path,
-                                                                   location):
+def test_changes_merge_into_the_full_load_table_typed_once_per_key(
+    stack, spark, airflow_connections, tmp_path, location
+):
     table, pipeline = unique_name("cur"), unique_name("cur")
     conn = connect(stack)
     cur = conn.cursor()
     cur.execute(f"CREATE TABLE `{table}` {ALL_TYPES}")
     cur.executemany(f"INSERT INTO `{table}` VALUES (" + ", ".join(["%s"] * 20) + ")", all_types_rows(ROWS))
     path, checkpoint, s3 = location
-    handoff = run_full_load(spark, MySqlSourceHook(), FullLoadRequest(
-        schema=stack.DB_NAME, table=table, sink_path=path, chunk_rows=150,
-        staging_path=str(tmp_path / "staging") if s3 else None)).handoff
+    handoff = run_full_load(
+        spark,
+        MySqlSourceHook(),
+        FullLoadRequest(
+            schema=stack.DB_NAME,
+            table=table,
+            sink_path=path,
+            chunk_rows=150,
+            staging_path=str(tmp_path / "staging") if s3 else None,
+        ),
+    ).handoff
     loaded = spark.read.format("delta").load(path)
     assert loaded.filter(f"{DELETED_COLUMN} OR {VERSION_COLUMN} IS NULL").count() == 0
     versions = {r[0] for r in loaded.select(VERSION_COLUMN).distinct().collect()}
     assert versions == {snapshot_version(c.position) for c in handoff.chunks}, "rows carry their chunk's snapshot"
 
     _change_the_source(cur, table)
-    result = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
-                                   full_load_paths={table: path}).execute({})
+    result = BinlogCaptureOperator(
+        task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path}
+    ).execute({})
     topic = result["topics"][f"{stack.DB_NAME}.{table}"]
-    args = jobs.job_args(stack, f"{pipeline}-apply", topic, checkpoint, "delta", path,
-                         max_offsets=60, mode="current", s3=s3.to_json() if s3 else None)
+    args = jobs.job_args(
+        stack,
+        f"{pipeline}-apply",
+        topic,
+        checkpoint,
+        "delta",
+        path,
+        max_offsets=60,
+        mode="current",
+        s3=s3.to_json() if s3 else None,
+    )
     killed = jobs.run_job(stack, args, jobs.kill_driver_at("after_sink_commit", 1))
     assert killed.returncode in (-9, 137), killed.stdout[-3000:]
     final = jobs.run_job(stack, args)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-4000:]
     assert "batch 1 already committed" in final.stdout
     state = jobs.result_line(final.stdout)
-    assert state["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(
-        f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}}
+    assert state["offsets"] == {
+        topic: {str(p): o for p, o in jobs.end_offsets(f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}
+    }
 
     assert_same_rows(_current_rows(spark, path), source_rows(stack, table, ALL_TYPES_COLUMNS), ALL_TYPES_COLUMNS)
     newest = delta_commit.read_commit(path, delta_commit.newest_version(path))
@@ -116,8 +149,17 @@ def test_changes_merge_into_the_full_load_table_typed_once_per_key(stack, spark,
     # The PostgreSQL current table: every type, built from the same full load, the driver killed once.
     pg_table = table.lower()
     pg_checkpoint = f"{checkpoint}-pg" if s3 else tmp_path / "pg-checkpoint"
-    pg_args = jobs.job_args(stack, f"{pipeline}-pg", topic, pg_checkpoint, "postgres", pg_table, max_offsets=60,
-                            mode="current", s3=s3.to_json() if s3 else None) + ["--path", path]
+    pg_args = jobs.job_args(
+        stack,
+        f"{pipeline}-pg",
+        topic,
+        pg_checkpoint,
+        "postgres",
+        pg_table,
+        max_offsets=60,
+        mode="current",
+        s3=s3.to_json() if s3 else None,
+    ) + ["--path", path]
     killed = jobs.run_job(stack, pg_args, jobs.kill_driver_at("after_sink_commit", 1))
     assert killed.returncode in (-9, 137), killed.stdout[-3000:]
     final = jobs.run_job(stack, pg_args)
@@ -125,14 +167,16 @@ def test_changes_merge_into_the_full_load_table_typed_once_per_key(stack, spark,
     assert "batch 1 already committed" in final.stdout
     assert jobs.result_line(final.stdout)["offsets"] == state["offsets"]
     rows = jobs.postgres_rows(stack, f"{pg_table} WHERE NOT {DELETED_COLUMN}", ALL_TYPES_COLUMNS)
-    assert_same_rows(Counter(tuple(normalise(v) for v in row) for row in rows),
-                     source_rows(stack, table, ALL_TYPES_COLUMNS), ALL_TYPES_COLUMNS)
+    assert_same_rows(
+        Counter(tuple(normalise(v) for v in row) for row in rows),
+        source_rows(stack, table, ALL_TYPES_COLUMNS),
+        ALL_TYPES_COLUMNS,
+    )
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()
 
 
-def test_a_change_of_another_table_is_refused_before_anything_is_committed(stack, spark, airflow_connections,
-                                                                            tmp_path):
+def test_a_change_of_another_table_is_refused_before_anything_is_committed(stack, spark, airflow_connections, tmp_path):
     tables, pipeline = [unique_name("cur_a"), unique_name("cur_b")], unique_name("cur")
     conn = connect(stack)
     cur = conn.cursor()
@@ -142,12 +186,12 @@ def test_a_change_of_another_table_is_refused_before_anything_is_committed(stack
         cur.execute(f"INSERT INTO `{name}` VALUES (1, 1), (2, 2)")
         run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=name, sink_path=path))
     cur.execute(f"UPDATE `{tables[1]}` SET v = 5")
-    result = BinlogCaptureOperator(task_id="capture", tables=[tables[1]], pipeline=pipeline,
-                                   full_load_paths={tables[1]: paths[1]}).execute({})
+    result = BinlogCaptureOperator(
+        task_id="capture", tables=[tables[1]], pipeline=pipeline, full_load_paths={tables[1]: paths[1]}
+    ).execute({})
     topic = result["topics"][f"{stack.DB_NAME}.{tables[1]}"]
     before = delta_commit.newest_version(paths[0])
-    args = jobs.job_args(stack, f"{pipeline}-apply", topic, tmp_path / "checkpoint", "delta", paths[0],
-                         mode="current")
+    args = jobs.job_args(stack, f"{pipeline}-apply", topic, tmp_path / "checkpoint", "delta", paths[0], mode="current")
     refused = jobs.run_job(stack, args)
     assert refused.returncode != 0
     output = refused.stdout + refused.stderr

@@ -29,21 +29,31 @@ from tests.mysql_support import assert_same_rows, connect, normalise, source_row
 # name prefix -> (DDL, columns, key columns)
 TABLES = {
     "orders": ("(id INT PRIMARY KEY, amount DECIMAL(10,2), note VARCHAR(40))", ["id", "amount", "note"], ["id"]),
-    "lines": ("(order_id INT, line_no INT, qty INT, sku VARCHAR(20), PRIMARY KEY (order_id, line_no))",
-              ["order_id", "line_no", "qty", "sku"], ["order_id", "line_no"]),
-    "accounts": ("(code VARCHAR(32) CHARACTER SET utf8mb4 PRIMARY KEY, balance BIGINT, owner VARCHAR(40))",
-                 ["code", "balance", "owner"], ["code"]),
+    "lines": (
+        "(order_id INT, line_no INT, qty INT, sku VARCHAR(20), PRIMARY KEY (order_id, line_no))",
+        ["order_id", "line_no", "qty", "sku"],
+        ["order_id", "line_no"],
+    ),
+    "accounts": (
+        "(code VARCHAR(32) CHARACTER SET utf8mb4 PRIMARY KEY, balance BIGINT, owner VARCHAR(40))",
+        ["code", "balance", "owner"],
+        ["code"],
+    ),
 }
 SEED = 300  # rows per table before the writers start
 
 
 def _seed(cur, names: dict[str, str]) -> None:
-    cur.executemany(f"INSERT INTO `{names['orders']}` VALUES (%s, %s, %s)",
-                    [(i, f"{i}.25", f"order {i}") for i in range(SEED)])
-    cur.executemany(f"INSERT INTO `{names['lines']}` VALUES (%s, %s, %s, %s)",
-                    [(i // 3, i % 3, i, f"sku-{i}") for i in range(SEED)])
-    cur.executemany(f"INSERT INTO `{names['accounts']}` VALUES (%s, %s, %s)",
-                    [(f"acc-{i:05d}-é", i * 10, f"owner {i}") for i in range(SEED)])
+    cur.executemany(
+        f"INSERT INTO `{names['orders']}` VALUES (%s, %s, %s)", [(i, f"{i}.25", f"order {i}") for i in range(SEED)]
+    )
+    cur.executemany(
+        f"INSERT INTO `{names['lines']}` VALUES (%s, %s, %s, %s)", [(i // 3, i % 3, i, f"sku-{i}") for i in range(SEED)]
+    )
+    cur.executemany(
+        f"INSERT INTO `{names['accounts']}` VALUES (%s, %s, %s)",
+        [(f"acc-{i:05d}-é", i * 10, f"owner {i}") for i in range(SEED)],
+    )
 
 
 def _writer(stack, names: dict[str, str], seed: int, stop: threading.Event, errors: list) -> None:
@@ -72,8 +82,7 @@ def _writer(stack, names: dict[str, str], seed: int, stop: threading.Event, erro
                 cur.execute(f"DELETE FROM `{li}` WHERE order_id = %s AND line_no = %s", (gone // 3, gone % 3))
                 cur.execute(f"DELETE FROM `{a}` WHERE code = %s", (f"acc-{gone:05d}-é",))
             if n % 7 == 0:  # a key change in the composite and the text key: a delete and a create
-                cur.execute(f"UPDATE `{li}` SET line_no = line_no + 10 WHERE order_id = %s AND line_no < 10",
-                            (new,))
+                cur.execute(f"UPDATE `{li}` SET line_no = line_no + 10 WHERE order_id = %s AND line_no < 10", (new,))
                 cur.execute(f"UPDATE `{a}` SET code = %s WHERE code = %s", (f"w{seed}-{n}-moved", f"w{seed}-{n}"))
             conn.commit()
     except Exception as err:  # reported by the test: a writer that died silently would weaken it
@@ -100,8 +109,9 @@ def _delta_rs_rows(path: str, columns: list[str], key: list[str]) -> Counter:
     return Counter(tuple(normalise(v) for v in row[:-1]) for row in rows if not row[-1])
 
 
-def test_one_application_applies_three_tables_each_into_its_own_current_table(stack, spark, airflow_connections,
-                                                                               tmp_path):
+def test_one_application_applies_three_tables_each_into_its_own_current_table(
+    stack, spark, airflow_connections, tmp_path
+):
     names = {prefix: unique_name(prefix) for prefix in TABLES}
     pipeline = unique_name("multi")
     conn = connect(stack)
@@ -117,8 +127,11 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(st
         writer.start()
     paths = {prefix: str(tmp_path / prefix) for prefix in TABLES}
     for prefix, name in names.items():  # the writers keep changing the tables while they are loaded
-        run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=name,
-                                                                sink_path=paths[prefix], chunk_rows=100))
+        run_full_load(
+            spark,
+            MySqlSourceHook(),
+            FullLoadRequest(schema=stack.DB_NAME, table=name, sink_path=paths[prefix], chunk_rows=100),
+        )
     stop.set()
     for writer in writers:
         writer.join(300)
@@ -130,17 +143,28 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(st
         writer.join(300)
     assert not errors, errors
 
-    capture = BinlogCaptureOperator(task_id="capture", tables=list(names.values()), pipeline=pipeline,
-                                    full_load_paths={names[p]: paths[p] for p in TABLES}).execute({})
+    capture = BinlogCaptureOperator(
+        task_id="capture",
+        tables=list(names.values()),
+        pipeline=pipeline,
+        full_load_paths={names[p]: paths[p] for p in TABLES},
+    ).execute({})
     topics = {p: capture["topics"][f"{stack.DB_NAME}.{names[p]}"] for p in TABLES}
     assert len(set(topics.values())) == 3
-    streams = [{"topics": [topics[p]], "sink_path": paths[p], "checkpoint_location": str(tmp_path / f"ckpt-{p}")}
-               for p in TABLES]
+    streams = [
+        {"topics": [topics[p]], "sink_path": paths[p], "checkpoint_location": str(tmp_path / f"ckpt-{p}")}
+        for p in TABLES
+    ]
     apply = SparkKafkaToSinkOperator(
-        task_id="apply", pipeline=f"{pipeline}-apply", sink="delta", mode="current", streams=streams,
+        task_id="apply",
+        pipeline=f"{pipeline}-apply",
+        sink="delta",
+        mode="current",
+        streams=streams,
         max_offsets_per_trigger=300,  # several micro-batches per table
         conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
-        env_vars={"PYSPARK_PYTHON": sys.executable})
+        env_vars={"PYSPARK_PYTHON": sys.executable},
+    )
     state = apply.execute({})
 
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
@@ -158,17 +182,32 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(st
     # pipeline and its offsets table, and commit their batches interleaved
     pg_tables = {p: names[p].lower() for p in TABLES}
     pg_state = SparkKafkaToSinkOperator(
-        task_id="apply_postgres", pipeline=f"{pipeline}-apply-postgres", sink="postgres", mode="current",
-        streams=[{"topics": [topics[p]], "sink_path": paths[p], "sink_table": pg_tables[p],
-                  "checkpoint_location": str(tmp_path / f"ckpt-pg-{p}")} for p in TABLES],
-        max_offsets_per_trigger=300, conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
-        env_vars={"PYSPARK_PYTHON": sys.executable}).execute({})
+        task_id="apply_postgres",
+        pipeline=f"{pipeline}-apply-postgres",
+        sink="postgres",
+        mode="current",
+        streams=[
+            {
+                "topics": [topics[p]],
+                "sink_path": paths[p],
+                "sink_table": pg_tables[p],
+                "checkpoint_location": str(tmp_path / f"ckpt-pg-{p}"),
+            }
+            for p in TABLES
+        ],
+        max_offsets_per_trigger=300,
+        conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
+        env_vars={"PYSPARK_PYTHON": sys.executable},
+    ).execute({})
     for prefix in TABLES:
         assert pg_state["streams"][pg_tables[prefix]]["offsets"] == state["streams"][paths[prefix]]["offsets"]
         _, columns, key = TABLES[prefix]
         rows = jobs.postgres_rows(stack, f"{pg_tables[prefix]} WHERE NOT {DELETED_COLUMN}", columns)
-        assert_same_rows(Counter(tuple(normalise(v) for v in row) for row in rows),
-                         source_rows(stack, names[prefix], columns), columns)
+        assert_same_rows(
+            Counter(tuple(normalise(v) for v in row) for row in rows),
+            source_rows(stack, names[prefix], columns),
+            columns,
+        )
 
     versions = {p: delta_commit.newest_version(paths[p]) for p in TABLES}
     again = apply.execute({})  # a retry / the next increment with nothing new: nothing is written
@@ -182,7 +221,8 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(st
 
 
 def test_a_stream_fed_another_tables_topic_fails_the_application_and_a_fixed_run_ends_exact(
-        stack, spark, airflow_connections, tmp_path):
+    stack, spark, airflow_connections, tmp_path
+):
     """lines' sink fed accounts' topic and the other way round, orders right: the run fails naming both tables,
     neither mis-fed table gets a commit; the run with the right mapping (new checkpoints: each query starts from
     its sink's offsets) leaves all three equal to the source."""
@@ -195,24 +235,39 @@ def test_a_stream_fed_another_tables_topic_fails_the_application_and_a_fixed_run
     _seed(cur, names)
     paths = {prefix: str(tmp_path / prefix) for prefix in TABLES}
     for prefix, name in names.items():
-        run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=name,
-                                                                sink_path=paths[prefix]))
+        run_full_load(
+            spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=name, sink_path=paths[prefix])
+        )
     stop, errors = threading.Event(), []
     stop.set()
     _writer(stack, names, 7, stop, errors)
     assert not errors, errors
-    capture = BinlogCaptureOperator(task_id="capture", tables=list(names.values()), pipeline=pipeline,
-                                    full_load_paths={names[p]: paths[p] for p in TABLES}).execute({})
+    capture = BinlogCaptureOperator(
+        task_id="capture",
+        tables=list(names.values()),
+        pipeline=pipeline,
+        full_load_paths={names[p]: paths[p] for p in TABLES},
+    ).execute({})
     topics = {p: capture["topics"][f"{stack.DB_NAME}.{names[p]}"] for p in TABLES}
     loaded = {p: delta_commit.newest_version(paths[p]) for p in TABLES}
 
     def apply(feeds: dict[str, str], checkpoints: str) -> SparkKafkaToSinkOperator:
         return SparkKafkaToSinkOperator(
-            task_id="apply", pipeline=f"{pipeline}-apply", sink="delta", mode="current",
-            streams=[{"topics": [topics[feeds[p]]], "sink_path": paths[p],
-                      "checkpoint_location": str(tmp_path / checkpoints / p)} for p in TABLES],
+            task_id="apply",
+            pipeline=f"{pipeline}-apply",
+            sink="delta",
+            mode="current",
+            streams=[
+                {
+                    "topics": [topics[feeds[p]]],
+                    "sink_path": paths[p],
+                    "checkpoint_location": str(tmp_path / checkpoints / p),
+                }
+                for p in TABLES
+            ],
             conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
-            env_vars={"PYSPARK_PYTHON": sys.executable})
+            env_vars={"PYSPARK_PYTHON": sys.executable},
+        )
 
     with pytest.raises(AirflowException, match="reached the current table of") as failed:
         apply({"orders": "orders", "lines": "accounts", "accounts": "lines"}, "wrong").execute({})
@@ -223,8 +278,9 @@ def test_a_stream_fed_another_tables_topic_fails_the_application_and_a_fixed_run
     state = apply({p: p for p in TABLES}, "right").execute({})
     for prefix, name in names.items():
         _, columns, key = TABLES[prefix]
-        assert state["streams"][paths[prefix]]["offsets"] == {topics[prefix]: {"0": jobs.end_offsets(
-            f"{stack.HOST}:{stack.KAFKA_PORT}", topics[prefix], 1)[0]}}
+        assert state["streams"][paths[prefix]]["offsets"] == {
+            topics[prefix]: {"0": jobs.end_offsets(f"{stack.HOST}:{stack.KAFKA_PORT}", topics[prefix], 1)[0]}
+        }
         assert_same_rows(_delta_rs_rows(paths[prefix], columns, key), source_rows(stack, name, columns), columns)
         cur.execute(f"DROP TABLE `{name}`")
     conn.close()

@@ -19,19 +19,22 @@ from tests.integration.spark_jobs.test_kafka_to_sink import sink_state, target_f
 from tests.integration.spark_jobs.test_kafka_to_sink_window import run_job
 from tests.kafka_support import new_topic, transactional_producer
 
-POISON = {"invalid-utf8": (b'{"n": "\xff\xfe"}', "not valid UTF-8"),
-          "nul": (b'{"n": "a\x00b"}', "NUL character")}
+POISON = {"invalid-utf8": (b'{"n": "\xff\xfe"}', "not valid UTF-8"), "nul": (b'{"n": "a\x00b"}', "NUL character")}
 
 
-@pytest.mark.parametrize("sink,poison", [
-    ("delta", "invalid-utf8"),
-    ("postgres", "nul"),
-    pytest.param("postgres", "invalid-utf8", marks=pytest.mark.matrix),
-    pytest.param("files", "invalid-utf8", marks=pytest.mark.matrix),
-    pytest.param("files-s3", "invalid-utf8", marks=pytest.mark.matrix),
-])
+@pytest.mark.parametrize(
+    "sink,poison",
+    [
+        ("delta", "invalid-utf8"),
+        ("postgres", "nul"),
+        pytest.param("postgres", "invalid-utf8", marks=pytest.mark.matrix),
+        pytest.param("files", "invalid-utf8", marks=pytest.mark.matrix),
+        pytest.param("files-s3", "invalid-utf8", marks=pytest.mark.matrix),
+    ],
+)
 def test_poison_record_stops_the_job_before_its_batch_is_committed(
-        stack, spark, tmp_path, monkeypatch, capsys, sink, poison):
+    stack, spark, tmp_path, monkeypatch, capsys, sink, poison
+):
     for key, value in jobs.pg_env(stack).items():
         monkeypatch.setenv(key, value)
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
@@ -51,8 +54,9 @@ def test_poison_record_stops_the_job_before_its_batch_is_committed(
         producer.flush(30)
         producer.commit_transaction(60)
     # offsets: 0-4 good, 5 commit marker, 6-8 second transaction (poison at 7), 9 commit marker
-    args = jobs.job_args(stack, pipeline, topic, tmp_path / "checkpoint", sink, location, max_offsets=6,
-                         s3=s3.to_json() if s3 else None)
+    args = jobs.job_args(
+        stack, pipeline, topic, tmp_path / "checkpoint", sink, location, max_offsets=6, s3=s3.to_json() if s3 else None
+    )
 
     with pytest.raises(Exception) as failure:
         run_job(args, capsys)

@@ -21,11 +21,13 @@ def test_text_with_a_nul_character_stops_the_batch_naming_its_key(stack, spark, 
     path = str(tmp_path / "current")
     run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=table, sink_path=path))
     cur.execute(f"UPDATE `{table}` SET s = 'ok' WHERE id = 1")
-    topic = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
-                                  full_load_paths={table: path}).execute({})["topics"][f"{stack.DB_NAME}.{table}"]
+    topic = BinlogCaptureOperator(
+        task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path}
+    ).execute({})["topics"][f"{stack.DB_NAME}.{table}"]
     pg_table = table.lower()
-    args = jobs.job_args(stack, f"{pipeline}-pg", topic, tmp_path / "checkpoint", "postgres", pg_table,
-                         mode="current") + ["--path", path]
+    args = jobs.job_args(
+        stack, f"{pipeline}-pg", topic, tmp_path / "checkpoint", "postgres", pg_table, mode="current"
+    ) + ["--path", path]
     first = jobs.run_job(stack, args)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-4000:]
     offsets = f"eo_stream_offsets WHERE pipeline = '{pipeline}-pg'"
@@ -34,8 +36,9 @@ def test_text_with_a_nul_character_stops_the_batch_naming_its_key(stack, spark, 
 
     cur.execute(f"UPDATE `{table}` SET s = 'a\\0b' WHERE id = 7")
     cur.execute(f"UPDATE `{table}` SET s = 'later' WHERE id = 2")
-    BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
-                          full_load_paths={table: path}).execute({})
+    BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path}).execute(
+        {}
+    )
     refused = jobs.run_job(stack, args)
     assert refused.returncode != 0
     output = refused.stdout + refused.stderr

@@ -85,8 +85,9 @@ def _postgres_rows(stack, table: str) -> Counter:
 def _setup(stack, spark, tmp_path, table: str) -> str:
     cur = connect(stack).cursor()
     cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v INT, s VARCHAR(10), d DECIMAL(8,2))")
-    cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, %s, %s)",
-                    [(i, i * 3, f"s{i}", f"{i}.25") for i in range(1, ROWS + 1)])
+    cur.executemany(
+        f"INSERT INTO `{table}` VALUES (%s, %s, %s, %s)", [(i, i * 3, f"s{i}", f"{i}.25") for i in range(1, ROWS + 1)]
+    )
     path = str(tmp_path / "current")
     run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=table, sink_path=path))
     return path
@@ -107,18 +108,19 @@ def alter_under_writer(stack, cur, table: str, pause: float) -> int:
     return len(written)
 
 
-def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, spark, airflow_connections,
-                                                                         tmp_path):
+def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, spark, airflow_connections, tmp_path):
     table, pipeline = unique_name("sch"), unique_name("sch")
     path = _setup(stack, spark, tmp_path, table)
     conn = connect(stack)
     cur = conn.cursor()
     assert alter_under_writer(stack, cur, table, 0.2) > 50, "the writer ran alongside the statements"
-    result = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
-                                   full_load_paths={table: path}).execute({})
+    result = BinlogCaptureOperator(
+        task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path}
+    ).execute({})
     topic = result["topics"][f"{stack.DB_NAME}.{table}"]
-    args = jobs.job_args(stack, f"{pipeline}-apply", topic, tmp_path / "checkpoint", "delta", path,
-                         max_offsets=40, mode="current")
+    args = jobs.job_args(
+        stack, f"{pipeline}-apply", topic, tmp_path / "checkpoint", "delta", path, max_offsets=40, mode="current"
+    )
     killed = jobs.run_job(stack, args, {"EO_FAULT_AT": "current_schema_changed", "EO_FAULT_ACTION": "kill-group"})
     assert killed.returncode in (-9, 137), killed.stdout[-3000:] + killed.stderr[-3000:]
     assert "c" not in spark.read.format("delta").load(path).columns, "the schema changed without its batch"
@@ -127,8 +129,9 @@ def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, 
     # A batch is planned without reading its schema records; the one holding a statement is planned again.
     assert "holds a schema change: planned again with it" in killed.stdout + killed.stderr
     state = jobs.result_line(final.stdout)
-    assert state["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(
-        f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}}
+    assert state["offsets"] == {
+        topic: {str(p): o for p, o in jobs.end_offsets(f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}
+    }
 
     source = source_rows(stack, table, COLUMNS)
     assert source[(10, None, 8, "s10", "10.25", "é'x")] == 1  # the pre-existing rows' defaults, as the source shows
@@ -139,38 +142,46 @@ def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, 
 
     # The PostgreSQL current table of the same changes, built from the same full load.
     pg_table = table.lower()
-    pg_args = jobs.job_args(stack, f"{pipeline}-pg", topic, tmp_path / "pg-checkpoint", "postgres", pg_table,
-                            max_offsets=40, mode="current") + ["--path", path]
+    pg_args = jobs.job_args(
+        stack, f"{pipeline}-pg", topic, tmp_path / "pg-checkpoint", "postgres", pg_table, max_offsets=40, mode="current"
+    ) + ["--path", path]
     final = jobs.run_job(stack, pg_args)  # its SIGKILLs: tests/faults/test_schema_change_kill.py
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-4000:]
     assert jobs.result_line(final.stdout)["offsets"] == state["offsets"]
     assert_same_rows(_postgres_rows(stack, pg_table), source, COLUMNS)
     # The reconciliation reads it as a plain table with tombstones (the source's columns; v and d are not).
-    result = ReconcileOperator(task_id="reconcile", name=f"test-{pg_table}", table=table, sink="postgres",
-                               sink_table=pg_table, sink_deleted_column=DELETED_COLUMN,
-                               fail_on_mismatch=False).execute({})
+    result = ReconcileOperator(
+        task_id="reconcile",
+        name=f"test-{pg_table}",
+        table=table,
+        sink="postgres",
+        sink_table=pg_table,
+        sink_deleted_column=DELETED_COLUMN,
+        fail_on_mismatch=False,
+    ).execute({})
     assert result["clean"] and result["sink_rows"] == sum(source.values()), result
     cur.execute(f"DROP TABLE `{table}`")
     conn.close()
 
 
-def test_a_refused_alter_table_stops_the_table_with_its_statement_and_fix(stack, spark, airflow_connections,
-                                                                          tmp_path):
+def test_a_refused_alter_table_stops_the_table_with_its_statement_and_fix(stack, spark, airflow_connections, tmp_path):
     table, pipeline = unique_name("schr"), unique_name("schr")
     path = _setup(stack, spark, tmp_path, table)
     conn = connect(stack)
     cur = conn.cursor()
     cur.execute(f"UPDATE `{table}` SET v = 1 WHERE id = 1")
-    result = BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
-                                   full_load_paths={table: path}).execute({})
+    result = BinlogCaptureOperator(
+        task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path}
+    ).execute({})
     topic = result["topics"][f"{stack.DB_NAME}.{table}"]
     args = jobs.job_args(stack, f"{pipeline}-apply", topic, tmp_path / "checkpoint", "delta", path, mode="current")
     first = jobs.run_job(stack, args)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-4000:]
     before = delta_commit.newest_version(path)
     pg_table = table.lower()
-    pg_args = jobs.job_args(stack, f"{pipeline}-pg", topic, tmp_path / "pg-checkpoint", "postgres", pg_table,
-                            mode="current") + ["--path", path]
+    pg_args = jobs.job_args(
+        stack, f"{pipeline}-pg", topic, tmp_path / "pg-checkpoint", "postgres", pg_table, mode="current"
+    ) + ["--path", path]
     first = jobs.run_job(stack, pg_args)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-4000:]
     pg_offsets = f"eo_stream_offsets WHERE pipeline = '{pipeline}-pg'"
@@ -179,8 +190,9 @@ def test_a_refused_alter_table_stops_the_table_with_its_statement_and_fix(stack,
 
     cur.execute(f"ALTER TABLE `{table}` MODIFY v BIGINT")
     cur.execute(f"UPDATE `{table}` SET v = 5000000000 WHERE id = 2")
-    BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline,
-                          full_load_paths={table: path}).execute({})
+    BinlogCaptureOperator(task_id="capture", tables=[table], pipeline=pipeline, full_load_paths={table: path}).execute(
+        {}
+    )
     refused = jobs.run_job(stack, args)
     assert refused.returncode != 0
     output = refused.stdout + refused.stderr

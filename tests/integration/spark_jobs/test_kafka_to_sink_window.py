@@ -38,21 +38,33 @@ class Source:
         self.conn = connect(stack)
         self.conn.cursor().execute(
             f"CREATE TABLE {self.table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, tag VARCHAR(20) NOT NULL,"
-            " amount INT NOT NULL)")
+            " amount INT NOT NULL)"
+        )
 
     def insert(self, tag: str, count: int) -> None:
-        self.conn.cursor().execute(f"INSERT INTO {self.table} (tag, amount) VALUES "
-                                   + ", ".join(["(%s, %s)"] * count), [x for n in range(count) for x in (tag, n)])
+        self.conn.cursor().execute(
+            f"INSERT INTO {self.table} (tag, amount) VALUES " + ", ".join(["(%s, %s)"] * count),
+            [x for n in range(count) for x in (tag, n)],
+        )
 
     def update(self, tag: str, limit: int) -> None:
-        self.conn.cursor().execute(f"UPDATE {self.table} SET amount = amount + 100 WHERE tag = %s LIMIT {limit}",
-                                   (tag,))
+        self.conn.cursor().execute(
+            f"UPDATE {self.table} SET amount = amount + 100 WHERE tag = %s LIMIT {limit}", (tag,)
+        )
 
     def extract(self, batch_id: str, reextract: bool = False) -> dict:
         return WatermarkExtractOperator(
-            task_id=f"x{uuid.uuid4().hex[:6]}", table=self.table, cursor_column="id", cursor_kind="id",
-            topic=self.topic, pipeline="settle", offsets_topic=self.ledger, batch_id=batch_id, reextract=reextract,
-            safety_lag=0).execute({})
+            task_id=f"x{uuid.uuid4().hex[:6]}",
+            table=self.table,
+            cursor_column="id",
+            cursor_kind="id",
+            topic=self.topic,
+            pipeline="settle",
+            offsets_topic=self.ledger,
+            batch_id=batch_id,
+            reextract=reextract,
+            safety_lag=0,
+        ).execute({})
 
     def rows(self) -> Counter:
         cur = self.conn.cursor()
@@ -89,12 +101,19 @@ def run_job(args: list[str], capsys) -> dict | None:
 # PostgreSQL runs in the default suite (time budget: the Delta variant takes ~110 s on the loaded 2-core box,
 # five Delta commits); Delta and files (local disk and MinIO) run with `pytest -m matrix` (same planning, other
 # commit paths).
-@pytest.mark.parametrize("sink", (pytest.param("delta", marks=pytest.mark.matrix), "postgres",
-                                  pytest.param("files", marks=pytest.mark.matrix),
-                                  pytest.param("files-s3", marks=pytest.mark.matrix),
-                                  pytest.param("delta-s3", marks=pytest.mark.matrix)))
+@pytest.mark.parametrize(
+    "sink",
+    (
+        pytest.param("delta", marks=pytest.mark.matrix),
+        "postgres",
+        pytest.param("files", marks=pytest.mark.matrix),
+        pytest.param("files-s3", marks=pytest.mark.matrix),
+        pytest.param("delta-s3", marks=pytest.mark.matrix),
+    ),
+)
 def test_window_versions_replace_whole_windows_across_a_lost_checkpoint(
-        stack, airflow_connections, spark, tmp_path, monkeypatch, capsys, caplog, sink):
+    stack, airflow_connections, spark, tmp_path, monkeypatch, capsys, caplog, sink
+):
     for key, value in jobs.pg_env(stack).items():
         monkeypatch.setenv(key, value)
     caplog.set_level(logging.INFO, logger="exactly_once_provider.kafka_to_sink")
@@ -107,8 +126,17 @@ def test_window_versions_replace_whole_windows_across_a_lost_checkpoint(
     sink = sink.removesuffix("-s3")
     target = open_storage(location, s3) if sink == "files" or s3 else location
     pipeline = f"win-{topic}"
-    args = jobs.job_args(stack, pipeline, topic, checkpoint, sink, location, max_offsets=10, mode="window",
-                         s3=s3.to_json() if s3 else None)
+    args = jobs.job_args(
+        stack,
+        pipeline,
+        topic,
+        checkpoint,
+        sink,
+        location,
+        max_offsets=10,
+        mode="window",
+        s3=s3.to_json() if s3 else None,
+    )
 
     source.insert("d1", 6)
     first = source.extract("d1")

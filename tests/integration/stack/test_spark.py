@@ -32,8 +32,12 @@ def test_batch_read_sees_only_committed_records_in_order(stack, spark):
     committed = _produce_interleaved(bootstrap, topic)
 
     def read(isolation: str) -> list[str]:
-        frame = (spark.read.format("kafka").options(**_kafka_options(bootstrap, topic, isolation))
-                 .option("endingOffsets", "latest").load())
+        frame = (
+            spark.read.format("kafka")
+            .options(**_kafka_options(bootstrap, topic, isolation))
+            .option("endingOffsets", "latest")
+            .load()
+        )
         return [row.v for row in frame.orderBy("offset").selectExpr("CAST(value AS STRING) AS v").collect()]
 
     assert read("read_committed") == committed
@@ -47,11 +51,15 @@ def test_streaming_available_now_sees_only_committed_records(stack, spark, tmp_p
     committed = _produce_interleaved(bootstrap, topic)
 
     query = (
-        spark.readStream.format("kafka").options(**_kafka_options(bootstrap, topic, "read_committed")).load()
+        spark.readStream.format("kafka")
+        .options(**_kafka_options(bootstrap, topic, "read_committed"))
+        .load()
         .selectExpr("CAST(value AS STRING) AS v", "offset")
-        .writeStream.format("memory").queryName(f"q_{topic.replace('-', '_')}")
+        .writeStream.format("memory")
+        .queryName(f"q_{topic.replace('-', '_')}")
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True).start()
+        .trigger(availableNow=True)
+        .start()
     )
     query.awaitTermination(120)
     assert query.exception() is None

@@ -28,9 +28,20 @@ def test_job_runs_on_standalone_cluster(stack, tmp_path):
     job.write_text(JOB)
     env = {**os.environ, **stack.spark_env()}
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "spark-submit"), "--master", stack.SPARK_MASTER_URL,
-         "--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=512m", str(job)],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            str(Path(sys.executable).parent / "spark-submit"),
+            "--master",
+            stack.SPARK_MASTER_URL,
+            "--conf",
+            "spark.executor.memory=512m",
+            "--conf",
+            "spark.driver.memory=512m",
+            str(job),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"RESULT {100000 * 100001} on {stack.SPARK_MASTER_URL}" in result.stdout

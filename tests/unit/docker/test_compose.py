@@ -62,8 +62,12 @@ def test_spark_and_airflow_use_the_provider_image(compose):
 def test_airflow_connections_cover_the_local_stack_ones(compose):
     env = compose["airflow"]["environment"]
     local = STACK.connection_env()
-    for key in ("AIRFLOW_CONN_KAFKA_DEFAULT", "AIRFLOW_CONN_MYSQL_DEFAULT", "AIRFLOW_CONN_POSTGRES_DEFAULT",
-                "AIRFLOW_CONN_SPARK_DEFAULT"):
+    for key in (
+        "AIRFLOW_CONN_KAFKA_DEFAULT",
+        "AIRFLOW_CONN_MYSQL_DEFAULT",
+        "AIRFLOW_CONN_POSTGRES_DEFAULT",
+        "AIRFLOW_CONN_SPARK_DEFAULT",
+    ):
         assert json.loads(env[key])["conn_type"] == json.loads(local[key])["conn_type"]
 
 

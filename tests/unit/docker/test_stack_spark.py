@@ -24,7 +24,7 @@ def test_only_a_jvm_of_a_deleted_checkout_is_restarted(tmp_path):
         try:
             while b"-cp" not in Path(f"/proc/{jvm.pid}/cmdline").read_bytes():  # until the child has exec'd
                 time.sleep(0.01)
-            assert STACK._runs_a_deleted_checkout(SimpleNamespace(pid=lambda: jvm.pid)) is deleted, classpath
+            assert STACK._runs_a_deleted_checkout(SimpleNamespace(pid=lambda: jvm.pid)) is deleted, classpath  # noqa: B023 - called here
         finally:
             jvm.kill()
             jvm.wait()

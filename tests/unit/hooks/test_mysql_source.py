@@ -38,11 +38,16 @@ def _hook_with(monkeypatch, answers):
 
 
 def test_mariadb_snapshot_statement_sequence_and_position(monkeypatch):
-    hook, cursor, connection = _hook_with(monkeypatch, {
-        "SELECT VERSION()": [("10.11.19-MariaDB-log",)],
-        "SHOW STATUS LIKE 'binlog_snapshot_%'": [("Binlog_snapshot_file", "binlog.000007"),
-                                                  ("Binlog_snapshot_position", "4711")],
-    })
+    hook, cursor, connection = _hook_with(
+        monkeypatch,
+        {
+            "SELECT VERSION()": [("10.11.19-MariaDB-log",)],
+            "SHOW STATUS LIKE 'binlog_snapshot_%'": [
+                ("Binlog_snapshot_file", "binlog.000007"),
+                ("Binlog_snapshot_position", "4711"),
+            ],
+        },
+    )
     with hook.consistent_snapshot() as snapshot:
         assert snapshot.position == BinlogPosition("binlog.000007", 4711)
     assert cursor.statements[1:] == [
@@ -54,10 +59,13 @@ def test_mariadb_snapshot_statement_sequence_and_position(monkeypatch):
 
 
 def test_snapshot_without_binlog_says_to_enable_log_bin(monkeypatch):
-    hook, _, connection = _hook_with(monkeypatch, {
-        "SELECT VERSION()": [("10.11.19-MariaDB",)],
-        "SHOW STATUS": [("Binlog_snapshot_file", ""), ("Binlog_snapshot_position", "0")],
-    })
+    hook, _, connection = _hook_with(
+        monkeypatch,
+        {
+            "SELECT VERSION()": [("10.11.19-MariaDB",)],
+            "SHOW STATUS": [("Binlog_snapshot_file", ""), ("Binlog_snapshot_position", "0")],
+        },
+    )
     with pytest.raises(SourceConfigurationError, match="log_bin"):
         with hook.consistent_snapshot():
             pass
@@ -66,8 +74,9 @@ def test_snapshot_without_binlog_says_to_enable_log_bin(monkeypatch):
 
 def test_mysql_snapshot_takes_the_brief_lock_path(monkeypatch):
     """MySQL has no binlog_snapshot_* status: the hook uses FTWRL (details in test_mysql_snapshot.py)."""
-    hook, cursor, _ = _hook_with(monkeypatch, {"SELECT VERSION()": [("8.4.3",)],
-                                               "SHOW BINARY LOG STATUS": [("binlog.000002", 157, "", "", "")]})
+    hook, cursor, _ = _hook_with(
+        monkeypatch, {"SELECT VERSION()": [("8.4.3",)], "SHOW BINARY LOG STATUS": [("binlog.000002", 157, "", "", "")]}
+    )
     with hook.consistent_snapshot() as snapshot:
         assert snapshot.position == BinlogPosition("binlog.000002", 157)
     assert "FLUSH TABLES WITH READ LOCK" in cursor.statements
@@ -82,8 +91,10 @@ def test_missing_host_is_a_clear_error(monkeypatch):
 
 def test_connection_uses_utc_sessions(monkeypatch):
     seen = {}
-    monkeypatch.setenv("AIRFLOW_CONN_SRC", '{"conn_type": "mysql", "host": "db", "port": 3307, "login": "u",'
-                                           ' "password": "secret", "schema": "shop"}')
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SRC",
+        '{"conn_type": "mysql", "host": "db", "port": 3307, "login": "u", "password": "secret", "schema": "shop"}',
+    )
     monkeypatch.setattr(mysql_source.MySQLdb, "connect", lambda **kwargs: seen.update(kwargs) or "conn")
     assert MySqlSourceHook(mysql_conn_id="src").get_conn() == "conn"
     assert seen["init_command"] == "SET time_zone = '+00:00'"

@@ -14,12 +14,15 @@ def test_template_fields_are_constructor_arguments():
     assert set(BinlogCaptureOperator.template_fields) <= set(params)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"mode": "stream"}, "mode='stream'"),
-    ({"mode": "continuous", "max_runtime": "-1"}, "max_runtime"),
-    ({"pipeline": "bad name"}, "Invalid pipeline"),
-    ({"max_records": 5}, "too small"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"mode": "stream"}, "mode='stream'"),
+        ({"mode": "continuous", "max_runtime": "-1"}, "max_runtime"),
+        ({"pipeline": "bad name"}, "Invalid pipeline"),
+        ({"max_records": 5}, "too small"),
+    ],
+)
 def test_bad_arguments_are_refused_before_any_io(kwargs, message):
     op = BinlogCaptureOperator(task_id="c", **{"tables": ["t"], "pipeline": "p", **kwargs})
     with pytest.raises(ValueError, match=message):

@@ -15,10 +15,13 @@ def test_constructor_does_no_io_and_templates_match_arguments(monkeypatch):
     assert op.table == "{{ params.table }}"
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"table": "", "sink_path": "/x"}, "table and sink_path"),
-    ({"table": "t", "sink_path": "/x", "full_reload": "maybe"}, "full_reload must be true or false"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"table": "", "sink_path": "/x"}, "table and sink_path"),
+        ({"table": "t", "sink_path": "/x", "full_reload": "maybe"}, "full_reload must be true or false"),
+    ],
+)
 def test_bad_templated_values_are_rejected_in_execute(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MySqlFullLoadOperator(task_id="t", **kwargs).execute({})
@@ -53,20 +56,32 @@ def test_the_version_base_comes_from_the_capture_s_ledger_on_the_server_read(mon
         return SimpleNamespace(offset={"file": "binlog.000001", "pos": 4, "server_id": 7, "version_base": 99})
 
     monkeypatch.setattr(offsets, "read_committed_offset", committed)
-    monkeypatch.setattr(resume, "full_load_version_base",
-                        lambda hook, found: (0, 7) if found is None else (found.offset["version_base"], 7))
-    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", capture_pipeline="p",
-                               capture_source_partition="binlog", offsets_topic="ledger")
+    monkeypatch.setattr(
+        resume,
+        "full_load_version_base",
+        lambda hook, found: (0, 7) if found is None else (found.offset["version_base"], 7),
+    )
+    op = MySqlFullLoadOperator(
+        task_id="t",
+        table="t",
+        sink_path="/x",
+        capture_pipeline="p",
+        capture_source_partition="binlog",
+        offsets_topic="ledger",
+    )
     assert op.job_params({})["version_base"] == 99 and op.job_params({})["server_id"] == 7
     assert asked[0] == ("p", "binlog", "ledger")
-    fresh = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", capture_pipeline="fresh",
-                                  capture_source_partition="binlog")
+    fresh = MySqlFullLoadOperator(
+        task_id="t", table="t", sink_path="/x", capture_pipeline="fresh", capture_source_partition="binlog"
+    )
     assert (fresh.job_params({})["version_base"], fresh.job_params({})["server_id"]) == (0, 7)
     assert MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x").job_params({})["version_base"] == 0
 
 
-AWS_LAKE = '{"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret", ' \
-           '"extra": {"endpoint_url": "http://127.0.0.1:9"}}'
+AWS_LAKE = (
+    '{"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret", '
+    '"extra": {"endpoint_url": "http://127.0.0.1:9"}}'
+)
 
 
 def test_a_sink_on_s3_is_checked_first_and_its_connection_reaches_the_driver_in_the_secrets_file_only(monkeypatch):
@@ -79,8 +94,9 @@ def test_a_sink_on_s3_is_checked_first_and_its_connection_reaches_the_driver_in_
     monkeypatch.setenv("AIRFLOW_CONN_AWS_LAKE", AWS_LAKE)
     checked = []
     monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
-    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="s3://lake/t", staging_path="/stage/t",
-                               aws_conn_id="aws_lake")
+    op = MySqlFullLoadOperator(
+        task_id="t", table="t", sink_path="s3://lake/t", staging_path="/stage/t", aws_conn_id="aws_lake"
+    )
     params = op.job_params({})
     secrets = op.job_secrets()
     assert (secrets["s3"]["access_key_id"], secrets["s3"]["secret_access_key"]) == ("AKIA-lake", "lake-s3cret")
@@ -93,8 +109,7 @@ def test_a_sink_on_s3_is_checked_first_and_its_connection_reaches_the_driver_in_
     assert "s3" not in local.job_secrets() and local.default_packages() == SPARK_PACKAGES
 
 
-def test_a_staging_area_on_s3_is_checked_first_and_its_settings_reach_the_driver_in_the_secrets_file_only(
-        monkeypatch):
+def test_a_staging_area_on_s3_is_checked_first_and_its_settings_reach_the_driver_in_the_secrets_file_only(monkeypatch):
     from exactly_once_provider.storage import preflight as preflight_module
     from exactly_once_provider.storage import s3 as s3_module
 
@@ -104,8 +119,10 @@ def test_a_staging_area_on_s3_is_checked_first_and_its_settings_reach_the_driver
     checked = []
     monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
     # the default staging area is next to a sink on S3; a local sink may stage on S3 too
-    for kwargs, staging in [({"sink_path": "s3://lake/t"}, "s3://lake/t._eo_full_load"),
-                            ({"sink_path": "/lake/t", "staging_path": "s3a://stage/t"}, "s3://stage/t")]:
+    for kwargs, staging in [
+        ({"sink_path": "s3://lake/t"}, "s3://lake/t._eo_full_load"),
+        ({"sink_path": "/lake/t", "staging_path": "s3a://stage/t"}, "s3://stage/t"),
+    ]:
         checked.clear()
         op = MySqlFullLoadOperator(task_id="t", table="t", aws_conn_id="aws_lake", **kwargs)
         params = op.job_params({})

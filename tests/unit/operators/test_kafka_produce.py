@@ -15,8 +15,13 @@ from exactly_once_provider.operators.kafka_produce import (
 
 
 def _operator(**kwargs):
-    fields = dict(task_id="produce", topic="t", pipeline="p", delivery_mode="exactly_once",
-                  producer_function=lambda resume_after: [])
+    fields = dict(
+        task_id="produce",
+        topic="t",
+        pipeline="p",
+        delivery_mode="exactly_once",
+        producer_function=lambda resume_after: [],
+    )
     fields.update(kwargs)
     return TransactionalProduceOperator(**fields)
 

@@ -22,13 +22,28 @@ MYSQL, KAFKA, PG = "mysql://db.example:3307", "kafka://k1:9092", "postgres://pg.
 @pytest.fixture(autouse=True)
 def connections(monkeypatch):
     # port 1 on the loopback: the schema reads fail at once (nothing listens), the names need no server
-    monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", json.dumps(
-        {"conn_type": "mysql", "host": "db.example", "port": 3307, "schema": "shop", "login": "u", "password": "p",
-         "extra": {"connect_timeout": 1}}))
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
-        {"conn_type": "kafka", "extra": {"bootstrap.servers": "k1:9092,k2:9092"}}))
-    monkeypatch.setenv("AIRFLOW_CONN_POSTGRES_DEFAULT", json.dumps(
-        {"conn_type": "postgres", "host": "pg.example", "port": 5433, "schema": "dw"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MYSQL_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "mysql",
+                "host": "db.example",
+                "port": 3307,
+                "schema": "shop",
+                "login": "u",
+                "password": "p",
+                "extra": {"connect_timeout": 1},
+            }
+        ),
+    )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KAFKA_DEFAULT",
+        json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": "k1:9092,k2:9092"}}),
+    )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_POSTGRES_DEFAULT",
+        json.dumps({"conn_type": "postgres", "host": "pg.example", "port": 5433, "schema": "dw"}),
+    )
 
 
 def _names(datasets) -> list[tuple[str, str]]:
@@ -45,30 +60,74 @@ def _no_schema_reads(monkeypatch):
     monkeypatch.setattr(MySqlSourceHook, "cursor", refuse)
 
 
-@pytest.mark.parametrize(("operator", "inputs", "outputs"), [
-    (lambda: MySqlFullLoadOperator(task_id="t", table="orders", sink_path="/lake/orders"),
-     [(MYSQL, "shop.orders")], [("file", "/lake/orders")]),
-    (lambda: BinlogCaptureOperator(task_id="t", tables=["shop.orders", "shop.items"], pipeline="p"),
-     [(MYSQL, "shop.orders"), (MYSQL, "shop.items")], [(KAFKA, "p.shop.orders"), (KAFKA, "p.shop.items")]),
-    (lambda: WatermarkExtractOperator(task_id="t", table="pay", cursor_column="u", cursor_kind="timestamp",
-                                      topic="eo-pay", pipeline="p"),
-     [(MYSQL, "shop.pay")], [(KAFKA, "eo-pay")]),
-    (lambda: TransactionalProduceOperator(task_id="t", topic="t1", pipeline="p", delivery_mode="exactly_once",
-                                          producer_function="builtins.iter"),
-     [], [(KAFKA, "t1")]),
-    (lambda: SparkKafkaToSinkOperator(task_id="t", pipeline="p", topics="a,b", sink="delta", sink_path="/lake/x",
-                                      checkpoint_location="/c"),
-     [(KAFKA, "a"), (KAFKA, "b")], [("file", "/lake/x")]),
-    (lambda: SparkKafkaToSinkOperator(task_id="t", pipeline="p", topics=["a"], sink="postgres",
-                                      sink_table="fin.orders", checkpoint_location="/c"),
-     [(KAFKA, "a")], [(PG, "dw.fin.orders")]),
-    (lambda: ReconcileOperator(task_id="t", name="p", table="orders", sink="delta", sink_path="/lake/c",
-                               base_path="/lake/o"),
-     [(MYSQL, "shop.orders"), ("file", "/lake/c"), ("file", "/lake/o")], [(PG, "dw.public.eo_reconciliation")]),
-    (lambda: SettlementReportOperator(task_id="t", window_id="p/pay/1", sink_path="/lake/w", report_table="r",
-                                      source_table="pay", group_by=["currency"], sum_columns=["amount"]),
-     [("file", "/lake/w")], [(PG, "dw.public.r")]),
-])
+@pytest.mark.parametrize(
+    ("operator", "inputs", "outputs"),
+    [
+        (
+            lambda: MySqlFullLoadOperator(task_id="t", table="orders", sink_path="/lake/orders"),
+            [(MYSQL, "shop.orders")],
+            [("file", "/lake/orders")],
+        ),
+        (
+            lambda: BinlogCaptureOperator(task_id="t", tables=["shop.orders", "shop.items"], pipeline="p"),
+            [(MYSQL, "shop.orders"), (MYSQL, "shop.items")],
+            [(KAFKA, "p.shop.orders"), (KAFKA, "p.shop.items")],
+        ),
+        (
+            lambda: WatermarkExtractOperator(
+                task_id="t", table="pay", cursor_column="u", cursor_kind="timestamp", topic="eo-pay", pipeline="p"
+            ),
+            [(MYSQL, "shop.pay")],
+            [(KAFKA, "eo-pay")],
+        ),
+        (
+            lambda: TransactionalProduceOperator(
+                task_id="t", topic="t1", pipeline="p", delivery_mode="exactly_once", producer_function="builtins.iter"
+            ),
+            [],
+            [(KAFKA, "t1")],
+        ),
+        (
+            lambda: SparkKafkaToSinkOperator(
+                task_id="t", pipeline="p", topics="a,b", sink="delta", sink_path="/lake/x", checkpoint_location="/c"
+            ),
+            [(KAFKA, "a"), (KAFKA, "b")],
+            [("file", "/lake/x")],
+        ),
+        (
+            lambda: SparkKafkaToSinkOperator(
+                task_id="t",
+                pipeline="p",
+                topics=["a"],
+                sink="postgres",
+                sink_table="fin.orders",
+                checkpoint_location="/c",
+            ),
+            [(KAFKA, "a")],
+            [(PG, "dw.fin.orders")],
+        ),
+        (
+            lambda: ReconcileOperator(
+                task_id="t", name="p", table="orders", sink="delta", sink_path="/lake/c", base_path="/lake/o"
+            ),
+            [(MYSQL, "shop.orders"), ("file", "/lake/c"), ("file", "/lake/o")],
+            [(PG, "dw.public.eo_reconciliation")],
+        ),
+        (
+            lambda: SettlementReportOperator(
+                task_id="t",
+                window_id="p/pay/1",
+                sink_path="/lake/w",
+                report_table="r",
+                source_table="pay",
+                group_by=["currency"],
+                sum_columns=["amount"],
+            ),
+            [("file", "/lake/w")],
+            [(PG, "dw.public.r")],
+        ),
+    ],
+)
 def test_datasets_before_and_after_a_failed_run(operator, inputs, outputs, monkeypatch):
     _no_schema_reads(monkeypatch)
     op = operator()
@@ -80,8 +139,12 @@ def test_datasets_before_and_after_a_failed_run(operator, inputs, outputs, monke
 def test_a_run_reports_rows_and_its_committed_position(monkeypatch):
     _no_schema_reads(monkeypatch)
     op = BinlogCaptureOperator(task_id="t", tables="shop.orders", pipeline="p")
-    op.openlineage_result = {"committed_position": "binlog.000001:18146205", "gtid": "0-1-77", "rows": 42,
-                             "topics": {"shop.orders": "p.shop.orders"}}
+    op.openlineage_result = {
+        "committed_position": "binlog.000001:18146205",
+        "gtid": "0-1-77",
+        "rows": 42,
+        "topics": {"shop.orders": "p.shop.orders"},
+    }
     [out] = op.get_openlineage_facets_on_complete(None).outputs
     assert out.outputFacets["outputStatistics"].rowCount == 42
     commit = out.outputFacets["exactlyOnce_commit"]

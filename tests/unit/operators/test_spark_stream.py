@@ -10,9 +10,8 @@ import sys
 import zipfile
 
 import pytest
-from airflow.sdk.exceptions import AirflowException
-
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.hooks.spark_submit import CleanEnvironmentSparkSubmitHook
 from exactly_once_provider.operators import spark_stream
@@ -23,38 +22,62 @@ from exactly_once_provider.spark_jobs.packages import SPARK_PACKAGES
 
 @pytest.fixture
 def connections(monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka",
-                                                                 "extra": {"bootstrap.servers": "k:9092"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": "k:9092"}})
+    )
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps(
-        {"conn_type": "spark", "host": "spark://h", "port": 7077, "extra": {"deploy-mode": "cluster"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CLUSTER",
+        json.dumps({"conn_type": "spark", "host": "spark://h", "port": 7077, "extra": {"deploy-mode": "cluster"}}),
+    )
     # Port 1 on loopback: nothing listens, so the REST server check fails at once.
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_NO_REST", json.dumps(
-        {"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077,
-         "extra": {"deploy-mode": "cluster", "rest-port": 1}}))
-    monkeypatch.setenv("AIRFLOW_CONN_POSTGRES_DEFAULT", json.dumps(
-        {"conn_type": "postgres", "host": "db", "port": 5433, "login": "u", "password": "s3cret", "schema": "d"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_NO_REST",
+        json.dumps(
+            {
+                "conn_type": "spark",
+                "host": "spark://127.0.0.1",
+                "port": 7077,
+                "extra": {"deploy-mode": "cluster", "rest-port": 1},
+            }
+        ),
+    )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_POSTGRES_DEFAULT",
+        json.dumps(
+            {"conn_type": "postgres", "host": "db", "port": 5433, "login": "u", "password": "s3cret", "schema": "d"}
+        ),
+    )
     monkeypatch.delenv("AIRFLOW_CONN_SPARK_MISSING", raising=False)
 
 
 def _op(**kwargs):
-    base = {"task_id": "t", "pipeline": "p1", "topics": "a, b", "sink": "delta", "sink_path": "/tmp/x",
-            "checkpoint_location": "/tmp/cp"}
+    base = {
+        "task_id": "t",
+        "pipeline": "p1",
+        "topics": "a, b",
+        "sink": "delta",
+        "sink_path": "/tmp/x",
+        "checkpoint_location": "/tmp/cp",
+    }
     return SparkKafkaToSinkOperator(**{**base, **kwargs})
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"sink": "kafka"}, "sink must be one of"),
-    ({"sink_path": None}, "needs sink_path"),
-    ({"sink": "postgres"}, "needs sink_table"),
-    ({"topics": " , "}, "topics is empty"),
-    ({"pipeline": "bad name"}, "pipeline must be"),
-    ({"trigger": "once"}, "trigger must be one of"),
-    ({"delivery": "maybe"}, "delivery must be one of"),
-    ({"mode": "upsert"}, "mode must be"),
-    ({"mode": "cdc", "sink": "files"}, "files sink only appends"),
-    ({"mode": "window", "delivery": "at-least-once"}, "needs delivery='exactly-once'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"sink": "kafka"}, "sink must be one of"),
+        ({"sink_path": None}, "needs sink_path"),
+        ({"sink": "postgres"}, "needs sink_table"),
+        ({"topics": " , "}, "topics is empty"),
+        ({"pipeline": "bad name"}, "pipeline must be"),
+        ({"trigger": "once"}, "trigger must be one of"),
+        ({"delivery": "maybe"}, "delivery must be one of"),
+        ({"mode": "upsert"}, "mode must be"),
+        ({"mode": "cdc", "sink": "files"}, "files sink only appends"),
+        ({"mode": "window", "delivery": "at-least-once"}, "needs delivery='exactly-once'"),
+    ],
+)
 def test_bad_input_is_a_value_error_naming_the_setting(connections, kwargs, message):
     with pytest.raises(ValueError, match=message):
         _op(**kwargs).execute({})
@@ -88,8 +111,14 @@ def _fake_submit(self, application="", **kwargs):
     path = spec["secrets_file"]
     with open(path) as handle:  # exists while the job runs
         secrets = json.load(handle)
-    _FakeHook.created[-1].update(application=application, popen=kwargs, secrets=secrets, secrets_file=path,
-                                 secrets_file_mode=stat.S_IMODE(os.stat(path).st_mode), spec=spec)
+    _FakeHook.created[-1].update(
+        application=application,
+        popen=kwargs,
+        secrets=secrets,
+        secrets_file=path,
+        secrets_file_mode=stat.S_IMODE(os.stat(path).st_mode),
+        spec=spec,
+    )
     self._driver_id = "driver-20260101000000-0000" if self._should_track_driver_status else None
     return self._driver_id
 
@@ -137,7 +166,9 @@ def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_secre
     call = _submitted(monkeypatch, _op(sink="postgres", sink_table="s.t", conf={"spark.jars": "/j/a.jar"}))
     assert call["packages"] is None and call["conf"]["spark.jars"] == "/j/a.jar"
     assert call["secrets"]["libpq"]["PGPASSWORD"] == "s3cret" and call["secrets"]["libpq"]["PGHOST"] == "db"
-    assert "s3cret" not in " ".join(call["application_args"]) + json.dumps(call["spec"]) + json.dumps(call.get("env_vars"))
+    assert "s3cret" not in " ".join(call["application_args"]) + json.dumps(call["spec"]) + json.dumps(
+        call.get("env_vars")
+    )
     assert _submitted(monkeypatch, _op(jars=["/j/b.jar"]))["jars"] == "/j/b.jar"
 
 
@@ -170,8 +201,15 @@ def test_cluster_mode_driver_that_does_not_finish_fails_the_task(connections, mo
 def test_package_zip_holds_the_job_and_its_imports(tmp_path):
     with zipfile.ZipFile(spark_stream.package_zip(str(tmp_path))) as archive:
         names = set(archive.namelist())
-    for module in ("__init__.py", "sinks/delta_commit.py", "spark_jobs/kafka_to_sink.py", "spark_jobs/batch.py",
-                   "sinks/postgres.py", "sinks/files.py", "sinks/delta.py"):
+    for module in (
+        "__init__.py",
+        "sinks/delta_commit.py",
+        "spark_jobs/kafka_to_sink.py",
+        "spark_jobs/batch.py",
+        "sinks/postgres.py",
+        "sinks/files.py",
+        "sinks/delta.py",
+    ):
         assert f"exactly_once_provider/{module}" in names
 
 
@@ -180,15 +218,25 @@ def test_window_mode_is_passed_to_the_job(connections, monkeypatch):
     assert args[args.index("--mode") + 1] == "window"
 
 
-SASL_SSL = {"bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-            "sasl.username": "eo", "sasl.password": "kafka-MARKER-pw", "ssl.ca.location": "/etc/eo/ca.pem"}
+SASL_SSL = {
+    "bootstrap.servers": "k:9093",
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": "eo",
+    "sasl.password": "kafka-MARKER-pw",
+    "ssl.ca.location": "/etc/eo/ca.pem",
+}
 
 
 def test_kafka_secrets_reach_the_job_in_a_0600_file_only_and_spark_redacts_them(connections, monkeypatch, caplog):
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SECURE", json.dumps({"conn_type": "kafka", "extra": SASL_SSL}))
     caplog.set_level(logging.DEBUG)
-    call = _submitted(monkeypatch, _op(kafka_conn_id="kafka_secure", sink="postgres", sink_table="s.t",
-                                       conf={"spark.redaction.regex": "(?i)mine"}))
+    call = _submitted(
+        monkeypatch,
+        _op(
+            kafka_conn_id="kafka_secure", sink="postgres", sink_table="s.t", conf={"spark.redaction.regex": "(?i)mine"}
+        ),
+    )
     assert call["secrets"]["kafka"] == SASL_SSL and call["secrets_file_mode"] == 0o600
     assert call["secrets"]["libpq"]["PGPASSWORD"] == "s3cret"
     assert not os.path.exists(call["secrets_file"])
@@ -199,8 +247,15 @@ def test_kafka_secrets_reach_the_job_in_a_0600_file_only_and_spark_redacts_them(
 
 
 def test_kafka_settings_the_spark_source_cannot_use_are_refused_before_submitting(connections, monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_GSSAPI", json.dumps({"conn_type": "kafka", "extra": {
-        "bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KAFKA_GSSAPI",
+        json.dumps(
+            {
+                "conn_type": "kafka",
+                "extra": {"bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"},
+            }
+        ),
+    )
     _FakeHook.created = []
     with pytest.raises(ValueError, match="'kafka_gssapi'.*sasl.mechanism='GSSAPI'"):
         _submitted(monkeypatch, _op(kafka_conn_id="kafka_gssapi"))
@@ -210,16 +265,28 @@ def test_kafka_settings_the_spark_source_cannot_use_are_refused_before_submittin
 def test_a_files_sink_on_s3_gets_its_settings_in_the_secrets_file_only(connections, monkeypatch):
     from exactly_once_provider.storage import preflight as preflight_module
 
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_LAKE", json.dumps(
-        {"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret",
-         "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_LAKE",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "AKIA-lake",
+                "password": "lake-s3cret",
+                "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"},
+            }
+        ),
+    )
     checked = []
     monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
     call = _submitted(monkeypatch, _op(sink="files", sink_path="s3://lake/orders", aws_conn_id="aws_lake"))
     assert checked == ["s3://lake/orders"]  # checked before the submit
     s3 = call["secrets"]["s3"]
     assert (s3["access_key_id"], s3["secret_access_key"], s3["endpoint_url"], s3["region_name"]) == (
-        "AKIA-lake", "lake-s3cret", "http://127.0.0.1:9", "eu-west-1")
+        "AKIA-lake",
+        "lake-s3cret",
+        "http://127.0.0.1:9",
+        "eu-west-1",
+    )
     assert "org.apache.hadoop:hadoop-aws:" in call["packages"]
     visible = " ".join(call["application_args"]) + json.dumps(call["spec"]) + json.dumps(call["conf"])
     assert "lake-s3cret" not in visible and "AKIA-lake" not in visible
@@ -228,14 +295,29 @@ def test_a_files_sink_on_s3_gets_its_settings_in_the_secrets_file_only(connectio
 def test_a_delta_sink_and_a_checkpoint_on_s3_get_the_settings_in_the_secrets_file_only(connections, monkeypatch):
     from exactly_once_provider.storage import preflight as preflight_module
 
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_LAKE", json.dumps(
-        {"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret",
-         "extra": {"endpoint_url": "http://127.0.0.1:9"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_LAKE",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "AKIA-lake",
+                "password": "lake-s3cret",
+                "extra": {"endpoint_url": "http://127.0.0.1:9"},
+            }
+        ),
+    )
     checked = []
     monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
     monkeypatch.setattr(SparkKafkaToSinkOperator, "_delta_version", lambda self: -1)
-    call = _submitted(monkeypatch, _op(sink="delta", sink_path="s3a://lake/t", aws_conn_id="aws_lake",
-                                       checkpoint_location="s3://lake/_checkpoints/p"))
+    call = _submitted(
+        monkeypatch,
+        _op(
+            sink="delta",
+            sink_path="s3a://lake/t",
+            aws_conn_id="aws_lake",
+            checkpoint_location="s3://lake/_checkpoints/p",
+        ),
+    )
     # both checked before the submit: an unusable checkpoint location fails as early as the sink's
     assert checked == ["s3://lake/t", "s3://lake/_checkpoints/p"]
     assert call["secrets"]["s3"]["secret_access_key"] == "lake-s3cret"
@@ -252,38 +334,77 @@ def test_a_bounded_run_gets_a_c1_only_jvm_and_a_stream_or_the_user_keeps_their_o
     assert mine["spark.driver.extraJavaOptions"] == "-Dmine=1"
 
 
-STREAMS = [{"topics": ["eo.orders"], "sink_path": "/tmp/orders", "checkpoint_location": "/tmp/cp/orders"},
-           {"topics": "eo.lines", "sink_path": "/tmp/lines", "checkpoint_location": "/tmp/cp/lines"}]
+STREAMS = [
+    {"topics": ["eo.orders"], "sink_path": "/tmp/orders", "checkpoint_location": "/tmp/cp/orders"},
+    {"topics": "eo.lines", "sink_path": "/tmp/lines", "checkpoint_location": "/tmp/cp/lines"},
+]
 
 
 def test_streams_run_in_one_job_with_one_route_each(connections, monkeypatch):
     op = _op(topics=None, sink_path=None, checkpoint_location=None, mode="current", streams=STREAMS)
     call = _submitted(monkeypatch, op)
     params = call["spec"]["params"]
-    assert params["routes"] == [{"topics": ["eo.orders"], "checkpoint": "/tmp/cp/orders", "path": "/tmp/orders",
-                                 "table": None},
-                                {"topics": ["eo.lines"], "checkpoint": "/tmp/cp/lines", "path": "/tmp/lines",
-                                 "table": None}]
+    assert params["routes"] == [
+        {"topics": ["eo.orders"], "checkpoint": "/tmp/cp/orders", "path": "/tmp/orders", "table": None},
+        {"topics": ["eo.lines"], "checkpoint": "/tmp/cp/lines", "path": "/tmp/lines", "table": None},
+    ]
     assert params["topics"] == [] and params["path"] is None and params["checkpoint"] == ""
     assert [(v.topics, v.sink_path, v.checkpoint_location) for v in op.stream_views()] == [
-        (["eo.orders"], "/tmp/orders", "/tmp/cp/orders"), (["eo.lines"], "/tmp/lines", "/tmp/cp/lines")]
+        (["eo.orders"], "/tmp/orders", "/tmp/cp/orders"),
+        (["eo.lines"], "/tmp/lines", "/tmp/cp/lines"),
+    ]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"streams": STREAMS}, "leave topics, checkpoint_location, sink_path and sink_table unset"),
-    ({"streams": [STREAMS[0], {**STREAMS[1], "sink_path": "/tmp/orders"}], "topics": None, "sink_path": None,
-      "checkpoint_location": None}, "Two routes share the sink '/tmp/orders'"),
-    ({"streams": [STREAMS[0], {**STREAMS[1], "checkpoint_location": "/tmp/cp/orders"}], "topics": None,
-      "sink_path": None, "checkpoint_location": None}, "Two routes share the checkpoint"),
-    ({"streams": [STREAMS[0], {**STREAMS[1], "topics": ["eo.orders"]}], "topics": None, "sink_path": None,
-      "checkpoint_location": None}, "Two routes share the topic 'eo.orders'"),
-    ({"streams": [{**STREAMS[0], "path": "/x"}], "topics": None, "sink_path": None, "checkpoint_location": None},
-     r"unknown settings \['path'\]"),
-    ({"streams": [{**STREAMS[0], "sink_path": None}], "topics": None, "sink_path": None,
-      "checkpoint_location": None}, "needs sink_path"),
-    ({"streams": STREAMS, "mode": "window", "topics": None, "sink_path": None, "checkpoint_location": None},
-     "takes no routes"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"streams": STREAMS}, "leave topics, checkpoint_location, sink_path and sink_table unset"),
+        (
+            {
+                "streams": [STREAMS[0], {**STREAMS[1], "sink_path": "/tmp/orders"}],
+                "topics": None,
+                "sink_path": None,
+                "checkpoint_location": None,
+            },
+            "Two routes share the sink '/tmp/orders'",
+        ),
+        (
+            {
+                "streams": [STREAMS[0], {**STREAMS[1], "checkpoint_location": "/tmp/cp/orders"}],
+                "topics": None,
+                "sink_path": None,
+                "checkpoint_location": None,
+            },
+            "Two routes share the checkpoint",
+        ),
+        (
+            {
+                "streams": [STREAMS[0], {**STREAMS[1], "topics": ["eo.orders"]}],
+                "topics": None,
+                "sink_path": None,
+                "checkpoint_location": None,
+            },
+            "Two routes share the topic 'eo.orders'",
+        ),
+        (
+            {"streams": [{**STREAMS[0], "path": "/x"}], "topics": None, "sink_path": None, "checkpoint_location": None},
+            r"unknown settings \['path'\]",
+        ),
+        (
+            {
+                "streams": [{**STREAMS[0], "sink_path": None}],
+                "topics": None,
+                "sink_path": None,
+                "checkpoint_location": None,
+            },
+            "needs sink_path",
+        ),
+        (
+            {"streams": STREAMS, "mode": "window", "topics": None, "sink_path": None, "checkpoint_location": None},
+            "takes no routes",
+        ),
+    ],
+)
 def test_bad_streams_are_refused_naming_the_setting(connections, kwargs, message):
     with pytest.raises(ValueError, match=message):
         _op(**kwargs).execute({})

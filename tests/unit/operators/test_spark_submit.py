@@ -15,14 +15,20 @@ from exactly_once_provider.spark_jobs.spec import JobSpec, report_error
 
 ROOT = Path(__file__).resolve().parents[3]
 # The hook's and the operator's private state: what the provider's own backends touch, never this package.
-PRIVATE = re.compile(r"\._driver_id|_submit_sp|_driver_status|_start_driver_status_tracking|hook\._connection"
-                     r"|_process_spark_submit_log|_kubernetes_driver_pod|_yarn_application_id")
+PRIVATE = re.compile(
+    r"\._driver_id|_submit_sp|_driver_status|_start_driver_status_tracking|hook\._connection"
+    r"|_process_spark_submit_log|_kubernetes_driver_pod|_yarn_application_id"
+)
 
 
 def test_no_module_uses_the_spark_hooks_private_members():
-    used = [f"{path.relative_to(ROOT)}:{n}" for folder in ("provider", "hooks", "operators", "plugins")
-            for path in sorted((ROOT / folder).rglob("*.py"))
-            for n, line in enumerate(path.read_text().splitlines(), 1) if PRIVATE.search(line)]
+    used = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for folder in ("provider", "hooks", "operators", "plugins")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if PRIVATE.search(line)
+    ]
     assert len(list((ROOT / "operators").rglob("*.py"))) > 5  # the walk found the sources
     assert used == []
 
@@ -37,8 +43,10 @@ def test_every_spark_operator_submits_through_the_base():
 @pytest.fixture
 def spark_connection(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", json.dumps(
-        {"conn_type": "mysql", "host": "db", "login": "u", "password": "pw-MARKER", "schema": "eo"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MYSQL_DEFAULT",
+        json.dumps({"conn_type": "mysql", "host": "db", "login": "u", "password": "pw-MARKER", "schema": "eo"}),
+    )
 
 
 def test_a_missing_spark_connection_is_refused_not_yarn(spark_connection):
@@ -47,12 +55,18 @@ def test_a_missing_spark_connection_is_refused_not_yarn(spark_connection):
 
 
 def _spec(tmp_path) -> JobSpec:
-    return JobSpec(job="full_load", params={}, secrets_file="", result_file=str(tmp_path / "result.json"),
-                   started_file=str(tmp_path / "started.json"))
+    return JobSpec(
+        job="full_load",
+        params={},
+        secrets_file="",
+        result_file=str(tmp_path / "result.json"),
+        started_file=str(tmp_path / "started.json"),
+    )
 
 
-@pytest.mark.parametrize("error, raised", [(ValueError("bad column name"), ValueError),
-                                           (RuntimeError("Access denied"), AirflowException)])
+@pytest.mark.parametrize(
+    "error, raised", [(ValueError("bad column name"), ValueError), (RuntimeError("Access denied"), AirflowException)]
+)
 def test_the_drivers_error_is_raised_with_its_meaning(tmp_path, error, raised):
     spec = _spec(tmp_path)
     report_error(spec, error)  # what the driver writes before it exits non-zero

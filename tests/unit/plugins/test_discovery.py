@@ -14,7 +14,12 @@ from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
 from exactly_once_provider.plugins.discovery import (
-    Discovery, SinkSpec, add_dags, add_ledger_keys, add_postgres_pipelines, render,
+    Discovery,
+    SinkSpec,
+    add_dags,
+    add_ledger_keys,
+    add_postgres_pipelines,
+    render,
 )
 
 START = pendulum.datetime(2026, 1, 1)
@@ -27,43 +32,98 @@ def _serialized(dag):
 
 def _dags():
     with DAG("stream", schedule=None, start_date=START, params={"pipeline": Param("orders"), "ledger": "eo-l"}) as one:
-        TransactionalProduceOperator(task_id="produce", topic="orders-t", pipeline="{{ params.pipeline }}",
-                                     delivery_mode="exactly_once", producer_function="builtins.iter",
-                                     offsets_topic="{{ params.ledger }}")
-        SparkKafkaToSinkOperator(task_id="to_delta", pipeline="{{ params.pipeline }}", topics="orders-t, more",
-                                 sink="delta", sink_path="/lake/orders", checkpoint_location="/ck")
+        TransactionalProduceOperator(
+            task_id="produce",
+            topic="orders-t",
+            pipeline="{{ params.pipeline }}",
+            delivery_mode="exactly_once",
+            producer_function="builtins.iter",
+            offsets_topic="{{ params.ledger }}",
+        )
+        SparkKafkaToSinkOperator(
+            task_id="to_delta",
+            pipeline="{{ params.pipeline }}",
+            topics="orders-t, more",
+            sink="delta",
+            sink_path="/lake/orders",
+            checkpoint_location="/ck",
+        )
         MySqlFullLoadOperator(task_id="load", table="orders", sink_path="/lake/orders_full")
-        ReconcileOperator(task_id="check", name="{{ params.pipeline }}", table="eo.orders", sink="delta",
-                          sink_path="/lake/orders", postgres_conn_id="results_pg")
+        ReconcileOperator(
+            task_id="check",
+            name="{{ params.pipeline }}",
+            table="eo.orders",
+            sink="delta",
+            sink_path="/lake/orders",
+            postgres_conn_id="results_pg",
+        )
     with DAG("settle", schedule=None, start_date=START, params={"region": "eu"}) as two:
-        WatermarkExtractOperator(task_id="extract", table="t", cursor_column="c", cursor_kind="id", topic="s-t",
-                                 pipeline="settle-{{ ds }}")
-        SparkKafkaToSinkOperator(task_id="to_pg", pipeline="settle_pg", topics="s-t", sink="postgres",
-                                 sink_table="public.settled", checkpoint_location="/ck2")
-        WatermarkExtractOperator(task_id="extract_named", table="eo.fills", cursor_column="c", cursor_kind="id",
-                                 topic="f-t", pipeline="fills")
-        WatermarkExtractOperator(task_id="extract_part", table="eo.fees", cursor_column="c", cursor_kind="id",
-                                 topic="f-t", pipeline="fills", source_partition="fees-{{ params.region }}")
+        WatermarkExtractOperator(
+            task_id="extract", table="t", cursor_column="c", cursor_kind="id", topic="s-t", pipeline="settle-{{ ds }}"
+        )
+        SparkKafkaToSinkOperator(
+            task_id="to_pg",
+            pipeline="settle_pg",
+            topics="s-t",
+            sink="postgres",
+            sink_table="public.settled",
+            checkpoint_location="/ck2",
+        )
+        WatermarkExtractOperator(
+            task_id="extract_named",
+            table="eo.fills",
+            cursor_column="c",
+            cursor_kind="id",
+            topic="f-t",
+            pipeline="fills",
+        )
+        WatermarkExtractOperator(
+            task_id="extract_part",
+            table="eo.fees",
+            cursor_column="c",
+            cursor_kind="id",
+            topic="f-t",
+            pipeline="fills",
+            source_partition="fees-{{ params.region }}",
+        )
     with DAG("history_only", schedule=None, start_date=START) as three:
         MySqlFullLoadOperator(task_id="load", table="customers", sink_path="/lake/customers")
     with DAG("cdc", schedule=None, start_date=START, params={"second": Param("items")}) as four:
-        BinlogCaptureOperator(task_id="capture", tables=["eo.orders", "eo.items"], pipeline="shop_cdc",
-                              full_load_paths={"eo.orders": "/lake/orders_full"}, offsets_topic="eo-cdc")
+        BinlogCaptureOperator(
+            task_id="capture",
+            tables=["eo.orders", "eo.items"],
+            pipeline="shop_cdc",
+            full_load_paths={"eo.orders": "/lake/orders_full"},
+            offsets_topic="eo-cdc",
+        )
         BinlogCaptureOperator(task_id="capture_bare", tables="users", pipeline="users_cdc")
         SparkKafkaToSinkOperator(  # several tables in one application: one query per table
-            task_id="apply_postgres", pipeline="shop_pg", sink="postgres", mode="current", streams=[
-                {"topics": ["shop_cdc.eo.orders"], "sink_path": "/lake/orders_full", "sink_table": "a.orders",
-                 "checkpoint_location": "/ck/o"},
-                {"topics": "shop_cdc.eo.{{ params.second }}", "sink_path": "/lake/items", "sink_table": "a.items",
-                 "checkpoint_location": "/ck/i"}])
+            task_id="apply_postgres",
+            pipeline="shop_pg",
+            sink="postgres",
+            mode="current",
+            streams=[
+                {
+                    "topics": ["shop_cdc.eo.orders"],
+                    "sink_path": "/lake/orders_full",
+                    "sink_table": "a.orders",
+                    "checkpoint_location": "/ck/o",
+                },
+                {
+                    "topics": "shop_cdc.eo.{{ params.second }}",
+                    "sink_path": "/lake/items",
+                    "sink_table": "a.items",
+                    "checkpoint_location": "/ck/i",
+                },
+            ],
+        )
     return [_serialized(d) for d in (one, two, three, four)]
 
 
 def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_listed():
     found = add_dags(Discovery(), _dags())
 
-    assert set(found.pipelines) == {"orders", "settle_pg", "history_only", "shop_cdc", "users_cdc", "fills",
-                                    "shop_pg"}
+    assert set(found.pipelines) == {"orders", "settle_pg", "history_only", "shop_cdc", "users_cdc", "fills", "shop_pg"}
     shop_pg = found.pipelines["shop_pg"]
     assert shop_pg.topics == {"shop_cdc.eo.orders", "shop_cdc.eo.items"}
     assert shop_pg.sinks == {SinkSpec("postgres", "a.orders"), SinkSpec("postgres", "a.items")}

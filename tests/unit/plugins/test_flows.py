@@ -11,7 +11,11 @@ from exactly_once_provider.plugins.flow_card import duration, rate, sparkline
 from exactly_once_provider.plugins.flows import Flow, Point, delta_history, group
 from exactly_once_provider.plugins.page import render_page
 from exactly_once_provider.plugins.status import (
-    Overview, PipelineStatus, Position, Section, _offset_text,
+    Overview,
+    PipelineStatus,
+    Position,
+    Section,
+    _offset_text,
 )
 from tests.unit.plugins.test_status import _delta_commit
 
@@ -32,14 +36,24 @@ def test_pipelines_sharing_a_topic_are_one_flow_producer_first():
 
 def test_delta_history_reads_the_pipelines_markers_oldest_first(tmp_path):
     table = tmp_path / "t"
-    marker = lambda batch, before, offsets: {"eo_stream:p": {  # noqa: E731
-        "pipeline": "p", "checkpoint_id": "c", "batch_id": batch, "offsets": offsets, "rows_before": before}}
+    marker = lambda batch, before, offsets: {
+        "eo_stream:p": {  # noqa: E731
+            "pipeline": "p",
+            "checkpoint_id": "c",
+            "batch_id": batch,
+            "offsets": offsets,
+            "rows_before": before,
+        }
+    }
     _delta_commit(table, 0, marker(0, 0, {"t": {"0": 10}}), rows=10, timestamp=1_000_000)
     _delta_commit(table, 1, {"eo_stream:other": {"batch_id": 0}}, rows=99, timestamp=1_001_000)
     _delta_commit(table, 2, marker(1, 10, {"t": {"0": 40}}), rows=30, timestamp=1_010_000)
     _delta_commit(table, 3, marker(2, 40, {"t": {"0": 45}}), rows=5, timestamp=1_020_000)
-    assert delta_history(str(table), "p") == [(1000.0, 10, {"t": {"0": 10}}), (1010.0, 40, {"t": {"0": 40}}),
-                                              (1020.0, 45, {"t": {"0": 45}})]
+    assert delta_history(str(table), "p") == [
+        (1000.0, 10, {"t": {"0": 10}}),
+        (1010.0, 40, {"t": {"0": 40}}),
+        (1020.0, 45, {"t": {"0": 45}}),
+    ]
     assert [h[1] for h in delta_history(str(table), "p", limit=2)] == [40, 45]
 
 
@@ -55,17 +69,30 @@ def test_binlog_offsets_show_as_file_colon_position_with_the_gtid():
 def test_flow_card_shows_the_figures_and_both_charts():
     capture = _status("shop", topics={"shop.eo.orders"}, sources={"eo.orders"})
     apply = _status("shop-apply", topics={"shop.eo.orders"}, sinks={SinkSpec("delta", "/lake/orders")}, lag=12)
-    flow = Flow("shop", [capture, apply], sources=["eo.orders"], topics=["shop.eo.orders"],
-                sinks=["delta /lake/orders"], lag=12, freshness=42.0, throughput=150.0,
-                reconciliation={"result": "clean", "finished at": "2026-11-25T10:00:00+00:00"},
-                position=Position("binlog.000001:18146205", "0-1-77"),
-                history=[Point(1000, 10, 0), Point(1010, 40, 5, 3.0), Point(1020, 45, 12, 0.5)])
+    flow = Flow(
+        "shop",
+        [capture, apply],
+        sources=["eo.orders"],
+        topics=["shop.eo.orders"],
+        sinks=["delta /lake/orders"],
+        lag=12,
+        freshness=42.0,
+        throughput=150.0,
+        reconciliation={"result": "clean", "finished at": "2026-11-25T10:00:00+00:00"},
+        position=Position("binlog.000001:18146205", "0-1-77"),
+        history=[Point(1000, 10, 0), Point(1010, 40, 5, 3.0), Point(1020, 45, 12, 0.5)],
+    )
     html = render_page(Overview([capture, apply], [], [], [], "now", [flow], 0.5), only="shop-apply")
     assert html.count('<div class="flow"') == 1 and 'data-state="behind"' in html
     assert "eo.orders" in html and "shop.eo.orders" in html and "delta /lake/orders" in html
     figures = dict(re.findall(r'data-figure="(\w+)"[^>]*><b>([^<]*)</b>', html))
-    assert figures == {"freshness": "42 s", "lag": "12", "throughput": "150 rows/s", "reconciliation": "clean",
-                       "position": "binlog.000001:18146205"}
+    assert figures == {
+        "freshness": "42 s",
+        "lag": "12",
+        "throughput": "150 rows/s",
+        "reconciliation": "clean",
+        "position": "binlog.000001:18146205",
+    }
     assert 'data-figure="position" title="GTID 0-1-77"' in html
     charts = dict(re.findall(r'data-chart="(\w+)" data-points="([^"]*)"', html))
     assert json.loads(charts["lag"].replace("&quot;", '"')) == [[1000, 0], [1010, 5], [1020, 12]]
@@ -75,8 +102,16 @@ def test_flow_card_shows_the_figures_and_both_charts():
 
 
 def test_a_chart_needs_two_commits_and_units_read_well():
-    assert "no chart yet" in sparkline("f", "lag", [1.0], [3], "lag") and "<svg" not in sparkline("f", "lag", [1.0], [3], "lag")
-    assert (duration(None), duration(0), duration(75), duration(600), duration(7200)) == ("—", "0 s", "75 s", "10 min", "2.0 h")
+    assert "no chart yet" in sparkline("f", "lag", [1.0], [3], "lag") and "<svg" not in sparkline(
+        "f", "lag", [1.0], [3], "lag"
+    )
+    assert (duration(None), duration(0), duration(75), duration(600), duration(7200)) == (
+        "—",
+        "0 s",
+        "75 s",
+        "10 min",
+        "2.0 h",
+    )
     assert (rate(None), rate(2.345), rate(12345.6)) == ("—", "2.3 rows/s", "12,346 rows/s")
 
 
@@ -134,6 +169,8 @@ def test_freshness_counts_from_a_change_records_source_commit_and_other_records_
             pass
 
     consumer = Consumer()
-    assert unapplied_since(consumer, [("t", 0, 40), ("t", 1, 7)], wait=1) == {("t", 0): 1763694000.0,
-                                                                             ("t", 1): 1763694009.5}
+    assert unapplied_since(consumer, [("t", 0, 40), ("t", 1, 7)], wait=1) == {
+        ("t", 0): 1763694000.0,
+        ("t", 1): 1763694009.5,
+    }
     assert consumer.assigned == [("t", 0, 40), ("t", 1, 7)]

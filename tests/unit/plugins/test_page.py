@@ -10,14 +10,23 @@ from exactly_once_provider.plugins.status import Overview, PipelineStatus, Secti
 
 
 def _overview():
-    lag = Section("lag", "Kafka end offsets and consumer lag", ("topic", "partition", "end offset", "lag"),
-                  rows=[{"topic": "t", "partition": 0, "end offset": 90, "lag": 12}])
+    lag = Section(
+        "lag",
+        "Kafka end offsets and consumer lag",
+        ("topic", "partition", "end offset", "lag"),
+        rows=[{"topic": "t", "partition": 0, "end offset": 90, "lag": 12}],
+    )
     broken = Section("sink", "Last sink commit", ("sink",), error="OperationalError: <no route>")
     return Overview(
-        pipelines=[PipelineStatus(PipelineSpec("orders", found_in={"dag"}), [lag], lag=12),
-                   PipelineStatus(PipelineSpec("pay<x>", found_in={"ledger"}), [broken], lag=0)],
-        unresolved=["d.t: '{{ ds }}' is known only when a run renders it"], errors=["ledger down"], notes=[],
-        read_at="2026-11-21T00:00:00+00:00")
+        pipelines=[
+            PipelineStatus(PipelineSpec("orders", found_in={"dag"}), [lag], lag=12),
+            PipelineStatus(PipelineSpec("pay<x>", found_in={"ledger"}), [broken], lag=0),
+        ],
+        unresolved=["d.t: '{{ ds }}' is known only when a run renders it"],
+        errors=["ledger down"],
+        notes=[],
+        read_at="2026-11-21T00:00:00+00:00",
+    )
 
 
 def test_each_pipeline_is_a_card_with_state_and_figures():

@@ -9,8 +9,18 @@ from exactly_once_provider.full_load import handoff
 from exactly_once_provider.kafka.offsets import new_committed_offset
 from exactly_once_provider.plugins.discovery import PipelineSpec, SinkSpec
 from exactly_once_provider.plugins.status import (
-    BEHIND, EMPTY, ERROR, MISMATCH, OK, PipelineStatus, Section, full_loads_section, ledger_section, sink_commit,
-    sink_windows_section, windows_section,
+    BEHIND,
+    EMPTY,
+    ERROR,
+    MISMATCH,
+    OK,
+    PipelineStatus,
+    Section,
+    full_loads_section,
+    ledger_section,
+    sink_commit,
+    sink_windows_section,
+    windows_section,
 )
 
 
@@ -18,22 +28,43 @@ def _delta_commit(path: Path, version: int, marker: dict, rows: int, timestamp: 
     """Write one Delta JSON commit the way Delta does: commitInfo (with userMetadata) and txn actions."""
     log = path / "_delta_log"
     log.mkdir(parents=True, exist_ok=True)
-    info = {"commitInfo": {"timestamp": timestamp, "operation": "WRITE", "userMetadata": json.dumps(marker),
-                           "operationMetrics": {"numOutputRows": str(rows)}}}
-    (log / f"{version:020d}.json").write_text(json.dumps(info) + "\n" + json.dumps(
-        {"txn": {"appId": "a", "version": version}}) + "\n")
+    info = {
+        "commitInfo": {
+            "timestamp": timestamp,
+            "operation": "WRITE",
+            "userMetadata": json.dumps(marker),
+            "operationMetrics": {"numOutputRows": str(rows)},
+        }
+    }
+    (log / f"{version:020d}.json").write_text(
+        json.dumps(info) + "\n" + json.dumps({"txn": {"appId": "a", "version": version}}) + "\n"
+    )
 
 
 def _window(batch_id, version, rows):
-    return {"batch_id": batch_id, "batch_version": version, "lower": None, "upper": "2026-11-20 00:00:00.000000",
-            "upper_reason": "interval_end", "rows": rows, "checksum": "sha256:" + "ab" * 32, "interval_end": None,
-            "published_at": "2026-11-20T02:00:00+08:00"}
+    return {
+        "batch_id": batch_id,
+        "batch_version": version,
+        "lower": None,
+        "upper": "2026-11-20 00:00:00.000000",
+        "upper_reason": "interval_end",
+        "rows": rows,
+        "checksum": "sha256:" + "ab" * 32,
+        "interval_end": None,
+        "published_at": "2026-11-20T02:00:00+08:00",
+    }
 
 
 def test_ledger_and_window_sections_show_every_partition_and_window_newest_first():
     history = {"2026-11-19": _window("2026-11-19", 1, 10), "2026-11-20": _window("2026-11-20", 3, 12)}
-    offset = {"kind": "watermark", "watermark_version": 1, "cursor_kind": "timestamp",
-              "next_lower": "2026-11-20 00:00:00.000000", "window": history["2026-11-20"], "history": history}
+    offset = {
+        "kind": "watermark",
+        "watermark_version": 1,
+        "cursor_kind": "timestamp",
+        "next_lower": "2026-11-20 00:00:00.000000",
+        "window": history["2026-11-20"],
+        "history": history,
+    }
     ledger = {
         "settle/orders": new_committed_offset("settle", "orders", offset, 4, "2026-11-20", 3, 12, "tx", "exactly_once"),
         "other/0": new_committed_offset("other", "0", 99, 1, "1", 1, 5, None, "at_least_once"),
@@ -46,8 +77,10 @@ def test_ledger_and_window_sections_show_every_partition_and_window_newest_first
     assert rows.rows[0]["offset"] == "watermark next lower = 2026-11-20 00:00:00.000000"
     assert rows.error == "settle/broken: schema_version 2"  # an unreadable record is shown, not skipped
     windows = windows_section(spec, ledger)
-    assert [(w["batch"], w["version"], w["rows"]) for w in windows.rows] == [("2026-11-20", 3, 12),
-                                                                             ("2026-11-19", 1, 10)]
+    assert [(w["batch"], w["version"], w["rows"]) for w in windows.rows] == [
+        ("2026-11-20", 3, 12),
+        ("2026-11-19", 1, 10),
+    ]
 
 
 def test_delta_and_files_sink_commits_are_read_from_their_logs(tmp_path):
@@ -57,12 +90,22 @@ def test_delta_and_files_sink_commits_are_read_from_their_logs(tmp_path):
     _delta_commit(delta, 1, {"eo_stream:p": {**marker, "batch_id": 1, "offsets": {"t": {"0": 70}}}}, rows=30)
     row = sink_commit(SinkSpec("delta", str(delta)), "p", connections=None)
     assert (row["commit"], row["batch id"], row["rows in sink"], row["next offsets"]) == (
-        "Delta version 1", 1, 70, {"t": {0: 70}})
+        "Delta version 1",
+        1,
+        70,
+        {"t": {0: 70}},
+    )
 
     files = tmp_path / "files"
     (files / "_manifests").mkdir(parents=True)
-    manifest = {"format": 1, "sequence": 3, **marker, "batch_id": 7, "rows_total": 120,
-                "files": [{"path": "data/a/part-0.parquet", "rows": 60}, {"path": "data/b/part-0.parquet", "rows": 60}]}
+    manifest = {
+        "format": 1,
+        "sequence": 3,
+        **marker,
+        "batch_id": 7,
+        "rows_total": 120,
+        "files": [{"path": "data/a/part-0.parquet", "rows": 60}, {"path": "data/b/part-0.parquet", "rows": 60}],
+    }
     (files / "_manifests" / f"{3:020d}.json").write_text(json.dumps(manifest))
     row = sink_commit(SinkSpec("files", str(files)), "p", connections=None)
     assert (row["commit"], row["batch id"], row["rows in sink"]) == ("manifest 3, 2 files", 7, 120)
@@ -79,7 +122,9 @@ def test_full_loads_list_the_load_and_every_reload_newest_first(tmp_path):
 
     section = full_loads_section(PipelineSpec("p", full_loads={str(path)}))
     assert [(r["Delta version"], r["load id"], r["rows"], r["snapshot from"]) for r in section.rows] == [
-        (2, "load-2", 41, "binlog.000003:9000"), (0, "load-1", 40, "binlog.000003:4711")]
+        (2, "load-2", 41, "binlog.000003:9000"),
+        (0, "load-1", 40, "binlog.000003:4711"),
+    ]
     assert section.error is None
 
 
@@ -112,13 +157,23 @@ def test_state_is_error_then_behind_then_empty_or_ok():
 
 def test_window_mode_sink_commits_show_the_version_each_window_settled_at(tmp_path):
     delta = tmp_path / "settled"
-    windows = {"settle/orders/2026-11-19": {"version": 1, "rows": 10},
-               "settle/orders/2026-11-20": {"version": 2, "rows": 12}}
-    marker = {"pipeline": "p", "checkpoint_id": "ck", "batch_id": 4, "offsets": {"t": {"0": 90}}, "rows_total": 22,
-              "windows": windows}
+    windows = {
+        "settle/orders/2026-11-19": {"version": 1, "rows": 10},
+        "settle/orders/2026-11-20": {"version": 2, "rows": 12},
+    }
+    marker = {
+        "pipeline": "p",
+        "checkpoint_id": "ck",
+        "batch_id": 4,
+        "offsets": {"t": {"0": 90}},
+        "rows_total": 22,
+        "windows": windows,
+    }
     _delta_commit(delta, 0, {"eo_stream:p": marker}, rows=22)
 
     row = sink_commit(SinkSpec("delta", str(delta)), "p", connections=None)
     section = sink_windows_section([row])
     assert [(r["window"], r["version"], r["rows"]) for r in section.rows] == [
-        ("settle/orders/2026-11-20", 2, 12), ("settle/orders/2026-11-19", 1, 10)]
+        ("settle/orders/2026-11-20", 2, 12),
+        ("settle/orders/2026-11-19", 1, 10),
+    ]

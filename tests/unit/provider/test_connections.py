@@ -24,10 +24,18 @@ from exactly_once_provider.connections import (
 from exactly_once_provider.source.native_reader import connection_url
 from exactly_once_provider.source.snapshot import ConnectionSettings
 
-SASL_SSL_SCRAM = {"bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "sasl_ssl",
-                  "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "eo", "sasl.password": 'p"w\\MARKER',
-                  "ssl.ca.location": "/etc/eo/ca.pem", "client.id": "eo-client",
-                  "linger.ms": 5, "group.id": "g", "error_cb": print}
+SASL_SSL_SCRAM = {
+    "bootstrap.servers": "b1:9093,b2:9093",
+    "security.protocol": "sasl_ssl",
+    "sasl.mechanisms": "SCRAM-SHA-512",
+    "sasl.username": "eo",
+    "sasl.password": 'p"w\\MARKER',
+    "ssl.ca.location": "/etc/eo/ca.pem",
+    "client.id": "eo-client",
+    "linger.ms": 5,
+    "group.id": "g",
+    "error_cb": print,
+}
 
 
 def _conn(monkeypatch, conn_id: str, body: dict) -> None:
@@ -35,6 +43,7 @@ def _conn(monkeypatch, conn_id: str, body: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ Kafka
+
 
 def test_kafka_client_config_is_the_whole_connection(monkeypatch):
     extra = {k: v for k, v in SASL_SSL_SCRAM.items() if k != "error_cb"}
@@ -54,38 +63,60 @@ def test_sasl_ssl_scram_maps_to_the_java_clients_options():
         "kafka.client.id": "eo-client",
         "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "SCRAM-SHA-512",
-        "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required '
-                                  'username="eo" password="p\\"w\\\\MARKER";',
+        "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="eo" password="p\\"w\\\\MARKER";',
         "kafka.ssl.truststore.type": "PEM",
         "kafka.ssl.truststore.location": "/etc/eo/ca.pem",
     }
 
 
 def test_plain_mtls_and_plaintext_map_too():
-    plain = spark_kafka_options({"bootstrap.servers": "b:9092", "security.protocol": "SASL_PLAINTEXT",
-                                 "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "x"})
+    plain = spark_kafka_options(
+        {
+            "bootstrap.servers": "b:9092",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "u",
+            "sasl.password": "x",
+        }
+    )
     assert plain["kafka.sasl.jaas.config"].startswith("org.apache.kafka.common.security.plain.PlainLoginModule ")
-    mtls = spark_kafka_options({"bootstrap.servers": "b:9093", "security.protocol": "SSL",
-                                "ssl.keystore.location": "/k.p12", "ssl.keystore.password": "kp",
-                                "ssl.endpoint.identification.algorithm": "none"})
+    mtls = spark_kafka_options(
+        {
+            "bootstrap.servers": "b:9093",
+            "security.protocol": "SSL",
+            "ssl.keystore.location": "/k.p12",
+            "ssl.keystore.password": "kp",
+            "ssl.endpoint.identification.algorithm": "none",
+        }
+    )
     assert mtls["kafka.ssl.keystore.type"] == "PKCS12" and mtls["kafka.ssl.keystore.password"] == "kp"
     assert mtls["kafka.ssl.endpoint.identification.algorithm"] == ""
-    assert spark_kafka_options({"bootstrap.servers": "b:9092"}) == {"kafka.bootstrap.servers": "b:9092",
-                                                                    "kafka.security.protocol": "PLAINTEXT"}
+    assert spark_kafka_options({"bootstrap.servers": "b:9092"}) == {
+        "kafka.bootstrap.servers": "b:9092",
+        "kafka.security.protocol": "PLAINTEXT",
+    }
 
 
-@pytest.mark.parametrize("extra, setting", [
-    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}, "sasl.mechanism='GSSAPI'"),
-    ({"security.protocol": "SASL_SSL"}, "sasl.mechanism='GSSAPI'"),  # librdkafka's default mechanism
-    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}, "sasl.mechanism='OAUTHBEARER'"),
-    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "u"}, "sasl.password"),
-    ({"security.protocol": "SSL", "ssl.certificate.location": "/c.pem", "ssl.key.location": "/k.pem"},
-     "ssl.certificate.location"),
-    ({"security.protocol": "SSL", "enable.ssl.certificate.verification": "false"},
-     "enable.ssl.certificate.verification"),
-    ({"socket.keepalive.enable": True}, "socket.keepalive.enable"),
-    ({"security.protocol": "PLAINTEXT", "sasl.username": "u"}, "sasl"),
-])
+@pytest.mark.parametrize(
+    "extra, setting",
+    [
+        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}, "sasl.mechanism='GSSAPI'"),
+        ({"security.protocol": "SASL_SSL"}, "sasl.mechanism='GSSAPI'"),  # librdkafka's default mechanism
+        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}, "sasl.mechanism='OAUTHBEARER'"),
+        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "u"}, "sasl.password"),
+        (
+            {"security.protocol": "SSL", "ssl.certificate.location": "/c.pem", "ssl.key.location": "/k.pem"},
+            "ssl.certificate.location",
+        ),
+        (
+            {"security.protocol": "SSL", "enable.ssl.certificate.verification": "false"},
+            "enable.ssl.certificate.verification",
+        ),
+        ({"socket.keepalive.enable": True}, "socket.keepalive.enable"),
+        ({"security.protocol": "PLAINTEXT", "sasl.username": "u"}, "sasl"),
+    ],
+)
 def test_settings_the_java_client_cannot_take_are_refused_by_name(extra, setting):
     with pytest.raises(ValueError, match=setting.replace(".", r"\.").replace("(", r"\(")):
         spark_kafka_options({"bootstrap.servers": "b:9093", **extra})
@@ -108,15 +139,34 @@ def test_secret_file_is_0600_and_refused_when_others_may_read_it(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ MySQL
 
+
 def test_mysql_tls_extras_reach_mysqlclient_pymysql_and_connectorx(monkeypatch):
-    _conn(monkeypatch, "mysql_tls", {"conn_type": "mysql", "host": "db", "login": "u", "password": "MARKER",
-                                     "schema": "s", "extra": {"ssl": json.dumps({"ca": "/ca.pem"}),
-                                                              "ssl_mode": "verify_identity"}})
+    _conn(
+        monkeypatch,
+        "mysql_tls",
+        {
+            "conn_type": "mysql",
+            "host": "db",
+            "login": "u",
+            "password": "MARKER",
+            "schema": "s",
+            "extra": {"ssl": json.dumps({"ca": "/ca.pem"}), "ssl_mode": "verify_identity"},
+        },
+    )
     kwargs = mysql_connect_kwargs("mysql_tls")
-    assert kwargs == {"host": "db", "port": 3306, "user": "u", "passwd": "MARKER", "db": "s", "connect_timeout": 10,
-                      "ssl": {"ca": "/ca.pem"}, "ssl_mode": "VERIFY_IDENTITY"}
+    assert kwargs == {
+        "host": "db",
+        "port": 3306,
+        "user": "u",
+        "passwd": "MARKER",
+        "db": "s",
+        "connect_timeout": 10,
+        "ssl": {"ca": "/ca.pem"},
+        "ssl_mode": "VERIFY_IDENTITY",
+    }
     assert pymysql_tls(kwargs["ssl"], kwargs["ssl_mode"]) == {
-        "ssl": {"ca": "/ca.pem", "verify_mode": True, "check_hostname": True}}
+        "ssl": {"ca": "/ca.pem", "verify_mode": True, "check_hostname": True}
+    }
     settings = ConnectionSettings("db", 3306, "u", "MARKER", "s", ssl={"ca": "/ca.pem"}, ssl_mode="VERIFY_IDENTITY")
     assert settings.replication_settings()["ssl"]["check_hostname"] is True
     query = parse_qs(urlsplit(connection_url(settings)).query)
@@ -133,12 +183,15 @@ def test_mysql_tls_modes():
         connectorx_tls_query({"cert": "/c", "key": "/k"}, "REQUIRED")
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"ssl_mode": "sometimes"}, "ssl_mode='sometimes'"),
-    ({"ssl": {"ca": "/ca", "verify": True}}, "ssl key 'verify'"),
-    ({"iam": True}, "'iam'"),
-    ({"client": "mysql-connector-python"}, "client='mysql-connector-python'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"ssl_mode": "sometimes"}, "ssl_mode='sometimes'"),
+        ({"ssl": {"ca": "/ca", "verify": True}}, "ssl key 'verify'"),
+        ({"iam": True}, "'iam'"),
+        ({"client": "mysql-connector-python"}, "client='mysql-connector-python'"),
+    ],
+)
 def test_mysql_extras_the_readers_cannot_honour_are_refused(monkeypatch, extra, message):
     _conn(monkeypatch, "mysql_bad", {"conn_type": "mysql", "host": "db", "extra": extra})
     with pytest.raises(ValueError, match=f"'mysql_bad'.*{message}"):
@@ -147,13 +200,29 @@ def test_mysql_extras_the_readers_cannot_honour_are_refused(monkeypatch, extra, 
 
 # ------------------------------------------------------------------------------------------------ PostgreSQL
 
+
 def test_full_connection(monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_PG_FULL", json.dumps(
-        {"conn_type": "postgres", "host": "db", "port": 5433, "login": "u", "password": "s3cret", "schema": "d"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PG_FULL",
+        json.dumps(
+            {"conn_type": "postgres", "host": "db", "port": 5433, "login": "u", "password": "s3cret", "schema": "d"}
+        ),
+    )
     assert connect_kwargs("pg_full", connect_timeout=10) == {
-        "host": "db", "port": 5433, "dbname": "d", "user": "u", "password": "s3cret", "connect_timeout": 10}
-    assert libpq_environment("pg_full") == {"PGHOST": "db", "PGPORT": "5433", "PGDATABASE": "d", "PGUSER": "u",
-                                            "PGPASSWORD": "s3cret"}
+        "host": "db",
+        "port": 5433,
+        "dbname": "d",
+        "user": "u",
+        "password": "s3cret",
+        "connect_timeout": 10,
+    }
+    assert libpq_environment("pg_full") == {
+        "PGHOST": "db",
+        "PGPORT": "5433",
+        "PGDATABASE": "d",
+        "PGUSER": "u",
+        "PGPASSWORD": "s3cret",
+    }
 
 
 def test_unset_fields_are_left_to_libpq_defaults(monkeypatch):
@@ -163,18 +232,42 @@ def test_unset_fields_are_left_to_libpq_defaults(monkeypatch):
 
 
 def test_postgres_tls_extras_reach_psycopg2_and_the_libpq_environment(monkeypatch):
-    _conn(monkeypatch, "pg_tls", {"conn_type": "postgres", "host": "db", "login": "u", "password": "MARKER",
-                                  "extra": {"sslmode": "verify-full", "sslrootcert": "/ca.pem",
-                                            "sslcert": "/c.pem", "sslkey": "/k.pem", "connect_timeout": 5,
-                                            "cursor": "dictcursor", "sqlalchemy_scheme": "postgresql"}})
+    _conn(
+        monkeypatch,
+        "pg_tls",
+        {
+            "conn_type": "postgres",
+            "host": "db",
+            "login": "u",
+            "password": "MARKER",
+            "extra": {
+                "sslmode": "verify-full",
+                "sslrootcert": "/ca.pem",
+                "sslcert": "/c.pem",
+                "sslkey": "/k.pem",
+                "connect_timeout": 5,
+                "cursor": "dictcursor",
+                "sqlalchemy_scheme": "postgresql",
+            },
+        },
+    )
     kwargs = connect_kwargs("pg_tls", connect_timeout=10)
     assert {k: kwargs[k] for k in ("sslmode", "sslrootcert", "sslcert", "sslkey")} == {
-        "sslmode": "verify-full", "sslrootcert": "/ca.pem", "sslcert": "/c.pem", "sslkey": "/k.pem"}
+        "sslmode": "verify-full",
+        "sslrootcert": "/ca.pem",
+        "sslcert": "/c.pem",
+        "sslkey": "/k.pem",
+    }
     assert kwargs["connect_timeout"] == 5  # the connection's own setting wins over the caller's default
     assert "cursor" not in kwargs and "sqlalchemy_scheme" not in kwargs  # PostgresHook's options, not libpq's
     env = libpq_environment("pg_tls")
     assert (env["PGSSLMODE"], env["PGSSLROOTCERT"], env["PGSSLCERT"], env["PGSSLKEY"], env["PGCONNECT_TIMEOUT"]) == (
-        "verify-full", "/ca.pem", "/c.pem", "/k.pem", "5")
+        "verify-full",
+        "/ca.pem",
+        "/c.pem",
+        "/k.pem",
+        "5",
+    )
 
 
 def test_postgres_settings_without_an_environment_variable_are_refused_for_the_job(monkeypatch):

@@ -30,9 +30,15 @@ def test_parse_position():
 
 def test_every_wire_form_parses_to_one_position():
     position = BinlogPosition("binlog.000003", 4711)
-    for form in (position, str(position), position.to_json(), {"position": position.to_json()},
-                 {"position": str(position)}, {"log_file": "binlog.000003", "log_pos": 4711},
-                 {"format": 1, "binlog_file": "binlog.000003", "binlog_pos": "4711", "rows": 3}):
+    for form in (
+        position,
+        str(position),
+        position.to_json(),
+        {"position": position.to_json()},
+        {"position": str(position)},
+        {"log_file": "binlog.000003", "log_pos": 4711},
+        {"format": 1, "binlog_file": "binlog.000003", "binlog_pos": "4711", "rows": 3},
+    ):
         assert parse_position(form) == position
     with pytest.raises(ValueError, match="holds no binlog position"):
         parse_position({"offset": 3})

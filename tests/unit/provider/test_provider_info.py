@@ -30,8 +30,11 @@ def test_listed_modules_import_and_hooks_declare_connection_attributes():
             for module_name in entry["python-modules"]:
                 module = importlib.import_module(module_name)
                 if section == "hooks":
-                    hooks = [v for v in vars(module).values() if isinstance(v, type) and hasattr(v, "conn_type")
-                             and v.__module__ == module_name]
+                    hooks = [
+                        v
+                        for v in vars(module).values()
+                        if isinstance(v, type) and hasattr(v, "conn_type") and v.__module__ == module_name
+                    ]
                     assert hooks, f"{module_name} defines no hook"
                     for hook in hooks:
                         # Standard connection types, so users' existing connections work.

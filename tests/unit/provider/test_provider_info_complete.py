@@ -7,12 +7,12 @@ folder where it belongs) and not listed fails here; a listed entry that no longe
 from __future__ import annotations
 
 import configparser
+import importlib
 import json
 import os
+import pkgutil
 import subprocess
 import sys
-import importlib
-import pkgutil
 from pathlib import Path
 
 import pytest

@@ -7,14 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from exactly_once_provider.sinks import delta_commit
-from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load import job
+from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.full_load.staging import Staging
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from tests.mysql_support import (ALL_TYPES, ALL_TYPES_COLUMNS, all_types_rows, assert_same_rows, connect, sink_rows,
-                                 source_rows, unique_name)
+from exactly_once_provider.sinks import delta_commit
+from tests.mysql_support import (
+    ALL_TYPES,
+    ALL_TYPES_COLUMNS,
+    all_types_rows,
+    assert_same_rows,
+    connect,
+    sink_rows,
+    source_rows,
+    unique_name,
+)
+
 
 def _load(spark, tmp_path, table, **kwargs):
     sink = str(tmp_path / "sink")
@@ -65,8 +74,12 @@ def test_all_column_types_integer_key(stack, spark, db, tmp_path, reader):
 
 def test_composite_key_chunks_split_inside_a_leading_value(stack, spark, db, tmp_path):
     rows = [(a, f"k{b:04d}", a * b) for a in range(3) for b in range(400)]  # 1200 rows, 3 leading values
-    table = db("fl_comp", "(a INT NOT NULL, b VARCHAR(10) NOT NULL, v INT, PRIMARY KEY (a, b))",
-               "INSERT INTO {t} VALUES (%s, %s, %s)", rows)
+    table = db(
+        "fl_comp",
+        "(a INT NOT NULL, b VARCHAR(10) NOT NULL, v INT, PRIMARY KEY (a, b))",
+        "INSERT INTO {t} VALUES (%s, %s, %s)",
+        rows,
+    )
     sink, result = _load(spark, tmp_path, table, chunk_rows=250)
     assert sink_rows(spark, sink, ["a", "b", "v"]) == source_rows(stack, table, ["a", "b", "v"])
     assert _readers(sink) == {"native"}
@@ -76,8 +89,12 @@ def test_composite_key_chunks_split_inside_a_leading_value(stack, spark, db, tmp
 
 def test_string_key_with_utf8mb4_and_case_insensitive_collation(stack, spark, db, tmp_path):
     rows = [(f"{p}{i:05d}ü😀", i) for i in range(300) for p in ("A", "b", "Ç", "😀", "z'`;")]
-    table = db("fl_str", "(k VARCHAR(40) CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci NOT NULL PRIMARY KEY, v INT)",
-               "INSERT INTO {t} VALUES (%s, %s)", rows)
+    table = db(
+        "fl_str",
+        "(k VARCHAR(40) CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci NOT NULL PRIMARY KEY, v INT)",
+        "INSERT INTO {t} VALUES (%s, %s)",
+        rows,
+    )
     sink, result = _load(spark, tmp_path, table, chunk_rows=333)
     assert sink_rows(spark, sink, ["k", "v"]) == source_rows(stack, table, ["k", "v"]) and _readers(sink) == {"native"}
     assert sum(c.rows for c in result.handoff.chunks) == 1500 and len(result.handoff.chunks) == 5
@@ -85,16 +102,24 @@ def test_string_key_with_utf8mb4_and_case_insensitive_collation(stack, spark, db
 
 def test_skewed_key_gives_chunks_even_by_rows(stack, spark, db, tmp_path):
     ids = list(range(1, 1001)) + [10**12 + i for i in range(300)] + [2**62 + i for i in range(5)]
-    table = db("fl_skew", "(id BIGINT NOT NULL PRIMARY KEY, v VARCHAR(8))", "INSERT INTO {t} VALUES (%s, %s)",
-               [(i, str(i % 97)) for i in ids])
+    table = db(
+        "fl_skew",
+        "(id BIGINT NOT NULL PRIMARY KEY, v VARCHAR(8))",
+        "INSERT INTO {t} VALUES (%s, %s)",
+        [(i, str(i % 97)) for i in ids],
+    )
     sink, result = _load(spark, tmp_path, table, chunk_rows=400)
     assert sink_rows(spark, sink, ["id", "v"]) == source_rows(stack, table, ["id", "v"])
     assert [c.rows for c in result.handoff.chunks] == [400, 400, 400, 105]
 
 
 def test_hostile_table_name_and_explicit_unique_chunk_key(stack, spark, db, tmp_path):
-    table = db("fl_x`; DROP TABLE eo.nothing; -- '\"", "(code CHAR(6) NOT NULL, v INT, UNIQUE KEY uk (code))",
-               "INSERT INTO {t} VALUES (%s, %s)", [(f"c{i:05d}", i) for i in range(500)])
+    table = db(
+        "fl_x`; DROP TABLE eo.nothing; -- '\"",
+        "(code CHAR(6) NOT NULL, v INT, UNIQUE KEY uk (code))",
+        "INSERT INTO {t} VALUES (%s, %s)",
+        [(f"c{i:05d}", i) for i in range(500)],
+    )
     sink, result = _load(spark, tmp_path, table, chunk_rows=200, chunk_key=("code",))
     assert sink_rows(spark, sink, ["code", "v"]) == source_rows(stack, table, ["code", "v"])
     assert _readers(sink) == {"native"}
@@ -109,13 +134,16 @@ def test_empty_table_publishes_an_empty_table_with_a_position(stack, spark, db, 
 
 
 def test_rerun_is_a_no_op_and_a_crash_after_the_commit_does_not_commit_twice(stack, spark, db, tmp_path):
-    table = db("fl_rerun", "(id INT PRIMARY KEY, v INT)", "INSERT INTO {t} VALUES (%s, %s)",
-               [(i, i) for i in range(100)])
+    table = db(
+        "fl_rerun", "(id INT PRIMARY KEY, v INT)", "INSERT INTO {t} VALUES (%s, %s)", [(i, i) for i in range(100)]
+    )
     sink, first = _load(spark, tmp_path, table, chunk_rows=40)
     # A new table adopts the staged files as they are (nothing rewritten) in its one first commit.
     assert first.stats["phases"]["publish_mode"].startswith("adopt")
     log = [json.loads(line) for line in (Path(sink) / "_delta_log" / f"{0:020d}.json").read_text().splitlines()]
-    staged = {d["data"] for d in FullLoadRequest(schema="eo", table=table, sink_path=sink).staging().load()["done"].values()}
+    staged = {
+        d["data"] for d in FullLoadRequest(schema="eo", table=table, sink_path=sink).staging().load()["done"].values()
+    }
     assert {a["add"]["path"] for a in log if "add" in a} == staged == {p.name for p in Path(sink).glob("*.parquet")}
     assert [a["txn"]["appId"] for a in log if "txn" in a] == [f"eo-full-load-{first.handoff.load_id}"]
     assert {f.rsplit("/", 1)[1] for f in spark.read.format("delta").load(sink).inputFiles()} == staged

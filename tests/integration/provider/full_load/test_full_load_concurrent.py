@@ -61,11 +61,21 @@ def _long_transactions(stack, table, stop, stats):
 
 def _binlog_row_events(stack, table, start: BinlogPosition):
     stream = BinLogStreamReader(
-        connection_settings={"host": stack.HOST, "port": stack.MARIADB_PORT, "user": stack.DB_USER,
-                             "passwd": stack.DB_PASSWORD},
-        server_id=5000 + uuid.uuid4().int % 1000, resume_stream=True, log_file=start.file, log_pos=start.pos,
-        is_mariadb=False, blocking=False, only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
-        only_schemas=[stack.DB_NAME], only_tables=[table],
+        connection_settings={
+            "host": stack.HOST,
+            "port": stack.MARIADB_PORT,
+            "user": stack.DB_USER,
+            "passwd": stack.DB_PASSWORD,
+        },
+        server_id=5000 + uuid.uuid4().int % 1000,
+        resume_stream=True,
+        log_file=start.file,
+        log_pos=start.pos,
+        is_mariadb=False,
+        blocking=False,
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+        only_schemas=[stack.DB_NAME],
+        only_tables=[table],
     )
     events = [(BinlogPosition(stream.log_file, event.packet.log_pos), event) for event in stream]
     stream.close()
@@ -107,8 +117,11 @@ def test_every_chunk_equals_the_source_at_its_own_position(stack, spark, airflow
         time.sleep(1)
         sink = str(tmp_path / "sink")
         # One chunk per Spark job: the chunks' snapshots are taken seconds apart while the writers run.
-        result = run_full_load(spark, MySqlSourceHook(), FullLoadRequest(
-            schema="eo", table=table, sink_path=sink, chunk_rows=500, chunks_per_job=1))
+        result = run_full_load(
+            spark,
+            MySqlSourceHook(),
+            FullLoadRequest(schema="eo", table=table, sink_path=sink, chunk_rows=500, chunks_per_job=1),
+        )
     finally:
         stop.set()
         for thread in threads:
@@ -137,7 +150,10 @@ def test_every_chunk_equals_the_source_at_its_own_position(stack, spark, airflow
 
     # Negative control: judged against the LAST chunk's position, some earlier chunk must differ.
     wrong = _state_at(final, events, h.max_position)
-    mismatched = [e.chunk.index for e in h.chunks
-                  if {k: v for k, v in wrong.items() if _in_chunk(k, e.chunk)}
-                  != {k: (v, s) for k, v, s in loaded if _in_chunk(k, e.chunk)}]
+    mismatched = [
+        e.chunk.index
+        for e in h.chunks
+        if {k: v for k, v in wrong.items() if _in_chunk(k, e.chunk)}
+        != {k: (v, s) for k, v, s in loaded if _in_chunk(k, e.chunk)}
+    ]
     assert mismatched, "the check cannot tell positions apart: it would pass for any position"

@@ -41,10 +41,14 @@ def table(stack, airflow_connections):
     name = unique_name("fls3")
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE `{name}` (id INT NOT NULL PRIMARY KEY, v BIGINT, s VARCHAR(40) CHARACTER SET utf8mb4, "
-                "d DECIMAL(12,2))")
-    cur.executemany(f"INSERT INTO `{name}` VALUES (%s, %s, %s, %s)",
-                    [(i, i * 7919 % 1000003, f"s{i}ü😀" if i % 7 else None, Decimal(i) / 4) for i in range(1, ROWS + 1)])
+    cur.execute(
+        f"CREATE TABLE `{name}` (id INT NOT NULL PRIMARY KEY, v BIGINT, s VARCHAR(40) CHARACTER SET utf8mb4, "
+        "d DECIMAL(12,2))"
+    )
+    cur.executemany(
+        f"INSERT INTO `{name}` VALUES (%s, %s, %s, %s)",
+        [(i, i * 7919 % 1000003, f"s{i}ü😀" if i % 7 else None, Decimal(i) / 4) for i in range(1, ROWS + 1)],
+    )
     yield name
     cur.execute(f"DROP TABLE IF EXISTS `{name}`")
     conn.close()
@@ -64,8 +68,11 @@ def _delta_rs(stack, location: str) -> list[tuple]:
     """The table's rows through delta-rs with its own S3 client, sorted by id (duplicates kept)."""
     from deltalake import DeltaTable
 
-    read = DeltaTable(location, storage_options=stack.minio_settings().delta_rs_options()).to_pyarrow_table(
-        columns=COLUMNS).to_pylist()
+    read = (
+        DeltaTable(location, storage_options=stack.minio_settings().delta_rs_options())
+        .to_pyarrow_table(columns=COLUMNS)
+        .to_pylist()
+    )
     return sorted((tuple(normalise(r[c]) for c in COLUMNS) for r in read), key=lambda row: row[0])
 
 
@@ -124,14 +131,18 @@ def test_a_missing_or_damaged_staged_object_is_refused_at_the_publish(stack, spa
     first, second = (f"data/{done[k]['data']}" for k in ("0", "1"))
     original = store.read(second)
     store.put(second, original[:-100])  # truncated after its chunk was recorded
-    with pytest.raises(delta_commit.CommitMarkerError,
-                       match=rf"Staged file .* of chunk 1 has {len(original) - 100} bytes, not {len(original)}: the "
-                             rf"staging area {staging.root} is damaged"):
+    with pytest.raises(
+        delta_commit.CommitMarkerError,
+        match=rf"Staged file .* of chunk 1 has {len(original) - 100} bytes, not {len(original)}: the "
+        rf"staging area {staging.root} is damaged",
+    ):
         run_full_load(spark, MySqlSourceHook(), request)
     store.put(second, original)
     store.delete(first)  # lost after its chunk was recorded as done
-    with pytest.raises(delta_commit.CommitMarkerError,
-                       match=rf"Staged file .* of chunk 0 is missing: the staging area {staging.root} is damaged"):
+    with pytest.raises(
+        delta_commit.CommitMarkerError,
+        match=rf"Staged file .* of chunk 0 is missing: the staging area {staging.root} is damaged",
+    ):
         run_full_load(spark, MySqlSourceHook(), request)
     assert not open_storage(sink, stack.minio_settings()).list(""), "a refused publish must write nothing"
     # the way out the error names: a full reload stages everything again and publishes the source once

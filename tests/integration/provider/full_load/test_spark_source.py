@@ -16,14 +16,13 @@ import struct
 import pyarrow.parquet as pq
 import pytest
 
+from exactly_once_provider.full_load import spark_source
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.full_load.plan import chunk_to_json
-from exactly_once_provider.full_load import spark_source
+from exactly_once_provider.full_load.spark_source import arrow_schema, chunk_read_options, stage_chunk
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.sinks.current_table import snapshot_version
-from exactly_once_provider.full_load.spark_source import arrow_schema, chunk_read_options, stage_chunk
 from exactly_once_provider.source.snapshot import Chunk, ConnectionSettings
-from exactly_once_provider.positions import BinlogPosition
 from tests.mysql_support import connect, normalise, unique_name
 
 EXTREMES = """(
@@ -35,18 +34,117 @@ EXTREMES = """(
 )"""
 NINES = "9" * 35 + "." + "9" * 30
 ROWS = [
-    (1, "-" + NINES, "-" + "9" * 28 + "." + "9" * 10, "-999999999.999", "-0." + "9" * 18, 0, -2**63, 0, -2**31, 0, -32768, -128, 12,
-     -3.40282e38, -1.7976931348623157e308, "1000-01-01 00:00:00", "1000-01-01 00:00:00", "1970-01-01 00:00:01",
-     "1000-01-01", "-838:59:59", "-00:00:00.000001", "-01:02:03.5", 1901, b"\x00\x00", b"\x00",
-     json.dumps({"s": "ü😀𝄞", "n": None}), "😀𝄞ȧ'\"`;\\", "ab", "", "a", "x,y", b"\x00\x00\xff", b"\x00", b"a",
-     b"\x00" * 70_000 + b"end"),
-    (2, NINES, "9" * 28 + "." + "9" * 10, "999999999.999", "0." + "9" * 18, 2**64 - 1, 2**63 - 1, 2**32 - 1, 2**31 - 1, 2**24 - 1,
-     32767, 127, 99999, 0.1, 5e-324, "9999-12-31 23:59:59.999999", "9999-12-31 23:59:59",
-     "2038-01-19 03:14:07.999999", "9999-12-31", "838:59:59", "12:00:00", "00:00:00", 2155, b"\x0f\xff", b"\x01",
-     "[]", "", "", "x" * 1000, "b", "", b"", b"", b"\x00\x00\x00", b""),
-    (3, "0", "0", "0", "0.000000000000000001", 1, 0, 1, 0, 1, 0, 0, 0, 1 / 3, -0.0, "2024-02-29 12:34:56.000001", "2024-02-29 12:34:56",
-     "2024-03-31 02:00:00.5", "2024-02-29", "00:00:00", "-12:00:00.5", "23:59:59.999", 0, b"\x00\x01", b"\x00",
-     "null", "NULL", "NULL", "NULL", "a", "y", b"NULL", b"\x00\xff", b"\xff\xff\xff", b"\x00"),
+    (
+        1,
+        "-" + NINES,
+        "-" + "9" * 28 + "." + "9" * 10,
+        "-999999999.999",
+        "-0." + "9" * 18,
+        0,
+        -(2**63),
+        0,
+        -(2**31),
+        0,
+        -32768,
+        -128,
+        12,
+        -3.40282e38,
+        -1.7976931348623157e308,
+        "1000-01-01 00:00:00",
+        "1000-01-01 00:00:00",
+        "1970-01-01 00:00:01",
+        "1000-01-01",
+        "-838:59:59",
+        "-00:00:00.000001",
+        "-01:02:03.5",
+        1901,
+        b"\x00\x00",
+        b"\x00",
+        json.dumps({"s": "ü😀𝄞", "n": None}),
+        "😀𝄞ȧ'\"`;\\",
+        "ab",
+        "",
+        "a",
+        "x,y",
+        b"\x00\x00\xff",
+        b"\x00",
+        b"a",
+        b"\x00" * 70_000 + b"end",
+    ),
+    (
+        2,
+        NINES,
+        "9" * 28 + "." + "9" * 10,
+        "999999999.999",
+        "0." + "9" * 18,
+        2**64 - 1,
+        2**63 - 1,
+        2**32 - 1,
+        2**31 - 1,
+        2**24 - 1,
+        32767,
+        127,
+        99999,
+        0.1,
+        5e-324,
+        "9999-12-31 23:59:59.999999",
+        "9999-12-31 23:59:59",
+        "2038-01-19 03:14:07.999999",
+        "9999-12-31",
+        "838:59:59",
+        "12:00:00",
+        "00:00:00",
+        2155,
+        b"\x0f\xff",
+        b"\x01",
+        "[]",
+        "",
+        "",
+        "x" * 1000,
+        "b",
+        "",
+        b"",
+        b"",
+        b"\x00\x00\x00",
+        b"",
+    ),
+    (
+        3,
+        "0",
+        "0",
+        "0",
+        "0.000000000000000001",
+        1,
+        0,
+        1,
+        0,
+        1,
+        0,
+        0,
+        0,
+        1 / 3,
+        -0.0,
+        "2024-02-29 12:34:56.000001",
+        "2024-02-29 12:34:56",
+        "2024-03-31 02:00:00.5",
+        "2024-02-29",
+        "00:00:00",
+        "-12:00:00.5",
+        "23:59:59.999",
+        0,
+        b"\x00\x01",
+        b"\x00",
+        "null",
+        "NULL",
+        "NULL",
+        "NULL",
+        "a",
+        "y",
+        b"NULL",
+        b"\x00\xff",
+        b"\xff\xff\xff",
+        b"\x00",
+    ),
     (4,) + (None,) * 34,  # every nullable column NULL (unlike the empty strings and zero bytes above)
 ]
 
@@ -70,8 +168,19 @@ def _stage(stack, table: str, chunks: list[Chunk], tmp_path, reader: str = "nati
         columns = table_columns(conn.cursor(), stack.DB_NAME, table)
     finally:
         conn.close()
-    options = chunk_read_options(settings, True, stack.DB_NAME, table, columns, ("id",),
-                                 [chunk_to_json(c) for c in chunks], 2, "0" * 32, str(tmp_path), reader)
+    options = chunk_read_options(
+        settings,
+        True,
+        stack.DB_NAME,
+        table,
+        columns,
+        ("id",),
+        [chunk_to_json(c) for c in chunks],
+        2,
+        "0" * 32,
+        str(tmp_path),
+        reader,
+    )
     return columns, [stage_chunk(options, chunk_to_json(c)) for c in chunks]
 
 
@@ -103,7 +212,9 @@ def test_every_type_at_its_extremes_is_staged_exactly(stack, table, tmp_path, re
     for result in results:
         file = pq.read_table(tmp_path / result["data_file"])
         assert file.schema == arrow_schema(columns)
-        assert file.num_rows == result["rows"] and result["data_bytes"] == (tmp_path / result["data_file"]).stat().st_size
+        assert (
+            file.num_rows == result["rows"] and result["data_bytes"] == (tmp_path / result["data_file"]).stat().st_size
+        )
         staged += file.to_pylist()
     assert [r["rows"] for r in results] == [3, 1]  # fetch_rows=2: batches of 2 and 1 rows in the first chunk
     assert staged[2]["f"] == struct.unpack("f", struct.pack("f", 1 / 3))[0] != float(f"{1 / 3:.6g}")
@@ -151,9 +262,11 @@ def test_text_in_every_character_set_arrives_as_the_same_unicode(stack, tmp_path
     conn = connect(stack)
     name = unique_name("fl_charset")
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE `{name}` (id INT PRIMARY KEY, l1 VARCHAR(8) CHARACTER SET latin1, "
-                "u3 VARCHAR(8) CHARACTER SET utf8mb3, ub VARCHAR(8) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, "
-                "ch CHAR(5) CHARACTER SET latin1, tx TINYTEXT CHARACTER SET utf8mb4)")
+    cur.execute(
+        f"CREATE TABLE `{name}` (id INT PRIMARY KEY, l1 VARCHAR(8) CHARACTER SET latin1, "
+        "u3 VARCHAR(8) CHARACTER SET utf8mb3, ub VARCHAR(8) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, "
+        "ch CHAR(5) CHARACTER SET latin1, tx TINYTEXT CHARACTER SET utf8mb4)"
+    )
     rows = [(1, "Ünïcødé", "ßØ€ǅ", "😀𝄞", "é ", "a\x00b"), (2, "", "", "", "", ""), (3, None, None, None, None, None)]
     cur.executemany(f"INSERT INTO `{name}` VALUES (%s, %s, %s, %s, %s, %s)", rows)
     try:
@@ -162,7 +275,8 @@ def test_text_in_every_character_set_arrives_as_the_same_unicode(stack, tmp_path
         cur.execute(f"SELECT * FROM `{name}` ORDER BY id")
         assert [tuple(r.values())[:-2] for r in staged] == list(cur.fetchall())  # the version and tombstone last
         assert {(r["_eo_deleted"], r["_eo_version"]) for r in staged} == {
-            (False, snapshot_version(BinlogPosition(result["binlog_file"], result["binlog_pos"])))}
+            (False, snapshot_version(BinlogPosition(result["binlog_file"], result["binlog_pos"])))
+        }
         assert staged[0]["ch"] == "é" and result["reader"] == reader  # CHAR drops trailing spaces on both
     finally:
         cur.execute(f"DROP TABLE `{name}`")

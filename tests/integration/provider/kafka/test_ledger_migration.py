@@ -42,8 +42,10 @@ def legacy_ledger(bootstrap: str) -> tuple[str, dict[str, int]]:
 
 
 def resume_points(bootstrap: str, topic: str) -> dict[str, int]:
-    return {f"{p}/{s}": read_committed_offset({"bootstrap.servers": bootstrap}, p, s, topic, timeout=60).offset
-            for p, s in PIPELINES}
+    return {
+        f"{p}/{s}": read_committed_offset({"bootstrap.servers": bootstrap}, p, s, topic, timeout=60).offset
+        for p, s in PIPELINES
+    }
 
 
 def test_migration_copies_every_resume_point_and_fences_the_old_ledger(bootstrap):

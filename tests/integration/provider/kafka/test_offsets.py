@@ -41,8 +41,9 @@ def _ledger(bootstrap: str, partitions: int | None = None) -> str:
 
 
 def _value(pipeline: str, source_partition: str, offset: int, sequence: int) -> bytes:
-    return new_committed_offset(pipeline, source_partition, offset, sequence, str(sequence), 1, 1, None,
-                                "exactly_once").to_value()
+    return new_committed_offset(
+        pipeline, source_partition, offset, sequence, str(sequence), 1, 1, None, "exactly_once"
+    ).to_value()
 
 
 def _write(producer, topic: str, records: list[tuple[str, str, int]], partitions: int, commit: bool = True) -> None:
@@ -51,9 +52,12 @@ def _write(producer, topic: str, records: list[tuple[str, str, int]], partitions
     for sequence, (pipeline, source_partition, offset) in enumerate(records, 1):
         while True:
             try:
-                producer.produce(topic, _value(pipeline, source_partition, offset, sequence),
-                                 f"{pipeline}/{source_partition}".encode(),
-                                 partition=ledger_partition(pipeline, partitions))
+                producer.produce(
+                    topic,
+                    _value(pipeline, source_partition, offset, sequence),
+                    f"{pipeline}/{source_partition}".encode(),
+                    partition=ledger_partition(pipeline, partitions),
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -100,7 +104,7 @@ def test_key_far_behind_other_pipelines_traffic_reads_its_exact_record(bootstrap
     # 20 windows' worth of other pipelines' traffic in the SAME partition after mine's last record
     traffic = [(neighbours[i % 5], "0", i) for i in range(20 * FIRST_WINDOW)]
     for start in range(0, len(traffic), 5000):
-        _write(producer, topic, traffic[start:start + 5000], count)
+        _write(producer, topic, traffic[start : start + 5000], count)
     config = {"bootstrap.servers": bootstrap}
     record = read_committed_offset(config, "mine", "db1.t", topic, timeout=60)
     assert (record.offset, record.sequence) == (3, 3)
@@ -111,8 +115,11 @@ def test_key_far_behind_other_pipelines_traffic_reads_its_exact_record(bootstrap
     assert ledger["mine/db1.t"].offset == 3 and len(ledger) == 6
     assert set(read_ledger(config, topic, timeout=60, pipelines=["mine"])) == {"mine/db1.t"}
     # the status page's read: named keys backwards, a far one, a recent one, one never written, one elsewhere
-    other = next(p for p in (f"x{n}" for n in range(100)) if ledger_partition(p, count) != ledger_partition(
-        "mine", count)) if count > 1 else None
+    other = (
+        next(p for p in (f"x{n}" for n in range(100)) if ledger_partition(p, count) != ledger_partition("mine", count))
+        if count > 1
+        else None
+    )
     wanted = [("mine", "db1.t"), (last[0], "0"), ("mine", "never")] + ([(other, "0")] if other else [])
     keyed = read_ledger(config, topic, timeout=60, keys=wanted)
     assert {k: v.offset for k, v in keyed.items()} == {"mine/db1.t": 3, f"{last[0]}/0": last[2]}
@@ -124,8 +131,7 @@ def test_aborted_transactions_after_the_last_committed_record_are_skipped(bootst
     producer = transactional_producer(bootstrap)
     _write(producer, topic, [("mine", "0", 7)], LEDGER_PARTITIONS)
     # Aborted records of the key, longer than several windows, then a committed record of a neighbour.
-    _write(producer, topic, [("mine", "0", 1000 + n) for n in range(3 * FIRST_WINDOW)], LEDGER_PARTITIONS,
-           commit=False)
+    _write(producer, topic, [("mine", "0", 1000 + n) for n in range(3 * FIRST_WINDOW)], LEDGER_PARTITIONS, commit=False)
     neighbour = _same_partition_pipelines("mine", 1)[0]
     _write(producer, topic, [(neighbour, "0", 1)], LEDGER_PARTITIONS)
     config = {"bootstrap.servers": bootstrap}
@@ -141,8 +147,12 @@ def test_read_waits_for_an_open_transaction_in_the_keys_partition(bootstrap):
     _write(mine, topic, [("mine", "0", 1)], LEDGER_PARTITIONS)
     neighbour = _same_partition_pipelines("mine", 1)[0]
     other.begin_transaction()
-    other.produce(topic, _value(neighbour, "0", 1, 1), f"{neighbour}/0".encode(),
-                  partition=ledger_partition("mine", LEDGER_PARTITIONS))
+    other.produce(
+        topic,
+        _value(neighbour, "0", 1, 1),
+        f"{neighbour}/0".encode(),
+        partition=ledger_partition("mine", LEDGER_PARTITIONS),
+    )
     other.flush(10)
     _write(mine, topic, [("mine", "0", 2)], LEDGER_PARTITIONS)  # committed behind the open transaction
     ender = threading.Timer(3.0, other.abort_transaction, args=(30,))
@@ -166,8 +176,15 @@ def test_writer_puts_the_ledger_record_in_the_pipelines_partition(bootstrap, air
                 writer.write_batch(data, [Message(b"v", key=b"k")], offset=offset)
         finally:
             writer.close()
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "isolation.level":
-                         "read_committed", "enable.partition.eof": True, **QUIET})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            **QUIET,
+        }
+    )
     found = {}
     try:
         for partition in range(LEDGER_PARTITIONS):
@@ -182,7 +199,9 @@ def test_writer_puts_the_ledger_record_in_the_pipelines_partition(bootstrap, air
         record = read_committed_offset({"bootstrap.servers": bootstrap}, f"p-{mode}", "0", topic, timeout=60)
         assert (record.offset, record.sequence) == (20, 2)
     assert json.loads(json.dumps(sorted(read_ledger({"bootstrap.servers": bootstrap}, topic)))) == [
-        "p-at_least_once/0", "p-exactly_once/0"]
+        "p-at_least_once/0",
+        "p-exactly_once/0",
+    ]
 
 
 def test_a_ledger_a_broker_restart_can_break_is_warned_about_once(bootstrap, caplog):

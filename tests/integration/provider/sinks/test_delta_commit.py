@@ -12,12 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from exactly_once_provider.sinks import delta_commit
-from exactly_once_provider.sinks import delta_log
+from exactly_once_provider.sinks import delta_commit, delta_log
 
-ROWS_SCHEMA = json.dumps({"type": "struct", "fields": [
-    {"name": "writer", "type": "string", "nullable": True, "metadata": {}},
-    {"name": "n", "type": "long", "nullable": True, "metadata": {}}]})
+ROWS_SCHEMA = json.dumps(
+    {
+        "type": "struct",
+        "fields": [
+            {"name": "writer", "type": "string", "nullable": True, "metadata": {}},
+            {"name": "n", "type": "long", "nullable": True, "metadata": {}},
+        ],
+    }
+)
 
 
 def batch(spark, writer: str, start: int, count: int):
@@ -29,8 +34,10 @@ def delta_count(spark, path: str, **options) -> int:
 
 
 # Delta rebuilds table states with 50 tasks and VACUUM lists files with 10 000 (a minute on 2 cores): 2 each.
-SMALL_DELTA_JOBS = {"spark.databricks.delta.snapshotPartitions": "2",
-                    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2"}
+SMALL_DELTA_JOBS = {
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
+}
 
 
 @pytest.fixture
@@ -42,8 +49,9 @@ def small_delta_jobs(spark):
         spark.conf.unset(key)
 
 
-def test_delta_reads_writes_time_travels_and_vacuums_a_table_of_own_commits_across_a_checkpoint(small_delta_jobs,
-                                                                                               tmp_path):
+def test_delta_reads_writes_time_travels_and_vacuums_a_table_of_own_commits_across_a_checkpoint(
+    small_delta_jobs, tmp_path
+):
     spark = small_delta_jobs
     from delta.tables import DeltaTable
 
@@ -71,22 +79,34 @@ def test_delta_reads_writes_time_travels_and_vacuums_a_table_of_own_commits_acro
     assert delta_commit.append_with_marker(batch(spark, "a", 15, 5), path, {"b": 2}, "app", 2) == 3
     state = delta_log.table_state(path)
     assert (state.version, state.checkpoint, state.txns, state.configuration) == (
-        4, 4, {"app": 3}, {"delta.checkpointInterval": "4"})
+        4,
+        4,
+        {"app": 3},
+        {"delta.checkpointInterval": "4"},
+    )
     assert delta_count(spark, path, versionAsOf=3) == 20
 
     # Delta's own writers continue the table: a plain append, then a MERGE; then an own commit again.
     batch(spark, "delta", 0, 3).write.format("delta").mode("append").save(path)  # v5
-    (DeltaTable.forPath(spark, path).alias("t")
-     .merge(batch(spark, "a", 0, 2).selectExpr("'merged' AS writer", "n").alias("s"), "t.n = s.n AND t.writer = 'a'")
-     .whenMatchedUpdateAll().execute())  # v6: two rows of version 0 rewritten
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(batch(spark, "a", 0, 2).selectExpr("'merged' AS writer", "n").alias("s"), "t.n = s.n AND t.writer = 'a'")
+        .whenMatchedUpdateAll()
+        .execute()
+    )  # v6: two rows of version 0 rewritten
     assert delta_commit.append_with_marker(batch(spark, "a", 25, 5), path, {"b": 4}, "app", 4) == 7
     rows = spark.read.format("delta").load(path).groupBy("writer").count().collect()
     assert {r["writer"]: r["count"] for r in rows} == {"a": 28, "merged": 2, "delta": 3}
     assert delta_commit.latest_marker(path, "b") == (7, {"b": 4})
     # the own adds carry the integer column bounds; a filter Delta skips files with still finds every row
     add = next(a["add"] for a in delta_log.read_actions(log_dir / f"{7:020d}.json") if "add" in a)
-    assert json.loads(add["stats"]) == {"numRecords": 5, "minValues": {"n": 25}, "maxValues": {"n": 29},
-                                        "nullCount": {"n": 0}}
+    assert json.loads(add["stats"]) == {
+        "numRecords": 5,
+        "minValues": {"n": 25},
+        "maxValues": {"n": 29},
+        "nullCount": {"n": 0},
+    }
     assert spark.read.format("delta").load(path).where("writer = 'a' AND n BETWEEN 12 AND 26").count() == 15
 
     # VACUUM (dry run) lists only files no version references: an orphan a killed writer left, not our
@@ -118,8 +138,9 @@ def race(location: str, s3: dict | None, app_id: str, versions: list[int], write
         storage.put(name, buffer.getvalue())
         files = [{"name": name, "bytes": len(buffer.getvalue()), "rows": 3}]
         barrier.wait(60)
-        table_version, written = delta_commit.append_with_files(storage, ROWS_SCHEMA, files, {"w": writer}, app_id,
-                                                                version)
+        table_version, written = delta_commit.append_with_files(
+            storage, ROWS_SCHEMA, files, {"w": writer}, app_id, version
+        )
         if not written:
             storage.delete(name)
         results.put((writer, app_id, version, table_version, written))
@@ -160,8 +181,9 @@ def table_location(request, tmp_path):
     storage.delete_prefix("")
 
 
-def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_without_loss(small_delta_jobs,
-                                                                                               table_location):
+def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_without_loss(
+    small_delta_jobs, table_location
+):
     spark = small_delta_jobs
     path, s3, storage = table_location
     delta_commit.create_with_files(storage, ROWS_SCHEMA, [], {}, "setup", 0)
@@ -173,8 +195,9 @@ def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_
     settings = s3.to_json() if s3 else None
     # zombies: three processes commit the SAME (app "zombie", version) at once; a fourth, another app id,
     # commits its own versions at the same instants
-    writers = [ctx.Process(target=race, args=(path, settings, "zombie", versions, f"z{i}", barrier, results))
-               for i in range(3)]
+    writers = [
+        ctx.Process(target=race, args=(path, settings, "zombie", versions, f"z{i}", barrier, results)) for i in range(3)
+    ]
     writers.append(ctx.Process(target=race, args=(path, settings, "other", versions, "o", barrier, results)))
     for w in writers:
         w.start()
@@ -194,14 +217,20 @@ def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_
     assert all(o[4] for o in outcomes if o[1] == "other")
     assert sorted(o[3] for o in outcomes if o[4]) == list(range(1, 2 * len(versions) + 1))  # no gap, no clash
 
-    txns = [a["txn"] for v in range(2 * len(versions) + 1)
-            for a in delta_log.read_log_file(storage, f"{v:020d}.json") if "txn" in a]
+    txns = [
+        a["txn"]
+        for v in range(2 * len(versions) + 1)
+        for a in delta_log.read_log_file(storage, f"{v:020d}.json")
+        if "txn" in a
+    ]
     assert sorted((t["appId"], t["version"]) for t in txns if t["appId"] != "setup") == sorted(
-        [("zombie", v) for v in versions] + [("other", v) for v in versions])
+        [("zombie", v) for v in versions] + [("other", v) for v in versions]
+    )
     rows = spark.read.format("delta").load(storage.spark_uri()).groupBy("n").agg({"writer": "collect_list"}).collect()
     per_version = {r["n"]: sorted(r[1]) for r in rows}
     assert set(per_version) == set(versions)
-    for version, names in per_version.items():  # 3 rows of the other app + 3 rows of ONE zombie, per version
+    for names in per_version.values():  # 3 rows of the other app + 3 rows of ONE zombie, per version
         assert names.count("o") == 3 and len(names) == 6 and len({n for n in names if n != "o"}) == 1, names
     assert sorted(k for k in storage.list("part-")) == sorted(
-        f"part-{w}-{a}-{v}.parquet" for w, a, v, _, written in outcomes if written)
+        f"part-{w}-{a}-{v}.parquet" for w, a, v, _, written in outcomes if written
+    )

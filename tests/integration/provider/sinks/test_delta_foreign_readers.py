@@ -64,9 +64,10 @@ def test_spark_delta_and_delta_rs_read_the_provider_table_identically(spark, tab
     expected: dict[int, str] = {}
 
     def own(batch: int, start: int, count: int) -> int:
-        version = delta_commit.append_with_marker(_rows(spark, "own", start, count), storage, {"b": batch},
-                                                  "eo-stream", batch)
-        expected.update({n: "own" for n in range(start, start + count)})
+        version = delta_commit.append_with_marker(
+            _rows(spark, "own", start, count), storage, {"b": batch}, "eo-stream", batch
+        )
+        expected.update(dict.fromkeys(range(start, start + count), "own"))
         return version
 
     assert own(0, 0, 10) == 0  # the first own commit creates the table (the full load's create_with_files)
@@ -79,12 +80,16 @@ def test_spark_delta_and_delta_rs_read_the_provider_table_identically(spark, tab
 
     # Other writers between the runs: a plain Spark append and a delta-rs append, no markers.
     _rows(spark, "spark", 100, 7).write.format("delta").mode("append").save(uri)
-    expected.update({n: "spark" for n in range(100, 107)})
+    expected.update(dict.fromkeys(range(100, 107), "spark"))
     import pyarrow as pa
 
-    write_deltalake(storage.uri(), pa.table({"writer": ["delta-rs"] * 5, "n": pa.array(range(200, 205), pa.int64())}),
-                    mode="append", storage_options=options)
-    expected.update({n: "delta-rs" for n in range(200, 205)})
+    write_deltalake(
+        storage.uri(),
+        pa.table({"writer": ["delta-rs"] * 5, "n": pa.array(range(200, 205), pa.int64())}),
+        mode="append",
+        storage_options=options,
+    )
+    expected.update(dict.fromkeys(range(200, 205), "delta-rs"))
     own(4, 40, 10)  # the own commit on top of the foreign ones
     _same_through_both_readers(spark, storage, options, expected)
 
@@ -96,14 +101,15 @@ def test_spark_delta_and_delta_rs_read_the_provider_table_identically(spark, tab
     data = [k for k in storage.list() if k.endswith(".parquet") and not k.startswith("_delta_log/")]
     assert len(data) == 1, f"VACUUM should have left only OPTIMIZE's file, found {data}"
     own(5, 50, 10)
-    assert delta_commit.append_with_marker(_rows(spark, "own", 50, 10), storage, {"b": 5}, "eo-stream", 5) \
-        == delta_commit.newest_version(storage)  # a replay after VACUUM: nothing written
+    assert delta_commit.append_with_marker(
+        _rows(spark, "own", 50, 10), storage, {"b": 5}, "eo-stream", 5
+    ) == delta_commit.newest_version(storage)  # a replay after VACUUM: nothing written
     _same_through_both_readers(spark, storage, options, expected)
 
     # A MERGE through Delta's writer with its marker and txn, as the current and CDC modes commit.
     source = spark.range(0, 5).selectExpr("'merged' AS writer", "id AS n")
     delta_commit.merge_with_marker(source, storage, "t.n = s.n", {"b": 6}, "eo-stream", 6)
-    expected.update({n: "merged" for n in range(5)})
+    expected.update(dict.fromkeys(range(5), "merged"))
     _same_through_both_readers(spark, storage, options, expected)
 
     from deltalake import DeltaTable

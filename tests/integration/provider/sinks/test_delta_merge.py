@@ -15,19 +15,23 @@ COLUMNS = ["id", NAME, "_eo_version", "_eo_deleted"]
 
 
 def make_table(spark, path: str, rows: list[tuple], files: int) -> None:
-    df = spark.createDataFrame(rows, f"id BIGINT, `{NAME.replace('`', '``')}` STRING, _eo_version BIGINT, "
-                                     "_eo_deleted BOOLEAN")
+    df = spark.createDataFrame(
+        rows, f"id BIGINT, `{NAME.replace('`', '``')}` STRING, _eo_version BIGINT, _eo_deleted BOOLEAN"
+    )
     df.repartitionByRange(files, "id").write.format("delta").save(path)
 
 
 def changes(spark, rows: list[tuple]):
-    return spark.createDataFrame(rows, f"id BIGINT, `{NAME.replace('`', '``')}` STRING, _eo_version BIGINT, "
-                                       "_eo_deleted BOOLEAN")
+    return spark.createDataFrame(
+        rows, f"id BIGINT, `{NAME.replace('`', '``')}` STRING, _eo_version BIGINT, _eo_deleted BOOLEAN"
+    )
 
 
 def spark_rows(spark, path: str) -> list[tuple]:
-    return sorted(tuple(r) for r in spark.read.format("delta").load(path).select(*[f"`{c.replace('`', '``')}`"
-                                                                                   for c in COLUMNS]).collect())
+    return sorted(
+        tuple(r)
+        for r in spark.read.format("delta").load(path).select(*[f"`{c.replace('`', '``')}`" for c in COLUMNS]).collect()
+    )
 
 
 def delta_rs_rows(path: str) -> list[tuple]:
@@ -42,29 +46,37 @@ def last_commit(path: str) -> list[dict]:
     return delta_log.read_log_file(path, f"{version:020d}.json")
 
 
-def test_newer_versions_win_new_keys_are_inserted_and_only_the_touched_file_is_rewritten(spark, tmp_path,
-                                                                                          monkeypatch):
+def test_newer_versions_win_new_keys_are_inserted_and_only_the_touched_file_is_rewritten(spark, tmp_path, monkeypatch):
     monkeypatch.setattr(delta_merge, "SMALL_FILE_BYTES", 0)  # no small file rewritten along
     path = str(tmp_path / "t")
     make_table(spark, path, [(i, f"v{i}", 10, False) for i in range(1, 31)], files=3)
     before = delta_log.active_files(delta_log.table_state(path))
     assert len(before) == 3
 
-    batch = changes(spark, [(5, "new5", 20, False),      # newer: replaces
-                            (7, "old7", 5, False),       # older: ignored
-                            (8, None, 10, True),         # same version: ignored
-                            (100, "ins", 30, False)])    # a new key: inserted
+    batch = changes(
+        spark,
+        [
+            (5, "new5", 20, False),  # newer: replaces
+            (7, "old7", 5, False),  # older: ignored
+            (8, None, 10, True),  # same version: ignored
+            (100, "ins", 30, False),
+        ],
+    )  # a new key: inserted
     version = delta_merge.merge_newer(batch, path, ("id",), {"m": 1}, "app", 0)
 
-    expected = sorted([(i, f"v{i}", 10, False) for i in range(1, 31) if i != 5] + [(5, "new5", 20, False),
-                                                                                    (100, "ins", 30, False)])
+    expected = sorted(
+        [(i, f"v{i}", 10, False) for i in range(1, 31) if i != 5] + [(5, "new5", 20, False), (100, "ins", 30, False)]
+    )
     assert spark_rows(spark, path) == expected
     assert delta_rs_rows(path) == expected
     actions = last_commit(path)
     info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
     removed = [a["remove"]["path"] for a in actions if "remove" in a]
     assert (info["operation"], json.loads(info["userMetadata"]), info["operationMetrics"]["numSourceRows"]) == (
-        "MERGE", {"m": 1}, "4")
+        "MERGE",
+        {"m": 1},
+        "4",
+    )
     assert [a["txn"] for a in actions if "txn" in a][0]["version"] == 0
     # ids 5, 7 and 8 live in the first file of three: only it is rewritten, the other two stay as they were
     assert len(removed) == 1 and removed[0] in before
@@ -81,16 +93,29 @@ def test_a_stream_of_inserts_keeps_one_small_file_instead_of_one_per_batch(spark
     path = str(tmp_path / "t")
     make_table(spark, path, [(i, f"v{i}", 10, False) for i in range(1, 31)], files=3)
     for batch in range(4):  # inserts only: no file holds these keys
-        delta_merge.merge_newer(changes(spark, [(1000 + 10 * batch + i, "ins", 20, False) for i in range(10)]),
-                                path, ("id",), {}, "app", batch)
+        delta_merge.merge_newer(
+            changes(spark, [(1000 + 10 * batch + i, "ins", 20, False) for i in range(10)]),
+            path,
+            ("id",),
+            {},
+            "app",
+            batch,
+        )
     assert len(delta_log.active_files(delta_log.table_state(path))) == 1
-    assert spark_rows(spark, path) == sorted([(i, f"v{i}", 10, False) for i in range(1, 31)] +
-                                             [(1000 + i, "ins", 20, False) for i in range(40)])
+    assert spark_rows(spark, path) == sorted(
+        [(i, f"v{i}", 10, False) for i in range(1, 31)] + [(1000 + i, "ins", 20, False) for i in range(40)]
+    )
 
     monkeypatch.setattr(delta_merge, "SMALL_FILE_BYTES", 0)  # without: a file per batch
     for batch in range(4, 7):
-        delta_merge.merge_newer(changes(spark, [(2000 + 10 * batch + i, "ins", 20, False) for i in range(10)]),
-                                path, ("id",), {}, "app", batch)
+        delta_merge.merge_newer(
+            changes(spark, [(2000 + 10 * batch + i, "ins", 20, False) for i in range(10)]),
+            path,
+            ("id",),
+            {},
+            "app",
+            batch,
+        )
     assert len(delta_log.active_files(delta_log.table_state(path))) >= 4
 
 
@@ -98,10 +123,22 @@ def test_replace_equal_takes_a_change_of_the_same_version_and_tombstones_stay(sp
     path = str(tmp_path / "t")
     make_table(spark, path, [(i, f"v{i}", 10, False) for i in range(1, 6)], files=1)
     delta_merge.merge_newer(changes(spark, [(2, None, 11, True)]), path, ("id",), {}, "app", 0)
-    delta_merge.merge_newer(changes(spark, [(3, "filled", 10, False), (2, "back", 10, False)]), path, ("id",), {},
-                            "app", 1, replace_equal=True)
-    assert spark_rows(spark, path) == [(1, "v1", 10, False), (2, None, 11, True), (3, "filled", 10, False),
-                                       (4, "v4", 10, False), (5, "v5", 10, False)]
+    delta_merge.merge_newer(
+        changes(spark, [(3, "filled", 10, False), (2, "back", 10, False)]),
+        path,
+        ("id",),
+        {},
+        "app",
+        1,
+        replace_equal=True,
+    )
+    assert spark_rows(spark, path) == [
+        (1, "v1", 10, False),
+        (2, None, 11, True),
+        (3, "filled", 10, False),
+        (4, "v4", 10, False),
+        (5, "v5", 10, False),
+    ]
 
 
 def test_an_empty_batch_commits_its_marker_only(spark, tmp_path):
@@ -117,8 +154,7 @@ def test_two_changes_of_one_key_are_refused_before_anything_is_written(spark, tm
     path = str(tmp_path / "t")
     make_table(spark, path, [(1, "a", 10, False)], files=1)
     with pytest.raises(ValueError, match="2 changes of 1 keys"):
-        delta_merge.merge_newer(changes(spark, [(1, "x", 20, False), (1, "y", 21, False)]), path, ("id",), {},
-                                "app", 0)
+        delta_merge.merge_newer(changes(spark, [(1, "x", 20, False), (1, "y", 21, False)]), path, ("id",), {}, "app", 0)
     assert delta_commit.newest_version(path) == 0
 
 
@@ -126,11 +162,16 @@ def test_a_composite_text_key_merges_on_every_key_column(spark, tmp_path):
     path = str(tmp_path / "t")
     rows = [("a", 1, "x", 10), ("a", 2, "y", 10), ("b", 1, "z", 10)]
     spark.createDataFrame(rows, "k STRING, n INT, v STRING, _eo_version BIGINT").write.format("delta").save(path)
-    batch = spark.createDataFrame([("a", 2, "Y", 20), ("b", 2, "new", 20)], "k STRING, n INT, v STRING, "
-                                                                             "_eo_version BIGINT")
+    batch = spark.createDataFrame(
+        [("a", 2, "Y", 20), ("b", 2, "new", 20)], "k STRING, n INT, v STRING, _eo_version BIGINT"
+    )
     delta_merge.merge_newer(batch, path, ("k", "n"), {}, "app", 0)
     assert sorted(tuple(r) for r in spark.read.format("delta").load(path).collect()) == [
-        ("a", 1, "x", 10), ("a", 2, "Y", 20), ("b", 1, "z", 10), ("b", 2, "new", 20)]
+        ("a", 1, "x", 10),
+        ("a", 2, "Y", 20),
+        ("b", 1, "z", 10),
+        ("b", 2, "new", 20),
+    ]
 
 
 def test_a_writer_that_loses_the_commit_plans_again_on_the_newer_state(spark, tmp_path, monkeypatch):
@@ -150,12 +191,17 @@ def test_a_writer_that_loses_the_commit_plans_again_on_the_newer_state(spark, tm
     monkeypatch.setattr(delta_commit, "put_commit", another_writer_first)
     version = delta_merge.merge_newer(changes(spark, [(2, "ours", 20, False)]), path, ("id",), {}, "app", 0)
     assert calls == [1] and version == 2  # lost version 1, planned again on it and committed version 2
-    assert spark_rows(spark, path) == sorted([(1, "other", 50, False), (2, "ours", 20, False)] +
-                                             [(i, f"v{i}", 10, False) for i in range(3, 11)])
+    assert spark_rows(spark, path) == sorted(
+        [(1, "other", 50, False), (2, "ours", 20, False)] + [(i, f"v{i}", 10, False) for i in range(3, 11)]
+    )
     # the lost attempt's files were deleted: every data directory of the table is one a commit added
     folders = {p.name for p in Path(path).iterdir() if p.name.startswith(delta_commit.DATA_PREFIX)}
-    added = {a["add"]["path"].split("/")[0] for v in range(version + 1)
-             for a in delta_log.read_log_file(path, f"{v:020d}.json") if "add" in a}
+    added = {
+        a["add"]["path"].split("/")[0]
+        for v in range(version + 1)
+        for a in delta_log.read_log_file(path, f"{v:020d}.json")
+        if "add" in a
+    }
     assert len(folders) == 2 and folders <= added
 
 
@@ -173,5 +219,6 @@ def test_a_zombie_that_commits_the_same_batch_first_leaves_it_in_once(spark, tmp
     monkeypatch.setattr(delta_commit, "put_commit", zombie_first)
     assert delta_merge.merge_newer(batch, path, ("id",), {}, "app", 0) == 1
     assert delta_commit.newest_version(path) == 1
-    assert spark_rows(spark, path) == sorted([(1, "new", 20, False), (9, "ins", 20, False)] +
-                                             [(i, f"v{i}", 10, False) for i in range(2, 6)])
+    assert spark_rows(spark, path) == sorted(
+        [(1, "new", 20, False), (9, "ins", 20, False)] + [(i, f"v{i}", 10, False) for i in range(2, 6)]
+    )

@@ -18,8 +18,9 @@ from tests.storage_support import ParquetFrame
 
 @pytest.fixture
 def storage(stack, airflow_connections):
-    storage = open_storage(f"s3://{stack.MINIO_BUCKETS[0]}/it-files-sink/{uuid.uuid4().hex}",
-                           S3Settings.from_connection("aws_default"))
+    storage = open_storage(
+        f"s3://{stack.MINIO_BUCKETS[0]}/it-files-sink/{uuid.uuid4().hex}", S3Settings.from_connection("aws_default")
+    )
     yield storage
     storage.delete_prefix("")
 

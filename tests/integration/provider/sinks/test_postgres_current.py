@@ -20,14 +20,26 @@ def _full_load(tmp_path, load_id: str, rows: int) -> SimpleNamespace:
     from deltalake import write_deltalake
 
     path = str(tmp_path / load_id)
-    write_deltalake(path, pa.table({
-        "id": pa.array(range(rows), pa.int32()), "amount": pa.array([f"{i}.50" for i in range(rows)]).cast(
-            pa.decimal128(12, 2)), "note": pa.array([None if i % 3 else f"n{i}" for i in range(rows)], pa.string()),
-        "_eo_version": pa.array([100] * rows, pa.int64()), "_eo_deleted": pa.array([False] * rows)}))
-    columns = (Column("id", "int", "int(11)", 10, 0), Column("amount", "decimal", "decimal(12,2)", 12, 2),
-               Column("note", "varchar", "varchar(20)", None, None))
-    handoff = SimpleNamespace(load_id=load_id, schema="eo", table="t", key=("id",), table_version=0, columns=columns,
-                              min_version=101)
+    write_deltalake(
+        path,
+        pa.table(
+            {
+                "id": pa.array(range(rows), pa.int32()),
+                "amount": pa.array([f"{i}.50" for i in range(rows)]).cast(pa.decimal128(12, 2)),
+                "note": pa.array([None if i % 3 else f"n{i}" for i in range(rows)], pa.string()),
+                "_eo_version": pa.array([100] * rows, pa.int64()),
+                "_eo_deleted": pa.array([False] * rows),
+            }
+        ),
+    )
+    columns = (
+        Column("id", "int", "int(11)", 10, 0),
+        Column("amount", "decimal", "decimal(12,2)", 12, 2),
+        Column("note", "varchar", "varchar(20)", None, None),
+    )
+    handoff = SimpleNamespace(
+        load_id=load_id, schema="eo", table="t", key=("id",), table_version=0, columns=columns, min_version=101
+    )
     return SimpleNamespace(handoff=handoff, path=path)
 
 
@@ -51,10 +63,18 @@ def test_built_once_per_load_typed_and_rebuilt_by_a_new_load(stack, schema, tmp_
     first = _full_load(tmp_path, "load-a", 1000)
     _sink(schema, "orders_current", "p", first).prepare()
     assert _rows(schema, "SELECT count(*), sum(amount), count(note) FROM orders_current") == [(1000, 500000, 334)]
-    types = dict(_rows(schema, "SELECT column_name, data_type FROM information_schema.columns"
-                               " WHERE table_name = 'orders_current'"))
-    assert types == {"id": "integer", "amount": "numeric", "note": "text", "_eo_version": "bigint",
-                     "_eo_deleted": "boolean"}
+    types = dict(
+        _rows(
+            schema, "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'orders_current'"
+        )
+    )
+    assert types == {
+        "id": "integer",
+        "amount": "numeric",
+        "note": "text",
+        "_eo_version": "bigint",
+        "_eo_deleted": "boolean",
+    }
     conn = psycopg2.connect(**schema)
     with conn, conn.cursor() as cur:  # a change merged later: a prepare of the same load must keep it
         cur.execute("UPDATE orders_current SET note = 'changed', _eo_version = 200 WHERE id = 1")
@@ -77,7 +97,7 @@ def test_a_table_it_did_not_build_is_never_replaced(stack, schema, tmp_path):
         _sink(schema, "users_table", "p", load).prepare()
     assert _rows(schema, "SELECT * FROM users_table") == [(1, "mine")]
     _sink(schema, "shared", "p", load).prepare()
-    with pytest.raises(ValueError, match='"shared" exists and is the current table of pipeline \'p\''):
+    with pytest.raises(ValueError, match="\"shared\" exists and is the current table of pipeline 'p'"):
         _sink(schema, "shared", "q", load).prepare()
     assert _rows(schema, "SELECT count(*) FROM shared") == [(10,)]
 
@@ -86,10 +106,15 @@ class _Changes:
     """A batch's changes as the sink takes them from Spark (``toArrow``)."""
 
     def __init__(self, ids: range, version: int) -> None:
-        self.table = pa.table({
-            "id": pa.array(ids, pa.int32()), "amount": pa.array([f"{version}.00"] * len(ids)).cast(
-                pa.decimal128(12, 2)), "note": pa.array([f"v{version}"] * len(ids), pa.string()),
-            "_eo_version": pa.array([version] * len(ids), pa.int64()), "_eo_deleted": pa.array([False] * len(ids))})
+        self.table = pa.table(
+            {
+                "id": pa.array(ids, pa.int32()),
+                "amount": pa.array([f"{version}.00"] * len(ids)).cast(pa.decimal128(12, 2)),
+                "note": pa.array([f"v{version}"] * len(ids), pa.string()),
+                "_eo_version": pa.array([version] * len(ids), pa.int64()),
+                "_eo_deleted": pa.array([False] * len(ids)),
+            }
+        )
 
     def toArrow(self) -> pa.Table:  # noqa: N802 - Spark's name
         return self.table
@@ -100,8 +125,12 @@ def _route(schema: dict, table: str, topic: str, load) -> PostgresSink:
     sink = PostgresSink(table, "p", schema, mode="current", topics=[topic])
     sink.builds_on(load.handoff, load.path)
     sink.prepare()
-    sink.schema_state = {"load_id": load.handoff.load_id, "columns": [c.to_json() for c in load.handoff.columns],
-                         "fills": [], "applied": load.handoff.min_version}
+    sink.schema_state = {
+        "load_id": load.handoff.load_id,
+        "columns": [c.to_json() for c in load.handoff.columns],
+        "fills": [],
+        "applied": load.handoff.min_version,
+    }
     return sink
 
 
@@ -111,7 +140,7 @@ def test_routes_of_one_pipeline_each_commit_their_own_batches_and_skip_their_own
     its own load and schema state."""
     loads = _full_load(tmp_path, "load-a", 10), _full_load(tmp_path, "load-b", 20)
     a, b = _route(schema, "a_current", "topic-a", loads[0]), _route(schema, "b_current", "topic-b", loads[1])
-    assert a.commit(_Changes(range(0, 3), 201), BatchCommit("p", "ckpt-a", 0, {"topic-a": {0: 3}}), None)
+    assert a.commit(_Changes(range(3), 201), BatchCommit("p", "ckpt-a", 0, {"topic-a": {0: 3}}), None)
     planned_on = a.committed()  # a's next batch is planned; b commits meanwhile
     assert b.commit(_Changes(range(5, 9), 202), BatchCommit("p", "ckpt-b", 0, {"topic-b": {0: 4}}), None)
     assert a.commit(_Changes(range(3, 5), 203), BatchCommit("p", "ckpt-a", 1, {"topic-a": {0: 5}}), planned_on)
@@ -122,11 +151,19 @@ def test_routes_of_one_pipeline_each_commit_their_own_batches_and_skip_their_own
     assert (a.committed().checkpoint_id, a.committed().batch_id, a.committed().rows_total) == ("ckpt-a", 1, 5)
     assert (b.committed().checkpoint_id, b.committed().batch_id, b.committed().rows_total) == ("ckpt-b", 1, 5)
     assert _rows(schema, "SELECT _eo_version, count(*) FROM a_current GROUP BY 1 ORDER BY 1") == [
-        (100, 5), (201, 3), (203, 2)]
+        (100, 5),
+        (201, 3),
+        (203, 2),
+    ]
     assert _rows(schema, "SELECT _eo_version, count(*) FROM b_current GROUP BY 1 ORDER BY 1") == [
-        (100, 15), (202, 4), (204, 1)]
+        (100, 15),
+        (202, 4),
+        (204, 1),
+    ]
     assert _rows(schema, "SELECT table_name, load_id FROM eo_current_tables ORDER BY 1") == [
-        ('"a_current"', "load-a"), ('"b_current"', "load-b")]
+        ('"a_current"', "load-a"),
+        ('"b_current"', "load-b"),
+    ]
     # a restart of the application: both tables hold their loads, neither is built again
     _route(schema, "a_current", "topic-a", loads[0]), _route(schema, "b_current", "topic-b", loads[1])
     assert _rows(schema, "SELECT count(*) FROM a_current UNION ALL SELECT count(*) FROM b_current") == [(10,), (20,)]
@@ -135,7 +172,7 @@ def test_routes_of_one_pipeline_each_commit_their_own_batches_and_skip_their_own
 def test_a_table_gone_or_renamed_after_changes_is_not_built_again_from_the_old_load(stack, schema, tmp_path):
     load = _full_load(tmp_path, "load-a", 10)
     sink = _route(schema, "orders_current", "topic-a", load)
-    assert sink.commit(_Changes(range(0, 3), 201), BatchCommit("p", "ckpt", 0, {"topic-a": {0: 3}}), None)
+    assert sink.commit(_Changes(range(3), 201), BatchCommit("p", "ckpt", 0, {"topic-a": {0: 3}}), None)
     with pytest.raises(ValueError, match='"orders_renamed" is new to it .*miss them.*full_reload=true'):
         _route(schema, "orders_renamed", "topic-a", load)
     conn = psycopg2.connect(**schema)

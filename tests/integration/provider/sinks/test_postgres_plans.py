@@ -25,23 +25,29 @@ class RecordingCursor(psycopg2.extensions.cursor):
 
 
 def test_every_bookkeeping_read_of_one_pipeline_uses_an_index(schema):
-    sink = PostgresSink("settled", "ours", connect_kwargs={**schema, "cursor_factory": RecordingCursor},
-                        mode="window")
+    sink = PostgresSink("settled", "ours", connect_kwargs={**schema, "cursor_factory": RecordingCursor}, mode="window")
     sink.prepare()
     with psycopg2.connect(**schema) as conn, conn.cursor() as cur:
-        cur.execute(f"INSERT INTO {OFFSETS_TABLE} (pipeline, topic, kafka_partition, next_offset, checkpoint_id,"
-                    " batch_id, rows_total) SELECT 'other' || n, 'orders', n % 8, n, 'c', n, n"
-                    f" FROM generate_series(1, {OTHERS}) AS n")
-        cur.execute(f"INSERT INTO {WINDOWS_TABLE} (pipeline, window_id, version, rows)"
-                    f" SELECT 'other' || (n % 1000), 'w' || n, 1, n FROM generate_series(1, {OTHERS}) AS n")
+        cur.execute(
+            f"INSERT INTO {OFFSETS_TABLE} (pipeline, topic, kafka_partition, next_offset, checkpoint_id,"
+            " batch_id, rows_total) SELECT 'other' || n, 'orders', n % 8, n, 'c', n, n"
+            f" FROM generate_series(1, {OTHERS}) AS n"
+        )
+        cur.execute(
+            f"INSERT INTO {WINDOWS_TABLE} (pipeline, window_id, version, rows)"
+            f" SELECT 'other' || (n % 1000), 'w' || n, 1, n FROM generate_series(1, {OTHERS}) AS n"
+        )
         cur.execute(f"ANALYZE {OFFSETS_TABLE}; ANALYZE {WINDOWS_TABLE}")
     RecordingCursor.statements.clear()
     first = BatchCommit("ours", "c", 0, {"orders": {0: 10}}, 0)
     assert sink.commit_windows(None, {}, {}, first)
     assert sink.commit_windows(None, {}, {}, first) is False  # the replay check inside the transaction
     assert sink.committed().offsets == {"orders": {0: 10}} and sink.published_windows() == {}
-    reads = [s for s in RecordingCursor.statements
-             if s.lstrip().upper().startswith("SELECT") and "'ours'" in s and "pg_advisory" not in s]
+    reads = [
+        s
+        for s in RecordingCursor.statements
+        if s.lstrip().upper().startswith("SELECT") and "'ours'" in s and "pg_advisory" not in s
+    ]
     assert {OFFSETS_TABLE, WINDOWS_TABLE} <= {t for s in reads for t in (OFFSETS_TABLE, WINDOWS_TABLE) if t in s}
     assert len(reads) >= 5, RecordingCursor.statements
     with psycopg2.connect(**schema) as conn, conn.cursor() as cur:

@@ -22,8 +22,10 @@ def admin(stack):
 @pytest.fixture
 def table(admin):
     name = unique_name("pf")
-    admin.execute(f"CREATE TABLE `{name}` (id INT PRIMARY KEY, code CHAR(4) NOT NULL, opt CHAR(4) NULL, "
-                  "grp INT NOT NULL, UNIQUE KEY uk_code (code), UNIQUE KEY uk_opt (opt), KEY k_grp (grp))")
+    admin.execute(
+        f"CREATE TABLE `{name}` (id INT PRIMARY KEY, code CHAR(4) NOT NULL, opt CHAR(4) NULL, "
+        "grp INT NOT NULL, UNIQUE KEY uk_code (code), UNIQUE KEY uk_opt (opt), KEY k_grp (grp))"
+    )
     admin.execute(f"INSERT INTO `{name}` VALUES (1, 'a', NULL, 1), (2, 'b', NULL, 1)")
     admin.execute(f"ANALYZE TABLE `{name}`")  # TABLE_ROWS (the load-time estimate) = 2
     admin.fetchall()
@@ -43,9 +45,19 @@ def restricted_user(stack, admin, monkeypatch):
         for grant in grants:
             admin.execute(f"GRANT {grant} TO `{user}`@'%'")
         conn_id = f"pf_{user}"
-        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(
-            {"conn_type": "mysql", "host": stack.HOST, "port": stack.MARIADB_PORT, "login": user,
-             "password": password, "schema": stack.DB_NAME}))
+        monkeypatch.setenv(
+            f"AIRFLOW_CONN_{conn_id.upper()}",
+            json.dumps(
+                {
+                    "conn_type": "mysql",
+                    "host": stack.HOST,
+                    "port": stack.MARIADB_PORT,
+                    "login": user,
+                    "password": password,
+                    "schema": stack.DB_NAME,
+                }
+            ),
+        )
         return MySqlSourceHook(mysql_conn_id=conn_id)
 
     yield make
@@ -59,8 +71,9 @@ def test_a_fit_table_passes_with_its_primary_key(stack, airflow_connections, tab
 
 
 def test_least_privileges_pass(stack, airflow_connections, table, restricted_user):
-    hook = restricted_user(f"SELECT ON `{stack.DB_NAME}`.`{table}`", "BINLOG MONITOR ON *.*",
-                           "REPLICATION SLAVE ON *.*")
+    hook = restricted_user(
+        f"SELECT ON `{stack.DB_NAME}`.`{table}`", "BINLOG MONITOR ON *.*", "REPLICATION SLAVE ON *.*"
+    )
     assert hook.preflight(stack.DB_NAME, table).key.columns == ("id",)
 
 
@@ -68,8 +81,11 @@ def test_table_without_primary_key_is_refused_with_the_reason(stack, airflow_con
     name = unique_name("pf_nopk")
     admin.execute(f"CREATE TABLE `{name}` (a INT, b INT NOT NULL, UNIQUE KEY ub (b))")
     try:
-        with pytest.raises(SourceConfigurationError, match=r"has no PRIMARY KEY.*exactly-once is refused.*"
-                                                           r"candidates: \[\['b'\]\]"):
+        with pytest.raises(
+            SourceConfigurationError,
+            match=r"has no PRIMARY KEY.*exactly-once is refused.*"
+            r"candidates: \[\['b'\]\]",
+        ):
             MySqlSourceHook().preflight(stack.DB_NAME, name)
         key = MySqlSourceHook().preflight(stack.DB_NAME, name, chunk_key=("b",)).key
         assert key.columns == ("b",) and key.index == "ub"
@@ -85,8 +101,10 @@ def test_nullable_or_non_unique_chunk_key_is_refused(stack, airflow_connections,
 
 def test_enum_or_set_chunk_key_is_refused_and_another_unique_key_accepted(stack, airflow_connections, admin):
     name = unique_name("pf_enum")
-    admin.execute(f"CREATE TABLE `{name}` (state ENUM('new', 'paid', 'gone') NOT NULL, n INT NOT NULL, "
-                  "PRIMARY KEY (state, n), UNIQUE KEY un (n))")
+    admin.execute(
+        f"CREATE TABLE `{name}` (state ENUM('new', 'paid', 'gone') NOT NULL, n INT NOT NULL, "
+        "PRIMARY KEY (state, n), UNIQUE KEY un (n))"
+    )
     try:
         with pytest.raises(SourceConfigurationError, match=r"ENUM/SET column\(s\) \['state'\].*member index"):
             MySqlSourceHook().preflight(stack.DB_NAME, name)
@@ -101,8 +119,9 @@ def test_missing_table_and_hostile_name(stack, airflow_connections):
 
 
 def test_user_without_select_is_told_to_grant_it(stack, airflow_connections, table, admin, restricted_user):
-    hook = restricted_user(f"INSERT ON `{stack.DB_NAME}`.`{table}`", "BINLOG MONITOR ON *.*",
-                           "REPLICATION SLAVE ON *.*")
+    hook = restricted_user(
+        f"INSERT ON `{stack.DB_NAME}`.`{table}`", "BINLOG MONITOR ON *.*", "REPLICATION SLAVE ON *.*"
+    )
     with pytest.raises(SourceConfigurationError, match=r"cannot read .* GRANT SELECT ON"):
         hook.preflight(stack.DB_NAME, table)
     invisible = restricted_user("BINLOG MONITOR ON *.*")
@@ -112,7 +131,9 @@ def test_user_without_select_is_told_to_grant_it(stack, airflow_connections, tab
     admin.execute(f"CREATE TABLE `{other}` (id INT PRIMARY KEY)")
     try:
         other_table_only = restricted_user(f"SELECT ON `{stack.DB_NAME}`.`{other}`", "BINLOG MONITOR ON *.*")
-        with pytest.raises(SourceConfigurationError, match=r"was not found, or the user has no privilege.*GRANT SELECT"):
+        with pytest.raises(
+            SourceConfigurationError, match=r"was not found, or the user has no privilege.*GRANT SELECT"
+        ):
             other_table_only.preflight(stack.DB_NAME, table)
     finally:
         admin.execute(f"DROP TABLE `{other}`")
@@ -131,14 +152,17 @@ def test_user_without_replication_slave_is_told_to_grant_it(stack, airflow_conne
     assert hook.preflight(stack.DB_NAME, table, require_replication=False).key.columns == ("id",)
 
 
-@pytest.mark.parametrize("name,bad,message", [
-    ("binlog_format", "MIXED", r"binlog_format=MIXED .*SET GLOBAL binlog_format='ROW'"),
-    ("binlog_format", "STATEMENT", r"binlog_format=STATEMENT .*SET GLOBAL binlog_format='ROW'"),
-    ("binlog_row_image", "MINIMAL", r"binlog_row_image=MINIMAL .*SET GLOBAL binlog_row_image='FULL'"),
-    ("binlog_row_metadata", "MINIMAL", r"binlog_row_metadata=MINIMAL .*SET GLOBAL binlog_row_metadata='FULL'"),
-    ("binlog_row_metadata", "NO_LOG", r"binlog_row_metadata=NO_LOG .*SET GLOBAL binlog_row_metadata='FULL'"),
-    ("binlog_expire_logs_seconds", "7200", r"Binlog retention is 7200s .*at least"),
-])
+@pytest.mark.parametrize(
+    "name,bad,message",
+    [
+        ("binlog_format", "MIXED", r"binlog_format=MIXED .*SET GLOBAL binlog_format='ROW'"),
+        ("binlog_format", "STATEMENT", r"binlog_format=STATEMENT .*SET GLOBAL binlog_format='ROW'"),
+        ("binlog_row_image", "MINIMAL", r"binlog_row_image=MINIMAL .*SET GLOBAL binlog_row_image='FULL'"),
+        ("binlog_row_metadata", "MINIMAL", r"binlog_row_metadata=MINIMAL .*SET GLOBAL binlog_row_metadata='FULL'"),
+        ("binlog_row_metadata", "NO_LOG", r"binlog_row_metadata=NO_LOG .*SET GLOBAL binlog_row_metadata='FULL'"),
+        ("binlog_expire_logs_seconds", "7200", r"Binlog retention is 7200s .*at least"),
+    ],
+)
 @pytest.mark.exclusive  # other tests' sessions would pick up the bad global while it is set
 def test_bad_global_settings_on_the_real_server(stack, airflow_connections, table, admin, name, bad, message):
     """Switches one global of this stack's own MariaDB for the duration of the check, then restores it."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import MySQLdb
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
@@ -13,29 +12,47 @@ from exactly_once_provider.source.row_decoder import row_decoder
 from tests.mysql_support import connect, unique_name
 
 COLUMNS = [
-    ("ti", "TINYINT", lambda r: r.randint(-128, 127)), ("tu", "TINYINT UNSIGNED", lambda r: r.randint(0, 255)),
-    ("si", "SMALLINT", lambda r: r.randint(-32768, 32767)), ("su", "SMALLINT UNSIGNED", lambda r: r.randint(0, 65535)),
-    ("mi", "MEDIUMINT", lambda r: r.randint(-2**23, 2**23 - 1)), ("mu", "MEDIUMINT UNSIGNED", lambda r: r.randint(0, 2**24 - 1)),
-    ("i", "INT", lambda r: r.randint(-2**31 + 1, 2**31 - 1)), ("iu", "INT UNSIGNED", lambda r: r.randint(0, 2**32 - 1)),
-    ("bi", "BIGINT", lambda r: r.randint(-2**63, 2**63 - 1)), ("bu", "BIGINT UNSIGNED", lambda r: r.randint(0, 2**64 - 1)),
-    ("f", "FLOAT", lambda r: r.uniform(-1e6, 1e6)), ("db", "DOUBLE", lambda r: r.uniform(-1e300, 1e300)),
+    ("ti", "TINYINT", lambda r: r.randint(-128, 127)),
+    ("tu", "TINYINT UNSIGNED", lambda r: r.randint(0, 255)),
+    ("si", "SMALLINT", lambda r: r.randint(-32768, 32767)),
+    ("su", "SMALLINT UNSIGNED", lambda r: r.randint(0, 65535)),
+    ("mi", "MEDIUMINT", lambda r: r.randint(-(2**23), 2**23 - 1)),
+    ("mu", "MEDIUMINT UNSIGNED", lambda r: r.randint(0, 2**24 - 1)),
+    ("i", "INT", lambda r: r.randint(-(2**31) + 1, 2**31 - 1)),
+    ("iu", "INT UNSIGNED", lambda r: r.randint(0, 2**32 - 1)),
+    ("bi", "BIGINT", lambda r: r.randint(-(2**63), 2**63 - 1)),
+    ("bu", "BIGINT UNSIGNED", lambda r: r.randint(0, 2**64 - 1)),
+    ("f", "FLOAT", lambda r: r.uniform(-1e6, 1e6)),
+    ("db", "DOUBLE", lambda r: r.uniform(-1e300, 1e300)),
     ("y", "YEAR", lambda r: r.randint(1901, 2155)),
-    ("d1", "DECIMAL(12,3)", lambda r: f"{r.randint(-10**9 + 1, 10**9 - 1)}.{r.randint(0, 999):03d}"),
+    ("d1", "DECIMAL(12,3)", lambda r: f"{r.randint(-(10**9) + 1, 10**9 - 1)}.{r.randint(0, 999):03d}"),
     ("d2", "DECIMAL(50,10)", lambda r: f"{r.choice('-')}{r.randint(0, 10**40 - 1)}.{r.randint(0, 10**10 - 1):010d}"),
-    ("d3", "DECIMAL(5,0)", lambda r: r.randint(-99999, 99999)), ("d4", "DECIMAL(2,2)", lambda r: f"{r.choice(['-', ''])}0.{r.randint(0, 99):02d}"),
-    ("d5", "DECIMAL(18,9)", lambda r: f"{r.randint(-10**9 + 1, 10**9 - 1)}.{r.randint(0, 10**9 - 1):09d}"),
+    ("d3", "DECIMAL(5,0)", lambda r: r.randint(-99999, 99999)),
+    ("d4", "DECIMAL(2,2)", lambda r: f"{r.choice(['-', ''])}0.{r.randint(0, 99):02d}"),
+    ("d5", "DECIMAL(18,9)", lambda r: f"{r.randint(-(10**9) + 1, 10**9 - 1)}.{r.randint(0, 10**9 - 1):09d}"),
     ("dd", "DATE", lambda r: f"{r.randint(1000, 9999)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}"),
-    ("t0", "DATETIME", lambda r: f"{r.randint(1000, 9999)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d} {r.randint(0, 23):02d}:{r.randint(0, 59):02d}:{r.randint(0, 59):02d}"),
+    (
+        "t0",
+        "DATETIME",
+        lambda r: (
+            f"{r.randint(1000, 9999)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d} {r.randint(0, 23):02d}:{r.randint(0, 59):02d}:{r.randint(0, 59):02d}"
+        ),
+    ),
     ("t1", "DATETIME(1)", lambda r: f"2024-02-29 23:59:59.{r.randint(0, 9)}"),
     ("t3", "DATETIME(3)", lambda r: f"1970-01-01 00:00:00.{r.randint(0, 999):03d}"),
     ("t6", "DATETIME(6)", lambda r: f"9999-12-31 23:59:59.{r.randint(0, 999999):06d}"),
-    ("ts0", "TIMESTAMP NULL", lambda r: f"{r.randint(1971, 2037)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d} 12:00:00"),
+    (
+        "ts0",
+        "TIMESTAMP NULL",
+        lambda r: f"{r.randint(1971, 2037)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d} 12:00:00",
+    ),
     ("ts3", "TIMESTAMP(3) NULL", lambda r: f"2038-01-19 03:14:07.{r.randint(0, 999):03d}"),
     ("ts6", "TIMESTAMP(6) NULL", lambda r: f"1970-01-01 00:00:01.{r.randint(0, 999999):06d}"),
     ("v1", "VARCHAR(10) CHARACTER SET latin1", lambda r: r.choice(["", "abc", "é ü ñ", "x" * 10])),
     ("v2", "VARCHAR(300) CHARACTER SET utf8mb4", lambda r: "ȧ😀 ' \" ` ;" * r.randint(0, 25)),
     ("c", "CHAR(5)", lambda r: r.choice(["", "a", "abcde"])),
-    ("tx", "TEXT", lambda r: "x" * r.randint(0, 3000)), ("mt", "MEDIUMTEXT CHARACTER SET utf8mb4", lambda r: "✓" * r.randint(0, 100)),
+    ("tx", "TEXT", lambda r: "x" * r.randint(0, 3000)),
+    ("mt", "MEDIUMTEXT CHARACTER SET utf8mb4", lambda r: "✓" * r.randint(0, 100)),
     ("e", "ENUM('a','bb','ccc')", lambda r: r.choice(["a", "bb", "ccc"])),
 ]
 
@@ -53,12 +70,15 @@ def _changes(cur, table, rng):
     return 300 + updated + cur.rowcount
 
 
-def test_the_fast_decoder_gives_every_row_exactly_as_the_library_and_leaves_zero_dates_to_it(stack, airflow_connections):
+def test_the_fast_decoder_gives_every_row_exactly_as_the_library_and_leaves_zero_dates_to_it(
+    stack, airflow_connections
+):
     table = unique_name("rd")
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, "
-                + ", ".join(f"{name} {kind}" for name, kind, _ in COLUMNS) + ")")
+    cur.execute(
+        f"CREATE TABLE `{table}` (id INT PRIMARY KEY, " + ", ".join(f"{name} {kind}" for name, kind, _ in COLUMNS) + ")"
+    )
     cur.execute("SHOW MASTER STATUS")
     start = cur.fetchone()[:2]
     changes = _changes(cur, table, random.Random(7))
@@ -68,9 +88,18 @@ def test_the_fast_decoder_gives_every_row_exactly_as_the_library_and_leaves_zero
     end = cur.fetchone()[:2]
 
     settings = MySqlBinlogHook().connection_settings().replication_settings()
-    stream = BinLogStreamReader(dict(settings), server_id=4_000_777, resume_stream=True, log_file=start[0],
-                                log_pos=start[1], blocking=False, is_mariadb=False, only_tables=[table],
-                                only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent], enable_logging=False)
+    stream = BinLogStreamReader(
+        dict(settings),
+        server_id=4_000_777,
+        resume_stream=True,
+        log_file=start[0],
+        log_pos=start[1],
+        blocking=False,
+        is_mariadb=False,
+        only_tables=[table],
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+        enable_logging=False,
+    )
     fast_rows, kinds, fallbacks = 0, set(), 0
     try:
         for event in stream:
@@ -85,7 +114,8 @@ def test_the_fast_decoder_gives_every_row_exactly_as_the_library_and_leaves_zero
                 kinds.add(type(event).__name__)
             else:
                 assert any(r["none_sources"] for r in library) and any(
-                    "out of date" in s for r in library for s in r["none_sources"].values()), library
+                    "out of date" in s for r in library for s in r["none_sources"].values()
+                ), library
             if stream.log_file == end[0] and stream.log_pos >= end[1]:
                 break
     finally:

@@ -36,11 +36,15 @@ def test_locator_places_every_key_in_the_chunk_whose_predicate_selects_it(stack,
     table = unique_name("loc")
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE `{table}` (k VARCHAR(12) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL, "
-                "n INT NOT NULL, PRIMARY KEY (k, n))")
+    cur.execute(
+        f"CREATE TABLE `{table}` (k VARCHAR(12) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL, "
+        "n INT NOT NULL, PRIMARY KEY (k, n))"
+    )
     rng = random.Random(7)
-    candidates = {("".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 4))).lstrip() or "x", rng.randint(0, 2))
-                  for _ in range(600)}
+    candidates = {
+        ("".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 4))).lstrip() or "x", rng.randint(0, 2))
+        for _ in range(600)
+    }
     cur.executemany(f"INSERT IGNORE INTO `{table}` VALUES (%s, %s)", sorted(candidates))
     try:
         chunks = plan_chunks(cur, stack.DB_NAME, table, ("k", "n"), 23)
@@ -73,22 +77,30 @@ def test_numeric_and_nopad_bin_keys_are_ordered_in_python(stack):
     table = unique_name("loc_num")
     conn = connect(stack)
     cur = conn.cursor()
-    cur.execute(f"CREATE TABLE `{table}` (id BIGINT NOT NULL, code VARCHAR(8) COLLATE utf8mb4_nopad_bin NOT NULL, "
-                "label VARCHAR(8) COLLATE utf8mb4_unicode_ci, PRIMARY KEY (id, code))")
+    cur.execute(
+        f"CREATE TABLE `{table}` (id BIGINT NOT NULL, code VARCHAR(8) COLLATE utf8mb4_nopad_bin NOT NULL, "
+        "label VARCHAR(8) COLLATE utf8mb4_unicode_ci, PRIMARY KEY (id, code))"
+    )
     try:
         assert server_ordered_columns(cur, stack.DB_NAME, table, ("id", "code")) == {}
         assert server_ordered_columns(cur, stack.DB_NAME, table, ("label",)) == {
-            "label": ("utf8mb4", "utf8mb4_unicode_ci")}
+            "label": ("utf8mb4", "utf8mb4_unicode_ci")
+        }
     finally:
         cur.execute(f"DROP TABLE `{table}`")
         conn.close()
 
 
 KEY_TYPES = {
-    "latin1 text": ("VARCHAR(8) CHARACTER SET latin1 COLLATE latin1_swedish_ci", ["a", "B", "é", "Ö", "z ", "'", "\\", "%s"]),
+    "latin1 text": (
+        "VARCHAR(8) CHARACTER SET latin1 COLLATE latin1_swedish_ci",
+        ["a", "B", "é", "Ö", "z ", "'", "\\", "%s"],
+    ),
     "binary": ("VARBINARY(4)", [b"", b"\x00", b"\x00\x01", b"'", b"\\", b"\xff", b"a", b"\x7f\x80"]),
-    "datetime(6)": ("DATETIME(6)", ["1000-01-01 00:00:00", "2024-02-29 12:00:00.000001", "2024-02-29 12:00:00.5",
-                                    "9999-12-31 23:59:59.999999"]),
+    "datetime(6)": (
+        "DATETIME(6)",
+        ["1000-01-01 00:00:00", "2024-02-29 12:00:00.000001", "2024-02-29 12:00:00.5", "9999-12-31 23:59:59.999999"],
+    ),
     "date": ("DATE", ["1000-01-01", "2024-02-29", "9999-12-31"]),
     "time(6)": ("TIME(6)", ["-838:59:59", "-00:00:00.000001", "00:00:00", "12:00:00.5", "838:59:59"]),
     "decimal": ("DECIMAL(30,10)", ["-99999999999999999999.9999999999", "-0.0000000001", "0", "0.5", "12345.678"]),

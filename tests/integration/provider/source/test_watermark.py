@@ -19,8 +19,15 @@ from tests.mysql_support import load_time_zone
 
 @pytest.fixture
 def conn(stack):
-    conn = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
-                           database=stack.DB_NAME, autocommit=True, init_command="SET time_zone = '+00:00'")
+    conn = MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+        init_command="SET time_zone = '+00:00'",
+    )
     yield conn
     conn.close()
 
@@ -33,22 +40,34 @@ def table(conn, columns):
 
 def test_a_missing_cursor_column_is_named_with_the_columns_that_exist(conn):
     name = table(conn, "id INT PRIMARY KEY, changed_at TIMESTAMP(6), KEY (changed_at)")
-    with pytest.raises(SourceConfigurationError, match=r"Cursor column `updated_at` is not in .*columns: id, changed_at"):
+    with pytest.raises(
+        SourceConfigurationError, match=r"Cursor column `updated_at` is not in .*columns: id, changed_at"
+    ):
         preflight(conn, name, "updated_at", "timestamp")
 
 
 def test_a_cursor_column_without_an_index_asks_for_one(conn):
     name = table(conn, "id INT PRIMARY KEY, updated_at TIMESTAMP(6), other INT, KEY (other, updated_at)")
-    with pytest.raises(SourceConfigurationError, match=r"No index .* starts with cursor column `updated_at`.*"
-                                                       r"ADD INDEX \(`updated_at`\)"):
+    with pytest.raises(
+        SourceConfigurationError,
+        match=r"No index .* starts with cursor column `updated_at`.*"
+        r"ADD INDEX \(`updated_at`\)",
+    ):
         preflight(conn, name, "updated_at", "timestamp")
 
 
-@pytest.mark.parametrize("column_type, kind, expected", [
-    ("VARCHAR(30)", "timestamp", "is VARCHAR, which cursor_kind='timestamp' does not support .*TIMESTAMP or DATETIME"),
-    ("TIMESTAMP(6)", "id", "is TIMESTAMP, which cursor_kind='id' does not support .*AUTO_INCREMENT"),
-    ("DOUBLE", "id", "is DOUBLE"),
-])
+@pytest.mark.parametrize(
+    "column_type, kind, expected",
+    [
+        (
+            "VARCHAR(30)",
+            "timestamp",
+            "is VARCHAR, which cursor_kind='timestamp' does not support .*TIMESTAMP or DATETIME",
+        ),
+        ("TIMESTAMP(6)", "id", "is TIMESTAMP, which cursor_kind='id' does not support .*AUTO_INCREMENT"),
+        ("DOUBLE", "id", "is DOUBLE"),
+    ],
+)
 def test_an_unsupported_cursor_type_names_the_supported_ones(conn, column_type, kind, expected):
     name = table(conn, f"id INT PRIMARY KEY, c {column_type}, KEY (c)")
     with pytest.raises(SourceConfigurationError, match=expected):
@@ -71,8 +90,9 @@ def test_other_preflight_errors(conn):
 def test_timestamp_cursor_reads_in_utc_and_a_fixed_offset_datetime_gives_no_warning(conn):
     ts = preflight(conn, table(conn, "id INT PRIMARY KEY, u TIMESTAMP(3), KEY (u)"), "u", "timestamp")
     assert (ts.session_time_zone, ts.precision, ts.warnings, ts.primary_key) == ("+00:00", 3, (), ("id",))
-    dt = preflight(conn, table(conn, "id INT PRIMARY KEY, u DATETIME, KEY (u)"), "u", "timestamp",
-                   datetime_time_zone="+08:00")
+    dt = preflight(
+        conn, table(conn, "id INT PRIMARY KEY, u DATETIME, KEY (u)"), "u", "timestamp", datetime_time_zone="+08:00"
+    )
     assert (dt.session_time_zone, dt.precision, dt.warnings) == ("+08:00", 0, ())
 
 
@@ -91,8 +111,9 @@ def test_datetime_in_a_zone_with_daylight_saving_warns_and_an_unknown_zone_says_
 
 def test_identifiers_with_backticks_are_quoted(conn):
     assert quote_identifier("a`b") == "`a``b`"
-    name = table(conn, "`i``d` INT PRIMARY KEY, `up`` at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), "
-                       "KEY (`up`` at`)")
+    name = table(
+        conn, "`i``d` INT PRIMARY KEY, `up`` at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (`up`` at`)"
+    )
     conn.cursor().execute(f"INSERT INTO {name} (`i``d`) VALUES (1), (2)")
     spec = preflight(conn, name, "up` at", "timestamp")
     window = read_window(conn, spec, None, fixed_upper=datetime(2100, 1, 1), log=logging.getLogger("test"))
@@ -105,10 +126,23 @@ def test_without_the_process_privilege_the_log_says_the_guard_is_off_and_the_lag
     cur = conn.cursor()
     cur.execute(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'np-pass'")
     cur.execute(f"GRANT SELECT ON {quote_identifier(stack.DB_NAME)}.* TO '{user}'@'%'")
-    limited = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=user, password="np-pass",
-                              database=stack.DB_NAME, autocommit=True, init_command="SET time_zone = '+00:00'")
-    other = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER, password=stack.DB_PASSWORD,
-                            database=stack.DB_NAME, autocommit=True)
+    limited = MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=user,
+        password="np-pass",
+        database=stack.DB_NAME,
+        autocommit=True,
+        init_command="SET time_zone = '+00:00'",
+    )
+    other = MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+    )
     try:
         other.cursor().execute("BEGIN")
         other.cursor().execute(f"INSERT INTO {name} (id) VALUES (1)")  # an open writer the guard cannot see
@@ -116,7 +150,10 @@ def test_without_the_process_privilege_the_log_says_the_guard_is_off_and_the_lag
         with caplog.at_level(logging.WARNING):
             window = read_window(limited, spec, None, safety_lag=2.5, log=logging.getLogger("test"))
         assert "Cannot read information_schema.innodb_trx" in caplog.text and "Grant PROCESS" in caplog.text
-        assert (window.upper_reason, window.guard) == ("safety_lag", "not readable (no PROCESS privilege); safety lag only")
+        assert (window.upper_reason, window.guard) == (
+            "safety_lag",
+            "not readable (no PROCESS privilege); safety lag only",
+        )
     finally:
         other.close()
         limited.close()
@@ -127,16 +164,29 @@ def test_without_the_process_privilege_the_log_says_the_guard_is_off_and_the_lag
 def test_a_writer_begun_right_after_another_reader_of_innodb_trx_still_holds_the_window(conn, stack, cursor_kind):
     # innodb_trx is a cache InnoDB refills only after 100 ms without a reader: a guard that read it right
     # after someone else would not see this writer, and its row (below upper) would never be extracted.
-    name = table(conn, "id INT AUTO_INCREMENT PRIMARY KEY, u TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), "
-                       "KEY (u)")
+    name = table(
+        conn, "id INT AUTO_INCREMENT PRIMARY KEY, u TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), KEY (u)"
+    )
     conn.cursor().execute(f"INSERT INTO {name} (id, u) VALUES (1, NOW(6) - INTERVAL 5 SECOND)")
     spec = preflight(conn, name, "u" if cursor_kind == "timestamp" else "id", cursor_kind)
     monitor = conn.cursor()
-    writer = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER,
-                             password=stack.DB_PASSWORD, database=stack.DB_NAME, autocommit=True)
-    reader = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER,
-                             password=stack.DB_PASSWORD, database=stack.DB_NAME, autocommit=True,
-                             init_command="SET time_zone = '+00:00'")
+    writer = MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+    )
+    reader = MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+        init_command="SET time_zone = '+00:00'",
+    )
     try:
         monitor.execute("SELECT COUNT(*) FROM information_schema.innodb_trx")  # fills the cache without the writer
         writer.cursor().execute("BEGIN")
@@ -144,8 +194,9 @@ def test_a_writer_begun_right_after_another_reader_of_innodb_trx_still_holds_the
         if cursor_kind == "id":  # a committed higher id: the writer's id 2 is below MAX(id)
             conn.cursor().execute(f"INSERT INTO {name} (id) VALUES (3)")
             threading.Timer(1.0, lambda: writer.cursor().execute("COMMIT")).start()
-        window = read_window(reader, spec, None, safety_lag=0, open_transaction_timeout=30,
-                             log=logging.getLogger("test"))
+        window = read_window(
+            reader, spec, None, safety_lag=0, open_transaction_timeout=30, log=logging.getLogger("test")
+        )
         if cursor_kind == "timestamp":
             writer.cursor().execute("COMMIT")
             assert window.upper_reason == "open_transaction", window
@@ -159,8 +210,14 @@ def test_a_writer_begun_right_after_another_reader_of_innodb_trx_still_holds_the
 
 
 def _begin_writer(stack, name, row_id):
-    writer = MySQLdb.connect(host=stack.HOST, port=stack.MARIADB_PORT, user=stack.DB_USER,
-                             password=stack.DB_PASSWORD, database=stack.DB_NAME, autocommit=True)
+    writer = MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+    )
     writer.cursor().execute("BEGIN")
     writer.cursor().execute(f"INSERT INTO {name} (id) VALUES ({row_id})")
     return writer
@@ -188,8 +245,15 @@ def test_a_closed_interval_waits_for_its_open_writers_instead_of_moving_their_ro
     late = _begin_writer(stack, name, 3)  # began after the end + the guard's margin: never holds the window
     threading.Timer(1.5, lambda: early.cursor().execute("COMMIT")).start()
     try:
-        window = read_window(conn, spec, None, interval_end=interval_end, safety_lag=0.5,
-                             open_transaction_timeout=60, log=logging.getLogger("test"))
+        window = read_window(
+            conn,
+            spec,
+            None,
+            interval_end=interval_end,
+            safety_lag=0.5,
+            open_transaction_timeout=60,
+            log=logging.getLogger("test"),
+        )
         assert (window.upper, window.upper_reason) == (interval_end, "interval_end"), window
         assert [row["id"] for row in window.rows] == [1, 2], window
         assert window.guard.startswith("waited for 1 transaction(s) begun before the interval end"), window
@@ -206,9 +270,19 @@ def test_a_writer_of_a_closed_interval_that_never_ends_fails_the_read_naming_its
     try:
         interval_end = _server_now(conn)
         _wait_server_past(conn, interval_end)
-        with pytest.raises(TimeoutError, match=rf"\({writer.thread_id()}, .*stayed open over 1s and may still commit "
-                                               r"cursor values below the interval end.*open_transaction_timeout"):
-            read_window(conn, spec, None, interval_end=interval_end, safety_lag=0, open_transaction_timeout=1,
-                        log=logging.getLogger("test"))
+        with pytest.raises(
+            TimeoutError,
+            match=rf"\({writer.thread_id()}, .*stayed open over 1s and may still commit "
+            r"cursor values below the interval end.*open_transaction_timeout",
+        ):
+            read_window(
+                conn,
+                spec,
+                None,
+                interval_end=interval_end,
+                safety_lag=0,
+                open_transaction_timeout=1,
+                log=logging.getLogger("test"),
+            )
     finally:
         writer.close()

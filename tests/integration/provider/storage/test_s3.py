@@ -37,8 +37,9 @@ def test_settings_come_from_the_aws_connection(stack, settings):
 
 
 def test_of_racing_writers_of_one_key_exactly_one_wins(storage):
-    winners = race_put_if_absent(lambda: S3Storage(storage.uri(), storage.settings),
-                                 "_manifests/00000000000000000001.json", 6)
+    winners = race_put_if_absent(
+        lambda: S3Storage(storage.uri(), storage.settings), "_manifests/00000000000000000001.json", 6
+    )
     assert len(winners) == 1
     assert storage.read("_manifests/00000000000000000001.json") == str(winners[0]).encode()
 
@@ -58,11 +59,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ("endpoint", r"Cannot reach the S3 endpoint http://127.0.0.1:\d+ of AWS connection 'aws_default'.*endpoint_url"),
-    ("secret", r"refused the credentials of AWS connection 'aws_default'.*password \(secret access key\)"),
-    ("bucket", r"Bucket 'eo-missing-\w+' does not exist at http://127.0.0.1:\d+ .*create it"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            "endpoint",
+            r"Cannot reach the S3 endpoint http://127.0.0.1:\d+ of AWS connection 'aws_default'.*endpoint_url",
+        ),
+        ("secret", r"refused the credentials of AWS connection 'aws_default'.*password \(secret access key\)"),
+        ("bucket", r"Bucket 'eo-missing-\w+' does not exist at http://127.0.0.1:\d+ .*create it"),
+    ],
+)
 def test_preflight_names_what_to_fix_and_writes_nothing(stack, settings, storage, change, message):
     root, bad = storage.uri(), settings
     if change == "endpoint":

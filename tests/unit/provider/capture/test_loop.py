@@ -16,31 +16,56 @@ from exactly_once_provider.capture.loop import (
 )
 from exactly_once_provider.full_load.handoff import ChunkPosition, Handoff
 from exactly_once_provider.kafka.writer import TransactionPolicy
-from exactly_once_provider.source.snapshot import Chunk
 from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.source.snapshot import Chunk
 
 
 def pos(n, file="binlog.000002"):
     return BinlogPosition(file, n)
 
 
-HANDOFF = Handoff("load", "eo", "t", ("id",), 30, (
-    ChunkPosition(Chunk(0, None, (10,)), pos(500), 10),
-    ChunkPosition(Chunk(1, (10,), (20,)), pos(300), 10),
-    ChunkPosition(Chunk(2, (20,), None), pos(900), 10)), 0)
+HANDOFF = Handoff(
+    "load",
+    "eo",
+    "t",
+    ("id",),
+    30,
+    (
+        ChunkPosition(Chunk(0, None, (10,)), pos(500), 10),
+        ChunkPosition(Chunk(1, (10,), (20,)), pos(300), 10),
+        ChunkPosition(Chunk(2, (20,), None), pos(900), 10),
+    ),
+    0,
+)
 
 
 def request(handoffs=None, start=None, tables=(("eo", "t"),)):
-    return CaptureRequest({t: ("id",) for t in tables}, {t: "topic" for t in tables},
-                          {("eo", "t"): HANDOFF} if handoffs is None else handoffs, start, "bounded", None,
-                          TransactionPolicy(), 1)
+    return CaptureRequest(
+        dict.fromkeys(tables, ("id",)),
+        dict.fromkeys(tables, "topic"),
+        {("eo", "t"): HANDOFF} if handoffs is None else handoffs,
+        start,
+        "bounded",
+        None,
+        TransactionPolicy(),
+        1,
+    )
 
 
-@pytest.mark.parametrize("key,end,loaded", [
-    ((5,), pos(500), True), ((5,), pos(501), False), ((10,), pos(500), True),  # upper bound is inclusive
-    ((11,), pos(300), True), ((11,), pos(400), False), ((20,), pos(301), False),
-    ((21,), pos(900), True), ((10**9,), pos(899), True), ((21,), pos(4, "binlog.000003"), False),
-])
+@pytest.mark.parametrize(
+    "key,end,loaded",
+    [
+        ((5,), pos(500), True),
+        ((5,), pos(501), False),
+        ((10,), pos(500), True),  # upper bound is inclusive
+        ((11,), pos(300), True),
+        ((11,), pos(400), False),
+        ((20,), pos(301), False),
+        ((21,), pos(900), True),
+        ((10**9,), pos(899), True),
+        ((21,), pos(4, "binlog.000003"), False),
+    ],
+)
 def test_handoff_drops_changes_at_or_before_the_chunk_snapshot(key, end, loaded):
     assert HandoffFilter({("eo", "t"): HANDOFF}).already_loaded(("eo", "t"), key, end) is loaded
 
@@ -74,10 +99,19 @@ def test_a_table_added_behind_the_capture_is_refused():
 
 def test_handoff_asks_the_locator_of_a_table_whose_key_the_server_orders():
     # Under a case-insensitive collation 'b' sorts with 'B', in chunk 1; by code point it sorts after 'B': chunk 2.
-    handoff = Handoff("load", "eo", "s", ("k",), 3, (
-        ChunkPosition(Chunk(0, None, ("a",)), pos(500), 1),
-        ChunkPosition(Chunk(1, ("a",), ("B",)), pos(300), 1),
-        ChunkPosition(Chunk(2, ("B",), None), pos(200), 1)), 0)
+    handoff = Handoff(
+        "load",
+        "eo",
+        "s",
+        ("k",),
+        3,
+        (
+            ChunkPosition(Chunk(0, None, ("a",)), pos(500), 1),
+            ChunkPosition(Chunk(1, ("a",), ("B",)), pos(300), 1),
+            ChunkPosition(Chunk(2, ("B",), None), pos(200), 1),
+        ),
+        0,
+    )
     asked = []
 
     def server_order(key):

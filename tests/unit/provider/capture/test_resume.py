@@ -49,8 +49,9 @@ def test_the_same_server_resumes_by_file_position_without_scanning_the_binlog():
 
 def test_another_server_resumes_by_gtid_with_a_version_base_above_everything_delivered():
     replica = Server(server_id=2, state="0-1-100,0-2-3", located=BinlogPosition("binlog.000001", 900))
-    found = resolve(replica, request(), ledger(server_id=1, gtid_pos="0-1-100", version_base=5,
-                                               table_gtids={"eo.t": "0-1-99"}))
+    found = resolve(
+        replica, request(), ledger(server_id=1, gtid_pos="0-1-100", version_base=5, table_gtids={"eo.t": "0-1-99"})
+    )
     assert found.position == BinlogPosition("binlog.000001", 900)
     # From the ledger record alone (a full load on the new server finds the same base before the capture moves).
     assert found.version_base == 5 + pos(4000).version
@@ -62,16 +63,21 @@ def test_another_server_resumes_by_gtid_with_a_version_base_above_everything_del
 
 def test_the_failover_base_depends_on_the_ledger_record_only_not_on_where_the_new_server_has_it():
     record = ledger(server_id=1, gtid_pos="0-1-100", version_base=5)
-    bases = {resolve(Server(server_id=2, located=at), request(), record).version_base
-             for at in (BinlogPosition("binlog.000009", 4), BinlogPosition("binlog.000001", 900))}
+    bases = {
+        resolve(Server(server_id=2, located=at), request(), record).version_base
+        for at in (BinlogPosition("binlog.000009", 4), BinlogPosition("binlog.000001", 900))
+    }
     assert bases == {5 + pos(4000).version}
 
 
 def test_a_server_lacking_delivered_transactions_stops_the_capture_naming_them_and_their_tables():
     replica = Server(server_id=2, state="0-1-95,0-2-120")
     with pytest.raises(DivergedSourceError) as caught:
-        resolve(replica, request(), ledger(server_id=1, gtid_pos="0-1-100", table_gtids={
-            "eo.t": "0-1-97", "eo.old": "0-1-90"}))
+        resolve(
+            replica,
+            request(),
+            ledger(server_id=1, gtid_pos="0-1-100", table_gtids={"eo.t": "0-1-97", "eo.old": "0-1-90"}),
+        )
     text = str(caught.value)
     assert "0-1-96 .. 0-1-100" in text and "(tables touched: eo.t)" in text and "eo.old" not in text
     assert "ReconcileOperator" in text and "Nothing more was written" in text
@@ -87,8 +93,10 @@ def test_the_divergence_check_runs_on_the_same_server_too():
 
 
 def test_file_position_on_another_server_without_gtids_is_refused():
-    with pytest.raises(AirflowException, match="server_id 1, but the connection reaches server_id 2 .MySQL.*"
-                                               "MySQL capture on another server"):
+    with pytest.raises(
+        AirflowException,
+        match="server_id 1, but the connection reaches server_id 2 .MySQL.*MySQL capture on another server",
+    ):
         resolve(Server(server_id=2, mariadb=False), request(), ledger(server_id=1))
     with pytest.raises(AirflowException, match="holds no GTID position"):
         resolve(Server(server_id=2), request(), ledger(server_id=1, gtid_pos=None, gtid=None))
@@ -126,6 +134,7 @@ def test_a_first_run_at_a_position_the_server_cannot_place_leaves_the_purge_chec
     class Purged(Server):
         def gtid_position_at(self, position):
             from exactly_once_provider.source.binlog import PurgedPositionError
+
             raise PurgedPositionError("gone")
 
     found = resolve(Purged(), request(handoffs={("eo", "t"): HANDOFF}), None)
@@ -146,17 +155,26 @@ def test_the_retention_guard_measures_the_committed_position_on_the_server_the_c
 
 def test_handoffs_passed_before_a_failover_stay_passed_on_the_new_server():
     # The first run on the new server recorded them; the next run is a same-server resume.
-    found = resolve(Server(server_id=2), request(), ledger(server_id=2, gtid_pos="0-1-100", handed_off={
-        "eo.t": "load"}, file="binlog.000001", pos=10))
+    found = resolve(
+        Server(server_id=2),
+        request(),
+        ledger(server_id=2, gtid_pos="0-1-100", handed_off={"eo.t": "load"}, file="binlog.000001", pos=10),
+    )
     assert found.handed_off == {"eo.t": "load"}
     # A failover of a capture that recorded the handoff as passed is not refused for it.
     replica = Server(server_id=3, located=BinlogPosition("binlog.000001", 500))
-    assert resolve(replica, request(), ledger(server_id=2, gtid_pos="0-1-100", handed_off={"eo.t": "load"}, file=
-                                              "binlog.000001", pos=10)).position == BinlogPosition("binlog.000001", 500)
+    assert resolve(
+        replica,
+        request(),
+        ledger(server_id=2, gtid_pos="0-1-100", handed_off={"eo.t": "load"}, file="binlog.000001", pos=10),
+    ).position == BinlogPosition("binlog.000001", 500)
     # A full reload (a new load id) is not passed: on another server its positions cannot be placed.
     with pytest.raises(AirflowException, match="before the full load snapshots"):
-        resolve(replica, request(), ledger(server_id=2, gtid_pos="0-1-100", handed_off={"eo.t": "older-load"},
-                                           file="binlog.000001", pos=10))
+        resolve(
+            replica,
+            request(),
+            ledger(server_id=2, gtid_pos="0-1-100", handed_off={"eo.t": "older-load"}, file="binlog.000001", pos=10),
+        )
 
 
 class Capture(Server):
@@ -222,8 +240,17 @@ def loaded(load_id="load-2", version_base=0, server_id=2, at=600):
     from exactly_once_provider.full_load.handoff import ChunkPosition, Handoff
     from exactly_once_provider.source.snapshot import Chunk
 
-    return Handoff(load_id, "eo", "t", ("id",), 1, (ChunkPosition(Chunk(0, None, None), pos(at), 1),), 0,
-                   version_base=version_base, server_id=server_id)
+    return Handoff(
+        load_id,
+        "eo",
+        "t",
+        ("id",),
+        1,
+        (ChunkPosition(Chunk(0, None, None), pos(at), 1),),
+        0,
+        version_base=version_base,
+        server_id=server_id,
+    )
 
 
 def test_a_full_load_hands_off_only_with_the_capture_s_version_base_and_server():
@@ -232,8 +259,11 @@ def test_a_full_load_hands_off_only_with_the_capture_s_version_base_and_server()
     check_full_loads(0, 1, {("eo", "t"): loaded(server_id=1)}, "p")  # no failover: as always
     check_full_loads(2**40, 2, {("eo", "t"): loaded(version_base=2**40)}, "p")  # taken after a failover
     check_full_loads(2**40, 2, {}, "p")
-    with pytest.raises(AirflowException, match=r"eo\.t \(load load-2: version base 0 on server_id 2\).*"
-                                               r"without capture_pipeline.*full_reload=true"):
+    with pytest.raises(
+        AirflowException,
+        match=r"eo\.t \(load load-2: version base 0 on server_id 2\).*"
+        r"without capture_pipeline.*full_reload=true",
+    ):
         check_full_loads(2**40, 2, {("eo", "t"): loaded()}, "p")
     with pytest.raises(AirflowException, match=r"version base 1099511627776 on server_id 1\)"):
         check_full_loads(2**40, 2, {("eo", "t"): loaded(version_base=2**40, server_id=1)}, "p")

@@ -16,12 +16,20 @@ def col(data_type, column_type=None, precision=None, scale=None):
     return Column("c", data_type, column_type or data_type, precision, scale)
 
 
-@pytest.mark.parametrize("column,expected", [
-    (col("int"), pa.int32()), (col("int", "int(10) unsigned"), pa.int64()),
-    (col("bigint", "bigint(20) unsigned"), pa.decimal128(20, 0)), (col("decimal", "decimal(65,30)", 65, 30), pa.string()),
-    (col("decimal", "decimal(12,3)", 12, 3), pa.decimal128(12, 3)), (col("datetime"), pa.timestamp("us")),
-    (col("timestamp"), pa.timestamp("us", tz="UTC")), (col("longblob"), pa.binary()), (col("json"), pa.string()),
-])
+@pytest.mark.parametrize(
+    "column,expected",
+    [
+        (col("int"), pa.int32()),
+        (col("int", "int(10) unsigned"), pa.int64()),
+        (col("bigint", "bigint(20) unsigned"), pa.decimal128(20, 0)),
+        (col("decimal", "decimal(65,30)", 65, 30), pa.string()),
+        (col("decimal", "decimal(12,3)", 12, 3), pa.decimal128(12, 3)),
+        (col("datetime"), pa.timestamp("us")),
+        (col("timestamp"), pa.timestamp("us", tz="UTC")),
+        (col("longblob"), pa.binary()),
+        (col("json"), pa.string()),
+    ],
+)
 def test_type_mapping(column, expected):
     assert arrow_type(column) == expected
 
@@ -39,23 +47,45 @@ EVERY_TYPE = [
     (col("mediumint"), [b"-8388608", b"8388607"], [-8388608, 8388607]),
     (col("int", "int(5) unsigned zerofill"), [b"00012", b"4294967295"], [12, 4294967295]),
     (col("int"), [b"-2147483648", b"2147483647"], [-2147483648, 2147483647]),
-    (col("bigint"), [b"-9223372036854775808", b"9223372036854775807"], [-2**63, 2**63 - 1]),
-    (col("bigint", "bigint(20) unsigned"), [b"18446744073709551615", b"0"],
-     [decimal.Decimal(2**64 - 1), decimal.Decimal(0)]),
+    (col("bigint"), [b"-9223372036854775808", b"9223372036854775807"], [-(2**63), 2**63 - 1]),
+    (
+        col("bigint", "bigint(20) unsigned"),
+        [b"18446744073709551615", b"0"],
+        [decimal.Decimal(2**64 - 1), decimal.Decimal(0)],
+    ),
     (col("year", "year(4)"), [b"0000", b"2155"], [0, 2155]),
     (col("float"), [b"0.1", b"-3.40282e38"], [struct.unpack("f", struct.pack("f", v))[0] for v in (0.1, -3.40282e38)]),
     (col("double"), [b"0.1", b"-1.7976931348623157e308"], [0.1, -1.7976931348623157e308]),
-    (col("decimal", "decimal(12,3)", 12, 3), [b"-4800.010", b"0.000"], [decimal.Decimal("-4800.010"), decimal.Decimal("0.000")]),
-    (col("decimal", "decimal(38,0)", 38, 0), [b"-" + b"9" * 38, b"1"], [decimal.Decimal("-" + "9" * 38), decimal.Decimal(1)]),
-    (col("decimal", "decimal(65,30)", 65, 30), [b"-" + b"9" * 35 + b"." + b"9" * 30, b"0." + b"0" * 30],
-     ["-" + "9" * 35 + "." + "9" * 30, "0." + "0" * 30]),
-    (col("datetime", "datetime(6)"), [b"1000-01-01 00:00:00.000000", b"9999-12-31 23:59:59.999999"],
-     [dt.datetime(1000, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999)]),
-    (col("datetime"), [b"2024-10-27 02:30:00", b"2024-02-29 00:00:00"],
-     [dt.datetime(2024, 10, 27, 2, 30), dt.datetime(2024, 2, 29)]),
-    (col("timestamp", "timestamp(3)"), [b"1970-01-01 00:00:01.000", b"2038-01-19 03:14:07.999"],
-     [dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.timezone.utc),
-      dt.datetime(2038, 1, 19, 3, 14, 7, 999000, tzinfo=dt.timezone.utc)]),
+    (
+        col("decimal", "decimal(12,3)", 12, 3),
+        [b"-4800.010", b"0.000"],
+        [decimal.Decimal("-4800.010"), decimal.Decimal("0.000")],
+    ),
+    (
+        col("decimal", "decimal(38,0)", 38, 0),
+        [b"-" + b"9" * 38, b"1"],
+        [decimal.Decimal("-" + "9" * 38), decimal.Decimal(1)],
+    ),
+    (
+        col("decimal", "decimal(65,30)", 65, 30),
+        [b"-" + b"9" * 35 + b"." + b"9" * 30, b"0." + b"0" * 30],
+        ["-" + "9" * 35 + "." + "9" * 30, "0." + "0" * 30],
+    ),
+    (
+        col("datetime", "datetime(6)"),
+        [b"1000-01-01 00:00:00.000000", b"9999-12-31 23:59:59.999999"],
+        [dt.datetime(1000, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999)],
+    ),
+    (
+        col("datetime"),
+        [b"2024-10-27 02:30:00", b"2024-02-29 00:00:00"],
+        [dt.datetime(2024, 10, 27, 2, 30), dt.datetime(2024, 2, 29)],
+    ),
+    (
+        col("timestamp", "timestamp(3)"),
+        [b"1970-01-01 00:00:01.000", b"2038-01-19 03:14:07.999"],
+        [dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.UTC), dt.datetime(2038, 1, 19, 3, 14, 7, 999000, tzinfo=dt.UTC)],
+    ),
     (col("date"), [b"1000-01-01", b"9999-12-31"], [dt.date(1000, 1, 1), dt.date(9999, 12, 31)]),
     (col("time"), [b"-838:59:59", b"838:59:59"], ["-838:59:59", "838:59:59"]),
     (col("time", "time(6)"), [b"-00:00:00.000001", b"12:00:00.000000"], ["-00:00:00.000001", "12:00:00"]),

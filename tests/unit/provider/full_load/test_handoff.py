@@ -28,8 +28,7 @@ def test_marker_round_trip_and_min_max():
 
 
 def test_the_marker_records_the_version_base_and_server_and_older_markers_mean_base_zero():
-    marker = json.loads(json.dumps(handoff.marker("L1", "eo", "t", ("id",), CHUNKS, version_base=2**40,
-                                                  server_id=102)))
+    marker = json.loads(json.dumps(handoff.marker("L1", "eo", "t", ("id",), CHUNKS, version_base=2**40, server_id=102)))
     parsed = handoff.parse(0, marker)
     assert (parsed.version_base, parsed.server_id) == (2**40, 102)
     assert parsed.min_version == BinlogPosition("binlog.000001", 900).version + 2**40
@@ -66,19 +65,32 @@ def test_the_apply_bound_is_the_snapshot_version_of_the_chunk_holding_an_integer
     def v(pos):
         return BinlogPosition("binlog.000001", pos).version
 
-    loaded = _loaded([_chunk(0, None, [100], 500), _chunk(1, [100], [200], 900), _chunk(2, [200], [300], 900),
-                      _chunk(3, [300], [400], 700), _chunk(4, [400], None, 700)])
+    loaded = _loaded(
+        [
+            _chunk(0, None, [100], 500),
+            _chunk(1, [100], [200], 900),
+            _chunk(2, [200], [300], 900),
+            _chunk(3, [300], [400], 700),
+            _chunk(4, [400], None, 700),
+        ]
+    )
     # neighbours of one snapshot share a branch; the last ones go to ELSE
-    assert loaded.snapshot_version_sql("`id`") == (f"(CASE WHEN `id` <= 100 THEN {v(500)} "
-                                                   f"WHEN `id` <= 300 THEN {v(900)} ELSE {v(700)} END)")
+    assert loaded.snapshot_version_sql("`id`") == (
+        f"(CASE WHEN `id` <= 100 THEN {v(500)} WHEN `id` <= 300 THEN {v(900)} ELSE {v(700)} END)"
+    )
     assert _loaded([_chunk(0, None, [5], 500), _chunk(1, [5], None, 500)]).snapshot_version_sql("k") == str(v(500))
 
 
-@pytest.mark.parametrize("key, bounds", [(("name",), (["m"],)), (("a", "b"), ([1, 2],)),
-                                         (("amount",), ([{"dec": "1.5"}],))])
+@pytest.mark.parametrize(
+    "key, bounds", [(("name",), (["m"],)), (("a", "b"), ([1, 2],)), (("amount",), ([{"dec": "1.5"}],))]
+)
 def test_keys_spark_may_order_unlike_the_server_get_the_oldest_snapshot(key, bounds):
     loaded = _loaded([_chunk(0, None, bounds[0], 900), _chunk(1, bounds[0], None, 500)], key)
-    assert loaded.snapshot_version_sql("`k`") == str(loaded.min_version) == str(BinlogPosition("binlog.000001", 500).version)
+    assert (
+        loaded.snapshot_version_sql("`k`")
+        == str(loaded.min_version)
+        == str(BinlogPosition("binlog.000001", 500).version)
+    )
 
 
 def test_unknown_format_is_refused():

@@ -29,16 +29,22 @@ def test_every_listed_file_is_returned_where_spark_reads_it(staged):
     assert _staged_files(staging, sink, done) == {e["data"]: str(staging.data_dir / e["data"]) for e in done.values()}
 
 
-@pytest.mark.parametrize("damage,problem", [
-    (lambda path: path.unlink(), "is missing"),
-    (lambda path: path.write_bytes(path.read_bytes()[:-7]), r"has \d+ bytes, not \d+"),
-    (lambda path: path.write_bytes(b"x" * path.stat().st_size), r"is not a readable Parquet file"),
-])
+@pytest.mark.parametrize(
+    "damage,problem",
+    [
+        (lambda path: path.unlink(), "is missing"),
+        (lambda path: path.write_bytes(path.read_bytes()[:-7]), r"has \d+ bytes, not \d+"),
+        (lambda path: path.write_bytes(b"x" * path.stat().st_size), r"is not a readable Parquet file"),
+    ],
+)
 def test_a_damaged_staged_file_is_refused_naming_it_and_the_staging_area(staged, damage, problem):
     staging, sink, done = staged
     damage(staging.data_dir / done["1"]["data"])
-    with pytest.raises(CommitMarkerError, match=rf"Staged file {done['1']['data']} of chunk 1 {problem}.*: the "
-                                                rf"staging area {staging.root} is damaged; rerun with full_reload"):
+    with pytest.raises(
+        CommitMarkerError,
+        match=rf"Staged file {done['1']['data']} of chunk 1 {problem}.*: the "
+        rf"staging area {staging.root} is damaged; rerun with full_reload",
+    ):
         _staged_files(staging, sink, done)
 
 

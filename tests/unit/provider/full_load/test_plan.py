@@ -11,10 +11,21 @@ from exactly_once_provider.full_load.plan import chunk_from_json, chunk_to_json,
 from exactly_once_provider.source.snapshot import Chunk
 
 
-@pytest.mark.parametrize("value", [
-    7, -2**63, 2**64 - 1, "päß😀", b"\x00\xff`", decimal.Decimal("12.340"), dt.datetime(2024, 3, 31, 2, 30, 0, 5),
-    dt.date(2024, 2, 29), 1.25, None,
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        7,
+        -(2**63),
+        2**64 - 1,
+        "päß😀",
+        b"\x00\xff`",
+        decimal.Decimal("12.340"),
+        dt.datetime(2024, 3, 31, 2, 30, 0, 5),
+        dt.date(2024, 2, 29),
+        1.25,
+        None,
+    ],
+)
 def test_values_round_trip_exactly(value):
     back = decode_value(encode_value(value))
     assert back == value and type(back) is type(value)

@@ -11,8 +11,9 @@ from exactly_once_provider.full_load.spark_source import _write_batches, diction
 
 
 def _batch(rows: int) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({"id": list(range(rows)), "status": [f"s{n % 3}" for n in range(rows)],
-                                       "half": [n // 2 for n in range(rows)]})
+    return pa.RecordBatch.from_pydict(
+        {"id": list(range(rows)), "status": [f"s{n % 3}" for n in range(rows)], "half": [n // 2 for n in range(rows)]}
+    )
 
 
 def test_dictionaries_only_for_columns_whose_first_batch_repeats_values():

@@ -20,8 +20,7 @@ def test_each_save_publishes_the_next_manifest_and_load_reads_the_newest(tmp_pat
     assert staging.load() is None
     for n in range(4):
         staging.save(_manifest({str(i): {"data": f"c{i}.parquet"} for i in range(n)}))
-    assert sorted(p.name for p in (tmp_path / "st" / "_manifests").iterdir()) == [
-        f"{2:020d}.json", f"{3:020d}.json"]
+    assert sorted(p.name for p in (tmp_path / "st" / "_manifests").iterdir()) == [f"{2:020d}.json", f"{3:020d}.json"]
     assert Staging(str(tmp_path / "st")).load()["done"].keys() == {"0", "1", "2"}
 
 

@@ -12,17 +12,25 @@ from exactly_once_provider.kafka.offsets import (
     CommittedOffset,
     check_ledger_partitions,
     compaction_problems,
-    ledger_partition,
     ledger_key,
+    ledger_partition,
     marker_value,
     new_committed_offset,
 )
 
 
 def _record(**overrides) -> CommittedOffset:
-    fields = dict(pipeline="orders", source_partition="db1.orders", offset={"file": "b.000001", "pos": 4},
-                  sequence=7, batch_id="7", batch_version=1, records=750, transactional_id="eo-txn/orders/db1.orders",
-                  delivery_mode="exactly_once")
+    fields = dict(
+        pipeline="orders",
+        source_partition="db1.orders",
+        offset={"file": "b.000001", "pos": 4},
+        sequence=7,
+        batch_id="7",
+        batch_version=1,
+        records=750,
+        transactional_id="eo-txn/orders/db1.orders",
+        delivery_mode="exactly_once",
+    )
     fields.update(overrides)
     return new_committed_offset(**fields)
 
@@ -69,9 +77,18 @@ def test_offset_that_cannot_be_stored_is_refused_before_producing():
 
 def test_end_marker_names_the_batch_and_counts_its_partition():
     end = json.loads(marker_value("end", _record(batch_id="2026-11-20", batch_version=2), 12))
-    assert end == {"schema_version": 1, "marker": "end", "pipeline": "orders", "source_partition": "db1.orders",
-                   "sequence": 7, "batch_id": "2026-11-20", "batch_version": 2,
-                   "offset": {"file": "b.000001", "pos": 4}, "records": 12, "batch_records": 750}
+    assert end == {
+        "schema_version": 1,
+        "marker": "end",
+        "pipeline": "orders",
+        "source_partition": "db1.orders",
+        "sequence": 7,
+        "batch_id": "2026-11-20",
+        "batch_version": 2,
+        "offset": {"file": "b.000001", "pos": 4},
+        "records": 12,
+        "batch_records": 750,
+    }
     begin = json.loads(marker_value("begin", _record()))
     assert begin["marker"] == "begin" and "records" not in begin
 
@@ -97,12 +114,16 @@ def test_partition_counts_other_than_legacy_or_current_are_refused(count):
 
 
 def test_compaction_problems_name_the_settings_that_keep_history():
-    assert compaction_problems({"segment.ms": "3600000", "min.cleanable.dirty.ratio": "0.1",
-                                "min.compaction.lag.ms": "0"}) == []
+    assert (
+        compaction_problems({"segment.ms": "3600000", "min.cleanable.dirty.ratio": "0.1", "min.compaction.lag.ms": "0"})
+        == []
+    )
     kafka_defaults = {"segment.ms": "604800000", "min.cleanable.dirty.ratio": "0.5", "min.compaction.lag.ms": "0"}
     assert compaction_problems(kafka_defaults) == ["segment.ms=604800000 > 3600000"]
     assert compaction_problems({"min.compaction.lag.ms": "86400000", "min.cleanable.dirty.ratio": "0.9"}) == [
-        "min.cleanable.dirty.ratio=0.9 > 0.5", "min.compaction.lag.ms=86400000 > 3600000"]
+        "min.cleanable.dirty.ratio=0.9 > 0.5",
+        "min.compaction.lag.ms=86400000 > 3600000",
+    ]
 
 
 def test_a_moved_record_names_the_new_ledger_and_is_never_read_as_an_offset():
@@ -115,13 +136,16 @@ def test_a_moved_record_names_the_new_ledger_and_is_never_read_as_an_offset():
         CommittedOffset.from_value(moved)
 
 
-@pytest.mark.parametrize(("replicas", "min_isr", "problems"), [
-    (3, 2, []),
-    (5, 3, []),
-    (1, 1, ["replication factor 1 (< 3)", "min.insync.replicas=1 (< 2)"]),
-    (3, 1, ["min.insync.replicas=1 (< 2)"]),
-    (2, 2, ["replication factor 2 (< 3)"]),
-])
+@pytest.mark.parametrize(
+    ("replicas", "min_isr", "problems"),
+    [
+        (3, 2, []),
+        (5, 3, []),
+        (1, 1, ["replication factor 1 (< 3)", "min.insync.replicas=1 (< 2)"]),
+        (3, 1, ["min.insync.replicas=1 (< 2)"]),
+        (2, 2, ["replication factor 2 (< 3)"]),
+    ],
+)
 def test_durability_problems_name_the_settings_a_broker_restart_can_break(replicas, min_isr, problems):
     from exactly_once_provider.kafka.offsets import durability_problems
 

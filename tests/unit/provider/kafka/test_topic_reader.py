@@ -38,8 +38,9 @@ def eof(partition: int, offset: int) -> FakeMessage:
 
 
 def test_reads_each_partition_to_its_end_and_skips_empty_ones():
-    consumer = FakeConsumer([None, FakeMessage(0, 0), FakeMessage(1, 5), FakeMessage(0, 1),
-                             FakeMessage(0, 2), FakeMessage(1, 6)])
+    consumer = FakeConsumer(
+        [None, FakeMessage(0, 0), FakeMessage(1, 5), FakeMessage(0, 1), FakeMessage(0, 2), FakeMessage(1, 6)]
+    )
     got = [(m.partition(), m.offset()) for m in read_until(consumer, "t", {0: 0, 1: 5, 2: 3}, {0: 2, 1: 7, 2: 3}, 5)]
     # partition 0 ends after offset 1 (end offset 2): its record at offset 2 arrived later and is not yielded.
     assert got == [(0, 0), (1, 5), (0, 1), (1, 6)]

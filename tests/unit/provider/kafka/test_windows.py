@@ -9,9 +9,17 @@ from exactly_once_provider.kafka.windows import WatermarkState, WindowRecord, ba
 
 
 def window(batch_id, lower, upper, version=1):
-    return WindowRecord(batch_id=batch_id, batch_version=version, lower=lower, upper=upper,
-                        upper_reason="safety_lag", rows=3, checksum="sha256:x", interval_end=None,
-                        published_at="2026-11-21T00:00:00+00:00")
+    return WindowRecord(
+        batch_id=batch_id,
+        batch_version=version,
+        lower=lower,
+        upper=upper,
+        upper_reason="safety_lag",
+        rows=3,
+        checksum="sha256:x",
+        interval_end=None,
+        published_at="2026-11-21T00:00:00+00:00",
+    )
 
 
 def ledger(offset) -> CommittedOffset:
@@ -27,7 +35,9 @@ def test_state_round_trips_through_the_ledger_value_and_advances_the_lower_bound
 
 
 def test_a_reextract_keeps_the_next_lower_bound_and_replaces_the_recorded_version():
-    state = WatermarkState("id").with_window(window("w1", None, 10), True, 10).with_window(window("w2", 10, 20), True, 10)
+    state = (
+        WatermarkState("id").with_window(window("w1", None, 10), True, 10).with_window(window("w2", 10, 20), True, 10)
+    )
     again = state.with_window(window("w1", None, 10, version=2), advance=False, max_windows=10)
     assert again.next_lower == 20 and again.history["w1"].batch_version == 2 and len(again.history) == 2
 

@@ -5,16 +5,22 @@ from __future__ import annotations
 import json
 import logging
 import threading
-
 from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from exactly_once_provider.kafka import writer as kafka_producer
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
+from exactly_once_provider.kafka import writer as kafka_producer
 from exactly_once_provider.kafka.offsets import LEDGER_PARTITIONS, ledger_partition
-from exactly_once_provider.kafka.writer import DeliveryError, Message, PipelineWriter, ProducerFencedError, TransactionPolicy, transactional_id_for
+from exactly_once_provider.kafka.writer import (
+    DeliveryError,
+    Message,
+    PipelineWriter,
+    ProducerFencedError,
+    TransactionPolicy,
+    transactional_id_for,
+)
 
 
 def test_transactional_id_depends_only_on_pipeline_and_partition():
@@ -27,16 +33,23 @@ def test_transactional_id_depends_only_on_pipeline_and_partition():
 @pytest.fixture
 def kafka_conn(monkeypatch):
     def set_extra(**extra):
-        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
-            {"conn_type": "kafka", "extra": {"bootstrap.servers": "127.0.0.1:1", **extra}}))
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_KAFKA_DEFAULT",
+            json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": "127.0.0.1:1", **extra}}),
+        )
+
     set_extra()
     return set_extra
 
 
 def test_exactly_once_config_adds_transactional_id_on_top_of_the_connection(kafka_conn):
     kafka_conn(**{"client.id": "mine"})
-    hook = TransactionalProducerHook(pipeline="orders", source_partition="p0", delivery_mode="exactly_once",
-                                     producer_config={"linger.ms": 20, "batch.size": 262144})
+    hook = TransactionalProducerHook(
+        pipeline="orders",
+        source_partition="p0",
+        delivery_mode="exactly_once",
+        producer_config={"linger.ms": 20, "batch.size": 262144},
+    )
     config = hook.build_producer_config()
     assert config["transactional.id"] == "eo-txn/orders/p0"
     assert config["enable.idempotence"] is True and config["acks"] == "all"
@@ -131,9 +144,18 @@ class _Delivered:
 
 
 def _writer(producer: FakeProducer) -> PipelineWriter:
-    writer = PipelineWriter(producer_factory=lambda: producer, client_config={}, pipeline="p", source_partition="0",
-                            delivery_mode="exactly_once", transactional_id="eo-txn/p/0", offsets_topic="ledger",
-                            batch_markers=False, log=logging.getLogger("test"), transaction_timeout_s=5)
+    writer = PipelineWriter(
+        producer_factory=lambda: producer,
+        client_config={},
+        pipeline="p",
+        source_partition="0",
+        delivery_mode="exactly_once",
+        transactional_id="eo-txn/p/0",
+        offsets_topic="ledger",
+        batch_markers=False,
+        log=logging.getLogger("test"),
+        transaction_timeout_s=5,
+    )
     writer.producer = producer
     return writer
 
@@ -166,8 +188,13 @@ def test_abortable_commit_error_aborts_and_replays_the_whole_batch():
     producer = FakeProducer({"commit_transaction": [KafkaError(KafkaError._STATE, "a", txn_requires_abort=True)]})
     writer = _writer(producer)
     committed = writer.write_batch("data", [Message(b"a"), Message(b"b")], offset=2)
-    assert producer.calls == ["begin_transaction", "commit_transaction", "abort_transaction",
-                              "begin_transaction", "commit_transaction"]
+    assert producer.calls == [
+        "begin_transaction",
+        "commit_transaction",
+        "abort_transaction",
+        "begin_transaction",
+        "commit_transaction",
+    ]
     assert _data(producer) == [b"a", b"b", b"a", b"b"]  # the aborted copy is invisible to read_committed
     assert writer.last_committed == committed and committed.sequence == 1
 
@@ -200,6 +227,7 @@ def test_closing_a_fenced_producer_keeps_the_fenced_error(caplog):
 
 def test_open_that_fails_on_the_ledger_closes_its_producer(monkeypatch):
     """Nobody gets a writer whose open() raised: it must flush and drop its initialised producer itself."""
+
     def ledger_moved(*args, **kwargs):
         raise RuntimeError("ledger moved")
 
@@ -256,8 +284,13 @@ def test_background_commit_failure_is_replayed_by_the_next_call():
     writer = _writer(producer)
     writer.submit_batch("data", [Message(b"a"), Message(b"b")], offset=2)
     committed = writer.wait()
-    assert producer.calls == ["begin_transaction", "commit_transaction", "abort_transaction",
-                              "begin_transaction", "commit_transaction"]
+    assert producer.calls == [
+        "begin_transaction",
+        "commit_transaction",
+        "abort_transaction",
+        "begin_transaction",
+        "commit_transaction",
+    ]
     assert _data(producer) == [b"a", b"b", b"a", b"b"] and writer.last_committed == committed
 
 
@@ -299,8 +332,14 @@ def test_exactly_once_reports_only_the_last_record_of_each_key_and_keeps_exact_o
     producer = FakeProducer()
     callbacks = _record_report_requests(producer)
     writer = _writer(producer)
-    batch = [Message(b"1", key=b"a"), Message(b"2", key=b"b"), Message(b"3", key=b"a"), Message(b"4"),
-             Message(b"5", key=b"b"), Message(b"6")]
+    batch = [
+        Message(b"1", key=b"a"),
+        Message(b"2", key=b"b"),
+        Message(b"3", key=b"a"),
+        Message(b"4"),
+        Message(b"5", key=b"b"),
+        Message(b"6"),
+    ]
     writer.write_batch("data", batch, offset=6)
     assert callbacks == [False, False, True, True, True, True]
     # The fake puts everything into partition 0 at offset = position in the flush (ledger record first).
@@ -317,8 +356,9 @@ def test_at_least_once_reports_every_record():
 
 
 def test_commit_failing_on_an_unreported_oversized_record_fails_without_replay():
-    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "ProduceRequest failed: Message size too large",
-                           txn_requires_abort=True)
+    too_large = KafkaError(
+        KafkaError.MSG_SIZE_TOO_LARGE, "ProduceRequest failed: Message size too large", txn_requires_abort=True
+    )
     producer = FakeProducer({"commit_transaction": [too_large]})
     writer = _writer(producer)
     with pytest.raises(DeliveryError, match="not delivered.*MSG_SIZE_TOO_LARGE.*nothing of this batch is visible"):
@@ -350,8 +390,7 @@ def test_writer_without_partition_offsets_asks_for_no_delivery_report():
     callbacks = _record_report_requests(producer)
     writer = _writer(producer)
     writer.track_partition_offsets = False
-    committed = writer.write_batch("data", [Message(b"1", key=b"a"), Message(b"2"), Message(b"3", key=b"a")],
-                                   offset=3)
+    committed = writer.write_batch("data", [Message(b"1", key=b"a"), Message(b"2"), Message(b"3", key=b"a")], offset=3)
     assert callbacks == [False, False, False]
     assert _data(producer) == [b"1", b"2", b"3"] and writer.last_committed == committed
     assert producer.calls[-1] == "commit_transaction" and writer.partition_offsets == {}
@@ -392,11 +431,17 @@ def test_records_longer_than_a_message_are_produced_by_their_first_four_fields()
     producer = FakeProducer()
     callbacks = _record_report_requests(producer)
     writer = _writer(producer)
-    batch = [ChangeRecord(b"1", b"a", None, "data", (1,), "eo", "t"), ChangeRecord(b"2", b"a", None, None, (1,), "eo", "t"),
-             ChangeRecord(b"3", b"b", {"h": b"v"}, "data", (2,), "eo", "t")]
+    batch = [
+        ChangeRecord(b"1", b"a", None, "data", (1,), "eo", "t"),
+        ChangeRecord(b"2", b"a", None, None, (1,), "eo", "t"),
+        ChangeRecord(b"3", b"b", {"h": b"v"}, "data", (2,), "eo", "t"),
+    ]
     writer.write_batch("other", batch, offset=3)
     assert [(t, v) for t, v in producer.produced if v in (b"1", b"2", b"3")] == [
-        ("data", b"1"), ("other", b"2"), ("data", b"3")]
+        ("data", b"1"),
+        ("other", b"2"),
+        ("data", b"3"),
+    ]
     assert callbacks == [True, True]  # the last of key a in "data", the last of key b ("other" is not noted)
     assert writer.partition_offsets[("data", 0)] > 0
 

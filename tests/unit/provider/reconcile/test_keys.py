@@ -26,20 +26,29 @@ def test_a_single_integer_key_is_bisected_by_value_on_every_engine():
     assert key.of_record_key({"id": 42}) == 42
 
 
-@pytest.mark.parametrize("columns", [[col("code", "varchar")], [col("region", "char"), col("id", "int")],
-                                     [col("amount", "decimal", 2)]])
+@pytest.mark.parametrize(
+    "columns", [[col("code", "varchar")], [col("region", "char"), col("id", "int")], [col("amount", "decimal", 2)]]
+)
 def test_any_other_key_is_bisected_by_the_hash_of_its_canonical_text(columns):
     key = Key.of(columns)
     assert key.hashed
     for dialect in (MARIADB, POSTGRES, SPARK):
-        assert key.expression(dialect) == dialect.row_hash([dialect.canonical(dialect.quote(c.name), c)
-                                                            for c in columns])
+        assert key.expression(dialect) == dialect.row_hash(
+            [dialect.canonical(dialect.quote(c.name), c) for c in columns]
+        )
         assert key.label_expression(dialect).startswith("CONCAT_WS(")
 
 
 def test_a_record_key_hashes_like_the_row_it_names():
-    key = Key.of([col("region", "varchar"), col("day", "date"), col("at", "datetime"), col("blob", "blob"),
-                  col("amount", "decimal", 2)])
+    key = Key.of(
+        [
+            col("region", "varchar"),
+            col("day", "date"),
+            col("at", "datetime"),
+            col("blob", "blob"),
+            col("amount", "decimal", 2),
+        ]
+    )
     record = {"region": "EU", "day": "2026-11-25", "at": "2026-11-25T10:00:00.5", "blob": "AAE=", "amount": "1.50"}
     values = ("EU", dt.date(2026, 11, 25), dt.datetime(2026, 11, 25, 10, 0, 0, 500000), b"\x00\x01", Decimal("1.5"))
     assert key.of_record_key(record) == key.of_values(values) == python_row_hash(values, list(key.columns))
@@ -49,8 +58,7 @@ def test_a_record_key_hashes_like_the_row_it_names():
 
 
 def test_a_utc_timestamp_in_a_record_key_is_rendered_in_utc():
-    assert from_json("2026-11-25T10:00:00Z", col("at", "timestamp")) == dt.datetime(2026, 11, 25, 10,
-                                                                                    tzinfo=dt.timezone.utc)
+    assert from_json("2026-11-25T10:00:00Z", col("at", "timestamp")) == dt.datetime(2026, 11, 25, 10, tzinfo=dt.UTC)
 
 
 def test_keys_without_one_canonical_text_and_renamed_composite_keys_are_refused():

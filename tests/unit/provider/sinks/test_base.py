@@ -8,8 +8,14 @@ import sys
 
 import pytest
 
-from exactly_once_provider.sinks.base import (BatchCommit, Sink, newer_version, open_sink, replayed,
-                                              require_newer_windows)
+from exactly_once_provider.sinks.base import (
+    BatchCommit,
+    Sink,
+    newer_version,
+    open_sink,
+    replayed,
+    require_newer_windows,
+)
 from exactly_once_provider.sinks.delta import DeltaSink
 from exactly_once_provider.sinks.files import FilesSink
 from exactly_once_provider.sinks.postgres import OFFSETS_TABLE, PostgresSink
@@ -20,8 +26,14 @@ def test_open_sink_is_the_one_dispatch(tmp_path):
     assert isinstance(delta, DeltaSink) and (delta.mode, delta.commit_with) == ("cdc", "delta")
     assert isinstance(open_sink("files", str(tmp_path / "f"), "p"), FilesSink)
     asked = []
-    pg = open_sink("postgres", "", "p", postgres_connect=lambda: asked.append(1) or {"host": "h"},
-                   postgres_conn_id="pg", mode="window")
+    pg = open_sink(
+        "postgres",
+        "",
+        "p",
+        postgres_connect=lambda: asked.append(1) or {"host": "h"},
+        postgres_conn_id="pg",
+        mode="window",
+    )
     assert isinstance(pg, PostgresSink) and pg.connect_kwargs == {"host": "h"} and pg.mode == "window"
     assert pg.commit_location() == f"{OFFSETS_TABLE} (pg)" and asked == [1]
     open_sink("files", str(tmp_path / "f"), "p", postgres_connect=lambda: asked.append(2))
@@ -34,8 +46,16 @@ def test_open_sink_is_the_one_dispatch(tmp_path):
 
 def test_the_reader_side_imports_no_spark(tmp_path):
     (tmp_path / "_manifests").mkdir()
-    manifest = {"format": 1, "sequence": 0, "pipeline": "p", "checkpoint_id": "c", "batch_id": 0,
-                "offsets": {"t": {"0": 5}}, "rows_total": 5, "files": []}
+    manifest = {
+        "format": 1,
+        "sequence": 0,
+        "pipeline": "p",
+        "checkpoint_id": "c",
+        "batch_id": 0,
+        "offsets": {"t": {"0": 5}},
+        "rows_total": 5,
+        "files": [],
+    }
     (tmp_path / "_manifests" / f"{0:020d}.json").write_text(json.dumps(manifest))
     code = (
         "import sys\n"
@@ -45,7 +65,8 @@ def test_the_reader_side_imports_no_spark(tmp_path):
         f"d = open_sink('delta', {str(tmp_path / 'none')!r}, 'p')\n"
         "assert d.committed() is None and d.published_windows() == {} and d.commit_location() == ''\n"
         "open_sink('postgres', 't', 'p')\n"
-        "assert not [m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'delta')], sys.modules\n")
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'delta')], sys.modules\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -38,8 +38,10 @@ def test_find_commit_reads_the_checkpoint_txn_state_instead_of_the_whole_log(tmp
     log.mkdir()
     for version in range(12):
         _commit(log, version, None, ("stream", version))
-    txn = pa.array([{"appId": "stream", "version": 10, "lastUpdated": 0}, None],
-                   pa.struct([("appId", pa.string()), ("version", pa.int64()), ("lastUpdated", pa.int64())]))
+    txn = pa.array(
+        [{"appId": "stream", "version": 10, "lastUpdated": 0}, None],
+        pa.struct([("appId", pa.string()), ("version", pa.int64()), ("lastUpdated", pa.int64())]),
+    )
     pq.write_table(pa.table({"txn": txn}), log / f"{10:020d}.checkpoint.parquet")
     assert delta_commit.find_commit(str(tmp_path), "stream", 11) == 11  # newest JSON, after the checkpoint
     assert delta_commit.find_commit(str(tmp_path), "stream", 12) is None
@@ -60,15 +62,18 @@ def test_create_with_files_writes_one_first_commit_with_marker_txn_and_file_stat
         name = f"chunk {i}.parquet"  # a space: the add path is URL-encoded as the protocol asks
         pq.write_table(pa.table({"id": pa.array(range(rows), pa.int64())}), tmp_path / name)
         names.append({"name": name, "bytes": (tmp_path / name).stat().st_size, "rows": rows})
-    schema = json.dumps({"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True,
-                                                       "metadata": {}}]})
+    schema = json.dumps(
+        {"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True, "metadata": {}}]}
+    )
     marker = {"eo_full_load": {"load_id": "L"}}
     assert delta_commit.create_with_files(str(tmp_path), schema, names, marker, "eo-full-load-L", 1) == 0
     log = [json.loads(line) for line in (tmp_path / "_delta_log" / f"{0:020d}.json").read_text().splitlines()]
     assert [next(iter(a)) for a in log] == ["commitInfo", "metaData", "protocol", "txn", "add", "add"]
     assert log[2]["protocol"] == {"minReaderVersion": 1, "minWriterVersion": 2}
     assert [(a["add"]["path"], json.loads(a["add"]["stats"])["numRecords"]) for a in log[4:]] == [
-        ("chunk%200.parquet", 3), ("chunk%201.parquet", 0)]
+        ("chunk%200.parquet", 3),
+        ("chunk%201.parquet", 0),
+    ]
     assert delta_commit.latest_marker(str(tmp_path), "eo_full_load") == (0, marker)
     assert delta_commit.find_commit(str(tmp_path), "eo-full-load-L", 1) == 0
     # A retry of the same (app id, version) is a no-op; another writer cannot create the table again.
@@ -82,11 +87,13 @@ def test_create_with_files_takes_table_features_for_timestamp_ntz_and_checks_fil
     import pytest
 
     (tmp_path / "a.parquet").write_bytes(b"x" * 10)
-    schema = json.dumps({"type": "struct", "fields": [{"name": "d", "type": "timestamp_ntz", "nullable": True,
-                                                       "metadata": {}}]})
+    schema = json.dumps(
+        {"type": "struct", "fields": [{"name": "d", "type": "timestamp_ntz", "nullable": True, "metadata": {}}]}
+    )
     with pytest.raises(delta_commit.CommitMarkerError, match="has 10 bytes, not 11"):
-        delta_commit.create_with_files(str(tmp_path), schema, [{"name": "a.parquet", "bytes": 11, "rows": 1}],
-                                       {}, "app", 1)
+        delta_commit.create_with_files(
+            str(tmp_path), schema, [{"name": "a.parquet", "bytes": 11, "rows": 1}], {}, "app", 1
+        )
     assert not any((tmp_path / "_delta_log").glob("*.json"))
     delta_commit.create_with_files(str(tmp_path), schema, [{"name": "a.parquet", "bytes": 10, "rows": 1}], {}, "app", 1)
     log = [json.loads(line) for line in (tmp_path / "_delta_log" / f"{0:020d}.json").read_text().splitlines()]
@@ -94,8 +101,7 @@ def test_create_with_files_takes_table_features_for_timestamp_ntz_and_checks_fil
 
 
 # ------------------------------------------------------------------------------- own append commits
-ID_SCHEMA = json.dumps({"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True,
-                                                      "metadata": {}}]})
+ID_SCHEMA = json.dumps({"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True, "metadata": {}}]})
 
 
 def _parquet(directory, name, rows):
@@ -118,7 +124,11 @@ def test_append_with_files_writes_the_next_commit_and_skips_a_replayed_txn(tmp_p
     assert [next(iter(a)) for a in actions] == ["commitInfo", "txn", "add", "add"]
     info = actions[0]["commitInfo"]
     assert (info["operation"], info["operationParameters"]["mode"], info["readVersion"], info["isBlindAppend"]) == (
-        "WRITE", "Append", 0, True)
+        "WRITE",
+        "Append",
+        0,
+        True,
+    )
     assert info["operationMetrics"]["numOutputRows"] == "4" and json.loads(info["userMetadata"]) == {"m": 1}
     assert actions[1]["txn"]["appId"] == "app" and actions[1]["txn"]["version"] == 1
     assert [json.loads(a["add"]["stats"])["numRecords"] for a in actions[2:]] == [3, 1]
@@ -162,36 +172,70 @@ def test_append_with_files_fails_when_the_same_app_id_commits_another_version_me
 def _state(protocol=None, configuration=None, partitions=(), schema=ID_SCHEMA):
     from exactly_once_provider.sinks.delta_log import TableState
 
-    return TableState("/t", 3, protocol or {"minReaderVersion": 1, "minWriterVersion": 2},
-                      {"schemaString": schema, "partitionColumns": list(partitions),
-                       "configuration": configuration or {}, "format": {"provider": "parquet"}}, None)
+    return TableState(
+        "/t",
+        3,
+        protocol or {"minReaderVersion": 1, "minWriterVersion": 2},
+        {
+            "schemaString": schema,
+            "partitionColumns": list(partitions),
+            "configuration": configuration or {},
+            "format": {"provider": "parquet"},
+        },
+        None,
+    )
 
 
-@pytest.mark.parametrize("state,reason", [
-    (_state({"minReaderVersion": 2, "minWriterVersion": 5}), "reader version 2 (column mapping)"),
-    (_state({"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
-             "writerFeatures": ["deletionVectors", "rowTracking", "appendOnly"]}), "table feature deletionVectors"),
-    (_state({"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["inCommitTimestamp"]}),
-     "table feature inCommitTimestamp"),
-    (_state({"minReaderVersion": 1, "minWriterVersion": 4}), "writer version 4 (change data feed"),
-    (_state(configuration={"delta.enableChangeDataFeed": "true"}), "table property delta.enableChangeDataFeed=true"),
-    (_state(configuration={"delta.constraints.positive": "id > 0"}), "CHECK constraint positive"),
-    (_state(partitions=["id"]), "partition columns ['id']"),
-    (_state(schema=ID_SCHEMA.replace('"nullable": true', '"nullable": false')), "NOT NULL column id"),
-    (_state(schema=ID_SCHEMA.replace('"metadata": {}', '"metadata": {"delta.generationExpression": "1"}')),
-     "column id with delta.generationExpression"),
-    (_state(schema=ID_SCHEMA.replace('"long"', '"integer"')), "columns id integer while the batch has id long"),
-])
+@pytest.mark.parametrize(
+    "state,reason",
+    [
+        (_state({"minReaderVersion": 2, "minWriterVersion": 5}), "reader version 2 (column mapping)"),
+        (
+            _state(
+                {
+                    "minReaderVersion": 3,
+                    "minWriterVersion": 7,
+                    "readerFeatures": ["deletionVectors"],
+                    "writerFeatures": ["deletionVectors", "rowTracking", "appendOnly"],
+                }
+            ),
+            "table feature deletionVectors",
+        ),
+        (
+            _state({"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["inCommitTimestamp"]}),
+            "table feature inCommitTimestamp",
+        ),
+        (_state({"minReaderVersion": 1, "minWriterVersion": 4}), "writer version 4 (change data feed"),
+        (
+            _state(configuration={"delta.enableChangeDataFeed": "true"}),
+            "table property delta.enableChangeDataFeed=true",
+        ),
+        (_state(configuration={"delta.constraints.positive": "id > 0"}), "CHECK constraint positive"),
+        (_state(partitions=["id"]), "partition columns ['id']"),
+        (_state(schema=ID_SCHEMA.replace('"nullable": true', '"nullable": false')), "NOT NULL column id"),
+        (
+            _state(schema=ID_SCHEMA.replace('"metadata": {}', '"metadata": {"delta.generationExpression": "1"}')),
+            "column id with delta.generationExpression",
+        ),
+        (_state(schema=ID_SCHEMA.replace('"long"', '"integer"')), "columns id integer while the batch has id long"),
+    ],
+)
 def test_check_appendable_names_what_the_own_commit_does_not_write(state, reason):
     with pytest.raises(delta_commit.UnsupportedTableError, match=re.escape(reason)):
         delta_commit.check_appendable(state, ID_SCHEMA)
 
 
 def test_check_appendable_accepts_plain_and_timestamp_ntz_tables_and_neutral_properties():
-    delta_commit.check_appendable(_state(configuration={"delta.appendOnly": "true", "owner": "x",
-                                                        "delta.enableDeletionVectors": "false"}), ID_SCHEMA)
-    ntz = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
-           "writerFeatures": ["timestampNtz", "invariants", "appendOnly"]}
+    delta_commit.check_appendable(
+        _state(configuration={"delta.appendOnly": "true", "owner": "x", "delta.enableDeletionVectors": "false"}),
+        ID_SCHEMA,
+    )
+    ntz = {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": ["timestampNtz"],
+        "writerFeatures": ["timestampNtz", "invariants", "appendOnly"],
+    }
     delta_commit.check_appendable(_state(ntz), ID_SCHEMA)
     relaxed = json.loads(delta_commit.nullable_schema(ID_SCHEMA.replace('"nullable": true', '"nullable": false')))
     assert relaxed["fields"][0]["nullable"] is True
@@ -201,14 +245,29 @@ def test_column_stats_are_exact_parquet_bounds_of_integer_columns_only(tmp_path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({"p": pa.array([1, None, 3], pa.int32()), "o": pa.array([10, 7, 12], pa.int64()),
-                      "nothing": pa.array([None, None, None], pa.int64()), "s": ["b", "a", None]})
+    table = pa.table(
+        {
+            "p": pa.array([1, None, 3], pa.int32()),
+            "o": pa.array([10, 7, 12], pa.int64()),
+            "nothing": pa.array([None, None, None], pa.int64()),
+            "s": ["b", "a", None],
+        }
+    )
     pq.write_table(table, tmp_path / "f.parquet", row_group_size=2)  # two row groups: bounds are combined
-    schema = {"fields": [{"name": "p", "type": "integer"}, {"name": "o", "type": "long"},
-                         {"name": "nothing", "type": "long"}, {"name": "s", "type": "string"}]}
+    schema = {
+        "fields": [
+            {"name": "p", "type": "integer"},
+            {"name": "o", "type": "long"},
+            {"name": "nothing", "type": "long"},
+            {"name": "s", "type": "string"},
+        ]
+    }
     stats = delta_commit._column_stats(pq.read_metadata(tmp_path / "f.parquet"), schema)
-    assert stats == {"minValues": {"p": 1, "o": 7}, "maxValues": {"p": 3, "o": 12},
-                     "nullCount": {"p": 1, "o": 0, "nothing": 3}}
+    assert stats == {
+        "minValues": {"p": 1, "o": 7},
+        "maxValues": {"p": 3, "o": 12},
+        "nullCount": {"p": 1, "o": 0, "nothing": 3},
+    }
 
 
 def test_append_with_files_fenced_on_a_marker_fails_if_the_marker_moved_after_the_read(tmp_path, monkeypatch):
@@ -217,17 +276,37 @@ def test_append_with_files_fenced_on_a_marker_fails_if_the_marker_moved_after_th
     files = [_parquet(tmp_path, "b.parquet", 3)]
     # another pipeline's commit in between does not matter: a commit with another marker key
     delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, [], {"eo_stream:q": {}}, "q:c9", 0)
-    assert delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, files, {"eo_stream:p": {"batch_id": 1}}, "p:c1",
-                                          1, fence=("eo_stream:p", read_version)) == (2, True)
+    assert delta_commit.append_with_files(
+        str(tmp_path),
+        ID_SCHEMA,
+        files,
+        {"eo_stream:p": {"batch_id": 1}},
+        "p:c1",
+        1,
+        fence=("eo_stream:p", read_version),
+    ) == (2, True)
     # a driver of an older checkpoint (app id p:c0) planned on version 0; the newer driver moved the marker on
     zombie = [_parquet(tmp_path, "z.parquet", 3)]
     with pytest.raises(delta_commit.ForeignProgressError, match="Version 2 .*'eo_stream:p' marker"):
-        delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, zombie, {"eo_stream:p": {"batch_id": 5}}, "p:c0", 5,
-                                       fence=("eo_stream:p", read_version))
+        delta_commit.append_with_files(
+            str(tmp_path),
+            ID_SCHEMA,
+            zombie,
+            {"eo_stream:p": {"batch_id": 5}},
+            "p:c0",
+            5,
+            fence=("eo_stream:p", read_version),
+        )
     # and when the newer driver's commit wins the put-if-absent race itself, the loser re-checks and fails too
     real_put = delta_commit.put_commit
-    newer = iter([[{"commitInfo": {"userMetadata": json.dumps({"eo_stream:p": {"batch_id": 2}})}},
-                   {"txn": {"appId": "p:c1", "version": 2}}]])
+    newer = iter(
+        [
+            [
+                {"commitInfo": {"userMetadata": json.dumps({"eo_stream:p": {"batch_id": 2}})}},
+                {"txn": {"appId": "p:c1", "version": 2}},
+            ]
+        ]
+    )
 
     def newer_driver_first(log_dir, version, actions):
         winner = next(newer, None)
@@ -237,8 +316,15 @@ def test_append_with_files_fenced_on_a_marker_fails_if_the_marker_moved_after_th
 
     monkeypatch.setattr(delta_commit, "put_commit", newer_driver_first)
     with pytest.raises(delta_commit.ForeignProgressError, match="Version 3 "):
-        delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, zombie, {"eo_stream:p": {"batch_id": 5}}, "p:c0", 5,
-                                       fence=("eo_stream:p", delta_commit.newest_version(str(tmp_path))))
+        delta_commit.append_with_files(
+            str(tmp_path),
+            ID_SCHEMA,
+            zombie,
+            {"eo_stream:p": {"batch_id": 5}},
+            "p:c0",
+            5,
+            fence=("eo_stream:p", delta_commit.newest_version(str(tmp_path))),
+        )
     assert delta_commit.newest_version(str(tmp_path)) == 3
     assert not any("add" in a for a in _actions(tmp_path, 3))
 
@@ -261,8 +347,9 @@ def test_own_commits_go_through_a_storage_object_as_through_a_path(tmp_path):
     from exactly_once_provider.storage import open_storage
 
     storage = open_storage(str(tmp_path))
-    schema = json.dumps({"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True,
-                                                       "metadata": {}}]})
+    schema = json.dumps(
+        {"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True, "metadata": {}}]}
+    )
     assert delta_commit.create_with_files(storage, schema, [], {"m": 0}, "app", 0) == 0
     assert delta_commit.append_with_files(storage, schema, [], {"m": 1}, "app", 1) == (1, True)
     assert delta_commit.append_with_files(str(tmp_path), schema, [], {"m": 1}, "app", 1) == (1, False)  # replay

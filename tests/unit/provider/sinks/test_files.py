@@ -9,12 +9,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from exactly_once_provider.sinks.base import BatchCommit, StaleBatchError
-from exactly_once_provider.storage.local import LocalStorage
 from exactly_once_provider.sinks import files as files_module
+from exactly_once_provider.sinks.base import BatchCommit, StaleBatchError
 from exactly_once_provider.sinks.files import (
-    POINTER, FilesSink, latest_manifest, newest_sequence, published_files, write_pointer,
+    POINTER,
+    FilesSink,
+    latest_manifest,
+    newest_sequence,
+    published_files,
+    write_pointer,
 )
+from exactly_once_provider.storage.local import LocalStorage
 
 
 class _Frame:
@@ -51,7 +56,7 @@ def test_batches_publish_cumulative_manifests_and_a_replay_is_skipped(tmp_path):
 def test_orphans_of_a_crash_are_invisible_then_removed(tmp_path):
     sink = FilesSink(str(tmp_path), "p")
     sink.commit(_Frame([1]), BatchCommit("p", "c1", 0, {"t": {0: 1}}))
-    _Frame([9]).parquet(str(tmp_path / "data" / "c1-1-dead"))      # written, manifest never published
+    _Frame([9]).parquet(str(tmp_path / "data" / "c1-1-dead"))  # written, manifest never published
     _Frame([8]).parquet(str(tmp_path / "_staging" / "c1-1-beef"))  # staged by a version before the storage layer
     assert _read(tmp_path) == [1]
     assert sink.remove_orphans() == ["data/c1-1-dead"]
@@ -77,8 +82,9 @@ def test_a_zombie_of_an_older_checkpoint_cannot_publish_on_top_of_the_newer_driv
     sink.commit(_Frame([1]), BatchCommit("p", "c1", 0, {"t": {0: 1}}), expected=None)
     planned_on = sink.committed()  # the zombie (checkpoint c1) planned batch 1 on this, then stalled
     sink.commit(_Frame([2, 3]), BatchCommit("p", "c2", 0, {"t": {0: 3}}), expected=planned_on)  # the next run
-    with pytest.raises(StaleBatchError, match="planned on batch 0 of checkpoint c1 .* now holds batch 0 of "
-                                              "checkpoint c2"):
+    with pytest.raises(
+        StaleBatchError, match="planned on batch 0 of checkpoint c1 .* now holds batch 0 of checkpoint c2"
+    ):
         sink.commit(_Frame([2]), BatchCommit("p", "c1", 1, {"t": {0: 2}}), expected=planned_on)
     assert _read(tmp_path) == [1, 2, 3] and latest_manifest(str(tmp_path))["sequence"] == 1
     assert not (tmp_path / "_staging").exists() or not any((tmp_path / "_staging").iterdir())

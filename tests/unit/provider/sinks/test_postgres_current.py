@@ -17,14 +17,26 @@ from exactly_once_provider.sinks.postgres_current import csv_rows, pg_type, refu
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("data_type, column_type_, expected", [
-    ("tinyint", "tinyint(4)", "integer"), ("int", "int(11)", "integer"), ("int", "int(10) unsigned", "bigint"),
-    ("bigint", "bigint(20)", "bigint"), ("bigint", "bigint(20) unsigned", "numeric(20,0)"),
-    ("decimal", "decimal(12,2)", "numeric(12,2)"), ("float", "float", "real"), ("double", "double", "double precision"),
-    ("datetime", "datetime(6)", "timestamp"), ("timestamp", "timestamp", "timestamptz"), ("date", "date", "date"),
-    ("varbinary", "varbinary(8)", "bytea"), ("varchar", "varchar(5)", "text"), ("time", "time", "text"),
-    ("set", "set('a','b')", "text"),
-])
+@pytest.mark.parametrize(
+    "data_type, column_type_, expected",
+    [
+        ("tinyint", "tinyint(4)", "integer"),
+        ("int", "int(11)", "integer"),
+        ("int", "int(10) unsigned", "bigint"),
+        ("bigint", "bigint(20)", "bigint"),
+        ("bigint", "bigint(20) unsigned", "numeric(20,0)"),
+        ("decimal", "decimal(12,2)", "numeric(12,2)"),
+        ("float", "float", "real"),
+        ("double", "double", "double precision"),
+        ("datetime", "datetime(6)", "timestamp"),
+        ("timestamp", "timestamp", "timestamptz"),
+        ("date", "date", "date"),
+        ("varbinary", "varbinary(8)", "bytea"),
+        ("varchar", "varchar(5)", "text"),
+        ("time", "time", "text"),
+        ("set", "set('a','b')", "text"),
+    ],
+)
 def test_each_loaded_type_has_a_postgres_type_holding_it(data_type, column_type_, expected):
     precision, scale = (12, 2) if data_type == "decimal" else (None, None)
     assert pg_type(arrow_type(Column("c", data_type, column_type_, precision, scale))) == expected
@@ -40,15 +52,19 @@ def test_a_type_without_a_postgres_form_is_refused():
 
 
 def test_copy_text_keeps_null_empty_binary_and_quotes_apart():
-    table = pa.table({
-        "s": pa.array(["", None, 'a,"b"\nc'], pa.string()),
-        "b": pa.array([b"\x00\xff", None, b""], pa.binary()),
-        "d": pa.array([decimal.Decimal("1.50"), None, decimal.Decimal("-0.01")], pa.decimal128(12, 2)),
-        "t": pa.array([dt.datetime(2026, 1, 2, 3, 4, 5, 6), None, None], pa.timestamp("us")),
-    })
+    table = pa.table(
+        {
+            "s": pa.array(["", None, 'a,"b"\nc'], pa.string()),
+            "b": pa.array([b"\x00\xff", None, b""], pa.binary()),
+            "d": pa.array([decimal.Decimal("1.50"), None, decimal.Decimal("-0.01")], pa.decimal128(12, 2)),
+            "t": pa.array([dt.datetime(2026, 1, 2, 3, 4, 5, 6), None, None], pa.timestamp("us")),
+        }
+    )
     text = csv_rows(table).read().decode()
     rows = list(csv.reader(io.StringIO(text)))
-    assert rows[0][:2] == ["", "\\x00ff"] and rows[0][2] == "1.50" and rows[0][3].startswith("2026-01-02 03:04:05.000006")
+    assert (
+        rows[0][:2] == ["", "\\x00ff"] and rows[0][2] == "1.50" and rows[0][3].startswith("2026-01-02 03:04:05.000006")
+    )
     assert rows[2][0] == 'a,"b"\nc' and rows[2][1] == "\\x" and rows[2][2] == "-0.01"
     lines = text.split("\n")
     # COPY's CSV: an unquoted empty field is NULL, a quoted one the empty string
@@ -57,6 +73,8 @@ def test_copy_text_keeps_null_empty_binary_and_quotes_apart():
 
 def test_text_with_nul_is_refused_naming_the_column_and_keys():
     table = pa.table({"id": [1, 2, 3], "s": ["ok", "a\x00b", None], "b": pa.array([b"\x00", None, None], pa.binary())})
-    with pytest.raises(ValueError, match=r"Column 's' of 1 row\(s\) of a batch holds the NUL character.*keys \[\(2,\)\]"):
+    with pytest.raises(
+        ValueError, match=r"Column 's' of 1 row\(s\) of a batch holds the NUL character.*keys \[\(2,\)\]"
+    ):
         refuse_nul(table, ("id",), "a batch")
     refuse_nul(table.drop_columns(["s"]), ("id",), "a batch")  # binary holds NUL as bytea: fine

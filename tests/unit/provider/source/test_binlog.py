@@ -27,20 +27,23 @@ def b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 
 
-@pytest.mark.parametrize("kind,value,expected", [
-    (FIELD_TYPE.LONGLONG, 18446744073709551615, 18446744073709551615),  # BIGINT UNSIGNED stays exact
-    (FIELD_TYPE.LONG, 4294967295, 4294967295),
-    (FIELD_TYPE.NEWDECIMAL, decimal.Decimal("12345678901234567890.0123456789"), "12345678901234567890.0123456789"),
-    (FIELD_TYPE.NEWDECIMAL, decimal.Decimal("1.50"), "1.50"),
-    (FIELD_TYPE.DOUBLE, 2.25, 2.25),
-    (FIELD_TYPE.TIMESTAMP2, dt.datetime(2026, 11, 21, 10, 0, 0, 500000), "2026-11-21T10:00:00.500000Z"),
-    (FIELD_TYPE.DATETIME2, dt.datetime(2026, 3, 29, 2, 30), "2026-03-29T02:30:00"),
-    (FIELD_TYPE.DATE, dt.date(2026, 1, 2), "2026-01-02"),
-    (FIELD_TYPE.YEAR, 2024, 2024),
-    (FIELD_TYPE.ENUM, "b", "b"),
-    (FIELD_TYPE.SET, {"z", "x"}, ["x", "z"]),
-    (FIELD_TYPE.VARCHAR, "héllo", "héllo"),
-])
+@pytest.mark.parametrize(
+    "kind,value,expected",
+    [
+        (FIELD_TYPE.LONGLONG, 18446744073709551615, 18446744073709551615),  # BIGINT UNSIGNED stays exact
+        (FIELD_TYPE.LONG, 4294967295, 4294967295),
+        (FIELD_TYPE.NEWDECIMAL, decimal.Decimal("12345678901234567890.0123456789"), "12345678901234567890.0123456789"),
+        (FIELD_TYPE.NEWDECIMAL, decimal.Decimal("1.50"), "1.50"),
+        (FIELD_TYPE.DOUBLE, 2.25, 2.25),
+        (FIELD_TYPE.TIMESTAMP2, dt.datetime(2026, 11, 21, 10, 0, 0, 500000), "2026-11-21T10:00:00.500000Z"),
+        (FIELD_TYPE.DATETIME2, dt.datetime(2026, 3, 29, 2, 30), "2026-03-29T02:30:00"),
+        (FIELD_TYPE.DATE, dt.date(2026, 1, 2), "2026-01-02"),
+        (FIELD_TYPE.YEAR, 2024, 2024),
+        (FIELD_TYPE.ENUM, "b", "b"),
+        (FIELD_TYPE.SET, {"z", "x"}, ["x", "z"]),
+        (FIELD_TYPE.VARCHAR, "héllo", "héllo"),
+    ],
+)
 def test_values_become_exact_json(kind, value, expected):
     assert convert(kind, value) == expected
 
@@ -56,7 +59,7 @@ def test_binary_values_are_base64_and_binary_n_is_zero_padded():
     assert convert(FIELD_TYPE.BLOB, b"\x00\xff\x10", charset="binary") == b64(b"\x00\xff\x10")
     assert convert(FIELD_TYPE.VARCHAR, b"\x00", charset="binary") == b64(b"\x00")
     assert convert(FIELD_TYPE.STRING, b"\x01\x02", charset="binary", max_length=4) == b64(b"\x01\x02\x00\x00")
-    assert convert(FIELD_TYPE.BLOB, "{\"a\": 1}", charset="utf8mb4") == "{\"a\": 1}"  # MariaDB JSON is text
+    assert convert(FIELD_TYPE.BLOB, '{"a": 1}', charset="utf8mb4") == '{"a": 1}'  # MariaDB JSON is text
     assert convert(FIELD_TYPE.BIT, "1010101010", bits=10) == b64(bytes([0b10, 0b10101010]))
 
 
@@ -64,14 +67,17 @@ def test_mysql_binary_json_becomes_compact_text():
     assert convert(FIELD_TYPE.JSON, {b"a": [1, 2.5, b"x"], b"b": None}) == '{"a":[1,2.5,"x"],"b":null}'
 
 
-@pytest.mark.parametrize("decoded,expected", [
-    (dt.timedelta(hours=12, minutes=34, seconds=56, microseconds=789000), "12:34:56.789000"),
-    (-dt.timedelta(hours=1), "-01:00:00"),
-    (-dt.timedelta(hours=838, minutes=59, seconds=59), "-838:59:59"),
-    # python-mysql-replication 1.0.17 returns -(whole + 1 - fraction) for negative TIME(fsp) values:
-    (-dt.timedelta(hours=12, minutes=34, seconds=56, microseconds=211000), "-12:34:56.789000"),
-    (-dt.timedelta(microseconds=999999), "-00:00:00.000001"),
-])
+@pytest.mark.parametrize(
+    "decoded,expected",
+    [
+        (dt.timedelta(hours=12, minutes=34, seconds=56, microseconds=789000), "12:34:56.789000"),
+        (-dt.timedelta(hours=1), "-01:00:00"),
+        (-dt.timedelta(hours=838, minutes=59, seconds=59), "-838:59:59"),
+        # python-mysql-replication 1.0.17 returns -(whole + 1 - fraction) for negative TIME(fsp) values:
+        (-dt.timedelta(hours=12, minutes=34, seconds=56, microseconds=211000), "-12:34:56.789000"),
+        (-dt.timedelta(microseconds=999999), "-00:00:00.000001"),
+    ],
+)
 def test_time2_negative_fractions_are_fixed(decoded, expected):
     assert convert(FIELD_TYPE.TIME2, decoded) == expected
 
@@ -90,8 +96,14 @@ def test_text_in_a_known_charset_needs_no_conversion_and_unknown_charsets_are_de
 
 
 def test_integers_enums_and_years_need_no_conversion():
-    for kind in (FIELD_TYPE.TINY, FIELD_TYPE.LONG, FIELD_TYPE.LONGLONG, FIELD_TYPE.INT24, FIELD_TYPE.YEAR,
-                 FIELD_TYPE.ENUM):
+    for kind in (
+        FIELD_TYPE.TINY,
+        FIELD_TYPE.LONG,
+        FIELD_TYPE.LONGLONG,
+        FIELD_TYPE.INT24,
+        FIELD_TYPE.YEAR,
+        FIELD_TYPE.ENUM,
+    ):
         assert column_converter(col(kind)) is None
 
 
@@ -105,8 +117,16 @@ def test_the_key_is_read_as_the_snapshot_reads_it():
 
 
 def _shape(**kw):
-    defaults = dict(schema="eo", table="t", columns=("id", "s"), schema_version="v", converters=(),
-                    empty_sets=frozenset({"s"}), key=("id",), key_fixes=(None,))
+    defaults = dict(
+        schema="eo",
+        table="t",
+        columns=("id", "s"),
+        schema_version="v",
+        converters=(),
+        empty_sets=frozenset({"s"}),
+        key=("id",),
+        key_fixes=(None,),
+    )
     return TableShape(**{**defaults, **kw})
 
 
@@ -126,21 +146,24 @@ def test_a_missing_key_column_is_a_clear_error():
         _shape().key_of({"s": 1})
 
 
-@pytest.mark.parametrize("query,expected", [
-    ("ALTER TABLE orders ADD COLUMN x INT", ("alter", [("db", "orders")])),
-    ("alter online table `s`.`o``x` modify column a bigint", ("alter", [("s", "o`x")])),
-    ("ALTER TABLE orders RENAME TO old_orders", ("rewrite", [("db", "orders")])),
-    ("ALTER TABLE orders RENAME old_orders", ("rewrite", [("db", "orders")])),
-    ("ALTER TABLE orders RENAME COLUMN a TO b, RENAME INDEX i TO j", ("alter", [("db", "orders")])),
-    ("TRUNCATE TABLE orders", ("rewrite", [("db", "orders")])),
-    ("TRUNCATE orders", ("rewrite", [("db", "orders")])),
-    ("DROP TABLE IF EXISTS `a`, b.c /* generated by server */", ("rewrite", [("db", "a"), ("b", "c")])),
-    ("RENAME TABLE a TO b, c TO d", ("rewrite", [("db", "a"), ("db", "b"), ("db", "c"), ("db", "d")])),
-    ("CREATE OR REPLACE TABLE t (id int)", ("rewrite", [("db", "t")])),
-    ("CREATE TABLE IF NOT EXISTS t (id int)", ("rewrite", [("db", "t")])),
-    ("GRANT SELECT ON *.* TO x", ("", [])),
-    ("INSERT INTO t VALUES (1)", ("", [])),
-])
+@pytest.mark.parametrize(
+    "query,expected",
+    [
+        ("ALTER TABLE orders ADD COLUMN x INT", ("alter", [("db", "orders")])),
+        ("alter online table `s`.`o``x` modify column a bigint", ("alter", [("s", "o`x")])),
+        ("ALTER TABLE orders RENAME TO old_orders", ("rewrite", [("db", "orders")])),
+        ("ALTER TABLE orders RENAME old_orders", ("rewrite", [("db", "orders")])),
+        ("ALTER TABLE orders RENAME COLUMN a TO b, RENAME INDEX i TO j", ("alter", [("db", "orders")])),
+        ("TRUNCATE TABLE orders", ("rewrite", [("db", "orders")])),
+        ("TRUNCATE orders", ("rewrite", [("db", "orders")])),
+        ("DROP TABLE IF EXISTS `a`, b.c /* generated by server */", ("rewrite", [("db", "a"), ("b", "c")])),
+        ("RENAME TABLE a TO b, c TO d", ("rewrite", [("db", "a"), ("db", "b"), ("db", "c"), ("db", "d")])),
+        ("CREATE OR REPLACE TABLE t (id int)", ("rewrite", [("db", "t")])),
+        ("CREATE TABLE IF NOT EXISTS t (id int)", ("rewrite", [("db", "t")])),
+        ("GRANT SELECT ON *.* TO x", ("", [])),
+        ("INSERT INTO t VALUES (1)", ("", [])),
+    ],
+)
 def test_ddl_tables(query, expected):
     assert ddl_tables(query, "db") == expected
 

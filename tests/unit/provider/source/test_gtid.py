@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from exactly_once_provider.source.gtid import Gtid, MissingRange, advance, format_position, missing, parse_list, \
-    parse_position
+from exactly_once_provider.source.gtid import (
+    Gtid,
+    MissingRange,
+    advance,
+    format_position,
+    missing,
+    parse_list,
+    parse_position,
+)
 
 
 def test_a_gtid_parses_and_prints_as_domain_server_sequence():

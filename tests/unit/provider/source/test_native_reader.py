@@ -30,32 +30,63 @@ def test_chunk_query_quotes_names_inlines_bounds_as_literals_and_adds_the_positi
 
 
 def test_native_errors_never_show_the_password():
-    error = _native_error(RuntimeError(f"bad url mysql://u:{SETTINGS.password}@h and p%40ss%2Fw%3Ard%3F%23%25\nmore"),
-                          SETTINGS.password)
+    error = _native_error(
+        RuntimeError(f"bad url mysql://u:{SETTINGS.password}@h and p%40ss%2Fw%3Ard%3F%23%25\nmore"), SETTINGS.password
+    )
     assert SETTINGS.password not in str(error) and "p%40ss" not in str(error) and "more" not in str(error)
     assert str(error).startswith("RuntimeError: bad url mysql://u:***@h")
     interrupt = KeyboardInterrupt()
     assert _native_error(interrupt, "x") is interrupt
 
 
-@pytest.mark.parametrize("column, native, expected", [
-    (Column("t", "tinyint", "tinyint(4)", 3, 0), pa.array([-128, None], pa.int8()), pa.array([-128, None], pa.int32())),
-    (Column("u", "int", "int(10) unsigned", 10, 0), pa.array([2**32 - 1], pa.uint32()), pa.array([2**32 - 1], pa.int64())),
-    (Column("b", "bigint", "bigint(20) unsigned", 20, 0), pa.array([2**64 - 1], pa.uint64()),
-     pa.array([2**64 - 1], pa.decimal128(20, 0))),
-    (Column("d", "decimal", "decimal(12,3)", 12, 3), pa.array([-1500, None], pa.int64()),
-     pa.array([decimal.Decimal("-1.500"), None], pa.decimal128(12, 3))),
-    (Column("d18", "decimal", "decimal(18,18)", 18, 18), pa.array([-(10**18 - 1)], pa.int64()),
-     pa.array([decimal.Decimal("-0." + "9" * 18)], pa.decimal128(18, 18))),
-    (Column("d0", "decimal", "decimal(1,0) unsigned", 1, 0), pa.array([9], pa.int8()), pa.array([9], pa.decimal128(1, 0))),
-    (Column("d19", "decimal", "decimal(19,1)", 19, 1), pa.array(["-1.5"]), pa.array([decimal.Decimal("-1.5")],
-                                                                                   pa.decimal128(19, 1))),
-    (Column("w", "decimal", "decimal(65,30)", 65, 30), pa.array(["1." + "0" * 30]), pa.array(["1." + "0" * 30])),
-    (Column("tm", "time", "time(3)", None, None), pa.array(["-00:00:00.500"]), pa.array(["-00:00:00.500000"])),
-    (Column("ts", "timestamp", "timestamp(6)", None, None), pa.array([0], pa.timestamp("us")),
-     pa.array([0], pa.timestamp("us", tz="UTC"))),
-    (Column("bl", "blob", "blob", None, None), pa.array([b"\x00"], pa.large_binary()), pa.array([b"\x00"])),
-])
+@pytest.mark.parametrize(
+    "column, native, expected",
+    [
+        (
+            Column("t", "tinyint", "tinyint(4)", 3, 0),
+            pa.array([-128, None], pa.int8()),
+            pa.array([-128, None], pa.int32()),
+        ),
+        (
+            Column("u", "int", "int(10) unsigned", 10, 0),
+            pa.array([2**32 - 1], pa.uint32()),
+            pa.array([2**32 - 1], pa.int64()),
+        ),
+        (
+            Column("b", "bigint", "bigint(20) unsigned", 20, 0),
+            pa.array([2**64 - 1], pa.uint64()),
+            pa.array([2**64 - 1], pa.decimal128(20, 0)),
+        ),
+        (
+            Column("d", "decimal", "decimal(12,3)", 12, 3),
+            pa.array([-1500, None], pa.int64()),
+            pa.array([decimal.Decimal("-1.500"), None], pa.decimal128(12, 3)),
+        ),
+        (
+            Column("d18", "decimal", "decimal(18,18)", 18, 18),
+            pa.array([-(10**18 - 1)], pa.int64()),
+            pa.array([decimal.Decimal("-0." + "9" * 18)], pa.decimal128(18, 18)),
+        ),
+        (
+            Column("d0", "decimal", "decimal(1,0) unsigned", 1, 0),
+            pa.array([9], pa.int8()),
+            pa.array([9], pa.decimal128(1, 0)),
+        ),
+        (
+            Column("d19", "decimal", "decimal(19,1)", 19, 1),
+            pa.array(["-1.5"]),
+            pa.array([decimal.Decimal("-1.5")], pa.decimal128(19, 1)),
+        ),
+        (Column("w", "decimal", "decimal(65,30)", 65, 30), pa.array(["1." + "0" * 30]), pa.array(["1." + "0" * 30])),
+        (Column("tm", "time", "time(3)", None, None), pa.array(["-00:00:00.500"]), pa.array(["-00:00:00.500000"])),
+        (
+            Column("ts", "timestamp", "timestamp(6)", None, None),
+            pa.array([0], pa.timestamp("us")),
+            pa.array([0], pa.timestamp("us", tz="UTC")),
+        ),
+        (Column("bl", "blob", "blob", None, None), pa.array([b"\x00"], pa.large_binary()), pa.array([b"\x00"])),
+    ],
+)
 def test_from_native_casts_each_connectorx_type_to_the_loaded_type(column, native, expected):
     assert from_native(column, native).equals(expected)
 

@@ -9,20 +9,29 @@ from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.source import preflight
 from tests.unit.hooks.fake_db import FakeCursor
 
-GOOD = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL",
-        "binlog_expire_logs_seconds": "604800", "expire_logs_days": "7"}
+GOOD = {
+    "log_bin": "ON",
+    "binlog_format": "ROW",
+    "binlog_row_image": "FULL",
+    "binlog_row_metadata": "FULL",
+    "binlog_expire_logs_seconds": "604800",
+    "expire_logs_days": "7",
+}
 
 
 def test_good_settings_pass():
     preflight.check_binlog_settings(GOOD)
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"log_bin": "OFF"}, r"log_bin=OFF.*log_bin=binlog in my.cnf"),
-    ({"binlog_format": "MIXED"}, r"binlog_format=MIXED .* SET GLOBAL binlog_format='ROW'"),
-    ({"binlog_row_image": "MINIMAL"}, r"binlog_row_image=MINIMAL .* SET GLOBAL binlog_row_image='FULL'"),
-    ({"binlog_row_metadata": "NO_LOG"}, r"binlog_row_metadata=NO_LOG .* SET GLOBAL binlog_row_metadata='FULL'"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"log_bin": "OFF"}, r"log_bin=OFF.*log_bin=binlog in my.cnf"),
+        ({"binlog_format": "MIXED"}, r"binlog_format=MIXED .* SET GLOBAL binlog_format='ROW'"),
+        ({"binlog_row_image": "MINIMAL"}, r"binlog_row_image=MINIMAL .* SET GLOBAL binlog_row_image='FULL'"),
+        ({"binlog_row_metadata": "NO_LOG"}, r"binlog_row_metadata=NO_LOG .* SET GLOBAL binlog_row_metadata='FULL'"),
+    ],
+)
 def test_each_bad_setting_names_the_fix(change, message):
     with pytest.raises(SourceConfigurationError, match=message):
         preflight.check_binlog_settings({**GOOD, **change})
@@ -39,11 +48,14 @@ def test_settings_are_read_as_globals():
     assert preflight.server_variables(cursor) == {"log_bin": "ON", "binlog_format": "ROW"}
 
 
-@pytest.mark.parametrize("settings,seconds", [
-    ({"binlog_expire_logs_seconds": "3600", "expire_logs_days": "0"}, 3600),
-    ({"binlog_expire_logs_seconds": "0", "expire_logs_days": "2"}, 172800),
-    ({"binlog_expire_logs_seconds": "0", "expire_logs_days": "0"}, 0),
-])
+@pytest.mark.parametrize(
+    "settings,seconds",
+    [
+        ({"binlog_expire_logs_seconds": "3600", "expire_logs_days": "0"}, 3600),
+        ({"binlog_expire_logs_seconds": "0", "expire_logs_days": "2"}, 172800),
+        ({"binlog_expire_logs_seconds": "0", "expire_logs_days": "0"}, 0),
+    ],
+)
 def test_retention_seconds(settings, seconds):
     assert preflight.retention_seconds(settings) == seconds
 
@@ -59,8 +71,12 @@ def test_short_retention_versus_load_time_is_refused_with_the_needed_value():
 
 
 def test_mysql_needs_reload_for_the_lock():
-    cursor = FakeCursor({"SHOW BINARY LOGS": [("binlog.000001", 4)],
-                         "SELECT PRIVILEGE_TYPE": [("SELECT",), ("REPLICATION SLAVE",), ("REPLICATION CLIENT",)]})
+    cursor = FakeCursor(
+        {
+            "SHOW BINARY LOGS": [("binlog.000001", 4)],
+            "SELECT PRIVILEGE_TYPE": [("SELECT",), ("REPLICATION SLAVE",), ("REPLICATION CLIENT",)],
+        }
+    )
     with pytest.raises(SourceConfigurationError, match="GRANT RELOAD"):
         preflight.check_privileges(cursor, is_mariadb=False)
     preflight.check_privileges(cursor, is_mariadb=True)

@@ -6,8 +6,8 @@ import MySQLdb
 import pytest
 
 from exactly_once_provider.errors import SourceConfigurationError
-from exactly_once_provider.source.snapshot import Chunk, begin_snapshot, plan_chunks, range_predicate
 from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.source.snapshot import Chunk, begin_snapshot, plan_chunks, range_predicate
 from tests.unit.hooks.fake_db import FakeCursor
 
 
@@ -26,10 +26,12 @@ def test_mysql8_lock_snapshot_status_unlock_in_this_order():
 
 
 def test_mysql_before_8_2_falls_back_to_show_master_status():
-    cursor = FakeCursor({
-        "SHOW BINARY LOG STATUS": MySQLdb.ProgrammingError(1064, "You have an error in your SQL syntax"),
-        "SHOW MASTER STATUS": [("mysql-bin.000003", 157, "", "", "")],
-    })
+    cursor = FakeCursor(
+        {
+            "SHOW BINARY LOG STATUS": MySQLdb.ProgrammingError(1064, "You have an error in your SQL syntax"),
+            "SHOW MASTER STATUS": [("mysql-bin.000003", 157, "", "", "")],
+        }
+    )
     assert begin_snapshot(cursor, is_mariadb=False) == BinlogPosition("mysql-bin.000003", 157)
     assert cursor.statements[-3:] == ["SHOW BINARY LOG STATUS", "SHOW MASTER STATUS", "UNLOCK TABLES"]
 
@@ -56,16 +58,16 @@ def test_mysql_without_binlog_says_to_enable_log_bin():
 
 
 def test_mariadb_takes_no_lock():
-    cursor = FakeCursor({"SHOW STATUS": [("Binlog_snapshot_file", "binlog.000001"),
-                                         ("Binlog_snapshot_position", "328")]})
+    cursor = FakeCursor(
+        {"SHOW STATUS": [("Binlog_snapshot_file", "binlog.000001"), ("Binlog_snapshot_position", "328")]}
+    )
     assert begin_snapshot(cursor, is_mariadb=True) == BinlogPosition("binlog.000001", 328)
     assert not any("LOCK" in s for s in cursor.statements)
 
 
 def test_range_predicate_composite_key_is_lexicographic():
     sql, params = range_predicate(["a", "b"], Chunk(1, (1, "x"), (5, "y")))
-    assert sql == ("((`a` > %s) OR (`a` = %s AND `b` > %s)) AND "
-                   "((`a` < %s) OR (`a` = %s AND `b` <= %s))")
+    assert sql == ("((`a` > %s) OR (`a` = %s AND `b` > %s)) AND ((`a` < %s) OR (`a` = %s AND `b` <= %s))")
     assert params == [1, 1, "x", 5, 5, "y"]
 
 

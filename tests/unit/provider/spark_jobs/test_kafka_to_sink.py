@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
 from exactly_once_provider.spark_jobs import kafka_to_sink
 from exactly_once_provider.spark_jobs.batch import checkpoint_id, checkpoint_positions, wal_offsets
-from exactly_once_provider.sinks.base import UNCHECKED, BatchCommit, StaleBatchError, require_predecessor
 
 PARTS = {"t": [0, 1]}
 
@@ -120,8 +120,12 @@ def test_require_predecessor_compares_the_batch_identity_not_the_row_count():
     same = BatchCommit("p", "c1", 3, {"t": {0: 9}}, rows_total=999)
     require_predecessor(same, planned, BatchCommit("p", "c1", 4, {"t": {0: 12}}), "fake")
     require_predecessor(BatchCommit("p", "c9", 0, {"t": {0: 1}}), UNCHECKED, BatchCommit("p", "c1", 4, {}), "fake")
-    for moved in (None, BatchCommit("p", "c2", 3, {"t": {0: 9}}), BatchCommit("p", "c1", 4, {"t": {0: 9}}),
-                  BatchCommit("p", "c1", 3, {"t": {0: 10}})):
+    for moved in (
+        None,
+        BatchCommit("p", "c2", 3, {"t": {0: 9}}),
+        BatchCommit("p", "c1", 4, {"t": {0: 9}}),
+        BatchCommit("p", "c1", 3, {"t": {0: 10}}),
+    ):
         with pytest.raises(StaleBatchError, match="another driver commits this pipeline"):
             require_predecessor(moved, planned, BatchCommit("p", "c1", 4, {"t": {0: 12}}), "fake")
 
@@ -144,15 +148,28 @@ def test_a_checkpoint_on_s3_is_set_aside_by_copy_and_delete(tmp_path, monkeypatc
 def test_routes_travel_as_json_and_on_the_command_line():
     from exactly_once_provider.spark_jobs.stream_spec import Route, StreamSpec
 
-    spec = StreamSpec(pipeline="p", topics=(), checkpoint="", sink="delta", mode="current",
-                      routes=(Route(("a",), "/cp/a", "/t/a"), Route(("b", "c"), "/cp/b", "/t/b"))).validate()
+    spec = StreamSpec(
+        pipeline="p",
+        topics=(),
+        checkpoint="",
+        sink="delta",
+        mode="current",
+        routes=(Route(("a",), "/cp/a", "/t/a"), Route(("b", "c"), "/cp/b", "/t/b")),
+    ).validate()
     assert StreamSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
     assert [(q.topics, q.checkpoint, q.path, q.routes) for q in spec.queries()] == [
-        (("a",), "/cp/a", "/t/a", ()), (("b", "c"), "/cp/b", "/t/b", ())]
-    routes = json.dumps([{"topics": ["a"], "checkpoint": "/cp/a", "path": "/t/a"},
-                         {"topics": "b,c", "checkpoint": "/cp/b", "path": "/t/b"}])
-    parsed = kafka_to_sink.parse_args(["--pipeline", "p", "--secrets-file", "s", "--sink", "delta", "--mode",
-                                       "current", "--routes", routes])
+        (("a",), "/cp/a", "/t/a", ()),
+        (("b", "c"), "/cp/b", "/t/b", ()),
+    ]
+    routes = json.dumps(
+        [
+            {"topics": ["a"], "checkpoint": "/cp/a", "path": "/t/a"},
+            {"topics": "b,c", "checkpoint": "/cp/b", "path": "/t/b"},
+        ]
+    )
+    parsed = kafka_to_sink.parse_args(
+        ["--pipeline", "p", "--secrets-file", "s", "--sink", "delta", "--mode", "current", "--routes", routes]
+    )
     assert parsed.routes == spec.routes
     one = StreamSpec(pipeline="p", topics=("a",), checkpoint="/cp", sink="delta", path="/t")
     assert "routes" not in one.to_json() and one.queries() == [one]  # a one-table request is as it was

@@ -49,8 +49,7 @@ def test_complete_windows_are_published_and_offsets_move_to_the_end():
 
 def test_a_batch_cut_by_the_read_is_not_published_and_holds_the_offsets_at_its_begin():
     # W1 complete; W2 v1 has its end marker in partition 0 only, partition 1 was cut before its end.
-    markers, counts = merge(framed(W1, 1, {0: (0, 3, 4), 1: (0, 2, 3)}),
-                            framed(W2, 1, {0: (5, 2, 8), 1: (4, 4, None)}))
+    markers, counts = merge(framed(W1, 1, {0: (0, 3, 4), 1: (0, 2, 3)}), framed(W2, 1, {0: (5, 2, 8), 1: (4, 4, None)}))
     plan = plan_windows(markers, counts, {}, {"t": {0: 9, 1: 7}}, {})
     assert plan.publish == {W1: 1}
     assert plan.incomplete == [f"{W2} v1"]
@@ -96,11 +95,22 @@ def test_data_records_not_matching_the_end_marker_are_refused():
 
 
 def test_marker_and_header_parsing():
-    body = {"pipeline": "wm", "source_partition": "t", "batch_id": "2026-11-20T00:00:00+00:00", "batch_version": 2,
-            "records": 3, "batch_records": 5, "marker": "end"}
+    body = {
+        "pipeline": "wm",
+        "source_partition": "t",
+        "batch_id": "2026-11-20T00:00:00+00:00",
+        "batch_version": 2,
+        "records": 3,
+        "batch_records": 5,
+        "marker": "end",
+    }
     marker = Marker.parse("t", 0, 9, "end", json.dumps(body))
     assert (marker.window_id, marker.version, marker.records, marker.batch_records) == (
-        "wm/t/2026-11-20T00:00:00+00:00", 2, 3, 5)
+        "wm/t/2026-11-20T00:00:00+00:00",
+        2,
+        3,
+        5,
+    )
     assert parse_batch_header(batch_header(marker.window_id, 2)) == (marker.window_id, 2)
     with pytest.raises(WindowIntegrityError, match="not a batch marker"):
         Marker.parse("t", 0, 9, "begin", b"\xff not json")

@@ -50,7 +50,8 @@ def test_spark_gets_s3a_settings_and_repr_hides_the_secret():
     assert "secret-test" not in repr(SETTINGS) and "AKIA-test" not in repr(SETTINGS)
     temporary = S3Settings("k", "s", "token", None, "eu-west-1")
     assert temporary.hadoop_conf()["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith(
-        "TemporaryAWSCredentialsProvider")
+        "TemporaryAWSCredentialsProvider"
+    )
 
 
 class _IgnoresConditions:
@@ -87,10 +88,13 @@ def test_preflight_refuses_a_store_that_ignores_conditional_writes_and_removes_i
     assert client.objects == {}
 
 
-@pytest.mark.parametrize(("code", "message"), [
-    ("AccessDenied", "refused the credentials of AWS connection 'aws_x'"),
-    ("NoSuchBucket", "Bucket 'bucket' does not exist at http://127.0.0.1:1"),
-])
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("AccessDenied", "refused the credentials of AWS connection 'aws_x'"),
+        ("NoSuchBucket", "Bucket 'bucket' does not exist at http://127.0.0.1:1"),
+    ],
+)
 def test_preflight_names_what_to_fix_when_the_probe_write_is_refused(code, message):
     client = _IgnoresConditions()
 
@@ -107,8 +111,13 @@ def test_delta_rs_options_carry_the_connection_and_conditional_put():
 
     minio = S3Settings("AK", "SK", None, "http://127.0.0.1:19000", "us-east-1", "path")
     assert minio.delta_rs_options() == {
-        "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": "http://127.0.0.1:19000", "conditional_put": "etag", "AWS_ALLOW_HTTP": "true"}
+        "AWS_ACCESS_KEY_ID": "AK",
+        "AWS_SECRET_ACCESS_KEY": "SK",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:19000",
+        "conditional_put": "etag",
+        "AWS_ALLOW_HTTP": "true",
+    }
     aws = S3Settings(region_name="eu-west-1", addressing_style="virtual").delta_rs_options()
     assert aws == {"AWS_REGION": "eu-west-1", "conditional_put": "etag", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "true"}
 
@@ -135,8 +144,11 @@ def test_put_if_absent_meeting_its_own_earlier_attempt_reports_the_write_as_its_
 def test_the_connection_is_read_only_for_a_location_on_s3(monkeypatch):
     monkeypatch.delenv("AIRFLOW_CONN_AWS_NOWHERE", raising=False)  # reading it would fail
     assert settings_for("aws_nowhere", "/lake/t", None, "file:///lake/c") is None
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_LAKE", '{"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret", '
-                                                '"extra": {"endpoint_url": "http://127.0.0.1:9"}}')
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_LAKE",
+        '{"conn_type": "aws", "login": "AKIA-lake", "password": "lake-s3cret", '
+        '"extra": {"endpoint_url": "http://127.0.0.1:9"}}',
+    )
     found = settings_for("aws_lake", "/lake/t", "s3a://lake/c")
     assert (found.access_key_id, found.endpoint_url, found.conn_id) == ("AKIA-lake", "http://127.0.0.1:9", "aws_lake")
 
@@ -145,7 +157,9 @@ def test_preflight_of_a_task_s_locations_checks_each_s3_place_once_and_leaves_lo
     checked = []
     monkeypatch.setattr(preflight_module, "preflight", lambda storage: checked.append(storage.uri()) or "ok")
     assert preflight_locations(["/lake/t", None, "s3://lake/t", "s3a://lake/t", "s3://lake/c"], SETTINGS) == [
-        "ok", "ok"]
+        "ok",
+        "ok",
+    ]
     assert checked == ["s3://lake/t", "s3://lake/c"]
     assert preflight_locations(["/lake/t", "file:///lake/c"], None) == []
     with pytest.raises(ValueError, match=r"s3://lake/t is on S3: name the `aws` Airflow connection \(aws_conn_id\)"):

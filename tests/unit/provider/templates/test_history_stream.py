@@ -13,8 +13,16 @@ from exactly_once_provider.templates.history_stream import CONTINUOUS_COMMIT_INT
 
 
 def _dag(**overrides):
-    kwargs = dict(dag_id="t_hs", schema="shop", table="orders", key_column="id", pipeline="p", table_path="/data/t",
-                  checkpoint_location="/data/c", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"))
+    kwargs = dict(
+        dag_id="t_hs",
+        schema="shop",
+        table="orders",
+        key_column="id",
+        pipeline="p",
+        table_path="/data/t",
+        checkpoint_location="/data/c",
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    )
     return history_stream_dag(**{**kwargs, **overrides})
 
 
@@ -33,8 +41,12 @@ def test_continuous_mode_runs_capture_and_stream_side_by_side_for_run_for():
     assert type(dag.timetable).__name__ == "ContinuousTimetable" and dag.max_active_runs == 1
     capture, apply = dag.get_task("capture"), dag.get_task("apply")
     assert (capture.mode, capture.max_runtime) == ("continuous", 1800)
-    assert (apply.trigger, apply.interval, apply.max_runtime, apply.mode) == ("processing-time", "2 seconds", 1800,
-                                                                              "current")
+    assert (apply.trigger, apply.interval, apply.max_runtime, apply.mode) == (
+        "processing-time",
+        "2 seconds",
+        1800,
+        "current",
+    )
     assert capture.upstream_task_ids == apply.upstream_task_ids == {"full_load", "retention_guard"}
     assert "reconcile" not in dag.task_ids
     # Freshness: the continuous capture commits its Kafka transaction several times per trigger interval.
@@ -47,9 +59,11 @@ def test_continuous_mode_runs_capture_and_stream_side_by_side_for_run_for():
 
 def _scope(task, run_after: str, loaded: tuple[str, ...] = (), **params) -> str:
     """Render the reconcile's scope; ``loaded``: the full-load tasks that ran in this run (only they have an XCom)."""
-    context = {"params": {"full_reload": False, "full_reconcile": False, **params},
-               "ti": SimpleNamespace(xcom_pull=lambda task_ids: {"chunks": 1} if task_ids in loaded else None),
-               "dag_run": SimpleNamespace(run_after=pendulum.parse(run_after), data_interval_start=None)}
+    context = {
+        "params": {"full_reload": False, "full_reconcile": False, **params},
+        "ti": SimpleNamespace(xcom_pull=lambda task_ids: {"chunks": 1} if task_ids in loaded else None),
+        "dag_run": SimpleNamespace(run_after=pendulum.parse(run_after), data_interval_start=None),
+    }
     return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(task.scope).render(**context)
 
 
@@ -66,8 +80,12 @@ def test_increments_reconcile_the_changed_keys_and_the_whole_table_on_reloads_pa
 
 
 def test_a_table_and_checkpoint_on_s3_reach_every_task_with_the_aws_connection():
-    dag = _dag(table_path="s3a://lake/orders", checkpoint_location="s3://lake/_checkpoints/orders",
-               staging_path="/stage/orders", aws_conn_id="aws_lake")
+    dag = _dag(
+        table_path="s3a://lake/orders",
+        checkpoint_location="s3://lake/_checkpoints/orders",
+        staging_path="/stage/orders",
+        aws_conn_id="aws_lake",
+    )
     full_load, apply = dag.get_task("full_load"), dag.get_task("apply")
     assert (full_load.sink_path, full_load.staging_path) == ("s3a://lake/orders", "/stage/orders")
     assert (apply.sink_path, apply.checkpoint_location) == ("s3a://lake/orders", "s3://lake/_checkpoints/orders")
@@ -83,13 +101,23 @@ def test_a_table_on_s3_stages_its_full_load_next_to_it_on_the_same_store():
     full_load = dag.get_task("full_load")
     assert full_load.staging_path is None and full_load.aws_conn_id == "aws_lake"
     assert full_load._staging_location() == "s3://lake/orders._eo_full_load"
-    assert _dag(table_path="/data/t", staging_path="s3://lake/stage").get_task("full_load").staging_path == \
-        "s3://lake/stage"
+    assert (
+        _dag(table_path="/data/t", staging_path="s3://lake/stage").get_task("full_load").staging_path
+        == "s3://lake/stage"
+    )
 
 
 def _tables_dag(**overrides):
-    return _dag(**{"table": None, "tables": ["orders", "lines", "accounts"], "key_column": {"lines": ["a", "b"]},
-                   "table_path": "/data/{table}", "checkpoint_location": "/data/cp/{table}", **overrides})
+    return _dag(
+        **{
+            "table": None,
+            "tables": ["orders", "lines", "accounts"],
+            "key_column": {"lines": ["a", "b"]},
+            "table_path": "/data/{table}",
+            "checkpoint_location": "/data/cp/{table}",
+            **overrides,
+        }
+    )
 
 
 def test_several_tables_load_each_capture_once_apply_in_one_application_and_reconcile_each():
@@ -99,8 +127,9 @@ def test_several_tables_load_each_capture_once_apply_in_one_application_and_reco
     assert capture.tables == [f"shop.{n}" for n in names]
     assert capture.full_load_paths == {f"shop.{n}": f"/data/{n}" for n in names}
     assert apply.topics is None and apply.sink_path is None and apply.mode == "current"
-    assert apply.streams == [{"topics": [f"p.shop.{n}"], "sink_path": f"/data/{n}",
-                              "checkpoint_location": f"/data/cp/{n}"} for n in names]
+    assert apply.streams == [
+        {"topics": [f"p.shop.{n}"], "sink_path": f"/data/{n}", "checkpoint_location": f"/data/cp/{n}"} for n in names
+    ]
     for n in names:
         reconcile = dag.get_task(f"reconcile_{n}")
         assert (reconcile.table, reconcile.sink_path, reconcile.name) == (f"shop.{n}", f"/data/{n}", f"p.{n}")
@@ -122,32 +151,48 @@ def test_a_postgres_current_table_is_applied_after_the_delta_one_and_reconciled_
     dag = _dag(postgres_table="analytics.orders_current")
     apply = dag.get_task("apply_postgres")
     assert (apply.sink, apply.mode, apply.sink_table, apply.sink_path) == (
-        "postgres", "current", "analytics.orders_current", "/data/t")  # built from the Delta full load
+        "postgres",
+        "current",
+        "analytics.orders_current",
+        "/data/t",
+    )  # built from the Delta full load
     assert (apply.checkpoint_location, apply.pipeline) == ("/data/c_postgres", "p-apply-postgres")
     assert apply.upstream_task_ids == {"apply"}
     assert apply._stream_spec().path == "/data/t"
     reconcile = dag.get_task("reconcile_postgres")
-    assert (reconcile.sink, reconcile.sink_table, reconcile.sink_deleted_column, reconcile.sink_pipeline,
-            reconcile.name) == ("postgres", "analytics.orders_current", "_eo_deleted", "p-apply-postgres", "p.postgres")
+    assert (
+        reconcile.sink,
+        reconcile.sink_table,
+        reconcile.sink_deleted_column,
+        reconcile.sink_pipeline,
+        reconcile.name,
+    ) == ("postgres", "analytics.orders_current", "_eo_deleted", "p-apply-postgres", "p.postgres")
     assert reconcile.upstream_task_ids == {"apply_postgres"}
     continuous = _dag(postgres_table="orders_current", mode="continuous").get_task("apply_postgres")
     assert continuous.upstream_task_ids == {"full_load", "retention_guard"} and continuous.trigger == "processing-time"
     several = _tables_dag(postgres_table="pg_{table}").get_task("apply_postgres")
-    assert several.streams[1] == {"topics": ["p.shop.lines"], "sink_path": "/data/lines", "sink_table": "pg_lines",
-                                  "checkpoint_location": "/data/cp/lines_postgres"}
+    assert several.streams[1] == {
+        "topics": ["p.shop.lines"],
+        "sink_path": "/data/lines",
+        "sink_table": "pg_lines",
+        "checkpoint_location": "/data/cp/lines_postgres",
+    }
     assert [r.path for r in several._stream_spec().routes] == ["/data/orders", "/data/lines", "/data/accounts"]
     assert "apply_postgres" not in _dag().task_ids
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"postgres_table": "pg_orders"}, "postgres_table must name each table"),
-    ({"table_path": "/data/t"}, "placeholder"),
-    ({"checkpoint_location": "/data/cp"}, "placeholder"),
-    ({"table": "orders"}, "not both"),
-    ({"tables": []}, "not both"),
-    ({"tables": "orders"}, "not both"),
-    ({"tables": ["orders", "orders"]}, "names a table twice"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"postgres_table": "pg_orders"}, "postgres_table must name each table"),
+        ({"table_path": "/data/t"}, "placeholder"),
+        ({"checkpoint_location": "/data/cp"}, "placeholder"),
+        ({"table": "orders"}, "not both"),
+        ({"tables": []}, "not both"),
+        ({"tables": "orders"}, "not both"),
+        ({"tables": ["orders", "orders"]}, "names a table twice"),
+    ],
+)
 def test_several_tables_need_a_location_each(overrides, message):
     with pytest.raises(ValueError, match=message):
         _tables_dag(**overrides)

@@ -13,17 +13,32 @@ from exactly_once_provider.templates.settlement import settlement_dag  # noqa: E
 
 
 def _dag(**overrides):
-    kwargs = dict(dag_id="t_settle", table="payments", cursor_column="updated_at", group_by=["currency"],
-                  sum_columns=["amount"], pipeline="p", topic="t", sink_path="/data/w", checkpoint_location="/data/c",
-                  report_table="r", start_date=pendulum.datetime(2026, 1, 1, tz="Asia/Shanghai"),
-                  timezone="Asia/Shanghai")
+    kwargs = dict(
+        dag_id="t_settle",
+        table="payments",
+        cursor_column="updated_at",
+        group_by=["currency"],
+        sum_columns=["amount"],
+        pipeline="p",
+        topic="t",
+        sink_path="/data/w",
+        checkpoint_location="/data/c",
+        report_table="r",
+        start_date=pendulum.datetime(2026, 1, 1, tz="Asia/Shanghai"),
+        timezone="Asia/Shanghai",
+    )
     return settlement_dag(**{**kwargs, **overrides})
 
 
 def test_tasks_timetable_params_and_assets():
     dag = _dag()
     assert [t.task_id for t in dag.topological_sort()] == [
-        "ensure_topic", "extract_window", "load_window", "reconcile_window", "settlement_report"]
+        "ensure_topic",
+        "extract_window",
+        "load_window",
+        "reconcile_window",
+        "settlement_report",
+    ]
     timetable = dag.timetable
     assert type(timetable).__name__ == "CronDataIntervalTimetable"
     assert (timetable.expression, str(timetable.timezone)) == ("0 2 * * *", "Asia/Shanghai")

@@ -11,10 +11,21 @@ from exactly_once_provider.kafka.lag import Lag
 from exactly_once_provider.triggers import consumer_lag
 from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger
 
-SECURE = {"bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-          "sasl.username": "eo", "sasl.password": "kafka-MARKER-pw", "ssl.ca.location": "/etc/eo/ca.pem"}
-POSTGRES = {"conn_type": "postgres", "host": "db", "login": "u", "password": "pg-MARKER-pw",
-            "extra": {"sslmode": "verify-full"}}
+SECURE = {
+    "bootstrap.servers": "k:9093",
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": "eo",
+    "sasl.password": "kafka-MARKER-pw",
+    "ssl.ca.location": "/etc/eo/ca.pem",
+}
+POSTGRES = {
+    "conn_type": "postgres",
+    "host": "db",
+    "login": "u",
+    "password": "pg-MARKER-pw",
+    "extra": {"sslmode": "verify-full"},
+}
 
 
 @pytest.fixture
@@ -24,8 +35,9 @@ def secure_connections(monkeypatch):
 
 
 def test_serialize_round_trip_carries_connection_ids_not_secrets(secure_connections):
-    trigger = ConsumerLagTrigger("kafka_secure", ["t"], 10, sink="postgres", sink_location="s.t", sink_pipeline="p",
-                                 postgres_conn_id="pg_secure")
+    trigger = ConsumerLagTrigger(
+        "kafka_secure", ["t"], 10, sink="postgres", sink_location="s.t", sink_pipeline="p", postgres_conn_id="pg_secure"
+    )
     path, kwargs = trigger.serialize()
     assert path == "exactly_once_provider.triggers.consumer_lag.ConsumerLagTrigger"
     assert ConsumerLagTrigger(**kwargs).serialize() == (path, kwargs)
@@ -42,8 +54,16 @@ def test_run_reads_the_whole_connection_again_in_the_triggerer(secure_connection
         return Lag({"t": {0: 5}}, {"t": {0: 5}})
 
     monkeypatch.setattr(consumer_lag, "measure_lag", measure)
-    trigger = ConsumerLagTrigger("kafka_secure", ["t"], 0, sink="postgres", sink_location="s.t", sink_pipeline="p",
-                                 postgres_conn_id="pg_secure", poll_interval=0.01)
+    trigger = ConsumerLagTrigger(
+        "kafka_secure",
+        ["t"],
+        0,
+        sink="postgres",
+        sink_location="s.t",
+        sink_pipeline="p",
+        postgres_conn_id="pg_secure",
+        poll_interval=0.01,
+    )
 
     async def first():
         async for event in trigger.run():
@@ -56,12 +76,14 @@ def test_run_reads_the_whole_connection_again_in_the_triggerer(secure_connection
 
 
 def test_fires_when_lag_drops(monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka",
-                                                                 "extra": {"bootstrap.servers": "h:9092"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": "h:9092"}})
+    )
     measured = iter([Lag({"t": {0: 50}}, {"t": {0: 10}}), Lag({"t": {0: 50}}, {"t": {0: 45}})])
     monkeypatch.setattr(consumer_lag, "measure_lag", lambda *args: next(measured))
-    trigger = ConsumerLagTrigger("kafka_default", ["t"], 5, sink="delta", sink_location="/d", sink_pipeline="p",
-                                 poll_interval=0.01)
+    trigger = ConsumerLagTrigger(
+        "kafka_default", ["t"], 5, sink="delta", sink_location="/d", sink_pipeline="p", poll_interval=0.01
+    )
 
     async def first():
         async for event in trigger.run():
