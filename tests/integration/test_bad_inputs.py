@@ -202,7 +202,7 @@ def test_a_dst_zone_datetime_cursor_warns_and_publishes_the_repeated_hour_once(s
             cursor_column="at",
             cursor_kind="timestamp",
             topic=topic,
-            pipeline="bad-inputs",
+            pipeline="bad-inputs-dst",
             offsets_topic=ledger,
             safety_lag=0,
             batch_id="dst",
@@ -234,11 +234,15 @@ def test_a_column_name_delta_cannot_store_is_refused_before_any_chunk_is_read(
 
 
 # ------------------------------------------------------------------------------ connection ids
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
 def _produce(conn_id):
     return TransactionalProduceOperator(
         task_id="p",
-        topic="t-none",
-        pipeline="p",
+        topic=_unique("t-none"),
+        pipeline=_unique("p"),
         delivery_mode="exactly_once",
         producer_function=lambda resume_after: [],
         kafka_config_id=conn_id,
@@ -248,11 +252,11 @@ def _produce(conn_id):
 def _extract(mysql="mysql_default", kafka="kafka_default"):
     return WatermarkExtractOperator(
         task_id="w",
-        table="t",
+        table=_unique("t"),
         cursor_column="u",
         cursor_kind="timestamp",
-        topic="t-none",
-        pipeline="p",
+        topic=_unique("t-none"),
+        pipeline=_unique("p"),
         batch_id="b",
         mysql_conn_id=mysql,
         kafka_config_id=kafka,
@@ -261,14 +265,14 @@ def _extract(mysql="mysql_default", kafka="kafka_default"):
 
 def _full_load(mysql="mysql_default", spark="spark_default"):
     return MySqlFullLoadOperator(
-        task_id="f", table="t", sink_path="/nonexistent/sink", mysql_conn_id=mysql, spark_conn_id=spark
+        task_id="f", table=_unique("t"), sink_path="/nonexistent/sink", mysql_conn_id=mysql, spark_conn_id=spark
     )
 
 
 def _stream(kafka="kafka_default", spark="spark_default"):
     return SparkKafkaToSinkOperator(
         task_id="s",
-        pipeline="p",
+        pipeline=_unique("p"),
         topics=["t"],
         sink="files",
         sink_path="/tmp/x",
@@ -335,7 +339,7 @@ def test_a_window_larger_than_the_topic_allows_fails_clearly_and_commits_nothing
                 cursor_column="u",
                 cursor_kind="timestamp",
                 topic=topic,
-                pipeline="big",
+                pipeline="big-window",
                 offsets_topic=ledger,
                 safety_lag=0,
                 batch_id="w1",
@@ -343,7 +347,7 @@ def test_a_window_larger_than_the_topic_allows_fails_clearly_and_commits_nothing
             ).execute({})
         assert "nothing of this batch is visible" in str(error.value).lower()
         assert read_all(bootstrap, topic) == []
-        assert read_committed_offset({"bootstrap.servers": bootstrap}, "big", table, ledger) is None
+        assert read_committed_offset({"bootstrap.servers": bootstrap}, "big-window", table, ledger) is None
     finally:
         admin.execute(f"DROP TABLE {table}")
 

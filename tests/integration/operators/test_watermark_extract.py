@@ -85,7 +85,7 @@ def extract(table, topic, ledger, batch_id, **kwargs):
         task_id=f"t{uuid.uuid4().hex[:6]}",
         table=table,
         topic=topic,
-        pipeline="wm",
+        pipeline=f"wm-{table}",
         offsets_topic=ledger,
         safety_lag=LAG,
         deleted_column="deleted",
@@ -233,7 +233,7 @@ def test_windows_publish_every_row_version_once_and_the_naive_cursor_loses_late_
 
     lost = writer.versions - naive.seen
     assert writer.late_versions <= lost, "the naive cursor was expected to lose every late commit"
-    ledger_record = read_committed_offset({"bootstrap.servers": bootstrap}, "wm", table, ledger)
+    ledger_record = read_committed_offset({"bootstrap.servers": bootstrap}, f"wm-{table}", table, ledger)
     assert ledger_record.offset["next_lower"] == final["upper"]
     assert ledger_record.offset["window"]["checksum"] == final["checksum"]
     assert ledger_record.batch_id == "final" and len(ledger_record.offset["history"]) == 21
@@ -279,7 +279,7 @@ def test_rerun_returns_the_recorded_batch_and_reextract_publishes_a_new_version(
     assert again["checksum"] != first["checksum"]
     v2 = list(published(bootstrap, topic)[len(before) - 4 :])  # after the first two framed batches
     assert len(v2) == 8 and {r["row"]["tag"] for r in v2} == {"a"}
-    ledger_record = read_committed_offset({"bootstrap.servers": bootstrap}, "wm", table, ledger)
+    ledger_record = read_committed_offset({"bootstrap.servers": bootstrap}, f"wm-{table}", table, ledger)
     assert ledger_record.offset["next_lower"] == second["upper"], "a re-extract must not move the resume point"
     assert (ledger_record.batch_id, ledger_record.batch_version) == ("2026-11-20", 2)
     rerun_v2 = extract(table, topic, ledger, "2026-11-20")
