@@ -56,10 +56,33 @@ def produce_transaction(producer: Producer, topic: str, values: list[bytes], com
         producer.abort_transaction(60)
 
 
+def committed_now(bootstrap: str, ledger: str, pipeline: str, source_partition: str):
+    """The ledger's last committed offset of ``pipeline``/``source_partition`` as of now, or None.
+
+    A test's own read up to the last stable offset: it does not wait for a transaction left open by a killed
+    producer (the product's ``read_committed_offset`` waits for every open transaction to end, which for a
+    killed one takes its ``transaction.timeout.ms``, 60 s: its test is ``test_offsets.py``). Exact for a ledger
+    only the test writes to; a record of this key that is committed can only sit below the stable offset there.
+    """
+    from exactly_once_provider.kafka.offsets import CommittedOffset, ledger_key
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+    partitions = len(admin.list_topics(ledger, timeout=30).topics[ledger].partitions)
+    wanted = ledger_key(pipeline, source_partition)
+    values = [v for k, v in read_all(bootstrap, ledger, partitions=partitions, keys=True) if k == wanted]
+    return CommittedOffset.from_value(values[-1]) if values else None
+
+
 def read_all(
-    bootstrap: str, topic: str, isolation_level: str = "read_committed", partitions: int = 1, idle_seconds: float = 3.0
-) -> list[bytes]:
-    """Read every record the given isolation level exposes, until the end offsets are reached."""
+    bootstrap: str,
+    topic: str,
+    isolation_level: str = "read_committed",
+    partitions: int = 1,
+    idle_seconds: float = 3.0,
+    keys: bool = False,
+) -> list:
+    """Read every record the given isolation level exposes, until the end offsets are reached (``keys``: as
+    ``(key, value)`` pairs)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -87,7 +110,7 @@ def read_all(
                     at_end.add(message.partition())
                     continue
                 raise RuntimeError(message.error())
-            values.append(message.value())
+            values.append((message.key(), message.value()) if keys else message.value())
             last_progress = time.monotonic()
         assert len(at_end) == partitions, f"did not reach the end of {topic} in time"
         return values
