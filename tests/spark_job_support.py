@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -21,6 +22,16 @@ SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 JOB = kafka_to_sink.__file__
 
 
+@functools.cache
+def _s3_driver_options(stack) -> str:
+    return stack.spark_test_java_options(s3=True)
+
+
+def s3_driver_conf(stack) -> dict[str, str]:
+    """The driver JVM options of a job with the s3a jars: their own class archive (``stack.spark_class_archive``)."""
+    return {"spark.driver.extraJavaOptions": _s3_driver_options(stack)}
+
+
 def task_spark_conf(stack, s3: bool = False) -> dict[str, str]:
     """Return the Spark settings of the operators' Spark applications in tests (the templates' tasks included):
     the stack's connector jars (``s3``: the s3a ones too), two shuffle partitions and no Spark UI.
@@ -30,7 +41,12 @@ def task_spark_conf(stack, s3: bool = False) -> dict[str, str]:
     ~65 of each task's ~75 s on two cores. The partition count changes how rows are spread over tasks, never
     which rows are compared or summed. The load's operator already defaults to two.
     """
-    return {**stack.spark_conf(s3=s3), "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
+    return {
+        **stack.spark_conf(s3=s3),
+        **(s3_driver_conf(stack) if s3 else {}),
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.enabled": "false",
+    }
 
 
 def produce_interleaved(
@@ -146,7 +162,7 @@ def submit_command(stack, args: list[str], master: str = "local[2]", conf: dict[
     s3 = any(arg.startswith(("s3://", "s3a://")) for arg in args)
     connectors = [
         arg
-        for key, value in {**stack.spark_conf(s3=s3), **(conf or {})}.items()
+        for key, value in {**stack.spark_conf(s3=s3), **(s3_driver_conf(stack) if s3 else {}), **(conf or {})}.items()
         for arg in ("--conf", f"{key}={value}")
     ]
     return [

@@ -1270,22 +1270,26 @@ def spark_conf(s3: bool = False) -> dict[str, str]:
     return conf
 
 
-def spark_class_archive() -> Path:
+def spark_class_archive(s3: bool = False) -> Path:
     """Return a CDS archive of the classes a Spark driver loads with these jars on this JDK, building it once.
 
     A short Spark job spends most of its CPU loading and verifying ~20k classes and compiling them with C2. Test
     sessions start their driver JVMs with this archive and C1 only (:func:`spark_test_java_options`): measured on
-    2 cores, a Delta write-and-read job 32 -> 15 CPU seconds, 20 -> 11 s wall. A JVM whose class path differs (a
-    job with the s3a jars) ignores the archive and starts as usual. The name carries a hash of the JDK, pyspark
-    and the jars, so any change builds anew; the build is one warm-up job (``spark/warmup.py``, ~50 s).
+    2 cores, a Delta write-and-read job 32 -> 15 CPU seconds, 20 -> 11 s wall. A JVM ignores an archive dumped
+    with another class path, so a job with the s3a jars (``s3``: on the driver's class path through
+    ``spark.driver.extraClassPath``, as :func:`spark_conf` puts them) has an archive of its own (a trivial job:
+    9.3 -> 4.4 s wall, 14.6 -> 5.2 CPU seconds). The name carries a hash of the JDK, pyspark and the jars, so any
+    change builds anew; each build is one warm-up job (``spark/warmup.py``, ~50 s).
     """
     import hashlib
 
     import pyspark
 
     jars = spark_jars()
+    class_path = spark_jars(s3=True) if s3 else []
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
-    key = hashlib.sha256("\n".join([java, pyspark.__version__, *map(str, jars)]).encode()).hexdigest()[:12]
+    parts = [java, pyspark.__version__, *map(str, jars), *(["class path:", *map(str, class_path)] if s3 else [])]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
     archive = HOME / "spark" / f"driver-classes-{key}.jsa"
     if archive.exists():
         return archive
@@ -1294,11 +1298,11 @@ def spark_class_archive() -> Path:
     with open(HOME / "spark" / "driver-classes.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers: one builds, the others wait for it
         if not archive.exists():
-            _build_class_archive(archive, jars)
+            _build_class_archive(archive, jars, class_path)
     return archive
 
 
-def _build_class_archive(archive: Path, jars: list[Path]) -> None:
+def _build_class_archive(archive: Path, jars: list[Path], class_path: list[Path]) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     log("building the Spark driver class archive %s (one warm-up job)", archive.name)
@@ -1323,6 +1327,7 @@ def _build_class_archive(archive: Path, jars: list[Path]) -> None:
                 "spark.sql.shuffle.partitions=2",
                 "--conf",
                 f"spark.jars={','.join(map(str, jars))}",
+                *(["--conf", f"spark.driver.extraClassPath={':'.join(map(str, class_path))}"] if class_path else []),
                 "--conf",
                 f"spark.driver.extraJavaOptions=-XX:ArchiveClassesAtExit={partial} -XX:TieredStopAtLevel=1",
                 str(HERE / "spark" / "warmup.py"),
@@ -1344,14 +1349,16 @@ def _build_class_archive(archive: Path, jars: list[Path]) -> None:
     )
 
 
-def spark_test_java_options() -> str:
+def spark_test_java_options(s3: bool = False) -> str:
     """Return the driver JVM options of test sessions (``SPARK_SUBMIT_OPTS``): the class archive, C1 only.
 
     Both change how fast a JVM starts, nothing it computes. ``-Xlog:cds=off``: a JVM that cannot use the archive
-    (another class path) would otherwise print a warning on stdout.
+    (another class path) would otherwise print a warning on stdout. ``s3``: the archive of a driver with the s3a
+    jars on its class path (given as ``spark.driver.extraJavaOptions``, which comes after ``SPARK_SUBMIT_OPTS``
+    on the driver's command line: its archive is the one the JVM uses).
     """
     try:
-        archive = spark_class_archive()
+        archive = spark_class_archive(s3)
     except Exception as error:  # noqa: BLE001 - a speed-up only: the tests stay valid without it, and say so
         log("WARNING: no Spark class archive (%s); driver JVMs start without it", str(error)[-2000:])
         return "-XX:TieredStopAtLevel=1"

@@ -14,6 +14,7 @@ import pytest
 
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
+from tests import spark_job_support as jobs
 from tests.mysql_support import connect, unique_name
 
 
@@ -121,7 +122,7 @@ def test_operator_with_its_sink_on_minio_stages_next_to_it_and_no_credential_rea
         sink_path=sink,
         chunk_rows=300,
         chunks_per_job=2,
-        spark_conf=stack.spark_conf(s3=True),
+        spark_conf={**stack.spark_conf(s3=True), **jobs.s3_driver_conf(stack)},
     )
     try:
         with caplog.at_level(logging.INFO):

@@ -22,7 +22,7 @@ def _operator(stack, tmp_path, **kwargs) -> SparkKafkaToSinkOperator:
         "task_id": "stream",
         "checkpoint_location": str(tmp_path / "checkpoint"),
         "sink": "files",
-        "conf": {**stack.spark_conf(s3=True), "spark.ui.enabled": "false"},
+        "conf": {**stack.spark_conf(s3=True), **jobs.s3_driver_conf(stack), "spark.ui.enabled": "false"},
         "env_vars": {"PYSPARK_PYTHON": sys.executable},
     }
     return SparkKafkaToSinkOperator(**{**defaults, **kwargs})
