@@ -31,6 +31,7 @@ import logging
 import os
 import stat
 import tempfile
+import time
 from typing import Any
 
 # ------------------------------------------------------------------------------------------------ Kafka
@@ -131,15 +132,26 @@ def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: fl
     admin = AdminClient(
         {**config, "error_cb": lambda err: causes.append(err.str()), "logger": _CollectingLogger(causes)}
     )
-    try:
-        # not list_topics(): a full listing costs what the cluster holds (provider/kafka/topics.py)
-        admin.describe_cluster(request_timeout=timeout).result(timeout + 5)
-        return admin
-    except KafkaException as err:
-        failure = err.args[0].str()
-    except concurrent.futures.TimeoutError:
-        failure = f"no answer in {timeout:.0f}s"
-    admin.poll(0.5)  # deliver the error callbacks and log lines that name the cause
+    # not list_topics(): a full listing costs what the cluster holds (provider/kafka/topics.py)
+    answer = admin.describe_cluster(request_timeout=timeout)
+    deadline = time.monotonic() + timeout + 5
+    while True:
+        try:
+            answer.result(0.2)
+            return admin
+        except KafkaException as err:
+            failure = err.args[0].str()
+            break
+        except concurrent.futures.TimeoutError:
+            if time.monotonic() > deadline:
+                failure = f"no answer in {timeout:.0f}s"
+                break
+        admin.poll(0)  # deliver the error callbacks and log lines that name the cause
+        # A refused login or certificate will not pass on a retry: say so now, not after librdkafka's timeout.
+        refusal = _decisive_refusal(config, causes)
+        if refusal:
+            raise ServiceAccessError(f"Kafka connection {kafka_config_id!r}: {refusal}")
+    admin.poll(0.5)
     raise ServiceAccessError(f"Kafka connection {kafka_config_id!r}: {_kafka_refusal(config, causes, failure)}")
 
 
@@ -186,6 +198,20 @@ class _CollectingLogger(logging.Logger):
 
 
 def _kafka_refusal(config: dict[str, Any], causes: list[str], failure: str) -> str:
+    decisive = _decisive_refusal(config, causes)
+    if decisive:
+        return decisive
+    text = " ".join(causes)
+    if "Connection refused" in text or "resolve" in text.lower():
+        return (
+            f"no broker answers at bootstrap.servers={config.get('bootstrap.servers')!r} "
+            f"({_last_cause(causes)}). Check the address and that the cluster is up."
+        )
+    return f"the brokers cannot be reached ({failure}; {_last_cause(causes) or 'no further detail'})."
+
+
+def _decisive_refusal(config: dict[str, Any], causes: list[str]) -> str | None:
+    """The fix for a refusal that no retry can pass (login, certificate, TLS or protocol), or None."""
     text = " ".join(causes)
     protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
     user = config.get("sasl.username")
@@ -211,12 +237,7 @@ def _kafka_refusal(config: dict[str, Any], causes: list[str], failure: str) -> s
             f"than security.protocol={protocol} (TLS or SASL?). Set security.protocol (e.g. SASL_SSL) and the "
             "matching sasl.*/ssl.* settings in the connection's Extra."
         )
-    if "Connection refused" in text or "resolve" in text.lower():
-        return (
-            f"no broker answers at bootstrap.servers={config.get('bootstrap.servers')!r} "
-            f"({_last_cause(causes)}). Check the address and that the cluster is up."
-        )
-    return f"the brokers cannot be reached ({failure}; {_last_cause(causes) or 'no further detail'})."
+    return None
 
 
 def _last_cause(causes: list[str]) -> str:

@@ -275,3 +275,17 @@ def test_postgres_settings_without_an_environment_variable_are_refused_for_the_j
     assert connect_kwargs("pg_keepalive")["keepalives_idle"] == 30
     with pytest.raises(ValueError, match="'pg_keepalive'.*'keepalives_idle'"):
         libpq_environment("pg_keepalive")
+
+
+def test_a_refusal_no_retry_can_pass_is_decided_at_once_and_an_unreachable_broker_is_waited_for():
+    from exactly_once_provider.connections import _decisive_refusal, _kafka_refusal
+
+    config = {"bootstrap.servers": "b:9095", "sasl.username": "eo", "sasl.mechanism": "SCRAM-SHA-512"}
+    login = ["sasl_ssl://b:9095/bootstrap: SASL authentication error: Authentication failed during authentication"]
+    assert "refused the login of user 'eo'" in _decisive_refusal(config, login)
+    certificate = ["SSL handshake failed: error:0A000086:SSL routines::certificate verify failed"]
+    assert "not signed by a CA this connection trusts" in _decisive_refusal(config, certificate)
+    # a broker that is down or restarting may answer on librdkafka's next try: check_kafka_access keeps waiting
+    down = ["b:9095/bootstrap: Connect to ipv4#127.0.0.1:9095 failed: Connection refused"]
+    assert _decisive_refusal(config, down) is None
+    assert "no broker answers at bootstrap.servers='b:9095'" in _kafka_refusal(config, down, "no answer in 20s")
