@@ -1288,7 +1288,12 @@ def spark_class_archive(s3: bool = False) -> Path:
     jars = spark_jars()
     class_path = spark_jars(s3=True) if s3 else []
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
-    parts = [java, pyspark.__version__, *map(str, jars), *(["class path:", *map(str, class_path)] if s3 else [])]
+    # The JVM checks the archive's class path file by file: pyspark's jars of THIS installation (a clone's .venv)
+    # are part of it. An archive of another checkout is rejected silently (-Xlog:cds=off): every driver then
+    # started without it (a CI clone reused the archive of the session's clone: ~4 s more per Spark start).
+    pyspark_jars = Path(pyspark.__file__).resolve().parent / "jars"
+    parts = [java, pyspark.__version__, str(pyspark_jars), *map(str, jars)]
+    parts += ["class path:", *map(str, class_path)] if s3 else []
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
     archive = HOME / "spark" / f"driver-classes-{key}.jsa"
     if archive.exists():
