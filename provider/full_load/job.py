@@ -422,7 +422,11 @@ def _can_adopt(sink: str, staging, load_id: str) -> bool:
         n.endswith(".json") and not n.startswith(".") for n in os.listdir(os.path.join(sink, "_delta_log"))
     ):
         return False
-    existing = sink if os.path.isdir(sink) else os.path.dirname(os.path.abspath(sink))
+    # The sink's folder, or its nearest existing parent: the publish creates the missing ones (a table_path whose
+    # parent folders do not exist yet is a new table like any other).
+    existing = os.path.abspath(sink)
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
     if os.stat(existing).st_dev != os.stat(staging.root).st_dev:
         return False
     for name in os.listdir(sink) if os.path.isdir(sink) else []:

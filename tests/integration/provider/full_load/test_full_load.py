@@ -25,8 +25,8 @@ from tests.mysql_support import (
 )
 
 
-def _load(spark, tmp_path, table, **kwargs):
-    sink = str(tmp_path / "sink")
+def _load(spark, tmp_path, table, sink=None, **kwargs):
+    sink = sink or str(tmp_path / "sink")
     request = FullLoadRequest(schema="eo", table=table, sink_path=sink, **{"chunks_per_job": 4, **kwargs})
     return sink, run_full_load(spark, MySqlSourceHook(), request)
 
@@ -108,7 +108,12 @@ def test_skewed_key_gives_chunks_even_by_rows(stack, spark, db, tmp_path):
         "INSERT INTO {t} VALUES (%s, %s)",
         [(i, str(i % 97)) for i in ids],
     )
-    sink, result = _load(spark, tmp_path, table, chunk_rows=400)
+    # The table's parent folders do not exist yet and its staging area is elsewhere: the publish creates them.
+    staging = str(tmp_path / "staging" / "fl_skew")
+    sink, result = _load(
+        spark, tmp_path, table, sink=str(tmp_path / "lake" / "eo" / "fl_skew"), staging_path=staging, chunk_rows=400
+    )
+    assert result.stats["phases"]["publish_mode"].startswith("adopt")
     assert sink_rows(spark, sink, ["id", "v"]) == source_rows(stack, table, ["id", "v"])
     assert [c.rows for c in result.handoff.chunks] == [400, 400, 400, 105]
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from exactly_once_provider.full_load.job import _staged_files
+from exactly_once_provider.full_load.job import _can_adopt, _staged_files
 from exactly_once_provider.full_load.staging import Staging
 from exactly_once_provider.sinks.delta_commit import CommitMarkerError
 
@@ -53,3 +53,9 @@ def test_a_file_holding_other_rows_than_recorded_is_refused(staged):
     done["0"]["rows"] = 11
     with pytest.raises(CommitMarkerError, match="of chunk 0 holds 10 rows, not 11"):
         _staged_files(staging, sink, done)
+
+
+def test_a_new_table_whose_parent_folders_do_not_exist_yet_adopts_the_staged_files(staged, tmp_path):
+    staging, _, _ = staged
+    sink = tmp_path / "lake" / "eo" / "t"  # neither lake/ nor lake/eo/ exists; the staging area is elsewhere
+    assert _can_adopt(str(sink), staging, "a" * 32) and not (tmp_path / "lake").exists()
