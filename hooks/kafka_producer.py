@@ -130,7 +130,7 @@ class TransactionalProducerHook(KafkaBaseHook):
         # A wrong password or an untrusted certificate otherwise shows as "Broker transport failure" after a timeout.
         admin = check_kafka_access(client_config, self.kafka_config_id)
         with self._explain_denials(
-            client_config, f"Create/Describe/Read/Write on offsets topic {self.offsets_topic!r}"
+            client_config, f"Create, Describe, DescribeConfigs, Read and Write on offsets topic {self.offsets_topic!r}"
         ):
             if ensure_topic:
                 ensure_offsets_topic(client_config, self.offsets_topic, admin=admin)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -10,6 +11,40 @@ from pathlib import Path
 import psycopg2
 
 from tests.mysql_support import connect
+
+REPO = Path(__file__).resolve().parent.parent
+# The test pipelines' topics start with these: the documented "your pipelines' topics" row is granted on them.
+LEAK_TOPIC_PREFIXES = ("leak-", "sec-")
+
+
+def documented_acls(principal: str, topic_prefixes=LEAK_TOPIC_PREFIXES) -> list:
+    """Return the ACL bindings docs/security.md lists ("Kafka ACLs"), for ``principal``: nothing more.
+
+    A row naming a literal (in backticks) is granted on it; the pipelines' topics row on each of ``topic_prefixes``.
+    """
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+    section = (REPO / "docs" / "security.md").read_text().split("## Kafka ACLs", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    kinds = {
+        "Topic": ResourceType.TOPIC,
+        "TransactionalId": ResourceType.TRANSACTIONAL_ID,
+        "Group": ResourceType.GROUP,
+        "Cluster": ResourceType.BROKER,
+    }
+    bindings = []
+    for resource, pattern, name, operations, _ in [[cell.strip() for cell in row] for row in rows[1:]]:
+        literal = re.match(r"`([^`]+)`", name)
+        names = [literal.group(1)] if literal else list(topic_prefixes)
+        pattern_type = ResourcePatternType.PREFIXED if pattern == "prefixed" else ResourcePatternType.LITERAL
+        for target in names:
+            for operation in operations.split(", "):
+                op = AclOperation[re.sub(r"(?<!^)(?=[A-Z])", "_", operation).upper()]
+                bindings.append(
+                    AclBinding(kinds[resource], target, pattern_type, principal, "*", op, AclPermissionType.ALLOW)
+                )
+    assert len(bindings) >= 10, f"docs/security.md lists too few ACLs to be read right: {bindings}"
+    return bindings
 
 
 class ProcessArguments(threading.Thread):
@@ -31,14 +66,15 @@ class ProcessArguments(threading.Thread):
             self.samples += 1
 
 
-def marker_users(stack) -> dict[str, str]:
+def marker_users(stack, name: str) -> dict[str, str]:
     """Give a Kafka SCRAM user, a MariaDB user and a PostgreSQL role new passwords that are marker strings.
 
     The users persist across runs (only their passwords change): the PostgreSQL role owns a schema of its name,
-    where its sink and offsets tables land, apart from the other tests' tables.
+    where its sink and offsets tables land, apart from the other tests' tables. Each test has users of its own
+    (``name``): two tests changing one user's password at once refuse each other's logins.
     """
     from confluent_kafka.admin import (
-        AclBinding,
+        AclBindingFilter,
         AclOperation,
         AclPermissionType,
         AdminClient,
@@ -50,19 +86,20 @@ def marker_users(stack) -> dict[str, str]:
     )
 
     secrets = {kind: f"LEAKMARK{kind}{uuid.uuid4().hex}" for kind in ("kafka", "mysql", "postgres")}
-    user, db_user = "eo-leak", "eo_leak"
+    user, db_user = f"eo-{name}", f"eo_{name}"
     admin = AdminClient({"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"})  # the super user's listener
     upsert = UserScramCredentialUpsertion(
         user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), secrets["kafka"].encode()
     )
     admin.alter_user_scram_credentials([upsert])[user].result(30)
-    bindings = [
-        AclBinding(
-            kind, "*", ResourcePatternType.LITERAL, f"User:{user}", "*", AclOperation.ALL, AclPermissionType.ALLOW
-        )
-        for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)
-    ]
-    for future in admin.create_acls(bindings).values():
+    # Exactly the ACLs docs/security.md lists: the templates and operators run with them (on a broker that
+    # denies the rest). Earlier runs granted ALL on every topic, group and transactional id: taken back.
+    broad = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}", None, AclOperation.ALL, AclPermissionType.ANY
+    )
+    for future in admin.delete_acls([broad]).values():
+        future.result(30)
+    for future in admin.create_acls(documented_acls(f"User:{user}")).values():
         future.result(30)
     cur = connect(stack).cursor()
     cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s REQUIRE SSL", (db_user, secrets["mysql"]))

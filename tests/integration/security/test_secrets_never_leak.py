@@ -62,7 +62,7 @@ def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_comm
     stack, airflow_connections, monkeypatch, tmp_path, caplog, capfd
 ):
     tag = uuid.uuid4().hex[:8]
-    users = marker_users(stack)
+    users = marker_users(stack, "leak_op")
     secrets = users.pop("secrets")
     for key, value in users.items():
         monkeypatch.setenv(key, value)
@@ -120,9 +120,9 @@ def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_comm
     finally:
         sampler.stop.set()
         sampler.join(10)
-        # The status page reads the same pipelines through the same connections (ledger, lag, sink commits).
-        with caplog.at_level(logging.DEBUG):
-            page, page_json, flow = _status_page(table, pipeline, topic, sink_table, tmp_path)
+    # The status page reads the same pipelines through the same connections (ledger, lag, sink commits).
+    with caplog.at_level(logging.DEBUG):
+        page, page_json, flow = _status_page(table, pipeline, topic, sink_table, tmp_path)
     output = capfd.readouterr()
     assert flow is not None and flow.lag == 0, "the status page did not read the pipeline: the check proves nothing"
     assert f"{pipeline}-apply" in page and json.loads(page_json)["errors"] == [], page_json[:2000]
@@ -135,7 +135,7 @@ def test_secured_pipeline_delivers_exactly_and_no_secret_reaches_a_log_or_a_comm
         host=str(stack.HOME / "postgres"), port=stack.POSTGRES_PORT, user="postgres", dbname=stack.DB_NAME
     )
     with pg.cursor() as pcur:
-        pcur.execute(f"SELECT record_value FROM eo_leak.{sink_table}")
+        pcur.execute(f"SELECT record_value FROM eo_leak_op.{sink_table}")
         values = [json.loads(value) for (value,) in pcur.fetchall()]
     pg.close()
     live = sorted((v["after"]["id"], v["after"]["amount"], v["after"]["note"]) for v in values if v["op"] != "d")

@@ -53,7 +53,7 @@ def _tables(stack, tag: str) -> tuple[str, str]:
 
 def test_both_templates_over_secured_endpoints_leak_no_secret(stack, airflow_home, monkeypatch, tmp_path):
     tag = uuid.uuid4().hex[:6]
-    users = marker_users(stack)
+    users = marker_users(stack, "leak_templates")
     secrets = users.pop("secrets")
     for key, value in users.items():
         monkeypatch.setenv(key, value)  # this process (the status page below) reads the same connections
@@ -91,7 +91,7 @@ def test_both_templates_over_secured_endpoints_leak_no_secret(stack, airflow_hom
         "group_by": ["currency"],
         "sum_columns": ["amount"],
         "pipeline": f"leak-settle-{tag}",
-        "topic": f"eo-leak-{tag}",
+        "topic": f"leak-settle-{tag}-windows",
         "sink_path": str(tmp_path / "windows"),
         "checkpoint_location": str(tmp_path / "settle-checkpoint"),
         "report_table": f"leak_report_{tag}",
