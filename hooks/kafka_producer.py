@@ -6,15 +6,13 @@ The writer itself (transactions, the offsets ledger commit, fencing, replay) is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from confluent_kafka import Producer
 
-from exactly_once_provider.connections import check_kafka_access, kafka_authorization_error, kafka_client_config
+from exactly_once_provider.connections import check_kafka_access, explain_kafka_denials, kafka_client_config
 from exactly_once_provider.kafka.offsets import (
     DEFAULT_OFFSETS_TOPIC,
     DELIVERY_MODES,
@@ -129,8 +127,10 @@ class TransactionalProducerHook(KafkaBaseHook):
         client_config = self.client_config()
         # A wrong password or an untrusted certificate otherwise shows as "Broker transport failure" after a timeout.
         admin = check_kafka_access(client_config, self.kafka_config_id)
-        with self._explain_denials(
-            client_config, f"Create, Describe, DescribeConfigs, Read and Write on offsets topic {self.offsets_topic!r}"
+        with explain_kafka_denials(
+            self.kafka_config_id,
+            client_config,
+            f"Create, Describe, DescribeConfigs, Read and Write on offsets topic {self.offsets_topic!r}",
         ):
             if ensure_topic:
                 ensure_offsets_topic(client_config, self.offsets_topic, admin=admin)
@@ -147,22 +147,11 @@ class TransactionalProducerHook(KafkaBaseHook):
             transaction_timeout_s=int(config.get("transaction.timeout.ms", 60_000)) / 1000,
             track_partition_offsets=track_partition_offsets,
         )
-        with self._explain_denials(
+        with explain_kafka_denials(
+            self.kafka_config_id,
             client_config,
             f"Write and Describe on transactional id {self.transactional_id!r}, "
-            f"Read on offsets topic {self.offsets_topic!r}",
+            f"Read on offsets topic {self.offsets_topic!r} and on the consumer groups prefixed 'eo-'",
         ):
             writer.open()
         return writer
-
-    @contextmanager
-    def _explain_denials(self, client_config: dict[str, Any], what: str) -> Iterator[None]:
-        """Turn the broker's authorization failures into an error naming the connection, the user and the ACL."""
-        try:
-            yield
-        except Exception as exc:
-            error = getattr(exc, "error", None) or (exc.args[0] if exc.args else None)
-            denied = kafka_authorization_error(error, self.kafka_config_id, client_config, what)
-            if denied is None:
-                raise
-            raise denied from None

@@ -7,19 +7,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
 from exactly_once_provider.capture.loop import MODES, CaptureRequest, run_capture
+from exactly_once_provider.connections import check_kafka_access, explain_kafka_denials
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, validate_name
-from exactly_once_provider.kafka.topics import partitions_of
+from exactly_once_provider.kafka.topics import ensure_topics
 from exactly_once_provider.kafka.writer import TransactionPolicy
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.positions import parse_position
@@ -178,7 +177,11 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
             producer_config=self.producer_config,
         )
         if self.create_topics:
-            _ensure_topics(producer.client_config(), sorted(set(topics.values())), self.topic_partitions)
+            config = producer.client_config()
+            admin = check_kafka_access(config, self.kafka_config_id)  # a refused login: said now, not after 30 s
+            names = sorted(set(topics.values()))
+            with explain_kafka_denials(self.kafka_config_id, config, f"Create and Describe on topics {names!r}"):
+                ensure_topics(admin, names, self.topic_partitions)
         writer = producer.open_writer(track_partition_offsets=False)  # the ledger record is the progress shown
         try:
             result = run_capture(hook, writer, request, should_stop=self._stop.is_set, progress_log=self.log)
@@ -270,22 +273,3 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         if not schema or not table:
             raise ValueError(f"Table {name!r}: use 'schema.table', or set the connection's schema.")
         return schema, table
-
-
-def _ensure_topics(config: dict[str, Any], topics: list[str], partitions: int) -> None:
-    admin = AdminClient(
-        {
-            k: v
-            for k, v in config.items()
-            if k in ("bootstrap.servers",) or k.startswith(("security.", "sasl.", "ssl.", "client."))
-        }
-    )
-    missing = [t for t, partitions in partitions_of(admin, topics).items() if partitions is None]
-    if not missing:
-        return
-    for _topic, future in admin.create_topics([NewTopic(t, partitions, -1) for t in missing]).items():
-        try:
-            future.result(timeout=30)
-        except KafkaException as err:
-            if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise

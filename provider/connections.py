@@ -32,6 +32,8 @@ import os
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # ------------------------------------------------------------------------------------------------ Kafka
@@ -184,6 +186,26 @@ def kafka_authorization_error(err: Any, kafka_config_id: str, config: dict[str, 
         f"({what}); the broker answered {err.name()}. Grant the principal User:{user} those operations "
         "(kafka-acls --add --allow-principal ...), or use a connection whose user has them."
     )
+
+
+@contextmanager
+def explain_kafka_denials(kafka_config_id: str, config: dict[str, Any], what: str) -> Iterator[None]:
+    """Turn the broker's authorization failures inside the block into an error naming the connection and the ACLs.
+
+    Any other error passes unchanged.
+
+    :param kafka_config_id: the connection id, for the message.
+    :param config: the connection's settings (for the user name).
+    :param what: the operations the block needs, e.g. ``"Create and Describe on topic 't'"``.
+    """
+    try:
+        yield
+    except Exception as exc:
+        error = getattr(exc, "error", None) or (exc.args[0] if exc.args else None)
+        denied = kafka_authorization_error(error, kafka_config_id, config, what)
+        if denied is None:
+            raise
+        raise denied from None
 
 
 class _CollectingLogger(logging.Logger):

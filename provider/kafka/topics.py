@@ -9,6 +9,7 @@ writer open, capture start, lag poke and Spark job start asks about its own topi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,3 +37,36 @@ def partitions_of(admin: Any, topics: Iterable[str], timeout: float = 30) -> dic
                 raise
             result[name] = None
     return result
+
+
+def ensure_topics(admin: Any, topics: Iterable[str], partitions: int, timeout: float = 30) -> list[str]:
+    """Create the topics that do not exist yet and wait until the brokers know them; return the ones created.
+
+    A new topic gets ``partitions`` partitions and the broker's default replication factor. A topic another
+    client creates at the same time is fine.
+
+    :param admin: a confluent-kafka ``AdminClient`` (its connection checked: ``connections.check_kafka_access``).
+    :param topics: the topic names.
+    :param partitions: partitions of a new topic.
+    :param timeout: seconds to wait for the brokers, for the creation and then for the metadata.
+    :raises KafkaException: any other failure (authorization included), for the caller to explain.
+    """
+    from confluent_kafka.admin import NewTopic
+
+    missing = [name for name, found in partitions_of(admin, topics, timeout).items() if found is None]
+    if not missing:
+        return []
+    for future in admin.create_topics([NewTopic(name, partitions, -1) for name in missing]).values():
+        try:
+            future.result(timeout=timeout)
+        except KafkaException as err:
+            if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    deadline = time.monotonic() + timeout  # a new topic reaches every broker's metadata a moment later
+    while unknown := [name for name, found in partitions_of(admin, missing, timeout).items() if found is None]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Topics {unknown!r} were created but are not known to the brokers after {timeout:.0f}s."
+            )
+        time.sleep(0.2)
+    return missing

@@ -222,7 +222,18 @@ def history_stream_dag(
 
         @task
         def preflight() -> dict:
-            """Check the server and table are fit for a full load and a binlog capture, and S3 locations usable."""
+            """Check the server and table are fit for a full load and a binlog capture, S3 locations usable, and
+            the Kafka and PostgreSQL connections accepted: a refused endpoint fails here, before anything is
+            written."""
+            from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
+            from exactly_once_provider.connections import (
+                check_kafka_access,
+                explain_kafka_denials,
+                kafka_client_config,
+                postgres_connection,
+            )
+            from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
+            from exactly_once_provider.kafka.topics import partitions_of
             from exactly_once_provider.storage.preflight import preflight_locations
             from exactly_once_provider.storage.s3 import settings_for
 
@@ -237,6 +248,16 @@ def history_stream_dag(
             locations = [*paths.values(), *checkpoints.values(), *(s for s in stagings.values() if s)]
             for storage in preflight_locations(locations, settings_for(aws_conn_id, *locations)):
                 print(f"preflight ok: {storage}")
+            config = kafka_client_config(kafka_config_id)
+            admin = check_kafka_access(config, kafka_config_id)
+            topics = [DEFAULT_OFFSETS_TOPIC, *(topic_for(DEFAULT_TOPIC_TEMPLATE, pipeline, schema, n) for n in names)]
+            with explain_kafka_denials(
+                kafka_config_id, config, f"Describe on topics {topics!r}, and the rest docs/security.md lists"
+            ):
+                partitions_of(admin, topics)  # the ACLs the first topic request needs, before the full load writes
+            print(f"preflight ok: Kafka connection {kafka_config_id!r}, topics {topics!r} described")
+            postgres_connection(postgres_conn_id).close()
+            print(f"preflight ok: PostgreSQL connection {postgres_conn_id!r}")
             return found if several else found[table]
 
         @task.branch

@@ -124,33 +124,29 @@ def settlement_dag(
 
         @task
         def ensure_topic() -> str:
-            """Check S3 locations are usable, before a window is extracted; create the windows' topic if it is
-            missing (the extract writes batch markers to every partition)."""
-            import time
-
-            from confluent_kafka import KafkaError, KafkaException
-            from confluent_kafka.admin import AdminClient, NewTopic
-
-            from exactly_once_provider.connections import kafka_client_config
-            from exactly_once_provider.kafka.topics import partitions_of
+            """Check every endpoint before a window is extracted (S3 locations, PostgreSQL, Kafka); create the
+            windows' topic if it is missing (the extract writes batch markers to every partition)."""
+            from exactly_once_provider.connections import (
+                check_kafka_access,
+                explain_kafka_denials,
+                kafka_client_config,
+                postgres_connection,
+            )
+            from exactly_once_provider.kafka.topics import ensure_topics
             from exactly_once_provider.storage.preflight import preflight_locations
             from exactly_once_provider.storage.s3 import settings_for
 
+            # Every endpoint before anything is written: a refused one fails here, naming the connection and the fix.
             locations = [sink_path, checkpoint_location]
             for storage in preflight_locations(locations, settings_for(aws_conn_id, *locations)):
                 print(f"preflight ok: {storage}")
-            admin = AdminClient(kafka_client_config(kafka_config_id))  # the whole connection: SASL/TLS included
-            if partitions_of(admin, [topic])[topic] is None:
-                try:
-                    admin.create_topics([NewTopic(topic, topic_partitions, -1)])[topic].result(timeout=30)
-                except KafkaException as err:
-                    if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                        raise
-            deadline = time.monotonic() + 30  # a new topic reaches every broker's metadata a moment later
-            while partitions_of(admin, [topic])[topic] is None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"Topic {topic!r} was created but is not available after 30s.")
-                time.sleep(0.2)
+            postgres_connection(postgres_conn_id).close()
+            print(f"preflight ok: PostgreSQL connection {postgres_conn_id!r}")
+            config = kafka_client_config(kafka_config_id)  # the whole connection: SASL/TLS included
+            admin = check_kafka_access(config, kafka_config_id)
+            with explain_kafka_denials(kafka_config_id, config, f"Create and Describe on topic {topic!r}"):
+                created = ensure_topics(admin, [topic], topic_partitions)
+            print(f"preflight ok: Kafka connection {kafka_config_id!r}, topic {topic!r}{' created' if created else ''}")
             return topic
 
         # [START howto_operator_watermark_extract_template]

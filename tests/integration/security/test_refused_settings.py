@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 
 import pytest
@@ -18,6 +19,7 @@ from exactly_once_provider.errors import ServiceAccessError
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.kafka_produce import SourceRecord, TransactionalProduceOperator
 from tests.kafka_support import new_topic, read_all
+from tests.mysql_support import connect
 
 
 def numbered(resume_after, last):
@@ -191,3 +193,71 @@ def test_postgres_role_that_requires_tls_refuses_plaintext_and_unknown_cas(
             assert cur.fetchone()[0] is True
     finally:
         conn.close()
+
+
+TEMPLATE_REFUSALS = {k: v for k, v in REFUSALS.items() if k != "user without rights on transactional ids"}
+
+
+def _template_preflight(stack, template: str, tag: str):
+    """Return the task of ``template`` that checks every endpoint first, and the topics the template would write."""
+    import pendulum
+
+    start = pendulum.datetime(2026, 1, 1, tz="UTC")
+    if template == "settlement":
+        from exactly_once_provider.templates.settlement import settlement_dag
+
+        topic = f"sec-settle-{tag}"
+        dag = settlement_dag(
+            dag_id=f"sec_settle_{tag}",
+            table=f"sec_payments_{tag}",  # never read: the refusal comes first
+            cursor_column="updated_at",
+            group_by=["currency"],
+            sum_columns=["amount"],
+            pipeline=f"sec-settle-{tag}",
+            topic=topic,
+            sink_path=f"/nonexistent/sec-{tag}/windows",
+            checkpoint_location=f"/nonexistent/sec-{tag}/checkpoint",
+            report_table=f"sec_report_{tag}",
+            start_date=start,
+            kafka_config_id="kafka_refused",
+        )
+        return dag.get_task("ensure_topic"), [topic]
+    from exactly_once_provider.templates.history_stream import history_stream_dag
+
+    table = f"sec_hs_{tag}"
+    conn = connect(stack)
+    conn.cursor().execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v INT)")
+    conn.close()
+    dag = history_stream_dag(
+        dag_id=f"sec_hs_{tag}",
+        schema=stack.DB_NAME,
+        table=table,
+        pipeline=f"sec-hs-{tag}",
+        table_path=f"/nonexistent/sec-{tag}/table",
+        checkpoint_location=f"/nonexistent/sec-{tag}/checkpoint",
+        start_date=start,
+        kafka_config_id="kafka_refused",
+    )
+    return dag.get_task("preflight"), [f"sec-hs-{tag}.{stack.DB_NAME}.{table}"]
+
+
+@pytest.mark.parametrize("variant", list(TEMPLATE_REFUSALS))
+@pytest.mark.parametrize("template", ["settlement", "history_stream"])
+def test_each_template_refuses_a_kafka_connection_before_anything_is_written(
+    stack, airflow_connections, monkeypatch, template, variant
+):
+    change, expected = TEMPLATE_REFUSALS[variant]
+    config = change(stack, stack.kafka_secure_client_config())
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_REFUSED", json.dumps({"conn_type": "kafka", "extra": config}))
+    task, topics = _template_preflight(stack, template, uuid.uuid4().hex[:8])
+    expected = expected.replace("offsets topic", "topic")  # the preflight asks for the topics first
+    started = time.monotonic()
+    with pytest.raises(ServiceAccessError, match=r"Kafka connection 'kafka_refused'") as refused:
+        task.python_callable()
+    assert time.monotonic() - started < 10, "refused only after a client timeout"
+    assert re.search(expected, str(refused.value)), str(refused.value)
+    assert config.get("sasl.password", "\0") not in str(refused.value)
+    from confluent_kafka.admin import AdminClient
+
+    existing = AdminClient({"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"}).list_topics(timeout=30).topics
+    assert [t for t in topics if t in existing] == []  # no topic created; the tables' folders do not exist
