@@ -64,7 +64,7 @@ class PipelineSpec:
     kafka_conn_ids: set[str] = field(default_factory=set)
     sinks: set[SinkSpec] = field(default_factory=set)
     sources: set[str] = field(default_factory=set)  # source tables (schema.table) a producer reads
-    full_loads: set[str] = field(default_factory=set)  # Delta paths holding full-load handoff commits
+    full_loads: set[SinkSpec] = field(default_factory=set)  # Delta tables holding full-load handoff commits
     result_conn_ids: set[str] = field(default_factory=set)  # PostgreSQL connections holding eo_reconciliation
     found_in: set[str] = field(default_factory=set)  # "dag", "ledger", "postgres"
     source_partitions: set[str] = field(default_factory=set)  # ledger keys "<name>/<sp>" its producers write
@@ -149,6 +149,12 @@ def _add_stream(spec: PipelineSpec, task: Any, params: Mapping[str, Any]) -> Non
     spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))
 
 
+def _delta_table(location: str, task: Any, params: Mapping[str, Any]) -> SinkSpec:
+    """Return a Delta table a task writes or reads, with the task's ``aws`` connection when it is on S3."""
+    aws = render(getattr(task, "aws_conn_id", None) or "aws_default", params) if is_s3(location or "") else None
+    return SinkSpec("delta", location, None, aws)
+
+
 def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
     """
     Add the pipelines the tasks of ``dags`` declare (serialized or parsed DAG objects).
@@ -159,7 +165,7 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
     for dag in dags:
         params = {key: dag.params[key] for key in dag.params}
         names: set[str] = set()
-        loads: set[str] = set()
+        loads: set[SinkSpec] = set()
         for task in dag.tasks:
             kind = task.task_type
             if kind not in PRODUCERS | STREAMS | FULL_LOADS | RECONCILERS or not str(
@@ -168,7 +174,7 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
                 continue
             try:
                 if kind in FULL_LOADS:
-                    loads.add(render(task.sink_path, params))
+                    loads.add(_delta_table(render(task.sink_path, params), task, params))
                     continue
                 if kind in RECONCILERS:  # its result row is named like the pipeline it checks
                     spec = found.pipeline(render(task.name, params), "dag")
@@ -186,7 +192,10 @@ def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
                     captured = _capture_topics(task, spec.name, params)
                     spec.topics |= set(captured.values())
                     spec.sources |= set(captured)
-                    spec.full_loads |= {render(path, params) for path in (task.full_load_paths or {}).values()}
+                    spec.full_loads |= {
+                        _delta_table(render(path, params), task, params)
+                        for path in (task.full_load_paths or {}).values()
+                    }
                     spec.offsets_topics.add(render(getattr(task, "offsets_topic", DEFAULT_OFFSETS_TOPIC), params))
                     spec.kafka_conn_ids.add(render(getattr(task, "kafka_config_id", "kafka_default"), params))
                     spec.source_partitions.add(render(getattr(task, "source_partition", "binlog"), params))

@@ -30,6 +30,9 @@ from exactly_once_provider.plugins.discovery import (
 )
 from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.sinks.base import open_sink
+from exactly_once_provider.storage import open_storage
+
+ACCESS_TIMEOUT = 5.0  # seconds a page waits for a Kafka connection's brokers before its cards show the error
 
 OK, BEHIND, EMPTY, ERROR, MISMATCH = "ok", "behind", "empty", "error", "mismatch"
 
@@ -88,13 +91,37 @@ class Connections:
         self._consumers: dict[str, Any] = {}
         self._results: dict[str, dict[str, dict]] = {}
         self._s3: dict[str, Any] = {}
+        self.refused: dict[str, Exception] = {}  # Kafka connections the brokers refused this page read
 
     def kafka(self, conn_id: str) -> dict[str, Any]:
+        """Return the client settings of ``conn_id``; raise at once for a connection :meth:`check_kafka` refused."""
+        if conn_id in self.refused:
+            raise self.refused[conn_id]
         if conn_id not in self._kafka:
             from exactly_once_provider.connections import kafka_client_config
 
             self._kafka[conn_id] = kafka_client_config(conn_id)
         return self._kafka[conn_id]
+
+    def check_kafka(self, conn_ids: set[str], timeout: float = ACCESS_TIMEOUT) -> None:
+        """Reach the brokers of every connection at once; remember the ones that refuse or do not answer.
+
+        One broken connection then costs its pipelines' cards a clear error within ``timeout`` seconds, and
+        every later read through it fails at once: not each reader waiting out its own client timeout (a page
+        with one wrong password took about two minutes).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        from exactly_once_provider.connections import check_kafka_access
+
+        def check(conn_id: str) -> None:
+            try:
+                check_kafka_access(self.kafka(conn_id), conn_id, timeout=timeout)
+            except Exception as err:  # noqa: BLE001 - any failure: the cards of this connection say it
+                self.refused[conn_id] = err
+
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(conn_ids)))) as pool:
+            list(pool.map(check, sorted(conn_ids)))
 
     def consumer(self, conn_id: str, isolation: str = "read_committed") -> Any:
         """Return a consumer of ``conn_id`` shared by this page read (closed by :meth:`close`): one SASL/TLS
@@ -191,13 +218,20 @@ def _offset_text(offset: Any) -> Any:
     return json.dumps(offset, sort_keys=True)
 
 
-def ledger_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | ValueError]) -> Section:
-    """Return the committed source offsets of ``spec`` from the read ledger (one row per source partition)."""
+def ledger_section(
+    spec: PipelineSpec, ledger: dict[str, CommittedOffset | ValueError], refused: dict[str, Exception] | None = None
+) -> Section:
+    """Return the committed source offsets of ``spec`` from the read ledger (one row per source partition).
+
+    ``refused``: the Kafka connections the brokers refused: a pipeline on one shows why its ledger was not read.
+    """
     section = Section(
         "ledger",
         "Committed source offset (offsets ledger)",
         ("source partition", "offset", "batch", "version", "records", "sequence", "mode", "committed at"),
     )
+    for conn_id in sorted(spec.kafka_conn_ids & set(refused or {})):
+        section.error = f"{type(refused[conn_id]).__name__}: {refused[conn_id]}"
     for key, record in sorted(ledger.items()):
         pipeline, _, partition = key.partition("/")
         if pipeline != spec.name:
@@ -367,7 +401,7 @@ def lag_section(spec: PipelineSpec, sink_rows: list[dict[str, Any]], connections
 RECENT_COMMITS = 200  # reloads older than this many commits are left to the table's Delta history
 
 
-def full_loads_section(spec: PipelineSpec) -> Section:
+def full_loads_section(spec: PipelineSpec, connections: Connections) -> Section:
     """Return the full load each table builds on, and the reloads among its newest commits (newest first).
 
     The current full load comes from :func:`~exactly_once_provider.full_load.handoff.read_handoff` (the newest
@@ -398,7 +432,9 @@ def full_loads_section(spec: PipelineSpec) -> Section:
         }
 
     def read() -> None:
-        for path in sorted(spec.full_loads):
+        for table in sorted(spec.full_loads, key=lambda t: t.location):
+            # on S3: read with the task's aws connection (as the capture reads the handoff), not this process's
+            path = open_storage(table.location, connections.s3(table)) if table.aws_conn_id else table.location
             found = {}
             for version, actions in islice(delta_commit.commits(path), RECENT_COMMITS):
                 info = actions.get("commitInfo", {})
@@ -490,7 +526,8 @@ def read_overview(
     notes: list[str] = []
     ledger: dict[str, CommittedOffset | ValueError] = {}
     conn_ids = {c for p in found.pipelines.values() for c in p.kafka_conn_ids} or {"kafka_default"}
-    for conn_id in sorted(conn_ids):
+    connections.check_kafka(conn_ids)
+    for conn_id in sorted(conn_ids - set(connections.refused)):  # a refused one: its pipelines' cards say why
         for topic in sorted(found.offsets_topics()):
             try:
                 named = {n: spec for n, spec in found.pipelines.items() if topic in spec.offsets_topics}
@@ -529,13 +566,13 @@ def read_overview(
         sinks = sinks_section(spec, connections)
         lag, total = lag_section(spec, sinks.rows, connections)
         sections = [
-            ledger_section(spec, ledger),
+            ledger_section(spec, ledger, connections.refused),
             lag,
             sinks,
             reconciliation_section(spec, connections),
             windows_section(spec, ledger),
             sink_windows_section(sinks.rows),
-            full_loads_section(spec),
+            full_loads_section(spec, connections),
         ]
         statuses.append(PipelineStatus(spec, sections, total))
     try:

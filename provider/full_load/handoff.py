@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.full_load.plan import chunk_from_json
 from exactly_once_provider.positions import BinlogPosition, parse_position
-from exactly_once_provider.sinks import current_table, delta_commit
+from exactly_once_provider.sinks import current_table, delta_commit, delta_log
 from exactly_once_provider.source.snapshot import Chunk
 
 MARKER_KEY = current_table.FULL_LOAD_MARKER
@@ -164,16 +164,22 @@ def parse(table_version: int, data: dict) -> Handoff:
     )
 
 
-def read_handoff(sink_path: str) -> Handoff:
+def read_handoff(sink_path: delta_log.Table) -> Handoff:
     """Return the handoff of the newest full load published into the Delta table at ``sink_path``.
 
     Reads the log newest first and stops at the first commit that is a full load or a current-table stream
     commit; a stream commit points to its full load (:data:`~exactly_once_provider.sinks.current_table.POINTER`),
     read from its commit file or, when log cleanup removed it, from the load's staging manifest.
 
-    :param sink_path: the lakehouse table the full load wrote.
+    :param sink_path: the lakehouse table the full load wrote (its location, or the storage rooted at it).
     """
-    for version, actions in delta_commit.commits(sink_path):
+    if not isinstance(sink_path, str):
+        return _read_handoff(sink_path, sink_path.uri())
+    return _read_handoff(sink_path, sink_path)
+
+
+def _read_handoff(table: delta_log.Table, sink_path: str) -> Handoff:
+    for version, actions in delta_commit.commits(table):
         raw = actions.get("commitInfo", {}).get("userMetadata")
         found = json.loads(raw) if raw else None
         if not isinstance(found, dict):
@@ -189,7 +195,7 @@ def read_handoff(sink_path: str) -> Handoff:
             None,
         )
         if pointer is not None:
-            return _pointed(sink_path, pointer)
+            return _pointed(table, sink_path, pointer)
     raise LookupError(
         f"No full-load commit found in the Delta log of {sink_path}: run the full load (or a full_reload) "
         "before starting the capture."
@@ -205,13 +211,13 @@ def has_full_load(sink_path: str) -> bool:
     return True
 
 
-def _pointed(sink_path: str, pointer: dict) -> Handoff:
+def _pointed(table: delta_log.Table, sink_path: str, pointer: dict) -> Handoff:
     """Return the handoff a stream commit points to: its commit file, else the load's staging manifest."""
     from exactly_once_provider.full_load.staging import Staging
 
     version, load_id = int(pointer["version"]), pointer["load_id"]
     try:
-        actions = delta_commit.read_commit(sink_path, version)
+        actions = delta_commit.read_commit(table, version)
     except FileNotFoundError:
         actions = None
     if actions is not None:

@@ -10,6 +10,8 @@ import uuid
 import pendulum
 from airflow.sdk import DAG
 
+from exactly_once_provider.full_load import handoff
+from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.plugins.status import read_overview
 from exactly_once_provider.storage import open_storage
@@ -26,16 +28,21 @@ def test_a_delta_sink_on_s3_is_read_with_its_tasks_aws_connection(stack, airflow
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(good))
     storage = open_storage(table, S3Settings.from_connection(conn_id))
     start = int(time.time() * 1000) - COMMITS * 1000
-    for version in range(COMMITS):  # the commits DeltaSink writes: its marker in userMetadata
-        marker = {
+    chunks = [{"index": 0, "lower": None, "upper": None, "file": "binlog.000003", "pos": 4711, "rows": 10}]
+    loaded = handoff.marker(f"load-{tag}", "eo", "orders", ("id",), chunks)
+    commits = [loaded] + [  # a full load, then the commits DeltaSink writes: its marker in userMetadata
+        {
             f"eo_stream:{pipeline}": {
                 "pipeline": pipeline,
                 "checkpoint_id": "c",
-                "batch_id": version,
-                "offsets": {topic: {"0": 10 * (version + 1)}},
-                "rows_before": 10 * version,
+                "batch_id": batch,
+                "offsets": {topic: {"0": 10 * (batch + 1)}},
+                "rows_before": 10 * batch,
             }
         }
+        for batch in range(COMMITS)
+    ]
+    for version, marker in enumerate(commits):
         info = {
             "timestamp": start + version * 1000,
             "operation": "WRITE",
@@ -60,7 +67,30 @@ def test_a_delta_sink_on_s3_is_read_with_its_tasks_aws_connection(stack, airflow
                 checkpoint_location=f"s3://{stack.MINIO_BUCKETS[0]}/status-{tag}/cp",
                 aws_conn_id=conn_id,
             )
-        overview = read_overview([dag])
+            MySqlFullLoadOperator(task_id="load", table="orders", sink_path=table, aws_conn_id=conn_id)
+        # Another DAG's Kafka connection is broken (a wrong password on the SASL_SSL listener): its card says so,
+        # quickly, and the others are read as before.
+        broken = {**stack.kafka_secure_client_config(), "sasl.password": "not-the-password"}
+        monkeypatch.setenv(
+            f"AIRFLOW_CONN_KAFKA_BROKEN_{tag.upper()}", json.dumps({"conn_type": "kafka", "extra": broken})
+        )
+        with DAG(f"status_broken_{tag}", schedule=None, start_date=pendulum.datetime(2026, 1, 1)) as other:
+            SparkKafkaToSinkOperator(
+                task_id="apply",
+                pipeline=f"status-broken-{tag}",
+                topics=f"status-broken-{tag}",
+                sink="delta",
+                sink_path=f"/nonexistent/status-broken-{tag}",
+                checkpoint_location=f"/nonexistent/status-broken-{tag}-cp",
+                kafka_conn_id=f"kafka_broken_{tag}",
+            )
+        started = time.monotonic()
+        overview = read_overview([dag, other])
+        assert time.monotonic() - started < 10, "one broken connection held the whole page"
+        refused = next(p for p in overview.pipelines if p.spec.name == f"status-broken-{tag}")
+        assert refused.state == "error"
+        assert f"Kafka connection 'kafka_broken_{tag}'" in next(s.error for s in refused.sections if s.slug == "ledger")
+        assert not [e for e in overview.errors if "broken" in e], overview.errors  # on its card, not the page's
         status = next(p for p in overview.pipelines if p.spec.name == pipeline)
         sink = next(s for s in status.sections if s.slug == "sink")
         assert sink.error is None, sink.error
@@ -68,6 +98,10 @@ def test_a_delta_sink_on_s3_is_read_with_its_tasks_aws_connection(stack, airflow
         flow = next(f for f in overview.flows if f.name == pipeline)
         assert [p.rows for p in flow.history] == [10, 20, 30, 40, 50], flow.notes
         assert flow.throughput is not None and flow.throughput > 0
+        loads = next(s for s in status.sections if s.slug == "full_loads")
+        assert loads.error is None, loads.error  # read with the task's connection, as the sink
+        assert [(r["Delta version"], r["load id"], r["rows"]) for r in loads.rows] == [(0, f"load-{tag}", 10)]
+        assert status.state != "error", [s.error for s in status.sections]
     finally:
         register_settings(before)
         storage.delete_prefix("")

@@ -131,14 +131,14 @@ def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_
     assert orders.topics == {"orders-t", "more"}
     assert orders.offsets_topics == {"eo-l"}
     assert orders.sinks == {SinkSpec("delta", "/lake/orders", None)}
-    assert orders.full_loads == {"/lake/orders_full"}
+    assert orders.full_loads == {SinkSpec("delta", "/lake/orders_full")}
     assert orders.dag_ids == {"stream"} and orders.found_in == {"dag"}
     assert orders.result_conn_ids == {"results_pg"}  # where its reconciliation results are stored
     assert found.pipelines["settle_pg"].sinks == {SinkSpec("postgres", "public.settled", None)}
-    assert found.pipelines["history_only"].full_loads == {"/lake/customers"}
+    assert found.pipelines["history_only"].full_loads == {SinkSpec("delta", "/lake/customers")}
     cdc = found.pipelines["shop_cdc"]
     assert cdc.topics == {"shop_cdc.eo.orders", "shop_cdc.eo.items"} and cdc.offsets_topics == {"eo-cdc"}
-    assert cdc.full_loads == {"/lake/orders_full"}
+    assert cdc.full_loads == {SinkSpec("delta", "/lake/orders_full")}
     assert [u.split(":")[0] for u in found.unresolved] == ["settle.extract", "cdc.capture_bare"]
     assert found.unresolved[0].startswith("settle.extract: 'settle-{{ ds }}'")
     assert found.offsets_topics() == {"eo-offsets", "eo-l", "eo-cdc"}

@@ -14,6 +14,7 @@ from exactly_once_provider.plugins.status import (
     ERROR,
     MISMATCH,
     OK,
+    Connections,
     PipelineStatus,
     Section,
     full_loads_section,
@@ -120,7 +121,7 @@ def test_full_loads_list_the_load_and_every_reload_newest_first(tmp_path):
     reload_chunks = [{**chunks[0], "pos": 9000, "rows": 41}]
     _delta_commit(path, 2, handoff.marker("load-2", "eo", "orders", ("id",), reload_chunks), rows=41)
 
-    section = full_loads_section(PipelineSpec("p", full_loads={str(path)}))
+    section = full_loads_section(PipelineSpec("p", full_loads={SinkSpec("delta", str(path))}), Connections())
     assert [(r["Delta version"], r["load id"], r["rows"], r["snapshot from"]) for r in section.rows] == [
         (2, "load-2", 41, "binlog.000003:9000"),
         (0, "load-1", 40, "binlog.000003:4711"),
@@ -137,7 +138,7 @@ def test_the_current_full_load_is_found_through_the_stream_commits_pointer_not_b
     _delta_commit(path, 0, loaded, rows=40)
     for version in range(1, 501):
         _delta_commit(path, version, {"eo_stream:x": {"full_load": full_load_pointer(0, loaded)}}, rows=3)
-    section = full_loads_section(PipelineSpec("p", full_loads={str(path)}))
+    section = full_loads_section(PipelineSpec("p", full_loads={SinkSpec("delta", str(path))}), Connections())
     assert [(r["Delta version"], r["load id"]) for r in section.rows] == [(0, "load-1")]
     assert section.rows[0]["published at"]
 
