@@ -10,7 +10,7 @@ from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.capture.resume import committed_position_on
-from exactly_once_provider.connections import connect_kwargs, kafka_client_config
+from exactly_once_provider.connections import checked_kafka_config, connect_kwargs
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
 from exactly_once_provider.source.binlog import GtidNotInBinlogError, replica_server_id
@@ -93,7 +93,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         elif self.sink in ("files", "delta") and is_s3(self.sink_location or ""):
             s3 = S3Settings.from_connection(self.aws_conn_id)
         return measure_lag(
-            kafka_client_config(self.kafka_config_id),
+            checked_kafka_config(self.kafka_config_id),
             topics,
             self.sink,
             self.sink_location,
@@ -183,7 +183,7 @@ class BinlogRetentionGuardOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any] | None:
         committed = read_committed_offset(
-            kafka_client_config(self.kafka_config_id),
+            checked_kafka_config(self.kafka_config_id),
             self.capture_pipeline,
             self.capture_source_partition,
             self.offsets_topic,

@@ -141,13 +141,13 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if not self.capture_source_partition:
             raise ValueError("capture_pipeline needs capture_source_partition (the capture's ledger partition).")
         from exactly_once_provider.capture.resume import full_load_version_base
-        from exactly_once_provider.connections import kafka_client_config
+        from exactly_once_provider.connections import checked_kafka_config
         from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
         from exactly_once_provider.kafka.offsets import read_committed_offset
 
         try:
             committed = read_committed_offset(
-                kafka_client_config(self.kafka_config_id),
+                checked_kafka_config(self.kafka_config_id),
                 self.capture_pipeline,
                 self.capture_source_partition,
                 self.offsets_topic,

@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
-from exactly_once_provider.connections import connect_kwargs, kafka_client_config
+from exactly_once_provider.connections import checked_kafka_config, connect_kwargs
 from exactly_once_provider.full_load.columns import Column, table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
@@ -364,7 +364,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             )
             return None
         keys = change_scope.changed_keys(
-            kafka_client_config(self.kafka_config_id),
+            checked_kafka_config(self.kafka_config_id),
             offsets_from_json(since["sink_offsets"]),
             self._sink_offsets or {},
             key,
@@ -649,7 +649,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             from exactly_once_provider.full_load.handoff import read_handoff
 
             return read_handoff(self.full_load_path).min_position
-        kafka = kafka_client_config(self.kafka_config_id)
+        kafka = checked_kafka_config(self.kafka_config_id)
         committed = read_committed_offset(
             kafka, self.capture_pipeline, self.capture_source_partition, self.offsets_topic
         )

@@ -17,7 +17,7 @@ from typing import Any
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.connections import (
-    kafka_client_config,
+    checked_kafka_config,
     libpq_environment,
     portable_kafka_config,
     spark_kafka_options,
@@ -302,7 +302,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
 
     def _kafka_config(self) -> dict[str, Any]:
         """Return the Kafka connection's settings for the job; refuse what its Spark source cannot use."""
-        config = portable_kafka_config(kafka_client_config(self.kafka_conn_id))
+        config = portable_kafka_config(checked_kafka_config(self.kafka_conn_id))
         try:
             spark_kafka_options(config)
         except ValueError as err:

@@ -113,6 +113,19 @@ def kafka_client_config(kafka_config_id: str) -> dict[str, Any]:
         ) from None
 
 
+def checked_kafka_config(kafka_config_id: str) -> dict[str, Any]:
+    """Return the confluent-kafka settings of a ``kafka`` connection once its brokers accepted them.
+
+    What every task opening a Kafka client calls first: a wrong password, an untrusted CA or a plaintext client on
+    a TLS listener fails the task in seconds, naming the connection and the fix (:func:`check_kafka_access`).
+
+    :param kafka_config_id: the ``kafka`` connection.
+    """
+    config = kafka_client_config(kafka_config_id)
+    check_kafka_access(config, kafka_config_id)
+    return config
+
+
 def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: float = 20.0) -> Any:
     """Reach the brokers with a connection's settings; when they refuse, raise an error that says what to fix.
 

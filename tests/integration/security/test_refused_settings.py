@@ -261,3 +261,33 @@ def test_each_template_refuses_a_kafka_connection_before_anything_is_written(
 
     existing = AdminClient({"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"}).list_topics(timeout=30).topics
     assert [t for t in topics if t in existing] == []  # no topic created; the tables' folders do not exist
+
+
+CONNECTION_REFUSALS = [k for k in REFUSALS if "ACL" not in k and "rights" not in k]
+
+
+@pytest.mark.parametrize("variant", CONNECTION_REFUSALS)
+def test_the_spark_operator_refuses_a_kafka_connection_before_spark_starts(
+    stack, airflow_connections, monkeypatch, tmp_path, variant
+):
+    from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+
+    change, expected = REFUSALS[variant]
+    config = change(stack, stack.kafka_secure_client_config())
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_REFUSED", json.dumps({"conn_type": "kafka", "extra": config}))
+    tag = uuid.uuid4().hex[:8]
+    operator = SparkKafkaToSinkOperator(
+        task_id="apply",
+        pipeline=f"sec-spark-{tag}",
+        topics=f"sec-spark-{tag}",
+        sink="delta",
+        sink_path=str(tmp_path / "table"),
+        checkpoint_location=str(tmp_path / "checkpoint"),
+        kafka_conn_id="kafka_refused",
+    )
+    started = time.monotonic()
+    with pytest.raises(ServiceAccessError, match=r"Kafka connection 'kafka_refused'") as refused:
+        operator.execute({})
+    assert time.monotonic() - started < 10, "refused only after a client timeout"
+    assert re.search(expected, str(refused.value)), str(refused.value)
+    assert not (tmp_path / "table").exists() and not (tmp_path / "checkpoint").exists()  # no Spark application ran
