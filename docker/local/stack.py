@@ -1297,14 +1297,36 @@ def spark_class_archive(s3: bool = False) -> Path:
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
     archive = HOME / "spark" / f"driver-classes-{key}.jsa"
     if archive.exists():
+        if not archive.with_suffix(".pyspark").exists():  # dumped before archives named their checkout
+            archive.with_suffix(".pyspark").write_text(str(pyspark_jars))
         return archive
     import fcntl
 
     with open(HOME / "spark" / "driver-classes.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers: one builds, the others wait for it
         if not archive.exists():
+            _prune_class_archives()
             _build_class_archive(archive, jars, class_path)
+            archive.with_suffix(".pyspark").write_text(str(pyspark_jars))
     return archive
+
+
+def _prune_class_archives() -> None:
+    """Delete the class archives of checkouts that no longer exist (a removed CI clone's: ~200 MB each).
+
+    Each archive names the pyspark installation it was dumped with (``.pyspark`` next to it); one whose
+    installation is gone can never be used again. An archive from before those names is kept for a day.
+    """
+    for old in (HOME / "spark").glob("driver-classes-*.jsa"):
+        owner = old.with_suffix(".pyspark")
+        try:
+            gone = not Path(owner.read_text()).exists()
+        except FileNotFoundError:
+            gone = time.time() - old.stat().st_mtime > 86400
+        if gone:
+            log("removing the class archive %s (its checkout is gone)", old.name)
+            old.unlink(missing_ok=True)
+            owner.unlink(missing_ok=True)
 
 
 def _build_class_archive(archive: Path, jars: list[Path], class_path: list[Path]) -> None:

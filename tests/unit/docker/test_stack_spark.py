@@ -28,3 +28,25 @@ def test_only_a_jvm_of_a_deleted_checkout_is_restarted(tmp_path):
         finally:
             jvm.kill()
             jvm.wait()
+
+
+def test_only_the_class_archives_of_deleted_checkouts_are_pruned(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(STACK, "HOME", tmp_path)
+    (tmp_path / "spark").mkdir()
+    live_jars = tmp_path / "live" / "pyspark" / "jars"
+    live_jars.mkdir(parents=True)
+    archives = {name: tmp_path / "spark" / f"driver-classes-{name}.jsa" for name in ("live", "gone", "legacy", "old")}
+    for archive in archives.values():
+        archive.write_bytes(b"jsa")
+    archives["live"].with_suffix(".pyspark").write_text(str(live_jars))
+    archives["gone"].with_suffix(".pyspark").write_text(str(tmp_path / "gone" / "pyspark" / "jars"))
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(archives["old"], (two_days_ago, two_days_ago))  # no owner recorded, untouched for two days
+    STACK._prune_class_archives()
+    assert sorted(p.name for p in (tmp_path / "spark").iterdir()) == [
+        "driver-classes-legacy.jsa",
+        "driver-classes-live.jsa",
+        "driver-classes-live.pyspark",
+    ]
