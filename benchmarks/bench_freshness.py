@@ -4,7 +4,9 @@ Runs what ``history_stream_dag(mode="continuous")`` runs, outside Airflow: the f
 (MySqlFullLoadOperator), then side by side the binlog capture (BinlogCaptureOperator, continuous, in its own
 process) and the Spark stream (the kafka_to_sink job, ``mode current``, processing-time trigger), while a writer
 process updates random rows at a steady rate (``--rate`` changes/s, ``--per-txn`` rows per transaction) for
-``--seconds`` after a ``--warmup``. Each update stamps its rows with the writer's clock just before COMMIT; a
+``--seconds`` after a ``--warmup``. ``--tables N`` follows N tables (the writer's transactions go to them in
+turn), applied by one application: ``--queries shared`` (one query split per table, what the template runs) or
+``per-table`` (one query per table, the template before it). Each update stamps its rows with the writer's clock just before COMMIT; a
 watcher lists the table's Delta log every 50 ms and reads the rows each new commit adds: the first appearance of
 a stamp gives its latency (source commit -> visible to a reader of the table; overstated by the COMMIT itself,
 a few ms). Updates overwritten by a newer one before they became visible are not counted (nobody could see them).
@@ -30,8 +32,9 @@ import _support
 PIPELINE_PREFIX = "bench-fresh"
 
 
-def _write(table: str, rows: int, rate: float, per_txn: int, seconds: float, result) -> None:
-    """Update ``per_txn`` random rows per transaction at ``rate`` changes/s for ``seconds`` (a child process)."""
+def _write(tables: list[str], rows: int, rate: float, per_txn: int, seconds: float, result) -> None:
+    """Update ``per_txn`` random rows per transaction at ``rate`` changes/s for ``seconds``, the tables in turn
+    (a child process)."""
     stack = _support.start_stack()
     conn = _support.connect_source(stack)
     cur = conn.cursor()
@@ -40,6 +43,7 @@ def _write(table: str, rows: int, rate: float, per_txn: int, seconds: float, res
     start = next_at = time.monotonic()
     while next_at - start < seconds:
         ids = rng.sample(range(1, rows + 1), per_txn)
+        table = tables[(changes // per_txn) % len(tables)]
         cur.execute("START TRANSACTION")
         cur.execute(
             f"UPDATE {table} SET v = v + 1, stamp = %s WHERE id IN ({', '.join(map(str, ids))})",
@@ -54,16 +58,16 @@ def _write(table: str, rows: int, rate: float, per_txn: int, seconds: float, res
     conn.close()
 
 
-def _capture(table: str, pipeline: str, path: str, seconds: float, commit_ms: int) -> None:
+def _capture(tables: list[str], pipeline: str, paths: dict[str, str], seconds: float, commit_ms: int) -> None:
     """Run the continuous binlog capture for ``seconds`` (a child process: its own interpreter, as in Airflow)."""
     _support.start_stack()
     from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
 
     BinlogCaptureOperator(
         task_id="capture",
-        tables=[table],
+        tables=tables,
         pipeline=pipeline,
-        full_load_paths={table: path},
+        full_load_paths=paths,
         mode="continuous",
         max_runtime=seconds,
         commit_interval_ms=commit_ms,
@@ -110,6 +114,19 @@ class Watcher(threading.Thread):
                         self.latencies.append((visible_us - stamp) / 1e6)
 
 
+def _without(args: list[str], *options: str) -> list[str]:
+    """Return command-line ``args`` without ``options`` and their values."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        else:
+            kept.append(arg)
+    return kept
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -126,6 +143,8 @@ def main() -> None:
             p.add_argument("--rate", type=float, default=500),
             p.add_argument("--per-txn", type=int, default=5),
             p.add_argument("--interval", default="1 second", help="the stream's processing-time trigger"),
+            p.add_argument("--tables", type=int, default=1, help="tables followed (changes spread over them)"),
+            p.add_argument("--queries", default="shared", choices=("shared", "per-table")),
             p.add_argument(
                 "--capture-commit-ms",
                 type=int,
@@ -142,85 +161,103 @@ def main() -> None:
 
     args.capture_commit_ms = args.capture_commit_ms or CONTINUOUS_COMMIT_INTERVAL_MS
 
-    table, pipeline = f"fresh_{uuid.uuid4().hex[:6]}", f"{PIPELINE_PREFIX}-{uuid.uuid4().hex[:6]}"
+    prefix, pipeline = f"fresh_{uuid.uuid4().hex[:6]}", f"{PIPELINE_PREFIX}-{uuid.uuid4().hex[:6]}"
+    tables = [f"{prefix}_{i}" for i in range(args.tables)]
     work = Path(os.environ.get("EO_BENCH_DIR", "/var/tmp/eo-bench")) / pipeline
     work.mkdir(parents=True)
-    path = str(work / "table")
+    paths = {t: str(work / t) for t in tables}
     conn = _support.connect_source(stack)
     cur = conn.cursor()
-    cur.execute(
-        f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL, stamp BIGINT NULL, pad VARCHAR(100) NOT NULL)"
-    )
-    for start in range(0, args.rows, 10_000):
-        cur.executemany(
-            f"INSERT INTO {table} VALUES (%s, 0, NULL, %s)",
-            [(i, "x" * 80) for i in range(start + 1, min(args.rows, start + 10_000) + 1)],
+    for table in tables:
+        cur.execute(
+            f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL, stamp BIGINT NULL, "
+            "pad VARCHAR(100) NOT NULL)"
         )
+        for start in range(0, args.rows, 10_000):
+            cur.executemany(
+                f"INSERT INTO {table} VALUES (%s, 0, NULL, %s)",
+                [(i, "x" * 80) for i in range(start + 1, min(args.rows, start + 10_000) + 1)],
+            )
     result = _support.result_header("freshness", vars(args))
     started = time.monotonic()
-    MySqlFullLoadOperator(
-        task_id="load",
-        table=table,
-        sink_path=path,
-        chunk_rows=max(10_000, args.rows // 4),
-        spark_conf=stack.spark_conf(),
-    ).execute({})
+    for table in tables:
+        MySqlFullLoadOperator(
+            task_id="load",
+            table=table,
+            sink_path=paths[table],
+            chunk_rows=max(10_000, args.rows // 4),
+            spark_conf=stack.spark_conf(),
+        ).execute({})
     result["full_load_s"] = time.monotonic() - started
     run_for = args.warmup + args.seconds + 900  # both are stopped when the writing ends
     capture = multiprocessing.get_context("spawn").Process(
-        target=_capture, args=(table, pipeline, path, run_for, args.capture_commit_ms)
+        target=_capture, args=(tables, pipeline, paths, run_for, args.capture_commit_ms)
     )
     capture.start()
+    topics = {t: f"{pipeline}.{stack.DB_NAME}.{t}" for t in tables}
     job_args = jobs.job_args(
-        stack,
-        f"{pipeline}-apply",
-        f"{pipeline}.{stack.DB_NAME}.{table}",
-        work / "checkpoint",
-        "delta",
-        path,
-        mode="current",
+        stack, f"{pipeline}-apply", ",".join(topics.values()), work / "checkpoint", "delta", "", mode="current"
     ) + ["--trigger", "processing-time", "--interval", args.interval, "--max-runtime", str(run_for)]
+    if args.tables > 1:  # one application: one query split per table, or one query per table
+        shared = args.queries == "shared"
+        routes = [
+            {"topics": [topics[t]], "path": paths[t], **({} if shared else {"checkpoint": str(work / f"cp-{t}")})}
+            for t in tables
+        ]
+        job_args = _without(job_args, "--topics", "--path") + ["--routes", json.dumps(routes)]
+        if not shared:
+            job_args = _without(job_args, "--checkpoint")
+    else:
+        job_args = _without(job_args, "--path") + ["--path", paths[tables[0]]]
     stream = jobs.start_job(stack, job_args, work / "stream.log")
     manager = multiprocessing.get_context("spawn").Manager()
     written = manager.dict()
-    watcher = Watcher(path, delta_commit.newest_version(path), measure_from_us=2**62)
-    watcher.start()
-    # The pipeline is up when one change made now is in the table: only then does the measured writing start.
-    cur.execute(f"UPDATE {table} SET stamp = 1 WHERE id = 1")
+    watchers = [Watcher(paths[t], delta_commit.newest_version(paths[t]), measure_from_us=2**62) for t in tables]
+    for watcher in watchers:
+        watcher.start()
+    # The pipeline is up when one change made now is in each table: only then does the measured writing start.
+    for table in tables:
+        cur.execute(f"UPDATE {table} SET stamp = 1 WHERE id = 1")
     deadline = time.monotonic() + 600
-    while watcher.commits == 0:
+    while any(w.commits == 0 for w in watchers):
         if time.monotonic() > deadline or stream.poll() is not None or not capture.is_alive():
             raise SystemExit(f"the pipeline did not apply a first change within 600s; see {work / 'stream.log'}")
         time.sleep(0.5)
     result["pipeline_up_s"] = time.monotonic() - started
-    watcher.measure_from_us = time.time_ns() // 1000 + int(args.warmup * 1e6)
+    measure_from = time.time_ns() // 1000 + int(args.warmup * 1e6)
+    for watcher in watchers:
+        watcher.measure_from_us = measure_from
     writer = multiprocessing.get_context("spawn").Process(
-        target=_write, args=(table, args.rows, args.rate, args.per_txn, args.warmup + args.seconds, written)
+        target=_write, args=(tables, args.rows, args.rate, args.per_txn, args.warmup + args.seconds, written)
     )
     writer.start()
     try:
         while writer.is_alive():
             writer.join(30)
+            latencies = [x for w in watchers for x in w.latencies]
             print(
-                f"  {time.monotonic() - started:6.0f}s: {watcher.commits} stream commits, "
-                f"{len(watcher.latencies):,} changes measured, p50 so far "
-                f"{statistics.median(watcher.latencies) if watcher.latencies else float('nan'):.2f}s",
+                f"  {time.monotonic() - started:6.0f}s: {sum(w.commits for w in watchers)} stream commits, "
+                f"{len(latencies):,} changes measured, p50 so far "
+                f"{statistics.median(latencies) if latencies else float('nan'):.2f}s",
                 flush=True,
             )
         time.sleep(15)  # the last changes become visible
     finally:
-        watcher.stop.set()
-        watcher.join(10)
+        for watcher in watchers:
+            watcher.stop.set()
+            watcher.join(10)
         capture.kill()
         jobs.sigkill_group(stream)
     if stream.poll() not in (None, 0, -9):
         raise SystemExit(f"the stream failed; see {work / 'stream.log'}")
-    lat = watcher.latencies
+    lat = [x for w in watchers for x in w.latencies]
+    commits = sum(w.commits for w in watchers)
     if not lat:
         raise SystemExit(f"no change became visible; see {work / 'stream.log'}")
     result.update(
         writer=dict(written),
-        commits=watcher.commits,
+        commits=commits,
+        commits_per_table={t: w.commits for t, w in zip(tables, watchers)},
         measured=len(lat),
         p50_s=_percentile(lat, 0.5),
         p90_s=_percentile(lat, 0.9),
@@ -231,13 +268,14 @@ def main() -> None:
     path_json = _support.write_result(result)
     _support.print_table(
         f"freshness: source commit -> visible in the current table ({result['commit']}, nproc {result['nproc']}, "
-        f"{args.rows:,} rows, {dict(written).get('changes', 0) / max(1e-9, dict(written).get('seconds', 1)):,.0f} "
+        f"{args.tables} x {args.rows:,} rows, {args.queries if args.tables > 1 else 'one'} query, {dict(written).get('changes', 0) / max(1e-9, dict(written).get('seconds', 1)):,.0f} "
         f"changes/s written for {args.seconds:.0f}s after {args.warmup:.0f}s warm-up)",
         ["p50 s", "p90 s", "p99 s", "max s", "changes seen", "stream commits"],
-        [[result["p50_s"], result["p90_s"], result["p99_s"], result["max_s"], f"{len(lat):,}", watcher.commits]],
+        [[result["p50_s"], result["p90_s"], result["p99_s"], result["max_s"], f"{len(lat):,}", commits]],
     )
     print(f"\nJSON: {path_json}")
-    cur.execute(f"DROP TABLE {table}")
+    for table in tables:
+        cur.execute(f"DROP TABLE {table}")
     conn.close()
 
 

@@ -47,15 +47,17 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
 
     :param pipeline: stable pipeline name; part of every sink commit. Never derive it from the run or try.
     :param topics: Kafka topics to read (read_committed); with ``streams``, leave it unset.
-    :param streams: several tables in ONE Spark application, instead of ``topics``/``sink_path``/``sink_table``/
-        ``checkpoint_location``: a list of ``{"topics": [...], "sink_path": ... | "sink_table": ...,
-        "checkpoint_location": ...}``, one streaming query each, with its own checkpoint and sink (in ``current``
-        mode: one source table's topic into that table's current table). Each query commits exactly once as a
-        one-table run does; all start together, a failure of one stops the application with its error (the
-        others keep what they committed), the run ends when all have ended. XCom returns
-        ``{"streams": {sink location: committed state}}``.
+    :param streams: several tables in ONE Spark application, instead of ``topics``/``sink_path``/``sink_table``:
+        a list of ``{"topics": [...], "sink_path": ... | "sink_table": ...}``, each table's topics into its own
+        sink (in ``current`` mode: one source table's topic into that table's current table). With
+        ``checkpoint_location`` set, the tables share ONE streaming query over all their topics: each
+        micro-batch is split per table, and only the tables it touches are read and committed, so a batch
+        costs what its changed tables cost, however many are followed. Without it, each stream names its own
+        ``checkpoint_location`` and runs its own query (a failure of one stops the others). Each table commits
+        exactly once as a one-table run does. XCom returns ``{"streams": {sink location: committed state}}``.
     :param sink: ``delta``, ``postgres`` or ``files``.
-    :param checkpoint_location: this pipeline's Spark checkpoint directory.
+    :param checkpoint_location: this pipeline's Spark checkpoint directory (with ``streams``: the query they
+        share).
     :param sink_path: the Delta table or files sink directory (``delta`` / ``files``), local or on S3 or an
         S3-compatible store, ``s3://bucket/prefix`` (Spark writes it through ``s3a``); the checkpoint location
         may be on S3 as well.
@@ -246,7 +248,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             for route in self._routes():
                 view = copy.copy(self)
                 view.streams, view._views, view._s3 = None, None, None
-                view.topics, view.checkpoint_location = list(route.topics), route.checkpoint
+                view.topics = list(route.topics)
+                view.checkpoint_location = route.checkpoint or self.checkpoint_location
                 view.sink_path, view.sink_table = route.path, route.table
                 views.append(view)
             self._views = views
@@ -254,17 +257,14 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
 
     def _stream_spec(self) -> StreamSpec:
         routed = bool(self.streams)
-        if routed and (
-            split_topics(self.topics or ()) or self.sink_path or self.sink_table or self.checkpoint_location
-        ):
+        if routed and (split_topics(self.topics or ()) or self.sink_path or self.sink_table):
             raise ValueError(
-                "streams name each table's topics, sink and checkpoint: leave topics, "
-                "checkpoint_location, sink_path and sink_table unset beside them."
+                "streams name each table's topics and sink: leave topics, sink_path and sink_table unset beside them."
             )
         return StreamSpec(
             pipeline=self.pipeline,
             topics=() if routed else split_topics(self.topics or ()),
-            checkpoint="" if routed else self.checkpoint_location,
+            checkpoint=self.checkpoint_location or "",
             routes=self._routes(),
             sink=self.sink,
             path=self.sink_path if self._reads_path() and not routed else None,

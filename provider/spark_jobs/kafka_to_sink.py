@@ -228,6 +228,51 @@ def reconcile_start(checkpoint: str, sink_offsets: Offsets | None, partitions: d
     return json.dumps(start)
 
 
+def reconcile_shared_start(
+    checkpoint: str, sinks: list[tuple[tuple[str, ...], Offsets | None]], partitions: dict[str, list[int]]
+) -> str:
+    """Return ``startingOffsets`` for a query shared by several sinks; set aside a checkpoint any sink disagrees with.
+
+    :func:`reconcile_start`'s rule, per sink over its own topics: its offsets must be the checkpoint's last
+    committed or last planned batch's end on those topics. A sink untouched by the last batches holds an older
+    batch's end, equal on its topics; a sink that never committed holds offset 0 everywhere. Setting the
+    checkpoint aside is always safe: every sink then resumes from its own offsets.
+
+    :param sinks: each sink's topics and its committed offsets (None: no commit yet).
+    """
+    storage = checkpoint_storage(checkpoint)
+    if storage.list():
+        committed, planned = checkpoint_positions(checkpoint)
+        foreign = sorted({t for offsets in (committed, planned) if offsets for t in offsets} - set(partitions))
+        behind = [
+            ",".join(topics)
+            for topics, held in sinks
+            if _nonzero(held, topics) not in (_nonzero(committed, topics), _nonzero(planned, topics))
+        ]
+        if not foreign and not behind:
+            log.info("checkpoint %s agrees with the %d sinks: resuming from it", checkpoint, len(sinks))
+            return "earliest"
+        aside = f"{checkpoint.rstrip('/')}.stale-{int(time.time())}"
+        log.warning(
+            "checkpoint %s disagrees with the sinks (%s): moved to %s; each sink starts from its own offsets",
+            checkpoint,
+            f"topics it does not read: {foreign}" if foreign else f"the sinks of {behind} hold other offsets",
+            aside,
+        )
+        _set_aside(checkpoint, aside)
+    held = {t: parts for _, offsets in sinks for t, parts in (offsets or {}).items()}
+    if not held:
+        return "earliest"
+    start = {t: {str(p): held.get(t, {}).get(p, -2) for p in parts} for t, parts in partitions.items()}
+    log.info("starting from the sinks' committed offsets %s", start)
+    return json.dumps(start)
+
+
+def _nonzero(offsets: Offsets | None, topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
+    """Return the positions past 0 of ``topics`` in ``offsets`` (a partition at 0 holds nothing, like a missing one)."""
+    return {(t, p): o for t in topics for p, o in (offsets or {}).get(t, {}).items() if o}
+
+
 def _set_aside(checkpoint: str, aside: str) -> None:
     """Move a checkpoint out of the query's way: a rename locally, copy + delete on S3."""
     from exactly_once_provider.storage import is_s3
@@ -263,7 +308,9 @@ def _not_yet_committed(df, offsets: Offsets):
 # long (measured: ~430 of a 550-ms read with the capture committing every second).
 FETCH_MAX_WAIT_MS = "100"
 
-TABLE_IDENTITY = ("source.schema", "source.table")  # where a binlog change record names its table
+TABLE_IDENTITY = ("source.schema", "source.table")
+# Tables of one shared-query batch committed side by side (process_routes).
+PARALLEL_TABLES = 4  # where a binlog change record names its table
 
 
 def key_paths(key_field: str) -> tuple[str, ...]:
@@ -360,7 +407,8 @@ def current_table_source(path: str):
 
 
 def _covered(end: Offsets, committed: Offsets) -> bool:
-    return all(committed.get(t, {}).get(p, -1) >= o for t, parts in end.items() for p, o in parts.items())
+    """Whether the sink holds every offset up to ``end`` (a partition it never committed holds nothing: 0)."""
+    return all(committed.get(t, {}).get(p, 0) >= o for t, parts in end.items() for p, o in parts.items())
 
 
 @contextmanager
@@ -389,10 +437,13 @@ def process_batch(
     exactly_once: bool,
     to_changes=None,
     kafka_options: dict[str, str] | None = None,
+    topics: tuple[str, ...] | None = None,
 ) -> None:
     """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline).
 
     ``to_changes`` turns the batch's records into CDC changes (``--mode cdc``); None appends records.
+    ``topics``: the sink's topics when the query reads more (a shared query, :func:`process_routes`: ``df`` holds
+    only their records, and the sink commits only their offsets).
     """
     started = time.monotonic()
     changes = to_changes or (lambda frame: frame)
@@ -401,15 +452,17 @@ def process_batch(
         log.info("batch %d appended (at-least-once) in %.1fs", batch_id, time.monotonic() - started)
         return
     end = wal_offsets(checkpoint, batch_id)
+    if topics is not None:  # one table of a shared query: its topics' part of the batch
+        end = {t: end[t] for t in topics if t in end}
     commit = BatchCommit(pipeline, checkpoint_id(checkpoint), batch_id, end)
     previous = sink.committed()
+    if previous is not None and replayed(previous, commit):  # early out only: the sink's commit checks again
+        log.info("batch %d already committed to the %s sink (replay after a crash): skipped", batch_id, sink.kind)
+        return
+    if _covered(end, previous.offsets if previous else {}):  # an empty topic is covered by a sink without commits
+        log.info("batch %d ends at %s, the sink already holds it: skipped", batch_id, end)
+        return
     if previous is not None:
-        if replayed(previous, commit):  # early out only: the sink's check in its commit is authoritative
-            log.info("batch %d already committed to the %s sink (replay after a crash): skipped", batch_id, sink.kind)
-            return
-        if _covered(end, previous.offsets):
-            log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, previous.offsets)
-            return
         df = _not_yet_committed(df, previous.offsets)
     with _stop_at_poison(sink, df.sparkSession, kafka_options, previous, end, batch_id):
         changed = changes(df)
@@ -547,14 +600,20 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
     register_storage(secrets)  # an s3:// sink location: its settings, for the sink and for Spark's s3a
     kafka_config = secrets["kafka"]
     # Every sink is prepared and every start position settled before the session starts the first query.
-    prepared = [_prepare_query(query, kafka_config) for query in args.queries()]
+    if args.shared:
+        prepared = _prepare_shared(args, kafka_config)
+    else:
+        prepared = [_prepare_query(query, kafka_config) for query in args.queries()]
     spark = build_session(args, job)
     kafka_options = spark_kafka_options(kafka_config)  # the Java client's names for the same settings
     started = time.monotonic()
-    queries = [
-        _start_query(spark, query, sink, to_changes, starting, kafka_options, named=bool(args.routes))
-        for query, sink, to_changes, starting in prepared
-    ]
+    if args.shared:
+        queries = [_start_shared_query(spark, args, prepared, kafka_options)]
+    else:
+        queries = [
+            _start_query(spark, query, sink, to_changes, starting, kafka_options, named=bool(args.routes))
+            for query, sink, to_changes, starting in prepared
+        ]
     await_queries(queries, args.pipeline, args.max_runtime)
     # Processing time without JVM start-up: what the benchmark compares between delivery modes.
     print(f"EO_TIMING {time.monotonic() - started:.3f}", flush=True)
@@ -573,16 +632,43 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
 
 def _prepare_query(args: StreamSpec, kafka_config: dict) -> tuple[StreamSpec, Sink, Any, str]:
     """Open one query's sink and settle where it starts: ``(spec, sink, batch -> changes step, startingOffsets)``."""
-    topics = list(args.topics)
-    source = current_table_source(args.path) if args.mode == "current" else None
-    sink = make_sink(args, source)
+    sink, to_changes = _open_route(args)
     starting = "earliest"
     if args.delivery == "exactly-once":
-        previous = sink.committed()
-        # Only the topics this run reads: a sink may still hold positions of topics the pipeline dropped.
-        sink_offsets = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
-        wait = 300 if args.trigger == "processing-time" else 0
-        starting = reconcile_start(args.checkpoint, sink_offsets or None, topic_partitions(kafka_config, topics, wait))
+        partitions = topic_partitions(kafka_config, list(args.topics), _topic_wait(args))
+        starting = reconcile_start(args.checkpoint, _sink_offsets(sink, args.topics), partitions)
+    return args, sink, to_changes, starting
+
+
+def _prepare_shared(args: StreamSpec, kafka_config: dict) -> list[tuple[StreamSpec, Sink, Any, str]]:
+    """Open every route's sink and settle where the query they share starts (every route: the same start)."""
+    routes = [(route, *_open_route(route)) for route in args.queries()]
+    starting = "earliest"
+    if args.delivery == "exactly-once":
+        topics = [t for route in routes for t in route[0].topics]
+        held = [(route.topics, _sink_offsets(sink, route.topics)) for route, sink, _ in routes]
+        starting = reconcile_shared_start(
+            args.checkpoint, held, topic_partitions(kafka_config, topics, _topic_wait(args))
+        )
+    return [(route, sink, to_changes, starting) for route, sink, to_changes in routes]
+
+
+def _topic_wait(args: StreamSpec) -> float:
+    """Seconds to wait for missing topics: a long-running stream may start beside the capture that creates them."""
+    return 300 if args.trigger == "processing-time" else 0
+
+
+def _sink_offsets(sink: Sink, topics: tuple[str, ...]) -> Offsets | None:
+    """Return the sink's committed offsets of ``topics`` (it may still hold topics the pipeline dropped), or None."""
+    previous = sink.committed()
+    held = {t: o for t, o in previous.offsets.items() if t in topics} if previous else {}
+    return held or None
+
+
+def _open_route(args: StreamSpec) -> tuple[Sink, Any]:
+    """Open one table's sink: ``(sink, batch -> changes step)`` (None: the records are appended as they are)."""
+    source = current_table_source(args.path) if args.mode == "current" else None
+    sink = make_sink(args, source)
     to_changes = None
     if args.mode == "cdc":
 
@@ -590,25 +676,13 @@ def _prepare_query(args: StreamSpec, kafka_config: dict) -> tuple[StreamSpec, Si
             return cdc_changes(df, args.key_field, args.version_field, args.op_field)
     elif source is not None:
         to_changes = CurrentChanges(source, sink)
-    return args, sink, to_changes, starting
+    return sink, to_changes
 
 
 def _start_query(
     spark, args: StreamSpec, sink: Sink, to_changes, starting: str, kafka_options: dict[str, str], named: bool = False
 ):
     """Start one streaming query of ``args.topics`` into ``sink``, committing each micro-batch exactly once."""
-    reader = (
-        spark.readStream.format("kafka")
-        .options(**kafka_options)
-        .option("subscribe", ",".join(args.topics))
-        .option("kafka.isolation.level", "read_committed")
-        .option("startingOffsets", starting)
-        .option("failOnDataLoss", "true")
-        .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS)
-    )
-    if args.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
-    frame = reader.load().selectExpr(*SELECT)
     exactly_once = args.delivery == "exactly-once"
 
     def each_batch(df, batch_id: int) -> None:
@@ -619,6 +693,36 @@ def _start_query(
 
     # Query names are unique within a session: a routed query is named after its topics too.
     name = f"{args.pipeline}[{','.join(args.topics)}]" if named else args.pipeline
+    return _start(spark, args, args.topics, starting, kafka_options, name, each_batch)
+
+
+def _start_shared_query(spark, args: StreamSpec, prepared: list, kafka_options: dict[str, str]):
+    """Start ONE streaming query over every route's topics; each micro-batch is split per table
+    (:func:`process_routes`)."""
+    routes = [(route, sink, to_changes) for route, sink, to_changes, _ in prepared]
+    exactly_once = args.delivery == "exactly-once"
+
+    def each_batch(df, batch_id: int) -> None:
+        process_routes(routes, args.pipeline, args.checkpoint, df, batch_id, exactly_once, kafka_options)
+
+    topics = tuple(t for route, _, _ in routes for t in route.topics)
+    return _start(spark, args, topics, prepared[0][3], kafka_options, args.pipeline, each_batch)
+
+
+def _start(spark, args: StreamSpec, topics, starting: str, kafka_options: dict[str, str], name: str, each_batch):
+    """Start a streaming query of ``topics`` (read_committed) that hands each micro-batch to ``each_batch``."""
+    reader = (
+        spark.readStream.format("kafka")
+        .options(**kafka_options)
+        .option("subscribe", ",".join(topics))
+        .option("kafka.isolation.level", "read_committed")
+        .option("startingOffsets", starting)
+        .option("failOnDataLoss", "true")
+        .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS)
+    )
+    if args.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
+    frame = reader.load().selectExpr(*SELECT)
     writer = (
         frame.writeStream.queryName(name)
         .option("checkpointLocation", checkpoint_storage(args.checkpoint).spark_uri())
@@ -629,6 +733,59 @@ def _start_query(
     else:
         writer = writer.trigger(processingTime=args.interval)
     return writer.start()
+
+
+def process_routes(
+    routes: list, pipeline: str, checkpoint: str, df, batch_id: int, exactly_once: bool, kafka_options=None
+) -> None:
+    """Commit one micro-batch of a shared query: each table it touches gets its part, in its own sink commit.
+
+    A table is touched when the batch moved one of its topics' offsets past the previous batch's end (the
+    offsets log holds both): an untouched table costs nothing (no read, no commit), so a batch costs what
+    the tables it touches cost. Each touched table's part commits exactly as a one-table query's batch
+    (:func:`process_batch`, fenced by the batch's identity and the sink's own offsets); a crash between two
+    tables' commits replays the batch, and the tables that committed it skip it.
+
+    :param routes: ``(route spec, sink, batch -> changes step)`` per table.
+    """
+    from pyspark.sql import functions as F
+
+    end = wal_offsets(checkpoint, batch_id)
+    start = _previous_end(checkpoint, batch_id)
+    touched = [route for route in routes if start is None or any(end.get(t) != start.get(t) for t in route[0].topics)]
+    if not touched:
+        return
+    started = time.monotonic()
+    if len(touched) > 1:  # one read of Kafka for every table's part
+        df = df.persist()
+    try:
+        # One table after the other: side by side (threads) measured no faster on 2 cores (the commits are
+        # CPU-bound), and one at a time keeps Delta's session-conf txn of a fallback MERGE its own.
+        for spec, sink, to_changes in touched:
+            part = df.filter(F.col("kafka_topic").isin(*spec.topics))
+            process_batch(
+                sink, pipeline, checkpoint, part, batch_id, exactly_once, to_changes, kafka_options, spec.topics
+            )
+    finally:
+        if len(touched) > 1:
+            df.unpersist()
+    log.info(
+        "batch %d: %d of %d tables touched, committed in %.2fs",
+        batch_id,
+        len(touched),
+        len(routes),
+        time.monotonic() - started,
+    )
+
+
+def _previous_end(checkpoint: str, batch_id: int) -> Offsets | None:
+    """Return where ``batch_id`` starts (the previous batch's planned end), or None when the log does not say."""
+    if batch_id == 0:
+        return None
+    try:
+        return wal_offsets(checkpoint, batch_id - 1)
+    except FileNotFoundError:
+        return None
 
 
 def await_queries(queries: list, pipeline: str, max_runtime: float | None, poll: float = 1.0) -> None:

@@ -14,16 +14,17 @@ DELTA_COMMITS = ("own", "delta")
 
 @dataclass(frozen=True)
 class Route:
-    """One query of a multi-table stream: its topics into its own sink, with its own checkpoint.
+    """One table of a multi-table stream: its topics into its own sink.
 
-    :param topics: the Kafka topics of this query (one source table's, in ``cdc``/``current`` mode).
-    :param checkpoint: this query's checkpoint directory.
+    :param topics: the Kafka topics of this table (one source table's, in ``cdc``/``current`` mode).
+    :param checkpoint: empty when the stream's routes share one query (the spec's ``checkpoint``); else this
+        route's own query's checkpoint directory.
     :param path: its Delta table or files sink directory.
     :param table: its PostgreSQL table.
     """
 
     topics: tuple[str, ...]
-    checkpoint: str
+    checkpoint: str = ""
     path: str | None = None
     table: str | None = None
 
@@ -31,8 +32,10 @@ class Route:
     def from_json(cls, item: dict[str, Any]) -> Route:
         """Return the route of a JSON object; refuse unknown settings."""
         unknown = sorted(set(item) - {f.name for f in fields(cls)})
-        if unknown or "topics" not in item or "checkpoint" not in item:
-            raise ValueError(f"A route names 'topics', 'checkpoint' and 'path' or 'table', got {sorted(item)}.")
+        if unknown or "topics" not in item:
+            raise ValueError(
+                f"A route names 'topics', 'path' or 'table' and (one query per route) 'checkpoint', got {sorted(item)}."
+            )
         return cls(**{**item, "topics": split_topics(item["topics"])})
 
 
@@ -59,9 +62,12 @@ class StreamSpec:
     :param delta_commit: Delta append: the provider's own commit (``own``) or Delta's writer (``delta``).
     :param delivery: ``exactly-once`` or ``at-least-once`` (benchmark baseline).
     :param secrets_file: the command line's 0600 secrets file (a submitted job gets it from its job spec).
-    :param routes: several queries in ONE Spark application, each :class:`Route` with its own topics, sink and
-        checkpoint (then ``topics``, ``checkpoint``, ``path`` and ``table`` stay empty); every other setting is
-        shared. Each query commits exactly as a one-route spec does (:meth:`queries`).
+    :param routes: several tables in ONE Spark application, each :class:`Route` with its own topics and sink
+        (then ``topics``, ``path`` and ``table`` stay empty); every other setting is shared. With ``checkpoint``
+        set, the routes share ONE streaming query over all their topics, split per table inside each
+        micro-batch (:attr:`shared`: a batch costs only the tables it touches); without it, each route names its
+        own checkpoint and runs its own query. Each table commits exactly as a one-route spec does
+        (:meth:`queries`).
     """
 
     pipeline: str
@@ -83,12 +89,22 @@ class StreamSpec:
     secrets_file: str | None = None
     routes: tuple[Route, ...] = ()
 
+    @property
+    def shared(self) -> bool:
+        """Whether the routes share one streaming query (and the spec's checkpoint)."""
+        return bool(self.routes) and bool(self.checkpoint)
+
     def queries(self) -> list[StreamSpec]:
-        """Return one single-route spec per query of this spec (itself when it has no routes)."""
+        """Return one single-route spec per table of this spec (itself when it has no routes).
+
+        Routes of a shared query each get the spec's checkpoint: every table's batches are that query's.
+        """
         if not self.routes:
             return [self]
         return [
-            replace(self, topics=r.topics, checkpoint=r.checkpoint, path=r.path, table=r.table, routes=())
+            replace(
+                self, topics=r.topics, checkpoint=r.checkpoint or self.checkpoint, path=r.path, table=r.table, routes=()
+            )
             for r in self.routes
         ]
 
@@ -139,16 +155,23 @@ class StreamSpec:
         return self
 
     def _validate_routes(self) -> StreamSpec:
-        if self.topics or self.checkpoint or self.path or self.table:
+        if self.topics or self.path or self.table:
             raise ValueError(
-                "routes name each query's topics, checkpoint and sink: leave topics, "
-                "checkpoint_location, sink_path and sink_table unset beside them."
+                "routes name each table's topics and sink: leave topics, sink_path and sink_table unset beside them."
             )
+        own = [r for r in self.routes if r.checkpoint]
+        if self.checkpoint and own:
+            raise ValueError(
+                f"Routes share the query's checkpoint {self.checkpoint!r}: leave each route's checkpoint unset "
+                f"(route {','.join(own[0].topics)} names {own[0].checkpoint!r})."
+            )
+        if not self.checkpoint and len(own) < len(self.routes):
+            raise ValueError("checkpoint_location is required: one for the query all routes share, or one per route.")
         if self.mode == "window":
             raise ValueError("mode='window' runs one query per application: it takes no routes.")
         queries = [q.validate() for q in self.queries()]
         for what, values in (
-            ("checkpoint", [q.checkpoint for q in queries]),
+            ("checkpoint", [] if self.shared else [q.checkpoint for q in queries]),
             ("sink", [q.path or q.table for q in queries]),
             ("topic", [t for q in queries for t in q.topics]),
         ):

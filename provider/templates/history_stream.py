@@ -57,6 +57,7 @@ CAPTURE_SOURCE_PARTITION = "binlog"
 
 MODES = ("scheduled", "continuous")
 TABLE = "{table}"  # in table_path, checkpoint_location and staging_path of a DAG of several tables
+ALL_TABLES = "_eo_all_tables"  # what a {table} in checkpoint_location becomes: the apply's one query of all tables
 
 
 # The continuous capture's Kafka transaction interval: a fifth of the stream's 1 s trigger, so a change waits
@@ -106,11 +107,12 @@ def history_stream_dag(
     """Return a history -> stream DAG for ``schema.table``, or for several tables of ``schema`` (``tables``).
 
     Several tables: one ``full_load_<table>`` task per table, ONE capture of all of them (one Kafka transaction
-    per source transaction across the tables), ONE ``apply`` Spark application (one streaming query per table,
-    each into its own current table with its own checkpoint), and per table a ``lag_gate_<table>`` and a
-    ``reconcile_<table>`` (named ``<pipeline>.<table>`` in the results). ``table_path`` and
-    ``checkpoint_location`` (and ``staging_path``, if given) then name each table's location with the
-    ``{table}`` placeholder, e.g. ``s3://lake/shop/{table}``.
+    per source transaction across the tables), ONE ``apply`` Spark application (ONE streaming query over all
+    the tables' topics, each micro-batch split per table into its own current table: a batch costs what the
+    tables it touches cost), and per table a ``lag_gate_<table>`` and a ``reconcile_<table>`` (named
+    ``<pipeline>.<table>`` in the results). ``table_path`` (and ``staging_path``, if given) then name each
+    table's location with the ``{table}`` placeholder, e.g. ``s3://lake/shop/{table}``; a ``{table}`` in
+    ``checkpoint_location`` names the one checkpoint of the apply ``_eo_all_tables``.
 
     :param dag_id: the DAG id.
     :param schema: the source database.
@@ -175,19 +177,21 @@ def history_stream_dag(
     several = tables is not None
     if len(set(names)) != len(names):
         raise ValueError(f"tables={names!r} names a table twice.")
-    if several and (TABLE not in table_path or TABLE not in checkpoint_location):
+    if several and TABLE not in table_path:
         raise ValueError(
-            f"tables={names!r}: table_path and checkpoint_location must name each table's location "
-            f"with the {TABLE} placeholder (one current table and one checkpoint per table), got "
-            f"{table_path!r} and {checkpoint_location!r}."
+            f"tables={names!r}: table_path must name each table's location with the {TABLE} placeholder "
+            f"(one current table per table), got {table_path!r}."
         )
+    if several and ALL_TABLES in names:
+        raise ValueError(f"tables={names!r}: {ALL_TABLES!r} names the apply's checkpoint of all tables; rename it.")
     if several and postgres_table is not None and TABLE not in postgres_table:
         raise ValueError(
             f"tables={names!r}: postgres_table must name each table's PostgreSQL table with the "
             f"{TABLE} placeholder, got {postgres_table!r}."
         )
     paths = {n: table_path.replace(TABLE, n) for n in names}
-    checkpoints = {n: checkpoint_location.replace(TABLE, n) for n in names}
+    # Several tables share ONE streaming query, so one checkpoint (a {table} placeholder names it ALL_TABLES).
+    checkpoint = checkpoint_location.replace(TABLE, ALL_TABLES)
     stagings = {n: staging_path.replace(TABLE, n) if staging_path else None for n in names}
     for n in names:
         FullLoadRequest(schema=schema, table=n, sink_path=paths[n], staging_path=stagings[n]).validate()
@@ -245,7 +249,7 @@ def history_stream_dag(
                     f"~{checked.estimated_rows} rows"
                 )
                 found[name] = {"key": list(checked.key.columns), "estimated_rows": checked.estimated_rows}
-            locations = [*paths.values(), *checkpoints.values(), *(s for s in stagings.values() if s)]
+            locations = [*paths.values(), checkpoint, *(s for s in stagings.values() if s)]
             for storage in preflight_locations(locations, settings_for(aws_conn_id, *locations)):
                 print(f"preflight ok: {storage}")
             config = kafka_client_config(kafka_config_id)
@@ -333,15 +337,11 @@ def history_stream_dag(
             commit_interval_ms=capture_commit_interval_ms or (CONTINUOUS_COMMIT_INTERVAL_MS if continuous else 1_000),
         )
         # [END howto_operator_binlog_capture]
-        # Several tables: one Spark application, one query per table into its own current table.
+        # Several tables: one Spark application, ONE query split per table into each current table.
         where = (
-            {
-                "streams": [
-                    {"topics": [topics[n]], "sink_path": paths[n], "checkpoint_location": checkpoints[n]} for n in names
-                ]
-            }
+            {"streams": [{"topics": [topics[n]], "sink_path": paths[n]} for n in names]}
             if several
-            else {"topics": [topics[table]], "sink_path": table_path, "checkpoint_location": checkpoint_location}
+            else {"topics": [topics[table]], "sink_path": table_path}
         )
         # [START howto_operator_spark_kafka_to_sink_current]
         apply = SparkKafkaToSinkOperator(
@@ -349,6 +349,7 @@ def history_stream_dag(
             pipeline=apply_pipeline,
             sink="delta",
             **where,
+            checkpoint_location=checkpoint,
             mode="current",
             trigger="processing-time" if continuous else "available-now",
             interval=stream_interval,
@@ -365,30 +366,16 @@ def history_stream_dag(
         if postgres_table is not None:  # the same changes into the typed PostgreSQL table built from the full load
             pg_tables = {n: postgres_table.replace(TABLE, n) for n in names}
             pg_where = (
-                {
-                    "streams": [
-                        {
-                            "topics": [topics[n]],
-                            "sink_path": paths[n],
-                            "sink_table": pg_tables[n],
-                            "checkpoint_location": checkpoints[n].rstrip("/") + "_postgres",
-                        }
-                        for n in names
-                    ]
-                }
+                {"streams": [{"topics": [topics[n]], "sink_path": paths[n], "sink_table": pg_tables[n]} for n in names]}
                 if several
-                else {
-                    "topics": [topics[table]],
-                    "sink_path": table_path,
-                    "sink_table": pg_tables[table],
-                    "checkpoint_location": checkpoint_location.rstrip("/") + "_postgres",
-                }
+                else {"topics": [topics[table]], "sink_path": table_path, "sink_table": pg_tables[table]}
             )
             apply_postgres = SparkKafkaToSinkOperator(
                 task_id="apply_postgres",
                 pipeline=f"{pipeline}-apply-postgres",
                 sink="postgres",
                 **pg_where,
+                checkpoint_location=checkpoint.rstrip("/") + "_postgres",
                 mode="current",
                 trigger="processing-time" if continuous else "available-now",
                 interval=stream_interval,

@@ -1,9 +1,10 @@
 """Several tables, one Spark application: one capture of three tables (integer, two-column and text keys) with
 writers changing them concurrently, across tables in one transaction, during the full loads and after; ONE
-apply run (``streams``: one query per table, each with its own checkpoint) merges each table's topic into its
-own current table. Each current table then equals its source table row by row, read with Spark and with
-delta-rs, every key once; a second run adds nothing. One more application keeps the three tables in PostgreSQL
-(each query its own table, one pipeline): each equals its source too.
+apply run (``streams`` with one checkpoint: ONE query split per table) merges each table's topic into its own
+current table, its driver killed between two tables' commits of one batch, then retried. Each current table then
+equals its source table row by row, read with Spark and with delta-rs, every key once; a second run adds nothing.
+One more application keeps the three tables in PostgreSQL (one query per table, each with its own checkpoint, one
+pipeline): each equals its source too.
 """
 
 from __future__ import annotations
@@ -151,20 +152,29 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(
     ).execute({})
     topics = {p: capture["topics"][f"{stack.DB_NAME}.{names[p]}"] for p in TABLES}
     assert len(set(topics.values())) == 3
-    streams = [
-        {"topics": [topics[p]], "sink_path": paths[p], "checkpoint_location": str(tmp_path / f"ckpt-{p}")}
-        for p in TABLES
-    ]
-    apply = SparkKafkaToSinkOperator(
-        task_id="apply",
-        pipeline=f"{pipeline}-apply",
-        sink="delta",
-        mode="current",
-        streams=streams,
-        max_offsets_per_trigger=300,  # several micro-batches per table
-        conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
-        env_vars={"PYSPARK_PYTHON": sys.executable},
-    )
+    streams = [{"topics": [topics[p]], "sink_path": paths[p]} for p in TABLES]
+
+    def apply_delta(**env: str) -> SparkKafkaToSinkOperator:
+        return SparkKafkaToSinkOperator(
+            task_id="apply",
+            pipeline=f"{pipeline}-apply",
+            sink="delta",
+            mode="current",
+            streams=streams,
+            checkpoint_location=str(tmp_path / "ckpt"),  # ONE query of the three tables
+            max_offsets_per_trigger=300,  # several micro-batches, each touching every table
+            conf={"spark.jars": stack.spark_conf()["spark.jars"], "spark.ui.enabled": "false"},
+            env_vars={"PYSPARK_PYTHON": sys.executable, **env},
+        )
+
+    # The driver dies (with its JVM) after the first table committed batch 1, before the others did.
+    with pytest.raises(AirflowException):
+        apply_delta(EO_FAULT_AT="after_sink_commit_1", EO_FAULT_ACTION="kill-group").execute({})
+    held = apply_delta().sink_state()["streams"]
+    assert sorted(held[paths[p]]["batch_id"] for p in TABLES) == [0, 0, 1], held
+    # The retry keeps the checkpoint (each sink holds its part of batch 0 or 1), replays batch 1: the table that
+    # committed it skips it, the others commit it; and goes on to the end.
+    apply = apply_delta()
     state = apply.execute({})
 
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"

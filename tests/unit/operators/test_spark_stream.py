@@ -357,10 +357,34 @@ def test_streams_run_in_one_job_with_one_route_each(connections, monkeypatch):
     ]
 
 
+def test_streams_without_their_own_checkpoints_share_one_query(connections, monkeypatch):
+    shared = [{k: v for k, v in s.items() if k != "checkpoint_location"} for s in STREAMS]
+    op = _op(topics=None, sink_path=None, checkpoint_location="/tmp/cp/all", mode="current", streams=shared)
+    params = _submitted(monkeypatch, op)["spec"]["params"]
+    assert params["checkpoint"] == "/tmp/cp/all" and [r["checkpoint"] for r in params["routes"]] == ["", ""]
+    assert [(v.topics, v.checkpoint_location) for v in op.stream_views()] == [
+        (["eo.orders"], "/tmp/cp/all"),
+        (["eo.lines"], "/tmp/cp/all"),
+    ]
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"streams": STREAMS}, "leave topics, checkpoint_location, sink_path and sink_table unset"),
+        ({"streams": STREAMS}, "leave topics, sink_path and sink_table unset"),
+        (
+            {"streams": STREAMS, "topics": None, "sink_path": None, "checkpoint_location": "/tmp/cp/all"},
+            "leave each route's checkpoint unset",
+        ),
+        (
+            {
+                "streams": [STREAMS[0], {**STREAMS[1], "checkpoint_location": None}],
+                "topics": None,
+                "sink_path": None,
+                "checkpoint_location": None,
+            },
+            "checkpoint_location is required: one for the query all routes share, or one per route",
+        ),
         (
             {
                 "streams": [STREAMS[0], {**STREAMS[1], "sink_path": "/tmp/orders"}],

@@ -178,3 +178,80 @@ def test_routes_travel_as_json_and_on_the_command_line():
 def test_the_key_of_a_cdc_record_may_name_several_fields():
     assert kafka_to_sink.key_paths("pk") == ("pk",)
     assert kafka_to_sink.key_paths("source.schema, source.table,pk") == ("source.schema", "source.table", "pk")
+
+
+SHARED_PARTS = {"a": [0], "b": [0], "c": [0]}
+SHARED_LOG = {0: {"a": {"0": 5}, "b": {"0": 3}, "c": {"0": 0}}, 1: {"a": {"0": 9}, "b": {"0": 3}, "c": {"0": 0}}}
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ({"a": {0: 5}}, {"b": {0: 3}}),  # normal restart
+        ({"a": {0: 9}}, {"b": {0: 3}}),  # a committed batch 1 before the crash; b was untouched by it
+    ],
+)
+def test_a_shared_checkpoint_is_kept_when_every_sink_holds_its_part_of_it(tmp_path, a, b):
+    """c never committed (its topic is empty: offset 0 everywhere) and agrees as well."""
+    cp = _checkpoint(tmp_path / "cp", SHARED_LOG, [0])
+    sinks = [(("a",), a), (("b",), b), (("c",), None)]
+    assert kafka_to_sink.reconcile_shared_start(str(cp), sinks, SHARED_PARTS) == "earliest"
+    assert cp.exists()
+
+
+@pytest.mark.parametrize(
+    "b, parts",
+    [
+        ({"b": {0: 2}}, SHARED_PARTS),  # b's sink is behind the checkpoint
+        (None, SHARED_PARTS),  # b's sink lost its commits (a new table at that path)
+        ({"b": {0: 3}}, {"a": [0], "b": [0]}),  # the checkpoint holds a topic no table reads any more
+    ],
+)
+def test_a_shared_checkpoint_any_sink_disagrees_with_is_set_aside_and_each_sink_starts_from_its_own(tmp_path, b, parts):
+    cp = _checkpoint(tmp_path / "cp", SHARED_LOG, [0])
+    sinks = [(("a",), {"a": {0: 9}}), (("b",), b)] + ([(("c",), None)] if "c" in parts else [])
+    start = json.loads(kafka_to_sink.reconcile_shared_start(str(cp), sinks, parts))
+    assert not cp.exists() and len(list(tmp_path.glob("cp.stale-*"))) == 1
+    assert start["a"] == {"0": 9} and start["b"] == {"0": b["b"][0] if b else -2}
+    assert start.get("c", {"0": -2}) == {"0": -2}
+
+
+class _Part:
+    def __init__(self, topics=None):
+        self.topics = topics
+        self.sparkSession = None
+
+    def filter(self, condition):
+        return _Part(condition)
+
+    def persist(self):
+        return self
+
+    def unpersist(self):
+        return self
+
+
+def test_a_shared_batch_commits_only_the_tables_it_touched_each_with_its_own_offsets(tmp_path, monkeypatch):
+    from exactly_once_provider.spark_jobs.stream_spec import StreamSpec
+
+    cp = _checkpoint(tmp_path / "cp", SHARED_LOG, [0])
+    routes = []
+    for topic in "abc":
+        spec = StreamSpec(pipeline="p", topics=(topic,), checkpoint=str(cp), sink="delta", path=f"/t/{topic}")
+        routes.append((spec, _RecordingSink(), None))
+    monkeypatch.setattr("pyspark.sql.functions.col", lambda name: _Column(name))
+    kafka_to_sink.process_routes(routes, "p", str(cp), _Part(), 1, exactly_once=True)
+    [(commit, _)] = routes[0][1].calls
+    assert (commit.batch_id, commit.offsets) == (1, {"a": {0: 9}})
+    assert routes[1][1].calls == [] and routes[2][1].calls == []  # untouched by batch 1: no read, no commit
+    kafka_to_sink.process_routes(routes, "p", str(cp), _Part(), 0, exactly_once=True)  # batch 0: no known start
+    assert [c.offsets for c, _ in routes[1][1].calls] == [{"b": {0: 3}}]
+    assert routes[2][1].calls == []  # its topic is empty: nothing to commit
+
+
+class _Column:
+    def __init__(self, name):
+        self.name = name
+
+    def isin(self, *values):
+        return (self.name, values)

@@ -127,9 +127,8 @@ def test_several_tables_load_each_capture_once_apply_in_one_application_and_reco
     assert capture.tables == [f"shop.{n}" for n in names]
     assert capture.full_load_paths == {f"shop.{n}": f"/data/{n}" for n in names}
     assert apply.topics is None and apply.sink_path is None and apply.mode == "current"
-    assert apply.streams == [
-        {"topics": [f"p.shop.{n}"], "sink_path": f"/data/{n}", "checkpoint_location": f"/data/cp/{n}"} for n in names
-    ]
+    assert apply.streams == [{"topics": [f"p.shop.{n}"], "sink_path": f"/data/{n}"} for n in names]
+    assert apply.checkpoint_location == "/data/cp/_eo_all_tables"  # ONE query of all the tables
     for n in names:
         reconcile = dag.get_task(f"reconcile_{n}")
         assert (reconcile.table, reconcile.sink_path, reconcile.name) == (f"shop.{n}", f"/data/{n}", f"p.{n}")
@@ -175,8 +174,8 @@ def test_a_postgres_current_table_is_applied_after_the_delta_one_and_reconciled_
         "topics": ["p.shop.lines"],
         "sink_path": "/data/lines",
         "sink_table": "pg_lines",
-        "checkpoint_location": "/data/cp/lines_postgres",
     }
+    assert several.checkpoint_location == "/data/cp/_eo_all_tables_postgres"
     assert [r.path for r in several._stream_spec().routes] == ["/data/orders", "/data/lines", "/data/accounts"]
     assert "apply_postgres" not in _dag().task_ids
 
@@ -186,7 +185,7 @@ def test_a_postgres_current_table_is_applied_after_the_delta_one_and_reconciled_
     [
         ({"postgres_table": "pg_orders"}, "postgres_table must name each table"),
         ({"table_path": "/data/t"}, "placeholder"),
-        ({"checkpoint_location": "/data/cp"}, "placeholder"),
+        ({"tables": ["orders", "_eo_all_tables"]}, "names the apply's checkpoint of all tables"),
         ({"table": "orders"}, "not both"),
         ({"tables": []}, "not both"),
         ({"tables": "orders"}, "not both"),
