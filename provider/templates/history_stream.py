@@ -57,6 +57,10 @@ CAPTURE_SOURCE_PARTITION = "binlog"
 
 MODES = ("scheduled", "continuous")
 TABLE = "{table}"  # in table_path, checkpoint_location and staging_path of a DAG of several tables
+# Continuous mode: a killed task is retried after 2 s, 4 s, 8 s... up to 2 minutes, 20 times in one run.
+CONTINUOUS_RETRIES = 20
+CONTINUOUS_RETRY_DELAY = timedelta(seconds=2)
+CONTINUOUS_MAX_RETRY_DELAY = timedelta(minutes=2)
 ALL_TABLES = "_eo_all_tables"  # what a {table} in checkpoint_location becomes: the apply's one query of all tables
 
 
@@ -100,8 +104,8 @@ def history_stream_dag(
     spark_conn_id: str = "spark_default",
     aws_conn_id: str = "aws_default",
     spark_conf: dict[str, str] | None = None,
-    retries: int = 2,
-    retry_delay: timedelta = timedelta(minutes=1),
+    retries: int | None = None,
+    retry_delay: timedelta | None = None,
     tags: Sequence[str] = (),
 ) -> DAG:
     """Return a history -> stream DAG for ``schema.table``, or for several tables of ``schema`` (``tables``).
@@ -158,9 +162,11 @@ def history_stream_dag(
         ``staging_path`` on S3 (credentials, ``endpoint_url`` in its extra); the ``preflight`` task checks those
         locations with it.
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the connectors).
-    :param retries: retries per task (every step is idempotent, so retries are safe); in continuous mode they
-        restart a capture or stream that died.
-    :param retry_delay: delay between retries.
+    :param retries: retries per task (every step is idempotent, so retries are safe); default 2, in continuous
+        mode 20: there they restart a capture or stream that died, and a few kills in one run must not end it.
+    :param retry_delay: delay before the first retry; default 1 minute, in continuous mode 2 seconds doubling
+        per retry up to 2 minutes (a killed capture or driver is back in seconds; one that keeps failing is not
+        restarted in a tight loop).
     :param tags: extra DAG tags.
     """
     try:
@@ -206,7 +212,7 @@ def history_stream_dag(
         start_date=start_date,
         catchup=False,
         max_active_runs=1,  # one capture per ledger key; increments follow each other
-        default_args={"retries": retries, "retry_delay": retry_delay},
+        default_args=_retry_policy(continuous, retries, retry_delay),
         tags=["exactly-once", "cdc", *tags],
         params={
             "full_reload": Param(
@@ -486,3 +492,16 @@ def history_stream_dag(
         if apply_postgres is not None:
             apply >> apply_postgres  # one Spark application at a time on the workers
     return dag
+
+
+def _retry_policy(continuous: bool, retries: int | None, retry_delay: timedelta | None) -> dict[str, object]:
+    """Return the tasks' retry settings: a scheduled increment retries after a minute; a continuous run restarts a
+    dead capture or stream in seconds, backing off while it keeps failing."""
+    if not continuous:
+        return {"retries": 2 if retries is None else retries, "retry_delay": retry_delay or timedelta(minutes=1)}
+    return {
+        "retries": CONTINUOUS_RETRIES if retries is None else retries,
+        "retry_delay": retry_delay or CONTINUOUS_RETRY_DELAY,
+        "retry_exponential_backoff": True,
+        "max_retry_delay": max(CONTINUOUS_MAX_RETRY_DELAY, retry_delay or CONTINUOUS_RETRY_DELAY),
+    }

@@ -1,6 +1,7 @@
 """The history -> stream template in continuous mode under a real Airflow (scheduler, LocalExecutor): the
 ``@continuous`` schedule starts the run itself, a writer changes the source all along, the long-running capture's
-task process and then the Spark driver of the stream are SIGKILLed, task retries restart them, a run ends after
+task process and then the Spark driver of the stream are SIGKILLed, the template's retries restart them (a probe
+row committed right after each kill reaches the current table within a bound), a run ends after
 ``run_for`` and the next one starts — and the current table converges to the source row by row, every key once.
 
 Checks read MariaDB with plain SQL and the current table with pyarrow from the Delta log's live files.
@@ -77,6 +78,23 @@ def _current(path: str) -> dict[int, tuple]:
     return {r[0]: (Decimal(r[1]), r[2]) for r in rows if not r[3]}
 
 
+def _probe_visible(stack, table: str, path: str, timeout: float, explain) -> float:
+    """Commit a probe row now; return the seconds until it is in the current table (the pipeline applies again).
+
+    The bound is loose for a loaded CI machine (a restarted apply pays a Spark start-up); it fails when a retry
+    waits for a minute, as the template's retry delay once did.
+    """
+    conn = connect(stack)
+    cur = conn.cursor()
+    cur.execute(f"INSERT INTO {table} (amount, note) VALUES (0, 'probe')")
+    probe = cur.lastrowid
+    conn.commit()
+    conn.close()
+    started = time.monotonic()
+    _wait(lambda: probe in _current(path), timeout, f"probe row {probe} in the current table", 0.5, explain)
+    return round(time.monotonic() - started, 1)
+
+
 def _stream_commits(path: str, pipeline: str) -> int:
     """Commits of the Delta log whose commitInfo carries the stream's marker (read here, not by the product)."""
     found = 0
@@ -151,9 +169,7 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
             "run_for": {"seconds": 150},
             "stream_interval": "1 second",
             "chunk_rows": 500,
-            "spark_conf": jobs.task_spark_conf(stack),
-            "retries": 5,
-            "retry_delay": {"seconds": 3},
+            "spark_conf": jobs.task_spark_conf(stack),  # the continuous template's own retry policy
         },
     )
     client.wait_dag(dag_id)
@@ -175,6 +191,7 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
         assert victims, f"no task process for the capture {capture['id']}"
         for line in victims:
             os.kill(int(line.split()[0]), signal.SIGKILL)
+        recovery = {"capture": _probe_visible(stack, table, path, 60, explain=lambda: _logs(client, dag_id))}
         _running_try(client, dag_id, "capture", after=capture["try_number"])
 
         # 2. SIGKILL the stream's Spark driver (spark-submit, its JVM and the Python driver: one process group).
@@ -196,8 +213,10 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
                 os.killpg(os.getpgid(int(line.split()[0])), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        recovery["driver"] = _probe_visible(stack, table, path, 90, explain=lambda: _logs(client, dag_id))
+        print(f"kill -> a probe row committed then is in the current table: {recovery} (seconds)")
         _running_try(client, dag_id, "apply", after=apply["try_number"])
-        time.sleep(20)  # changes keep flowing through the restarted pair
+        time.sleep(10)  # changes keep flowing through the restarted pair
     finally:
         writer.stop.set()
         writer.join(30)

@@ -195,3 +195,24 @@ def test_a_postgres_current_table_is_applied_after_the_delta_one_and_reconciled_
 def test_several_tables_need_a_location_each(overrides, message):
     with pytest.raises(ValueError, match=message):
         _tables_dag(**overrides)
+
+
+def test_a_continuous_run_restarts_a_dead_task_in_seconds_and_backs_off_while_it_keeps_failing():
+    from datetime import timedelta
+
+    for task in ("capture", "apply"):
+        continuous = _dag(mode="continuous").get_task(task)
+        assert (continuous.retries, continuous.retry_delay, continuous.retry_exponential_backoff) == (
+            20,
+            timedelta(seconds=2),
+            True,
+        )
+        assert continuous.max_retry_delay == timedelta(minutes=2)
+        scheduled = _dag().get_task(task)
+        assert (scheduled.retries, scheduled.retry_delay, scheduled.retry_exponential_backoff) == (
+            2,
+            timedelta(minutes=1),
+            False,
+        )
+    mine = _dag(mode="continuous", retries=3, retry_delay=timedelta(minutes=5)).get_task("apply")
+    assert (mine.retries, mine.retry_delay, mine.max_retry_delay) == (3, timedelta(minutes=5), timedelta(minutes=5))
