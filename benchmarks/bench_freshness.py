@@ -4,15 +4,16 @@ Runs what ``history_stream_dag(mode="continuous")`` runs, outside Airflow: the f
 (MySqlFullLoadOperator), then side by side the binlog capture (BinlogCaptureOperator, continuous, in its own
 process) and the Spark stream (the kafka_to_sink job, ``mode current``, processing-time trigger), while a writer
 process updates random rows at a steady rate (``--rate`` changes/s, ``--per-txn`` rows per transaction) for
-``--seconds`` after a ``--warmup``. ``--tables N`` follows N tables (the writer's transactions go to them in
-turn), applied by one application: ``--queries shared`` (one query split per table, what the template runs) or
-``per-table`` (one query per table, the template before it). Each update stamps its rows with the writer's clock just before COMMIT; a
-watcher lists the table's Delta log every 50 ms and reads the rows each new commit adds: the first appearance of
-a stamp gives its latency (source commit -> visible to a reader of the table; overstated by the COMMIT itself,
+``--seconds`` after a ``--warmup``. ``--tables N`` (N > 1) follows N tables in one application and compares,
+interleaved, one query per table (the template before it shared one) with one shared query split per table
+(what the template runs), the writer's transactions going to all N tables in turn, then to the first only.
+
+Each update stamps its rows with the writer's clock just before COMMIT; a watcher per table lists its Delta log
+every 50 ms and reads the rows each new commit adds: the first appearance of a stamp gives its latency (source commit -> visible to a reader of the table; overstated by the COMMIT itself,
 a few ms). Updates overwritten by a newer one before they became visible are not counted (nobody could see them).
 
 Prints p50/p90/p99/max and the changes/s written and applied; JSON in
-``benchmarks/results/freshness-<commit>-<time>.json``.
+``benchmarks/results/freshness-<commit>-<time>.json`` (``freshness_tables-...`` with ``--tables``).
 """
 
 from __future__ import annotations
@@ -132,37 +133,14 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main() -> None:
-    args = _support.parse_args(
-        __doc__,
-        rows=10_000,
-        repeats=1,
-        extra=lambda p: (
-            p.add_argument("--seconds", type=float, default=300),
-            p.add_argument("--warmup", type=float, default=30),
-            p.add_argument("--rate", type=float, default=500),
-            p.add_argument("--per-txn", type=int, default=5),
-            p.add_argument("--interval", default="1 second", help="the stream's processing-time trigger"),
-            p.add_argument("--tables", type=int, default=1, help="tables followed (changes spread over them)"),
-            p.add_argument("--queries", default="shared", choices=("shared", "per-table")),
-            p.add_argument(
-                "--capture-commit-ms",
-                type=int,
-                default=None,
-                help="the capture's Kafka transaction interval (default: the continuous template's)",
-            ),
-        ),
-    )
-    stack = _support.start_stack()
+def _measure(stack, args, n_tables: int, queries: str, busy: int) -> dict:
+    """Run the pipeline on ``n_tables`` new tables (the writer changing the first ``busy``); return its figures."""
     from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
     from exactly_once_provider.sinks import delta_commit
-    from exactly_once_provider.templates.history_stream import CONTINUOUS_COMMIT_INTERVAL_MS
     from tests import spark_job_support as jobs
 
-    args.capture_commit_ms = args.capture_commit_ms or CONTINUOUS_COMMIT_INTERVAL_MS
-
     prefix, pipeline = f"fresh_{uuid.uuid4().hex[:6]}", f"{PIPELINE_PREFIX}-{uuid.uuid4().hex[:6]}"
-    tables = [f"{prefix}_{i}" for i in range(args.tables)]
+    tables = [f"{prefix}_{i}" for i in range(n_tables)]
     work = Path(os.environ.get("EO_BENCH_DIR", "/var/tmp/eo-bench")) / pipeline
     work.mkdir(parents=True)
     paths = {t: str(work / t) for t in tables}
@@ -178,7 +156,7 @@ def main() -> None:
                 f"INSERT INTO {table} VALUES (%s, 0, NULL, %s)",
                 [(i, "x" * 80) for i in range(start + 1, min(args.rows, start + 10_000) + 1)],
             )
-    result = _support.result_header("freshness", vars(args))
+    result: dict = {"tables": n_tables, "queries": queries if n_tables > 1 else "one", "busy_tables": busy}
     started = time.monotonic()
     for table in tables:
         MySqlFullLoadOperator(
@@ -198,8 +176,8 @@ def main() -> None:
     job_args = jobs.job_args(
         stack, f"{pipeline}-apply", ",".join(topics.values()), work / "checkpoint", "delta", "", mode="current"
     ) + ["--trigger", "processing-time", "--interval", args.interval, "--max-runtime", str(run_for)]
-    if args.tables > 1:  # one application: one query split per table, or one query per table
-        shared = args.queries == "shared"
+    if n_tables > 1:  # one application: one query split per table, or one query per table
+        shared = queries == "shared"
         routes = [
             {"topics": [topics[t]], "path": paths[t], **({} if shared else {"checkpoint": str(work / f"cp-{t}")})}
             for t in tables
@@ -228,7 +206,7 @@ def main() -> None:
     for watcher in watchers:
         watcher.measure_from_us = measure_from
     writer = multiprocessing.get_context("spawn").Process(
-        target=_write, args=(tables, args.rows, args.rate, args.per_txn, args.warmup + args.seconds, written)
+        target=_write, args=(tables[:busy], args.rows, args.rate, args.per_txn, args.warmup + args.seconds, written)
     )
     writer.start()
     try:
@@ -236,7 +214,8 @@ def main() -> None:
             writer.join(30)
             latencies = [x for w in watchers for x in w.latencies]
             print(
-                f"  {time.monotonic() - started:6.0f}s: {sum(w.commits for w in watchers)} stream commits, "
+                f"  {result['queries']} query, {n_tables} tables ({busy} changing), "
+                f"{time.monotonic() - started:6.0f}s: {sum(w.commits for w in watchers)} stream commits, "
                 f"{len(latencies):,} changes measured, p50 so far "
                 f"{statistics.median(latencies) if latencies else float('nan'):.2f}s",
                 flush=True,
@@ -251,13 +230,12 @@ def main() -> None:
     if stream.poll() not in (None, 0, -9):
         raise SystemExit(f"the stream failed; see {work / 'stream.log'}")
     lat = [x for w in watchers for x in w.latencies]
-    commits = sum(w.commits for w in watchers)
     if not lat:
         raise SystemExit(f"no change became visible; see {work / 'stream.log'}")
     result.update(
         writer=dict(written),
-        commits=commits,
-        commits_per_table={t: w.commits for t, w in zip(tables, watchers)},
+        commits=sum(w.commits for w in watchers),
+        commits_per_table=[w.commits for w in watchers],
         measured=len(lat),
         p50_s=_percentile(lat, 0.5),
         p90_s=_percentile(lat, 0.9),
@@ -265,18 +243,80 @@ def main() -> None:
         max_s=max(lat),
         applied_per_s=len(lat) / args.seconds,
     )
-    path_json = _support.write_result(result)
-    _support.print_table(
-        f"freshness: source commit -> visible in the current table ({result['commit']}, nproc {result['nproc']}, "
-        f"{args.tables} x {args.rows:,} rows, {args.queries if args.tables > 1 else 'one'} query, {dict(written).get('changes', 0) / max(1e-9, dict(written).get('seconds', 1)):,.0f} "
-        f"changes/s written for {args.seconds:.0f}s after {args.warmup:.0f}s warm-up)",
-        ["p50 s", "p90 s", "p99 s", "max s", "changes seen", "stream commits"],
-        [[result["p50_s"], result["p90_s"], result["p99_s"], result["max_s"], f"{len(lat):,}", commits]],
-    )
-    print(f"\nJSON: {path_json}")
     for table in tables:
         cur.execute(f"DROP TABLE {table}")
     conn.close()
+    return result
+
+
+def main() -> None:
+    args = _support.parse_args(
+        __doc__,
+        rows=10_000,
+        repeats=1,
+        extra=lambda p: (
+            p.add_argument("--seconds", type=float, default=300),
+            p.add_argument("--warmup", type=float, default=30),
+            p.add_argument("--rate", type=float, default=500),
+            p.add_argument("--per-txn", type=int, default=5),
+            p.add_argument("--interval", default="1 second", help="the stream's processing-time trigger"),
+            p.add_argument(
+                "--tables",
+                type=int,
+                default=1,
+                help="N > 1: compare, interleaved, one query per table with one shared query, the writer "
+                "changing all N tables and then only the first",
+            ),
+            p.add_argument(
+                "--capture-commit-ms",
+                type=int,
+                default=None,
+                help="the capture's Kafka transaction interval (default: the continuous template's)",
+            ),
+        ),
+    )
+    stack = _support.start_stack()
+    from exactly_once_provider.templates.history_stream import CONTINUOUS_COMMIT_INTERVAL_MS
+
+    args.capture_commit_ms = args.capture_commit_ms or CONTINUOUS_COMMIT_INTERVAL_MS
+    if args.tables == 1:
+        result = {**_support.result_header("freshness", vars(args)), **_measure(stack, args, 1, "one", 1)}
+        path_json = _support.write_result(result)
+        _print([result], result["commit"], args)
+        print(f"\nJSON: {path_json}")
+        return
+    result = _support.result_header("freshness_tables", vars(args))
+    runs = []
+    for _ in range(args.repeats):  # interleaved: each configuration once per repeat
+        for busy in (args.tables, 1):
+            for queries in ("per-table", "shared"):
+                runs.append(_measure(stack, args, args.tables, queries, busy))
+    result["runs"] = runs
+    path_json = _support.write_result(result)
+    _print(runs, result["commit"], args)
+    print(f"\nJSON: {path_json}")
+
+
+def _print(runs: list[dict], commit: str, args) -> None:
+    _support.print_table(
+        f"freshness: source commit -> visible in the current table ({commit}, {args.rows:,} rows per table, "
+        f"{args.rate:,.0f} changes/s written for {args.seconds:.0f}s after {args.warmup:.0f}s warm-up)",
+        ["query", "tables", "changing", "p50 s", "p90 s", "p99 s", "max s", "changes seen", "stream commits"],
+        [
+            [
+                r["queries"],
+                r["tables"],
+                r["busy_tables"],
+                r["p50_s"],
+                r["p90_s"],
+                r["p99_s"],
+                r["max_s"],
+                f"{r['measured']:,}",
+                r["commits"],
+            ]
+            for r in runs
+        ],
+    )
 
 
 if __name__ == "__main__":
