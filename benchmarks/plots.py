@@ -27,6 +27,12 @@ def bars(result: dict) -> tuple[list[str], list[float], str] | None:
             [result[f"{q}_s"] for q in ("p50", "p90", "p99", "max")],
             "source commit -> visible, seconds",
         )
+    if kind == "freshness_tables":
+        return (
+            [f"{r['queries']} query, {r['busy_tables']} of {r['tables']} tables changing" for r in result["runs"]],
+            [r["p99_s"] for r in result["runs"]],
+            "p99 source commit -> visible, seconds",
+        )
     if kind == "increment":
         return (
             [f"{row['rows']:,} rows, {row['kind']} reconciliation" for row in result["summary"]],

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 KINDS = (
     "history",
     "freshness",
+    "freshness_tables",
     "increment",
     "capture",
     "producer",
@@ -56,6 +57,27 @@ def freshness_table(result: dict) -> str:
             "",
         ]
     )
+
+
+def freshness_tables_table(result: dict) -> str:
+    """Return the Markdown for a several-tables freshness result: per configuration run, the latency percentiles."""
+    lines = [
+        f"{_machine(result)}; {result['tables']} tables of {result['rows']:,} rows, {result['rate']:,.0f} changes/s "
+        f"written for {result['seconds']:.0f} s after a {result['warmup']:.0f} s warm-up, trigger every "
+        f"{result['interval']}, the capture committing every {result['capture_commit_ms']} ms; configurations "
+        f"interleaved, {result['repeats']} repeat(s).",
+        "",
+        "| apply | tables changing | p50 s | p90 s | p99 s | max s | changes measured | stream commits per table |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["runs"]:
+        name = "one query per table" if r["queries"] == "per-table" else "one shared query"
+        lines.append(
+            f"| {name} | {r['busy_tables']} of {r['tables']} | {r['p50_s']:.2f} | {r['p90_s']:.2f} | "
+            f"**{r['p99_s']:.2f}** | {r['max_s']:.2f} | {r['measured']:,} | "
+            f"{' / '.join(str(c) for c in r['commits_per_table'])} |"
+        )
+    return "\n".join(lines + [""])
 
 
 def capture_table(result: dict) -> str:
@@ -214,6 +236,7 @@ def main() -> None:
         body = (
             {
                 "freshness": freshness_table,
+                "freshness_tables": freshness_tables_table,
                 "increment": increment_table,
                 "matrix": matrix_table,
                 "capture": capture_table,
