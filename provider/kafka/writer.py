@@ -539,7 +539,7 @@ class PipelineWriter:
                 index += 1
             except KafkaException as exc:
                 message = _as_message(messages[index])
-                raise self._produce_error(exc.args[0], message.topic or topic, message) from None
+                raise self._produce_error(exc.args[0], message.topic or topic, message, deliveries) from None
 
     def _reported_records(
         self, topic: str, messages: Sequence[Message], markers: list[int], pairs: bool = False
@@ -626,14 +626,23 @@ class PipelineWriter:
             except BufferError:
                 self.producer.poll(0.05)  # the local queue is full: serve delivery reports, then retry
             except KafkaException as exc:
-                raise self._produce_error(exc.args[0], topic, message) from None
+                raise self._produce_error(exc.args[0], topic, message, deliveries) from None
 
-    def _produce_error(self, error: KafkaError, topic: str, message: Message) -> Exception:
+    def _produce_error(
+        self, error: KafkaError, topic: str, message: Message, deliveries: _Deliveries | None = None
+    ) -> Exception:
         """Return what to raise for a record librdkafka refused (aborting the transaction if needed)."""
         if error.fatal():
             return self._fatal(error)
         if error.txn_requires_abort():
             return _AbortAndReplay(error)
+        if error.code() == KafkaError._STATE and self.transactional and deliveries is not None:
+            # "Erroneous state": the transaction already failed on an earlier record (e.g. one larger than the
+            # topic's max.message.bytes) whose delivery report was not served yet. That report names the cause.
+            deadline = time.monotonic() + 2
+            while not deliveries.errors and time.monotonic() < deadline:
+                self.producer.poll(0.1)
+            self._check_deliveries(deliveries)
         self._abort_quietly()
         return DeliveryError(
             f"Cannot produce a record of {len(message.value or b'')} bytes to {topic!r}: {error.str()} "

@@ -491,3 +491,29 @@ def test_records_of_another_shape_are_refused_before_a_transaction_begins(batch)
     with pytest.raises(ValueError, match="fields: give every record as Message.*or make the whole batch"):
         writer.submit_batch("data", batch, offset=1)
     assert producer.calls == [] and producer.produced == [] and writer.last_committed is None
+
+
+def test_a_record_refused_because_the_transaction_already_failed_reports_the_earlier_records_cause():
+    """librdkafka fails the transaction on an oversized record asynchronously; the next produce() only says
+    "Erroneous state". The error must name the cause from the pending delivery report, not the state."""
+    producer = FakeProducer()
+    real_produce = producer.produce
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
+
+    def produce(topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        if topic == "data" and value == b"after":
+            raise KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state"))
+        real_produce(topic, value, key, headers, on_delivery, partition)
+
+    def poll(timeout=None):  # serves the oversized record's report
+        for _topic, callback in producer._pending:
+            if callback is not None:
+                callback(too_large, None)
+        producer._pending = []
+        return 0
+
+    producer.produce, producer.poll = produce, poll
+    writer = _writer(producer)
+    with pytest.raises(DeliveryError, match="not delivered, first: Broker: Message size too large.*MSG_SIZE_TOO_LARGE"):
+        writer.write_batch("data", [Message(b"big", key=b"a"), Message(b"after", key=b"b")], offset=2)
+    assert "commit_transaction" not in producer.calls and writer.last_committed is None
