@@ -308,9 +308,7 @@ def _not_yet_committed(df, offsets: Offsets):
 # long (measured: ~430 of a 550-ms read with the capture committing every second).
 FETCH_MAX_WAIT_MS = "100"
 
-TABLE_IDENTITY = ("source.schema", "source.table")
-# Tables of one shared-query batch committed side by side (process_routes).
-PARALLEL_TABLES = 4  # where a binlog change record names its table
+TABLE_IDENTITY = ("source.schema", "source.table")  # where a binlog change record names its table
 
 
 def key_paths(key_field: str) -> tuple[str, ...]:
@@ -438,12 +436,14 @@ def process_batch(
     to_changes=None,
     kafka_options: dict[str, str] | None = None,
     topics: tuple[str, ...] | None = None,
+    batch_end: Offsets | None = None,
 ) -> None:
     """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline).
 
     ``to_changes`` turns the batch's records into CDC changes (``--mode cdc``); None appends records.
     ``topics``: the sink's topics when the query reads more (a shared query, :func:`process_routes`: ``df`` holds
-    only their records, and the sink commits only their offsets).
+    only their records, and the sink commits only their offsets); ``batch_end``: the batch's planned end offsets
+    when the caller has read them already (default: read from the checkpoint's offsets log).
     """
     started = time.monotonic()
     changes = to_changes or (lambda frame: frame)
@@ -451,7 +451,7 @@ def process_batch(
         sink.append(changes(df))
         log.info("batch %d appended (at-least-once) in %.1fs", batch_id, time.monotonic() - started)
         return
-    end = wal_offsets(checkpoint, batch_id)
+    end = wal_offsets(checkpoint, batch_id) if batch_end is None else batch_end
     if topics is not None:  # one table of a shared query: its topics' part of the batch
         end = {t: end[t] for t in topics if t in end}
     commit = BatchCommit(pipeline, checkpoint_id(checkpoint), batch_id, end)
@@ -764,7 +764,7 @@ def process_routes(
         for spec, sink, to_changes in touched:
             part = df.filter(F.col("kafka_topic").isin(*spec.topics))
             process_batch(
-                sink, pipeline, checkpoint, part, batch_id, exactly_once, to_changes, kafka_options, spec.topics
+                sink, pipeline, checkpoint, part, batch_id, exactly_once, to_changes, kafka_options, spec.topics, end
             )
     finally:
         if len(touched) > 1:
