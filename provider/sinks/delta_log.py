@@ -286,7 +286,12 @@ def _checkpoint_adds(storage: Storage, name: str) -> dict[str, dict]:
 
         adds = [a for a in pq.read_table(file, columns=["add"], filesystem=filesystem).column("add").to_pylist() if a]
     files = {
-        a["path"]: {"path": a["path"], "size": a["size"], "partitionValues": _map(a.get("partitionValues"))}
+        a["path"]: {
+            "path": a["path"],
+            "size": a["size"],
+            "partitionValues": _map(a.get("partitionValues")),
+            "stats": a.get("stats"),
+        }
         for a in adds
     }
     if len(_checkpoint_files) >= 8:
@@ -296,7 +301,8 @@ def _checkpoint_adds(storage: Storage, name: str) -> dict[str, dict]:
 
 
 def active_files(state: TableState) -> dict[str, dict]:
-    """Return path -> ``add`` (``path``, ``size``, ``partitionValues``) of every data file of ``state``'s version.
+    """Return path -> ``add`` (``path``, ``size``, ``partitionValues``, ``stats``: JSON text or None) of every data
+    file of ``state``'s version.
 
     What a rewrite of a table's files must remove: the newest checkpoint's ``add`` actions, then every JSON
     commit after it up to the state's version, replayed (``add`` adds a path, ``remove`` removes it). The path is
@@ -326,6 +332,7 @@ def active_files(state: TableState) -> dict[str, dict]:
                     "path": add["path"],
                     "size": add["size"],
                     "partitionValues": add.get("partitionValues") or {},
+                    "stats": add.get("stats"),
                 }
             elif action.get("remove"):
                 files.pop(action["remove"]["path"], None)

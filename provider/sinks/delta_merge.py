@@ -13,7 +13,9 @@ The steps, each a plain Spark job or a Python read of the log:
 1. the table's state at its newest version ``L`` (:func:`~exactly_once_provider.sinks.delta_log.table_state`,
    :func:`~exactly_once_provider.sinks.delta_log.active_files`): protocol, metadata, txn versions, data files;
 2. the batch's changes materialised once (they come from Kafka: read once, used twice);
-3. which data files hold a key of the batch (a semi-join of the files' key columns, ``_metadata.file_path``);
+3. which data files hold a key of the batch (a semi-join of the files' key columns, ``_metadata.file_path``),
+   among the files whose key statistics overlap the batch's keys; no scan when every such file is a small one
+   rewritten anyway (step 4);
 4. those files rewritten with the changes merged in: a row is replaced only by a NEWER version of its key
    (:func:`~exactly_once_provider.sinks.current_table.merge_condition`'s rule), new keys are inserted;
 5. ``<L+1>.json`` written put-if-absent: ``commitInfo`` (MERGE, ``numSourceRows``, the marker), ``txn``,
@@ -30,11 +32,12 @@ naming it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
 from exactly_once_provider.sinks import delta_commit, delta_log
@@ -49,6 +52,7 @@ ATTEMPTS = 3  # plans of one batch when other writers keep committing first (eac
 SMALL_FILE_BYTES = 4 << 20
 SMALL_FILES_TOTAL_BYTES = 16 << 20
 _FILE = "_eo_file"
+_INTEGRAL = frozenset({"byte", "short", "integer", "long"})  # Spark type names whose file bounds Delta keeps
 
 
 def _normalised(uri: str) -> str:
@@ -82,6 +86,27 @@ def _files_holding(
     return sorted(paths)
 
 
+def _files_to_rewrite(
+    changes: Any,
+    storage: Any,
+    files: dict[str, dict],
+    key: tuple[str, ...],
+    table_schema: Any,
+    bounds: dict[str, tuple[int, int]],
+) -> list[str]:
+    """Return the files a batch rewrites: those holding one of its keys, plus small files to compact.
+
+    The key scan (a Spark job) reads only the files whose statistics may hold a key of the batch, and is left
+    out when every such file is a small one rewritten anyway (a table of a few MB: all of it).
+    """
+    candidates = _may_hold(files, bounds)
+    compacted = _small_files(files, [])
+    if set(candidates) <= set(compacted):
+        return compacted
+    touched = _files_holding(changes, storage, {p: files[p] for p in candidates}, key, table_schema)
+    return touched + _small_files(files, touched)
+
+
 def _small_files(files: dict[str, dict], touched: list[str]) -> list[str]:
     """Return the untouched files below :data:`SMALL_FILE_BYTES` to rewrite with the batch, smallest first."""
     small = sorted(
@@ -100,15 +125,36 @@ def _merged(
     changes: Any, storage: Any, touched: list[str], key: tuple[str, ...], table_schema: Any, replace_equal: bool
 ) -> Any:
     """Return the rows of the ``touched`` files with ``changes`` merged in, plus the changes of new keys."""
-    from pyspark.sql import functions as F
-
-    columns = [f.name for f in table_schema.fields]
-    source = changes.select(*[F.col(quoted(c)).cast(table_schema[c].dataType).alias(c) for c in columns])
+    spark = changes.sparkSession
+    plan = _merge_plan(spark.sparkContext, table_schema.json(), key, replace_equal)
+    source = changes.select(*plan.source)
     if not touched:
         return source
-    spark = changes.sparkSession
     target = spark.read.schema(table_schema).parquet(*[storage.spark_uri(unquote(p)) for p in touched])
-    t, s = target.alias("t"), source.alias("s")
+    return target.alias("t").join(source.alias("s"), plan.on, "full_outer").select(*plan.merged)
+
+
+class _MergePlan(NamedTuple):
+    """The Spark expressions of :func:`_merged` for one table schema (see :func:`_merge_plan`)."""
+
+    source: list
+    on: list
+    merged: list
+
+
+@functools.lru_cache(maxsize=1024)
+def _merge_plan(context: Any, schema_json: str, key: tuple[str, ...], replace_equal: bool) -> _MergePlan:
+    """Return :func:`_merged`'s expressions, built once per table schema and reused by every batch (they name
+    columns only; building them is a Py4J call per column and function).
+
+    :param context: the SparkContext the expressions belong to (a new one builds them again).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    table_schema = StructType.fromJson(json.loads(schema_json))
+    columns = [f.name for f in table_schema.fields]
+    source = [F.col(quoted(c)).cast(table_schema[c].dataType).alias(c) for c in columns]
     on = [F.col(f"t.{quoted(k)}") == F.col(f"s.{quoted(k)}") for k in key]
     t_version, s_version = F.col(f"t.{quoted(VERSION_COLUMN)}"), F.col(f"s.{quoted(VERSION_COLUMN)}")
     newer = (s_version >= t_version) if replace_equal else (s_version > t_version)
@@ -116,9 +162,8 @@ def _merged(
     # (A row's key column is never null: the source's primary key; s_version is null only for rows the batch
     # does not touch.)
     take_change = s_version.isNotNull() & (t_version.isNull() | newer)
-    return t.join(s, on, "full_outer").select(
-        *[F.when(take_change, F.col(f"s.{quoted(c)}")).otherwise(F.col(f"t.{quoted(c)}")).alias(c) for c in columns]
-    )
+    merged = [F.when(take_change, F.col(f"s.{quoted(c)}")).otherwise(F.col(f"t.{quoted(c)}")).alias(c) for c in columns]
+    return _MergePlan(source, on, merged)
 
 
 def _merge_info(
@@ -182,7 +227,7 @@ def merge_newer(
     on, newer = merge_condition(key, replace_equal=replace_equal)
     changes = changes.persist()
     try:
-        source_rows = _count_unique(changes, key)  # materialised: read from Kafka once, used twice below
+        source_rows, bounds = _summary(changes, key)  # materialised: read from Kafka once, used twice below
         state = delta_log.table_state(storage)
         if state is None:
             raise delta_commit.CommitMarkerError(
@@ -209,7 +254,17 @@ def merge_newer(
                 return delta_commit.merge_with_marker(changes, storage, on, marker, app_id, version, update_when=newer)
             delta_commit.check_fence(storage, fence, state.version)
             committed = _rewrite_and_commit(
-                changes, storage, state, table_schema, key, marker, app_id, version, replace_equal, source_rows, on
+                changes,
+                storage,
+                state,
+                table_schema,
+                key,
+                marker,
+                app_id,
+                version,
+                replace_equal,
+                (source_rows, bounds),
+                on,
             )
             if committed is not None:
                 delta_commit.checkpoint_if_due(changes.sparkSession, storage, committed)
@@ -231,18 +286,39 @@ def merge_newer(
         changes.unpersist()
 
 
-def _count_unique(changes: Any, key: tuple[str, ...]) -> int:
-    """Return the number of changes, failing if two share a key (Delta's MERGE refuses that too: both would
-    land, as two rows of one key)."""
+def _summary(changes: Any, key: tuple[str, ...]) -> tuple[int, dict[str, tuple[int, int]]]:
+    """Return the number of changes and the bounds ``(min, max)`` of each integral key column, in one job;
+    fail if two changes share a key (Delta's MERGE refuses that too: both would land, as two rows of one key)."""
     from pyspark.sql import functions as F
 
-    rows, keys = changes.agg(F.count(F.lit(1)), F.count_distinct(*[F.col(quoted(k)) for k in key])).first()
+    integral = [f.name for f in changes.schema.fields if f.name in key and f.dataType.typeName() in _INTEGRAL]
+    bounds = [agg(F.col(quoted(k))) for k in integral for agg in (F.min, F.max)]
+    rows, keys, *found = changes.agg(
+        F.count(F.lit(1)), F.count_distinct(*[F.col(quoted(k)) for k in key]), *bounds
+    ).first()
     if rows != keys:
         raise ValueError(
             f"The batch holds {rows} changes of {keys} keys: a MERGE needs at most one change per key "
             f"({', '.join(key)})."
         )
-    return rows
+    return rows, {k: (found[2 * i], found[2 * i + 1]) for i, k in enumerate(integral) if rows}
+
+
+def _may_hold(files: dict[str, dict], bounds: dict[str, tuple[int, int]]) -> list[str]:
+    """Return the files whose key statistics overlap the batch's key ``bounds`` (a file without statistics of a
+    key column may hold any key): a batch of new keys above every file's range (an auto-increment key's
+    inserts) scans no file for them."""
+
+    def overlaps(add: dict) -> bool:
+        stats = json.loads(add.get("stats") or "{}")
+        lows, highs = stats.get("minValues", {}), stats.get("maxValues", {})
+        for column, (low, high) in bounds.items():
+            file_low, file_high = lows.get(column), highs.get(column)
+            if isinstance(file_low, int) and isinstance(file_high, int) and (file_high < low or file_low > high):
+                return False
+        return True
+
+    return sorted(path for path, add in files.items() if overlaps(add))
 
 
 def _check_key(state: delta_log.TableState, table_schema: Any, key: tuple[str, ...]) -> None:
@@ -263,15 +339,17 @@ def _rewrite_and_commit(
     app_id: str,
     version: int,
     replace_equal: bool,
-    source_rows: int,
+    summary: tuple[int, dict[str, tuple[int, int]]],
     on: str,
 ) -> int | None:
     """Write the merged files and commit them as ``state.version + 1``; None (nothing left behind) if another
-    writer committed that version first."""
+    writer committed that version first.
+
+    :param summary: the batch's number of changes and its key bounds (:func:`_summary`).
+    """
+    source_rows, bounds = summary
     files = delta_log.active_files(state)
-    touched = _files_holding(changes, storage, files, key, table_schema) if source_rows else []
-    if source_rows:
-        touched += _small_files(files, touched)
+    touched = _files_to_rewrite(changes, storage, files, key, table_schema, bounds) if source_rows else []
     folder = f"{delta_commit.DATA_PREFIX}{uuid.uuid4().hex}"
     written = False
     try:

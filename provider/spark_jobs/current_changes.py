@@ -8,9 +8,10 @@ and follows the table's schema changes (:class:`CurrentChanges`, rules in
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 from exactly_once_provider.full_load.columns import Column, is_binary
 from exactly_once_provider.full_load.spark_source import spark_schema
@@ -102,6 +103,50 @@ def typed_changes(
         Kafka, not merged before the full load replaced the table: a capture that was behind, a failover) would
         bring it back until the batch holding its delete is merged.
     """
+    plan = _change_plan(
+        records.sparkSession.sparkContext,
+        tuple(columns),
+        tuple(key),
+        schema,
+        table,
+        tuple(fills),
+        since,
+        refuse_schema_after,
+    )
+    rows = records.filter(plan.keep).select(*plan.parsed).select(*plan.rows)
+    if plan.since is not None:  # on the typed key, after the checks: bad records still fail
+        rows = rows.where(plan.since)
+    return rows.groupBy(*plan.key).agg(plan.newest.alias("c")).select(*plan.out)
+
+
+class _ChangePlan(NamedTuple):
+    """The Spark expressions of :func:`typed_changes` for one table's columns (see :func:`_change_plan`)."""
+
+    keep: Any
+    parsed: list
+    rows: list
+    since: Any
+    key: list
+    newest: Any
+    out: list
+
+
+@functools.lru_cache(maxsize=1024)
+def _change_plan(
+    context: Any,
+    columns: tuple[Column, ...],
+    key: tuple[str, ...],
+    schema: str,
+    table: str,
+    fills: tuple[Fill, ...],
+    since: int | str | None,
+    refuse_schema_after: int | None,
+) -> _ChangePlan:
+    """Return :func:`typed_changes`' expressions, built once per table state and session and reused by every
+    batch: they name columns only, and building them costs ~1,000 Py4J calls (~0.1 s a batch per table).
+
+    :param context: the SparkContext the expressions belong to (a new one builds them again).
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -167,13 +212,13 @@ def typed_changes(
                 )
             ),
         ).otherwise(keep)
-    parsed = records.filter(keep).select(
+    parsed = [
         checked.alias(VERSION_COLUMN),
         (F.get_json_object("record_value", "$.op") == F.lit("d")).alias(DELETED_COLUMN),
         F.from_json(image, as_text).alias("image"),
         "kafka_offset",
-    )
-    rows = parsed.select(
+    ]
+    rows = [
         *[
             _filled(c.name, list(fills), F.col(VERSION_COLUMN), image_value, types[c.name]).alias(c.name)
             for c in columns
@@ -181,19 +226,18 @@ def typed_changes(
         VERSION_COLUMN,
         DELETED_COLUMN,
         "kafka_offset",
-    )
-    if since is not None:  # on the typed key, after the checks: bad records still fail
-        rows = rows.where(F.col(VERSION_COLUMN) >= (F.lit(since) if isinstance(since, int) else F.expr(since)))
-    newest = F.max_by(F.struct(*[F.col(quoted(c)) for c in rows.columns]), F.struct(VERSION_COLUMN, "kafka_offset"))
-    return (
-        rows.groupBy(*[F.col(quoted(k)) for k in key])
-        .agg(newest.alias("c"))
-        .select(
-            *[F.col("c")[c.name].alias(c.name) for c in columns],
-            F.col("c")[VERSION_COLUMN].alias(VERSION_COLUMN),
-            F.col("c")[DELETED_COLUMN].alias(DELETED_COLUMN),
-        )
-    )
+    ]
+    newer = None
+    if since is not None:
+        newer = F.col(VERSION_COLUMN) >= (F.lit(since) if isinstance(since, int) else F.expr(since))
+    names = [c.name for c in columns] + [VERSION_COLUMN, DELETED_COLUMN, "kafka_offset"]
+    newest = F.max_by(F.struct(*[F.col(quoted(n)) for n in names]), F.struct(VERSION_COLUMN, "kafka_offset"))
+    out = [
+        *[F.col("c")[c.name].alias(c.name) for c in columns],
+        F.col("c")[VERSION_COLUMN].alias(VERSION_COLUMN),
+        F.col("c")[DELETED_COLUMN].alias(DELETED_COLUMN),
+    ]
+    return _ChangePlan(keep, parsed, rows, newer, [F.col(quoted(k)) for k in key], newest, out)
 
 
 SCHEMA_MARKER = "schema"  # in each stream commit's marker: the columns the current table follows (see below)

@@ -119,6 +119,56 @@ def test_a_stream_of_inserts_keeps_one_small_file_instead_of_one_per_batch(spark
     assert len(delta_log.active_files(delta_log.table_state(path))) >= 4
 
 
+def _key_scans(monkeypatch) -> list[list[str]]:
+    """Record the files each key scan (the semi-join job) reads."""
+    scans: list[list[str]] = []
+    real = delta_merge._files_holding
+
+    def recording(changes, storage, files, key, table_schema):
+        scans.append(sorted(files))
+        return real(changes, storage, files, key, table_schema)
+
+    monkeypatch.setattr(delta_merge, "_files_holding", recording)
+    return scans
+
+
+def test_the_key_scan_reads_only_files_whose_key_bounds_overlap_the_batch(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(delta_merge, "SMALL_FILE_BYTES", 0)  # no small file rewritten along
+    scans = _key_scans(monkeypatch)
+    path = str(tmp_path / "t")
+    make_table(spark, path, [(i, f"v{i}", 10, False) for i in range(1, 31)], files=3)  # ids 1-10, 11-20, 21-30
+    files = delta_log.active_files(delta_log.table_state(path))
+    by_low = sorted(files, key=lambda p: json.loads(files[p]["stats"])["minValues"]["id"])
+
+    delta_merge.merge_newer(
+        changes(spark, [(15, "new", 20, False), (100, "ins", 20, False)]), path, ("id",), {}, "a", 0
+    )
+    assert scans == [sorted(by_low[1:])]  # keys 15..100: not the file of ids 1-10
+    assert [a["remove"]["path"] for a in last_commit(path) if "remove" in a] == [by_low[1]]
+
+    delta_merge.merge_newer(changes(spark, [(200 + i, "ins", 20, False) for i in range(5)]), path, ("id",), {}, "a", 1)
+    assert len(scans) == 1  # new keys above every file: no scan, nothing rewritten
+    assert not [a for a in last_commit(path) if "remove" in a]
+    assert spark_rows(spark, path) == sorted(
+        [(i, f"v{i}", 10, False) for i in range(1, 31) if i != 15]
+        + [(15, "new", 20, False), (100, "ins", 20, False)]
+        + [(200 + i, "ins", 20, False) for i in range(5)]
+    )
+
+
+def test_a_table_of_small_files_is_rewritten_whole_without_a_key_scan(spark, tmp_path, monkeypatch):
+    scans = _key_scans(monkeypatch)
+    path = str(tmp_path / "t")
+    make_table(spark, path, [(i, f"v{i}", 10, False) for i in range(1, 31)], files=3)
+    before = delta_log.active_files(delta_log.table_state(path))
+    delta_merge.merge_newer(changes(spark, [(5, "new", 20, False)]), path, ("id",), {}, "a", 0)
+    assert scans == []
+    assert sorted(a["remove"]["path"] for a in last_commit(path) if "remove" in a) == sorted(before)
+    assert delta_rs_rows(path) == sorted(
+        [(i, f"v{i}", 10, False) for i in range(1, 31) if i != 5] + [(5, "new", 20, False)]
+    )
+
+
 def test_replace_equal_takes_a_change_of_the_same_version_and_tombstones_stay(spark, tmp_path):
     path = str(tmp_path / "t")
     make_table(spark, path, [(i, f"v{i}", 10, False) for i in range(1, 6)], files=1)

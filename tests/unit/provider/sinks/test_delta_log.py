@@ -187,4 +187,4 @@ def test_active_files_are_the_checkpoint_s_adds_with_the_later_commits_replayed(
     )
     files = delta_log.active_files(delta_log.table_state(str(tmp_path)))
     assert set(files) == (set(third) - {removed}) | {"eo-x/new.parquet"}
-    assert files["eo-x/new.parquet"] == {"path": "eo-x/new.parquet", "size": 7, "partitionValues": {}}
+    assert files["eo-x/new.parquet"] == {"path": "eo-x/new.parquet", "size": 7, "partitionValues": {}, "stats": None}
