@@ -74,7 +74,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     :param interval: processing-time trigger interval, e.g. ``"30 seconds"``.
     :param max_offsets_per_trigger: cap on records per micro-batch.
     :param max_runtime: ``processing-time``: seconds after which the stream stops cleanly and the task succeeds
-        (a supervising schedule starts the next one); default: run until the task is stopped.
+        (a supervising schedule starts the next one); default: run until the task is stopped. A driver
+        restarted within the try (``driver_restarts``) runs for what is left of it.
     :param mode: ``append`` (records), ``cdc`` (apply changes by key into a changes table; newer source version
         wins; deletes kept as tombstones; needs the ``delta`` or ``postgres`` sink), ``current`` (merge the
         binlog capture's changes into the full load's Delta table ``sink_path``, typed like its rows, on the
@@ -272,13 +273,23 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             trigger=self.trigger,
             interval=self.interval,
             max_offsets_per_trigger=int(self.max_offsets_per_trigger) if self.max_offsets_per_trigger else None,
-            max_runtime=float(self.max_runtime) if self.max_runtime not in (None, "", "None") else None,
+            max_runtime=self._runtime_left(),
             mode=self.mode,
             key_field=self.key_field,
             version_field=self.version_field,
             op_field=self.op_field,
             delivery=self.delivery,
         ).validate()
+
+    def _runtime_left(self) -> float | None:
+        """Return ``max_runtime`` in seconds, less what this try's earlier drivers ran (a restarted driver)."""
+        if self.max_runtime in (None, "", "None"):
+            return None
+        return float(self.max_runtime) - (self.restarted_after or 0.0)
+
+    def may_restart(self, elapsed: float) -> bool:
+        """Restart a killed driver only while the stream's ``max_runtime`` has time left."""
+        return self.max_runtime in (None, "", "None") or float(self.max_runtime) > elapsed
 
     def _reads_path(self) -> bool:
         """Whether ``sink_path`` is read: the sink's own location, or (PostgreSQL current table) its full load."""

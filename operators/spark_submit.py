@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,6 +81,16 @@ class DriverEndedError(AirflowException):
         self.status = status
 
 
+class DriverKilledError(AirflowException):
+    """The client-mode driver (spark-submit) ended by a signal without reporting an error (SIGKILL, the OOM
+    killer, SIGTERM): a restart of the same job may simply go on."""
+
+
+# spark-submit's exit status when a signal ended it: -N from Python's subprocess when it died of signal N, 128+N
+# when the JVM (or the Python driver it runs) did.
+_KILLED_EXIT = re.compile(r"Error code is: (-9|-15|137|143)\b")
+
+
 class PackagedSparkJobOperator(SparkSubmitOperator):
     """Base of the provider's Spark operators: submit one packaged job with its spec; read its result back.
 
@@ -100,6 +111,10 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         runs the driver with ``conf["spark.pyspark.driver.python"]`` (default: this interpreter).
     :param driver_memory: driver memory.
     :param env_vars: extra environment for spark-submit and the driver (e.g. ``PYSPARK_PYTHON``); no secrets.
+    :param driver_restarts: client mode: how many times a driver killed by a signal without reporting an error
+        is started again at once within this try (what ``spark-submit --supervise`` does for a cluster-mode
+        driver); past them, or on any other failure, the task fails and Airflow's retries take over. A task
+        stopped by Airflow (mark failed, on_kill) is never restarted.
     """
 
     job_name: str = ""
@@ -118,6 +133,7 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         deploy_mode: str | None = None,
         driver_memory: str = "1g",
         env_vars: dict[str, str] | None = None,
+        driver_restarts: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(conn_id=spark_conn_id, **kwargs)
@@ -129,12 +145,16 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         self.deploy_mode = deploy_mode
         self.driver_memory = driver_memory
         self.env_vars = env_vars or {}
+        self.driver_restarts = driver_restarts
         self.spark_ui_url: str | None = None
         self.driver_id: str | None = None
         self.driver_started: dict | None = None
         self._job_dir: str | None = None
         self._submit_settings: dict[str, Any] = {}
         self._class_archive: DriverClassArchive | None = None
+        self._stopping = False
+        # Seconds since this try's first driver was submitted, when this driver is a restart (else None).
+        self.restarted_after: float | None = None
 
     # ------------------------------------------------------------------------------------------ subclass API
     def job_params(self, context: Any) -> dict[str, Any]:
@@ -275,7 +295,35 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         """Return the connectors' Maven coordinates when neither ``packages`` nor jars were given."""
         return SPARK_PACKAGES
 
+    def may_restart(self, elapsed: float) -> bool:
+        """Return whether a killed driver is started again ``elapsed`` seconds into the try (a subclass with a
+        time budget says no once it is spent)."""
+        return True
+
     def execute(self, context: Any) -> Any:
+        first_submit = time.monotonic()
+        restarts = 0
+        while True:
+            try:
+                return self._execute_once(context)
+            except DriverKilledError as err:
+                elapsed = time.monotonic() - first_submit
+                if self._stopping or restarts >= self.driver_restarts or not self.may_restart(elapsed):
+                    raise
+                restarts += 1
+                self.restarted_after = elapsed
+                self.log.warning(
+                    "%s Starting it again at once (restart %d of %d in this try; then Airflow's retries take over).",
+                    err,
+                    restarts,
+                    self.driver_restarts,
+                )
+
+    def on_kill(self) -> None:
+        self._stopping = True  # the driver killed now is not restarted
+        super().on_kill()
+
+    def _execute_once(self, context: Any) -> Any:
         # One directory per operator object: the hook the provider keeps on the operator between two execute()
         # calls of the same object (tests; Airflow builds a new operator per try) names these same paths.
         if self._job_dir is None:
@@ -316,6 +364,12 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
             raise ValueError(error["message"]) from err
         if error:
             raise AirflowException(f"{self.job_label()} failed: {error['type']}: {error['message']}") from err
+        killed = _KILLED_EXIT.search(str(err))
+        if killed and not self.driver_id:  # client mode (a cluster driver's end is DriverEndedError)
+            raise DriverKilledError(
+                f"The Spark driver of {self.job_label()} was killed (exit status {killed.group(1)}) without "
+                "reporting an error."
+            ) from err
         raise err if isinstance(err, AirflowException) else AirflowException(str(err)) from err
 
     def submit_job(self, context: Any) -> str | None:

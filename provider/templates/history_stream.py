@@ -61,6 +61,9 @@ TABLE = "{table}"  # in table_path, checkpoint_location and staging_path of a DA
 CONTINUOUS_RETRIES = 20
 CONTINUOUS_RETRY_DELAY = timedelta(seconds=2)
 CONTINUOUS_MAX_RETRY_DELAY = timedelta(minutes=2)
+# ... and a Spark driver killed by a signal is started again at once inside its task, 3 times per try: no
+# retry delay, no new task process (a driver kill -> applying again in ~10 s instead of ~18 s).
+CONTINUOUS_DRIVER_RESTARTS = 3
 ALL_TABLES = "_eo_all_tables"  # what a {table} in checkpoint_location becomes: the apply's one query of all tables
 
 
@@ -360,6 +363,7 @@ def history_stream_dag(
             trigger="processing-time" if continuous else "available-now",
             interval=stream_interval,
             max_runtime=seconds if continuous else None,
+            driver_restarts=CONTINUOUS_DRIVER_RESTARTS if continuous else 0,
             kafka_conn_id=kafka_config_id,
             spark_conn_id=spark_conn_id,
             aws_conn_id=aws_conn_id,
@@ -386,6 +390,7 @@ def history_stream_dag(
                 trigger="processing-time" if continuous else "available-now",
                 interval=stream_interval,
                 max_runtime=seconds if continuous else None,
+                driver_restarts=CONTINUOUS_DRIVER_RESTARTS if continuous else 0,
                 kafka_conn_id=kafka_config_id,
                 postgres_conn_id=postgres_conn_id,
                 spark_conn_id=spark_conn_id,

@@ -434,3 +434,21 @@ def test_streams_without_their_own_checkpoints_share_one_query(connections, monk
 def test_bad_streams_are_refused_naming_the_setting(connections, kwargs, message):
     with pytest.raises(ValueError, match=message):
         _op(**kwargs).execute({})
+
+
+def test_a_killed_stream_driver_restarts_at_once_for_what_is_left_of_max_runtime(connections, monkeypatch):
+    op = _op(trigger="processing-time", max_runtime=300, driver_restarts=1)
+    runs = []
+
+    def killed_then_running(self, application="", **kwargs):
+        _fake_submit(self, application, **kwargs)
+        runs.append(_FakeHook.created[-1]["spec"]["params"]["max_runtime"])
+        if len(runs) == 1:
+            raise AirflowException("Cannot execute: spark-submit ... Error code is: -9.")
+
+    _submitted(monkeypatch, op)  # the fakes in place; one plain run
+    monkeypatch.setattr(SparkSubmitHook, "submit", killed_then_running)
+    op.restarted_after = None
+    op.execute({})
+    assert len(runs) == 2 and runs[0] == 300 and 290 < runs[1] < 300
+    assert not op.may_restart(301)

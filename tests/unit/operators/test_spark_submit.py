@@ -10,7 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
-from exactly_once_provider.operators.spark_submit import DriverEndedError, PackagedSparkJobOperator
+from exactly_once_provider.operators.spark_submit import DriverEndedError, DriverKilledError, PackagedSparkJobOperator
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_error
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -82,6 +82,71 @@ def test_a_killed_cluster_driver_is_reported_killed_whatever_it_wrote_on_the_way
     op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x")
     with pytest.raises(AirflowException, match=raised):
         op._raise_job_error(spec, DriverEndedError(f"Spark driver d-1 of t ended {status}; ...", status))
+
+
+@pytest.mark.parametrize("status", ["-9", "137", "-15", "143"])
+def test_a_client_driver_ended_by_a_signal_without_an_error_is_a_killed_driver(tmp_path, status):
+    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x")
+    with pytest.raises(DriverKilledError, match=f"killed \\(exit status {status}\\)"):
+        op._raise_job_error(
+            _spec(tmp_path), AirflowException(f"Cannot execute: spark-submit. Error code is: {status}.")
+        )
+
+
+def test_a_killed_driver_that_reported_an_error_keeps_its_error(tmp_path):
+    spec = _spec(tmp_path)
+    report_error(spec, RuntimeError("Access denied"))
+    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x")
+    with pytest.raises(AirflowException, match="Access denied") as raised:
+        op._raise_job_error(spec, AirflowException("Cannot execute: spark-submit. Error code is: -9."))
+    assert not isinstance(raised.value, DriverKilledError)
+
+
+class _Drivers:
+    """Stand-in for one driver run per call: the listed outcomes in turn (an exception is raised)."""
+
+    def __init__(self, *outcomes):
+        self.outcomes = list(outcomes)
+        self.calls = 0
+
+    def __call__(self, context):
+        self.calls += 1
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+def test_a_killed_driver_is_restarted_within_the_try_up_to_driver_restarts(monkeypatch):
+    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", driver_restarts=2)
+    drivers = _Drivers(DriverKilledError("killed"), DriverKilledError("killed"), "done")
+    monkeypatch.setattr(op, "_execute_once", drivers)
+    assert op.execute({}) == "done" and drivers.calls == 3 and op.restarted_after is not None
+
+    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", driver_restarts=1)
+    monkeypatch.setattr(op, "_execute_once", _Drivers(DriverKilledError("a"), DriverKilledError("b"), "unused"))
+    with pytest.raises(DriverKilledError, match="b"):  # past its restarts: the task fails, Airflow retries
+        op.execute({})
+
+
+def test_no_restart_by_default_of_other_failures_or_of_a_task_airflow_stops(monkeypatch):
+    for op, outcome in (
+        (MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x"), DriverKilledError("killed")),
+        (MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", driver_restarts=3), AirflowException("bad")),
+    ):
+        drivers = _Drivers(outcome, "unused")
+        monkeypatch.setattr(op, "_execute_once", drivers)
+        with pytest.raises(AirflowException):
+            op.execute({})
+        assert drivers.calls == 1
+
+    op = MySqlFullLoadOperator(task_id="t", table="t", sink_path="/x", driver_restarts=3)
+    op.on_kill()  # Airflow stops the task: the driver it kills stays dead
+    drivers = _Drivers(DriverKilledError("killed"), "unused")
+    monkeypatch.setattr(op, "_execute_once", drivers)
+    with pytest.raises(DriverKilledError):
+        op.execute({})
+    assert drivers.calls == 1
 
 
 def test_the_mysql_connection_goes_to_the_secrets_only(spark_connection):
