@@ -268,6 +268,12 @@ def main() -> None:
                 "changing all N tables and then only the first",
             ),
             p.add_argument(
+                "--only",
+                choices=("per-table", "shared"),
+                default=None,
+                help="with --tables: run this one of the two (all N tables changing, then one) instead of both",
+            ),
+            p.add_argument(
                 "--capture-commit-ms",
                 type=int,
                 default=None,
@@ -289,7 +295,7 @@ def main() -> None:
     runs = []
     for _ in range(args.repeats):  # interleaved: each configuration once per repeat
         for busy in (args.tables, 1):
-            for queries in ("per-table", "shared"):
+            for queries in [args.only] if args.only else ("per-table", "shared"):
                 runs.append(_measure(stack, args, args.tables, queries, busy))
     result["runs"] = runs
     path_json = _support.write_result(result)

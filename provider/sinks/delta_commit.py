@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -252,6 +253,7 @@ _TXN_CONFS = (
     "spark.databricks.delta.write.txnVersion",
     "spark.databricks.delta.commitInfo.userMetadata",
 )
+_SESSION_TXN = threading.Lock()
 
 
 def merge_with_marker(
@@ -292,20 +294,21 @@ def merge_with_marker(
         return done
     spark = source.sparkSession
     values = (app_id, str(version), json.dumps(marker, sort_keys=True))
-    for key, value in zip(_TXN_CONFS, values):
-        spark.conf.set(key, value)
-    try:
-        merge = DeltaTable.forPath(spark, spark_path(path)).alias("t").merge(source.alias("s"), on)
-        if delete_when:
-            cond = f"({update_when}) AND ({delete_when})" if update_when else delete_when
-            merge = merge.whenMatchedDelete(condition=cond)
-        merge = merge.whenMatchedUpdateAll(condition=update_when).whenNotMatchedInsertAll()
-        if evolve_schema:
-            merge = merge.withSchemaEvolution()
-        merge.execute()
-    finally:
-        for key in _TXN_CONFS:
-            spark.conf.unset(key)
+    with _SESSION_TXN:  # the confs are the session's: one MERGE at a time among the driver's threads
+        for key, value in zip(_TXN_CONFS, values):
+            spark.conf.set(key, value)
+        try:
+            merge = DeltaTable.forPath(spark, spark_path(path)).alias("t").merge(source.alias("s"), on)
+            if delete_when:
+                cond = f"({update_when}) AND ({delete_when})" if update_when else delete_when
+                merge = merge.whenMatchedDelete(condition=cond)
+            merge = merge.whenMatchedUpdateAll(condition=update_when).whenNotMatchedInsertAll()
+            if evolve_schema:
+                merge = merge.withSchemaEvolution()
+            merge.execute()
+        finally:
+            for key in _TXN_CONFS:
+                spark.conf.unset(key)
     done = find_commit(path, app_id, version)
     if done is None:
         raise CommitMarkerError(f"Delta MERGE into {path} finished but no commit records txn ({app_id}, {version}).")

@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -309,6 +310,8 @@ def _not_yet_committed(df, offsets: Offsets):
 FETCH_MAX_WAIT_MS = "100"
 
 TABLE_IDENTITY = ("source.schema", "source.table")  # where a binlog change record names its table
+# Tables of one shared micro-batch committed at once (:func:`_side_by_side`).
+TABLE_THREADS = 4
 
 
 def key_paths(key_field: str) -> tuple[str, ...]:
@@ -756,18 +759,21 @@ def process_routes(
     if not touched:
         return
     started = time.monotonic()
-    if len(touched) > 1:  # one read of Kafka for every table's part
-        df = df.persist()
-    try:
-        # One table after the other: side by side (threads) measured no faster on 2 cores (the commits are
-        # CPU-bound), and one at a time keeps Delta's session-conf txn of a fallback MERGE its own.
-        for spec, sink, to_changes in touched:
-            part = df.filter(F.col("kafka_topic").isin(*spec.topics))
-            process_batch(
-                sink, pipeline, checkpoint, part, batch_id, exactly_once, to_changes, kafka_options, spec.topics, end
-            )
-    finally:
-        if len(touched) > 1:
+
+    def commit_table(route) -> None:
+        spec, sink, to_changes = route
+        part = df.filter(F.col("kafka_topic").isin(*spec.topics))
+        process_batch(
+            sink, pipeline, checkpoint, part, batch_id, exactly_once, to_changes, kafka_options, spec.topics, end
+        )
+
+    if len(touched) == 1:
+        commit_table(touched[0])
+    else:
+        df = df.persist()  # one read of Kafka for every table's part
+        try:
+            _side_by_side(commit_table, touched)
+        finally:
             df.unpersist()
     log.info(
         "batch %d: %d of %d tables touched, committed in %.2fs",
@@ -776,6 +782,21 @@ def process_routes(
         len(routes),
         time.monotonic() - started,
     )
+
+
+def _side_by_side(commit_table, routes: list) -> None:
+    """Run ``commit_table`` for each route in :data:`TABLE_THREADS` threads; raise the first route's error (in
+    ``routes`` order) once every started commit has ended.
+
+    Side by side because a table's commit is mostly Spark jobs (the JVM's threads): one table's planning and
+    commit overlap another's jobs (4 tables, 500 changes/s, 2 cores: see docs/benchmarks.md). Each table's commit
+    is fenced on its own, so a failure of one leaves the others' commits exact; the batch fails and is replayed,
+    and the tables that committed it skip it.
+    """
+    with ThreadPoolExecutor(max_workers=min(TABLE_THREADS, len(routes)), thread_name_prefix="eo-table") as pool:
+        futures = [pool.submit(commit_table, route) for route in routes]
+    for future in futures:
+        future.result()
 
 
 def _previous_end(checkpoint: str, batch_id: int) -> Offsets | None:

@@ -1,7 +1,8 @@
 """Several tables, one Spark application: one capture of three tables (integer, two-column and text keys) with
 writers changing them concurrently, across tables in one transaction, during the full loads and after; ONE
 apply run (``streams`` with one checkpoint: ONE query split per table) merges each table's topic into its own
-current table, its driver killed between two tables' commits of one batch, then retried. Each current table then
+current table, its driver killed while the tables commit one batch side by side (two committed it, one not),
+then retried. Each current table then
 equals its source table row by row, read with Spark and with delta-rs, every key once; a second run adds nothing.
 One more application keeps the three tables in PostgreSQL (one query per table, each with its own checkpoint, one
 pipeline): each equals its source too.
@@ -9,10 +10,13 @@ pipeline): each equals its source too.
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import signal
 import sys
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -25,6 +29,7 @@ from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperato
 from exactly_once_provider.sinks import delta_commit
 from exactly_once_provider.sinks.current_table import CURRENT_ROWS, DELETED_COLUMN
 from tests import spark_job_support as jobs
+from tests.airflow_support import processes_matching
 from tests.mysql_support import assert_same_rows, connect, normalise, source_rows, unique_name
 
 # name prefix -> (DDL, columns, key columns)
@@ -90,6 +95,32 @@ def _writer(stack, names: dict[str, str], seed: int, stop: threading.Event, erro
         errors.append(err)
     finally:
         conn.close()
+
+
+def _expect_failure(operator, failed: list) -> None:
+    try:
+        operator.execute({})
+    except BaseException as err:  # what the killed driver's task raises, checked by the test
+        failed.append(err)
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        time.sleep(0.5)
+
+
+def _kill_driver_group(app: str) -> None:
+    """SIGKILL the process group of the Spark driver whose command line names ``app`` (spark-submit, its JVM
+    and the Python driver)."""
+    drivers = [line for line in processes_matching(app) if "SparkSubmit" in line or "spark-submit" in line]
+    assert drivers, f"no Spark driver of {app}"
+    for line in drivers:
+        try:
+            os.killpg(os.getpgid(int(line.split()[0])), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _spark_rows(spark, path: str, columns: list[str], key: list[str]) -> Counter:
@@ -167,13 +198,25 @@ def test_one_application_applies_three_tables_each_into_its_own_current_table(
             env_vars={"PYSPARK_PYTHON": sys.executable, **env},
         )
 
-    # The driver dies (with its JVM) after the first table committed batch 1, before the others did.
-    with pytest.raises(AirflowException):
-        apply_delta(EO_FAULT_AT="after_sink_commit_1", EO_FAULT_ACTION="kill-group").execute({})
-    held = apply_delta().sink_state()["streams"]
-    assert sorted(held[paths[p]]["batch_id"] for p in TABLES) == [0, 0, 1], held
-    # The retry keeps the checkpoint (each sink holds its part of batch 0 or 1), replays batch 1: the table that
-    # committed it skips it, the others commit it; and goes on to the end.
+    # The tables of a batch commit side by side: the second table to reach its commit of batch 1 stops there
+    # (a paused thread) while the other two commit it; then the driver dies with its JVM.
+    marker = tmp_path / "paused"
+    killed = apply_delta(EO_FAULT_AT="before_sink_commit_1:2", EO_FAULT_ACTION="pause:600", EO_FAULT_FILE=str(marker))
+    failed: list[BaseException] = []
+    running = threading.Thread(target=lambda: _expect_failure(killed, failed), daemon=True)
+    running.start()
+
+    def batch_ids() -> list[int]:
+        held = apply_delta().sink_state()["streams"]
+        return sorted(held[paths[p]]["batch_id"] if held.get(paths[p]) else -1 for p in TABLES)
+
+    _wait_for(lambda: marker.exists() and batch_ids() == [0, 1, 1], 300, "two tables at batch 1, one paused at 0")
+    _kill_driver_group(f"{pipeline}-apply")
+    running.join(120)
+    assert not running.is_alive() and len(failed) == 1 and isinstance(failed[0], AirflowException), failed
+    assert batch_ids() == [0, 1, 1]
+    # The retry keeps the checkpoint (each sink holds its part of batch 0 or 1), replays batch 1: the tables that
+    # committed it skip it, the third commits it; and goes on to the end.
     apply = apply_delta()
     state = apply.execute({})
 
