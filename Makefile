@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: test-profile lint format bench docs docs-tables setup stack-up stack-down stack-status stack-clean demo test test-all test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-increment test-templates
+.PHONY: test-profile lint format bench docs docs-tables setup stack-up stack-down stack-status stack-clean demo test test-all test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-freshness-operators bench-increment test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -92,7 +92,7 @@ bench: stack-up  ## every benchmark, then the docs tables and docs/images/bench-
 	  --sinks delta,postgres,files,delta-s3,files-s3; \
 	run history benchmarks/bench_history.py --repeats 3 --ledger-sizes 1000,100000 --manifests 10,10000 \
 	  --delta-commits 10,10000 --delta-s3-commits 10,1000 --postgres-rows 1000,100000; \
-	run freshness benchmarks/bench_freshness.py --seconds 300 --warmup 30; \
+	run freshness benchmarks/bench_freshness_dag.py --seconds 300 --warmup 30; \
 	run increment benchmarks/bench_increment.py --sizes 10000 --repeats 3; \
 	$(PY) benchmarks/results_table.py >/dev/null || failed="$$failed docs-tables"; \
 	echo "[make] bench: $$(( $$(date +%s) - t0 ))s$${failed:+, failed:$$failed}"; [ -z "$$failed" ]
@@ -119,7 +119,10 @@ bench-capture: stack-up  ## binlog capture into Kafka (exactly_once) vs the raw 
 bench-history: stack-up  ## ledger reads, writer open, status page and files-sink committed() with 1k..1M records of history (JSON in benchmarks/results/)
 	$(PY) benchmarks/bench_history.py $(BENCH_ARGS)
 
-bench-freshness: stack-up  ## continuous history -> stream: source commit -> visible in the current table, p50/p99 at 500 changes/s for 5 min (JSON in benchmarks/results/)
+bench-freshness: stack-up  ## the continuous history -> stream template under a real Airflow: source commit -> visible in the current table, 1 and 4 tables at 500 changes/s and 4 at 1,000 for 5 min each (JSON in benchmarks/results/)
+	$(PY) benchmarks/bench_freshness_dag.py $(BENCH_ARGS)
+
+bench-freshness-operators: stack-up  ## the same pipeline's operators outside Airflow (--tables N: one shared query vs one query per table)
 	$(PY) benchmarks/bench_freshness.py $(BENCH_ARGS)
 
 bench-increment: stack-up  ## one increment of 1,000 changes of the scheduled history -> stream template at 10k and 1M rows: changed-keys vs full reconciliation (JSON in benchmarks/results/)

@@ -85,6 +85,7 @@ class Watcher(threading.Thread):
         self.version = first_version
         self.measure_from_us = measure_from_us
         self.latencies: list[float] = []
+        self.timed: list[tuple[int, float]] = []  # (visible at, µs since the epoch; latency s), in commit order
         self.newest: dict[int, int] = {}
         self.commits = 0
         self.stop = threading.Event()
@@ -113,6 +114,33 @@ class Watcher(threading.Thread):
                     self.newest[key] = stamp
                     if stamp >= self.measure_from_us:
                         self.latencies.append((visible_us - stamp) / 1e6)
+                        self.timed.append((visible_us, self.latencies[-1]))
+
+
+def create_tables(cur, tables: list[str], rows: int) -> None:
+    """Create each table (``id``, ``v``, ``stamp``: the writer's clock, ``pad``) with ``rows`` rows."""
+    for table in tables:
+        cur.execute(
+            f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL, stamp BIGINT NULL, "
+            "pad VARCHAR(100) NOT NULL)"
+        )
+        for start in range(0, rows, 10_000):
+            cur.executemany(
+                f"INSERT INTO {table} VALUES (%s, 0, NULL, %s)",
+                [(i, "x" * 80) for i in range(start + 1, min(rows, start + 10_000) + 1)],
+            )
+
+
+def latency_figures(latencies: list[float], seconds: float) -> dict:
+    """Return p50/p90/p99/max of ``latencies`` and how many were measured per second of ``seconds``."""
+    return {
+        "measured": len(latencies),
+        "p50_s": _percentile(latencies, 0.5),
+        "p90_s": _percentile(latencies, 0.9),
+        "p99_s": _percentile(latencies, 0.99),
+        "max_s": max(latencies),
+        "applied_per_s": len(latencies) / seconds,
+    }
 
 
 def _without(args: list[str], *options: str) -> list[str]:
@@ -146,16 +174,7 @@ def _measure(stack, args, n_tables: int, queries: str, busy: int) -> dict:
     paths = {t: str(work / t) for t in tables}
     conn = _support.connect_source(stack)
     cur = conn.cursor()
-    for table in tables:
-        cur.execute(
-            f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL, stamp BIGINT NULL, "
-            "pad VARCHAR(100) NOT NULL)"
-        )
-        for start in range(0, args.rows, 10_000):
-            cur.executemany(
-                f"INSERT INTO {table} VALUES (%s, 0, NULL, %s)",
-                [(i, "x" * 80) for i in range(start + 1, min(args.rows, start + 10_000) + 1)],
-            )
+    create_tables(cur, tables, args.rows)
     result: dict = {"tables": n_tables, "queries": queries if n_tables > 1 else "one", "busy_tables": busy}
     started = time.monotonic()
     for table in tables:
@@ -236,12 +255,7 @@ def _measure(stack, args, n_tables: int, queries: str, busy: int) -> dict:
         writer=dict(written),
         commits=sum(w.commits for w in watchers),
         commits_per_table=[w.commits for w in watchers],
-        measured=len(lat),
-        p50_s=_percentile(lat, 0.5),
-        p90_s=_percentile(lat, 0.9),
-        p99_s=_percentile(lat, 0.99),
-        max_s=max(lat),
-        applied_per_s=len(lat) / args.seconds,
+        **latency_figures(lat, args.seconds),
     )
     for table in tables:
         cur.execute(f"DROP TABLE {table}")

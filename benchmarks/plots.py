@@ -33,6 +33,12 @@ def bars(result: dict) -> tuple[list[str], list[float], str] | None:
             [r["p99_s"] for r in result["runs"]],
             "p99 source commit -> visible, seconds",
         )
+    if kind == "freshness_dag":
+        return (
+            [f"{r['tables']} table(s), {r['rate']:,.0f} changes/s" for r in result["runs"]],
+            [r["p99_s"] for r in result["runs"]],
+            "p99 source commit -> visible under Airflow, seconds",
+        )
     if kind == "increment":
         return (
             [f"{row['rows']:,} rows, {row['kind']} reconciliation" for row in result["summary"]],
