@@ -136,7 +136,11 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     operator_extra_links = (PipelineStatusLink(), SparkUILink())
     job_name = "kafka_to_sink"
     job_module = "exactly_once_provider.spark_jobs.kafka_to_sink"
-    default_conf = {"spark.sql.shuffle.partitions": "2"}
+    # Adaptive query execution off: a micro-batch of a few hundred changes gains nothing from re-planning at
+    # each shuffle (two partitions to begin with), and each action paid a job per shuffle stage and a new plan
+    # between them (4 followed tables at 500 changes/s on 2 cores: a table's commit 2.8 -> 2.1 s, freshness p99
+    # 6.6 -> 5.5 s, benchmarks/bench_freshness.py --tables 4). The user's conf may turn it on again.
+    default_conf = {"spark.sql.shuffle.partitions": "2", "spark.sql.adaptive.enabled": "false"}
     # A bounded run lives ~20 s: the JVM's C2 compiler threads then only compete with the job for the cores
     # (measured: apply of 1,000 changes 21.3 -> 18.2 s on 2 cores, make bench-increment); a long stream keeps C2.
     bounded_run_conf = {

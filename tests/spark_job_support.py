@@ -174,6 +174,8 @@ def submit_command(stack, args: list[str], master: str = "local[2]", conf: dict[
         "--conf",
         "spark.sql.shuffle.partitions=2",
         "--conf",
+        "spark.sql.adaptive.enabled=false",  # as SparkKafkaToSinkOperator.default_conf
+        "--conf",
         "spark.ui.enabled=false",
         *connectors,
         JOB,

@@ -802,9 +802,6 @@ def written_files(storage: Any, folder: str, schema: dict) -> list[dict]:
     return files
 
 
-_INTEGRAL = frozenset({"byte", "short", "integer", "long"})
-
-
 def _column_stats(footer: Any, schema: dict) -> dict:
     """Return Delta file statistics of the top-level integral columns from a Parquet footer.
 
@@ -813,7 +810,7 @@ def _column_stats(footer: Any, schema: dict) -> dict:
     offset in the streaming sink). Other columns get none (Delta's string bounds are truncated prefixes,
     not Parquet's); a column without stats is simply never skipped.
     """
-    wanted = {f["name"] for f in schema.get("fields", []) if f["type"] in _INTEGRAL}
+    wanted = {f["name"] for f in schema.get("fields", []) if f["type"] in delta_log.INTEGRAL_TYPES}
     lows: dict[str, int] = {}
     highs: dict[str, int] = {}
     nulls: dict[str, int] = {}

@@ -27,6 +27,8 @@ Table = Union[str, "Storage"]  # a table's location, or the storage rooted at it
 LOG = "_delta_log/"
 LAST_CHECKPOINT = LOG + "_last_checkpoint"
 COMMIT = re.compile(r"^(\d{20})\.json$")
+# Spark/Delta type names of the columns whose exact file bounds the commits record and readers skip files on
+INTEGRAL_TYPES = frozenset({"byte", "short", "integer", "long"})
 # classic (one file or parts "<part>.<parts>") and V2 (UUID-named top-level file) checkpoints
 _CLASSIC_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _V2_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint\.[0-9a-fA-F-]{36}\.(?:json|parquet)$")

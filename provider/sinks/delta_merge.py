@@ -52,7 +52,6 @@ ATTEMPTS = 3  # plans of one batch when other writers keep committing first (eac
 SMALL_FILE_BYTES = 4 << 20
 SMALL_FILES_TOTAL_BYTES = 16 << 20
 _FILE = "_eo_file"
-_INTEGRAL = frozenset({"byte", "short", "integer", "long"})  # Spark type names whose file bounds Delta keeps
 
 
 def _normalised(uri: str) -> str:
@@ -291,7 +290,9 @@ def _summary(changes: Any, key: tuple[str, ...]) -> tuple[int, dict[str, tuple[i
     fail if two changes share a key (Delta's MERGE refuses that too: both would land, as two rows of one key)."""
     from pyspark.sql import functions as F
 
-    integral = [f.name for f in changes.schema.fields if f.name in key and f.dataType.typeName() in _INTEGRAL]
+    integral = [
+        f.name for f in changes.schema.fields if f.name in key and f.dataType.typeName() in delta_log.INTEGRAL_TYPES
+    ]
     bounds = [agg(F.col(quoted(k))) for k in integral for agg in (F.min, F.max)]
     rows, keys, *found = changes.agg(
         F.count(F.lit(1)), F.count_distinct(*[F.col(quoted(k)) for k in key]), *bounds

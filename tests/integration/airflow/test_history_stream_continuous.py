@@ -175,6 +175,22 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
         },
     )
     client.wait_dag(dag_id)
+    try:
+        run_id = _killed_and_converged(stack, client, dag_id, table, path, pipeline)
+    finally:
+        # Whatever failed, the @continuous DAG must not go on running on the package's Airflow: its two
+        # long-running tasks would hold both executor slots and starve the next test's tasks.
+        client.pause(dag_id)
+        for run in client.runs(dag_id)[:2]:
+            for task_id in ("capture", "apply"):
+                if client.task_instance(dag_id, run["dag_run_id"], task_id)["state"] == "running":
+                    client.mark(dag_id, run["dag_run_id"], task_id, "failed")  # on_kill stops them
+    assert run_id
+
+
+def _killed_and_converged(stack, client, dag_id: str, table: str, path: str, pipeline: str) -> str:
+    """Unpause, kill the capture's task process then the stream's driver under a writer, check each recovery
+    and the convergence; return the run id."""
     writer = _Writer(stack, table)
     writer.start()
     try:
@@ -242,10 +258,4 @@ def test_continuous_stream_survives_killed_capture_and_spark_driver(stack, airfl
             f"{len(differ)} keys differ between the source and the current table, e.g. "
             f"{[(k, source.get(k), current.get(k)) for k in differ[:5]]}"
         ) from None
-    finally:
-        client.pause(dag_id)
-        for run in client.runs(dag_id)[:2]:
-            for task_id in ("capture", "apply"):
-                if client.task_instance(dag_id, run["dag_run_id"], task_id)["state"] == "running":
-                    client.mark(dag_id, run["dag_run_id"], task_id, "failed")  # on_kill stops them
-    assert run_id
+    return run_id

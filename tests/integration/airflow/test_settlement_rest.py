@@ -165,33 +165,6 @@ def _assert_once_each(stack, case: dict, ends: list[str] = ENDS) -> dict:
     return outcome
 
 
-def test_settlement_windows_then_cleared_extract_leaves_one_copy(stack, airflow_server, tmp_path):
-    client = airflow_server.client
-    case = _settlement(stack, airflow_server, tmp_path, rows_per_stamp=12)
-    dag_id = case["dag_id"]
-    runs = []
-    for end in ENDS:  # the windows in order, each a manual run with the window_end Param
-        run_id = client.trigger(dag_id, conf={"window_end": end})
-        client.wait_run(dag_id, run_id, timeout=1500)
-        runs.append(run_id)
-    first = _assert_once_each(stack, case)
-    log_files = sorted((Path(case["sink"]) / "_delta_log").glob("*.json"))
-
-    # The UI's "Clear" on the first window's extract (and downstream), after the second window was settled.
-    cleared = client.clear(dag_id, runs[0], ["extract_window"])
-    assert {t["task_id"] for t in cleared} >= {"extract_window", "load_window", "settlement_report"}, cleared
-    client.wait_run(dag_id, runs[0], timeout=1500)
-    extract = client.task_instance(dag_id, runs[0], "extract_window")
-    assert extract["try_number"] == 2 and extract["state"] == "success", extract
-    assert "is already committed" in client.task_log(dag_id, runs[0], "extract_window"), (
-        "the rerun extract did not find its window in the ledger"
-    )
-    again = _assert_once_each(stack, case)
-    assert again == first
-    after = sorted((Path(case["sink"]) / "_delta_log").glob("*.json"))
-    assert after == log_files, "the rerun of a committed window wrote to the sink again"
-
-
 def test_load_marked_failed_mid_run_kills_spark_and_retry_settles_once(stack, airflow_server, tmp_path):
     client = airflow_server.client
     case = _settlement(stack, airflow_server, tmp_path, rows_per_stamp=20, retries=1)
@@ -246,7 +219,9 @@ DST_STAMPS = [
 DST_ENDS = ["2026-10-25T01:00:00+00:00", "2026-10-26T01:00:00+00:00"]
 
 
-def test_backfill_across_the_dst_change_settles_each_night_once(stack, airflow_server, tmp_path):
+def test_backfill_across_the_dst_change_settles_each_night_once_and_a_cleared_extract_adds_nothing(
+    stack, airflow_server, tmp_path
+):
     client = airflow_server.client
     case = _settlement(stack, airflow_server, tmp_path, rows_per_stamp=4, stamps=DST_STAMPS, timezone="Europe/Berlin")
     dag_id = case["dag_id"]
@@ -271,4 +246,19 @@ def test_backfill_across_the_dst_change_settles_each_night_once(stack, airflow_s
     assert [end.isoformat() for _, end in intervals] == DST_ENDS, intervals
     hours = [(end - start).total_seconds() / 3600 for start, end in intervals]
     assert hours == [25, 24], hours  # the night the clocks go back is one hour longer
-    _assert_once_each(stack, case, DST_ENDS)
+    first = _assert_once_each(stack, case, DST_ENDS)
+    log_files = sorted((Path(case["sink"]) / "_delta_log").glob("*.json"))
+
+    # The UI's "Clear" on the first night's extract (and downstream), after the second night was settled.
+    first_run = min(runs, key=lambda r: r["data_interval_end"])["dag_run_id"]
+    cleared = client.clear(dag_id, first_run, ["extract_window"])
+    assert {t["task_id"] for t in cleared} >= {"extract_window", "load_window", "settlement_report"}, cleared
+    client.wait_run(dag_id, first_run, timeout=1500)
+    extract = client.task_instance(dag_id, first_run, "extract_window")
+    assert extract["try_number"] == 2 and extract["state"] == "success", extract
+    assert "is already committed" in client.task_log(dag_id, first_run, "extract_window"), (
+        "the rerun extract did not find its window in the ledger"
+    )
+    assert _assert_once_each(stack, case, DST_ENDS) == first
+    after = sorted((Path(case["sink"]) / "_delta_log").glob("*.json"))
+    assert after == log_files, "the rerun of a committed window wrote to the sink again"

@@ -332,6 +332,11 @@ def test_a_bounded_run_gets_a_c1_only_jvm_and_a_stream_or_the_user_keeps_their_o
     assert bounded["spark.sql.shuffle.partitions"] == "2"
     stream = _submitted(monkeypatch, _op(trigger="processing-time"))["conf"]
     assert "spark.driver.extraJavaOptions" not in stream and stream["spark.sql.shuffle.partitions"] == "2"
+    assert bounded["spark.sql.adaptive.enabled"] == stream["spark.sql.adaptive.enabled"] == "false"
+    assert (
+        _submitted(monkeypatch, _op(conf={"spark.sql.adaptive.enabled": "true"}))["conf"]["spark.sql.adaptive.enabled"]
+        == "true"
+    )
     mine = _submitted(monkeypatch, _op(conf={"spark.driver.extraJavaOptions": "-Dmine=1"}))["conf"]
     assert mine["spark.driver.extraJavaOptions"] == "-Dmine=1"
 
