@@ -12,10 +12,13 @@ The steps, each a plain Spark job or a Python read of the log:
 
 1. the table's state at its newest version ``L`` (:func:`~exactly_once_provider.sinks.delta_log.table_state`,
    :func:`~exactly_once_provider.sinks.delta_log.active_files`): protocol, metadata, txn versions, data files;
-2. the batch's changes materialised once (they come from Kafka: read once, used twice);
-3. which data files hold a key of the batch (a semi-join of the files' key columns, ``_metadata.file_path``),
-   among the files whose key statistics overlap the batch's keys; no scan when every such file is a small one
-   rewritten anyway (step 4);
+2. a table of small files only (a few MB: every file is rewritten with any batch, see
+   :data:`SMALL_FILES_TOTAL_BYTES`) goes to step 4 at once: one Spark job per batch, the changes counted as
+   they are written (an observation). Otherwise the batch's changes are materialised and summarised first
+   (they come from Kafka: read once, used twice; their number, integral key bounds, one change per key), and
+3. the data files that hold a key of the batch are found (a semi-join of the files' key columns,
+   ``_metadata.file_path``) among the files whose key statistics overlap the batch's keys; no scan when every
+   such file is a small one rewritten anyway;
 4. those files rewritten with the changes merged in: a row is replaced only by a NEWER version of its key
    (:func:`~exactly_once_provider.sinks.current_table.merge_condition`'s rule), new keys are inserted;
 5. ``<L+1>.json`` written put-if-absent: ``commitInfo`` (MERGE, ``numSourceRows``, the marker), ``txn``,
@@ -206,7 +209,9 @@ def merge_newer(
     (``replace_equal``: or equal); other keys are inserted. Idempotent per ``(app_id, version)`` like
     :func:`~exactly_once_provider.sinks.delta_commit.merge_with_marker`, whose result it has.
 
-    :param changes: the Spark DataFrame of changes, at most one row per key, with the table's columns.
+    :param changes: the Spark DataFrame of changes, at most one row per key (the current mode's changes are
+        grouped by key), with the table's columns. A batch that is summarised first (a table of larger files)
+        is refused if two changes share a key.
     :param path: the current table's location (or its storage); it must exist.
     :param key: the source table's primary key columns.
     :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
@@ -226,7 +231,7 @@ def merge_newer(
     on, newer = merge_condition(key, replace_equal=replace_equal)
     changes = changes.persist()
     try:
-        source_rows, bounds = _summary(changes, key)  # materialised: read from Kafka once, used twice below
+        summary = functools.cache(lambda: _summary(changes, key))  # once per batch, when a plan needs it
         state = delta_log.table_state(storage)
         if state is None:
             raise delta_commit.CommitMarkerError(
@@ -262,7 +267,7 @@ def merge_newer(
                 app_id,
                 version,
                 replace_equal,
-                (source_rows, bounds),
+                summary,
                 on,
             )
             if committed is not None:
@@ -305,6 +310,17 @@ def _summary(changes: Any, key: tuple[str, ...]) -> tuple[int, dict[str, tuple[i
     return rows, {k: (found[2 * i], found[2 * i + 1]) for i, k in enumerate(integral) if rows}
 
 
+def _observed_rows(counted: Any, summary: Any) -> int:
+    """Return the changes counted while they were written; count them again (:func:`_summary`) when Spark left
+    the observation out (it drops it from a plan it proved empty: an empty local DataFrame)."""
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        return int(counted.get["rows"])
+    except (Py4JJavaError, KeyError):
+        return summary()[0]
+
+
 def _may_hold(files: dict[str, dict], bounds: dict[str, tuple[int, int]]) -> list[str]:
     """Return the files whose key statistics overlap the batch's key ``bounds`` (a file without statistics of a
     key column may hold any key): a batch of new keys above every file's range (an auto-increment key's
@@ -340,22 +356,37 @@ def _rewrite_and_commit(
     app_id: str,
     version: int,
     replace_equal: bool,
-    summary: tuple[int, dict[str, tuple[int, int]]],
+    summary: Any,
     on: str,
 ) -> int | None:
     """Write the merged files and commit them as ``state.version + 1``; None (nothing left behind) if another
     writer committed that version first.
 
-    :param summary: the batch's number of changes and its key bounds (:func:`_summary`).
+    :param summary: returns the batch's number of changes and its key bounds (:func:`_summary`), computed once.
     """
-    source_rows, bounds = summary
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
     files = delta_log.active_files(state)
-    touched = _files_to_rewrite(changes, storage, files, key, table_schema, bounds) if source_rows else []
+    everything = _small_files(files, [])
+    counted = None
+    if set(files) <= set(everything):  # all of it is rewritten whatever the keys: no summary, no scan
+        touched, counted = everything, Observation()
+        source = changes.observe(counted, F.count(F.lit(1)).alias("rows"))
+    else:
+        source_rows, bounds = summary()
+        touched = _files_to_rewrite(changes, storage, files, key, table_schema, bounds) if source_rows else []
+        source = changes
     folder = f"{delta_commit.DATA_PREFIX}{uuid.uuid4().hex}"
     written = False
     try:
-        _merged(changes, storage, touched, key, table_schema, replace_equal).write.parquet(storage.spark_uri(folder))
-        added = delta_commit.written_files(storage, folder, json.loads(table_schema.json()))
+        _merged(source, storage, touched, key, table_schema, replace_equal).write.parquet(storage.spark_uri(folder))
+        if counted is not None:
+            source_rows = _observed_rows(counted, summary)
+        if not source_rows:  # an empty batch (small files were rewritten as they were): its marker alone
+            touched = []
+            storage.delete_prefix(folder + "/")
+        added = delta_commit.written_files(storage, folder, json.loads(table_schema.json())) if source_rows else []
         now = int(time.time() * 1000)
         removed = [files[p] for p in touched]
         actions = [
