@@ -9,10 +9,10 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from confluent_kafka import Producer
 
-from exactly_once_provider.connections import check_kafka_access, explain_kafka_denials, kafka_client_config
+from exactly_once_provider.connections import check_kafka_access, explain_kafka_denials
+from exactly_once_provider.hooks.kafka_client import KafkaClientHook
 from exactly_once_provider.kafka.offsets import (
     DEFAULT_OFFSETS_TOPIC,
     DELIVERY_MODES,
@@ -20,16 +20,18 @@ from exactly_once_provider.kafka.offsets import (
     validate_name,
 )
 from exactly_once_provider.kafka.writer import MODE_SETTINGS, PipelineWriter, transactional_id_for
+from exactly_once_provider.kafka_config import producer_config
 
 
-class TransactionalProducerHook(KafkaBaseHook):
+class TransactionalProducerHook(KafkaClientHook):
     """
     Produce one pipeline's source partition to Kafka exactly once (or, explicitly, at least once).
 
     Uses the standard ``kafka`` connection: its Extra JSON is the confluent-kafka configuration, built by
-    the Kafka provider (``bootstrap.servers``, security settings, allow-listed callbacks). This hook adds
-    the transactional id and the delivery-mode settings on top, and refuses a connection that contradicts
-    them.
+    the Kafka provider (``bootstrap.servers``, security settings, allow-listed callbacks) and read once
+    (:class:`~exactly_once_provider.hooks.kafka_client.KafkaClientHook`). The producer keeps the producer's share
+    of it (:mod:`exactly_once_provider.kafka_config`); this hook adds the transactional id and the delivery-mode
+    settings on top, and refuses a connection that contradicts them.
 
     :param kafka_config_id: the Airflow connection id of the cluster.
     :param pipeline: the pipeline name (part of the transactional id and of the offsets key).
@@ -72,13 +74,6 @@ class TransactionalProducerHook(KafkaBaseHook):
             return None
         return transactional_id_for(self.pipeline, self.source_partition)
 
-    def client_config(self) -> dict[str, Any]:
-        """Return the connection's confluent-kafka settings (no producer additions)."""
-        return self._build_config()
-
-    def _build_config(self) -> dict[str, Any]:
-        return kafka_client_config(self.kafka_config_id)  # the one reading of a kafka connection
-
     def build_producer_config(self) -> dict[str, Any]:
         """Return the producer configuration for the delivery mode, refusing contradicting settings."""
         if self.delivery_mode not in DELIVERY_MODES:
@@ -88,7 +83,7 @@ class TransactionalProducerHook(KafkaBaseHook):
             )
         validate_name("pipeline", self.pipeline)
         validate_name("source_partition", self.source_partition)
-        config = {**self._build_config(), **self.producer_config}
+        config = producer_config(self.client_config(), self.producer_config)
         owned = dict(MODE_SETTINGS[self.delivery_mode])
         if self.transactional_id:
             owned["transactional.id"] = self.transactional_id
@@ -136,7 +131,7 @@ class TransactionalProducerHook(KafkaBaseHook):
                 ensure_offsets_topic(client_config, self.offsets_topic, admin=admin)
         writer = PipelineWriter(
             producer_factory=lambda: self._get_client(dict(config)),
-            client_config=self.client_config(),
+            client_config=client_config,
             pipeline=self.pipeline,
             source_partition=self.source_partition,
             delivery_mode=self.delivery_mode,

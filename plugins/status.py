@@ -133,19 +133,13 @@ class Connections:
             from confluent_kafka import Consumer
 
             from exactly_once_provider.kafka.offsets import end_offsets_consumer
+            from exactly_once_provider.kafka_config import consumer_config
 
             config = self.kafka(conn_id)
             self._consumers[key] = (
                 end_offsets_consumer(config)
                 if isolation == "read_uncommitted"
-                else Consumer(
-                    {
-                        **config,
-                        "group.id": f"eo-status-{uuid.uuid4().hex[:8]}",
-                        "isolation.level": isolation,
-                        "enable.auto.commit": False,
-                    }
-                )
+                else Consumer(consumer_config(config, f"eo-status-{uuid.uuid4().hex[:8]}", isolation))
             )
         return self._consumers[key]
 

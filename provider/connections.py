@@ -3,9 +3,8 @@
 * **Kafka** -- :func:`kafka_client_config`: the confluent-kafka configuration of the one ``kafka`` connection,
   built by the Kafka provider's ``KafkaBaseHook`` (its Extra JSON is the librdkafka configuration: SASL and
   TLS included, allow-listed callbacks resolved, managed OAuth tokens added). The producer, admin clients,
-  consumers, the ledger reader, the lag trigger and the status page all use it. The Spark job's Kafka source
-  is a Java client: :func:`spark_kafka_options` maps the same settings to Spark's ``kafka.*`` options and
-  refuses what it cannot map.
+  consumers, the ledger reader, the lag trigger, the status page and the Spark job's Kafka source all use it,
+  each through the one rule of :mod:`exactly_once_provider.kafka_config` (which settings each client role keeps).
 * **MySQL/MariaDB** -- :func:`mysql_connect_kwargs`: the ``mysql`` connection read as the MySQL provider's
   ``MySqlHook`` reads it for mysqlclient (Extra ``ssl`` dict, ``ssl_mode``); :func:`pymysql_tls` and
   :func:`connectorx_tls_query` give the same TLS settings to the binlog reader (PyMySQL) and the native reader
@@ -20,7 +19,7 @@ Secrets reach a Spark job through its environment (PostgreSQL) or a file only it
 keeps them out of Spark's UI and event log should one be echoed there.
 
 Airflow is imported inside the functions that read connections: the Spark driver imports this module for
-:func:`spark_kafka_options` and :func:`read_secret_file` only.
+:func:`read_secret_file` only.
 """
 
 from __future__ import annotations
@@ -36,55 +35,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from exactly_once_provider.kafka_config import admin_config
+
 # ------------------------------------------------------------------------------------------------ Kafka
 
-# Callbacks the Kafka provider resolves from the Extra; only observability ones are safe to leave out of a
-# client that runs elsewhere (oauth_cb authenticates: a client without it cannot connect).
-_OBSERVABILITY_CALLBACKS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "on_commit")
-# Settings of the connection that do not concern the Spark job's read_committed Kafka source: producer-only
-# settings, consumer-group settings Spark manages itself (it refuses kafka.group.id with subscribe-style
-# offsets, sets isolation and offsets from the job) and librdkafka diagnostics.
-_NOT_FOR_THE_SPARK_SOURCE = frozenset(
-    {
-        "transactional.id",
-        "enable.idempotence",
-        "acks",
-        "linger.ms",
-        "batch.size",
-        "transaction.timeout.ms",
-        "compression.type",
-        "compression.codec",
-        "queue.buffering.max.messages",
-        "queue.buffering.max.kbytes",
-        "queue.buffering.max.ms",
-        "message.timeout.ms",
-        "delivery.timeout.ms",
-        "max.in.flight.requests.per.connection",
-        "max.in.flight",
-        "retries",
-        "message.send.max.retries",
-        "batch.num.messages",
-        "retry.backoff.ms",
-        "group.id",
-        "enable.auto.commit",
-        "auto.offset.reset",
-        "isolation.level",
-        "enable.partition.eof",
-        "session.timeout.ms",
-        "debug",
-        "log_level",
-        "statistics.interval.ms",
-        "api.version.request",
-        "broker.address.family",
-        "enable.ssl.certificate.verification",
-        *_OBSERVABILITY_CALLBACKS,
-    }
-)
-_SASL_LOGIN_MODULES = {
-    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
-    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
-    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
-}
 # Spark redacts a configuration entry or data source option whose key OR value matches (Utils.redact):
 # Spark's default pattern plus the Kafka client's secret-bearing settings (the JAAS line holds the password).
 SPARK_REDACTION_REGEX = r"(?i)secret|password|passwd|token|access[.]?key|jaas|sasl[.]|ssl[.].*(key|password)"
@@ -133,7 +87,8 @@ def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: fl
     only as "Broker transport failure" after its timeout, with the cause in its error callback and log lines:
     this reads them and names the cause. One metadata request when everything is right.
 
-    :param config: the connection's confluent-kafka settings (:func:`kafka_client_config`; no producer settings).
+    :param config: the connection's confluent-kafka settings (:func:`kafka_client_config`); the admin client
+        keeps what :func:`~exactly_once_provider.kafka_config.admin_config` keeps.
     :param kafka_config_id: the connection id, for the message.
     :param timeout: seconds to wait for the brokers.
     :return: the connected AdminClient, for the caller's next admin requests (no second handshake).
@@ -145,7 +100,7 @@ def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: fl
 
     causes: list[str] = []
     admin = AdminClient(
-        {**config, "error_cb": lambda err: causes.append(err.str()), "logger": _CollectingLogger(causes)}
+        {**admin_config(config), "error_cb": lambda err: causes.append(err.str()), "logger": _CollectingLogger(causes)}
     )
     # not list_topics(): a full listing costs what the cluster holds (provider/kafka/topics.py)
     answer = admin.describe_cluster(request_timeout=timeout)
@@ -279,116 +234,8 @@ def _last_cause(causes: list[str]) -> str:
     return next((cause for cause in reversed(causes) if "brokers are down" not in cause), "")
 
 
-def _jaas_quoted(value: str) -> str:
-    # Kafka parses sasl.jaas.config with a StreamTokenizer: backslash escapes inside double quotes.
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _bool(value: Any) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
-
-
-def spark_kafka_options(config: dict[str, Any]) -> dict[str, str]:
-    """Map a confluent-kafka (librdkafka) configuration to the Spark Kafka source's ``kafka.*`` options.
-
-    The Spark source is the Java Kafka client: same broker, different setting names. Mapped: ``bootstrap.servers``,
-    ``client.id``, ``security.protocol``, ``sasl.mechanism(s)`` ``PLAIN``/``SCRAM-SHA-256``/``SCRAM-SHA-512`` with
-    ``sasl.username``/``sasl.password`` (-> ``sasl.jaas.config``), ``ssl.ca.location``/``ssl.ca.pem`` (-> a PEM
-    truststore), ``ssl.keystore.location``/``ssl.keystore.password`` (PKCS#12), a client certificate and key in
-    one PEM file (``ssl.certificate.location`` == ``ssl.key.location``), ``ssl.key.password``,
-    ``ssl.endpoint.identification.algorithm``. Producer, consumer-group and diagnostic settings are left out
-    (they do not concern the job's read_committed source). Anything else raises ValueError naming the
-    setting. The result holds secrets: never log it or put it on a command line.
-
-    :param config: the connection's configuration (:func:`kafka_client_config`).
-    """
-    settings = {k: v for k, v in config.items() if k not in _NOT_FOR_THE_SPARK_SOURCE}
-    options: dict[str, str] = {}
-
-    def take(key: str) -> Any:
-        return settings.pop(key, None)
-
-    servers = take("bootstrap.servers")
-    if not servers:
-        raise ValueError("Kafka setting bootstrap.servers is missing: the Spark job cannot reach the brokers.")
-    options["kafka.bootstrap.servers"] = str(servers)
-    if (client_id := take("client.id")) is not None:
-        options["kafka.client.id"] = str(client_id)
-    protocol = str(take("security.protocol") or "PLAINTEXT").upper()
-    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
-        raise ValueError(f"Kafka setting security.protocol={protocol!r} is not a protocol the Java client knows.")
-    options["kafka.security.protocol"] = protocol
-    mechanism, alias = take("sasl.mechanism"), take("sasl.mechanisms")
-    mechanism = str(mechanism or alias or ("GSSAPI" if protocol.startswith("SASL") else "")).upper()
-    username, password = take("sasl.username"), take("sasl.password")
-    if protocol.startswith("SASL"):
-        if mechanism not in _SASL_LOGIN_MODULES:
-            raise ValueError(
-                f"Kafka setting sasl.mechanism={mechanism!r} cannot be passed to the Spark job (supported: "
-                f"{', '.join(_SASL_LOGIN_MODULES)})."
-            )
-        if username is None or password is None:
-            raise ValueError(f"Kafka setting sasl.username/sasl.password is missing for sasl.mechanism={mechanism}.")
-        options["kafka.sasl.mechanism"] = mechanism
-        options["kafka.sasl.jaas.config"] = (
-            f"{_SASL_LOGIN_MODULES[mechanism]} required username="
-            f"{_jaas_quoted(username)} password={_jaas_quoted(password)};"
-        )
-    elif mechanism or username is not None or password is not None:
-        raise ValueError(
-            f"Kafka settings sasl.* are set but security.protocol={protocol}: use SASL_SSL or "
-            "SASL_PLAINTEXT, or remove them."
-        )
-    if (ca := take("ssl.ca.location")) is not None:
-        options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": str(ca)})
-    if (ca_pem := take("ssl.ca.pem")) is not None:
-        if ca is not None:
-            raise ValueError("Kafka settings ssl.ca.location and ssl.ca.pem are both set: keep one.")
-        options.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.certificates": str(ca_pem)})
-    if (keystore := take("ssl.keystore.location")) is not None:
-        options.update({"kafka.ssl.keystore.type": "PKCS12", "kafka.ssl.keystore.location": str(keystore)})
-        if (store_password := take("ssl.keystore.password")) is not None:
-            options["kafka.ssl.keystore.password"] = str(store_password)
-    certificate, key = take("ssl.certificate.location"), take("ssl.key.location")
-    if certificate is not None or key is not None:
-        if certificate != key or keystore is not None:
-            raise ValueError(
-                "Kafka setting ssl.certificate.location/ssl.key.location cannot be passed to the Spark job as two "
-                "files: put the key and its certificate chain into one PEM file named by both, or use "
-                "ssl.keystore.location (PKCS#12)."
-            )
-        options.update({"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": str(certificate)})
-    if (key_password := take("ssl.key.password")) is not None:
-        options["kafka.ssl.key.password"] = str(key_password)
-    if (algorithm := take("ssl.endpoint.identification.algorithm")) is not None:
-        algorithm = str(algorithm).lower()
-        if algorithm not in ("https", "none", ""):
-            raise ValueError(f"Kafka setting ssl.endpoint.identification.algorithm={algorithm!r}: use https or none.")
-        options["kafka.ssl.endpoint.identification.algorithm"] = "https" if algorithm == "https" else ""
-    if "enable.ssl.certificate.verification" in config and not _bool(config["enable.ssl.certificate.verification"]):
-        raise ValueError(
-            "Kafka setting enable.ssl.certificate.verification=false cannot be passed to the Spark job "
-            "(the Java client always verifies): give the broker's CA in ssl.ca.location instead."
-        )
-    if "oauth_cb" in settings:
-        raise ValueError("Kafka setting oauth_cb (OAUTHBEARER) cannot be passed to the Spark job.")
-    if settings:
-        raise ValueError(
-            f"Kafka setting {sorted(settings)[0]} cannot be passed to the Spark job's Kafka source "
-            f"(not mapped: {', '.join(sorted(settings))}); remove it from the connection's Extra."
-        )
-    return options
-
-
-def portable_kafka_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Return ``config`` without observability callbacks, for a client in another process (JSON-serialisable).
-
-    :param config: the connection's configuration (:func:`kafka_client_config`).
-    """
-    portable = {k: v for k, v in config.items() if k not in _OBSERVABILITY_CALLBACKS}
-    if callable(portable.get("oauth_cb")):
-        raise ValueError("Kafka setting oauth_cb (OAUTHBEARER) cannot be passed to another process.")
-    return portable
 
 
 def spark_redaction_regex(user_regex: str | None = None) -> str:

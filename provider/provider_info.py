@@ -42,6 +42,7 @@ def get_provider_info() -> dict:
             {
                 "integration-name": INTEGRATION,
                 "python-modules": [
+                    f"{PACKAGE}.hooks.kafka_client",
                     f"{PACKAGE}.hooks.kafka_producer",
                     f"{PACKAGE}.hooks.mysql_binlog",
                     f"{PACKAGE}.hooks.mysql_source",

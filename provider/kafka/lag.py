@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from exactly_once_provider.kafka.topics import partitions_of
+from exactly_once_provider.kafka_config import admin_config, consumer_config
 
 # {topic: {partition: offset}}
 Offsets = dict[str, dict[int, int]]
@@ -26,18 +27,12 @@ def stable_end_offsets(
 ) -> Offsets:
     """Return the read_committed end offset (LSO) of every partition of ``topics``.
 
-    :param client_config: confluent-kafka settings (at least ``bootstrap.servers``).
+    :param client_config: the connection's confluent-kafka settings (at least ``bootstrap.servers``).
     :param topics: the topics.
     :param timeout: seconds to wait for the broker.
     :param missing_ok: a topic that does not exist yet has no offsets (nothing to read) instead of an error.
     """
-    admin = AdminClient(
-        {
-            k: v
-            for k, v in client_config.items()
-            if k == "bootstrap.servers" or k.startswith(("security.", "sasl.", "ssl."))
-        }
-    )
+    admin = AdminClient(admin_config(client_config))
     request = {}
     for topic, partitions in partitions_of(admin, topics, timeout).items():
         if partitions is None:
@@ -56,13 +51,8 @@ def stable_end_offsets(
 
 
 def group_offsets(client_config: dict[str, Any], group_id: str, topics: list[str], timeout: float = 30) -> Offsets:
-    """Return a consumer group's committed offsets for ``topics`` (-1: nothing committed)."""
-    connection = {
-        k: v
-        for k, v in client_config.items()
-        if k == "bootstrap.servers" or k.startswith(("security.", "sasl.", "ssl."))
-    }  # SASL/TLS too, as in stable_end_offsets
-    consumer = Consumer({**connection, "group.id": group_id, "enable.auto.commit": False})
+    """Return a consumer group's committed offsets for ``topics`` (negative, -1001: nothing committed)."""
+    consumer = Consumer(consumer_config(client_config, group_id))
     try:
         wanted = [
             TopicPartition(t, p)

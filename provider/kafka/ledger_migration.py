@@ -33,7 +33,6 @@ from confluent_kafka import Consumer, Producer
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.kafka.offsets import (
     OFFSETS_SCHEMA_VERSION,
-    connection_only,
     ensure_offsets_topic,
     latest_raw_values,
     ledger_partition,
@@ -41,6 +40,8 @@ from exactly_once_provider.kafka.offsets import (
     topic_end_offsets,
 )
 from exactly_once_provider.kafka.topic_reader import read_until
+from exactly_once_provider.kafka.writer import MODE_SETTINGS
+from exactly_once_provider.kafka_config import consumer_config, producer_config
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,14 @@ def migrate_ledger(
         raise ValueError(f"Migrating ledger {source!r} onto itself: name a new topic.")
     partitions = ensure_offsets_topic(client_config, target, timeout=timeout)
     producer = Producer(
-        {
-            **connection_only(client_config),
-            "transactional.id": f"eo-ledger-migration/{source}",
-            "transaction.timeout.ms": int(timeout * 1000),
-        }
+        producer_config(
+            client_config,
+            {
+                **MODE_SETTINGS["exactly_once"],
+                "transactional.id": f"eo-ledger-migration/{source}",
+                "transaction.timeout.ms": int(timeout * 1000),
+            },
+        )
     )
     # First: aborts what a killed earlier attempt left open, which the reads below would otherwise wait for.
     producer.init_transactions(timeout)
@@ -133,14 +137,11 @@ def _refuse_recent_writes(
 ) -> None:
     """Raise if the last record of a partition of ``topic`` is younger than ``quiet_s`` seconds."""
     consumer = Consumer(
-        {
-            **connection_only(config),
-            "group.id": f"eo-ledger-migration-{time.time_ns()}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
+        consumer_config(
+            config,
+            f"eo-ledger-migration-{time.time_ns()}",
+            settings={"enable.partition.eof": True, "auto.offset.reset": "earliest"},
+        )
     )
     try:
         # read_committed: an aborted attempt of this migration is no writer; an open transaction is waited for

@@ -53,10 +53,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from exactly_once_provider.kafka.topic_reader import read_until
-from exactly_once_provider.kafka.topics import partitions_of
+from exactly_once_provider.kafka.topics import ensure_topics, partitions_of
+from exactly_once_provider.kafka_config import admin_config, consumer_config
 
 OFFSETS_SCHEMA_VERSION = 1
 DEFAULT_OFFSETS_TOPIC = "eo-offsets"
@@ -257,7 +258,7 @@ def marker_value(kind: str, committed: CommittedOffset, partition_records: int |
 
 
 def ensure_offsets_topic(
-    admin_config: dict[str, Any],
+    client_config: dict[str, Any],
     topic: str = DEFAULT_OFFSETS_TOPIC,
     replication_factor: int = -1,
     timeout: float = 30,
@@ -271,22 +272,14 @@ def ensure_offsets_topic(
     compaction lag) is used as it is, with a warning naming the settings to alter: refusing it would stop
     every pipeline on upgrade, and its reads stay correct, only slower.
 
-    :param admin_config: confluent-kafka client configuration (at least ``bootstrap.servers``).
+    :param client_config: the connection's confluent-kafka configuration (at least ``bootstrap.servers``).
     :param topic: the offsets topic name.
     :param replication_factor: -1 uses the broker's ``default.replication.factor``.
     :param timeout: seconds to wait for the broker.
-    :param admin: an AdminClient already connected with ``admin_config`` (saves a TLS and SASL handshake).
+    :param admin: an AdminClient already connected with ``client_config`` (saves a TLS and SASL handshake).
     """
-    admin = admin or AdminClient(connection_only(admin_config))
-    if partitions_of(admin, [topic], timeout)[topic] is None:
-        future = admin.create_topics(
-            [NewTopic(topic, LEDGER_PARTITIONS, replication_factor, config=dict(COMPACTION_CONFIG))]
-        )[topic]
-        try:
-            future.result(timeout=timeout)
-        except KafkaException as err:
-            if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+    admin = admin or AdminClient(admin_config(client_config))
+    ensure_topics(admin, [topic], LEDGER_PARTITIONS, timeout, replication_factor, COMPACTION_CONFIG)
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     deadline = time.monotonic() + timeout
     while True:
@@ -613,36 +606,16 @@ def _watermarks(consumer: Consumer, partition: TopicPartition, timeout: float) -
 
 def _consumer(config: dict[str, Any], isolation_level: str) -> Consumer:
     return Consumer(
-        {
-            **connection_only(config),
-            "group.id": f"eo-offsets-reader-{uuid.uuid4().hex[:12]}",
-            "isolation.level": isolation_level,
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            # End of partition is only known from a fetch that finds nothing more, which the broker holds for
-            # fetch.wait.max.ms (default 500 ms) hoping for data: the whole cost of a small read. 10 ms keeps
-            # the wait for an open transaction's end just as correct, with polls every 10 ms.
-            "fetch.wait.max.ms": 10,
-        }
+        consumer_config(
+            config,
+            f"eo-offsets-reader-{uuid.uuid4().hex[:12]}",
+            isolation_level,
+            {
+                "enable.partition.eof": True,
+                # End of partition is only known from a fetch that finds nothing more, which the broker holds for
+                # fetch.wait.max.ms (default 500 ms) hoping for data: the whole cost of a small read. 10 ms keeps
+                # the wait for an open transaction's end just as correct, with polls every 10 ms.
+                "fetch.wait.max.ms": 10,
+            },
+        )
     )
-
-
-def connection_only(config: dict[str, Any]) -> dict[str, Any]:
-    """Keep the connection settings of a producer config and drop producer-only ones."""
-    producer_only = {
-        "transactional.id",
-        "enable.idempotence",
-        "acks",
-        "linger.ms",
-        "batch.size",
-        "transaction.timeout.ms",
-        "compression.type",
-        "queue.buffering.max.messages",
-        "queue.buffering.max.kbytes",
-        "message.timeout.ms",
-        "delivery.timeout.ms",
-        "max.in.flight.requests.per.connection",
-        "retries",
-        "batch.num.messages",
-    }
-    return {k: v for k, v in config.items() if k not in producer_only}

@@ -39,16 +39,25 @@ def partitions_of(admin: Any, topics: Iterable[str], timeout: float = 30) -> dic
     return result
 
 
-def ensure_topics(admin: Any, topics: Iterable[str], partitions: int, timeout: float = 30) -> list[str]:
+def ensure_topics(
+    admin: Any,
+    topics: Iterable[str],
+    partitions: int,
+    timeout: float = 30,
+    replication_factor: int = -1,
+    config: dict[str, str] | None = None,
+) -> list[str]:
     """Create the topics that do not exist yet and wait until the brokers know them; return the ones created.
 
-    A new topic gets ``partitions`` partitions and the broker's default replication factor. A topic another
-    client creates at the same time is fine.
+    The product's one topic creation (data topics, the offsets ledger). A topic another client creates at the
+    same time is fine; an existing topic is left as it is (its settings are the caller's to check).
 
     :param admin: a confluent-kafka ``AdminClient`` (its connection checked: ``connections.check_kafka_access``).
     :param topics: the topic names.
     :param partitions: partitions of a new topic.
     :param timeout: seconds to wait for the brokers, for the creation and then for the metadata.
+    :param replication_factor: of a new topic; -1: the broker's ``default.replication.factor``.
+    :param config: topic settings of a new topic (e.g. ``cleanup.policy``).
     :raises KafkaException: any other failure (authorization included), for the caller to explain.
     """
     from confluent_kafka.admin import NewTopic
@@ -56,7 +65,8 @@ def ensure_topics(admin: Any, topics: Iterable[str], partitions: int, timeout: f
     missing = [name for name, found in partitions_of(admin, topics, timeout).items() if found is None]
     if not missing:
         return []
-    for future in admin.create_topics([NewTopic(name, partitions, -1) for name in missing]).values():
+    new = [NewTopic(name, partitions, replication_factor, config=dict(config or {})) for name in missing]
+    for future in admin.create_topics(new).values():
         try:
             future.result(timeout=timeout)
         except KafkaException as err:

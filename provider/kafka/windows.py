@@ -37,6 +37,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from exactly_once_provider.kafka.offsets import MARKER_HEADER, CommittedOffset
 from exactly_once_provider.kafka.topic_reader import read_until
+from exactly_once_provider.kafka_config import consumer_config
 
 WATERMARK_VERSION = 1
 # Every data record of a window carries this header, so its batch is found even in a topic shared with others.
@@ -128,7 +129,7 @@ def published_now() -> str:
 
 
 def locate_batch(
-    consumer_config: dict[str, Any],
+    client_config: dict[str, Any],
     topic: str,
     pipeline: str,
     source_partition: str,
@@ -146,7 +147,7 @@ def locate_batch(
     minute (record timestamps are the producer's create time; the whole topic when ``published_at`` is
     None), up to the end offsets seen at the start.
 
-    :param consumer_config: confluent-kafka configuration (at least ``bootstrap.servers``).
+    :param client_config: the connection's confluent-kafka configuration (at least ``bootstrap.servers``).
     :param topic: the data topic.
     :param pipeline: the pipeline of the batch.
     :param source_partition: the source partition of the batch.
@@ -155,19 +156,10 @@ def locate_batch(
     :param published_at: the window's ``published_at`` (ISO-8601).
     :param timeout: seconds before giving up.
     """
-    base = {
-        k: v
-        for k, v in consumer_config.items()
-        if k in ("bootstrap.servers", "security.protocol") or k.startswith(("sasl.", "ssl."))
-    }
     consumer = Consumer(
-        {
-            **base,
-            "group.id": f"eo-batch-locator-{uuid.uuid4().hex[:12]}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
+        consumer_config(
+            client_config, f"eo-batch-locator-{uuid.uuid4().hex[:12]}", settings={"enable.partition.eof": True}
+        )
     )
     try:
         metadata = consumer.list_topics(topic, timeout=30).topics[topic]

@@ -16,6 +16,7 @@ import json
 import uuid
 from typing import Any
 
+from exactly_once_provider.kafka_config import consumer_config
 from exactly_once_provider.reconcile.engine import Ranges
 from exactly_once_provider.reconcile.keys import Key
 
@@ -49,13 +50,9 @@ def changed_keys(
 
     keys: set[int] = set()
     consumer = Consumer(
-        {
-            **client_config,
-            "group.id": f"eo-reconcile-scope-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
+        consumer_config(
+            client_config, f"eo-reconcile-scope-{uuid.uuid4().hex}", settings={"enable.partition.eof": True}
+        )
     )
     try:
         for topic, ends in end.items():

@@ -79,7 +79,7 @@ def read_kafka_range(spark, kafka_options: dict[str, str], start: Offsets, end: 
     """Return the committed records of ``[start, end)`` as a Kafka batch read (raw columns, with headers).
 
     ``kafka_options``: the connection's ``kafka.*`` options
-    (:func:`~exactly_once_provider.connections.spark_kafka_options`).
+    (:func:`~exactly_once_provider.kafka_config.spark_kafka_options`).
 
     Partitions missing from ``start`` start at the earliest offset; a partition whose start is past its end
     reads nothing.

@@ -30,7 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from exactly_once_provider.connections import read_secret_file, spark_kafka_options
+from exactly_once_provider.connections import read_secret_file
+from exactly_once_provider.kafka_config import admin_config, spark_kafka_options
 from exactly_once_provider.sinks import poison
 from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
 from exactly_once_provider.spark_jobs.batch import (
@@ -174,7 +175,7 @@ def topic_partitions(kafka_config: dict, topics: list[str], wait: float = 0) -> 
     from exactly_once_provider.kafka.topics import partitions_of
 
     bootstrap = kafka_config["bootstrap.servers"]
-    admin = AdminClient(kafka_config)
+    admin = AdminClient(admin_config(kafka_config))
     deadline = time.monotonic() + wait
     while True:
         found = partitions_of(admin, topics)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"provider": "", "hooks": "hooks", "operators": "operators", "plugins": "plugins"}
-CORE = {"errors", "version", "positions", "faults", "connections", "provider_info", "__init__"}
+CORE = {"errors", "version", "positions", "faults", "connections", "kafka_config", "provider_info", "__init__"}
 DOMAIN = {
     "kafka",
     "source",

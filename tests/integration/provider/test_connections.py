@@ -14,9 +14,11 @@ import psycopg2
 import pymysql
 import pytest
 
-from exactly_once_provider.connections import connect_kwargs, kafka_client_config, spark_kafka_options
+from exactly_once_provider.connections import connect_kwargs, kafka_client_config
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
-from exactly_once_provider.kafka.lag import stable_end_offsets
+from exactly_once_provider.kafka.lag import group_offsets, stable_end_offsets
+from exactly_once_provider.kafka_config import spark_kafka_options
+from tests.kafka_support import new_topic
 
 
 def _mysql(monkeypatch, stack, conn_id: str, extra: dict) -> None:
@@ -90,6 +92,24 @@ def test_kafka_clients_take_the_whole_connection(stack, airflow_connections):
     assert config["bootstrap.servers"] == f"{stack.HOST}:{stack.KAFKA_SECURE_PORT}"
     assert (config["security.protocol"], config["sasl.username"]) == ("SASL_SSL", stack.DB_USER)
     assert stable_end_offsets(config, ["eo-connections-missing"], missing_ok=True) == {}
+
+
+def test_the_lag_sensors_clients_connect_as_the_writer_does(stack):
+    """The lag sensor's admin and consumer take the whole connection (kafka_config.DROPPED): a TLS connection
+    that trusts the broker by enable.ssl.certificate.verification=false, not by a CA, reaches the brokers. An
+    allow-list of bootstrap.servers/security./sasl./ssl. dropped that setting, and the certificate check failed."""
+    config = {k: v for k, v in stack.kafka_secure_client_config().items() if k != "ssl.ca.location"}
+    config.update(
+        {
+            "enable.ssl.certificate.verification": "false",
+            "client.id": "eo-lag-sensor-test",
+            "linger.ms": 5,  # a producer setting, left out of the readers
+            "group.id": "eo-not-the-readers-group",  # every reader uses its own
+        }
+    )
+    topic = new_topic(f"{stack.HOST}:{stack.KAFKA_PORT}", prefix="eo-lag-clients")
+    assert stable_end_offsets(config, [topic], timeout=10) == {topic: {0: 0}}
+    assert group_offsets(config, "eo-lag-clients-group", [topic], timeout=10) == {topic: {0: -1001}}
 
 
 def test_the_java_kafka_client_accepts_the_mapped_sasl_ssl_options(spark, tmp_path):

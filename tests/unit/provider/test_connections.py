@@ -15,12 +15,11 @@ from exactly_once_provider.connections import (
     kafka_client_config,
     libpq_environment,
     mysql_connect_kwargs,
-    portable_kafka_config,
     pymysql_tls,
     read_secret_file,
-    spark_kafka_options,
     write_secret_file,
 )
+from exactly_once_provider.kafka_config import portable_kafka_config, spark_kafka_options
 from exactly_once_provider.source.native_reader import connection_url
 from exactly_once_provider.source.snapshot import ConnectionSettings
 
