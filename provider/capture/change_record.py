@@ -108,7 +108,7 @@ def topic_for(template: str, pipeline: str, schema: str, table: str) -> str:
 
 
 class ChangeRecord(NamedTuple):
-    """A change ready to produce: a :class:`~exactly_once_provider.hooks.kafka_producer.Message` (its first
+    """A change ready to produce: a :class:`~exactly_once_provider.kafka.writer.Message` (its first
     four fields, same names, same order) plus what the handoff filter needs; the capture hands it to the
     writer as is.
 

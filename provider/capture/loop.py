@@ -2,7 +2,7 @@
 
 Where the guarantees live:
 
-* **commit**: only :meth:`PipelineWriter.write_batch` (hooks/kafka_producer.py) commits: the change records
+* **commit**: only :meth:`~exactly_once_provider.kafka.writer.PipelineWriter.write_batch` commits: the change records
   of whole source transactions and the ledger record of the position after the last of them, in ONE Kafka
   transaction. A Kafka transaction may hold many source transactions, never part of one.
 * **resume point**: the ledger (:mod:`exactly_once_provider.kafka.offsets`), read when the writer opens. Only a first

@@ -16,13 +16,10 @@ a capture process can read them. Every file of the log is read and written throu
 Two ways to write the commit:
 
 * Delta's own writer (:func:`commit_with_marker`, :func:`merge_with_marker`: overwrite, replaceWhere, MERGE;
-  the streaming sink's CDC and window modes) with the ``txnAppId``/``txnVersion`` write option. What it
-  costs: Delta 4.4.0 answers "is (app id, version) committed?" on the transaction's own snapshot
-  (``DeltaCommand.hasBeenExecuted`` -> ``OptimisticTransaction.txnVersion`` -> ``Snapshot.transactions`` ->
-  ``SnapshotState.computedState``), i.e. a full state reconstruction of every new snapshot: three extra
-  Spark jobs (seven stages instead of one on ``local[2]``) per commit; no Delta conf avoids it (the ``.crc``
-  files' ``setTransactions`` are written, never read for this). The same call registers the app id as read,
-  so a concurrent commit of the same ``(app id, version)`` fails with ``ConcurrentTransactionException``.
+  the streaming sink's CDC and window modes) with the ``txnAppId``/``txnVersion`` write option. Its txn check
+  reconstructs the whole state of every new snapshot, extra Spark jobs per commit that no Delta setting avoids
+  (the call chain and the figures: docs/benchmarks.md, "Kafka → Spark → sink"). The same call registers the app
+  id as read, so a concurrent commit of the same ``(app id, version)`` fails with ``ConcurrentTransactionException``.
 * The own commit for blind appends (:func:`append_with_marker` -> :func:`append_with_files`; the first
   commit of a new table: :func:`create_with_files`): Spark writes plain Parquet files, they are moved into
   the table and this process writes ``<L+1>.json`` itself, as the Delta protocol specifies: ``commitInfo``
@@ -43,12 +40,11 @@ Two ways to write the commit:
   CHECK constraints, invariants, NOT NULL columns, unknown ``delta.*`` table properties, and a batch whose
   columns differ from the table's.
 
-On S3 (measured on the stack's MinIO, 2026-11-25): the own commit stays the append path rather than delta-rs
-(``deltalake`` 1.6.6, which commits safely with ``conditional_put=etag`` and refuses a same-app txn from a
-stale snapshot, but accepts a REPLAY of an already committed ``(app id, version)`` from a fresh snapshot, so
-the caller's txn check is needed anyway, and it would need Spark's rows on the driver as Arrow). Per commit
-they cost the same (``benchmarks/bench_delta_commit.py``, 20 commits, medians of two runs: MinIO own 37 / 47 ms,
-delta-rs 41 / 40 ms; local 4 / 4 ms vs 7 / 5 ms). Delta's own writer (MERGE, replaceWhere, the
+On S3 too the own commit stays the append path rather than delta-rs (``deltalake`` 1.6.6, which commits safely
+with ``conditional_put=etag`` and refuses a same-app txn from a stale snapshot, but accepts a REPLAY of an
+already committed ``(app id, version)`` from a fresh snapshot, so the caller's txn check is needed anyway, and
+it would need Spark's rows on the driver as Arrow); per commit they cost about the same (docs/benchmarks.md,
+"Kafka → Spark → sink"). Delta's own writer (MERGE, replaceWhere, the
 txn-id option) goes through Delta's ``S3SingleDriverLogStore`` on ``s3a://``: its put-if-absent is an
 existence check then a plain PUT (safe for one driver at a time, not atomic across drivers: hadoop-aws 3.5.0's
 conditional create is only reachable through ``createFile()`` options Delta does not pass). The modes that use

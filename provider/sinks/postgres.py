@@ -297,7 +297,7 @@ class PostgresSink:
         Takes the pipeline's transaction-scoped advisory lock, then reads the committed state (after the lock,
         so a zombie writer sees the newer commit) and yields a :class:`_Batch`. A state that is not
         ``expected`` (the commit the batch was planned on) fails the batch before anything is written
-        (:func:`~exactly_once_provider.spark_jobs.batch.require_predecessor`). If ``batch.done`` the batch is
+        (:func:`~exactly_once_provider.sinks.base.require_predecessor`). If ``batch.done`` the batch is
         already committed: the body writes nothing and the transaction rolls back. Otherwise the body writes
         the rows with ``batch.cur`` and sets ``batch.rows_total``; on leaving, the offsets rows are written and
         data + offsets commit together. An exception rolls everything back.

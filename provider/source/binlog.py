@@ -35,7 +35,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter, methodcaller
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pymysql
 from airflow.sdk.exceptions import AirflowException
@@ -54,9 +54,6 @@ from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEve
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.source.row_decoder import RowDecoder, library_columns, row_decoder
-
-if TYPE_CHECKING:
-    pass
 
 # Server error 1236: "Could not find first log file name in binary log index file" (and other fatal
 # reading errors of the dump thread); the message tells which.

@@ -171,3 +171,12 @@ def test_ddl_tables(query, expected):
 def test_replica_server_id_is_stable_and_away_from_small_ids():
     assert replica_server_id("p/binlog") == replica_server_id("p/binlog") != replica_server_id("q/binlog")
     assert (1 << 20) <= replica_server_id("p/binlog") < (1 << 31)
+
+
+def test_star_import_gives_every_name_the_module_exports():
+    """Every name in ``__all__`` exists (a name left behind by a move failed ``import *``)."""
+    import exactly_once_provider.source.binlog as binlog
+
+    namespace: dict = {}
+    exec("from exactly_once_provider.source.binlog import *", namespace)  # the statement under test
+    assert set(binlog.__all__) <= set(namespace)
