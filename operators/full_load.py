@@ -1,4 +1,4 @@
-"""Operator: consistent full load of a MySQL/MariaDB table into a Delta table, with handoff positions."""
+"""Operator: consistent full load of MySQL/MariaDB tables into Delta tables, with handoff positions."""
 
 from __future__ import annotations
 
@@ -11,16 +11,24 @@ from airflow.sdk import BaseHook
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.full_load.handoff import read_handoff
-from exactly_once_provider.full_load.job import FullLoadRequest
+from exactly_once_provider.full_load.job import FullLoadRequest, result_json
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
 
+TABLE = "{table}"  # in sink_path and staging_path of a load of several tables
+
 
 class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     """
     Load a table in chunks, each in its own consistent snapshot, and publish it as one Delta commit.
+
+    Several tables (``tables=[...]``, locations with a ``{table}`` placeholder) load in ONE Spark application:
+    the chunks of all of them are read together (small tables share a Spark job), and each table is published in
+    its own commit, with its own positions, as soon as its chunks are staged. A table that already holds a full
+    load is left as it is (``full_reload`` loads every table again, once per DAG run: a retry of that run resumes
+    the snapshots it started and does not read a table it published again).
 
     Runs as a Spark application through the Spark connection (``local[*]``, client or cluster deploy mode); the
     MySQL connection reaches the driver in a file only its owner can read, never on a command line. The commit
@@ -28,13 +36,15 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :func:`exactly_once_provider.full_load.handoff.read_handoff`); XCom only mirrors them for display. A
     failed or killed run resumes at the unfinished chunks when retried.
 
-    :param table: source table name.
+    :param table: source table name (or ``tables``).
+    :param tables: several source tables of ``schema``, loaded in one application.
     :param sink_path: the Delta table to publish into (replaced atomically): a local path or ``s3://bucket/prefix``
-        (written through ``s3a``; checked before the job starts: reachable, credentials, bucket, conditional writes).
+        (written through ``s3a``; checked before the job starts: reachable, credentials, bucket, conditional writes);
+        with ``tables``, with a ``{table}`` placeholder.
     :param schema: source database; defaults to the connection's schema.
     :param staging_path: staged chunks + manifest: a local (for a cluster: shared) directory or
         ``s3://bucket/prefix`` (the executors write the chunk objects themselves); default
-        ``<sink_path>._eo_full_load``, next to the table on the same store.
+        ``<sink_path>._eo_full_load``, next to the table on the same store (with ``tables``: a ``{table}`` placeholder).
     :param chunk_rows: target rows per chunk (one Spark partition).
     :param chunks_per_job: chunks per Spark job; progress is saved after each job.
     :param chunk_key: columns of a unique NOT NULL index, when the table's primary key is not wanted.
@@ -63,6 +73,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
     template_fields: Sequence[str] = (
         "table",
+        "tables",
         "sink_path",
         "schema",
         "staging_path",
@@ -77,7 +88,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     def __init__(
         self,
         *,
-        table: str,
+        table: str | None = None,
+        tables: Sequence[str] | None = None,
         sink_path: str,
         schema: str | None = None,
         staging_path: str | None = None,
@@ -99,7 +111,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(spark_conn_id=spark_conn_id, conf=spark_conf, **kwargs)
-        self.table, self.sink_path, self.schema, self.staging_path = table, sink_path, schema, staging_path
+        self.table, self.tables, self.sink_path = table, tables, sink_path
+        self.schema, self.staging_path = schema, staging_path
         self.chunk_rows, self.chunks_per_job, self.chunk_key = chunk_rows, chunks_per_job, chunk_key
         self.fetch_rows, self.reader, self.full_reload = fetch_rows, reader, full_reload
         self.expected_rows_per_second = expected_rows_per_second
@@ -108,8 +121,26 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.capture_pipeline, self.capture_source_partition = capture_pipeline, capture_source_partition
         self.kafka_config_id, self.offsets_topic = kafka_config_id, offsets_topic
 
+    def _names(self) -> list[str]:
+        """Return the tables to load; raise ValueError when ``table``/``tables`` and the locations disagree."""
+        if (self.table is None) == (self.tables is None) or isinstance(self.tables, str):
+            raise ValueError("Name the source table with table='orders', or several with tables=['orders', ...].")
+        if self.tables is None:
+            return [self.table]
+        names = list(self.tables)
+        if not names or len(set(names)) != len(names) or not all(names):
+            raise ValueError(f"tables={names!r} must name at least one table, each once.")
+        for name, value in (("sink_path", self.sink_path), ("staging_path", self.staging_path)):
+            if value is not None and TABLE not in value:
+                raise ValueError(f"tables={names!r}: {name} must name each table's location with {TABLE}.")
+        return names
+
+    def _location(self, value: str | None, name: str) -> str | None:
+        return value.replace(TABLE, name) if value is not None and self.tables is not None else value
+
     def job_params(self, context: Any) -> dict[str, Any]:
-        if not self.table or not self.sink_path:
+        names = self._names()
+        if not all(names) or not self.sink_path:
             raise ValueError("table and sink_path must be non-empty.")
         if isinstance(self.full_reload, str):
             if self.full_reload.lower() not in ("true", "false"):
@@ -118,21 +149,55 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         schema = self.schema or BaseHook.get_connection(self.mysql_conn_id).schema
         if not schema:
             raise ValueError(f"No schema given and connection {self.mysql_conn_id!r} has none; pass schema=.")
-        request = FullLoadRequest(
-            schema=schema,
-            table=self.table,
-            sink_path=self.sink_path,
-            staging_path=self.staging_path,
-            chunk_rows=self.chunk_rows,
-            chunks_per_job=self.chunks_per_job,
-            chunk_key=tuple(self.chunk_key) if self.chunk_key else None,
-            fetch_rows=self.fetch_rows,
-            reader=self.reader,
-            full_reload=bool(self.full_reload),
-            expected_rows_per_second=self.expected_rows_per_second,
-            **self._version_base(),
-        ).validate()
-        return {**asdict(request), "mysql_conn_id": self.mysql_conn_id}
+        self.schema = schema
+        base = self._version_base()
+        requests = [
+            FullLoadRequest(
+                schema=schema,
+                table=name,
+                sink_path=self._location(self.sink_path, name),
+                staging_path=self._location(self.staging_path, name),
+                chunk_rows=self.chunk_rows,
+                chunks_per_job=self.chunks_per_job,
+                chunk_key=tuple(self.chunk_key) if self.chunk_key else None,
+                fetch_rows=self.fetch_rows,
+                reader=self.reader,
+                full_reload=bool(self.full_reload),
+                expected_rows_per_second=self.expected_rows_per_second,
+                skip_loaded=self.tables is not None,
+                run_id=_run_identity(context),
+                **base,
+            ).validate()
+            for name in names
+        ]
+        if self.tables is None:
+            return {**asdict(requests[0]), "mysql_conn_id": self.mysql_conn_id}
+        self.log.info("loading %d tables of %s in one application: %s", len(names), schema, ", ".join(names))
+        return {"requests": [asdict(r) for r in requests], "mysql_conn_id": self.mysql_conn_id}
+
+    def execute(self, context: Any) -> Any:
+        """Load the tables; with ``tables``, start no Spark application when every one is left as it is."""
+        if self.tables is not None and str(self.full_reload).lower() != "true":
+            from exactly_once_provider.full_load.job import left_as_is
+
+            names, run_id = self._names(), _run_identity(context)
+            self._s3_settings()  # the tables' logs and staging manifests are read through them
+            requests = [
+                FullLoadRequest(
+                    schema=self.schema or "-",
+                    table=n,
+                    sink_path=self._location(self.sink_path, n),
+                    staging_path=self._location(self.staging_path, n),
+                    skip_loaded=True,
+                    run_id=run_id,
+                )
+                for n in names
+            ]
+            if all(left_as_is(r, r.staging().load()) for r in requests):
+                self.log.info("every table of %s holds a full load already: nothing to load", ", ".join(names))
+                self.openlineage_result = {"tables": {}, "skipped": names}
+                return self.openlineage_result
+        return super().execute(context)
 
     def _version_base(self) -> dict[str, Any]:
         """Return the capture's version base on the server the connection names, and that server's id."""
@@ -174,21 +239,29 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if self._s3 is None:
             from exactly_once_provider.storage.s3 import register_settings, settings_for
 
-            self._s3 = settings_for(self.aws_conn_id, self.sink_path, self._staging_location())
+            self._s3 = settings_for(self.aws_conn_id, *self._locations())
             if self._s3 is not None:
                 register_settings(self._s3)
         return self._s3
 
-    def _staging_location(self) -> str:
+    def _staging_location(self, name: str) -> str:
         return FullLoadRequest(
-            schema="-", table=self.table, sink_path=self.sink_path, staging_path=self.staging_path
+            schema="-",
+            table=name,
+            sink_path=self._location(self.sink_path, name),
+            staging_path=self._location(self.staging_path, name),
         ).staging_location
 
-    def _table(self):
-        """The Delta table's location, or on S3 the storage rooted at it (lineage reads its log)."""
+    def _locations(self) -> list[str]:
+        """Every table's sink and staging location."""
+        return [p for n in self._names() for p in (self._location(self.sink_path, n), self._staging_location(n))]
+
+    def _table(self, name: str):
+        """A Delta table's location, or on S3 the storage rooted at it (lineage reads its log)."""
         from exactly_once_provider.storage import open_storage
 
-        return open_storage(self.sink_path, self._s3_settings()) if self._s3_settings() else self.sink_path
+        path = self._location(self.sink_path, name)
+        return open_storage(path, self._s3_settings()) if self._s3_settings() else path
 
     def job_secrets(self) -> dict[str, Any]:
         conn = BaseHook.get_connection(self.mysql_conn_id)
@@ -205,73 +278,94 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         from exactly_once_provider.storage.preflight import preflight_locations
 
         # before anything is written: the staging area too (it may be another bucket when staging_path is given)
-        for checked in preflight_locations([self.sink_path, self._staging_location()], self._s3_settings()):
+        for checked in preflight_locations(self._locations(), self._s3_settings()):
             self.log.info("storage %s", checked)
 
     def job_result(self, result: Any, context: Any) -> dict:
-        if result is None:  # this try reconnected to a driver that had finished or still ran: the sink knows
+        names = self._names()
+        if result is None:  # this try reconnected to a driver that had finished or still ran: the sinks know
             self._s3_settings()
-            h = read_handoff(self.sink_path)
-            result = {
-                "load_id": h.load_id,
-                "schema": h.schema,
-                "table": h.table,
-                "rows": h.rows,
-                "table_version": h.table_version,
-                "min_position": str(h.min_position),
-                "max_position": str(h.max_position),
-                "already_published": True,
-                "chunks_read": 0,
-                "chunks_resumed": len(h.chunks),
-                "seconds": 0.0,
-                "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)} for c in h.chunks],
+            loads = [result_json(read_handoff(self._location(self.sink_path, n)), True) for n in names]
+        else:
+            loads = result["loads"] if self.tables is not None else [result]
+        for name, load in zip(names, loads):
+            if load is None:
+                self.log.info("%s.%s holds a full load already: left as it is", self.schema, name)
+                continue
+            self.log.info("%-6s %-12s %-24s", "chunk", "rows", "snapshot position")
+            for entry in load["chunks"]:
+                self.log.info("%-6d %-12d %-24s", entry["index"], entry["rows"], entry["position"])
+            self.log.info(
+                "published %s.%s: %d rows as Delta version %d (%s); read %d chunks, resumed %d, %.1fs",
+                load["schema"],
+                load["table"],
+                load["rows"],
+                load["table_version"],
+                "already published" if load["already_published"] else "new commit",
+                load["chunks_read"],
+                load["chunks_resumed"],
+                load["seconds"],
+            )
+        mirrored = {
+            name: {
+                "load_id": load["load_id"],
+                "rows": load["rows"],
+                "table_version": load["table_version"],
+                "sink_path": self._location(self.sink_path, name),
+                "min_position": load["min_position"],
+                "max_position": load["max_position"],
+                "chunks": load["chunks"],
+                "already_published": load["already_published"],
             }
-        self.log.info("%-6s %-12s %-24s", "chunk", "rows", "snapshot position")
-        for entry in result["chunks"]:
-            self.log.info("%-6d %-12d %-24s", entry["index"], entry["rows"], entry["position"])
-        self.log.info(
-            "published %s.%s: %d rows as Delta version %d (%s); read %d chunks, resumed %d, %.1fs",
-            result["schema"],
-            result["table"],
-            result["rows"],
-            result["table_version"],
-            "already published" if result["already_published"] else "new commit",
-            result["chunks_read"],
-            result["chunks_resumed"],
-            result["seconds"],
-        )
-        self.openlineage_result = {
-            "load_id": result["load_id"],
-            "rows": result["rows"],
-            "table_version": result["table_version"],
-            "sink_path": self.sink_path,
-            "min_position": result["min_position"],
-            "max_position": result["max_position"],
-            "chunks": result["chunks"],
-            "already_published": result["already_published"],
+            for name, load in zip(names, loads)
+            if load is not None
         }
+        if self.tables is None:
+            self.openlineage_result = mirrored[self.table]
+        else:  # the tables loaded (or published) by this run; the others were loaded before it
+            self.openlineage_result = {"tables": mirrored, "skipped": [n for n in names if n not in mirrored]}
         return self.openlineage_result
 
     def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
-        """The source table in; the published Delta table out, with the snapshot positions it carries."""
-        table = f"{self.schema}.{self.table}" if self.schema else self.table
+        """The source tables in; the published Delta tables out, with the snapshot positions they carry."""
+        names = self._names()
+        loaded = (result or {}).get("tables", {}) if self.tables is not None else {self.table: result}
+        inputs, outputs = [], []
+        for name in names:
+            one = loaded.get(name)
+            if result is not None and one is None:
+                continue  # left as it was: this run read and wrote nothing of it
+            source_input, sink_output = self._lineage_of(name, one if result is not None else None)
+            inputs.append(source_input)
+            outputs.append(sink_output)
+        return inputs, outputs
+
+    def _lineage_of(self, name: str, result: dict | None) -> tuple:
+        table = f"{self.schema}.{name}" if self.schema else name
         source = lineage.mysql_table_of(self.mysql_conn_id, table)
 
         def source_fields() -> list:
             with MySqlSourceHook(self.mysql_conn_id).cursor() as cur:
                 return facets.mysql_fields(cur, source.name)
 
-        sink = lineage.storage_path(self.sink_path)
-        fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self._table()))
+        sink = lineage.storage_path(self._location(self.sink_path, name))
+        fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self._table(name)))
+        source_input = facets.input_dataset(source, self.lineage_fields(source.name, source_fields))
         if result is None:
-            return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
-                facets.output_dataset(sink, fields)
-            ]
+            return source_input, facets.output_dataset(sink, fields)
         rows, size, files = 0, 0, 0  # a rerun of a published load writes nothing
         if not result["already_published"]:
             rows = result["rows"]
-            size, files = facets.delta_commit_size(self._table(), result["table_version"] - 1, result["table_version"])
+            size, files = facets.delta_commit_size(
+                self._table(name), result["table_version"] - 1, result["table_version"]
+            )
         commit = facets.CommitFacet(position=result["min_position"], sinkVersion=result["table_version"])
-        return [facets.input_dataset(source, self.lineage_fields(source.name, source_fields))], [
-            facets.output_dataset(sink, fields, rows=rows, size=size, files=files, commit=commit)
-        ]
+        return source_input, facets.output_dataset(sink, fields, rows=rows, size=size, files=files, commit=commit)
+
+
+def _run_identity(context: Any) -> str | None:
+    """Return ``<dag_id>/<run_id>`` of the DAG run executing the task (None outside one)."""
+    try:
+        return f"{context['ti'].dag_id}/{context['run_id']}"
+    except (KeyError, TypeError, AttributeError):
+        return None

@@ -4,8 +4,9 @@ Two ways in:
 
 * ``--spec <file>``: the driver of :class:`~exactly_once_provider.operators.full_load.MySqlFullLoadOperator`
   (submitted by spark-submit, locally or on a cluster's worker). The spec's ``params`` are the operator's
-  :class:`~exactly_once_provider.full_load.job.FullLoadRequest` plus ``mysql_conn_id``; the MySQL connection
-  comes from the 0600 secrets file only. The result goes to the spec's result file.
+  :class:`~exactly_once_provider.full_load.job.FullLoadRequest` plus ``mysql_conn_id``, or ``requests`` (a list
+  of them: several tables in this one application); the MySQL connection comes from the 0600 secrets file only.
+  The result goes to the spec's result file (``{"loads": [...]}`` for ``requests``: None for a table skipped).
 * ``python -m exactly_once_provider.full_load --schema ... --table ... --sink ...`` on its own, with the source
   connection from Airflow's connection lookup (``AIRFLOW_CONN_<ID>`` or a secrets backend), and, for a sink or
   staging area on S3, the ``aws`` connection ``--aws-conn-id`` the same way (read in this process, never a
@@ -21,7 +22,14 @@ import os
 import sys
 from typing import Any
 
-from exactly_once_provider.full_load.job import FullLoadRequest, FullLoadResult, Progress, run_full_load
+from exactly_once_provider.full_load.job import (
+    FullLoadRequest,
+    FullLoadResult,
+    Progress,
+    result_json,
+    run_full_load,
+    run_full_loads,
+)
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 
 RESULT_PREFIX = "full-load-result: "
@@ -31,7 +39,7 @@ log = logging.getLogger("exactly_once_provider.full_load")
 
 def request_from_json(params: dict[str, Any]) -> FullLoadRequest:
     """Return the :class:`FullLoadRequest` of a job spec's ``params`` (JSON has lists, not tuples)."""
-    fields = {k: v for k, v in params.items() if k != "mysql_conn_id"}
+    fields = {k: v for k, v in params.items() if k not in ("mysql_conn_id", "requests")}
     if fields.get("chunk_key") is not None:
         fields["chunk_key"] = tuple(fields["chunk_key"])
     return FullLoadRequest(**fields)
@@ -39,52 +47,37 @@ def request_from_json(params: dict[str, Any]) -> FullLoadRequest:
 
 def result_to_json(result: FullLoadResult) -> dict[str, Any]:
     """Return what the operator needs of a finished load: the handoff and what this run did."""
-    h = result.handoff
-    return {
-        "load_id": h.load_id,
-        "schema": h.schema,
-        "table": h.table,
-        "rows": h.rows,
-        "table_version": h.table_version,
-        "min_position": str(h.min_position),
-        "max_position": str(h.max_position),
-        "already_published": result.already_published,
-        "chunks_read": result.chunks_read,
-        "chunks_resumed": result.chunks_resumed,
-        "seconds": round(result.seconds, 3),
-        "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)} for c in h.chunks],
-    }
+    return result_json(
+        result.handoff, result.already_published, result.chunks_read, result.chunks_resumed, result.seconds
+    )
 
 
-def _progress(table: str):
-    def report(p: Progress) -> None:  # the task log shows it: spark-submit's output goes there
-        log.info(
-            "full load %s: %d/%d chunks done, %d rows, %.0f rows/s",
-            table,
-            p.chunks_done,
-            p.chunks_total,
-            p.rows,
-            p.rows_per_second,
-        )
-
-    return report
+def _progress(p: Progress) -> None:  # the task log shows it: spark-submit's output goes there
+    log.info(
+        "full load %s: %d/%d chunks done, %d rows, %.0f rows/s",
+        p.table,
+        p.chunks_done,
+        p.chunks_total,
+        p.rows,
+        p.rows_per_second,
+    )
 
 
 def _driver(spec, secrets) -> dict[str, Any]:
     from exactly_once_provider.spark_jobs.session import driver_session
 
-    request = request_from_json(spec.params)
+    several = "requests" in spec.params
+    requests = [request_from_json(r) for r in spec.params["requests"]] if several else [request_from_json(spec.params)]
     spark = driver_session(spec)
     try:
-        result = run_full_load(
-            spark,
-            MySqlSourceHook(mysql_conn_id=spec.params["mysql_conn_id"]),
-            request,
-            progress=_progress(request.table),
+        results = run_full_loads(
+            spark, MySqlSourceHook(mysql_conn_id=spec.params["mysql_conn_id"]), requests, _progress
         )
     finally:
         spark.stop()
-    return result_to_json(result)
+    if several:
+        return {"loads": [None if r is None else result_to_json(r) for r in results]}
+    return result_to_json(results[0])
 
 
 def main(argv: list[str] | None = None) -> int:

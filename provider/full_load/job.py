@@ -19,6 +19,7 @@ rerun finds its load id in the sink's newest full-load marker (and both commits 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -66,7 +67,11 @@ class FullLoadRequest:
     :param fetch_rows: rows per Arrow batch read from the source (a server-side cursor fetch for the row reader).
     :param reader: ``native`` reads MariaDB chunks into Arrow in native code (connectorx); ``rows`` reads them
         through mysqlclient rows (slower; what MySQL always uses). Both load the same values.
-    :param full_reload: forget a load in progress or published and start a new snapshot.
+    :param full_reload: forget a load in progress or published and start a new snapshot (once per ``run_id``: a
+        retry of the run that asked for it resumes the snapshot it started).
+    :param skip_loaded: leave the table as it is when it holds a full load that ``run_id`` did not take (the
+        result is then None): what a load of a whole database does with the tables it loaded before.
+    :param run_id: the run asking for the load (an Airflow DAG run), recorded in the staging manifest.
     :param expected_rows_per_second: planned load speed for the binlog retention check.
     :param require_replication: require REPLICATION SLAVE for the capture that follows.
     :param version_base: added to every row's snapshot version: the capture's version base on the server read
@@ -88,6 +93,8 @@ class FullLoadRequest:
     require_replication: bool = True
     version_base: int = 0
     server_id: int | None = None
+    skip_loaded: bool = False
+    run_id: str | None = None
 
     def validate(self) -> FullLoadRequest:
         """Return the request; raise ValueError naming the first setting that is wrong (checked by the operator
@@ -111,12 +118,13 @@ class FullLoadRequest:
 
 @dataclass(frozen=True)
 class Progress:
-    """Where a running load stands."""
+    """Where a running load stands (of one table; ``table`` names it)."""
 
     chunks_done: int
     chunks_total: int
     rows: int
     seconds: float
+    table: str = ""
 
     @property
     def rows_per_second(self) -> float:
@@ -135,8 +143,69 @@ class FullLoadResult:
     stats: dict = field(default_factory=dict)
 
 
+@dataclass
+class _TableLoad:
+    """One table's load between its plan and its publish (driver-side state of :func:`run_full_loads`)."""
+
+    request: FullLoadRequest
+    staging: Staging
+    manifest: dict
+    columns: list[dict]
+    is_mariadb: bool
+    pending: list[dict]
+    resumed: int
+    started: float
+    estimated_rows: int
+    phases: dict = field(default_factory=dict)
+    read_rows: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.request.schema}.{self.request.table}"
+
+    def chunk_weight(self, chunk: dict) -> int:
+        """Return the rows a chunk is expected to hold: ``chunk_rows``, less for the last one of a small table
+        (the plan cuts every ``chunk_rows`` rows; the row estimate sizes the open-ended last chunk)."""
+        total = len(self.manifest["chunks"])
+        if chunk["index"] < total - 1:
+            return self.request.chunk_rows
+        rest = self.estimated_rows - (total - 1) * self.request.chunk_rows
+        return max(1, min(self.request.chunk_rows, rest))
+
+
+def result_json(
+    h: handoff.Handoff,
+    already_published: bool,
+    chunks_read: int = 0,
+    chunks_resumed: int | None = None,
+    seconds: float = 0.0,
+) -> dict:
+    """Return what a task needs of a published load: its handoff and what this run did (the job's result)."""
+    return {
+        "load_id": h.load_id,
+        "schema": h.schema,
+        "table": h.table,
+        "rows": h.rows,
+        "table_version": h.table_version,
+        "min_position": str(h.min_position),
+        "max_position": str(h.max_position),
+        "already_published": already_published,
+        "chunks_read": chunks_read,
+        "chunks_resumed": len(h.chunks) if chunks_resumed is None else chunks_resumed,
+        "seconds": round(seconds, 3),
+        "chunks": [{"index": c.chunk.index, "rows": c.rows, "position": str(c.position)} for c in h.chunks],
+    }
+
+
 def _log_progress(p: Progress) -> None:
-    log.info("full load: %d/%d chunks, %d rows, %.0f rows/s", p.chunks_done, p.chunks_total, p.rows, p.rows_per_second)
+    log.info(
+        "full load %s: %d/%d chunks, %d rows, %.0f rows/s",
+        p.table,
+        p.chunks_done,
+        p.chunks_total,
+        p.rows,
+        p.rows_per_second,
+    )
 
 
 def run_full_load(
@@ -149,14 +218,153 @@ def run_full_load(
     :param request: what to load.
     :param progress: called after each finished wave.
     """
+    result = run_full_loads(spark, hook, [request], progress)[0]
+    if result is None:
+        raise ValueError(f"skip_loaded left {request.table} as it is: it has a full load; nothing to return.")
+    return result
+
+
+def run_full_loads(
+    spark,
+    hook: MySqlSourceHook,
+    requests: list[FullLoadRequest],
+    progress: Callable[[Progress], None] = _log_progress,
+) -> list[FullLoadResult | None]:
+    """Load several tables in ONE Spark application; return each table's result (None: left as it was).
+
+    Each table is planned, staged and published exactly as a load of its own (its own snapshot per chunk, its
+    own manifest, its own Delta commit carrying its handoff positions), but the chunks of all tables are read
+    together: a wave (one Spark job) takes chunks of as many tables as fit ``chunks_per_job * chunk_rows``
+    expected rows, so a hundred small tables cost a few Spark jobs, not a hundred. Tables are read in order and
+    each is published as soon as its last chunk is staged, so after a crash the tables published before it are
+    not read again (their manifests say so) and the others resume at their unfinished chunks.
+
+    :param spark: the SparkSession (local or cluster) to run on.
+    :param hook: the source hook (its connection is resolved on the driver; executors get its settings).
+    :param requests: what to load, one request per table (a table named twice is refused).
+    :param progress: called for a table after each wave that read some of its chunks.
+    """
+    names = [(r.schema, r.table) for r in requests]
+    if len(set(names)) != len(names):
+        raise ValueError(f"A full load names a table twice: {names}.")
+    results: list[FullLoadResult | None] = [None] * len(requests)
+    loads: dict[int, _TableLoad] = {}
+    retained = functools.cache(hook.binary_logs)  # asked once, after the first preflight checked the binlog is on
+    with hook.cursor() as cur:
+        cur.execute("SELECT @@server_id")
+        server_id = int(cur.fetchone()[0])
+    for i, request in enumerate(requests):
+        prepared = _prepare(hook, request, server_id, retained)
+        if isinstance(prepared, _TableLoad):
+            loads[i] = prepared
+        else:
+            results[i] = prepared
+    if not loads:
+        return results
+    settings = hook.connection_settings()
+    if any(load.is_mariadb and load.request.reader == "native" for load in loads.values()):
+        connectorx_tls_query(settings.ssl, settings.ssl_mode)  # TLS it cannot take: refused now, not on an executor
+    for load in loads.values():
+        load.phases["prepare"] = time.monotonic() - load.started
+    for i in [i for i, load in loads.items() if not load.pending]:  # every chunk staged by an earlier attempt
+        results[i] = _finish(spark, loads.pop(i))
+    queue = [(i, chunk) for i, load in loads.items() for chunk in load.pending]
+    for wave in _waves(queue, loads):
+        by_table: dict[int, list[dict]] = {}
+        for i, chunk in wave:
+            by_table.setdefault(i, []).append(chunk)
+        slots = list(by_table)
+        options = [_read_options(settings, loads[i], by_table[i]) for i in slots]
+        wave_started = time.monotonic()
+        staged = read_chunks(spark, options)
+        seconds = time.monotonic() - wave_started
+        for slot, i in enumerate(slots):
+            load = loads[i]
+            mine = [r for r in staged if r.get("slot", 0) == slot]
+            found = sorted(r["chunk"] for r in mine)
+            if found != sorted(c["index"] for c in by_table[i]):
+                raise delta_commit.CommitMarkerError(
+                    f"A wave returned chunks {found} of {load.label}, expected {sorted(c['index'] for c in by_table[i])}."
+                )
+            for r in mine:
+                load.manifest["done"][str(r["chunk"])] = {
+                    "file": r["binlog_file"],
+                    "pos": int(r["binlog_pos"]),
+                    "rows": int(r["rows"]),
+                    "data": r["data_file"],
+                    "bytes": int(r["data_bytes"]),
+                    "reader": r["reader"],
+                }
+                load.read_rows += int(r["rows"])
+            load.phases["read_and_stage"] = load.phases.get("read_and_stage", 0.0) + seconds
+            load.staging.save(load.manifest)  # the chunk progress marker, after the executors made the files durable
+            done = len(load.manifest["done"])
+            total = len(load.manifest["chunks"])
+            progress(Progress(done, total, load.read_rows, time.monotonic() - load.started, load.label))
+            if done == total:
+                results[i] = _finish(spark, loads.pop(i))
+    return results
+
+
+# Chunks of one wave at most: a wave is one Spark job, and its chunks' progress is saved only when it ends.
+MAX_CHUNKS_PER_WAVE = 64
+
+
+def _waves(queue: list[tuple[int, dict]], loads: dict[int, _TableLoad]) -> list[list[tuple[int, dict]]]:
+    """Cut the chunks of every table, in order, into waves of about ``chunks_per_job * chunk_rows`` expected rows
+    (the first table's settings): a big table's waves hold ``chunks_per_job`` chunks, small tables share one."""
+    waves: list[list[tuple[int, dict]]] = []
+    budget, filled = 0, 0
+    for i, chunk in queue:
+        load = loads[i]
+        weight = load.chunk_weight(chunk)
+        if not waves or filled + weight > budget or len(waves[-1]) >= MAX_CHUNKS_PER_WAVE:
+            waves.append([])
+            budget, filled = max(1, load.request.chunks_per_job) * load.request.chunk_rows, 0
+        waves[-1].append((i, chunk))
+        filled += weight
+    return waves
+
+
+def _read_options(settings, load: _TableLoad, chunks: list[dict]) -> dict[str, str]:
+    request, manifest = load.request, load.manifest
+    return chunk_read_options(
+        settings,
+        load.is_mariadb,
+        request.schema,
+        request.table,
+        [Column(**c) for c in load.columns],
+        tuple(manifest["key"]),
+        chunks,
+        request.fetch_rows,
+        manifest["load_id"],
+        str(load.staging.data_dir),
+        request.reader,
+        int(manifest.get("version_base") or 0),
+        _s3_settings(load.staging),
+    )
+
+
+def left_as_is(request: FullLoadRequest, manifest: dict | None) -> bool:
+    """Return whether ``skip_loaded`` leaves the table as it is: its Delta table holds a full load, and neither
+    ``full_reload`` nor a load of this run (``manifest``: its staging manifest) asks for another look."""
+    same_run = bool(manifest and request.run_id and manifest.get("run_id") == request.run_id)
+    return request.skip_loaded and not request.full_reload and not same_run and handoff.has_full_load(request.sink_path)
+
+
+def _prepare(
+    hook: MySqlSourceHook, request: FullLoadRequest, server_id: int, retained: Callable[[], list[str]]
+) -> _TableLoad | FullLoadResult | None:
+    """Return a table's load to run, its result when it was published already, or None when it is skipped."""
     request.validate()
     started = time.monotonic()
-    phases: dict[str, float] = {}
     staging = request.staging()
-    if request.full_reload:
-        staging.reset()
     manifest = staging.load()
-    if manifest and manifest.get("published"):
+    same_run = bool(manifest and request.run_id and manifest.get("run_id") == request.run_id)
+    if request.full_reload and not same_run:  # a retry of the run that asked for the reload resumes its load
+        staging.reset()
+        manifest = None
+    if manifest and manifest.get("published") and (same_run or not request.skip_loaded):
         version = manifest["published"]["table_version"]
         return FullLoadResult(
             handoff.parse(version, manifest["published"]["marker"]),
@@ -165,17 +373,18 @@ def run_full_load(
             time.monotonic() - started,
             already_published=True,
         )
+    if left_as_is(request, manifest):
+        log.info("full load %s.%s: the table holds a full load already; left as it is", request.schema, request.table)
+        return None
     checked = hook.preflight(
         request.schema, request.table, request.chunk_key, request.expected_rows_per_second, request.require_replication
     )
+    if request.server_id is not None and server_id != request.server_id:
+        raise SourceConfigurationError(
+            f"The full load's version base {request.version_base} was found for server_id {request.server_id},"
+            f" but the connection now reaches server_id {server_id} (it changed during the task): retry it."
+        )
     with hook.cursor() as cur:
-        cur.execute("SELECT @@server_id")
-        server_id = int(cur.fetchone()[0])
-        if request.server_id is not None and server_id != request.server_id:
-            raise SourceConfigurationError(
-                f"The full load's version base {request.version_base} was found for server_id {request.server_id},"
-                f" but the connection now reaches server_id {server_id} (it changed during the task): retry it."
-            )
         columns = [c.to_json() for c in table_columns(cur, request.schema, request.table)]
         _check_column_names(request.schema, request.table, [c["name"] for c in columns])
         if manifest is None:
@@ -192,16 +401,19 @@ def run_full_load(
                 "published": None,
                 "version_base": request.version_base,
                 "server_id": server_id,
+                "run_id": request.run_id,
             }
             staging.save(manifest)
             log.info(
-                "full load %s: planned %d chunks of ~%d rows by key %s",
+                "full load %s of %s.%s: planned %d chunks of ~%d rows by key %s",
                 manifest["load_id"],
+                request.schema,
+                request.table,
                 len(chunks),
                 request.chunk_rows,
                 list(checked.key.columns),
             )
-    _check_resumable(hook, request, manifest, columns, list(checked.key.columns))
+    _check_resumable(request, manifest, columns, list(checked.key.columns), retained)
     staged_base = int(manifest.get("version_base") or 0)
     staged_server = manifest.get("server_id", server_id)  # a load staged before servers were recorded: this one
     if request.server_id is not None and (staged_base, staged_server) != (request.version_base, server_id):
@@ -210,62 +422,38 @@ def run_full_load(
             f"{staged_server}, but the capture's base on server_id {server_id} is now "
             f"{request.version_base} (the capture moved on since): rerun with full_reload=True."
         )
-    resumed = len(manifest["done"])
     for orphan in staging.remove_unlisted_files(manifest):
         log.info("full load: removed staged file %s an unfinished task left behind", orphan)
-    settings = hook.connection_settings()
-    if checked.server.is_mariadb and request.reader == "native":
-        connectorx_tls_query(settings.ssl, settings.ssl_mode)  # TLS it cannot take: refused now, not on an executor
     pending = [c for c in manifest["chunks"] if str(c["index"]) not in manifest["done"]]
-    total, read_rows = len(manifest["chunks"]), 0
-    size = max(1, request.chunks_per_job)
-    phases["prepare"] = time.monotonic() - started
-    for start in range(0, len(pending), size):
-        wave = pending[start : start + size]
-        options = chunk_read_options(
-            settings,
-            checked.server.is_mariadb,
-            request.schema,
-            request.table,
-            [Column(**c) for c in columns],
-            checked.key.columns,
-            wave,
-            request.fetch_rows,
-            manifest["load_id"],
-            str(staging.data_dir),
-            request.reader,
-            int(manifest.get("version_base") or 0),
-            _s3_settings(staging),
-        )
-        wave_started = time.monotonic()
-        results = read_chunks(spark, options)
-        phases["read_and_stage"] = phases.get("read_and_stage", 0.0) + time.monotonic() - wave_started
-        found = sorted(r["chunk"] for r in results)
-        if found != sorted(c["index"] for c in wave):
-            raise delta_commit.CommitMarkerError(
-                f"A wave returned chunks {found}, expected {sorted(c['index'] for c in wave)}."
-            )
-        for r in results:
-            manifest["done"][str(r["chunk"])] = {
-                "file": r["binlog_file"],
-                "pos": int(r["binlog_pos"]),
-                "rows": int(r["rows"]),
-                "data": r["data_file"],
-                "bytes": int(r["data_bytes"]),
-                "reader": r["reader"],
-            }
-            read_rows += int(r["rows"])
-        staging.save(manifest)  # the chunk progress marker, after the executors made the wave's files durable
-        progress(Progress(len(manifest["done"]), total, read_rows, time.monotonic() - started))
+    return _TableLoad(
+        request,
+        staging,
+        manifest,
+        columns,
+        checked.server.is_mariadb,
+        pending,
+        len(manifest["done"]),
+        started,
+        int(checked.estimated_rows or 0),
+    )
+
+
+def _finish(spark, load: _TableLoad) -> FullLoadResult:
+    """Publish a table whose every chunk is staged; record the publish in its manifest."""
     fault_point("full_load_before_publish")  # every chunk staged, nothing visible yet
     publish_started = time.monotonic()
-    version, body = _publish(spark, request, manifest, phases)
+    version, body, before = _publish(spark, load.request, load.manifest, load.phases)
     fault_point("full_load_published")  # the Delta commit exists, the manifest does not know it yet
-    manifest["published"] = {"table_version": version, "marker": body}
-    staging.save(manifest)
-    phases["publish"] = time.monotonic() - publish_started
+    load.manifest["published"] = {"table_version": version, "marker": body}
+    load.staging.save(load.manifest)
+    load.phases["publish"] = time.monotonic() - publish_started
     return FullLoadResult(
-        handoff.parse(version, body), len(pending), resumed, time.monotonic() - started, stats={"phases": phases}
+        handoff.parse(version, body),
+        len(load.pending),
+        load.resumed,
+        time.monotonic() - load.started,
+        already_published=before,
+        stats={"phases": load.phases},
     )
 
 
@@ -285,7 +473,7 @@ def _check_column_names(schema: str, table: str, names: list[str]) -> None:
 
 
 def _check_resumable(
-    hook: MySqlSourceHook, request: FullLoadRequest, manifest: dict, columns: list[dict], key: list[str]
+    request: FullLoadRequest, manifest: dict, columns: list[dict], key: list[str], retained: Callable[[], list[str]]
 ) -> None:
     """Refuse to resume when staged chunks no longer match the table or their positions were purged."""
     same = (manifest["schema"], manifest["table"], manifest["key"], manifest["columns"]) == (
@@ -304,8 +492,7 @@ def _check_resumable(
             f"The staged full load in {request.staging().root} was staged by an older version of this provider "
             "(per-wave Spark output): rerun with full_reload=True to start a new snapshot."
         )
-    retained = set(hook.binary_logs())
-    purged = sorted({d["file"] for d in manifest["done"].values()} - retained)
+    purged = sorted({d["file"] for d in manifest["done"].values()} - set(retained()) if manifest["done"] else ())
     if purged:
         raise SourceConfigurationError(
             f"Binlog files {purged} holding finished chunks' snapshot positions were purged: the capture could "
@@ -317,8 +504,9 @@ def _check_resumable(
 _STAGED_NAME = re.compile(r"^(?P<load>[0-9a-f]{32})-c\d{6}-[0-9a-f]{12}\.parquet$")
 
 
-def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> tuple[int, dict]:
-    """Publish every staged chunk as one Delta commit that carries the handoff positions."""
+def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> tuple[int, dict, bool]:
+    """Publish every staged chunk as one Delta commit that carries the handoff positions; return its version,
+    the handoff and whether an earlier attempt had committed it already."""
     done = manifest["done"]
     chunks = [
         {**c, **{k: v for k, v in done[str(c["index"])].items() if k in ("file", "pos", "rows")}}
@@ -341,7 +529,7 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
     except LookupError:
         published = None
     if published is not None and published.load_id == manifest["load_id"]:
-        return published.table_version, body  # committed before a crash; the manifest did not know it yet
+        return published.table_version, body, True  # committed before a crash; the manifest did not know it yet
     staging = request.staging()
     files = _staged_files(staging, sink, done)
     adopt = _can_adopt(sink, staging, manifest["load_id"])
@@ -358,10 +546,10 @@ def _publish(spark, request: FullLoadRequest, manifest: dict, phases: dict) -> t
             for _, e in sorted(done.items(), key=lambda item: int(item[0]))
         ]
         schema = spark_schema([Column(**c) for c in manifest["columns"]]).json()
-        return delta_commit.create_with_files(sink, schema, listed, body, app_id, 1), body
+        return delta_commit.create_with_files(sink, schema, listed, body, app_id, 1), body, False
     staged = spark.read.schema(spark_schema([Column(**c) for c in manifest["columns"]])).parquet(*files.values())
     version = delta_commit.commit_with_marker(staged, request.sink_path, body, app_id, 1, mode="overwrite")
-    return version, body
+    return version, body, False
 
 
 def _s3_settings(staging: Staging):

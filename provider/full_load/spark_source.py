@@ -71,19 +71,21 @@ def data_file_name(load_id: str, chunk: int) -> str:
     return f"{load_id}-c{chunk:06d}-{uuid.uuid4().hex[:12]}.parquet"
 
 
-def read_chunks(spark, options: dict[str, str]) -> list[dict]:
+def read_chunks(spark, options: dict[str, str] | list[dict[str, str]]) -> list[dict]:
     """Run one Spark job reading every chunk of ``options`` (one partition each); return their results.
 
     :param spark: the SparkSession.
-    :param options: from :func:`chunk_read_options`.
+    :param options: from :func:`chunk_read_options`, or a list of them (chunks of several tables in one job);
+        each result's ``slot`` is the index of the options it was read with.
     """
-    chunks = json.loads(options["chunks"])
+    every = [options] if isinstance(options, dict) else list(options)
+    work = [(slot, chunk) for slot, o in enumerate(every) for chunk in json.loads(o["chunks"])]
 
-    def run(partition: Iterator[dict]) -> Iterator[dict]:
-        for chunk in partition:
-            yield stage_chunk(options, chunk)
+    def run(partition: Iterator[tuple[int, dict]]) -> Iterator[dict]:
+        for slot, chunk in partition:
+            yield {**stage_chunk(every[slot], chunk), "slot": slot}
 
-    return spark.sparkContext.parallelize(chunks, len(chunks)).mapPartitions(run).collect()
+    return spark.sparkContext.parallelize(work, len(work)).mapPartitions(run).collect()
 
 
 def stage_chunk(options: dict[str, str], chunk_json: dict) -> dict:

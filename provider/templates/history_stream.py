@@ -10,9 +10,9 @@
   starts the next run at once, and task retries restart either one if it dies in between. Both resume exactly
   once from what Kafka and the table hold.
 
-Several tables (``tables=[...]``, locations with a ``{table}`` placeholder): a full load and a reconciliation
-per table, one capture of them all, one ``apply`` Spark application with one query per table (see
-:func:`history_stream_dag`).
+Several tables (``tables=[...]``, locations with a ``{table}`` placeholder): one full load application of
+the tables not loaded yet, one capture of them all, one ``apply`` Spark application with one query over all of
+them, a reconciliation per table (see :func:`history_stream_dag`).
 
 The table (``table_path``) is the full load's Delta table with every later change merged in
 (:mod:`exactly_once_provider.sinks.current_table`): one row per source key, typed like the source, read with
@@ -113,7 +113,8 @@ def history_stream_dag(
 ) -> DAG:
     """Return a history -> stream DAG for ``schema.table``, or for several tables of ``schema`` (``tables``).
 
-    Several tables: one ``full_load_<table>`` task per table, ONE capture of all of them (one Kafka transaction
+    Several tables: ONE ``full_load`` Spark application of the tables not loaded yet (their chunks read together,
+    each table published in its own commit as soon as it is staged; ``full_reload`` loads them all), ONE capture of all of them (one Kafka transaction
     per source transaction across the tables), ONE ``apply`` Spark application (ONE streaming query over all
     the tables' topics, each micro-batch split per table into its own current table: a batch costs what the
     tables it touches cost), and per table a ``lag_gate_<table>`` and a ``reconcile_<table>`` (named
@@ -287,10 +288,11 @@ def history_stream_dag(
             if s3 is not None:  # the table's log is read through them
                 register_settings(s3)
             reload = str((params or {}).get("full_reload", False)).lower() == "true"
-            loads = [f"full_load{suffix[n]}" for n in names if reload or not has_full_load(paths[n])]
-            if not several:
-                return loads[0] if loads else "retention_guard"
-            return loads + (["retention_guard"] if len(loads) < len(names) else [])
+            unloaded = [n for n in names if reload or not has_full_load(paths[n])]
+            if not unloaded:
+                return "retention_guard"
+            # The full load leaves the loaded tables as they are; the guard checks the stream of those.
+            return ["full_load"] + (["retention_guard"] if len(unloaded) < len(names) else [])
 
         assets = {
             n: Asset(
@@ -298,28 +300,25 @@ def history_stream_dag(
             )
             for n in names
         }
-        full_loads = []
-        for name in names:
-            # [START howto_operator_full_load]
-            full_load = MySqlFullLoadOperator(
-                task_id=f"full_load{suffix[name]}",
-                table=name,
-                schema=schema,
-                sink_path=paths[name],
-                staging_path=stagings[name],
-                chunk_rows=chunk_rows,
-                full_reload="{{ params.full_reload }}",
-                mysql_conn_id=mysql_conn_id,
-                spark_conn_id=spark_conn_id,
-                aws_conn_id=aws_conn_id,
-                spark_conf=spark_conf,
-                outlets=[assets[name]],
-                capture_pipeline=pipeline,
-                capture_source_partition=CAPTURE_SOURCE_PARTITION,
-                kafka_config_id=kafka_config_id,
-            )
-            # [END howto_operator_full_load]
-            full_loads.append(full_load)
+        # [START howto_operator_full_load]
+        full_load = MySqlFullLoadOperator(
+            task_id="full_load",
+            **({"tables": names} if several else {"table": table}),  # several: one Spark application
+            schema=schema,
+            sink_path=table_path,
+            staging_path=staging_path,
+            chunk_rows=chunk_rows,
+            full_reload="{{ params.full_reload }}",
+            mysql_conn_id=mysql_conn_id,
+            spark_conn_id=spark_conn_id,
+            aws_conn_id=aws_conn_id,
+            spark_conf=spark_conf,
+            outlets=list(assets.values()),
+            capture_pipeline=pipeline,
+            capture_source_partition=CAPTURE_SOURCE_PARTITION,
+            kafka_config_id=kafka_config_id,
+        )
+        # [END howto_operator_full_load]
         # [START howto_operator_retention_guard]
         guard = BinlogRetentionGuardOperator(
             task_id="retention_guard",
@@ -400,7 +399,7 @@ def history_stream_dag(
             )
         choice = choose_load()
         preflight() >> choice
-        loaded = [*full_loads, guard]
+        loaded = [full_load, guard]
         choice >> loaded
         if continuous:
             loaded >> capture
@@ -420,7 +419,11 @@ def history_stream_dag(
             # Whether this run loaded the table: the full load's own XCom (it mirrors the handoff positions) exists
             # only if it ran. Not choose_load's answer: when a branch skips tasks, Airflow 3's SkipMixin raises
             # DownstreamTasksSkipped out of execute(), so the branch's return value never reaches XCom.
-            loaded_now = f"ti.xcom_pull(task_ids='full_load{suffix[name]}') is not none"
+            loaded_now = (
+                f"(ti.xcom_pull(task_ids='full_load') and {name!r} in ti.xcom_pull(task_ids='full_load')['tables'])"
+                if several
+                else "ti.xcom_pull(task_ids='full_load') is not none"
+            )
             reconcile_scope = (
                 "{{ 'full' if params.full_reload or params.full_reconcile or "
                 + loaded_now

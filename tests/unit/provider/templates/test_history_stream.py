@@ -57,11 +57,13 @@ def test_continuous_mode_runs_capture_and_stream_side_by_side_for_run_for():
         _dag(mode="streaming")
 
 
-def _scope(task, run_after: str, loaded: tuple[str, ...] = (), **params) -> str:
-    """Render the reconcile's scope; ``loaded``: the full-load tasks that ran in this run (only they have an XCom)."""
+def _scope(task, run_after: str, loaded: tuple[str, ...] = (), tables: tuple[str, ...] | None = None, **params) -> str:
+    """Render the reconcile's scope; ``loaded``: the full-load tasks that ran in this run (only they have an XCom);
+    ``tables``: the tables a full load of several tables loaded in this run (its XCom names them)."""
+    xcom = {"chunks": 1} if tables is None else {"tables": {t: {"chunks": 1} for t in tables}, "skipped": []}
     context = {
         "params": {"full_reload": False, "full_reconcile": False, **params},
-        "ti": SimpleNamespace(xcom_pull=lambda task_ids: {"chunks": 1} if task_ids in loaded else None),
+        "ti": SimpleNamespace(xcom_pull=lambda task_ids: xcom if task_ids in loaded else None),
         "dag_run": SimpleNamespace(run_after=pendulum.parse(run_after), data_interval_start=None),
     }
     return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(task.scope).render(**context)
@@ -100,7 +102,7 @@ def test_a_table_on_s3_stages_its_full_load_next_to_it_on_the_same_store():
     dag = _dag(table_path="s3://lake/orders", aws_conn_id="aws_lake")
     full_load = dag.get_task("full_load")
     assert full_load.staging_path is None and full_load.aws_conn_id == "aws_lake"
-    assert full_load._staging_location() == "s3://lake/orders._eo_full_load"
+    assert full_load._staging_location("orders") == "s3://lake/orders._eo_full_load"
     assert (
         _dag(table_path="/data/t", staging_path="s3://lake/stage").get_task("full_load").staging_path
         == "s3://lake/stage"
@@ -133,17 +135,19 @@ def test_several_tables_load_each_capture_once_apply_in_one_application_and_reco
         reconcile = dag.get_task(f"reconcile_{n}")
         assert (reconcile.table, reconcile.sink_path, reconcile.name) == (f"shop.{n}", f"/data/{n}", f"p.{n}")
         assert reconcile.upstream_task_ids == {"apply"}
-        assert dag.get_task(f"full_load_{n}").sink_path == f"/data/{n}"
         assert dag.get_task(f"lag_gate_{n}").downstream_task_ids == {"capture"}
     assert dag.get_task("reconcile_lines").key_column == ["a", "b"]
     assert dag.get_task("reconcile_orders").key_column is None  # the table's own primary key
     assert {o.uri for t in dag.tasks for o in t.outlets} == {f"file:///data/{n}" for n in names}
-    assert "full_load" not in dag.task_ids and "reconcile" not in dag.task_ids
+    full_load = dag.get_task("full_load")  # ONE Spark application loads the tables
+    assert (full_load.tables, full_load.table, full_load.sink_path) == (list(names), None, "/data/{table}")
+    assert not any(t.startswith("full_load_") for t in dag.task_ids) and "reconcile" not in dag.task_ids
     orders = dag.get_task("reconcile_orders")
-    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=("full_load_lines",)) == "changed"
-    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=("full_load_orders",)) == "full"
+    assert _scope(orders, "2026-11-25T10:00:00Z") == "changed"
+    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("lines",)) == "changed"
+    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("lines", "orders")) == "full"
     continuous = _tables_dag(mode="continuous")
-    assert continuous.get_task("apply").upstream_task_ids == {f"full_load_{n}" for n in names} | {"retention_guard"}
+    assert continuous.get_task("apply").upstream_task_ids == {"full_load", "retention_guard"}
 
 
 def test_a_postgres_current_table_is_applied_after_the_delta_one_and_reconciled_on_its_own():
