@@ -237,7 +237,7 @@ def _jdbc(spark, workdir: Path, name: str, rows: int, partitions: int) -> tuple[
 
 
 def _load(
-    spark, workdir: Path, name: str, chunk_rows: int, chunks_per_job: int, reader: str = "native"
+    spark, workdir: Path, name: str, chunk_rows: int | None, chunks_per_job: int | None, reader: str = "native"
 ) -> tuple[float, int, dict]:
     from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
     from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
@@ -302,6 +302,10 @@ def measure(spark, rows: int, repeat: int, parallel: int) -> tuple[list[Step], f
         Step("Spark JDBC, 2 partitions -> Delta", jdbc(2)),
         Step(f"Spark JDBC, {parallel} partitions -> Delta", jdbc(parallel)),
         Step("mysqldump --single-transaction --quick (file)", dump),
+        Step(
+            "full load, the defaults (chunks sized for the table)",
+            lambda: _load(spark, workdir, f"load{next(counter)}", None, None),
+        ),
         Step("full load, native reader, 1 chunk", load(1, "native")),
         Step(f"full load, native reader, {parallel} chunks", load(parallel, "native")),
         Step("full load, row reader, 1 chunk", load(1, "rows")),

@@ -45,8 +45,9 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param staging_path: staged chunks + manifest: a local (for a cluster: shared) directory or
         ``s3://bucket/prefix`` (the executors write the chunk objects themselves); default
         ``<sink_path>._eo_full_load``, next to the table on the same store (with ``tables``: a ``{table}`` placeholder).
-    :param chunk_rows: target rows per chunk (one Spark partition).
-    :param chunks_per_job: chunks per Spark job; progress is saved after each job.
+    :param chunk_rows: target rows per chunk (one Spark partition); default: sized from each table's row
+        estimate and the application's cores (one wave of chunks up to 2.5M rows each, more waves beyond).
+    :param chunks_per_job: chunks per Spark job (progress is saved after each); default: the cores.
     :param chunk_key: columns of a unique NOT NULL index, when the table's primary key is not wanted.
     :param fetch_rows: rows per Arrow batch read from the source.
     :param reader: ``native`` (MariaDB rows straight into Arrow, connectorx) or ``rows`` (through mysqlclient;
@@ -93,8 +94,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         sink_path: str,
         schema: str | None = None,
         staging_path: str | None = None,
-        chunk_rows: int = 100_000,
-        chunks_per_job: int = 2,
+        chunk_rows: int | None = None,
+        chunks_per_job: int | None = None,
         chunk_key: Sequence[str] | None = None,
         fetch_rows: int = 10_000,
         reader: str = "native",

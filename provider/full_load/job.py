@@ -61,8 +61,10 @@ class FullLoadRequest:
     :param sink_path: the Delta table to publish into (replaced atomically).
     :param staging_path: where staged chunks and the manifest live: a local (for a cluster: shared) directory or
         ``s3://bucket/prefix``; default ``<sink_path>._eo_full_load``.
-    :param chunk_rows: target rows per chunk (one Spark partition, one snapshot each).
-    :param chunks_per_job: chunks per Spark job (a "wave"); progress is saved after each wave.
+    :param chunk_rows: target rows per chunk (one Spark partition, one snapshot each); None: sized from the
+        table's row estimate and the application's cores (:func:`auto_chunk_rows`).
+    :param chunks_per_job: chunks per Spark job (a "wave"); progress is saved after each wave; None: the
+        application's cores (every chunk of a wave read at once).
     :param chunk_key: columns of a unique NOT NULL index to chunk by instead of the primary key.
     :param fetch_rows: rows per Arrow batch read from the source (a server-side cursor fetch for the row reader).
     :param reader: ``native`` reads MariaDB chunks into Arrow in native code (connectorx); ``rows`` reads them
@@ -83,8 +85,8 @@ class FullLoadRequest:
     table: str
     sink_path: str
     staging_path: str | None = None
-    chunk_rows: int = 100_000
-    chunks_per_job: int = 2
+    chunk_rows: int | None = None
+    chunks_per_job: int | None = None
     chunk_key: tuple[str, ...] | None = None
     fetch_rows: int = 10_000
     reader: str = "native"
@@ -103,6 +105,10 @@ class FullLoadRequest:
             raise ValueError("schema, table and sink_path must be non-empty.")
         if not isinstance(self.version_base, int) or self.version_base < 0:
             raise ValueError(f"version_base must be a non-negative integer, got {self.version_base!r}.")
+        for name in ("chunk_rows", "chunks_per_job"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer (or None: sized for the table), got {value!r}.")
         if self.reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {self.reader!r}.")
         return self
@@ -156,6 +162,8 @@ class _TableLoad:
     resumed: int
     started: float
     estimated_rows: int
+    chunk_rows: int
+    chunks_per_job: int
     phases: dict = field(default_factory=dict)
     read_rows: int = 0
 
@@ -168,9 +176,24 @@ class _TableLoad:
         (the plan cuts every ``chunk_rows`` rows; the row estimate sizes the open-ended last chunk)."""
         total = len(self.manifest["chunks"])
         if chunk["index"] < total - 1:
-            return self.request.chunk_rows
-        rest = self.estimated_rows - (total - 1) * self.request.chunk_rows
-        return max(1, min(self.request.chunk_rows, rest))
+            return self.chunk_rows
+        rest = self.estimated_rows - (total - 1) * self.chunk_rows
+        return max(1, min(self.chunk_rows, rest))
+
+
+# Sizing a table's chunks when the request leaves it open: one wave of `cores` chunks for a table up to
+# cores * MAX_AUTO_CHUNK_ROWS rows (the fastest plan measured: every chunk read at once, one Spark job, one
+# manifest save), more waves of chunks that size beyond it (a killed load then loses at most one wave); never
+# below MIN_AUTO_CHUNK_ROWS (a snapshot, a connection and a file per chunk).
+MIN_AUTO_CHUNK_ROWS = 100_000
+MAX_AUTO_CHUNK_ROWS = 2_500_000
+
+
+def auto_chunk_rows(estimated_rows: int, cores: int) -> int:
+    """Return the chunk size of a table of about ``estimated_rows`` rows read by ``cores`` cores."""
+    cores = max(1, cores)
+    waves = max(1, -(-estimated_rows // (cores * MAX_AUTO_CHUNK_ROWS)))
+    return max(MIN_AUTO_CHUNK_ROWS, -(-estimated_rows // (cores * waves)))
 
 
 def result_json(
@@ -250,11 +273,12 @@ def run_full_loads(
     results: list[FullLoadResult | None] = [None] * len(requests)
     loads: dict[int, _TableLoad] = {}
     retained = functools.cache(hook.binary_logs)  # asked once, after the first preflight checked the binlog is on
+    cores = int(spark.sparkContext.defaultParallelism)
     with hook.cursor() as cur:
         cur.execute("SELECT @@server_id")
         server_id = int(cur.fetchone()[0])
     for i, request in enumerate(requests):
-        prepared = _prepare(hook, request, server_id, retained)
+        prepared = _prepare(hook, request, server_id, retained, cores)
         if isinstance(prepared, _TableLoad):
             loads[i] = prepared
         else:
@@ -320,7 +344,7 @@ def _waves(queue: list[tuple[int, dict]], loads: dict[int, _TableLoad]) -> list[
         weight = load.chunk_weight(chunk)
         if not waves or filled + weight > budget or len(waves[-1]) >= MAX_CHUNKS_PER_WAVE:
             waves.append([])
-            budget, filled = max(1, load.request.chunks_per_job) * load.request.chunk_rows, 0
+            budget, filled = load.chunks_per_job * load.chunk_rows, 0
         waves[-1].append((i, chunk))
         filled += weight
     return waves
@@ -353,7 +377,11 @@ def left_as_is(request: FullLoadRequest, manifest: dict | None) -> bool:
 
 
 def _prepare(
-    hook: MySqlSourceHook, request: FullLoadRequest, server_id: int, retained: Callable[[], list[str]]
+    hook: MySqlSourceHook,
+    request: FullLoadRequest,
+    server_id: int,
+    retained: Callable[[], list[str]],
+    cores: int,
 ) -> _TableLoad | FullLoadResult | None:
     """Return a table's load to run, its result when it was published already, or None when it is skipped."""
     request.validate()
@@ -388,7 +416,8 @@ def _prepare(
         columns = [c.to_json() for c in table_columns(cur, request.schema, request.table)]
         _check_column_names(request.schema, request.table, [c["name"] for c in columns])
         if manifest is None:
-            chunks = plan_chunks(cur, request.schema, request.table, checked.key.columns, request.chunk_rows)
+            chunk_rows = request.chunk_rows or auto_chunk_rows(int(checked.estimated_rows or 0), cores)
+            chunks = plan_chunks(cur, request.schema, request.table, checked.key.columns, chunk_rows)
             manifest = {
                 "format": MANIFEST_FORMAT,
                 "load_id": uuid.uuid4().hex,
@@ -402,6 +431,7 @@ def _prepare(
                 "version_base": request.version_base,
                 "server_id": server_id,
                 "run_id": request.run_id,
+                "chunk_rows": chunk_rows,
             }
             staging.save(manifest)
             log.info(
@@ -410,7 +440,7 @@ def _prepare(
                 request.schema,
                 request.table,
                 len(chunks),
-                request.chunk_rows,
+                chunk_rows,
                 list(checked.key.columns),
             )
     _check_resumable(request, manifest, columns, list(checked.key.columns), retained)
@@ -435,6 +465,9 @@ def _prepare(
         len(manifest["done"]),
         started,
         int(checked.estimated_rows or 0),
+        # a load staged before sizes were recorded: the request's (the default then: 100,000)
+        int(manifest.get("chunk_rows") or request.chunk_rows or 100_000),
+        request.chunks_per_job or cores,
     )
 
 

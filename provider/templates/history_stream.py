@@ -97,7 +97,7 @@ def history_stream_dag(
     stream_interval: str = "1 second",
     capture_commit_interval_ms: int | None = None,
     topic_partitions: int = 1,
-    chunk_rows: int = 100_000,
+    chunk_rows: int | None = None,
     max_lag: int = 100_000,
     full_reconcile_hour: int | None = 0,
     reconcile_columns: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
@@ -151,7 +151,8 @@ def history_stream_dag(
         a change is readable downstream only once committed. Default :data:`CONTINUOUS_COMMIT_INTERVAL_MS`
         continuous (freshness), the capture's own 1,000 ms scheduled (fewer, larger transactions).
     :param topic_partitions: partitions of the capture's topic.
-    :param chunk_rows: rows per full-load chunk (one snapshot each).
+    :param chunk_rows: rows per full-load chunk (one snapshot each); default: sized from each table's row estimate
+        and the Spark application's cores.
     :param max_lag: scheduled: the capture waits while the apply is more than this many records behind.
     :param full_reconcile_hour: scheduled: each increment reconciles only the keys changed since the last clean
         reconciliation (``scope="changed"``), except the increments starting in this UTC hour (and full loads, and

@@ -59,3 +59,37 @@ def test_a_new_table_whose_parent_folders_do_not_exist_yet_adopts_the_staged_fil
     staging, _, _ = staged
     sink = tmp_path / "lake" / "eo" / "t"  # neither lake/ nor lake/eo/ exists; the staging area is elsewhere
     assert _can_adopt(str(sink), staging, "a" * 32) and not (tmp_path / "lake").exists()
+
+
+def test_a_table_is_sized_into_one_wave_of_a_chunk_per_core_up_to_the_largest_chunk():
+    from exactly_once_provider.full_load.job import MAX_AUTO_CHUNK_ROWS, MIN_AUTO_CHUNK_ROWS, auto_chunk_rows
+
+    assert auto_chunk_rows(0, 2) == auto_chunk_rows(150_000, 2) == MIN_AUTO_CHUNK_ROWS  # one or two small chunks
+    assert auto_chunk_rows(1_000_000, 2) == 500_000  # two chunks, one wave
+    assert auto_chunk_rows(5_000_000, 2) == MAX_AUTO_CHUNK_ROWS  # still one wave
+    assert auto_chunk_rows(10_000_000, 2) == 2_500_000  # two waves of two chunks
+    assert auto_chunk_rows(10_000_001, 2) == 1_666_667  # three waves of two: chunks shrink to even out
+    assert auto_chunk_rows(1_000_000, 8) == 125_000
+
+
+def _load(table: str, chunks: int, estimated_rows: int, chunk_rows: int = 300, per_job: int = 2):
+    from exactly_once_provider.full_load.job import FullLoadRequest, _TableLoad
+
+    request = FullLoadRequest(schema="s", table=table, sink_path=f"/lake/{table}")
+    manifest = {"chunks": [{"index": i} for i in range(chunks)], "done": {}}
+    return _TableLoad(
+        request, None, manifest, [], True, manifest["chunks"], 0, 0.0, estimated_rows, chunk_rows, per_job
+    )
+
+
+def test_small_tables_share_a_wave_and_a_big_one_takes_chunks_per_job_a_wave():
+    from exactly_once_provider.full_load.job import MAX_CHUNKS_PER_WAVE, _waves
+
+    loads = {0: _load("words", 1, 40), 1: _load("one", 1, 1), 2: _load("pairs", 2, 450), 3: _load("busy", 4, 1199)}
+    queue = [(i, chunk) for i, load in loads.items() for chunk in load.pending]
+    waves = [[(i, c["index"]) for i, c in wave] for wave in _waves(queue, loads)]
+    # 40 + 1 + 300 + 150 expected rows fit 2 x 300; busy's chunks (300 each, 299 the last) two a wave
+    assert waves == [[(0, 0), (1, 0), (2, 0), (2, 1)], [(3, 0), (3, 1)], [(3, 2), (3, 3)]]
+    empties = {i: _load(f"t{i}", 1, 0) for i in range(100)}  # a row estimate of 0 still costs a chunk slot
+    cut = _waves([(i, load.pending[0]) for i, load in empties.items()], empties)
+    assert [len(w) for w in cut] == [MAX_CHUNKS_PER_WAVE, 100 - MAX_CHUNKS_PER_WAVE]
