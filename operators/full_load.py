@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -27,8 +28,9 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     Several tables (``tables=[...]``, locations with a ``{table}`` placeholder) load in ONE Spark application:
     the chunks of all of them are read together (small tables share a Spark job), and each table is published in
     its own commit, with its own positions, as soon as its chunks are staged. A table that already holds a full
-    load is left as it is (``full_reload`` loads every table again, once per DAG run: a retry of that run resumes
-    the snapshots it started and does not read a table it published again).
+    load is left as it is (``full_reload`` loads every table again, ``reload_tables`` the tables it names; once
+    per DAG run: a retry of that run resumes the snapshots it started and does not read a table it published
+    again).
 
     Runs as a Spark application through the Spark connection (``local[*]``, client or cluster deploy mode); the
     MySQL connection reaches the driver in a file only its owner can read, never on a command line. The commit
@@ -53,6 +55,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param reader: ``native`` (MariaDB rows straight into Arrow, connectorx) or ``rows`` (through mysqlclient;
         slower, and what a MySQL source always uses). Both load the same values.
     :param full_reload: start a new snapshot even if a load is in progress or published.
+    :param reload_tables: tables to load again in a new snapshot each, the others left as they are (a per-table
+        re-snapshot: a list, or its JSON text as a template renders it, e.g. ``{{ params.resnapshot | tojson }}``).
     :param capture_pipeline: the pipeline of the binlog capture that continues from this load (its offsets-ledger
         name). Its ledger gives the version base the rows' versions take, so they compare with the capture's
         changes after a failover of the source (docs/failover.md). Without it the base is 0: a load taken after
@@ -80,6 +84,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         "staging_path",
         "chunk_key",
         "full_reload",
+        "reload_tables",
         "capture_pipeline",
         "capture_source_partition",
     )
@@ -100,6 +105,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         fetch_rows: int = 10_000,
         reader: str = "native",
         full_reload: bool | str = False,
+        reload_tables: Sequence[str] | str | None = None,
         expected_rows_per_second: float = 20_000,
         mysql_conn_id: str = MySqlSourceHook.default_conn_name,
         spark_conn_id: str = "spark_default",
@@ -116,6 +122,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.schema, self.staging_path = schema, staging_path
         self.chunk_rows, self.chunks_per_job, self.chunk_key = chunk_rows, chunks_per_job, chunk_key
         self.fetch_rows, self.reader, self.full_reload = fetch_rows, reader, full_reload
+        self.reload_tables = reload_tables
         self.expected_rows_per_second = expected_rows_per_second
         self.mysql_conn_id, self.spark_conf = mysql_conn_id, spark_conf or {}
         self.aws_conn_id, self._s3 = aws_conn_id, None
@@ -136,6 +143,25 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 raise ValueError(f"tables={names!r}: {name} must name each table's location with {TABLE}.")
         return names
 
+    def _reload(self) -> set[str]:
+        """Return the tables ``reload_tables`` names; raise ValueError for a name the load does not have."""
+        value = self.reload_tables
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else []
+            except ValueError:
+                raise ValueError(
+                    f"reload_tables must be a list of table names or its JSON text, got {value!r}."
+                ) from None
+        if value is None:
+            return set()
+        if not isinstance(value, (list, tuple, set)) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"reload_tables must be a list of table names, got {value!r}.")
+        unknown = sorted(set(value) - set(self._names()))
+        if unknown:
+            raise ValueError(f"reload_tables names {unknown}, which this load does not have: {self._names()}.")
+        return set(value)
+
     def _location(self, value: str | None, name: str) -> str | None:
         return value.replace(TABLE, name) if value is not None and self.tables is not None else value
 
@@ -151,6 +177,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if not schema:
             raise ValueError(f"No schema given and connection {self.mysql_conn_id!r} has none; pass schema=.")
         self.schema = schema
+        reload = self._reload()
         base = self._version_base()
         requests = [
             FullLoadRequest(
@@ -163,7 +190,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 chunk_key=tuple(self.chunk_key) if self.chunk_key else None,
                 fetch_rows=self.fetch_rows,
                 reader=self.reader,
-                full_reload=bool(self.full_reload),
+                full_reload=bool(self.full_reload) or name in reload,
                 expected_rows_per_second=self.expected_rows_per_second,
                 skip_loaded=self.tables is not None,
                 run_id=_run_identity(context),
@@ -178,7 +205,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
     def execute(self, context: Any) -> Any:
         """Load the tables; with ``tables``, start no Spark application when every one is left as it is."""
-        if self.tables is not None and str(self.full_reload).lower() != "true":
+        if self.tables is not None and str(self.full_reload).lower() != "true" and not self._reload():
             from exactly_once_provider.full_load.job import left_as_is
 
             names, run_id = self._names(), _run_identity(context)

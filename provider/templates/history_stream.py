@@ -33,6 +33,8 @@ Reruns:
   against them: the stream continues from the new position with nothing lost or doubled, even while writers
   run. In continuous mode a triggered ``full_reload`` run starts when the running one ends (``run_for``) or is
   marked failed;
+* ``resnapshot`` (a Param: table names) does the same for the tables it names only; the others are not read
+  again and their streams go on;
 * a purged binlog position fails ``retention_guard`` and asks for a ``full_reload`` run.
 """
 
@@ -226,6 +228,13 @@ def history_stream_dag(
                 description="take a new snapshot, replace the table atomically and restart "
                 "the stream from its position",
             ),
+            "resnapshot": Param(
+                [],
+                type="array",
+                items={"type": "string"},
+                description="tables to take a new snapshot of (replaced atomically, each stream continuing from "
+                f"its new position) while the others go on: any of {names}",
+            ),
             "full_reconcile": Param(
                 False,
                 type="boolean",
@@ -279,8 +288,8 @@ def history_stream_dag(
         def choose_load(params: dict | None = None) -> str | list[str]:
             """Run the full load on the first run or when ``full_reload`` is set; otherwise continue.
 
-            Several tables: the full loads of the tables without one (all on ``full_reload``), and the retention
-            guard unless every table is loaded afresh.
+            Several tables: the full loads of the tables without one (all on ``full_reload``, those named by
+            ``resnapshot``), and the retention guard unless every table is loaded afresh.
             """
             from exactly_once_provider.full_load.handoff import has_full_load
             from exactly_once_provider.storage.s3 import register_settings, settings_for
@@ -289,7 +298,10 @@ def history_stream_dag(
             if s3 is not None:  # the table's log is read through them
                 register_settings(s3)
             reload = str((params or {}).get("full_reload", False)).lower() == "true"
-            unloaded = [n for n in names if reload or not has_full_load(paths[n])]
+            again = set((params or {}).get("resnapshot") or [])
+            if again - set(names):
+                raise ValueError(f"resnapshot names {sorted(again - set(names))}; this DAG follows {names}.")
+            unloaded = [n for n in names if reload or n in again or not has_full_load(paths[n])]
             if not unloaded:
                 return "retention_guard"
             # The full load leaves the loaded tables as they are; the guard checks the stream of those.
@@ -310,6 +322,7 @@ def history_stream_dag(
             staging_path=staging_path,
             chunk_rows=chunk_rows,
             full_reload="{{ params.full_reload }}",
+            reload_tables="{{ params.resnapshot | tojson }}",
             mysql_conn_id=mysql_conn_id,
             spark_conn_id=spark_conn_id,
             aws_conn_id=aws_conn_id,

@@ -132,3 +132,19 @@ def test_a_staging_area_on_s3_is_checked_first_and_its_settings_reach_the_driver
         assert any(p.startswith("org.apache.hadoop:hadoop-aws:") for p in op.default_packages())
         op.before_submit()
         assert checked == [p for p in (kwargs["sink_path"], staging) if p.startswith("s3")]
+
+
+def test_reload_tables_takes_a_list_or_its_rendered_json_and_refuses_a_table_the_load_does_not_have():
+    def reload(value, **kwargs):
+        kwargs = {"tables": ["orders", "lines"], "sink_path": "/lake/{table}", **kwargs}
+        return MySqlFullLoadOperator(task_id="load", reload_tables=value, **kwargs)._reload()
+
+    assert reload(None) == reload("[]") == reload("") == set()
+    assert reload('["orders"]') == reload(["orders"]) == {"orders"}
+    assert reload(["orders"], tables=None, table="orders", sink_path="/lake/orders") == {"orders"}
+    with pytest.raises(ValueError, match=r"names \['shop'\], which this load does not have"):
+        reload('["shop"]')
+    with pytest.raises(ValueError, match="list of table names"):
+        reload("orders")
+    with pytest.raises(ValueError, match="each table's location"):
+        MySqlFullLoadOperator(task_id="load", tables=["a", "b"], sink_path="/lake/one")._names()

@@ -33,7 +33,7 @@ def test_scheduled_mode_merges_into_the_table_and_reconciles_it():
     assert (apply.mode, apply.sink_path, apply.trigger) == ("current", "/data/t", "available-now")
     assert (reconcile.sink_path, reconcile.sink_deleted_column) == ("/data/t", "_eo_deleted")
     assert {o.uri for t in dag.tasks for o in t.outlets} == {"file:///data/t"}
-    assert set(dag.params) == {"full_reload", "full_reconcile"}
+    assert set(dag.params) == {"full_reload", "resnapshot", "full_reconcile"}
 
 
 def test_continuous_mode_runs_capture_and_stream_side_by_side_for_run_for():
@@ -220,3 +220,20 @@ def test_a_continuous_run_restarts_a_dead_task_in_seconds_and_backs_off_while_it
         )
     mine = _dag(mode="continuous", retries=3, retry_delay=timedelta(minutes=5)).get_task("apply")
     assert (mine.retries, mine.retry_delay, mine.max_retry_delay) == (3, timedelta(minutes=5), timedelta(minutes=5))
+
+
+def test_resnapshot_loads_only_the_named_tables_and_a_name_the_dag_does_not_follow_fails(monkeypatch):
+    from exactly_once_provider.full_load import handoff
+
+    monkeypatch.setattr(handoff, "has_full_load", lambda path: True)  # every table holds a full load
+    dag = _tables_dag()
+    choose = dag.get_task("choose_load").python_callable
+    assert choose(params={"full_reload": False, "resnapshot": []}) == "retention_guard"
+    assert choose(params={"full_reload": False, "resnapshot": ["lines"]}) == ["full_load", "retention_guard"]
+    assert choose(params={"full_reload": True, "resnapshot": []}) == ["full_load"]
+    with pytest.raises(ValueError, match=r"resnapshot names \['shop'\]"):
+        choose(params={"full_reload": False, "resnapshot": ["shop"]})
+    assert dag.get_task("full_load").reload_tables == "{{ params.resnapshot | tojson }}"
+    assert dag.params["resnapshot"] == []
+    orders = dag.get_task("reconcile_lines")
+    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("lines",)) == "full"
