@@ -417,6 +417,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             fields = self.lineage_fields(sink.name, lambda: facets.delta_fields(self._delta_table()))
         if result is None:
             return inputs, [facets.output_dataset(sink, fields)]
+        if "batch_id" not in result:  # the run committed nothing (no batch yet): it wrote 0 rows
+            return inputs, [facets.output_dataset(sink, fields, rows=0, size=0, files=0)]
         size = files = None
         if self.sink == "delta":
             size, files = facets.delta_commit_size(self._delta_table(), self._before_version, self._delta_version())
@@ -432,9 +434,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         if self.delivery != "exactly-once":
             return None
         if self.streams:
-            states = {v._sink_location(): v.job_result(None, context) for v in self.stream_views()}
-            self.openlineage_result = {"streams": states}
-            return self.openlineage_result
+            views = self.stream_views()
+            states = {v._sink_location(): v.job_result(None, context) for v in views}
+            self.openlineage_result = {"streams": {v._sink_location(): v.openlineage_result for v in views}}
+            return {"streams": states}
         before, after = self._before, self.sink_state()
         self.log.info(
             "pipeline %s: sink %s committed batch %s of checkpoint %s, %s rows in total (%s before "
@@ -449,5 +452,6 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         )
         if after is not None:
             after["rows_this_run"] = after["rows_total"] - (before["rows_total"] if before else 0)
-        self.openlineage_result = after
+        # Lineage of a run that committed nothing still says what it wrote: 0 rows (the XCom stays None).
+        self.openlineage_result = after if after is not None else {"rows_this_run": 0}
         return after

@@ -30,13 +30,13 @@ pytestmark = pytest.mark.timeout(900)
 
 CHUNK_ROWS = 300
 BUSY_ROWS = 1199  # 4 chunks (more if the writer's inserts land before the plan)
-# Read in this order: the first three fill ONE wave (chunks_per_job * CHUNK_ROWS = 600 expected rows) and are
-# published after it; the busy table's chunks need waves of their own.
+# Read in this order, in waves of chunks_per_job * CHUNK_ROWS = 600 expected rows: words, one and busy's first
+# chunk share the first wave; busy (the third table published) is complete after its own waves.
 SHAPES = {
     "words": ("(k VARCHAR(20) PRIMARY KEY, n INT)", [(f"w{i:03d}", i) for i in range(40)]),
     "one": ("(id INT PRIMARY KEY, v INT)", [(7, 70)]),
-    "pairs": ("(a INT, b VARCHAR(10), v INT, PRIMARY KEY (a, b))", [(i // 3, f"b{i % 3}", i) for i in range(450)]),
     "busy": ("(id BIGINT PRIMARY KEY, v INT NOT NULL, s VARCHAR(8) NOT NULL)", None),
+    "pairs": ("(a INT, b VARCHAR(10), v INT, PRIMARY KEY (a, b))", [(i // 3, f"b{i % 3}", i) for i in range(450)]),
     "empty": ("(id INT PRIMARY KEY, v INT)", []),
 }
 
@@ -87,22 +87,22 @@ def test_tables_in_one_application_killed_after_a_publish_resume_table_by_table(
     order = list(names.values())
     writer = ConcurrentWriter(stack, busy, first_new_id=10**7, existing=BUSY_ROWS).start()
     try:
-        # 1. Killed right after the third table's commit: words and one are published and recorded, pairs is
-        #    committed but its manifest does not know it, busy and empty are not read yet.
+        # 1. Killed right after the third table's commit: words and one are published and recorded, busy is
+        #    committed but its manifest does not know it, pairs and empty are planned, not published.
         _killed(stack, order, lake, "run-1", "full_load_published:3")
         staged = {n: Staging(str(lake / n) + "._eo_full_load").load() for n in order}
-        assert [bool(staged[names[s]]["published"]) for s in ("words", "one", "pairs")] == [True, True, False]
-        assert _versions(lake / names["pairs"]) == [0] and not (lake / names["busy"] / "_delta_log").exists()
+        assert [bool(staged[names[s]]["published"]) for s in ("words", "one", "busy")] == [True, True, False]
+        assert _versions(lake / busy) == [0] and not (lake / names["pairs"] / "_delta_log").exists()
         finished = {n: dict(staged[n]["done"]) for n in order if staged[n]}
         # 2. The retry of the same run: nothing published is read or committed again.
         with caplog.at_level(logging.INFO):
             result = _operator(stack, order, lake).execute(_context("run-1"))
         assert set(result["tables"]) == set(order) and result["skipped"] == []
-        for shape in ("words", "one", "pairs"):
+        for shape in ("words", "one", "busy"):
             loaded = result["tables"][names[shape]]
             assert loaded["already_published"] is True, (shape, loaded)
             assert Staging(str(lake / names[shape]) + "._eo_full_load").load()["done"] == finished[names[shape]]
-        assert result["tables"][busy]["already_published"] is False
+        assert result["tables"][names["pairs"]]["already_published"] is False
         for n in order:
             assert _versions(lake / n) == [0], f"{n}: the load is ONE Delta commit"
         # 3. A later run leaves every loaded table as it is, without starting a Spark application.
