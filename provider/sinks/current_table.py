@@ -77,3 +77,28 @@ def full_load_pointer(version: int, marker: dict) -> dict:
     """Return the pointer a stream commit carries to the full-load commit ``version`` with ``marker``."""
     body = marker[FULL_LOAD_MARKER]
     return {"version": version, "load_id": body["load_id"], "staging": body.get("staging")}
+
+
+def as_converted(changes, fills: list) -> object:
+    """Return the batch's changes with the values a ``FLOAT`` -> ``DOUBLE`` statement converted, as the server did.
+
+    The server widens each stored FLOAT to the DOUBLE of its 32 bits without a row event; a change record written
+    before the statement holds the FLOAT as its shortest decimal (``0.1``), which the DOUBLE column parses as a
+    different number. Such a statement comes as a fill of the column from itself
+    (:func:`exactly_once_provider.spark_jobs.schema_change.evolve`): the changes older than it are rounded to the
+    FLOAT they were, then widened. The rows the table already holds were stored as FLOAT: widening them is exact.
+
+    :param changes: the batch's changes (a Spark DataFrame of the current table's columns).
+    :param fills: the fills of the schema changes this batch follows first.
+    """
+    from pyspark.sql import functions as F
+
+    types = dict(changes.dtypes)
+    for fill in fills:
+        if fill.source == fill.column and types.get(fill.column) == "double":
+            value = F.col(quoted(fill.column))
+            older = F.col(VERSION_COLUMN) < F.lit(fill.version)
+            changes = changes.withColumn(
+                fill.column, F.when(older, value.cast("float").cast("double")).otherwise(value)
+            )
+    return changes

@@ -19,7 +19,10 @@ change per key into the full load's own table, typed like its rows, on the sourc
 its ``_eo_version`` is newer than the row's; deletes are tombstones (``_eo_deleted``). Same txn id and marker.
 The provider writes that commit (:func:`~exactly_once_provider.sinks.delta_merge.merge_newer`: only the files
 holding a batch's keys rewritten, no Delta state reconstruction); Delta's MERGE writes it with
-``commit_with="delta"`` and for the batch that evolves the table's schema.
+``commit_with="delta"`` and for the batch that evolves the table's schema. The batch after a followed
+widening (``INT`` -> ``BIGINT``, a larger ``DECIMAL``, ``FLOAT`` -> ``DOUBLE``, key columns included) rewrites the
+table in the wider types in its one commit (:func:`~exactly_once_provider.sinks.delta_merge.merge_widening`), or,
+on a table with ``delta.enableTypeWidening``, widens in Delta's MERGE without rewriting (docs/schema-changes.md).
 
 Window mode (``mode="window"``, :mod:`~exactly_once_provider.spark_jobs.settlement`) keeps Delta's writer too: it
 replaces the rows of the
@@ -37,7 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from exactly_once_provider import faults
-from exactly_once_provider.sinks import current_table, delta_commit, delta_merge
+from exactly_once_provider.sinks import current_table, delta_commit, delta_log, delta_merge
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     BatchCommit,
@@ -134,6 +137,11 @@ class DeltaSink:
             f"{self.path} has no full-load commit: the current table is created by the full load; run it first."
         )
 
+    def _widened(self, df) -> dict[str, tuple[str, str]]:
+        """Return the columns the batch holds in a wider type than the table (a followed widening ``ALTER``)."""
+        state = delta_log.table_state(self.table)
+        return delta_merge.widened_columns(json.loads(state.metadata["schemaString"]), df.schema) if state else {}
+
     def commit_location(self) -> str:
         """Return ``Delta version <n>`` of the newest commit carrying this pipeline's marker ("" before it)."""
         found = self._latest()
@@ -151,14 +159,14 @@ class DeltaSink:
         if "windows" in body:  # window mode: the marker holds the table's state
             return BatchCommit.from_json(body)
         if "rows_before" in body:
-            rows = int(body["rows_before"]) + _output_rows(info)
+            rows = int(body["rows_before"]) + int(body.get("rows_merged", _output_rows(info)))
         else:  # markers written before rows_before existed: sum the log once
             rows = 0
             for _, actions in delta_commit.commits(self.table):
                 raw = actions.get("commitInfo", {}).get("userMetadata")
                 if raw and self.key in json.loads(raw):
                     rows += _output_rows(actions["commitInfo"])
-        extra = {k: v for k, v in body.items() if k != "rows_before"}
+        extra = {k: v for k, v in body.items() if k not in ("rows_before", "rows_merged")}
         return BatchCommit.from_json(dict(extra, rows_total=rows))
 
     def published_windows(self) -> dict[str, int]:
@@ -219,6 +227,28 @@ class DeltaSink:
             if self.schema_state is not None:
                 marker[self.key]["schema"] = self.schema_state
             on, newer = current_table.merge_condition(self.key_columns, replace_equal=bool(self.new_fills))
+            df = current_table.as_converted(df, self.new_fills)
+            widened = self._widened(df) if self.schema_changed else {}
+            if widened and not delta_merge.widens_in_place(delta_log.table_state(self.table), widened):
+                # Delta's MERGE would cast the batch to the old types: the table is rewritten in the wider ones
+                # (the new schema, every row and the offsets in one commit), and the marker counts the batch's
+                # changes (the overwrite's metrics count every row of the table).
+                df = df.persist()
+                try:
+                    marker[self.key]["rows_merged"] = df.count()
+                    faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
+                    delta_merge.merge_widening(
+                        df,
+                        self.table,
+                        self.key_columns,
+                        marker,
+                        app_id,
+                        commit.batch_id,
+                        replace_equal=bool(self.new_fills),
+                    )
+                finally:
+                    df.unpersist()
+                return True
             if self.schema_changed:  # the new columns and the filled rows land in this one commit, or nothing
                 faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
             if self.commit_with == "own" and not self.schema_changed:

@@ -412,3 +412,117 @@ def _rewrite_and_commit(
     finally:
         if not written:  # a lost race or a failure: no commit names these files
             storage.delete_prefix(folder + "/")
+
+
+# ------------------------------------------------------------------------------------ widened column types
+# Widenings Delta's MERGE applies by itself on a table with type widening enabled (schema evolution in the MERGE
+# writes the wider type and its ``delta.typeChanges``): within one family. An integer to DECIMAL is a widening
+# the protocol allows but Delta's MERGE does not apply automatically (it would cast the batch to the old type).
+_SAME_FAMILY = (frozenset({"byte", "short", "integer", "long"}), frozenset({"float", "double"}))
+
+
+def widened_columns(table_schema: dict, changes_schema: Any) -> dict[str, tuple[str, str]]:
+    """Return ``{column: (table type, batch type)}`` of the columns the batch holds in another (wider) type.
+
+    :param table_schema: the table's schema (the JSON form of its ``metaData.schemaString``).
+    :param changes_schema: the batch's Spark schema (typed by the columns the schema state follows).
+    """
+    held = {f["name"]: f["type"] for f in table_schema.get("fields", [])}
+    return {
+        f.name: (_type_name(held[f.name]), _type_name(f.dataType.jsonValue()))
+        for f in changes_schema.fields
+        if f.name in held and _type_name(held[f.name]) != _type_name(f.dataType.jsonValue())
+    }
+
+
+def _type_name(kind: Any) -> str:
+    return kind if isinstance(kind, str) else json.dumps(kind, sort_keys=True)
+
+
+def widens_in_place(state: delta_log.TableState, widened: dict[str, tuple[str, str]]) -> bool:
+    """Return whether Delta's MERGE widens these columns in place (metadata only, no file rewritten): the table
+    has ``delta.enableTypeWidening`` and each change stays within its family (integers, floating point, or
+    DECIMAL to a DECIMAL)."""
+    if str(state.configuration.get("delta.enableTypeWidening", "false")).lower() != "true":
+        return False
+    for old, new in widened.values():
+        decimals = old.startswith("decimal") and new.startswith("decimal")
+        if not decimals and not any(old in family and new in family for family in _SAME_FAMILY):
+            return False
+    return True
+
+
+def merge_widening(
+    changes: Any,
+    path: Table,
+    key: tuple[str, ...],
+    marker: dict,
+    app_id: str,
+    version: int,
+    replace_equal: bool = False,
+) -> int:
+    """MERGE ``changes`` into the current table and widen its columns to the batch's types: ONE commit that
+    rewrites every file of the table; return its version.
+
+    The batch after a widening ``ALTER TABLE`` (``INT`` -> ``BIGINT``, a larger ``DECIMAL``, ``FLOAT`` ->
+    ``DOUBLE``) carries the wider types. Every row of the table is read, cast to them (exact: each is a
+    widening, :func:`exactly_once_provider.spark_jobs.schema_change.type_change`), merged with the batch by the
+    current table's rule (a change replaces a row only if newer; ``replace_equal``: or equal) and written as one
+    Delta overwrite with ``overwriteSchema`` carrying the txn id and ``marker``
+    (:func:`~exactly_once_provider.sinks.delta_commit.commit_with_marker`): the new schema, the rewritten rows
+    and the offsets in one commit, or none of them; a replay finds the txn and writes nothing.
+
+    Why a rewrite and not Delta's ``typeWidening`` table feature (metadata only, the old files keep their
+    physical type): that feature is a READER feature, and delta-rs (``deltalake`` 1.6.6, this project's reader
+    without Spark: the reconciliation, the PostgreSQL current table's build) refuses every read of such a table.
+    A table whose owner enabled ``delta.enableTypeWidening`` is widened in place instead (:func:`widens_in_place`).
+    No table feature is added, the table's protocol and properties stay; the columns keep the table's order, new
+    ones after them.
+
+    :param changes: the batch's newest change per key, typed with the wider types.
+    :param path: the current table's location (or its storage).
+    :param key: the source table's primary key columns.
+    :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
+    :param app_id: stable id of the writer (Delta ``txnAppId``).
+    :param version: the writer's version for this commit (Delta ``txnVersion``).
+    :param replace_equal: replace a row by a change of the same version too (the batch carries filled rows).
+    """
+    from pyspark.sql import functions as F
+
+    storage = table_storage(path)
+    done = delta_commit.find_commit(storage, app_id, version)
+    if done is not None:
+        return done
+    spark = changes.sparkSession
+    table = spark.read.format("delta").load(storage.spark_uri())
+    types = {f.name: f.dataType for f in table.schema.fields}
+    types.update({f.name: f.dataType for f in changes.schema.fields})
+    names = table.columns + [c for c in changes.columns if c not in table.columns]
+
+    def side(frame: Any, rank: int) -> Any:
+        held = set(frame.columns)
+        return frame.select(
+            *[(F.col(quoted(n)) if n in held else F.lit(None)).cast(types[n]).alias(n) for n in names],
+            F.lit(rank).alias("_eo_rank"),
+        )
+
+    # Newest version per key; at an equal version the table's row stays unless replace_equal (the MERGE's rule).
+    both = side(table, 0).unionByName(side(changes, 1 if replace_equal else -1))
+    newest = F.max_by(F.struct(*[F.col(quoted(n)) for n in names]), F.struct(VERSION_COLUMN, "_eo_rank"))
+    rows = (
+        both.groupBy(*[F.col(quoted(k)) for k in key])
+        .agg(newest.alias("c"))
+        .select(*[F.col("c")[n].alias(n) for n in names])
+    )
+    log.info(
+        "Widening %s of %s: every file rewritten with the batch (%s, %d) in one commit.",
+        ", ".join(
+            f"{f.name} {f.dataType.simpleString()} -> {types[f.name].simpleString()}"
+            for f in table.schema.fields
+            if f.dataType != types[f.name]
+        ),
+        storage.uri(),
+        app_id,
+        version,
+    )
+    return delta_commit.commit_with_marker(rows, storage, marker, app_id, version, mode="overwrite")

@@ -40,7 +40,7 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from exactly_once_provider.sinks import poison
+from exactly_once_provider.sinks import current_table, poison
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     WINDOW_COLUMNS,
@@ -336,7 +336,8 @@ class PostgresSink:
         return True
 
     def _commit_current(self, df, commit: BatchCommit, expected: object) -> bool:
-        changes = df.toArrow()  # before the transaction: a batch that fails to plan has written nothing
+        # before the transaction: a batch that fails to plan has written nothing
+        changes = current_table.as_converted(df, self.new_fills).toArrow()
         with self._batch_transaction(commit, expected) as batch:
             if batch.done:
                 return False

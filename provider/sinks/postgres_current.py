@@ -14,7 +14,9 @@ Where the guarantees live, each in one transaction of the pipeline's advisory lo
   rebuilds it the same way; the stream's offsets are untouched (its older changes are left out by version).
 * :meth:`CurrentTable.apply` (inside :meth:`~exactly_once_provider.sinks.postgres.PostgresSink._batch_transaction`,
   with the offsets): the columns a schema change added (``ALTER TABLE ... ADD COLUMN``, transactional in
-  PostgreSQL), the value the server gave the rows older than the statement (``UPDATE ... WHERE _eo_version <``
+  PostgreSQL), the columns a followed widening widened (``ALTER TABLE ... ALTER COLUMN ... TYPE``, one statement
+  for all of them: INT -> BIGINT, a larger numeric, real -> double precision, the key's too), the value the server
+  gave the rows older than the statement (``UPDATE ... WHERE _eo_version <``
   its version: an added column's default, NULL in a dropped one, a renamed column's old values), the batch's
   changes (``INSERT ... ON CONFLICT ... WHERE`` newer) and the new schema state: all committed with the batch's
   offsets, or none of it.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -67,6 +70,36 @@ def pg_type(data_type: pa.DataType) -> str:
     if pa.types.is_timestamp(data_type):
         return "timestamptz" if data_type.tz else "timestamp"
     raise ValueError(f"No PostgreSQL type for the loaded type {data_type}.")
+
+
+_NUMERIC = re.compile(r"^numeric\((\d+),(\d+)\)$")
+_WIDER = {"integer": ("bigint", "double precision"), "real": ("double precision",)}
+
+
+def widens(held: str, wanted: str) -> bool:
+    """Return whether a column of PostgreSQL type ``held`` (as ``format_type`` prints it) is altered to ``wanted``
+    (:func:`pg_type` of the batch's type): a widening the schema change rules followed
+    (:func:`exactly_once_provider.spark_jobs.schema_change.type_change`), which ``ALTER COLUMN ... TYPE`` applies
+    exactly. Other differences are spellings of one type (``timestamptz``) and are left alone.
+
+    :param held: the column's type in the table.
+    :param wanted: the type the batch carries.
+    """
+    if held == wanted:
+        return False
+    if wanted in _WIDER.get(held, ()):
+        return True
+    wide = _NUMERIC.match(wanted)
+    if not wide:
+        return False
+    if held in ("integer", "bigint"):
+        return True
+    narrow = _NUMERIC.match(held)
+    return (
+        bool(narrow)
+        and int(wide.group(2)) >= int(narrow.group(2))
+        and (int(wide.group(1)) - int(wide.group(2)) >= int(narrow.group(1)) - int(narrow.group(2)))
+    )
 
 
 def refuse_nul(table: pa.Table, key: tuple[str, ...], where: str) -> None:
@@ -163,6 +196,15 @@ class CurrentTable:
     def _held_columns(self, cur) -> set[str]:
         cur.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(self.table))
         return {d[0] for d in cur.description}
+
+    def _held_types(self, cur) -> dict[str, str]:
+        """Return ``{column: type}`` of the table as PostgreSQL prints types (``format_type``)."""
+        cur.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+            " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+            (self.table.as_string(cur),),
+        )
+        return dict(cur.fetchall())
 
     def _refuse_stale_build(self, cur, handoff: Any) -> None:
         """Refuse to build from a full load this pipeline built from before once its stream has committed: the
@@ -288,7 +330,16 @@ class CurrentTable:
                     self.table, sql.Identifier(name), sql.SQL(types[name])
                 )
             )
+        widen = [
+            sql.SQL("ALTER COLUMN {0} TYPE {1} USING {0}::{1}").format(sql.Identifier(name), sql.SQL(types[name]))
+            for name, held_type in self._held_types(cur).items()
+            if name in types and widens(held_type, types[name])
+        ]
+        if widen:  # one statement: PostgreSQL rewrites the table (and its key index) once for all of them
+            cur.execute(sql.SQL("ALTER TABLE {} {}").format(self.table, sql.SQL(", ").join(widen)))
         for fill in sorted(fills, key=lambda f: f.version):  # in statement order: a rename reads earlier fills
+            if fill.source == fill.column:  # FLOAT -> DOUBLE: real -> double precision above is the server's
+                continue  # conversion of the stored values (the batch's older changes: current_table.as_converted)
             if fill.source is not None:
                 value = sql.Identifier(fill.source)
             elif fill.value is None:  # a dropped column (it stays, NULL in every row)

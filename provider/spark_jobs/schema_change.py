@@ -14,6 +14,11 @@ What is followed (docs/schema-changes.md has the table):
   That value is a :class:`Fill`: every row of the sink whose version is below the statement's takes it.
 * ``MODIFY`` / ``CHANGE`` to a type the full load loads as the same Spark type, no narrower on the source
   (``TINYINT`` -> ``INT``, longer ``VARCHAR``, ``TEXT`` -> ``MEDIUMTEXT``): follows, nothing to rewrite.
+* ``MODIFY`` / ``CHANGE`` to a wider loaded type that holds every old value (:func:`type_change`: ``INT`` ->
+  ``BIGINT``, ``INT UNSIGNED`` -> ``BIGINT UNSIGNED``, a larger ``DECIMAL`` precision (and scale with it),
+  ``FLOAT`` -> ``DOUBLE``), key columns included: the new columns carry the wider type and the sink widens
+  the column in the batch's own commit (Delta: :func:`exactly_once_provider.sinks.delta_merge.merge_widening`;
+  PostgreSQL: ``ALTER COLUMN ... TYPE`` in the batch's transaction).
 * ``DROP COLUMN``: the column stays in the sink (Delta drops a column only with column mapping, which older
   readers cannot read), and every row takes NULL in it (a :class:`Fill` of NULL): the column reads as gone
   rather than as stale values next to NULLs.
@@ -23,9 +28,9 @@ What is followed (docs/schema-changes.md has the table):
 
 Everything else is refused (:class:`RefusedSchemaChange`, naming the statement, its position and the fix,
 ``full_reload`` of the table): a default the binlog does not hold (``CURRENT_TIMESTAMP``, expressions,
-``AUTO_INCREMENT`` numbering of old rows, generated columns), a type change that narrows or changes the
-loaded type (``INT`` -> ``BIGINT`` included: see docs/schema-changes.md), key changes (renames included),
-partition clauses and character set conversions.
+``AUTO_INCREMENT`` numbering of old rows, generated columns), a type change that narrows the column or that
+is no widening the sinks hold in place (each message says which), key changes other than a widening (renames
+included), partition clauses and character set conversions.
 """
 
 from __future__ import annotations
@@ -260,23 +265,81 @@ def _old_rows_value(definition: _Definition, why: Callable[[str], RefusedSchemaC
     return value
 
 
-_LOADED_RANK = {"tinyint": 0, "smallint": 1, "mediumint": 2, "int": 3, "bigint": 4}
+# The values each integer type holds: (signed range, unsigned range) by width in bytes.
+_INT_BYTES = {"tinyint": 1, "smallint": 2, "mediumint": 3, "int": 4, "bigint": 8}
 
 
-def _widens(old: Column, new: Column) -> bool:
-    """Return whether every value of ``old`` is a value of ``new`` and both load as the same type."""
-    if arrow_type(old) != arrow_type(new):
-        return False
-    if old.data_type in _LOADED_RANK and new.data_type in _LOADED_RANK:
-        return _LOADED_RANK[new.data_type] >= _LOADED_RANK[old.data_type] and old.unsigned == new.unsigned
-    if old.data_type in _TEXTS and new.data_type in _TEXTS:
-        # To CHAR from another type would strip trailing spaces from the values read.
-        return _length(new) >= _length(old) and (new.data_type != "char" or old.data_type == "char")
-    if old.data_type == "decimal" and new.data_type == "decimal":
-        return (new.scale or 0) >= (old.scale or 0) and (
-            (new.precision or 10) - (new.scale or 0) >= (old.precision or 10) - (old.scale or 0)
+def _int_range(column: Column) -> tuple[int, int]:
+    bits = 8 * _INT_BYTES[column.data_type]
+    return (0, 2**bits - 1) if column.unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+
+def _decimal(column: Column) -> tuple[int, int]:
+    return column.precision or 10, column.scale or 0
+
+
+def _loaded(column: Column) -> str:
+    """The loaded (Spark/Arrow) type of ``column``, for the messages."""
+    return str(arrow_type(column)).replace("decimal128", "decimal").replace("int32", "int").replace("int64", "bigint")
+
+
+def type_change(old: Column, new: Column) -> str | None:
+    """Return why the current table cannot follow column ``old`` becoming ``new`` in place, or None if it can.
+
+    Followed: every value of ``old`` is a value of ``new`` (a widening, or the same type) and the loaded type
+    stays or widens the way the sinks widen a column in place (docs/schema-changes.md): an integer to a wider
+    integer (signed or unsigned, when the whole old range fits: ``INT`` -> ``BIGINT``, ``INT UNSIGNED`` ->
+    ``BIGINT UNSIGNED``, ``TINYINT UNSIGNED`` -> ``SMALLINT``) or to a ``DECIMAL`` with as many integer digits,
+    a ``DECIMAL`` to one with no fewer integer digits and no fewer decimals (up to 38 digits: wider ones are
+    loaded as text), ``FLOAT`` -> ``DOUBLE``, a longer text type.
+
+    :param old: the column the current table holds.
+    :param new: the column after the statement.
+    """
+    what = f"column {old.name!r} from {old.column_type} to {new.column_type}"
+    o, n = old.data_type, new.data_type
+    if o in _INT_BYTES and n in _INT_BYTES:
+        (old_low, old_high), (new_low, new_high) = _int_range(old), _int_range(new)
+        if new_low <= old_low and old_high <= new_high:
+            return None
+        return (
+            f"it narrows {what}: values in [{old_low}, {old_high}] do not all fit in [{new_low}, {new_high}], "
+            "and the server truncates or rejects them without a row event (a type holding every old value "
+            "is followed in place)"
         )
-    return old.column_type.lower() == new.column_type.lower()
+    if o in _INT_BYTES and n == "decimal":
+        precision, scale = _decimal(new)
+        low, high = _int_range(old)
+        if precision <= 38 and precision - scale >= len(str(max(-low, high))):
+            return None
+    if o == "decimal" and n == "decimal":
+        (p, s), (p2, s2) = _decimal(old), _decimal(new)
+        if s2 < s or p2 - s2 < p - s:
+            return (
+                f"it narrows {what}: fewer {'decimals' if s2 < s else 'integer digits'}, so old values are "
+                "rounded or rejected by the server without a row event"
+            )
+        if p <= 38 < p2:
+            return (
+                f"it changes {what}: a DECIMAL of more than 38 digits is loaded as text, a type change the "
+                f"current table's format cannot hold in place (decimal({p},{s}) -> string)"
+            )
+        return None
+    if o == "float" and n == "double":
+        return None
+    if o == "double" and n == "float":
+        return f"it narrows {what}: DOUBLE values lose precision in FLOAT without a row event"
+    if o in _TEXTS and n in _TEXTS:
+        # To CHAR from another type would strip trailing spaces from the values read.
+        if _length(new) >= _length(old) and (n != "char" or o == "char"):
+            return None
+        return f"it narrows {what}: longer values are truncated by the server without a row event"
+    if arrow_type(old) == arrow_type(new) and old.column_type.lower() == new.column_type.lower():
+        return None
+    return (
+        f"it changes {what}, a type change ({_loaded(old)} -> {_loaded(new)}) that is no widening the "
+        "current table's format holds in place"
+    )
 
 
 def _length(column: Column) -> int:
@@ -369,18 +432,28 @@ def evolve(
                 raise why(f"column {old_name!r} is not a column the sink holds")
             definition = _definition(new_name if new_name.lower() != old_name.lower() else old.name, rest, why)
             _position_only(definition.after, old_name, why)
-            if old.name in key and not _widens(old, definition.column):
-                raise why(f"it changes the type of key column {old.name!r}")
-            if not _widens(old, definition.column):
-                raise why(
-                    f"it changes column {old.name!r} from {old.column_type} to "
-                    f"{definition.column.column_type}, which narrows it or changes the type the sink "
-                    "stores it as"
-                )
+            problem = type_change(old, definition.column)
+            if problem and old.name in key:
+                raise why(f"it changes the type of key column {old.name!r} and {problem.removeprefix('it ')}")
+            if problem:
+                raise why(problem)
+            converted = old.data_type == "float" and definition.column.data_type == "double"
             if new_name.lower() != old_name.lower():
+                if converted:
+                    raise why(
+                        f"it renames column {old.name!r} and widens it from FLOAT to DOUBLE in one clause; "
+                        "run them as two statements (MODIFY, then RENAME COLUMN), each of which is followed"
+                    )
                 rename(old, definition.column)
             else:
                 by_name[old.name.lower()] = definition.column
+            if converted:
+                # The server converts each stored FLOAT to the DOUBLE of its 32 bits, without row events; the
+                # change records before the statement carry the FLOAT as its shortest decimal ("0.1"), which a
+                # DOUBLE reads as another number (0.1, not 0.10000000149011612). A fill of the column from
+                # itself tells the sinks which changes to convert as the server did
+                # (exactly_once_provider.sinks.current_table.as_converted).
+                fills.append(Fill(old.name, record.version, None, old.name))
             continue
         found = re.match(
             rf"^DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?{_IDENT}\s*(RESTRICT|CASCADE)?$", clause, re.IGNORECASE

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from exactly_once_provider.full_load.columns import Column, arrow_type
-from exactly_once_provider.sinks.postgres_current import csv_rows, pg_type, refuse_nul
+from exactly_once_provider.sinks.postgres_current import csv_rows, pg_type, refuse_nul, widens
 
 pytestmark = pytest.mark.unit
 
@@ -78,3 +78,26 @@ def test_text_with_nul_is_refused_naming_the_column_and_keys():
     ):
         refuse_nul(table, ("id",), "a batch")
     refuse_nul(table.drop_columns(["s"]), ("id",), "a batch")  # binary holds NUL as bytea: fine
+
+
+@pytest.mark.parametrize(
+    "held, wanted, altered",
+    [
+        ("integer", "bigint", True),  # INT -> BIGINT, the key's too
+        ("integer", "numeric(12,0)", True),
+        ("bigint", "numeric(20,0)", True),  # INT UNSIGNED -> BIGINT UNSIGNED
+        ("numeric(12,2)", "numeric(18,2)", True),
+        ("numeric(12,2)", "numeric(14,4)", True),
+        ("real", "double precision", True),  # FLOAT -> DOUBLE
+        ("bigint", "bigint", False),
+        ("numeric(12,2)", "numeric(12,3)", False),  # fewer integer digits: never followed, never altered
+        ("numeric(12,2)", "numeric(12,1)", False),
+        ("bigint", "integer", False),
+        ("double precision", "real", False),
+        ("timestamp with time zone", "timestamptz", False),  # one type, two spellings
+        ("timestamp without time zone", "timestamp", False),
+        ("text", "text", False),
+    ],
+)
+def test_only_a_widening_alters_a_column_type(held, wanted, altered):
+    assert widens(held, wanted) is altered
