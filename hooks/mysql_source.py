@@ -151,6 +151,14 @@ class MySqlSourceHook(BaseHook):
         finally:
             conn.close()
 
+    def base_tables(self, schema: str) -> list[str]:
+        """Return the base tables of ``schema`` the connection's user can see, sorted.
+
+        :param schema: the database name.
+        """
+        with self.cursor() as cur:
+            return preflight.base_tables(cur, schema)
+
     def preflight(
         self,
         schema: str,

@@ -24,10 +24,10 @@ def _require_viewer() -> Any:
 
 
 def _overview(all_keys: bool = False):
-    from exactly_once_provider.plugins.discovery import serialized_dags
+    from exactly_once_provider.plugins.discovery import newest_xcom, serialized_dags
     from exactly_once_provider.plugins.status import read_overview
 
-    return read_overview(serialized_dags(), every_ledger_key=all_keys)
+    return read_overview(serialized_dags(), every_ledger_key=all_keys, newest_xcom=newest_xcom)
 
 
 def _to_json(overview) -> dict[str, Any]:

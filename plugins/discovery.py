@@ -21,7 +21,8 @@ or shown under the DAG id when the DAG has no other pipeline task.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,11 @@ FULL_LOADS = {"MySqlFullLoadOperator"}
 RECONCILERS = {"ReconcileOperator"}
 MODULE_PREFIX = "exactly_once_provider."
 _JINJA = SandboxedEnvironment(undefined=StrictUndefined)
+# How a serialized DAG holds an argument taken from an upstream task's XCom (e.g. the tables a pattern matched).
+_UPSTREAM_XCOM = re.compile(
+    r"^\{\{ task_instance\.xcom_pull\(task_ids='(?P<task>[^']+)', dag_id='(?P<dag>[^']+)', key='(?P<key>[^']+)'\) \}\}$"
+)
+NewestXCom = Callable[[str, str, str], Any]  # (dag_id, task_id, key) -> the newest run's value, None if none
 
 
 @dataclass(frozen=True)
@@ -155,26 +161,65 @@ def _delta_table(location: str, task: Any, params: Mapping[str, Any]) -> SinkSpe
     return SinkSpec("delta", location, None, aws)
 
 
-def add_dags(found: Discovery, dags: Iterable[Any]) -> Discovery:
+class _PerInstance(ValueError, AttributeError):
+    """A mapped task's argument that only its expanded instances have."""
+
+
+class _TaskView:
+    """A task's arguments as discovery reads them.
+
+    An argument taken from an upstream task's XCom (the tables a pattern matched, resolved by the preflight at
+    every run) is the newest run's value; a mapped task's arguments are its partial ones (each instance's own are
+    known only in a run).
+    """
+
+    def __init__(self, task: Any, newest_xcom: NewestXCom | None) -> None:
+        self._task, self._newest_xcom = task, newest_xcom
+
+    def __getattr__(self, name: str) -> Any:
+        task = self._task
+        partial = getattr(task, "partial_kwargs", None)
+        if partial is not None and name not in ("task_id", "task_type", "_task_module"):
+            if name not in partial:  # an argument with a default (getattr's applies) or one each instance has
+                raise _PerInstance(f"{name} differs per mapped instance: known only when a run expands the task")
+            value = partial[name]
+        else:
+            value = getattr(task, name)
+        upstream = _UPSTREAM_XCOM.match(value) if isinstance(value, str) else None
+        if upstream is None:
+            return value
+        newest = self._newest_xcom(upstream["dag"], upstream["task"], upstream["key"]) if self._newest_xcom else None
+        if newest is None:
+            raise ValueError(f"{name} comes from task {upstream['task']!r} at run time: known after the first run")
+        return newest
+
+
+def add_dags(found: Discovery, dags: Iterable[Any], newest_xcom: NewestXCom | None = None) -> Discovery:
     """
     Add the pipelines the tasks of ``dags`` declare (serialized or parsed DAG objects).
 
     :param found: the discovery to extend.
     :param dags: DAG objects with ``dag_id``, ``params`` and ``tasks``.
+    :param newest_xcom: ``newest_xcom(dag_id, task_id, key)`` returns the newest run's XCom value (None: none),
+        for arguments taken from an upstream task's XCom; without it they are listed as unresolved.
     """
     for dag in dags:
         params = {key: dag.params[key] for key in dag.params}
         names: set[str] = set()
         loads: set[SinkSpec] = set()
-        for task in dag.tasks:
+        for serialized in dag.tasks:
+            task = _TaskView(serialized, newest_xcom)
             kind = task.task_type
             if kind not in PRODUCERS | STREAMS | FULL_LOADS | RECONCILERS or not str(
                 getattr(task, "_task_module", MODULE_PREFIX)
             ).startswith(MODULE_PREFIX):
                 continue
             try:
-                if kind in FULL_LOADS:
-                    loads.add(_delta_table(render(task.sink_path, params), task, params))
+                if kind in FULL_LOADS:  # several tables: a {table} placeholder names each one's location
+                    path = render(task.sink_path, params)
+                    tables = render(getattr(task, "tables", None), params) if "{table}" in path else None
+                    for location in [path.replace("{table}", t) for t in tables] if tables else [path]:
+                        loads.add(_delta_table(location, task, params))
                     continue
                 if kind in RECONCILERS:  # its result row is named like the pipeline it checks
                     spec = found.pipeline(render(task.name, params), "dag")
@@ -244,6 +289,23 @@ def add_postgres_pipelines(found: Discovery, pipelines: Iterable[str], conn_id: 
         if not any(s.kind == "postgres" for s in spec.sinks):
             spec.sinks.add(SinkSpec("postgres", "", conn_id))
     return found
+
+
+def newest_xcom(dag_id: str, task_id: str, key: str) -> Any:
+    """Return the newest XCom value of ``key`` a run of ``task_id`` in ``dag_id`` pushed (None when none did)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        row = session.scalars(
+            select(XComModel)
+            .where(XComModel.dag_id == dag_id, XComModel.task_id == task_id, XComModel.key == key)
+            .where(XComModel.map_index == -1)
+            .order_by(XComModel.timestamp.desc())
+            .limit(1)
+        ).first()
+        return None if row is None else XComModel.deserialize_value(row)
 
 
 def serialized_dags() -> list[Any]:

@@ -495,7 +495,11 @@ def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Sect
 
 
 def read_overview(
-    dags: list[Any], connections: Connections | None = None, every_ledger_key: bool = False, history: int = 30
+    dags: list[Any],
+    connections: Connections | None = None,
+    every_ledger_key: bool = False,
+    history: int = 30,
+    newest_xcom: Any = None,
 ) -> Overview:
     """
     Discover the pipelines and read each one's state from the live systems.
@@ -507,6 +511,8 @@ def read_overview(
     :param dags: serialized (or parsed) DAGs to discover pipelines from.
     :param connections: client settings; default: Airflow connections.
     :param every_ledger_key: read every key of the offsets topics, to list pipelines no DAG names.
+    :param newest_xcom: reads the newest run's XCom of an argument a task takes from an upstream task (e.g. the
+        tables a pattern matched): :func:`~exactly_once_provider.plugins.discovery.newest_xcom` on the API server.
     :param history: sink commits per flow chart.
     """
     import time
@@ -515,7 +521,7 @@ def read_overview(
 
     started = time.monotonic()
     connections = connections or Connections()
-    found = add_dags(Discovery(), dags)
+    found = add_dags(Discovery(), dags, newest_xcom)
     errors: list[str] = []
     notes: list[str] = []
     ledger: dict[str, CommittedOffset | ValueError] = {}

@@ -91,6 +91,20 @@ def check_retention(settings: dict[str, str], estimated_rows: int, expected_rows
         )
 
 
+def base_tables(cur: Any, schema: str) -> list[str]:
+    """Return the names of the base tables of ``schema`` the user can see, sorted (views have no binlog rows).
+
+    :param cur: an open cursor.
+    :param schema: the database name.
+    """
+    cur.execute(
+        "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_TYPE = 'BASE TABLE' "
+        "ORDER BY TABLE_NAME",
+        (schema,),
+    )
+    return [row[0] for row in cur.fetchall()]
+
+
 def check_table_readable(cur: Any, schema: str, table: str) -> int:
     """Check the table exists and can be read; return its estimated row count.
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.sdk import DAG, Asset, Param, task
 
@@ -53,6 +54,7 @@ from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.sinks.current_table import DELETED_COLUMN
+from exactly_once_provider.source.table_patterns import is_pattern
 
 CAPTURE_SOURCE_PARTITION = "binlog"
 
@@ -66,6 +68,7 @@ CONTINUOUS_MAX_RETRY_DELAY = timedelta(minutes=2)
 # ... and a Spark driver killed by a signal is started again at once inside its task, 3 times per try: no
 # retry delay, no new task process (a driver kill -> applying again in ~10 s instead of ~18 s).
 CONTINUOUS_DRIVER_RESTARTS = 3
+EXAMPLE_TABLE = "example"  # stands in for the tables a pattern matches when their locations' form is checked
 ALL_TABLES = "_eo_all_tables"  # what a {table} in checkpoint_location becomes: the apply's one query of all tables
 
 
@@ -86,6 +89,7 @@ def history_stream_dag(
     schema: str,
     table: str | None = None,
     tables: Sequence[str] | None = None,
+    exclude_tables: Sequence[str] = (),
     pipeline: str,
     table_path: str,
     checkpoint_location: str,
@@ -127,7 +131,14 @@ def history_stream_dag(
     :param dag_id: the DAG id.
     :param schema: the source database.
     :param table: the source table (or ``tables``).
-    :param tables: several source tables of ``schema``, any key shape each (integer, text, composite).
+    :param tables: several source tables of ``schema``, any key shape each (integer, text, composite): names, or
+        shell-style patterns (``"*"``, ``"orders_*"``, ``"[*]"`` for a literal ``*``,
+        :mod:`~exactly_once_provider.source.table_patterns`) resolved by ``preflight`` at every run: a table
+        created later is loaded and followed from the next run on (in continuous mode: the next ``run_for``
+        period). With patterns the per-table tasks are mapped tasks, ``lag_gate`` and ``reconcile``, one instance
+        per matched table, named by it; a pattern matching nothing, or a matched table without a primary key
+        (exclude it), fails the preflight.
+    :param exclude_tables: names and patterns of ``schema``'s tables to leave out of ``tables``.
     :param pipeline: the pipeline name; the capture uses it (topic ``<pipeline>.<schema>.<table>``), the apply
         ``<pipeline>-apply``.
     :param table_path: the current table: the full load's Delta table the changes are merged into (declared as an
@@ -188,6 +199,10 @@ def history_stream_dag(
         raise ValueError("Name the source table with table='orders', or several with tables=['orders', ...]; not both.")
     names = [table] if tables is None else list(tables)
     several = tables is not None
+    if isinstance(exclude_tables, str) or (exclude_tables and not several):
+        raise ValueError(f"exclude_tables={exclude_tables!r}: a list of names or patterns, beside tables=[...].")
+    # Patterns are resolved by the preflight at every run: the tasks then take their tables from its XCom.
+    matched = several and (any(is_pattern(n) for n in names) or bool(exclude_tables))
     if len(set(names)) != len(names):
         raise ValueError(f"tables={names!r} names a table twice.")
     if several and TABLE not in table_path:
@@ -202,16 +217,51 @@ def history_stream_dag(
             f"tables={names!r}: postgres_table must name each table's PostgreSQL table with the "
             f"{TABLE} placeholder, got {postgres_table!r}."
         )
-    paths = {n: table_path.replace(TABLE, n) for n in names}
+
+    def path_of(name: str) -> str:
+        return table_path.replace(TABLE, name)
+
+    def staging_of(name: str) -> str | None:
+        return staging_path.replace(TABLE, name) if staging_path else None
+
     # Several tables share ONE streaming query, so one checkpoint (a {table} placeholder names it ALL_TABLES).
     checkpoint = checkpoint_location.replace(TABLE, ALL_TABLES)
-    stagings = {n: staging_path.replace(TABLE, n) if staging_path else None for n in names}
-    for n in names:
-        FullLoadRequest(schema=schema, table=n, sink_path=paths[n], staging_path=stagings[n]).validate()
+    for n in [EXAMPLE_TABLE] if matched else names:  # matched tables: the locations' form, checked on a stand-in
+        FullLoadRequest(schema=schema, table=n, sink_path=path_of(n), staging_path=staging_of(n)).validate()
     suffix = {n: f"_{n}" if several else "" for n in names}  # task ids: one table keeps its historic ones
     continuous = mode == "continuous"
-    topics = {n: f"{pipeline}.{schema}.{n}" for n in names}  # the capture's default topic template
     apply_pipeline = f"{pipeline}-apply"
+
+    # [START howto_template_per_table]
+    def per_table(name: str) -> dict[str, Any]:
+        """Return what each task needs of table ``name``: ONE rule for tables named here and tables matched at
+        run time (the preflight returns these for the matched ones)."""
+        topic, path = f"{pipeline}.{schema}.{name}", path_of(name)  # the capture's default topic template
+        checked = {
+            "table": f"{schema}.{name}",
+            "key_column": _per_table(key_column, name),
+            "columns": _per_table(reconcile_columns, name),
+            "topics": [topic],
+            "full_load_path": path,
+        }
+        found = {
+            "capture_table": f"{schema}.{name}",
+            "full_load_path": path,
+            "stream": {"topics": [topic], "sink_path": path},
+            "lag_gate": {"topics": [topic], "sink_location": path},
+            "reconcile": {**checked, "name": f"{pipeline}.{name}" if several else pipeline, "sink_path": path},
+        }
+        if postgres_table is not None:
+            sink_table = postgres_table.replace(TABLE, name)
+            found["pg_stream"] = {**found["stream"], "sink_table": sink_table}
+            found["reconcile_postgres"] = {
+                **checked,
+                "name": f"{pipeline}.{name}.postgres" if several else f"{pipeline}.postgres",
+                "sink_table": sink_table,
+            }
+        return found
+
+    # [END howto_template_per_table]
     seconds = run_for.total_seconds()
     with DAG(
         dag_id=dag_id,
@@ -233,7 +283,8 @@ def history_stream_dag(
                 type="array",
                 items={"type": "string"},
                 description="tables to take a new snapshot of (replaced atomically, each stream continuing from "
-                f"its new position) while the others go on: any of {names}",
+                "its new position) while the others go on: "
+                + ("any table the patterns match" if matched else f"any of {names}"),
             ),
             "full_reconcile": Param(
                 False,
@@ -245,10 +296,10 @@ def history_stream_dag(
     ) as dag:
 
         @task
-        def preflight() -> dict:
+        def preflight(ti: Any = None) -> dict | list[dict]:
             """Check the server and table are fit for a full load and a binlog capture, S3 locations usable, and
             the Kafka and PostgreSQL connections accepted: a refused endpoint fails here, before anything is
-            written."""
+            written. Tables by pattern: resolve them first, and return what each task needs of them."""
             from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
             from exactly_once_provider.connections import (
                 check_kafka_access,
@@ -258,23 +309,35 @@ def history_stream_dag(
             )
             from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
             from exactly_once_provider.kafka.topics import partitions_of
+            from exactly_once_provider.source.table_patterns import resolve_tables
             from exactly_once_provider.storage.preflight import preflight_locations
             from exactly_once_provider.storage.s3 import settings_for
 
+            current = names
+            if matched:
+                existing = MySqlSourceHook(mysql_conn_id).base_tables(schema)
+                current = resolve_tables(existing, names, exclude_tables, schema=schema)
+                if ALL_TABLES in current:
+                    raise ValueError(f"Table {ALL_TABLES!r} names the apply's checkpoint of all tables; exclude it.")
+                print(f"preflight ok: tables={names} exclude_tables={list(exclude_tables)}: {len(current)} table(s)")
             found = {}
-            for name in names:
+            for name in current:
                 checked = MySqlSourceHook(mysql_conn_id).preflight(schema, name)
                 print(
                     f"preflight ok: {name}: {checked.server.version_string}, key {list(checked.key.columns)}, "
                     f"~{checked.estimated_rows} rows"
                 )
                 found[name] = {"key": list(checked.key.columns), "estimated_rows": checked.estimated_rows}
-            locations = [*paths.values(), checkpoint, *(s for s in stagings.values() if s)]
+            locations = [
+                *(path_of(n) for n in current),
+                checkpoint,
+                *(s for s in (staging_of(n) for n in current) if s),
+            ]
             for storage in preflight_locations(locations, settings_for(aws_conn_id, *locations)):
                 print(f"preflight ok: {storage}")
             config = kafka_client_config(kafka_config_id)
             admin = check_kafka_access(config, kafka_config_id)
-            topics = [DEFAULT_OFFSETS_TOPIC, *(topic_for(DEFAULT_TOPIC_TEMPLATE, pipeline, schema, n) for n in names)]
+            topics = [DEFAULT_OFFSETS_TOPIC, *(topic_for(DEFAULT_TOPIC_TEMPLATE, pipeline, schema, n) for n in current)]
             with explain_kafka_denials(
                 kafka_config_id, config, f"Describe on topics {topics!r}, and the rest docs/security.md lists"
             ):
@@ -282,10 +345,22 @@ def history_stream_dag(
             print(f"preflight ok: Kafka connection {kafka_config_id!r}, topics {topics!r} described")
             postgres_connection(postgres_conn_id).close()
             print(f"preflight ok: PostgreSQL connection {postgres_conn_id!r}")
-            return found if several else found[table]
+            if not matched:
+                return found if several else found[table]
+            # Tables by pattern: what the tasks take from this XCom. The mapped tasks map over the return value
+            # (Airflow maps only over it), the others read a key each.
+            tasks = [per_table(n) for n in current]
+            for key, value in {
+                "tables": current,
+                "found": found,
+                "full_load_paths": {t["capture_table"]: t["full_load_path"] for t in tasks},
+                **{key: [t[key] for t in tasks] for key in ("capture_table", "stream", "pg_stream") if key in tasks[0]},
+            }.items():
+                ti.xcom_push(key=key, value=value)
+            return tasks
 
         @task.branch
-        def choose_load(params: dict | None = None) -> str | list[str]:
+        def choose_load(params: dict | None = None, ti: Any = None) -> str | list[str]:
             """Run the full load on the first run or when ``full_reload`` is set; otherwise continue.
 
             Several tables: the full loads of the tables without one (all on ``full_reload``, those named by
@@ -294,29 +369,41 @@ def history_stream_dag(
             from exactly_once_provider.full_load.handoff import has_full_load
             from exactly_once_provider.storage.s3 import register_settings, settings_for
 
-            s3 = settings_for(aws_conn_id, *paths.values())
+            current = ti.xcom_pull(task_ids="preflight", key="tables") if matched else names
+            s3 = settings_for(aws_conn_id, *(path_of(n) for n in current))
             if s3 is not None:  # the table's log is read through them
                 register_settings(s3)
             reload = str((params or {}).get("full_reload", False)).lower() == "true"
             again = set((params or {}).get("resnapshot") or [])
-            if again - set(names):
-                raise ValueError(f"resnapshot names {sorted(again - set(names))}; this DAG follows {names}.")
-            unloaded = [n for n in names if reload or n in again or not has_full_load(paths[n])]
+            if again - set(current):
+                raise ValueError(f"resnapshot names {sorted(again - set(current))}; this DAG follows {current}.")
+            unloaded = [n for n in current if reload or n in again or not has_full_load(path_of(n))]
             if not unloaded:
                 return "retention_guard"
             # The full load leaves the loaded tables as they are; the guard checks the stream of those.
-            return ["full_load"] + (["retention_guard"] if len(unloaded) < len(names) else [])
+            return ["full_load"] + (["retention_guard"] if len(unloaded) < len(current) else [])
 
+        checks = preflight()
+        named = {} if matched else {n: per_table(n) for n in names}
+
+        def each(key: str) -> Any:
+            """Return what the tasks need of every table: the preflight's XCom for matched tables."""
+            return checks[key] if matched else [named[n][key] for n in names]
+
+        followed = checks["tables"] if matched else names
+        full_load_paths = checks["full_load_paths"] if matched else {f"{schema}.{n}": path_of(n) for n in names}
+
+        # Tables matched at run time are not known here: their lineage is reported per table by each task.
         assets = {
             n: Asset(
-                name=f"{dag_id}.{n}" if several else f"{dag_id}.table", uri=lineage.storage_path(paths[n]).asset_uri
+                name=f"{dag_id}.{n}" if several else f"{dag_id}.table", uri=lineage.storage_path(path_of(n)).asset_uri
             )
-            for n in names
+            for n in ([] if matched else names)
         }
         # [START howto_operator_full_load]
         full_load = MySqlFullLoadOperator(
             task_id="full_load",
-            **({"tables": names} if several else {"table": table}),  # several: one Spark application
+            **({"tables": followed} if several else {"table": table}),  # several: one Spark application
             schema=schema,
             sink_path=table_path,
             staging_path=staging_path,
@@ -345,9 +432,9 @@ def history_stream_dag(
         # [START howto_operator_binlog_capture]
         capture = BinlogCaptureOperator(
             task_id="capture",
-            tables=[f"{schema}.{n}" for n in names],
+            tables=each("capture_table"),
             pipeline=pipeline,
-            full_load_paths={f"{schema}.{n}": paths[n] for n in names},
+            full_load_paths=full_load_paths,
             mode=mode if continuous else "bounded",
             max_runtime=seconds if continuous else None,
             source_partition=CAPTURE_SOURCE_PARTITION,
@@ -360,11 +447,7 @@ def history_stream_dag(
         )
         # [END howto_operator_binlog_capture]
         # Several tables: one Spark application, ONE query split per table into each current table.
-        where = (
-            {"streams": [{"topics": [topics[n]], "sink_path": paths[n]} for n in names]}
-            if several
-            else {"topics": [topics[table]], "sink_path": table_path}
-        )
+        where = {"streams": each("stream")} if several else dict(named[table]["stream"])
         # [START howto_operator_spark_kafka_to_sink_current]
         apply = SparkKafkaToSinkOperator(
             task_id="apply",
@@ -387,12 +470,7 @@ def history_stream_dag(
         # [END howto_operator_spark_kafka_to_sink_current]
         apply_postgres = None
         if postgres_table is not None:  # the same changes into the typed PostgreSQL table built from the full load
-            pg_tables = {n: postgres_table.replace(TABLE, n) for n in names}
-            pg_where = (
-                {"streams": [{"topics": [topics[n]], "sink_path": paths[n], "sink_table": pg_tables[n]} for n in names]}
-                if several
-                else {"topics": [topics[table]], "sink_path": table_path, "sink_table": pg_tables[table]}
-            )
+            pg_where = {"streams": each("pg_stream")} if several else dict(named[table]["pg_stream"])
             apply_postgres = SparkKafkaToSinkOperator(
                 task_id="apply_postgres",
                 pipeline=f"{pipeline}-apply-postgres",
@@ -412,7 +490,7 @@ def history_stream_dag(
                 trigger_rule="none_failed_min_one_success" if continuous else "all_success",
             )
         choice = choose_load()
-        preflight() >> choice
+        checks >> choice
         loaded = [full_load, guard]
         choice >> loaded
         if continuous:
@@ -429,91 +507,108 @@ def history_stream_dag(
                 f"dag_run.run_after.hour == {int(full_reconcile_hour)} and dag_run.run_after.minute < {every_minutes}"
             )
         )
-        for name in names:
-            # Whether this run loaded the table: the full load's own XCom (it mirrors the handoff positions) exists
-            # only if it ran. Not choose_load's answer: when a branch skips tasks, Airflow 3's SkipMixin raises
-            # DownstreamTasksSkipped out of execute(), so the branch's return value never reaches XCom.
-            loaded_now = (
-                f"(ti.xcom_pull(task_ids='full_load') and {name!r} in ti.xcom_pull(task_ids='full_load')['tables'])"
-                if several
-                else "ti.xcom_pull(task_ids='full_load') is not none"
-            )
-            reconcile_scope = (
-                "{{ 'full' if params.full_reload or params.full_reconcile or "
-                + loaded_now
-                + " or ("
-                + on_schedule
-                + ") else 'changed' }}"
-            )
-            # [START howto_sensor_consumer_lag]
-            lag_gate = ConsumerLagSensor(
-                task_id=f"lag_gate{suffix[name]}",
-                topics=[topics[name]],
-                max_lag=max_lag,
-                sink="delta",
-                sink_location=paths[name],
-                sink_pipeline=apply_pipeline,
-                missing_topics_ok=True,
-                kafka_config_id=kafka_config_id,
-                aws_conn_id=aws_conn_id,
-                timeout=3600,
-                trigger_rule="none_failed_min_one_success",
-            )
-            # [END howto_sensor_consumer_lag]
-            # [START howto_operator_reconcile_current]
+        # Whether this run loaded the table: the full load's own XCom (it mirrors the handoff positions) exists only if
+        # it ran. Not choose_load's answer: when a branch skips tasks, Airflow 3's SkipMixin raises
+        # DownstreamTasksSkipped out of execute(), so the branch's return value never reaches XCom. ``task.table`` is
+        # ``schema.table`` of the reconcile task rendering it (a mapped one's own).
+        loaded_now = (
+            f"(ti.xcom_pull(task_ids='full_load') and "
+            f"task.table[{len(schema) + 1}:] in ti.xcom_pull(task_ids='full_load')['tables'])"
+            if several
+            else "ti.xcom_pull(task_ids='full_load') is not none"
+        )
+        reconcile_scope = (
+            "{{ 'full' if params.full_reload or params.full_reconcile or "
+            + loaded_now
+            + " or ("
+            + on_schedule
+            + ") else 'changed' }}"
+        )
+        # [START howto_sensor_consumer_lag]
+        gate_settings = {
+            "max_lag": max_lag,
+            "sink": "delta",
+            "sink_pipeline": apply_pipeline,
+            "missing_topics_ok": True,
+            "kafka_config_id": kafka_config_id,
+            "aws_conn_id": aws_conn_id,
+            "timeout": 3600,
+            "trigger_rule": "none_failed_min_one_success",
+        }
+        # [END howto_sensor_consumer_lag]
+        # [START howto_operator_reconcile_current]
+        reconcile_settings = {
+            "sink_deleted_column": DELETED_COLUMN,
+            "capture_pipeline": pipeline,
+            "capture_source_partition": CAPTURE_SOURCE_PARTITION,
+            "scope": reconcile_scope,
+            "mysql_conn_id": mysql_conn_id,
+            "postgres_conn_id": postgres_conn_id,
+            "kafka_config_id": kafka_config_id,
+            "aws_conn_id": aws_conn_id,
+        }
+        delta_settings = {"sink": "delta", "sink_pipeline": apply_pipeline, "spark_conn_id": spark_conn_id}
+        # [END howto_operator_reconcile_current]
+        # [START howto_operator_reconcile_current_postgres]
+        postgres_settings = {"sink": "postgres", "sink_pipeline": f"{pipeline}-apply-postgres"}
+        # [END howto_operator_reconcile_current_postgres]
+        if matched:  # one mapped task instance per table the preflight matched, named by it in the UI
+            gates = ConsumerLagSensor.partial(
+                task_id="lag_gate", map_index_template="{{ task.topics[0] }}", **gate_settings
+            ).expand_kwargs(checks.map(_lag_gate_of))
+            reconciles = ReconcileOperator.partial(
+                task_id="reconcile",
+                map_index_template="{{ task.table }}",
+                spark_conf=spark_conf,
+                **delta_settings,
+                **reconcile_settings,
+            ).expand_kwargs(checks.map(_reconcile_of))
+            loaded >> gates >> capture
+            apply >> reconciles
+            if apply_postgres is not None:
+                apply_postgres >> ReconcileOperator.partial(
+                    task_id="reconcile_postgres",
+                    map_index_template="{{ task.table }}",
+                    **postgres_settings,
+                    **reconcile_settings,
+                ).expand_kwargs(checks.map(_reconcile_postgres_of))
+        for name in names if not matched else ():
+            lag_gate = ConsumerLagSensor(task_id=f"lag_gate{suffix[name]}", **named[name]["lag_gate"], **gate_settings)
             reconcile = ReconcileOperator(
                 task_id=f"reconcile{suffix[name]}",
-                name=f"{pipeline}.{name}" if several else pipeline,
-                table=f"{schema}.{name}",
-                key_column=_per_table(key_column, name),
-                columns=_per_table(reconcile_columns, name),
-                sink="delta",
-                sink_path=paths[name],
-                sink_deleted_column=DELETED_COLUMN,
-                capture_pipeline=pipeline,
-                capture_source_partition=CAPTURE_SOURCE_PARTITION,
-                topics=[topics[name]],
-                sink_pipeline=apply_pipeline,
-                full_load_path=paths[name],
-                scope=reconcile_scope,
-                mysql_conn_id=mysql_conn_id,
-                postgres_conn_id=postgres_conn_id,
-                spark_conn_id=spark_conn_id,
-                kafka_config_id=kafka_config_id,
-                aws_conn_id=aws_conn_id,
+                **named[name]["reconcile"],
+                **delta_settings,
+                **reconcile_settings,
                 spark_conf=spark_conf,
             )
-            # [END howto_operator_reconcile_current]
             loaded >> lag_gate >> capture
             apply >> reconcile
             if apply_postgres is not None:
-                # [START howto_operator_reconcile_current_postgres]
                 reconcile_postgres = ReconcileOperator(
                     task_id=f"reconcile_postgres{suffix[name]}",
-                    name=f"{pipeline}.{name}.postgres" if several else f"{pipeline}.postgres",
-                    table=f"{schema}.{name}",
-                    key_column=_per_table(key_column, name),
-                    columns=_per_table(reconcile_columns, name),
-                    sink="postgres",
-                    sink_table=pg_tables[name],
-                    sink_deleted_column=DELETED_COLUMN,
-                    capture_pipeline=pipeline,
-                    capture_source_partition=CAPTURE_SOURCE_PARTITION,
-                    topics=[topics[name]],
-                    sink_pipeline=f"{pipeline}-apply-postgres",
-                    full_load_path=paths[name],
-                    scope=reconcile_scope,
-                    mysql_conn_id=mysql_conn_id,
-                    postgres_conn_id=postgres_conn_id,
-                    kafka_config_id=kafka_config_id,
-                    aws_conn_id=aws_conn_id,
+                    **named[name]["reconcile_postgres"],
+                    **postgres_settings,
+                    **reconcile_settings,
                 )
-                # [END howto_operator_reconcile_current_postgres]
                 apply_postgres >> reconcile_postgres
         capture >> apply
         if apply_postgres is not None:
             apply >> apply_postgres  # one Spark application at a time on the workers
     return dag
+
+
+# What a mapped task takes of one matched table's entry in the preflight's XCom: plain module functions, since
+# Airflow serializes a map() callable by its source.
+def _lag_gate_of(table_tasks: dict) -> dict:
+    return table_tasks["lag_gate"]
+
+
+def _reconcile_of(table_tasks: dict) -> dict:
+    return table_tasks["reconcile"]
+
+
+def _reconcile_postgres_of(table_tasks: dict) -> dict:
+    return table_tasks["reconcile_postgres"]
 
 
 def _retry_policy(continuous: bool, retries: int | None, retry_delay: timedelta | None) -> dict[str, object]:

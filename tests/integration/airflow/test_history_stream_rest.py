@@ -1,12 +1,15 @@
-"""The history -> stream template under a real Airflow, driven through the REST API (trigger with the
-``full_reload`` Param), with the current table kept in PostgreSQL too (``postgres_table``) and an ``ALTER TABLE
-... ADD COLUMN ... DEFAULT`` between two runs. Checks read MariaDB and PostgreSQL with plain SQL and the Delta
-current table with pyarrow from the Delta log's live files — never through the product's handoff, version or
+"""The history -> stream template under a real Airflow, driven through the REST API, following its tables by
+pattern (``tables=["<prefix>_*"]``, one excluded): a table created between two runs is loaded and followed
+from the next run on, under a writer, while the other streams on; an ``ALTER TABLE ... ADD COLUMN ... DEFAULT``
+between two runs; a re-snapshot of one table through the trigger form's ``resnapshot`` Param; the current tables
+kept in PostgreSQL too (``postgres_table``). Checks read MariaDB and PostgreSQL with plain SQL and the Delta
+current tables with pyarrow from the Delta log's live files — never through the product's handoff, version or
 reconciliation readers."""
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -60,21 +63,53 @@ def _full_loads(path: str) -> int:
     return found
 
 
-def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp_path):
-    client = airflow_server.client
-    table = f"afhs_{uuid.uuid4().hex[:6]}"
-    conn = connect(stack)
-    cur = conn.cursor()
+def _create(cur, table: str, rows: int) -> None:
     cur.execute(
         f"CREATE TABLE {table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL,"
         " currency CHAR(3) NOT NULL, note VARCHAR(20) NULL)"
     )
     cur.executemany(
         f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, %s)",
-        [(Decimal(i) / 4, ("EUR", "USD")[i % 2], f"n{i}") for i in range(ROWS)],
+        [(Decimal(i) / 4, ("EUR", "USD")[i % 2], f"n{i}") for i in range(rows)],
     )
-    full_load = str(tmp_path / "orders")
-    dag_id = f"eo_afhs_{table}"
+
+
+def _write(stack, tables: list[str], stop: threading.Event, done: list[int]) -> None:
+    """Insert, update and delete in every table in turn, one transaction each, until ``stop``."""
+    conn = connect(stack)
+    cur = conn.cursor()
+    while not stop.is_set() or done[0] < 40:
+        table = tables[done[0] % len(tables)]
+        cur.execute(f"INSERT INTO {table} (amount, currency, note) VALUES (7.25, 'GBP', 'w')")
+        cur.execute(f"UPDATE {table} SET amount = amount + 1, note = 'w' WHERE id = %s", (done[0] % 30 + 1,))
+        cur.execute(f"DELETE FROM {table} WHERE note = 'w' ORDER BY id LIMIT 1")  # a row the writer changed
+        done[0] += 1
+        stop.wait(0.05)
+    conn.close()
+
+
+def _states(client, dag_id: str, run: str) -> dict[str, str]:
+    """Each task's state; a mapped task's instances as ``task[table]`` (its map index's name)."""
+    found = {}
+    for ti in client.task_instances(dag_id, run):
+        mapped = ti.get("map_index", -1) >= 0
+        found[f"{ti['task_id']}[{ti.get('rendered_map_index')}]" if mapped else ti["task_id"]] = ti["state"]
+    return found
+
+
+def test_history_stream_by_pattern_through_rest_a_new_table_joins_and_one_is_resnapshotted(
+    stack, airflow_server, tmp_path
+):
+    client = airflow_server.client
+    prefix = f"afhs_{uuid.uuid4().hex[:6]}"
+    first, joining, excluded = f"{prefix}_a", f"{prefix}_b", f"{prefix}_skip"
+    conn = connect(stack)
+    cur = conn.cursor()
+    _create(cur, first, ROWS)
+    cur.execute(
+        f"CREATE TABLE {excluded} (v INT)"
+    )  # no primary key: the preflight would refuse it, were it not excluded
+    dag_id = f"eo_afhs_{prefix}"
     write_template_dag(
         airflow_server.dags,
         dag_id,
@@ -82,63 +117,78 @@ def test_history_stream_through_rest_then_full_reload(stack, airflow_server, tmp
         {
             "dag_id": dag_id,
             "schema": stack.DB_NAME,
-            "table": table,
+            "tables": [f"{prefix}_*"],
+            "exclude_tables": [excluded],
             "key_column": "id",
-            "pipeline": f"hs-{table}",
-            "table_path": full_load,
+            "pipeline": f"hs-{prefix}",
+            "table_path": str(tmp_path / "{table}"),
             "checkpoint_location": str(tmp_path / "checkpoint"),
             "start_date": "2099-01-01T00:00:00+00:00",  # no scheduled runs: every run here is triggered
             "chunk_rows": 250,
             "topic_partitions": 2,
             "spark_conf": jobs.task_spark_conf(stack),
             "retries": 0,
-            "postgres_table": f"{table}_current",
+            "postgres_table": "{table}_current",
         },
     )
-    pg_table = f"{table}_current"
+    path = {t: str(tmp_path / t) for t in (first, joining)}
     client.wait_dag(dag_id)
     client.unpause(dag_id)
 
-    # 1. The first run loads the table (no writes meanwhile: the full load equals the source).
+    # 1. The first run loads the one table the pattern matches (no writes meanwhile: the load equals the source).
     run = client.trigger(dag_id)
     client.wait_run(dag_id, run, timeout=1800)
-    states = {t["task_id"]: t["state"] for t in client.task_instances(dag_id, run)}
+    states = _states(client, dag_id, run)
     assert states["full_load"] == "success" and states["retention_guard"] == "skipped", states
-    assert states["apply_postgres"] == states["reconcile_postgres"] == "success", states
-    assert _current(full_load) == _source(cur, table) and _full_loads(full_load) == 1
-    assert _postgres_current(stack, pg_table) == _source(cur, table)
+    assert states["apply_postgres"] == states[f"reconcile_postgres[{stack.DB_NAME}.{first}]"] == "success", states
+    assert len([t for t in states if t.startswith("reconcile[")]) == 1, states
+    assert _current(path[first]) == _source(cur, first) and _full_loads(path[first]) == 1
+    assert _postgres_current(stack, f"{first}_current") == _source(cur, first)
 
-    # 2. Changes after the load, an added column with a DEFAULT (MariaDB gives every existing row the default
-    # without a row event); a plain run streams them (no second load).
-    cur.execute(f"ALTER TABLE {table} ADD COLUMN flag SMALLINT NOT NULL DEFAULT 3")
-    cur.executemany(
-        f"INSERT INTO {table} (amount, currency, note) VALUES (%s, %s, NULL)",
-        [(Decimal("1.50") * i, "CNY") for i in range(1, 6)],
-    )
-    cur.execute(f"UPDATE {table} SET amount = amount + 100, note = 'upd' WHERE id % 97 = 0")
-    cur.execute(f"DELETE FROM {table} WHERE id IN (3, 250, 251)")
-    run = client.trigger(dag_id)
-    client.wait_run(dag_id, run, timeout=1800)
-    states = {t["task_id"]: t["state"] for t in client.task_instances(dag_id, run)}
-    assert states["full_load"] == "skipped" and states["retention_guard"] == "success", states
-    assert _full_loads(full_load) == 1, "a plain run must not load the table again"
-    source = _source(cur, table, ALTERED)
-    assert {row[-1] for row in source.values()} == {3}
-    assert _current(full_load, ALTERED) == source == _postgres_current(stack, pg_table, ALTERED)
-    assert _tombstones(full_load) == {3, 250, 251}
+    # 2. A new table matching the pattern, an added column with a DEFAULT on the first (MariaDB gives every
+    # existing row the default without a row event) and changes; a writer changes both tables during the run.
+    cur.execute(f"ALTER TABLE {first} ADD COLUMN flag SMALLINT NOT NULL DEFAULT 3")
+    _create(cur, joining, 120)
+    cur.execute(f"DELETE FROM {first} WHERE id IN (3, 250, 251)")
+    stop, done = threading.Event(), [0]
+    writer = threading.Thread(target=_write, args=(stack, [first, joining], stop, done))
+    writer.start()
+    try:
+        run = client.trigger(dag_id)
+        client.wait_run(dag_id, run, timeout=1800)
+    finally:
+        stop.set()
+        writer.join()
+    states = _states(client, dag_id, run)
+    assert states["full_load"] == "success" and states["retention_guard"] == "success", states
+    assert states[f"reconcile[{stack.DB_NAME}.{joining}]"] == "success", states
+    assert _full_loads(path[first]) == 1, "a table loaded before must not be loaded again"
+    assert _full_loads(path[joining]) == 1
     assert "CLEAN" in client.task_log(dag_id, run, "reconcile_postgres")
 
-    # 3. full_reload through the trigger form's Param: a new snapshot replaces the table in one commit.
-    cur.execute(f"UPDATE {table} SET note = 'reload' WHERE id <= 20")
-    run = client.trigger(dag_id, conf={"full_reload": True})
+    # 3. A re-snapshot of the first table through the trigger form's Param; the joined table streams its
+    # writer's last changes (those after the capture's end in step 2).
+    cur.execute(f"UPDATE {first} SET note = 'reload' WHERE id <= 20")
+    run = client.trigger(dag_id, conf={"resnapshot": [first]})
     client.wait_run(dag_id, run, timeout=1800)
-    states = {t["task_id"]: t["state"] for t in client.task_instances(dag_id, run)}
+    states = _states(client, dag_id, run)
     assert states["full_load"] == "success", states
-    assert client.run(dag_id, run)["conf"] == {"full_reload": True}
-    assert _full_loads(full_load) == 2
-    source = _source(cur, table, ALTERED)
+    assert client.run(dag_id, run)["conf"] == {"resnapshot": [first]}
+    assert (_full_loads(path[first]), _full_loads(path[joining])) == (2, 1)
+    source = _source(cur, first, ALTERED)
+    assert {row[-1] for row in source.values()} == {3}
+    assert _current(path[first], ALTERED) == source and _tombstones(path[first]) == set()  # the new snapshot
+    assert _postgres_current(stack, f"{first}_current", ALTERED) == source  # rebuilt from it
+    joined = _source(cur, joining)
     conn.close()
-    assert _current(full_load, ALTERED) == source and _tombstones(full_load) == set()  # the new snapshot
-    assert _postgres_current(stack, pg_table, ALTERED) == source  # rebuilt from it
-    assert "CLEAN" in client.task_log(dag_id, run, "reconcile")
-    assert "CLEAN" in client.task_log(dag_id, run, "reconcile_postgres")
+    assert done[0] >= 40 and _current(path[joining]) == joined == _postgres_current(stack, f"{joining}_current")
+    assert _tombstones(path[joining]) and _tombstones(path[joining]).isdisjoint(joined)  # deletes after its load
+    logs = client.task_log(dag_id, run, "reconcile") + client.task_log(dag_id, run, "reconcile_postgres")
+    assert logs.count("CLEAN") >= 4, logs[-3000:]
+    # The status page shows the tables the newest run matched (the DAG file names only the pattern).
+    client.dag(dag_id)  # signs in
+    page = client._http.get("/exactly-once/api/pipelines", params={"pipeline": f"hs-{prefix}"})
+    assert page.status_code == 200, page.text
+    flow = next(f for f in page.json()["flows"] if f"hs-{prefix}" in f["pipelines"])
+    assert flow["sources"] == [f"{stack.DB_NAME}.{t}" for t in (first, joining)], flow
+    assert {f"delta {path[first]}", f"delta {path[joining]}"} <= set(flow["sinks"]), flow

@@ -164,3 +164,39 @@ def test_render_refuses_what_only_a_run_knows():
     assert render(5, {}) == 5
     with pytest.raises(ValueError, match="known only when a run renders it"):
         render("{{ ds }}", {})
+
+
+def test_tables_matched_at_run_time_are_the_newest_runs_and_unknown_before_the_first():
+    from exactly_once_provider.templates.history_stream import history_stream_dag
+
+    dag = _serialized(
+        history_stream_dag(
+            dag_id="db",
+            schema="shop",
+            tables=["o*"],
+            pipeline="p",
+            table_path="/data/{table}",
+            checkpoint_location="/data/cp",
+            start_date=START,
+        )
+    )
+    before = add_dags(Discovery(), [dag])
+    assert {u.split(":")[0] for u in before.unresolved} == {"db.full_load", "db.capture", "db.apply", "db.reconcile"}
+    assert "known after the first run" in " ".join(before.unresolved)
+    newest = {
+        ("db", "preflight", "tables"): ["orders", "outbox"],
+        ("db", "preflight", "capture_table"): ["shop.orders", "shop.outbox"],
+        ("db", "preflight", "full_load_paths"): {"shop.orders": "/data/orders", "shop.outbox": "/data/outbox"},
+        ("db", "preflight", "stream"): [
+            {"topics": ["p.shop.orders"], "sink_path": "/data/orders"},
+            {"topics": ["p.shop.outbox"], "sink_path": "/data/outbox"},
+        ],
+    }
+    found = add_dags(Discovery(), [dag], lambda dag_id, task_id, key: newest.get((dag_id, task_id, key)))
+    capture, apply = found.pipelines["p"], found.pipelines["p-apply"]
+    assert capture.sources == {"shop.orders", "shop.outbox"}
+    assert capture.topics == apply.topics == {"p.shop.orders", "p.shop.outbox"}
+    assert {s.location for s in apply.sinks} == {"/data/orders", "/data/outbox"}
+    assert {s.location for s in capture.full_loads} == {"/data/orders", "/data/outbox"}
+    # A mapped reconciliation is named per table in its run: listed, not guessed.
+    assert [u.split(":")[0] for u in found.unresolved] == ["db.reconcile"]

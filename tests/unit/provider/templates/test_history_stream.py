@@ -62,6 +62,7 @@ def _scope(task, run_after: str, loaded: tuple[str, ...] = (), tables: tuple[str
     ``tables``: the tables a full load of several tables loaded in this run (its XCom names them)."""
     xcom = {"chunks": 1} if tables is None else {"tables": {t: {"chunks": 1} for t in tables}, "skipped": []}
     context = {
+        "task": task,
         "params": {"full_reload": False, "full_reconcile": False, **params},
         "ti": SimpleNamespace(xcom_pull=lambda task_ids: xcom if task_ids in loaded else None),
         "dag_run": SimpleNamespace(run_after=pendulum.parse(run_after), data_interval_start=None),
@@ -237,3 +238,95 @@ def test_resnapshot_loads_only_the_named_tables_and_a_name_the_dag_does_not_foll
     assert dag.params["resnapshot"] == []
     orders = dag.get_task("reconcile_lines")
     assert _scope(orders, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("lines",)) == "full"
+
+
+def _fake_preflight(monkeypatch, existing: list[str]) -> list[str]:
+    """Stand in for the server, storage, Kafka and PostgreSQL checks of the preflight; return the checked tables."""
+    from exactly_once_provider import connections
+    from exactly_once_provider.kafka import topics
+    from exactly_once_provider.storage import preflight as storage_preflight
+    from exactly_once_provider.templates import history_stream
+
+    checked = []
+
+    class Hook:
+        def __init__(self, conn_id):
+            pass
+
+        def base_tables(self, schema):
+            return existing
+
+        def preflight(self, schema, table):
+            checked.append(table)
+            server = SimpleNamespace(version_string="11.8.3-MariaDB")
+            return SimpleNamespace(server=server, key=SimpleNamespace(columns=("id",)), estimated_rows=10)
+
+    monkeypatch.setattr(history_stream, "MySqlSourceHook", Hook)
+    monkeypatch.setattr(storage_preflight, "preflight_locations", lambda locations, s3: [])
+    monkeypatch.setattr(connections, "kafka_client_config", lambda conn_id: {})
+    monkeypatch.setattr(connections, "check_kafka_access", lambda config, conn_id: None)
+    monkeypatch.setattr(topics, "partitions_of", lambda admin, names: {})
+    monkeypatch.setattr(connections, "postgres_connection", lambda conn_id: SimpleNamespace(close=lambda: None))
+    return checked
+
+
+def test_tables_by_pattern_are_resolved_at_every_run_and_each_task_takes_them_from_the_preflight(monkeypatch):
+    from airflow.sdk.definitions.xcom_arg import XComArg
+
+    from exactly_once_provider.full_load import handoff
+
+    dag = _tables_dag(tables=["orders*", "lines"], exclude_tables=["orders_tmp"], postgres_table="pg_{table}")
+    checked = _fake_preflight(monkeypatch, ["lines", "orders", "orders_2026", "orders_tmp", "users"])
+    out = {}
+    tasks = dag.get_task("preflight").python_callable(
+        ti=SimpleNamespace(xcom_push=lambda key, value: out.update({key: value}))
+    )
+    assert out["tables"] == checked == ["lines", "orders", "orders_2026"]
+    assert out["full_load_paths"] == {f"shop.{n}": f"/data/{n}" for n in out["tables"]}
+    assert out["capture_table"] == ["shop.lines", "shop.orders", "shop.orders_2026"]
+    assert out["stream"][2] == {"topics": ["p.shop.orders_2026"], "sink_path": "/data/orders_2026"}
+    assert out["pg_stream"][0] == {"topics": ["p.shop.lines"], "sink_path": "/data/lines", "sink_table": "pg_lines"}
+    gate, reconcile = dag.get_task("lag_gate"), dag.get_task("reconcile")
+    assert [f(tasks[1]) for f in gate.expand_input.value.callables] == [
+        {"topics": ["p.shop.orders"], "sink_location": "/data/orders"}
+    ]
+    assert reconcile.expand_input.value.callables[0](tasks[0]) == {
+        "name": "p.lines",
+        "table": "shop.lines",
+        "key_column": ["a", "b"],  # the mapping by table applies to matched tables too
+        "columns": None,
+        "topics": ["p.shop.lines"],
+        "full_load_path": "/data/lines",
+        "sink_path": "/data/lines",
+    }
+    postgres = dag.get_task("reconcile_postgres").expand_input.value.callables[0](tasks[2])
+    assert postgres["sink_table"] == "pg_orders_2026" and postgres["name"] == "p.orders_2026.postgres"
+    # The tasks take their tables from the preflight's XCom (the keys it pushes).
+    full_load, capture = dag.get_task("full_load"), dag.get_task("capture")
+    assert isinstance(full_load.tables, XComArg) and full_load.tables.key == "tables"
+    assert (capture.tables.key, capture.full_load_paths.key) == ("capture_table", "full_load_paths")
+    assert dag.get_task("apply").streams.key == "stream"
+    assert dag.get_task("apply_postgres").streams.key == "pg_stream"
+    assert gate.downstream_task_ids == {"capture"} and reconcile.upstream_task_ids == {"apply", "preflight"}
+    assert dag.get_task("reconcile_postgres").upstream_task_ids == {"apply_postgres", "preflight"}
+    assert not any(o for t in dag.tasks for o in getattr(t, "outlets", ()))  # matched tables: lineage per task run
+    # choose_load: the tables the preflight matched, e.g. a table created since the last run has no full load.
+    monkeypatch.setattr(handoff, "has_full_load", lambda path: path != "/data/orders_2026")
+    ti = SimpleNamespace(xcom_pull=lambda task_ids, key: out[key])  # noqa: ARG005
+    choose = dag.get_task("choose_load").python_callable
+    assert choose(params={"full_reload": False, "resnapshot": []}, ti=ti) == ["full_load", "retention_guard"]
+    with pytest.raises(ValueError, match=r"resnapshot names \['users'\]"):
+        choose(params={"full_reload": False, "resnapshot": ["users"]}, ti=ti)
+    # The reconciliation scope of a mapped instance: its own table.
+    task = SimpleNamespace(table="shop.orders_2026", scope=reconcile.partial_kwargs["scope"])
+    assert _scope(task, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("orders_2026",)) == "full"
+    assert _scope(task, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("orders",)) == "changed"
+
+
+def test_tables_by_pattern_fail_the_preflight_when_nothing_matches(monkeypatch):
+    dag = _tables_dag(tables=["sales_*"])
+    _fake_preflight(monkeypatch, ["orders"])
+    with pytest.raises(ValueError, match=r"pattern\(s\) \['sales_\*'\] match no base table of schema 'shop'"):
+        dag.get_task("preflight").python_callable()
+    with pytest.raises(ValueError, match="exclude_tables"):
+        _dag(exclude_tables=["x"])  # beside one table
