@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from exactly_once_provider.sinks import delta_commit, delta_log, delta_merge
+from tests.integration.provider.sinks.test_delta_commit import small_delta_jobs  # noqa: F401 (a fixture)
 
 NAME = "we`ird.col-umn"  # a hostile column name (backtick, dot) Delta allows without column mapping
 COLUMNS = ["id", NAME, "_eo_version", "_eo_deleted"]
@@ -280,3 +281,92 @@ def test_a_zombie_that_commits_the_same_batch_first_leaves_it_in_once(spark, tmp
     assert spark_rows(spark, path) == sorted(
         [(1, "new", 20, False), (9, "ins", 20, False)] + [(i, f"v{i}", 10, False) for i in range(2, 6)]
     )
+
+
+WIDE_COLUMNS = ["id", "f", "d", "_eo_version", "_eo_deleted"]
+
+
+def _widened_rows(spark, path: str) -> list[tuple]:
+    return sorted(tuple(r) for r in spark.read.format("delta").load(path).select(*WIDE_COLUMNS).collect())
+
+
+def test_a_widening_rewrites_the_table_in_the_wider_types_with_the_batch_in_one_commit(small_delta_jobs, tmp_path):
+    """INT -> BIGINT (the key), FLOAT -> DOUBLE, DECIMAL(8,2) -> DECIMAL(12,2): every file rewritten with the batch,
+    no table feature added (delta-rs reads it), a replay commits nothing, later own MERGEs find keys past INT."""
+    spark = small_delta_jobs
+    from decimal import Decimal
+
+    path = str(tmp_path / "t")
+    narrow = "id INT, f FLOAT, d DECIMAL(8,2), _eo_version BIGINT, _eo_deleted BOOLEAN"
+    rows = [(i, i + 0.5, Decimal(f"{i}.25"), 10, False) for i in range(1, 7)]
+    spark.createDataFrame(rows, narrow).repartition(2).write.format("delta").save(path)
+    before = delta_log.table_state(path)
+    wide = "id BIGINT, f DOUBLE, d DECIMAL(12,2), _eo_version BIGINT, _eo_deleted BOOLEAN"
+    batch = spark.createDataFrame(
+        [
+            (2, 1e300, Decimal("1234567890.12"), 11, False),  # newer: values past every old range
+            (3, 0.0, Decimal("0.00"), 10, False),  # the same version: the table's row stays
+            (4, None, None, 12, True),  # a delete: a tombstone
+            (5_000_000_000, 2.5, Decimal("9999999999.99"), 12, False),  # a new key past INT
+        ],
+        wide,
+    )
+    version = delta_merge.merge_widening(batch, path, ("id",), {"m": 1}, "app", 7)
+    assert version == before.version + 1
+    after = delta_log.table_state(path)
+    assert after.protocol == before.protocol and after.configuration == before.configuration
+    types = {f["name"]: f["type"] for f in json.loads(after.metadata["schemaString"])["fields"]}
+    assert (types["id"], types["f"], types["d"]) == ("long", "double", "decimal(12,2)")
+    assert set(delta_log.active_files(after)).isdisjoint(delta_log.active_files(before)), "every file rewritten"
+    expected = sorted(
+        [
+            (1, 1.5, Decimal("1.25"), 10, False),
+            (2, 1e300, Decimal("1234567890.12"), 11, False),
+            (3, 3.5, Decimal("3.25"), 10, False),
+            (4, None, None, 12, True),
+            (5, 5.5, Decimal("5.25"), 10, False),
+            (6, 6.5, Decimal("6.25"), 10, False),
+            (5_000_000_000, 2.5, Decimal("9999999999.99"), 12, False),
+        ]
+    )
+    assert _widened_rows(spark, path) == expected
+    from deltalake import DeltaTable
+
+    table = DeltaTable(path).to_pyarrow_table()
+    assert sorted(zip(*[table.column(c).to_pylist() for c in WIDE_COLUMNS])) == expected
+    assert delta_merge.merge_widening(batch, path, ("id",), {"m": 1}, "app", 7) == version  # a replay
+    assert delta_commit.newest_version(path) == version
+    later = spark.createDataFrame([(5_000_000_000, 3.5, Decimal("1.00"), 13, False)], wide)
+    delta_merge.merge_newer(later, path, ("id",), {}, "app", 8)  # the own MERGE again, on the wider types
+    assert (5_000_000_000, 3.5, Decimal("1.00"), 13, False) in _widened_rows(spark, path)
+
+
+def test_a_table_with_type_widening_enabled_widens_in_delta_merge_which_delta_rs_cannot_read(
+    small_delta_jobs, tmp_path
+):
+    """The owner's opt-in: Delta's MERGE widens in place (metadata only: ``typeWidening`` in the protocol,
+    ``delta.typeChanges`` on the field); Spark reads it, delta-rs 1.6.6 refuses the reader feature (so the
+    default is the rewrite, docs/schema-changes.md)."""
+    spark = small_delta_jobs
+    path = str(tmp_path / "t")
+    spark.createDataFrame([(1, 10, False)], "id INT, _eo_version BIGINT, _eo_deleted BOOLEAN").write.format(
+        "delta"
+    ).option("delta.enableTypeWidening", "true").save(path)
+    batch = spark.createDataFrame([(5_000_000_000, 11, False)], "id BIGINT, _eo_version BIGINT, _eo_deleted BOOLEAN")
+    state = delta_log.table_state(path)
+    widened = delta_merge.widened_columns(json.loads(state.metadata["schemaString"]), batch.schema)
+    assert widened == {"id": ("integer", "long")} and delta_merge.widens_in_place(state, widened)
+    delta_commit.merge_with_marker(
+        batch, path, "t.id = s.id", {"m": 1}, "app", 0, update_when="s._eo_version > t._eo_version", evolve_schema=True
+    )
+    after = delta_log.table_state(path)
+    assert "typeWidening" in after.protocol["readerFeatures"]
+    (field,) = [f for f in json.loads(after.metadata["schemaString"])["fields"] if f["name"] == "id"]
+    assert field["type"] == "long" and field["metadata"]["delta.typeChanges"] == [
+        {"fromType": "integer", "toType": "long"}
+    ]
+    assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == [1, 5_000_000_000]
+    from deltalake import DeltaTable
+
+    with pytest.raises(Exception, match="typeWidening|TypeWidening"):
+        DeltaTable(path).to_pyarrow_table()
