@@ -17,7 +17,7 @@ from exactly_once_provider.source.binlog import GtidNotInBinlogError, replica_se
 from exactly_once_provider.source.retention import headroom
 from exactly_once_provider.storage import is_s3
 from exactly_once_provider.storage.s3 import S3Settings
-from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger, measure_lag
+from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger, measure_lag, sink_locations
 
 
 class ConsumerLagSensor(BaseSensorOperator):
@@ -34,7 +34,9 @@ class ConsumerLagSensor(BaseSensorOperator):
     :param topics: the topics the reader consumes.
     :param max_lag: the highest acceptable lag (records, transaction markers included).
     :param sink: ``delta``, ``postgres`` or ``files``; None with ``consumer_group``.
-    :param sink_location: the sink's path (delta/files) or table (postgres).
+    :param sink_location: the sink's path (delta/files) or table (postgres); or a list of them when one reader
+        commits each table's offsets in its own sink (one streaming query over several tables: the lag is the
+        sum over the tables).
     :param sink_pipeline: the Spark job's pipeline name.
     :param consumer_group: a consumer group instead of a sink.
     :param kafka_config_id: the ``kafka`` connection.
@@ -52,7 +54,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         topics: str | Sequence[str],
         max_lag: int | str,
         sink: str | None = None,
-        sink_location: str | None = None,
+        sink_location: str | Sequence[str] | None = None,
         sink_pipeline: str | None = None,
         consumer_group: str | None = None,
         kafka_config_id: str = "kafka_default",
@@ -90,7 +92,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         connect = s3 = None
         if self.sink == "postgres":
             connect = connect_kwargs(self.postgres_conn_id)
-        elif self.sink in ("files", "delta") and is_s3(self.sink_location or ""):
+        elif self.sink in ("files", "delta") and any(is_s3(loc) for loc in sink_locations(self.sink_location)):
             s3 = S3Settings.from_connection(self.aws_conn_id)
         return measure_lag(
             checked_kafka_config(self.kafka_config_id),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +35,23 @@ DELTA_READERS = ("auto", "spark", "delta-rs")
 # Spark application to start (at 1M rows 9.9 s against 24.4 s through Spark, docs/benchmarks.md), and the
 # keys and hashes it holds in memory stay small. A whole database's first reconciliations then start no Spark.
 DELTA_RS_MAX_ROWS = 1_000_000
+# What each entry of ``tables`` may set: the arguments that differ from one table to the next.
+PER_TABLE = frozenset(
+    {
+        "name",
+        "table",
+        "key_column",
+        "columns",
+        "sink_path",
+        "sink_table",
+        "sink_key_column",
+        "source_filter",
+        "sink_filter",
+        "base_path",
+        "topics",
+        "full_load_path",
+    }
+)
 
 
 class ReconciliationMismatch(AirflowException):
@@ -58,6 +77,15 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
     :param name: the reconciliation's name in the result table (usually the pipeline).
     :param table: the source table, ``table`` or ``schema.table``.
+    :param tables: several tables in this one task instead of ``name`` and ``table``: a list of mappings of the
+        arguments that differ per table (``name``, ``table``, ``key_column``, ``columns``, ``sink_path`` or
+        ``sink_table``, ``topics``, ``full_load_path``...; :data:`PER_TABLE`), the other arguments shared. Each
+        table is compared in turn (a Delta table of up to :data:`DELTA_RS_MAX_ROWS` rows in the task, a larger
+        one in its own Spark application) and stored under its own ``name``; the task logs one line per table
+        and fails after the last one if any differs (or could not be compared), naming them. XCom:
+        ``{"tables": {name: result}}``.
+    :param full_scope_tables: tables (``schema.table`` or bare names; a list or its JSON text) compared in full
+        whatever ``scope`` says, e.g. the tables a full load loaded in this run.
     :param sink: ``delta`` or ``postgres``.
     :param sink_path: the Delta table (``delta``).
     :param sink_table: the PostgreSQL table (``postgres``).
@@ -111,6 +139,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     template_fields: Sequence[str] = (
         "name",
         "table",
+        "tables",
+        "full_scope_tables",
         "sink_path",
         "sink_table",
         "source_filter",
@@ -130,9 +160,11 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     def __init__(
         self,
         *,
-        name: str,
-        table: str,
+        name: str | None = None,
+        table: str | None = None,
         sink: str,
+        tables: Sequence[Mapping[str, Any]] | None = None,
+        full_scope_tables: Sequence[str] | str | None = None,
         sink_path: str | None = None,
         sink_table: str | None = None,
         key_column: str | Sequence[str] | None = None,
@@ -196,11 +228,14 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.mysql_conn_id, self.postgres_conn_id, self.spark_conn_id = mysql_conn_id, postgres_conn_id, spark_conn_id
         self.kafka_config_id, self.offsets_topic, self.spark_conf = kafka_config_id, offsets_topic, spark_conf or {}
         self.aws_conn_id = aws_conn_id
+        self.tables, self.full_scope_tables = tables, full_scope_tables
+        self._views: list[ReconcileOperator] | None = None
 
     @property
-    def status_pipeline(self) -> str:
-        """The pipeline whose flow card shows this reconciliation (its results are stored under ``name``)."""
-        return self.name
+    def status_pipeline(self) -> str | None:
+        """The pipeline whose flow card shows this reconciliation (its results are stored under ``name``; several
+        tables: the capture's flow, which holds them all)."""
+        return self.name if self.tables is None else self.capture_pipeline
 
     # ------------------------------------------------------------------------------------------ checks
     def _sink_spec(self) -> sides.SinkSpec:
@@ -415,7 +450,78 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             rows += int(json.loads(add["stats"])["numRecords"])
         return rows
 
+    # ------------------------------------------------------------------------------------------ several tables
+    def table_views(self) -> list[ReconcileOperator]:
+        """Return one one-table view of this operator per entry of ``tables`` (itself without ``tables``)."""
+        if self.tables is None:
+            if not (self.name and self.table):
+                raise ValueError("Name the reconciliation and its table (name=, table=), or several with tables=[...].")
+            return [self]
+        if self.table is not None or isinstance(self.tables, (str, Mapping)) or not self.tables:
+            raise ValueError("Pass table= (with name=) or tables=[{name, table, ...}, ...], not both.")
+        if self._views is None:
+            views = []
+            for entry in self.tables:
+                unknown = sorted(set(entry) - PER_TABLE)
+                if unknown or not entry.get("name") or not entry.get("table"):
+                    raise ValueError(
+                        f"tables: {dict(entry)!r}: each entry names its name and table, and only arguments of "
+                        f"one table ({sorted(PER_TABLE)}); not {unknown}."
+                    )
+                view = copy.copy(self)
+                view.tables, view._views, view._s3, view.openlineage_result = None, None, None, None
+                for key, value in entry.items():
+                    setattr(view, key, value)
+                views.append(view)
+            names = [v.name for v in views]
+            if len(set(names)) != len(names):
+                raise ValueError(f"tables: the names {names} must differ (each table's result is stored by its name).")
+            self._views = views
+        return self._views
+
+    def _in_full_scope(self) -> bool:
+        """Return whether ``full_scope_tables`` names this table (qualified or bare)."""
+        value = self.full_scope_tables
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip() else []
+        named = set(value or ())
+        return self.table in named or self.table.rpartition(".")[2] in named
+
+    def _execute_tables(self, context: Any) -> dict:
+        """Compare each table of ``tables`` in turn; fail after the last one if any differs or failed."""
+        views = self.table_views()
+        results_by_name: dict[str, dict] = {}
+        failed: dict[str, str] = {}
+        for number, view in enumerate(views, 1):
+            started = time.monotonic()
+            self.log.info("reconciliation %d of %d: %s (%s)", number, len(views), view.name, view.table)
+            try:
+                results_by_name[view.name] = view.execute_one(context)
+            except Exception as err:  # every table is compared; the task fails below, naming each failure
+                failed[view.name] = f"{type(err).__name__}: {err}"
+                self.log.error("reconciliation %s failed: %s", view.name, failed[view.name])
+            view.seconds = round(time.monotonic() - started, 1)
+        self.openlineage_result = {"tables": results_by_name}
+        self.log.info("\n%s", _tables_summary(views, results_by_name, failed))
+        if failed:
+            error = ReconciliationMismatch if all("ReconciliationMismatch" in e for e in failed.values()) else None
+            message = f"{len(failed)} of {len(views)} tables failed their reconciliation: " + "; ".join(
+                f"{name}: {why[:500]}" for name, why in failed.items()
+            )
+            raise (error or AirflowException)(message)
+        return {"tables": results_by_name}
+
     def execute(self, context: Any) -> dict:
+        if self.tables is not None:
+            return self._execute_tables(context)
+        self.table_views()  # name and table are given
+        return self.execute_one(context)
+
+    def execute_one(self, context: Any) -> dict:
+        """Compare one table (this operator's ``table``, or one view's of ``tables``)."""
+        if self.scope != "full" and self.full_scope_tables and self._in_full_scope():
+            self.log.info("%s is compared in full (full_scope_tables: e.g. loaded in this run)", self.table)
+            self.scope = "full"
         spec = self._sink_spec()
         if self._s3_settings() is not None:  # every read of the sink's log in this task goes through them
             from exactly_once_provider.storage.s3 import register_settings
@@ -637,6 +743,13 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
     def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
         """The source table and the sink in (the full load too for CDC); the stored result row out."""
+        if self.tables is not None:  # each table's own datasets
+            inputs, outputs = [], []
+            for view in self.table_views():
+                found = view.openlineage_datasets((result or {}).get("tables", {}).get(view.name))
+                inputs.extend(found[0])
+                outputs.extend(found[1])
+            return inputs, outputs
         inputs = [facets.input_dataset(lineage.mysql_table_of(self.mysql_conn_id, self.table))]
         if self.sink == "postgres":
             inputs.append(facets.input_dataset(lineage.postgres_table_of(self.postgres_conn_id, self.sink_table)))
@@ -697,3 +810,23 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 "apply first. Comparing now would report changes still in Kafka as mismatches."
             )
         return captured
+
+
+def _tables_summary(views: list[ReconcileOperator], done: dict[str, dict], failed: dict[str, str]) -> str:
+    """Return one line per table of a several-table reconciliation: what a user looks at first."""
+    header = f"{'name':<36} {'result':<9} {'scope':<8} {'source rows':>12} {'mismatches':>10} {'in flight':>9} {'s':>6}"
+    lines = [header, "-" * len(header)]
+    for view in views:
+        found = done.get(view.name) or view.openlineage_result  # a mismatch: its stored summary
+        if found is None:
+            result, scope, rows, mismatches, in_flight = "FAILED", "", "", "", ""
+        else:
+            result = "CLEAN" if found["clean"] else "MISMATCH"
+            scope = ((found.get("position") or {}).get("scope") or {}).get("kind", "")
+            rows, in_flight = found["source_rows"], found["in_flight"]
+            mismatches = sum(found[kind] for kind in engine.MISMATCH_KINDS)
+        lines.append(
+            f"{view.name[:36]:<36} {result:<9} {scope:<8} {rows:>12} {mismatches:>10} {in_flight:>9} "
+            f"{getattr(view, 'seconds', ''):>6}"
+        )
+    return "\n".join(lines)

@@ -221,12 +221,14 @@ def add_dags(found: Discovery, dags: Iterable[Any], newest_xcom: NewestXCom | No
                     for location in [path.replace("{table}", t) for t in tables] if tables else [path]:
                         loads.add(_delta_table(location, task, params))
                     continue
-                if kind in RECONCILERS:  # its result row is named like the pipeline it checks
-                    spec = found.pipeline(render(task.name, params), "dag")
-                    spec.dag_ids.add(dag.dag_id)
-                    spec.result_conn_ids.add(
-                        render(getattr(task, "postgres_conn_id", None) or "postgres_default", params)
-                    )
+                if kind in RECONCILERS:  # its result rows are named like the pipelines (or tables) it checks
+                    several = render(getattr(task, "tables", None), params)
+                    for name in [e["name"] for e in several] if several else [task.name]:
+                        spec = found.pipeline(render(name, params), "dag")
+                        spec.dag_ids.add(dag.dag_id)
+                        spec.result_conn_ids.add(
+                            render(getattr(task, "postgres_conn_id", None) or "postgres_default", params)
+                        )
                     continue
                 spec = found.pipeline(render(task.pipeline, params), "dag")
                 spec.dag_ids.add(dag.dag_id)

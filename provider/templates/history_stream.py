@@ -228,14 +228,12 @@ def history_stream_dag(
     checkpoint = checkpoint_location.replace(TABLE, ALL_TABLES)
     for n in [EXAMPLE_TABLE] if matched else names:  # matched tables: the locations' form, checked on a stand-in
         FullLoadRequest(schema=schema, table=n, sink_path=path_of(n), staging_path=staging_of(n)).validate()
-    suffix = {n: f"_{n}" if several else "" for n in names}  # task ids: one table keeps its historic ones
     continuous = mode == "continuous"
     apply_pipeline = f"{pipeline}-apply"
 
     # [START howto_template_per_table]
     def per_table(name: str) -> dict[str, Any]:
-        """Return what each task needs of table ``name``: ONE rule for tables named here and tables matched at
-        run time (the preflight returns these for the matched ones)."""
+        """Return what the tasks need of table ``name``."""
         topic, path = f"{pipeline}.{schema}.{name}", path_of(name)  # the capture's default topic template
         checked = {
             "table": f"{schema}.{name}",
@@ -245,10 +243,9 @@ def history_stream_dag(
             "full_load_path": path,
         }
         found = {
-            "capture_table": f"{schema}.{name}",
-            "full_load_path": path,
+            "topic": topic,
+            "path": path,
             "stream": {"topics": [topic], "sink_path": path},
-            "lag_gate": {"topics": [topic], "sink_location": path},
             "reconcile": {**checked, "name": f"{pipeline}.{name}" if several else pipeline, "sink_path": path},
         }
         if postgres_table is not None:
@@ -259,6 +256,24 @@ def history_stream_dag(
                 "name": f"{pipeline}.{name}.postgres" if several else f"{pipeline}.postgres",
                 "sink_table": sink_table,
             }
+        return found
+
+    def for_tasks(current: list[str]) -> dict[str, Any]:
+        """Return what the tasks take of the tables ``current``: ONE rule for tables named here and tables matched
+        at run time (the preflight pushes these as XComs for the matched ones)."""
+        tasks = [per_table(n) for n in current]
+        found = {
+            "tables": current,
+            "capture_tables": [f"{schema}.{n}" for n in current],
+            "full_load_paths": {f"{schema}.{n}": t["path"] for n, t in zip(current, tasks, strict=True)},
+            "topics": [t["topic"] for t in tasks],
+            "paths": [t["path"] for t in tasks],
+            "streams": [t["stream"] for t in tasks],
+            "reconciles": [t["reconcile"] for t in tasks],
+        }
+        if postgres_table is not None:
+            found["pg_streams"] = [t["pg_stream"] for t in tasks]
+            found["reconciles_postgres"] = [t["reconcile_postgres"] for t in tasks]
         return found
 
     # [END howto_template_per_table]
@@ -296,7 +311,7 @@ def history_stream_dag(
     ) as dag:
 
         @task
-        def preflight(ti: Any = None) -> dict | list[dict]:
+        def preflight(ti: Any = None) -> dict:
             """Check the server and table are fit for a full load and a binlog capture, S3 locations usable, and
             the Kafka and PostgreSQL connections accepted: a refused endpoint fails here, before anything is
             written. Tables by pattern: resolve them first, and return what each task needs of them."""
@@ -345,19 +360,10 @@ def history_stream_dag(
             print(f"preflight ok: Kafka connection {kafka_config_id!r}, topics {topics!r} described")
             postgres_connection(postgres_conn_id).close()
             print(f"preflight ok: PostgreSQL connection {postgres_conn_id!r}")
-            if not matched:
-                return found if several else found[table]
-            # Tables by pattern: what the tasks take from this XCom. The mapped tasks map over the return value
-            # (Airflow maps only over it), the others read a key each.
-            tasks = [per_table(n) for n in current]
-            for key, value in {
-                "tables": current,
-                "found": found,
-                "full_load_paths": {t["capture_table"]: t["full_load_path"] for t in tasks},
-                **{key: [t[key] for t in tasks] for key in ("capture_table", "stream", "pg_stream") if key in tasks[0]},
-            }.items():
-                ti.xcom_push(key=key, value=value)
-            return tasks
+            if matched:  # the tasks take the tables from these XComs
+                for key, value in for_tasks(current).items():
+                    ti.xcom_push(key=key, value=value)
+            return found if several else found[table]
 
         @task.branch
         def choose_load(params: dict | None = None, ti: Any = None) -> str | list[str]:
@@ -384,14 +390,11 @@ def history_stream_dag(
             return ["full_load"] + (["retention_guard"] if len(unloaded) < len(current) else [])
 
         checks = preflight()
-        named = {} if matched else {n: per_table(n) for n in names}
+        named = None if matched else for_tasks(names)
 
         def each(key: str) -> Any:
-            """Return what the tasks need of every table: the preflight's XCom for matched tables."""
-            return checks[key] if matched else [named[n][key] for n in names]
-
-        followed = checks["tables"] if matched else names
-        full_load_paths = checks["full_load_paths"] if matched else {f"{schema}.{n}": path_of(n) for n in names}
+            """Return what a task takes of every table (``for_tasks``): the preflight's XCom for matched tables."""
+            return checks[key] if matched else named[key]
 
         # Tables matched at run time are not known here: their lineage is reported per table by each task.
         assets = {
@@ -403,7 +406,7 @@ def history_stream_dag(
         # [START howto_operator_full_load]
         full_load = MySqlFullLoadOperator(
             task_id="full_load",
-            **({"tables": followed} if several else {"table": table}),  # several: one Spark application
+            **({"tables": each("tables")} if several else {"table": table}),  # several: one Spark application
             schema=schema,
             sink_path=table_path,
             staging_path=staging_path,
@@ -432,9 +435,9 @@ def history_stream_dag(
         # [START howto_operator_binlog_capture]
         capture = BinlogCaptureOperator(
             task_id="capture",
-            tables=each("capture_table"),
+            tables=each("capture_tables"),
             pipeline=pipeline,
-            full_load_paths=full_load_paths,
+            full_load_paths=each("full_load_paths"),
             mode=mode if continuous else "bounded",
             max_runtime=seconds if continuous else None,
             source_partition=CAPTURE_SOURCE_PARTITION,
@@ -447,7 +450,7 @@ def history_stream_dag(
         )
         # [END howto_operator_binlog_capture]
         # Several tables: one Spark application, ONE query split per table into each current table.
-        where = {"streams": each("stream")} if several else dict(named[table]["stream"])
+        where = {"streams": each("streams")} if several else per_table(table)["stream"]
         # [START howto_operator_spark_kafka_to_sink_current]
         apply = SparkKafkaToSinkOperator(
             task_id="apply",
@@ -470,7 +473,7 @@ def history_stream_dag(
         # [END howto_operator_spark_kafka_to_sink_current]
         apply_postgres = None
         if postgres_table is not None:  # the same changes into the typed PostgreSQL table built from the full load
-            pg_where = {"streams": each("pg_stream")} if several else dict(named[table]["pg_stream"])
+            pg_where = {"streams": each("pg_streams")} if several else per_table(table)["pg_stream"]
             apply_postgres = SparkKafkaToSinkOperator(
                 task_id="apply_postgres",
                 pipeline=f"{pipeline}-apply-postgres",
@@ -509,106 +512,81 @@ def history_stream_dag(
         )
         # Whether this run loaded the table: the full load's own XCom (it mirrors the handoff positions) exists only if
         # it ran. Not choose_load's answer: when a branch skips tasks, Airflow 3's SkipMixin raises
-        # DownstreamTasksSkipped out of execute(), so the branch's return value never reaches XCom. ``task.table`` is
-        # ``schema.table`` of the reconcile task rendering it (a mapped one's own).
+        # DownstreamTasksSkipped out of execute(), so the branch's return value never reaches XCom. Several tables:
+        # the tables it loaded (compared in full, the others by scope).
         loaded_now = (
-            f"(ti.xcom_pull(task_ids='full_load') and "
-            f"task.table[{len(schema) + 1}:] in ti.xcom_pull(task_ids='full_load')['tables'])"
+            "{{ ((ti.xcom_pull(task_ids='full_load') or {}).get('tables') or {}) | list | tojson }}"
             if several
             else "ti.xcom_pull(task_ids='full_load') is not none"
         )
         reconcile_scope = (
             "{{ 'full' if params.full_reload or params.full_reconcile or "
-            + loaded_now
+            + ("false" if several else loaded_now)
             + " or ("
             + on_schedule
             + ") else 'changed' }}"
         )
+        # Several tables: ONE lag gate (the apply's lag over all their topics) and ONE reconciliation task.
+        one = per_table(table) if not several else None
         # [START howto_sensor_consumer_lag]
-        gate_settings = {
-            "max_lag": max_lag,
-            "sink": "delta",
-            "sink_pipeline": apply_pipeline,
-            "missing_topics_ok": True,
-            "kafka_config_id": kafka_config_id,
-            "aws_conn_id": aws_conn_id,
-            "timeout": 3600,
-            "trigger_rule": "none_failed_min_one_success",
-        }
+        lag_gate = ConsumerLagSensor(
+            task_id="lag_gate",
+            topics=each("topics") if several else [one["topic"]],
+            max_lag=max_lag,
+            sink="delta",
+            sink_location=each("paths") if several else one["path"],  # several: their lags add up
+            sink_pipeline=apply_pipeline,
+            missing_topics_ok=True,
+            kafka_config_id=kafka_config_id,
+            aws_conn_id=aws_conn_id,
+            timeout=3600,
+            trigger_rule="none_failed_min_one_success",
+        )
         # [END howto_sensor_consumer_lag]
         # [START howto_operator_reconcile_current]
-        reconcile_settings = {
-            "sink_deleted_column": DELETED_COLUMN,
-            "capture_pipeline": pipeline,
-            "capture_source_partition": CAPTURE_SOURCE_PARTITION,
-            "scope": reconcile_scope,
-            "mysql_conn_id": mysql_conn_id,
-            "postgres_conn_id": postgres_conn_id,
-            "kafka_config_id": kafka_config_id,
-            "aws_conn_id": aws_conn_id,
-        }
-        delta_settings = {"sink": "delta", "sink_pipeline": apply_pipeline, "spark_conn_id": spark_conn_id}
+        reconcile = ReconcileOperator(
+            task_id="reconcile",
+            **({"tables": each("reconciles")} if several else one["reconcile"]),  # name, table, key_column...
+            sink="delta",
+            sink_deleted_column=DELETED_COLUMN,
+            capture_pipeline=pipeline,
+            capture_source_partition=CAPTURE_SOURCE_PARTITION,
+            sink_pipeline=apply_pipeline,
+            scope=reconcile_scope,
+            full_scope_tables=loaded_now if several else None,
+            mysql_conn_id=mysql_conn_id,
+            postgres_conn_id=postgres_conn_id,
+            spark_conn_id=spark_conn_id,
+            kafka_config_id=kafka_config_id,
+            aws_conn_id=aws_conn_id,
+            spark_conf=spark_conf,
+        )
         # [END howto_operator_reconcile_current]
-        # [START howto_operator_reconcile_current_postgres]
-        postgres_settings = {"sink": "postgres", "sink_pipeline": f"{pipeline}-apply-postgres"}
-        # [END howto_operator_reconcile_current_postgres]
-        if matched:  # one mapped task instance per table the preflight matched, named by it in the UI
-            gates = ConsumerLagSensor.partial(
-                task_id="lag_gate", map_index_template="{{ task.topics[0] }}", **gate_settings
-            ).expand_kwargs(checks.map(_lag_gate_of))
-            reconciles = ReconcileOperator.partial(
-                task_id="reconcile",
-                map_index_template="{{ task.table }}",
-                spark_conf=spark_conf,
-                **delta_settings,
-                **reconcile_settings,
-            ).expand_kwargs(checks.map(_reconcile_of))
-            loaded >> gates >> capture
-            apply >> reconciles
-            if apply_postgres is not None:
-                apply_postgres >> ReconcileOperator.partial(
-                    task_id="reconcile_postgres",
-                    map_index_template="{{ task.table }}",
-                    **postgres_settings,
-                    **reconcile_settings,
-                ).expand_kwargs(checks.map(_reconcile_postgres_of))
-        for name in names if not matched else ():
-            lag_gate = ConsumerLagSensor(task_id=f"lag_gate{suffix[name]}", **named[name]["lag_gate"], **gate_settings)
-            reconcile = ReconcileOperator(
-                task_id=f"reconcile{suffix[name]}",
-                **named[name]["reconcile"],
-                **delta_settings,
-                **reconcile_settings,
-                spark_conf=spark_conf,
+        loaded >> lag_gate >> capture
+        apply >> reconcile
+        if apply_postgres is not None:
+            # [START howto_operator_reconcile_current_postgres]
+            reconcile_postgres = ReconcileOperator(
+                task_id="reconcile_postgres",
+                **({"tables": each("reconciles_postgres")} if several else one["reconcile_postgres"]),
+                sink="postgres",
+                sink_deleted_column=DELETED_COLUMN,
+                capture_pipeline=pipeline,
+                capture_source_partition=CAPTURE_SOURCE_PARTITION,
+                sink_pipeline=f"{pipeline}-apply-postgres",
+                scope=reconcile_scope,
+                full_scope_tables=loaded_now if several else None,
+                mysql_conn_id=mysql_conn_id,
+                postgres_conn_id=postgres_conn_id,
+                kafka_config_id=kafka_config_id,
+                aws_conn_id=aws_conn_id,
             )
-            loaded >> lag_gate >> capture
-            apply >> reconcile
-            if apply_postgres is not None:
-                reconcile_postgres = ReconcileOperator(
-                    task_id=f"reconcile_postgres{suffix[name]}",
-                    **named[name]["reconcile_postgres"],
-                    **postgres_settings,
-                    **reconcile_settings,
-                )
-                apply_postgres >> reconcile_postgres
+            # [END howto_operator_reconcile_current_postgres]
+            apply_postgres >> reconcile_postgres
         capture >> apply
         if apply_postgres is not None:
             apply >> apply_postgres  # one Spark application at a time on the workers
     return dag
-
-
-# What a mapped task takes of one matched table's entry in the preflight's XCom: plain module functions, since
-# Airflow serializes a map() callable by its source.
-def _lag_gate_of(table_tasks: dict) -> dict:
-    return table_tasks["lag_gate"]
-
-
-def _reconcile_of(table_tasks: dict) -> dict:
-    return table_tasks["reconcile"]
-
-
-def _reconcile_postgres_of(table_tasks: dict) -> dict:
-    return table_tasks["reconcile_postgres"]
 
 
 def _retry_policy(continuous: bool, retries: int | None, retry_delay: timedelta | None) -> dict[str, object]:

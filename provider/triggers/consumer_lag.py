@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -12,11 +12,16 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from exactly_once_provider.kafka.lag import Lag, group_offsets, sink_offsets, stable_end_offsets
 
 
+def sink_locations(value: str | Sequence[str] | None) -> list[str]:
+    """Return the sink locations a lag is measured at: one, or each table's of several tables' one reader."""
+    return [] if not value else [value] if isinstance(value, str) else list(value)
+
+
 def measure_lag(
     client_config: dict[str, Any],
     topics: list[str],
     sink: str | None = None,
-    sink_location: str | None = None,
+    sink_location: str | Sequence[str] | None = None,
     sink_pipeline: str | None = None,
     consumer_group: str | None = None,
     postgres_connect: dict | None = None,
@@ -29,7 +34,8 @@ def measure_lag(
         (:func:`~exactly_once_provider.connections.kafka_client_config`).
     :param topics: the topics the reader consumes.
     :param sink: ``delta``, ``postgres`` or ``files`` (with ``sink_location`` and ``sink_pipeline``).
-    :param sink_location: the sink's path or table.
+    :param sink_location: the sink's path or table; or a list of them, one per table, when one reader (one
+        streaming query over several tables' topics) commits each table's offsets in its own sink.
     :param sink_pipeline: the Spark job's pipeline name.
     :param consumer_group: a consumer group instead of a sink.
     :param postgres_connect: psycopg2 connection arguments for a ``postgres`` sink.
@@ -42,7 +48,10 @@ def measure_lag(
     if consumer_group:
         committed = group_offsets(client_config, consumer_group, topics)
     else:
-        committed = sink_offsets(sink or "", sink_location or "", sink_pipeline or "", postgres_connect, s3)
+        committed = {}
+        for location in sink_locations(sink_location) or [""]:
+            for topic, parts in sink_offsets(sink or "", location, sink_pipeline or "", postgres_connect, s3).items():
+                committed.setdefault(topic, {}).update(parts)
     return Lag(end, committed)
 
 
@@ -57,7 +66,7 @@ class ConsumerLagTrigger(BaseTrigger):
     :param topics: the topics.
     :param max_lag: fire when the total lag is at or below this.
     :param sink: ``delta``, ``postgres`` or ``files``; or None with ``consumer_group``.
-    :param sink_location: the sink's path or table.
+    :param sink_location: the sink's path or table, or a list of them (see :func:`measure_lag`).
     :param sink_pipeline: the Spark job's pipeline name.
     :param consumer_group: a consumer group instead of a sink.
     :param postgres_conn_id: ``postgres`` sink: the connection, resolved in the triggerer.
@@ -72,7 +81,7 @@ class ConsumerLagTrigger(BaseTrigger):
         topics: list[str],
         max_lag: int,
         sink: str | None = None,
-        sink_location: str | None = None,
+        sink_location: str | Sequence[str] | None = None,
         sink_pipeline: str | None = None,
         consumer_group: str | None = None,
         postgres_conn_id: str | None = None,
@@ -116,7 +125,7 @@ class ConsumerLagTrigger(BaseTrigger):
         connect = s3 = None
         if self.sink == "postgres":
             connect = await sync_to_async(connect_kwargs)(self.postgres_conn_id or "postgres_default")
-        elif self.sink in ("files", "delta") and is_s3(self.sink_location or ""):
+        elif self.sink in ("files", "delta") and any(is_s3(loc) for loc in sink_locations(self.sink_location)):
             s3 = await sync_to_async(S3Settings.from_connection)(self.aws_conn_id or "aws_default")
         return kafka, connect, s3
 

@@ -185,9 +185,10 @@ def test_tables_matched_at_run_time_are_the_newest_runs_and_unknown_before_the_f
     assert "known after the first run" in " ".join(before.unresolved)
     newest = {
         ("db", "preflight", "tables"): ["orders", "outbox"],
-        ("db", "preflight", "capture_table"): ["shop.orders", "shop.outbox"],
+        ("db", "preflight", "capture_tables"): ["shop.orders", "shop.outbox"],
         ("db", "preflight", "full_load_paths"): {"shop.orders": "/data/orders", "shop.outbox": "/data/outbox"},
-        ("db", "preflight", "stream"): [
+        ("db", "preflight", "reconciles"): [{"name": "p.orders"}, {"name": "p.outbox"}],
+        ("db", "preflight", "streams"): [
             {"topics": ["p.shop.orders"], "sink_path": "/data/orders"},
             {"topics": ["p.shop.outbox"], "sink_path": "/data/outbox"},
         ],
@@ -198,5 +199,5 @@ def test_tables_matched_at_run_time_are_the_newest_runs_and_unknown_before_the_f
     assert capture.topics == apply.topics == {"p.shop.orders", "p.shop.outbox"}
     assert {s.location for s in apply.sinks} == {"/data/orders", "/data/outbox"}
     assert {s.location for s in capture.full_loads} == {"/data/orders", "/data/outbox"}
-    # A mapped reconciliation is named per table in its run: listed, not guessed.
-    assert [u.split(":")[0] for u in found.unresolved] == ["db.reconcile"]
+    assert not found.unresolved
+    assert found.pipelines["p.outbox"].dag_ids == {"db"}  # each table's reconciliation results

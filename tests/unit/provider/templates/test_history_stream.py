@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -70,6 +71,13 @@ def _scope(task, run_after: str, loaded: tuple[str, ...] = (), tables: tuple[str
     return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(task.scope).render(**context)
 
 
+def _loaded(task, tables: tuple[str, ...]) -> list[str]:
+    """Render the tables a several-table reconciliation compares in full: those the full load loaded in this run."""
+    xcom = {"tables": {t: {"chunks": 1} for t in tables}, "skipped": []} if tables else None
+    ti = SimpleNamespace(xcom_pull=lambda task_ids: xcom if task_ids == "full_load" else None)
+    return json.loads(jinja2.Environment().from_string(task.full_scope_tables).render(ti=ti))
+
+
 def test_increments_reconcile_the_changed_keys_and_the_whole_table_on_reloads_params_and_the_nightly_hour():
     task = _dag(every_minutes=5, full_reconcile_hour=0).get_task("reconcile")
     assert _scope(task, "2026-11-25T10:00:00Z") == "changed"
@@ -132,21 +140,22 @@ def test_several_tables_load_each_capture_once_apply_in_one_application_and_reco
     assert apply.topics is None and apply.sink_path is None and apply.mode == "current"
     assert apply.streams == [{"topics": [f"p.shop.{n}"], "sink_path": f"/data/{n}"} for n in names]
     assert apply.checkpoint_location == "/data/cp/_eo_all_tables"  # ONE query of all the tables
-    for n in names:
-        reconcile = dag.get_task(f"reconcile_{n}")
-        assert (reconcile.table, reconcile.sink_path, reconcile.name) == (f"shop.{n}", f"/data/{n}", f"p.{n}")
-        assert reconcile.upstream_task_ids == {"apply"}
-        assert dag.get_task(f"lag_gate_{n}").downstream_task_ids == {"capture"}
-    assert dag.get_task("reconcile_lines").key_column == ["a", "b"]
-    assert dag.get_task("reconcile_orders").key_column is None  # the table's own primary key
+    gate, reconcile = dag.get_task("lag_gate"), dag.get_task("reconcile")  # ONE of each for all the tables
+    assert (gate.topics, gate.sink_location) == ([f"p.shop.{n}" for n in names], [f"/data/{n}" for n in names])
+    assert gate.downstream_task_ids == {"capture"} and reconcile.upstream_task_ids == {"apply"}
+    assert [(t["table"], t["sink_path"], t["name"]) for t in reconcile.tables] == [
+        (f"shop.{n}", f"/data/{n}", f"p.{n}") for n in names
+    ]
+    assert [t["key_column"] for t in reconcile.tables] == [None, ["a", "b"], None]  # None: the primary key
+    assert [v.table for v in reconcile.table_views()] == [f"shop.{n}" for n in names]
     assert {o.uri for t in dag.tasks for o in t.outlets} == {f"file:///data/{n}" for n in names}
     full_load = dag.get_task("full_load")  # ONE Spark application loads the tables
     assert (full_load.tables, full_load.table, full_load.sink_path) == (list(names), None, "/data/{table}")
-    assert not any(t.startswith("full_load_") for t in dag.task_ids) and "reconcile" not in dag.task_ids
-    orders = dag.get_task("reconcile_orders")
-    assert _scope(orders, "2026-11-25T10:00:00Z") == "changed"
-    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("lines",)) == "changed"
-    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("lines", "orders")) == "full"
+    assert not any(t.startswith(("full_load_", "reconcile_", "lag_gate_")) for t in dag.task_ids)
+    assert _scope(reconcile, "2026-11-25T10:00:00Z") == "changed"
+    assert _scope(reconcile, "2026-11-25T00:03:00Z") == "full"  # the nightly hour: every table
+    # The tables the full load loaded in this run are compared in full, the others by scope.
+    assert _loaded(reconcile, ()) == [] and _loaded(reconcile, ("lines",)) == ["lines"]
     continuous = _tables_dag(mode="continuous")
     assert continuous.get_task("apply").upstream_task_ids == {"full_load", "retention_guard"}
 
@@ -236,8 +245,7 @@ def test_resnapshot_loads_only_the_named_tables_and_a_name_the_dag_does_not_foll
         choose(params={"full_reload": False, "resnapshot": ["shop"]})
     assert dag.get_task("full_load").reload_tables == "{{ params.resnapshot | tojson }}"
     assert dag.params["resnapshot"] == []
-    orders = dag.get_task("reconcile_lines")
-    assert _scope(orders, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("lines",)) == "full"
+    assert _loaded(dag.get_task("reconcile"), ("lines",)) == ["lines"]
 
 
 def _fake_preflight(monkeypatch, existing: list[str]) -> list[str]:
@@ -278,19 +286,16 @@ def test_tables_by_pattern_are_resolved_at_every_run_and_each_task_takes_them_fr
     dag = _tables_dag(tables=["orders*", "lines"], exclude_tables=["orders_tmp"], postgres_table="pg_{table}")
     checked = _fake_preflight(monkeypatch, ["lines", "orders", "orders_2026", "orders_tmp", "users"])
     out = {}
-    tasks = dag.get_task("preflight").python_callable(
+    found = dag.get_task("preflight").python_callable(
         ti=SimpleNamespace(xcom_push=lambda key, value: out.update({key: value}))
     )
-    assert out["tables"] == checked == ["lines", "orders", "orders_2026"]
+    assert out["tables"] == checked == list(found) == ["lines", "orders", "orders_2026"]
     assert out["full_load_paths"] == {f"shop.{n}": f"/data/{n}" for n in out["tables"]}
-    assert out["capture_table"] == ["shop.lines", "shop.orders", "shop.orders_2026"]
-    assert out["stream"][2] == {"topics": ["p.shop.orders_2026"], "sink_path": "/data/orders_2026"}
-    assert out["pg_stream"][0] == {"topics": ["p.shop.lines"], "sink_path": "/data/lines", "sink_table": "pg_lines"}
-    gate, reconcile = dag.get_task("lag_gate"), dag.get_task("reconcile")
-    assert [f(tasks[1]) for f in gate.expand_input.value.callables] == [
-        {"topics": ["p.shop.orders"], "sink_location": "/data/orders"}
-    ]
-    assert reconcile.expand_input.value.callables[0](tasks[0]) == {
+    assert out["capture_tables"] == ["shop.lines", "shop.orders", "shop.orders_2026"]
+    assert out["streams"][2] == {"topics": ["p.shop.orders_2026"], "sink_path": "/data/orders_2026"}
+    assert out["pg_streams"][0] == {"topics": ["p.shop.lines"], "sink_path": "/data/lines", "sink_table": "pg_lines"}
+    assert (out["topics"][1], out["paths"][1]) == ("p.shop.orders", "/data/orders")
+    assert out["reconciles"][0] == {
         "name": "p.lines",
         "table": "shop.lines",
         "key_column": ["a", "b"],  # the mapping by table applies to matched tables too
@@ -299,16 +304,24 @@ def test_tables_by_pattern_are_resolved_at_every_run_and_each_task_takes_them_fr
         "full_load_path": "/data/lines",
         "sink_path": "/data/lines",
     }
-    postgres = dag.get_task("reconcile_postgres").expand_input.value.callables[0](tasks[2])
-    assert postgres["sink_table"] == "pg_orders_2026" and postgres["name"] == "p.orders_2026.postgres"
+    assert out["reconciles_postgres"][2]["sink_table"] == "pg_orders_2026"
+    assert out["reconciles_postgres"][2]["name"] == "p.orders_2026.postgres"
     # The tasks take their tables from the preflight's XCom (the keys it pushes).
-    full_load, capture = dag.get_task("full_load"), dag.get_task("capture")
-    assert isinstance(full_load.tables, XComArg) and full_load.tables.key == "tables"
-    assert (capture.tables.key, capture.full_load_paths.key) == ("capture_table", "full_load_paths")
-    assert dag.get_task("apply").streams.key == "stream"
-    assert dag.get_task("apply_postgres").streams.key == "pg_stream"
-    assert gate.downstream_task_ids == {"capture"} and reconcile.upstream_task_ids == {"apply", "preflight"}
-    assert dag.get_task("reconcile_postgres").upstream_task_ids == {"apply_postgres", "preflight"}
+    keys = {
+        ("full_load", "tables"): "tables",
+        ("capture", "tables"): "capture_tables",
+        ("capture", "full_load_paths"): "full_load_paths",
+        ("apply", "streams"): "streams",
+        ("apply_postgres", "streams"): "pg_streams",
+        ("lag_gate", "topics"): "topics",
+        ("lag_gate", "sink_location"): "paths",
+        ("reconcile", "tables"): "reconciles",
+        ("reconcile_postgres", "tables"): "reconciles_postgres",
+    }
+    for (task_id, field), key in keys.items():
+        value = getattr(dag.get_task(task_id), field)
+        assert isinstance(value, XComArg) and value.key == key, (task_id, field)
+    assert dag.get_task("lag_gate").downstream_task_ids == {"capture"}
     assert not any(o for t in dag.tasks for o in getattr(t, "outlets", ()))  # matched tables: lineage per task run
     # choose_load: the tables the preflight matched, e.g. a table created since the last run has no full load.
     monkeypatch.setattr(handoff, "has_full_load", lambda path: path != "/data/orders_2026")
@@ -317,10 +330,6 @@ def test_tables_by_pattern_are_resolved_at_every_run_and_each_task_takes_them_fr
     assert choose(params={"full_reload": False, "resnapshot": []}, ti=ti) == ["full_load", "retention_guard"]
     with pytest.raises(ValueError, match=r"resnapshot names \['users'\]"):
         choose(params={"full_reload": False, "resnapshot": ["users"]}, ti=ti)
-    # The reconciliation scope of a mapped instance: its own table.
-    task = SimpleNamespace(table="shop.orders_2026", scope=reconcile.partial_kwargs["scope"])
-    assert _scope(task, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("orders_2026",)) == "full"
-    assert _scope(task, "2026-11-25T10:00:00Z", loaded=("full_load",), tables=("orders",)) == "changed"
 
 
 def test_tables_by_pattern_fail_the_preflight_when_nothing_matches(monkeypatch):

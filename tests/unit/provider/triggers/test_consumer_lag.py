@@ -91,3 +91,13 @@ def test_fires_when_lag_drops(monkeypatch):
 
     payload = asyncio.run(first())
     assert payload["status"] == "ok" and payload["lag"] == 5 and payload["detail"] == "t[0] 5"
+
+
+def test_the_lag_of_one_reader_over_several_tables_adds_up_their_sinks(monkeypatch):
+    ends = {"p.s.a": {0: 10, 1: 4}, "p.s.b": {0: 7}}
+    held = {"/lake/a": {"p.s.a": {0: 10, 1: 1}}, "/lake/b": {"p.s.b": {0: 2}}}
+    monkeypatch.setattr(consumer_lag, "stable_end_offsets", lambda config, topics, missing_ok: ends)
+    monkeypatch.setattr(consumer_lag, "sink_offsets", lambda sink, location, *args: held[location])
+    lag = consumer_lag.measure_lag({}, ["p.s.a", "p.s.b"], "delta", ["/lake/a", "/lake/b"], "p-apply")
+    assert (lag.total, lag.per_partition) == (8, {"p.s.a": {0: 0, 1: 3}, "p.s.b": {0: 5}})
+    assert consumer_lag.measure_lag({}, ["p.s.a"], "delta", "/lake/a", "p-apply").committed == held["/lake/a"]
