@@ -91,11 +91,14 @@ def as_converted(changes, fills: list) -> object:
     :param changes: the batch's changes (a Spark DataFrame of the current table's columns).
     :param fills: the fills of the schema changes this batch follows first.
     """
+    converted = [f for f in fills if f.source == f.column]
+    if not converted:  # the common case: nothing to plan
+        return changes
     from pyspark.sql import functions as F
 
     types = dict(changes.dtypes)
-    for fill in fills:
-        if fill.source == fill.column and types.get(fill.column) == "double":
+    for fill in converted:
+        if types.get(fill.column) == "double":
             value = F.col(quoted(fill.column))
             older = F.col(VERSION_COLUMN) < F.lit(fill.version)
             changes = changes.withColumn(

@@ -4,6 +4,7 @@ delta-rs) into a typed table once per load, and never replaces a table it did no
 
 from __future__ import annotations
 
+from decimal import Decimal
 from types import SimpleNamespace
 
 import psycopg2
@@ -184,3 +185,64 @@ def test_a_table_gone_or_renamed_after_changes_is_not_built_again_from_the_old_l
     assert _rows(schema, "SELECT to_regclass('orders_current'), to_regclass('orders_renamed')") == [(None, None)]
     _route(schema, "orders_current", "topic-a", _full_load(tmp_path, "load-b", 7))  # the full reload
     assert _rows(schema, "SELECT count(*) FROM orders_current") == [(7,)]
+
+
+class _WideChanges(_Changes):
+    """A batch after ``MODIFY id BIGINT, MODIFY amount DECIMAL(18,4)``: the key past INT, an amount past 10 digits."""
+
+    def __init__(self, ids: list[int], version: int) -> None:
+        self.table = pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "amount": pa.array(["12345678901234.5678"] * len(ids)).cast(pa.decimal128(18, 4)),
+                "note": pa.array([f"v{version}"] * len(ids), pa.string()),
+                "_eo_version": pa.array([version] * len(ids), pa.int64()),
+                "_eo_deleted": pa.array([False] * len(ids)),
+            }
+        )
+
+
+def test_a_widening_alters_the_column_types_in_the_batch_transaction_once(stack, schema, tmp_path, monkeypatch):
+    """INT -> BIGINT of the key and a larger DECIMAL: ``ALTER COLUMN ... TYPE`` in the batch's transaction; a batch
+    that fails after it leaves the old types, its retry widens once, a replay alters nothing."""
+    from exactly_once_provider import faults
+
+    load = _full_load(tmp_path, "load-a", 10)
+    sink = _route(schema, "wide_current", "topic-a", load)
+    sink.schema_state = dict(
+        sink.schema_state,
+        columns=[
+            Column("id", "bigint", "bigint(20)", 19, 0).to_json(),
+            Column("amount", "decimal", "decimal(18,4)", 18, 4).to_json(),
+            load.handoff.columns[2].to_json(),
+        ],
+        applied=150,
+    )
+    sink.schema_changed = True
+    types = "SELECT column_name, data_type, numeric_precision, numeric_scale FROM information_schema.columns"
+    types += " WHERE table_name = 'wide_current' AND column_name IN ('id', 'amount') ORDER BY 1"
+    batch = _WideChanges([1, 5_000_000_000], 201)
+    commit = BatchCommit("p", "ckpt", 0, {"topic-a": {0: 3}})
+
+    def killed(step: str) -> None:
+        raise RuntimeError(f"killed at {step}")
+
+    monkeypatch.setattr(faults, "fault_point", killed)
+    with pytest.raises(RuntimeError, match="current_schema_changed"):
+        sink.commit(batch, commit, None)
+    assert _rows(schema, types) == [("amount", "numeric", 12, 2), ("id", "integer", 32, 0)]
+    monkeypatch.undo()
+    assert sink.commit(batch, commit, None)
+    assert _rows(schema, types) == [("amount", "numeric", 18, 4), ("id", "bigint", 64, 0)]
+    assert _rows(
+        schema, "SELECT id, amount, _eo_version FROM wide_current WHERE id IN (1, 2, 5000000000) ORDER BY 1"
+    ) == [
+        (1, Decimal("12345678901234.5678"), 201),
+        (2, Decimal("2.5000"), 100),
+        (5_000_000_000, Decimal("12345678901234.5678"), 201),
+    ]
+    assert not sink.commit(batch, commit, sink.committed())  # a replay
+    sink.schema_changed = False  # the next batch: the table already holds the wider types
+    next_batch = BatchCommit("p", "ckpt", 1, {"topic-a": {0: 4}})
+    assert sink.commit(_WideChanges([5_000_000_000], 202), next_batch, sink.committed())
+    assert _rows(schema, "SELECT note FROM wide_current WHERE id = 5000000000") == [("v202",)]
