@@ -94,6 +94,7 @@ bench: stack-up  ## every benchmark, then the docs tables and docs/images/bench-
 	  --delta-commits 10,10000 --delta-s3-commits 10,1000 --postgres-rows 1000,100000; \
 	run freshness benchmarks/bench_freshness_dag.py --seconds 300 --warmup 30; \
 	run increment benchmarks/bench_increment.py --sizes 10000 --repeats 3; \
+	run wholedb benchmarks/bench_wholedb.py --repeats 1; \
 	$(PY) benchmarks/results_table.py >/dev/null || failed="$$failed docs-tables"; \
 	echo "[make] bench: $$(( $$(date +%s) - t0 ))s$${failed:+, failed:$$failed}"; [ -z "$$failed" ]
 
@@ -124,6 +125,9 @@ bench-freshness: stack-up  ## the continuous history -> stream template under a 
 
 bench-freshness-operators: stack-up  ## the same pipeline's operators outside Airflow (--tables N: one shared query vs one query per table)
 	$(PY) benchmarks/bench_freshness.py $(BENCH_ARGS)
+
+bench-wholedb: stack-up  ## the history -> stream template's first run under a real Airflow: 100 tables of mixed keys and skewed sizes (by pattern) vs one table, 2M rows each side (JSON in benchmarks/results/)
+	$(PY) benchmarks/bench_wholedb.py $(if $(BENCH_ROWS),--rows $(BENCH_ROWS))
 
 bench-increment: stack-up  ## one increment of 1,000 changes of the scheduled history -> stream template at 10k and 1M rows: changed-keys vs full reconciliation (JSON in benchmarks/results/)
 	$(PY) benchmarks/bench_increment.py $(BENCH_ARGS)

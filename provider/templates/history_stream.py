@@ -408,8 +408,8 @@ def history_stream_dag(
             task_id="full_load",
             **({"tables": each("tables")} if several else {"table": table}),  # several: one Spark application
             schema=schema,
-            sink_path=table_path,
-            staging_path=staging_path,
+            sink_path=table_path if several else path_of(table),  # several: the {table} placeholder
+            staging_path=staging_path if several else staging_of(table),
             chunk_rows=chunk_rows,
             full_reload="{{ params.full_reload }}",
             reload_tables="{{ params.resnapshot | tojson }}",
