@@ -72,6 +72,7 @@ class PipelineSpec:
     sources: set[str] = field(default_factory=set)  # source tables (schema.table) a producer reads
     full_loads: set[SinkSpec] = field(default_factory=set)  # Delta tables holding full-load handoff commits
     result_conn_ids: set[str] = field(default_factory=set)  # PostgreSQL connections holding eo_reconciliation
+    checked_topics: set[str] = field(default_factory=set)  # a reconciliation's: the card of the flow it checks
     found_in: set[str] = field(default_factory=set)  # "dag", "ledger", "postgres"
     source_partitions: set[str] = field(default_factory=set)  # ledger keys "<name>/<sp>" its producers write
 
@@ -223,9 +224,10 @@ def add_dags(found: Discovery, dags: Iterable[Any], newest_xcom: NewestXCom | No
                     continue
                 if kind in RECONCILERS:  # its result rows are named like the pipelines (or tables) it checks
                     several = render(getattr(task, "tables", None), params)
-                    for name in [e["name"] for e in several] if several else [task.name]:
-                        spec = found.pipeline(render(name, params), "dag")
+                    for entry in several or [{"name": task.name, "topics": getattr(task, "topics", None)}]:
+                        spec = found.pipeline(render(entry["name"], params), "dag")
                         spec.dag_ids.add(dag.dag_id)
+                        spec.checked_topics |= _topics([render(t, params) for t in entry.get("topics") or ()])
                         spec.result_conn_ids.add(
                             render(getattr(task, "postgres_conn_id", None) or "postgres_default", params)
                         )

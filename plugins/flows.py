@@ -74,7 +74,8 @@ class Flow:
 
 
 def group(statuses: list[PipelineStatus]) -> list[list[PipelineStatus]]:
-    """Join pipelines that share a topic; return the groups, producers (pipelines with sources) first."""
+    """Join pipelines that share a topic (a reconciliation: the topics it checks, so the tables of one database
+    are one card); return the groups, producers (pipelines with sources) first."""
     parent = list(range(len(statuses)))
 
     def root(i: int) -> int:
@@ -85,7 +86,7 @@ def group(statuses: list[PipelineStatus]) -> list[list[PipelineStatus]]:
 
     owner: dict[str, int] = {}
     for i, status in enumerate(statuses):
-        for topic in status.spec.topics:
+        for topic in status.spec.topics | status.spec.checked_topics:
             if topic in owner:
                 parent[root(i)] = root(owner[topic])
             else:

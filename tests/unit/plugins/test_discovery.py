@@ -187,7 +187,10 @@ def test_tables_matched_at_run_time_are_the_newest_runs_and_unknown_before_the_f
         ("db", "preflight", "tables"): ["orders", "outbox"],
         ("db", "preflight", "capture_tables"): ["shop.orders", "shop.outbox"],
         ("db", "preflight", "full_load_paths"): {"shop.orders": "/data/orders", "shop.outbox": "/data/outbox"},
-        ("db", "preflight", "reconciles"): [{"name": "p.orders"}, {"name": "p.outbox"}],
+        ("db", "preflight", "reconciles"): [
+            {"name": "p.orders", "topics": ["p.shop.orders"]},
+            {"name": "p.outbox", "topics": ["p.shop.outbox"]},
+        ],
         ("db", "preflight", "streams"): [
             {"topics": ["p.shop.orders"], "sink_path": "/data/orders"},
             {"topics": ["p.shop.outbox"], "sink_path": "/data/outbox"},
@@ -201,3 +204,4 @@ def test_tables_matched_at_run_time_are_the_newest_runs_and_unknown_before_the_f
     assert {s.location for s in capture.full_loads} == {"/data/orders", "/data/outbox"}
     assert not found.unresolved
     assert found.pipelines["p.outbox"].dag_ids == {"db"}  # each table's reconciliation results
+    assert found.pipelines["p.outbox"].checked_topics == {"p.shop.outbox"}  # on the card of its flow

@@ -32,6 +32,13 @@ def test_pipelines_sharing_a_topic_are_one_flow_producer_first():
     alone = _status("reconcile-only")
     flows = {tuple(s.spec.name for s in g) for g in group([apply, other, capture, alone])}
     assert flows == {("shop", "shop-apply"), ("settle",), ("reconcile-only",)}
+    # A database's tables: each table's reconciliation joins the card of the flow whose topic it checks.
+    tables = [_status(f"shop.t{i}") for i in range(3)]
+    for i, status in enumerate(tables):
+        status.spec.checked_topics = {f"shop.eo.t{i}"}
+    capture.spec.topics |= {f"shop.eo.t{i}" for i in range(3)}
+    grouped = {tuple(s.spec.name for s in g) for g in group([*tables, apply, capture])}
+    assert grouped == {("shop", "shop-apply", "shop.t0", "shop.t1", "shop.t2")}
 
 
 def test_delta_history_reads_the_pipelines_markers_oldest_first(tmp_path):
