@@ -45,6 +45,12 @@ def bars(result: dict) -> tuple[list[str], list[float], str] | None:
             [row["wall_s"] for row in result["summary"]],
             "one increment, wall seconds (median)",
         )
+    if kind == "wholedb":
+        return (
+            [f"{r['side']}: {r['tables']} table(s), {r['rows']:,} rows" for r in result["runs"]],
+            [r["run_s"] for r in result["runs"]],
+            "first run of the template under Airflow, seconds",
+        )
     if kind == "history":  # per candidate: its median at the largest history over the smallest (flat = 1)
         labels, values = [], []
         for part in ("ledger", "files", "delta (local)", "delta (minio)", "postgres"):

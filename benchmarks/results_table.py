@@ -18,6 +18,7 @@ KINDS = (
     "freshness_tables",
     "freshness_dag",
     "increment",
+    "wholedb",
     "capture",
     "producer",
     "full_load",
@@ -156,6 +157,26 @@ def increment_table(result: dict) -> str:
     return "\n".join(lines + [""])
 
 
+def wholedb_table(result: dict) -> str:
+    """Return the Markdown for a whole-database result: each side's first run and its tasks, and the ratio."""
+    tasks = ["preflight", "choose_load", "full_load", "lag_gate", "capture", "apply", "reconcile"]
+    lines = [
+        f"{_machine(result)}; {result['repeats']} run(s) a side, interleaved; `run` is the DAG run's start → end under "
+        "a real scheduler (its duration in the UI), the tasks their own start → end. **many / one: "
+        f"{result['ratio_many_to_one']}x** (target ≤ 2x).",
+        "",
+        "| side | tables | rows | run s | " + " | ".join(f"{t} s" for t in tasks) + " |",
+        "|---" * (4 + len(tasks)) + "|",
+    ]
+    for r in result["runs"]:
+        lines.append(
+            f"| {r['side']} | {r['tables']} | {r['rows']:,} | **{r['run_s']:.1f}** | "
+            + " | ".join(f"{r['tasks_s'].get(t, 0):.1f}" for t in tasks)
+            + " |"
+        )
+    return "\n".join(lines + [""])
+
+
 def _cell(value) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
@@ -261,6 +282,7 @@ def main() -> None:
                 "freshness_tables": freshness_tables_table,
                 "freshness_dag": freshness_dag_table,
                 "increment": increment_table,
+                "wholedb": wholedb_table,
                 "matrix": matrix_table,
                 "capture": capture_table,
             }.get(kind)
