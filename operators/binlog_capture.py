@@ -63,6 +63,9 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
     :param offsets_topic: the compacted offsets ledger topic.
     :param producer_config: extra producer settings (``linger.ms``, ``compression.type``...).
     :param aws_conn_id: the standard ``aws`` connection of full loads on S3 (credentials, ``endpoint_url``).
+    :param on_drop: a ``DROP TABLE`` or rename of a captured table: ``fail`` (stop before it and ask for a reload)
+        or ``stop`` (stop following that table there and go on with the others; a table whose tables come and go,
+        e.g. matched by a pattern). See :class:`~exactly_once_provider.capture.loop.CaptureRequest`.
     """
 
     template_fields: Sequence[str] = (
@@ -103,9 +106,11 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         offsets_topic: str = DEFAULT_OFFSETS_TOPIC,
         producer_config: dict[str, Any] | None = None,
         aws_conn_id: str = "aws_default",
+        on_drop: str = "fail",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.on_drop = on_drop
         self.tables = tables
         self.pipeline = pipeline
         self.full_load_paths = full_load_paths
@@ -130,6 +135,8 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}: use 'bounded' or 'continuous'.")
+        if self.on_drop not in ("fail", "stop"):
+            raise ValueError(f"on_drop={self.on_drop!r}: use 'fail' or 'stop'.")
         max_runtime = float(self.max_runtime) if self.max_runtime not in (None, "", "None") else None
         if max_runtime is not None and max_runtime <= 0:
             raise ValueError(f"max_runtime={self.max_runtime!r}: use a positive number of seconds.")
@@ -167,6 +174,7 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
             server_id=self.server_id or replica_server_id(f"{self.pipeline}/{self.source_partition}"),
             progress_interval=self.progress_interval,
             chunk_locators=hook.chunk_locators(handoffs),
+            on_drop=self.on_drop,
         )
         producer = TransactionalProducerHook(
             self.kafka_config_id,

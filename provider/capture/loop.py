@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
@@ -44,7 +44,7 @@ from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load.handoff import Handoff
 from exactly_once_provider.kafka.writer import Message, PipelineWriter, TransactionPolicy
 from exactly_once_provider.positions import BinlogPosition, parse_position
-from exactly_once_provider.source.binlog import SchemaChange, SourceTransaction, TableName
+from exactly_once_provider.source.binlog import SchemaChange, SourceTransaction, TableName, removes_tables
 from exactly_once_provider.source.gtid import Gtid, advance
 from exactly_once_provider.source.gtid import format_position as gtid_text
 
@@ -132,6 +132,10 @@ class CaptureRequest:
     :param heartbeat_seconds: continuous: how often an idle stream wakes up.
     :param chunk_locators: ``{table: key -> chunk index}`` where the server orders the key (see
         :class:`HandoffFilter`).
+    :param on_drop: what a ``DROP TABLE`` (or a rename) of a captured table does: ``fail`` stops the capture
+        before it, asking for a reload; ``stop`` stops following that table from there (everything before the
+        statement is captured; its later rows, a table created again under the name included, are not, and the
+        ledger no longer lists it: captured again only after a new full load of it).
     """
 
     tables: dict[TableName, tuple[str, ...]]
@@ -145,6 +149,7 @@ class CaptureRequest:
     progress_interval: float = 10.0
     heartbeat_seconds: float = 1.0
     chunk_locators: dict[TableName, Callable[[tuple], int]] = field(default_factory=dict)
+    on_drop: str = "fail"
 
     @property
     def table_names(self) -> list[str]:
@@ -195,7 +200,8 @@ def start_position(request: CaptureRequest, committed: Any, check_tables: bool =
                 raise ValueError(
                     f"Table {name} was added to a capture already at {position}, but its full load's snapshot is at "
                     f"{handoff.min_position}: changes between the two would be lost. Capture it in a new pipeline, "
-                    "or run its full load again so its snapshot is after the capture's position."
+                    "or run its full load again so its snapshot is after the capture's position (the history -> "
+                    f"stream template: trigger it with resnapshot=[{table!r}])."
                 )
         return position, False
     candidates = [h.min_position for h in request.handoffs.values()]
@@ -285,6 +291,8 @@ def run_capture(
     last_commit = time.monotonic()
     next_progress = time.monotonic() + request.progress_interval
     reader = hook.reader(request.tables, request.server_id, request.heartbeat_seconds)
+    dropped: set[TableName] = set()  # on_drop="stop": tables no longer followed from their DROP on
+    dropped_names: set[str] = set()
 
     submitted_position = committed_position
 
@@ -301,7 +309,7 @@ def run_capture(
             "format": OFFSET_FORMAT,
             **position.to_json(),
             "gtid": gtid,
-            "tables": request.table_names,
+            "tables": [n for n in request.table_names if n not in dropped_names],
             "handed_off": handed_off,
             "server_id": where.server_id,
             "gtid_pos": gtid_text(gtids) if gtids else None,
@@ -322,6 +330,16 @@ def run_capture(
     try:
         for item in reader.transactions(resume, until, blocking=request.mode == "continuous"):
             if isinstance(item, SchemaChange):
+                gone = _dropped(item, request, dropped, progress_log)
+                if gone or (dropped and set(item.tables) <= dropped):  # a DDL of tables no longer followed
+                    dropped |= gone
+                    dropped_names |= {f"{s}.{t}" for s, t in gone}
+                    if gone:
+                        stats.schema_changes.append(f"{item.end}: {item.query[:200]} (no longer followed)")
+                    position, gtid = item.end, item.gtid or gtid
+                    if item.gtid and gtids is not None:
+                        advance(gtids, item.gtid)
+                    continue
                 stop = _schema_change(item, request, stats, progress_log)
                 if stop is not None:
                     stats.rows += len(batch)
@@ -341,6 +359,8 @@ def run_capture(
                     if last is not None:
                         for schema, table in item.tables:
                             table_gtids.setdefault(f"{schema}.{table}", {})[last.domain] = last
+                    if dropped and dropped.intersection(item.tables):  # rows of a table created again
+                        item = _without(item, dropped)
                     if handoff.active(item.end):
                         for record in records_of(item, request.topics, base):
                             if handoff.already_loaded((record.schema, record.table), record.key_values, item.end):
@@ -373,6 +393,32 @@ def run_capture(
         reader.close()
     _progress(hook, stats, position, committed_position, 0, progress_log)
     return CaptureResult(position, gtid, stats, resume, first_run)
+
+
+def _dropped(
+    change: SchemaChange, request: CaptureRequest, dropped: set[TableName], progress_log: Any
+) -> set[TableName]:
+    """Return the captured tables a DROP/RENAME stops following (``on_drop="stop"``), empty when it does not."""
+    followed = {n for n in change.tables if n in request.tables and n not in dropped}
+    if request.on_drop != "stop" or not followed or _covered(change, request) or not removes_tables(change.query):
+        return set()
+    others = set(change.tables) - followed - dropped
+    if any(n in request.tables for n in others):  # e.g. a rename onto a followed table: not a plain end
+        return set()
+    progress_log.warning(
+        "%s at %s ends table(s) %s: everything before it is captured; no longer followed (their current tables "
+        "keep their last state; a table created again under the name is followed after a new full load of it).",
+        change.query[:200],
+        change.end,
+        ", ".join(f"{s}.{t}" for s, t in sorted(followed)),
+    )
+    return followed
+
+
+def _without(transaction: SourceTransaction, dropped: set[TableName]) -> SourceTransaction:
+    """Return the transaction without the rows of tables no longer followed."""
+    rows = [r for r in transaction.rows if (r.shape.schema, r.shape.table) not in dropped]
+    return replace(transaction, rows=rows, tables=transaction.tables - dropped)
 
 
 def _covered(change: SchemaChange, request: CaptureRequest) -> bool:

@@ -386,6 +386,22 @@ def ddl_tables(query: str, default_schema: str) -> tuple[str, list[TableName]]:
     return kind, names
 
 
+def removes_tables(query: str) -> bool:
+    """Return whether a DDL statement removes or moves its tables (``DROP TABLE``, ``RENAME TABLE``, ``ALTER TABLE
+    ... RENAME TO``): their rows end there, unlike a TRUNCATE or a CREATE OR REPLACE that changes them in place.
+
+    :param query: the statement text from the binlog.
+    """
+    match = _DDL.match(query)
+    if not match:
+        return False
+    verb = match.group(1).split()[0].upper()
+    return verb in ("DROP", "RENAME") or (
+        verb == "ALTER"
+        and re.search(r"\bRENAME\s+(?!(?:COLUMN|INDEX|KEY)\s)", match.group(2), re.IGNORECASE) is not None
+    )
+
+
 def _qualified(found: re.Match, default_schema: str) -> TableName:
     first, second = found.group(1), found.group(2)
     return (_unquote(first), _unquote(second)) if second else (default_schema, _unquote(first))

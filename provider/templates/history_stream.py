@@ -447,6 +447,7 @@ def history_stream_dag(
             aws_conn_id=aws_conn_id,
             trigger_rule="none_failed_min_one_success" if continuous else "all_success",
             commit_interval_ms=capture_commit_interval_ms or (CONTINUOUS_COMMIT_INTERVAL_MS if continuous else 1_000),
+            on_drop="stop" if matched else "fail",  # tables by pattern come and go
         )
         # [END howto_operator_binlog_capture]
         # Several tables: one Spark application, ONE query split per table into each current table.

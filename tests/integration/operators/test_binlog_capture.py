@@ -175,6 +175,44 @@ def test_ddl_mid_stream_new_schema_version_then_truncate_stops_cleanly(stack, ai
     conn.close()
 
 
+def test_a_dropped_table_stops_cleanly_with_on_drop_stop_and_the_others_go_on(stack, airflow_connections):
+    from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
+
+    keep, gone = unique_name("cap_keep"), unique_name("cap_gone")
+    conn = connect(stack)
+    cur = conn.cursor()
+    for name in (keep, gone):
+        cur.execute(f"CREATE TABLE `{name}` (id INT PRIMARY KEY, v INT)")
+    start = _binlog_end(cur)
+    cur.execute(f"INSERT INTO `{keep}` VALUES (1, 1)")
+    cur.execute(f"INSERT INTO `{gone}` VALUES (1, 1), (2, 2)")
+    cur.execute(f"UPDATE `{gone}` SET v = 20 WHERE id = 2")
+    cur.execute(f"DROP TABLE `{gone}`")
+    cur.execute(f"INSERT INTO `{keep}` VALUES (2, 2)")
+    cur.execute(f"CREATE TABLE `{gone}` (id INT PRIMARY KEY, v INT)")  # created again: not followed without a load
+    cur.execute(f"INSERT INTO `{gone}` VALUES (7, 7)")
+    cur.execute(f"INSERT INTO `{keep}` VALUES (3, 3)")
+    pipeline = unique_name("cap_drop")
+    op = dict(task_id="capture", tables=[keep, gone], pipeline=pipeline, start_position=start)
+    with pytest.raises(AirflowException, match=r"DROP TABLE.*full reload"):  # the default: stop before it
+        BinlogCaptureOperator(**{**op, "pipeline": f"{pipeline}_f"}).execute({})
+    result = BinlogCaptureOperator(**op, on_drop="stop").execute({})
+    kept = topic_records(stack, f"{pipeline}.{stack.DB_NAME}.{keep}")
+    ended = topic_records(stack, f"{pipeline}.{stack.DB_NAME}.{gone}")
+    assert [(r["op"], r["pk"]["id"]) for r in kept] == [("c", 1), ("c", 2), ("c", 3)]
+    assert [(r["op"], r["pk"]["id"]) for r in ended] == [("c", 1), ("c", 2), ("u", 2)]  # up to the DROP, no more
+    assert any("no longer followed" in c for c in result["schema_changes"]), result
+    config = {"bootstrap.servers": f"{stack.HOST}:{stack.KAFKA_PORT}"}
+    ledger = read_committed_offset(config, pipeline, "binlog", DEFAULT_OFFSETS_TOPIC, timeout=30).offset
+    assert ledger["tables"] == [f"{stack.DB_NAME}.{keep}"]  # the table is no longer listed as captured
+    again = BinlogCaptureOperator(**{**op, "tables": [keep]}, on_drop="stop").execute({})  # nothing new: idempotent
+    assert again["committed_position"] == result["committed_position"]
+    assert len(topic_records(stack, f"{pipeline}.{stack.DB_NAME}.{keep}")) == 3
+    for name in (keep, gone):
+        cur.execute(f"DROP TABLE `{name}`")
+    conn.close()
+
+
 def test_continuous_mode_commits_at_the_interval_and_stops_on_kill(stack, airflow_connections):
     table = unique_name("cap_cont")
     conn = connect(stack)

@@ -180,3 +180,14 @@ def test_star_import_gives_every_name_the_module_exports():
     namespace: dict = {}
     exec("from exactly_once_provider.source.binlog import *", namespace)  # the statement under test
     assert set(binlog.__all__) <= set(namespace)
+
+
+def test_removes_tables_names_the_statements_that_end_a_tables_rows():
+    from exactly_once_provider.source.binlog import removes_tables
+
+    ended = ["DROP TABLE `t`", "drop table if exists a, b", "RENAME TABLE a TO b", "ALTER TABLE a RENAME TO b"]
+    ended += ["/* gh-ost */ RENAME TABLE `t` TO `_t_del`, `_t_gho` TO `t`", "ALTER TABLE a RENAME AS b"]
+    kept = ["TRUNCATE TABLE t", "CREATE OR REPLACE TABLE t (id INT)", "ALTER TABLE t RENAME COLUMN a TO b"]
+    kept += ["ALTER TABLE t RENAME INDEX i TO j", "ALTER TABLE t ADD COLUMN c INT", "INSERT INTO t VALUES (1)"]
+    assert [removes_tables(q) for q in ended] == [True] * len(ended)
+    assert [removes_tables(q) for q in kept] == [False] * len(kept)

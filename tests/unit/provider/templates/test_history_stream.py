@@ -322,6 +322,7 @@ def test_tables_by_pattern_are_resolved_at_every_run_and_each_task_takes_them_fr
         value = getattr(dag.get_task(task_id), field)
         assert isinstance(value, XComArg) and value.key == key, (task_id, field)
     assert dag.get_task("lag_gate").downstream_task_ids == {"capture"}
+    assert dag.get_task("capture").on_drop == "stop" and _tables_dag().get_task("capture").on_drop == "fail"
     assert not any(o for t in dag.tasks for o in getattr(t, "outlets", ()))  # matched tables: lineage per task run
     # choose_load: the tables the preflight matched, e.g. a table created since the last run has no full load.
     monkeypatch.setattr(handoff, "has_full_load", lambda path: path != "/data/orders_2026")
