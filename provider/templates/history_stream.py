@@ -545,22 +545,25 @@ def history_stream_dag(
         )
         # [END howto_sensor_consumer_lag]
         # [START howto_operator_reconcile_current]
+        compared = {  # both reconciliations: the current table at the capture's committed position
+            "sink_deleted_column": DELETED_COLUMN,
+            "capture_pipeline": pipeline,
+            "capture_source_partition": CAPTURE_SOURCE_PARTITION,
+            "scope": reconcile_scope,
+            "full_scope_tables": loaded_now if several else None,
+            "mysql_conn_id": mysql_conn_id,
+            "postgres_conn_id": postgres_conn_id,
+            "kafka_config_id": kafka_config_id,
+            "aws_conn_id": aws_conn_id,
+        }
         reconcile = ReconcileOperator(
             task_id="reconcile",
             **({"tables": each("reconciles")} if several else one["reconcile"]),  # name, table, key_column...
             sink="delta",
-            sink_deleted_column=DELETED_COLUMN,
-            capture_pipeline=pipeline,
-            capture_source_partition=CAPTURE_SOURCE_PARTITION,
             sink_pipeline=apply_pipeline,
-            scope=reconcile_scope,
-            full_scope_tables=loaded_now if several else None,
-            mysql_conn_id=mysql_conn_id,
-            postgres_conn_id=postgres_conn_id,
             spark_conn_id=spark_conn_id,
-            kafka_config_id=kafka_config_id,
-            aws_conn_id=aws_conn_id,
             spark_conf=spark_conf,
+            **compared,
         )
         # [END howto_operator_reconcile_current]
         loaded >> lag_gate >> capture
@@ -571,16 +574,8 @@ def history_stream_dag(
                 task_id="reconcile_postgres",
                 **({"tables": each("reconciles_postgres")} if several else one["reconcile_postgres"]),
                 sink="postgres",
-                sink_deleted_column=DELETED_COLUMN,
-                capture_pipeline=pipeline,
-                capture_source_partition=CAPTURE_SOURCE_PARTITION,
                 sink_pipeline=f"{pipeline}-apply-postgres",
-                scope=reconcile_scope,
-                full_scope_tables=loaded_now if several else None,
-                mysql_conn_id=mysql_conn_id,
-                postgres_conn_id=postgres_conn_id,
-                kafka_config_id=kafka_config_id,
-                aws_conn_id=aws_conn_id,
+                **compared,
             )
             # [END howto_operator_reconcile_current_postgres]
             apply_postgres >> reconcile_postgres
