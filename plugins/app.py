@@ -62,6 +62,7 @@ def _to_json(overview) -> dict[str, Any]:
                 "position": f.position and {"text": f.position.text, "gtid": f.position.gtid},
                 "history": [p.__dict__ for p in f.history],
                 "notes": f.notes,
+                "tables": f.tables,
             }
             for f in overview.flows
         ],

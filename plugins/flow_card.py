@@ -70,6 +70,33 @@ def _figure(flow: str, figure: str, value: str, label: str, title: str = "") -> 
     )
 
 
+def _tables(flow: Flow) -> str:
+    """Return the flow's per-table table (a database: one row per table), sortable by any column."""
+    from exactly_once_provider.plugins.flows import TABLE_COLUMNS
+
+    head = "".join(f'<th class="sort" title="sort by {escape(c)}">{escape(c)}</th>' for c in TABLE_COLUMNS)
+    body = []
+    for row in flow.tables:
+        cells = []
+        for column in TABLE_COLUMNS:
+            value = row.get(column)
+            classes = "num" if isinstance(value, int) else ""
+            if column == "lag" and isinstance(value, int):
+                classes += " lagbad" if value else " lagok"
+            if column == "last reconciliation" and value == "mismatch":
+                classes += " lagbad"
+            cells.append(
+                f'<td class="{classes.strip()}" data-column="{escape(column)}">'
+                f"{'—' if value is None else escape(f'{value:,}' if isinstance(value, int) else str(value))}</td>"
+            )
+        body.append(f'<tr data-table="{escape(row["table"])}">{"".join(cells)}</tr>')
+    return (
+        f'<details class="tables" open><summary>{len(flow.tables)} tables</summary>'
+        f'<table class="t sortable" data-flow="{escape(flow.name)}" data-section="tables"><thead><tr>{head}</tr>'
+        f"</thead><tbody>{''.join(body)}</tbody></table></details>"
+    )
+
+
 def render_flow(flow: Flow, colours: dict, pipeline_card: Callable) -> str:
     """Return the card of ``flow``.
 
@@ -112,12 +139,13 @@ def render_flow(flow: Flow, colours: dict, pipeline_card: Callable) -> str:
         flow.name, "rows_per_second", times, [p.rows_per_second for p in flow.history], "rows/s between sink commits"
     )
     members = ", ".join(m.spec.name for m in flow.members)
+    tables = _tables(flow) if flow.tables else ""
     notes = "".join(f'<div class="note">{escape(n)}</div>' for n in flow.notes)
     return (
         f'<div class="flow" id="flow-{escape(flow.name)}" data-flow="{escape(flow.name)}" '
         f'data-state="{flow.state}" style="--c:{colour};--b:{background}"><h2>{path or escape(flow.name)}</h2>'
         f'<span class="badge">{label}</span><span class="found">pipelines: {escape(members)}</span>'
-        f'<div class="figs">{"".join(figures)}</div><div class="charts">{charts}</div>{notes}'
+        f'<div class="figs">{"".join(figures)}</div><div class="charts">{charts}</div>{notes}{tables}'
         f'<details class="pipes"><summary>pipelines, offsets, sink commits</summary>'
         f"{''.join(pipeline_card(m) for m in flow.members)}</details></div>"
     )

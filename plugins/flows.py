@@ -58,6 +58,7 @@ class Flow:
     position: Position | None = None
     history: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    tables: list[dict] = field(default_factory=list)  # a flow of several tables: one row per table
 
     @property
     def state(self) -> str:
@@ -97,6 +98,41 @@ def group(statuses: list[PipelineStatus]) -> list[list[PipelineStatus]]:
     return [
         sorted(g, key=lambda s: (not s.spec.sources, not s.spec.offsets_topics, s.spec.name)) for g in groups.values()
     ]
+
+
+TABLE_COLUMNS = ("table", "rows in sink", "lag", "last commit", "last reconciliation", "reconciled at")
+
+
+def table_rows(members: list[PipelineStatus]) -> list[dict]:
+    """Return one row per source table of a flow that follows several (a database): its rows in the sink, lag,
+    last commit and last reconciliation, read from the members' sections (no further reads); empty for one table.
+
+    A table is found by its topic (the capture's topics end with ``.<schema>.<table>``): the sinks' committed
+    offsets, the lag rows and the reconciliations (by the topics they check) name it.
+    """
+    sources = sorted(set().union(*(m.spec.sources for m in members)))
+    topics = set().union(*(m.spec.topics for m in members))
+    if len(sources) < 2:
+        return []
+    table_of = {t: src for t in topics for src in sources if t.endswith(f".{src}")}
+    rows = {src: {"table": src, "rows in sink": None, "lag": None} for src in sources}
+    for member in members:
+        for sink in _rows(member, "sink"):
+            for topic in sink.get("next offsets") or {}:
+                row = rows.get(table_of.get(topic, ""))
+                if row is not None and row["rows in sink"] is None:  # the first sink (Delta before PostgreSQL)
+                    row["rows in sink"], row["last commit"] = sink.get("rows in sink"), sink.get("commit")
+        for lagging in _rows(member, "lag"):
+            row = rows.get(table_of.get(lagging.get("topic"), ""))
+            if row is not None and isinstance(lagging.get("lag"), int):
+                row["lag"] = max(row["lag"] or 0, lagging["lag"])  # the furthest behind of the table's sinks
+        checked = {table_of[t] for t in member.spec.checked_topics if t in table_of}
+        for result in _rows(member, "reconciliation")[:1]:  # each sink's newest; a mismatch of any shows
+            for row in (rows[src] for src in checked):
+                if row.get("last reconciliation") != "mismatch":
+                    row["last reconciliation"] = result["result"]
+                row["reconciled at"] = max(row.get("reconciled at") or "", result["finished at"])
+    return list(rows.values())
 
 
 def _rows(status: PipelineStatus, slug: str) -> list[dict]:
@@ -231,6 +267,7 @@ def build(
     flows, live = [], {}
     for members in group(statuses):
         flow = Flow(members[0].spec.name, members)
+        flow.tables = table_rows(members)
         flow.sources = sorted(set().union(*(m.spec.sources for m in members)))
         flow.topics = sorted(set().union(*(m.spec.topics for m in members)))
         flow.sinks = sorted({f"{s.kind} {s.location}".strip() for m in members for s in m.spec.sinks})

@@ -59,6 +59,19 @@ table.t td.num,table.t th.num,.summary td.num{text-align:right;white-space:nowra
 .charts{display:flex;flex-wrap:wrap;gap:18px;margin:4px 0} .chart{font-size:12px;color:#5b6675}
 .chart svg{display:block;background:#fafbfc;border:1px solid #eef0f3;border-radius:4px}
 details.pipes>summary{cursor:pointer;color:#33404f;font-size:13px;margin:8px 0 4px} .card{margin:8px 0}
+details.tables>summary{cursor:pointer;color:#33404f;font-size:13px;margin:8px 0 4px} th.sort{cursor:pointer}
+"""
+
+
+# A click on a column head of a per-table table sorts its rows by that column (numbers as numbers; again: reversed).
+SORT_SCRIPT = """
+document.querySelectorAll('table.sortable th').forEach((th, i) => th.addEventListener('click', () => {
+  const body = th.closest('table').tBodies[0], up = th.dataset.up !== '1';
+  const key = r => { const t = r.cells[i].textContent.replace(/,/g, ''); return isNaN(t) || t === '' ? t : +t; };
+  [...body.rows].sort((a, b) => (key(a) > key(b) ? 1 : key(a) < key(b) ? -1 : 0) * (up ? 1 : -1))
+    .forEach(r => body.appendChild(r));
+  th.dataset.up = up ? '1' : '0';
+}));
 """
 
 
@@ -175,10 +188,11 @@ def render_page(overview: Overview, only: str | None = None) -> str:
     if len(flows) > 1:
         body.append(_summary(flows))
     body += [render_flow(f, COLOURS, _card) for f in flows]
+    script = f"<script>{SORT_SCRIPT}</script>" if any(f.tables for f in flows) else ""
     if overview.unresolved:
         items = "".join(f"<li>{escape(u)}</li>" for u in overview.unresolved)
         body.append(f'<div class="muted">Task arguments known only at run time (not shown):<ul>{items}</ul></div>')
     return (
         f'<!doctype html><html><head><meta charset="utf-8"><title>Exactly-once pipelines</title>'
-        f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>"
+        f"<style>{STYLE}</style></head><body>{''.join(body)}{script}</body></html>"
     )

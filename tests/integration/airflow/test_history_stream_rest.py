@@ -187,3 +187,6 @@ def test_history_stream_by_pattern_through_rest_a_new_table_joins_and_one_is_res
     flow = next(f for f in page.json()["flows"] if f"hs-{prefix}" in f["pipelines"])
     assert flow["sources"] == [f"{stack.DB_NAME}.{t}" for t in (first, joining)], flow
     assert {f"delta {path[first]}", f"delta {path[joining]}"} <= set(flow["sinks"]), flow
+    shown = {t["table"]: t for t in flow["tables"]}  # one row per table, its reconciliation on it
+    assert sorted(shown) == [f"{stack.DB_NAME}.{t}" for t in (first, joining)], flow["tables"]
+    assert {t["last reconciliation"] for t in shown.values()} == {"clean"} and {t["lag"] for t in shown.values()} == {0}

@@ -181,3 +181,44 @@ def test_freshness_counts_from_a_change_records_source_commit_and_other_records_
         ("t", 1): 1763694009.5,
     }
     assert consumer.assigned == [("t", 0, 40), ("t", 1, 7)]
+
+
+def test_a_flow_of_several_tables_shows_one_sortable_row_per_table():
+    from exactly_once_provider.plugins.flows import table_rows
+
+    tables = ("eo.orders", "eo.lines", "eo.users")
+    capture = _status("shop", topics={f"shop.{t}" for t in tables}, sources=set(tables))
+    sink_rows = [
+        {"sink": "delta", "location": f"/lake/{t}", "commit": f"version {i}", "rows in sink": 10 * (i + 1)}
+        | {"next offsets": {f"shop.{t}": {"0": 5}}}
+        for i, t in enumerate(tables[:2])  # users: no commit yet
+    ]
+    lag = [{"topic": f"shop.{t}", "partition": 0, "lag": n} for t, n in zip(tables, (0, 7, 3), strict=True)]
+    apply = _status(
+        "shop-apply",
+        topics={f"shop.{t}" for t in tables},
+        sinks={SinkSpec("delta", f"/lake/{t}") for t in tables},
+        sections=[Section("sink", "Last sink commit", (), rows=sink_rows), Section("lag", "lag", (), rows=lag)],
+    )
+    reconciled = []
+    for t, result in (("eo.orders", "clean"), ("eo.lines", "mismatch")):
+        status = _status(f"shop.{t.split('.')[1]}", sections=[Section("reconciliation", "r", (), rows=[])])
+        status.sections[0].rows.append({"result": result, "finished at": "2026-11-28T10:00:00+00:00"})
+        status.spec.checked_topics = {f"shop.{t}"}
+        reconciled.append(status)
+    rows = {r["table"]: r for r in table_rows([capture, apply, *reconciled])}
+    assert rows["eo.orders"] == {
+        "table": "eo.orders",
+        "rows in sink": 10,
+        "lag": 0,
+        "last commit": "version 0",
+        "last reconciliation": "clean",
+        "reconciled at": "2026-11-28T10:00:00+00:00",
+    }
+    assert (rows["eo.lines"]["lag"], rows["eo.lines"]["last reconciliation"]) == (7, "mismatch")
+    assert (rows["eo.users"]["rows in sink"], rows["eo.users"]["lag"]) == (None, 3)
+    assert table_rows([capture]) and not table_rows([_status("one", sources={"eo.orders"})])  # one table: none
+    flow = Flow("shop", [capture, apply, *reconciled], tables=list(rows.values()))
+    html = render_page(Overview([capture, apply, *reconciled], [], [], [], "now", [flow], 0.5))
+    assert html.count('<tr data-table="') == 3 and "3 tables" in html and "table.sortable" in html
+    assert '<td class="num lagbad" data-column="lag">7</td>' in html
