@@ -19,9 +19,11 @@ Prints p50/p90/p99/max per configuration; JSON in ``benchmarks/results/freshness
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import random
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -82,8 +84,32 @@ def _wait(condition, timeout: float, what: str, explain=lambda: "") -> None:
         time.sleep(1)
 
 
-def _measure(stack, server, args, n_tables: int, rate: float, work: Path) -> dict:
-    """Run the template on ``n_tables`` new tables with the writer at ``rate``; return its figures."""
+def apply_cpu_seconds(app_name: str) -> float | None:
+    """Return the CPU seconds (user + system) the Spark application ``app_name`` used so far: its spark-submit
+    JVM (the driver, local mode) and every process under it (the Python driver, its workers); None if not found."""
+    import psutil
+
+    total, found = 0.0, False
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        try:
+            if not cmdline or "java" not in cmdline[0] or "--spec" not in cmdline:
+                continue
+            spec = json.loads(Path(cmdline[cmdline.index("--spec") + 1]).read_text())  # the job's spec file
+            if spec.get("app_name") != app_name:
+                continue
+            found = True
+            for each in [proc, *proc.children(recursive=True)]:
+                times = each.cpu_times()
+                total += times.user + times.system
+        except (psutil.Error, OSError, ValueError, IndexError):
+            continue
+    return total if found else None
+
+
+def _measure(stack, server, args, n_tables: int, rate: float, work: Path, changing: int | None = None) -> dict:
+    """Run the template on ``n_tables`` new tables with the writer at ``rate`` over the first ``changing`` of
+    them (default: all); return its figures, the apply's CPU seconds per minute included."""
     from tests.airflow_support import write_template_dag
 
     client = server.client
@@ -122,22 +148,31 @@ def _measure(stack, server, args, n_tables: int, rate: float, work: Path) -> dic
         return client.describe(dag_id, runs[0]["dag_run_id"]) if runs else "no run"
 
     _wait(lambda: all((p / "_delta_log").is_dir() for p in paths.values()), 900, "the full loads", explain)
-    watchers = [Watcher(str(paths[t]), 0, measure_from_us=2**62) for t in tables]
+    busy = tables[: changing or n_tables]  # the tables the writer changes; the others stay idle
+    watchers = [Watcher(str(paths[t]), 0, measure_from_us=2**62) for t in busy]
     for watcher in watchers:
         watcher.start()
-    # Up when a change made now is in every table (a stream commit after the full load's).
-    for table in tables:
+    # Up when a change made now is in every changing table (a stream commit after the full load's).
+    for table in busy:
         cur.execute(f"UPDATE {table} SET stamp = 1 WHERE id = 1")
     conn.commit()
     _wait(lambda: all(w.newest.get(1) == 1 for w in watchers), 900, "a first change in every table", explain)
-    result: dict = {"tables": n_tables, "rate": rate, "pipeline_up_s": round(time.monotonic() - started, 1)}
+    result: dict = {
+        "tables": n_tables,
+        "changing": len(busy),
+        "rate": rate,
+        "pipeline_up_s": round(time.monotonic() - started, 1),
+    }
     measure_from = time.time_ns() // 1000 + int(args.warmup * 1e6)
     for watcher in watchers:
         watcher.measure_from_us = measure_from
+    app = f"eo-fresh-{prefix}-apply"
+    cpu_from: list = []
+    threading.Timer(args.warmup, lambda: cpu_from.append((time.monotonic(), apply_cpu_seconds(app)))).start()
     manager = multiprocessing.get_context("spawn").Manager()
     written = manager.dict()
     writer = multiprocessing.get_context("spawn").Process(
-        target=_write, args=(tables, args.rows, rate, args.per_txn, args.warmup + args.seconds, written)
+        target=_write, args=(busy, args.rows, rate, args.per_txn, args.warmup + args.seconds, written)
     )
     writer.start()
     try:
@@ -150,6 +185,7 @@ def _measure(stack, server, args, n_tables: int, rate: float, work: Path) -> dic
                 f"{_percentile(seen, 0.99) if seen else float('nan'):.2f}s",
                 flush=True,
             )
+        cpu_to = (time.monotonic(), apply_cpu_seconds(app))  # the writer's end: the measured window's
         time.sleep(20)  # the last changes become visible
     finally:
         for watcher in watchers:
@@ -166,6 +202,8 @@ def _measure(stack, server, args, n_tables: int, rate: float, work: Path) -> dic
     if not lat:
         raise SystemExit(f"no change became visible\n{explain()}")
     third = max(1, len(timed) // 3)
+    if cpu_from and cpu_from[0][1] is not None and cpu_to[1] is not None:
+        result["apply_cpu_s_per_min"] = round((cpu_to[1] - cpu_from[0][1]) / (cpu_to[0] - cpu_from[0][0]) * 60, 1)
     result.update(
         writer=dict(written),
         commits_per_table=[w.commits for w in watchers],
@@ -190,14 +228,20 @@ def main() -> None:
             p.add_argument("--per-txn", type=int, default=5),
             p.add_argument("--interval", default="1 second", help="the template's stream_interval"),
             p.add_argument(
-                "--configs", default="1:500,4:500,4:1000", help="comma-separated <tables>:<changes/s> to run in turn"
+                "--configs",
+                default="1:500,4:500,4:1000",
+                help="comma-separated <tables>[/<changing tables>]:<changes/s> to run in turn (e.g. 100/10:500: 100 "
+                "tables followed, the writer changing 10 of them)",
             ),
         ),
     )
     stack = _support.start_stack()
     from tests.airflow_support import AirflowServer
 
-    configs = [(int(c.split(":")[0]), float(c.split(":")[1])) for c in args.configs.split(",")]
+    configs = [
+        (int(c.split(":")[0].split("/")[0]), float(c.split(":")[1]), int(c.split(":")[0].split("/")[-1]))
+        for c in args.configs.split(",")
+    ]
     work = Path(os.environ.get("EO_BENCH_DIR", "/var/tmp/eo-bench")) / f"fresh-dag-{uuid.uuid4().hex[:6]}"
     work.mkdir(parents=True)
     result = _support.result_header("freshness_dag", {**vars(args), "configs": configs})
@@ -206,8 +250,8 @@ def main() -> None:
     runs = []
     try:
         for _ in range(args.repeats):
-            for n_tables, rate in configs:
-                runs.append(_measure(stack, server, args, n_tables, rate, work))
+            for n_tables, rate, changing in configs:
+                runs.append(_measure(stack, server, args, n_tables, rate, work, changing))
                 print(f"  -> {runs[-1]}", flush=True)
     finally:
         server.stop()
@@ -216,10 +260,22 @@ def main() -> None:
     _support.print_table(
         f"freshness under Airflow: source commit -> visible in the current table ({result['commit']}, "
         f"{args.rows:,} rows per table, {args.seconds:.0f}s after a {args.warmup:.0f}s warm-up)",
-        ["tables", "changes/s", "p50 s", "p90 s", "p99 s", "max s", "p99 1st/last third", "measured"],
+        [
+            "tables",
+            "changing",
+            "changes/s",
+            "p50 s",
+            "p90 s",
+            "p99 s",
+            "max s",
+            "p99 1st/last third",
+            "measured",
+            "apply CPU s/min",
+        ],
         [
             [
                 r["tables"],
+                r.get("changing", r["tables"]),
                 f"{r['rate']:,.0f}",
                 f"{r['p50_s']:.2f}",
                 f"{r['p90_s']:.2f}",
@@ -227,6 +283,7 @@ def main() -> None:
                 f"{r['max_s']:.2f}",
                 f"{r['p99_first_third_s']:.2f} / {r['p99_last_third_s']:.2f}",
                 f"{r['measured']:,}",
+                r.get("apply_cpu_s_per_min", "–"),
             ]
             for r in runs
         ],
