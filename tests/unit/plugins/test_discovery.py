@@ -205,3 +205,18 @@ def test_tables_matched_at_run_time_are_the_newest_runs_and_unknown_before_the_f
     assert not found.unresolved
     assert found.pipelines["p.outbox"].dag_ids == {"db"}  # each table's reconciliation results
     assert found.pipelines["p.outbox"].checked_topics == {"p.shop.outbox"}  # on the card of its flow
+
+
+def test_a_mapped_task_is_read_by_its_partial_arguments_and_its_per_instance_ones_listed():
+    from airflow.sdk import DAG
+
+    from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+
+    with DAG("mapped", schedule=None, start_date=START) as dag:
+        SparkKafkaToSinkOperator.partial(
+            task_id="apply", pipeline="m-apply", sink="delta", checkpoint_location="/cp", kafka_conn_id="k"
+        ).expand(sink_path=["/lake/a", "/lake/b"])
+    found = add_dags(Discovery(), [_serialized(dag)])
+    assert found.pipelines["m-apply"].dag_ids == {"mapped"}
+    assert [u.split(":")[0] for u in found.unresolved] == ["mapped.apply"]  # its sink: per mapped instance
+    assert "differs per mapped instance" in found.unresolved[0]  # listed, not guessed, and the page is read
