@@ -32,9 +32,13 @@ starts its transaction (e.g. on a metadata lock behind DDL) can write a NOW() be
 
 ``innodb_trx`` is a cache: InnoDB refills it only when nobody has read it for 100 ms (measured on MariaDB
 10.11: a read right after another misses a transaction begun in between; a session polling every 50 ms kept
-it stale for 3 s and counting). Every guard read here therefore waits :data:`TRX_CACHE_IDLE` first, so the
-answer is as of the read, not as of the previous reader's. A monitor that polls ``innodb_trx`` more often than
-every 100 ms defeats that: the window then relies on ``safety_lag``.
+it stale for 3 s and counting). A stale answer would let a writer's row fall below ``upper`` unseen, so every
+guard read checks that it refilled the cache itself: it reads inside a transaction of its own, with a unique
+token in the statement's comment, and the answer counts only if its own row's ``trx_query`` holds that token
+(the cache took the statement as it ran). A stale read is retried after a random 0.12-0.25 s pause (several
+pipelines reading one server take turns). If no read is fresh within :data:`GUARD_FRESH_TIMEOUT` (a monitor
+polling ``innodb_trx`` more often than every 100 ms), the log says so and the window relies on
+``safety_lag``, as without the PROCESS privilege.
 ``upper`` is truncated to the column's fractional precision, so a row stored with a truncated NOW() in the
 same second lands in the next window, never below a bound already read.
 
@@ -56,6 +60,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+import secrets
 import time
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -76,6 +82,8 @@ ACCESS_DENIED = {1044, 1142, 1227}
 GUARD_MARGIN = timedelta(seconds=1)
 # innodb_trx is refilled only after 100 ms without a reader; waiting a little longer makes our read refill it.
 TRX_CACHE_IDLE = 0.12
+# How long a guard read retries before it gives up on a fresh innodb_trx (someone else keeps it stale).
+GUARD_FRESH_TIMEOUT = 3.0
 CURSOR_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 
 
@@ -330,11 +338,11 @@ def _timestamp_upper(
         # A closed interval: wait for its writers rather than move their rows to the next interval's batch.
         older = {trx for trx in open_before if trx[1] - GUARD_MARGIN < interval_end}
         if older:
-            _wait_until_ended(cur, older, timeout, f"cursor values below the interval end {interval_end}", log)
-            open_before -= older
+            if _wait_until_ended(cur, older, timeout, f"cursor values below the interval end {interval_end}", log):
+                open_before -= older  # ended: they no longer bound upper
             waited = f"waited for {len(older)} transaction(s) begun before the interval end; "
     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-    inside = _open_transactions(cur, log)  # also in the read's own transaction; the minimum counts
+    inside = _open_transactions(cur, log, in_transaction=True)  # also in the read's own snapshot; the minimum counts
     candidates = [(lag_bound, "safety_lag")]
     if interval_end is not None:
         candidates.append((interval_end, "interval_end"))
@@ -351,16 +359,24 @@ def _id_upper(cur: Any, spec: WatermarkTable, safety_lag: float, timeout: float,
     open_before = _open_transactions(cur, log)
     if open_before is None:
         time.sleep(safety_lag)  # no guard: give writers of ids <= MAX the lag to commit
-        guard = f"not readable; waited the safety lag of {safety_lag}s"
+        guard = f"off (innodb_trx not readable or kept stale); waited the safety lag of {safety_lag}s"
     else:
-        _wait_until_ended(cur, open_before, timeout, f"ids below {highest}", log)
-        guard = "older open transactions ended"
+        if _wait_until_ended(cur, open_before, timeout, f"ids below {highest}", log):
+            guard = "older open transactions ended" if open_before else "no open transaction"
+        else:
+            time.sleep(safety_lag)
+            guard = f"went stale while waiting for older transactions; waited the safety lag of {safety_lag}s"
     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
     return (None if highest is None else int(highest) + 1), "max_id", guard
 
 
-def _wait_until_ended(cur: Any, transactions: set[tuple[int, datetime]], timeout: float, what: str, log: Any) -> None:
-    """Wait until every one of ``transactions`` (thread id, start) has ended; raise after ``timeout`` s."""
+def _wait_until_ended(cur: Any, transactions: set[tuple[int, datetime]], timeout: float, what: str, log: Any) -> bool:
+    """
+    Wait until every one of ``transactions`` (thread id, start) has ended; raise after ``timeout`` s.
+
+    Returns False if the guard went blind meanwhile (no fresh ``innodb_trx`` read): the caller falls back to
+    its safety lag.
+    """
     pending = set(transactions)
     if pending:
         log.info(
@@ -371,35 +387,53 @@ def _wait_until_ended(cur: Any, transactions: set[tuple[int, datetime]], timeout
         )
     deadline = time.monotonic() + timeout
     while pending:
-        pending &= set(_open_transactions(cur, log) or ())
+        still_open = _open_transactions(cur, log)
+        if still_open is None:
+            return False
+        pending &= still_open
         if not pending:
-            return
+            return True
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"Transactions {sorted(pending)} (thread id, started) stayed open over {timeout}s and may still "
                 f"commit {what}. Find them with SHOW PROCESSLIST, or raise open_transaction_timeout."
             )
         time.sleep(0.2)
+    return True
 
 
-def _open_transactions(cur: Any, log: Any) -> set[tuple[int, datetime]] | None:
+def _open_transactions(cur: Any, log: Any, in_transaction: bool = False) -> set[tuple[int, datetime]] | None:
     """
     Return the other sessions' open read-write transactions as (thread id, start in the session zone).
 
+    Only an answer the read refilled itself counts (module docstring): the read runs in a transaction of its
+    own (or the caller's, ``in_transaction``) so that it is listed, and its row must show this statement.
     ``trx_started`` is shown in the server's SYSTEM zone whatever the session zone (checked on MariaDB
     10.11), so it is turned into epoch seconds under ``time_zone = 'SYSTEM'`` and back into the session zone.
-    Returns None if ``innodb_trx`` is not readable.
+    Returns None if ``innodb_trx`` is not readable, or not fresh within :data:`GUARD_FRESH_TIMEOUT`.
     """
-    cur.execute("SELECT @@session.time_zone")
-    zone = cur.fetchone()[0]
+    cur.execute("SELECT @@session.time_zone, CONNECTION_ID()")
+    zone, own_thread = cur.fetchone()
     cur.execute("SET time_zone = 'SYSTEM'")
-    time.sleep(TRX_CACHE_IDLE)  # let InnoDB refill its innodb_trx cache (module docstring)
+    deadline = time.monotonic() + GUARD_FRESH_TIMEOUT
     try:
-        cur.execute(
-            "SELECT trx_mysql_thread_id, UNIX_TIMESTAMP(trx_started) FROM information_schema.innodb_trx "
-            "WHERE trx_mysql_thread_id <> CONNECTION_ID() AND trx_is_read_only = 0"
-        )
-        found = cur.fetchall()
+        pause = TRX_CACHE_IDLE  # let InnoDB refill its innodb_trx cache (module docstring)
+        while True:
+            time.sleep(pause)
+            token = f"eo-guard {secrets.token_hex(8)}"
+            found = _read_innodb_trx(cur, token, in_transaction)
+            own = [row for row in found if row[0] == own_thread]
+            if own and token in (own[0][3] or ""):
+                break
+            if time.monotonic() > deadline:
+                log.warning(
+                    "information_schema.innodb_trx stayed stale for %.0fs: another session reads it more often "
+                    "than every 100 ms, so InnoDB does not refill it. The late-commit guard is off for this read "
+                    "and the window relies on the safety lag alone; stop the frequent reader to enable it.",
+                    GUARD_FRESH_TIMEOUT,
+                )
+                return None
+            pause = random.uniform(TRX_CACHE_IDLE, 2 * TRX_CACHE_IDLE)  # readers of one server take turns
     except MySQLdb.OperationalError as err:
         if err.args[0] not in ACCESS_DENIED:
             raise
@@ -412,15 +446,32 @@ def _open_transactions(cur: Any, log: Any) -> set[tuple[int, datetime]] | None:
     finally:
         cur.execute("SET time_zone = %s", (zone,))
     result = set()
-    for thread, epoch in found:
+    for thread, epoch, read_only, _ in found:
+        if thread == own_thread or read_only:
+            continue
         cur.execute("SELECT FROM_UNIXTIME(%s)", (int(epoch),))
         result.add((int(thread), cur.fetchone()[0]))
     return result
 
 
+def _read_innodb_trx(cur: Any, token: str, in_transaction: bool) -> list[tuple[int, int, int, str | None]]:
+    """Read every transaction of ``innodb_trx`` (thread, started epoch, read only, query) with ``token``."""
+    if not in_transaction:
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")  # listed while it reads
+    try:
+        cur.execute(
+            f"SELECT /* {token} */ trx_mysql_thread_id, UNIX_TIMESTAMP(trx_started), trx_is_read_only, trx_query "
+            "FROM information_schema.innodb_trx"
+        )
+        return [(int(t), e, int(r), q) for t, e, r, q in cur.fetchall()]
+    finally:
+        if not in_transaction:
+            cur.execute("COMMIT")
+
+
 def _describe_guard(transactions: set[tuple[int, datetime]] | None) -> str:
     if transactions is None:
-        return "not readable (no PROCESS privilege); safety lag only"
+        return "off (innodb_trx not readable or kept stale); safety lag only"
     if not transactions:
         return "no open transaction"
     thread, started = min(transactions, key=lambda t: t[1])

@@ -12,6 +12,7 @@ import MySQLdb
 import pytest
 
 from exactly_once_provider.errors import SourceConfigurationError
+from exactly_once_provider.source import watermark
 from exactly_once_provider.source.identifiers import quote_identifier
 from exactly_once_provider.source.watermark import preflight, read_window
 from tests.mysql_support import load_time_zone
@@ -152,7 +153,7 @@ def test_without_the_process_privilege_the_log_says_the_guard_is_off_and_the_lag
         assert "Cannot read information_schema.innodb_trx" in caplog.text and "Grant PROCESS" in caplog.text
         assert (window.upper_reason, window.guard) == (
             "safety_lag",
-            "not readable (no PROCESS privilege); safety lag only",
+            "off (innodb_trx not readable or kept stale); safety lag only",
         )
     finally:
         other.close()
@@ -205,6 +206,87 @@ def test_a_writer_begun_right_after_another_reader_of_innodb_trx_still_holds_the
             assert (window.upper, window.guard) == (4, "older open transactions ended"), window
             assert [row["id"] for row in window.rows] == [1, 2, 3], window
     finally:
+        writer.close()
+        reader.close()
+
+
+def _connect(stack, **kwargs):
+    return MySQLdb.connect(
+        host=stack.HOST,
+        port=stack.MARIADB_PORT,
+        user=stack.DB_USER,
+        password=stack.DB_PASSWORD,
+        database=stack.DB_NAME,
+        autocommit=True,
+        **kwargs,
+    )
+
+
+def test_guard_readers_reading_at_once_each_see_a_writer_begun_just_before(conn, stack):
+    # Several pipelines read one server's innodb_trx: each read must refill the cache itself, not take the
+    # answer another reader's read left (which can predate the writer).
+    name = table(conn, "id INT PRIMARY KEY")
+    log = logging.getLogger("test")
+    readers = [_connect(stack) for _ in range(3)]
+    writer = None
+    try:
+        for round_ in range(3):
+            for reader in readers:  # warm every reader's cache entry before the writer begins
+                watermark._open_transactions(reader.cursor(), log)
+            writer = _begin_writer(stack, name, round_)
+            writer_thread = writer.thread_id()
+            seen: dict[int, set] = {}
+
+            def guard_read(i, reader, seen=seen):
+                seen[i] = watermark._open_transactions(reader.cursor(), log)
+
+            threads = [threading.Thread(target=guard_read, args=(i, r)) for i, r in enumerate(readers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            writer.cursor().execute("ROLLBACK")
+            writer.close()
+            writer = None
+            assert all(writer_thread in {t for t, _ in seen[i]} for i in range(3)), (round_, writer_thread, seen)
+    finally:
+        if writer is not None:
+            writer.close()
+        for reader in readers:
+            reader.close()
+
+
+def test_a_monitor_keeping_innodb_trx_stale_turns_the_guard_off_with_a_warning_and_the_lag_holds(conn, stack, caplog):
+    name = table(conn, "id INT AUTO_INCREMENT PRIMARY KEY")
+    conn.cursor().execute(f"INSERT INTO {name} (id) VALUES (1)")
+    spec = preflight(conn, name, "id", "id")
+    stop = threading.Event()
+
+    def monitor():  # polls every 20 ms: InnoDB never refills the cache
+        polling = _connect(stack)
+        while not stop.is_set():
+            polling.cursor().execute("SELECT COUNT(*) FROM information_schema.innodb_trx")
+            time.sleep(0.02)
+        polling.close()
+
+    poller = threading.Thread(target=monitor)
+    poller.start()
+    time.sleep(0.3)
+    writer = _begin_writer(stack, name, 2)  # begun after the cache's last refill: a stale read misses it
+    conn.cursor().execute(f"INSERT INTO {name} (id) VALUES (3)")
+    timer = threading.Timer(1.0, lambda: writer.cursor().execute("COMMIT"))
+    timer.start()
+    reader = _connect(stack)
+    try:
+        with caplog.at_level(logging.WARNING):
+            window = read_window(reader, spec, None, safety_lag=2.0, log=logging.getLogger("test"))
+        assert "innodb_trx stayed stale" in caplog.text and "safety lag alone" in caplog.text, caplog.text
+        assert window.guard == "off (innodb_trx not readable or kept stale); waited the safety lag of 2.0s", window
+        assert [row["id"] for row in window.rows] == [1, 2, 3], window  # the lag covered the writer's commit
+    finally:
+        stop.set()
+        poller.join()
+        timer.join()
         writer.close()
         reader.close()
 
