@@ -7,11 +7,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
-from exactly_once_provider.capture.loop import MODES, CaptureRequest, run_capture
+from exactly_once_provider.capture.loop import MODES, CaptureRequest, CaptureStoppedError, run_capture
 from exactly_once_provider.connections import check_kafka_access, explain_kafka_denials
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
@@ -193,6 +194,8 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         writer = producer.open_writer(track_partition_offsets=False)  # the ledger record is the progress shown
         try:
             result = run_capture(hook, writer, request, should_stop=self._stop.is_set, progress_log=self.log)
+        except CaptureStoppedError as err:  # a statement the stream cannot follow: the task fails, saying why
+            raise AirflowException(str(err)) from err
         finally:
             writer.close()
             for locator in request.chunk_locators.values():

@@ -16,6 +16,7 @@ from exactly_once_provider.full_load.job import FullLoadRequest, result_json
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
+from exactly_once_provider.source.server import source_secrets
 from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
 
 TABLE = "{table}"  # in sink_path and staging_path of a load of several tables
@@ -292,9 +293,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         return open_storage(path, self._s3_settings()) if self._s3_settings() else path
 
     def job_secrets(self) -> dict[str, Any]:
-        conn = BaseHook.get_connection(self.mysql_conn_id)
-        # The driver's MySqlSourceHook finds it under the same id, read as Airflow reads AIRFLOW_CONN_* JSON.
-        secrets: dict[str, Any] = {"env": {f"AIRFLOW_CONN_{self.mysql_conn_id.upper()}": conn.as_json()}}
+        # Resolved here, through the hook; the driver rebuilds the source from the secrets file (source_from_secrets).
+        secrets: dict[str, Any] = source_secrets(MySqlSourceHook(mysql_conn_id=self.mysql_conn_id))
         if self._s3_settings() is not None:  # the driver's storage and s3a settings (never a command line)
             secrets["s3"] = self._s3_settings().to_json()
         return secrets

@@ -10,7 +10,6 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
@@ -27,6 +26,7 @@ from exactly_once_provider.reconcile.canonical import kind_of
 from exactly_once_provider.reconcile.keys import Key
 from exactly_once_provider.reconcile.run import compare, report_from_json
 from exactly_once_provider.sinks.base import offsets_from_json, offsets_to_json
+from exactly_once_provider.source.server import source_secrets
 from exactly_once_provider.storage import is_s3, open_storage
 
 SCOPES = ("full", "changed")
@@ -640,9 +640,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         return self._s3
 
     def job_secrets(self) -> dict[str, Any]:
-        conn = BaseHook.get_connection(self.mysql_conn_id)
-        # The driver's MySqlSourceHook finds it under the same id, read as Airflow reads AIRFLOW_CONN_* JSON.
-        secrets: dict[str, Any] = {"env": {f"AIRFLOW_CONN_{self.mysql_conn_id.upper()}": conn.as_json()}}
+        # Resolved here, through the hook; the driver rebuilds the source from the secrets file (source_from_secrets).
+        secrets: dict[str, Any] = source_secrets(MySqlSourceHook(mysql_conn_id=self.mysql_conn_id))
         if self._s3_settings() is not None:  # the driver's storage and s3a settings (never a command line)
             secrets["s3"] = self._s3_settings().to_json()
         return secrets

@@ -37,8 +37,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowException
-
 from exactly_once_provider.capture.change_record import records_of, schema_record
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load.handoff import Handoff
@@ -48,9 +46,9 @@ from exactly_once_provider.source.binlog import SchemaChange, SourceTransaction,
 from exactly_once_provider.source.gtid import Gtid, advance
 from exactly_once_provider.source.gtid import format_position as gtid_text
 
-if TYPE_CHECKING:  # the hook is the caller's; the domain only calls its public methods
+if TYPE_CHECKING:
     from exactly_once_provider.capture.resume import Resume
-    from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
+    from exactly_once_provider.source.server import MySqlBinlogSource
 
 OFFSET_FORMAT = 1
 MODES = ("bounded", "continuous")
@@ -60,6 +58,13 @@ MODES = ("bounded", "continuous")
 # (measured: ~8 % less CPU per row; `make bench-capture`).
 CAPTURE_GC_THRESHOLD = 50_000
 log = logging.getLogger(__name__)
+
+
+class CaptureStoppedError(RuntimeError):
+    """Raise when the capture stops at a statement the stream cannot follow (everything before it is committed).
+
+    The operator fails its task with it (as an ``AirflowException``); this module stays free of Airflow.
+    """
 
 
 class HandoffFilter:
@@ -167,11 +172,11 @@ class CaptureResult:
     first_run: bool
 
 
-def resolve_resume(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> Resume:
+def resolve_resume(source: MySqlBinlogSource, request: CaptureRequest, committed: Any) -> Resume:
     """Return where this run resumes (:func:`exactly_once_provider.capture.resume.resolve`)."""
     from exactly_once_provider.capture.resume import resolve
 
-    return resolve(hook, request, committed)
+    return resolve(source, request, committed)
 
 
 def start_position(request: CaptureRequest, committed: Any, check_tables: bool = True) -> tuple[BinlogPosition, bool]:
@@ -240,7 +245,7 @@ def _fewer_gc_passes() -> Iterator[None]:
 
 @_fewer_gc_passes()  # see CAPTURE_GC_THRESHOLD
 def run_capture(
-    hook: MySqlBinlogHook,
+    source: MySqlBinlogSource,
     writer: PipelineWriter,
     request: CaptureRequest,
     should_stop: Callable[[], bool] = lambda: False,
@@ -249,16 +254,16 @@ def run_capture(
     """
     Capture the binlog into Kafka until the mode says stop; return the committed position.
 
-    :param hook: the binlog hook of the source.
+    :param source: the source server's binlog (the operator passes its hook).
     :param writer: an open pipeline writer (its ledger record is the resume point).
     :param request: what to capture.
     :param should_stop: polled between transactions and at heartbeats (continuous mode's stop signal).
     :param progress_log: where progress lines go (the task log).
     """
-    where = resolve_resume(hook, request, writer.last_committed)  # divergence check first: may refuse
+    where = resolve_resume(source, request, writer.last_committed)  # divergence check first: may refuse
     resume, first_run = where.position, where.first_run
-    hook.check_capture(resume)
-    until = hook.binlog_end() if request.mode == "bounded" else None
+    source.check_capture(resume)
+    until = source.binlog_end() if request.mode == "bounded" else None
     deadline = time.monotonic() + request.max_runtime if request.max_runtime else None
     # A handoff the capture has passed is never compared again: after a failover its positions are another
     # server's coordinates. The rest are passed once the committed position reaches their largest chunk position.
@@ -290,7 +295,7 @@ def run_capture(
     committed_position = resume if not first_run else None
     last_commit = time.monotonic()
     next_progress = time.monotonic() + request.progress_interval
-    reader = hook.reader(request.tables, request.server_id, request.heartbeat_seconds)
+    reader = source.reader(request.tables, request.server_id, request.heartbeat_seconds)
     dropped: set[TableName] = set()  # on_drop="stop": tables no longer followed from their DROP on
     dropped_names: set[str] = set()
 
@@ -382,7 +387,7 @@ def run_capture(
                 stats.rows += len(batch)
                 commit()
             if now >= next_progress:
-                _progress(hook, stats, position, committed_position, len(batch), progress_log)
+                _progress(source, stats, position, committed_position, len(batch), progress_log)
                 next_progress = now + request.progress_interval
             if (deadline is not None and now >= deadline) or should_stop():
                 break
@@ -391,7 +396,7 @@ def run_capture(
         settle()
     finally:
         reader.close()
-    _progress(hook, stats, position, committed_position, 0, progress_log)
+    _progress(source, stats, position, committed_position, 0, progress_log)
     return CaptureResult(position, gtid, stats, resume, first_run)
 
 
@@ -430,7 +435,7 @@ def _covered(change: SchemaChange, request: CaptureRequest) -> bool:
 
 def _schema_change(
     change: SchemaChange, request: CaptureRequest, stats: CaptureStats, progress_log: Any
-) -> AirflowException | None:
+) -> CaptureStoppedError | None:
     """Log a DDL on a captured table; return the error to stop with if the stream cannot follow it."""
     names = ", ".join(f"{s}.{t}" for s, t in change.tables)
     if _covered(change, request):
@@ -448,7 +453,7 @@ def _schema_change(
             change.query[:200],
         )
         return None
-    return AirflowException(
+    return CaptureStoppedError(
         f"{change.query[:200]!r} at {change.end} changes or removes rows of captured table(s) {names} without row "
         "events, so the stream alone can no longer rebuild them. Everything before it is committed. Run a full "
         "reload of these tables (trigger with full_reload=true): the capture continues past this statement once "
@@ -457,7 +462,7 @@ def _schema_change(
 
 
 def _progress(
-    hook: MySqlBinlogHook,
+    source: MySqlBinlogSource,
     stats: CaptureStats,
     position: BinlogPosition,
     committed: BinlogPosition | None,
@@ -465,7 +470,7 @@ def _progress(
     progress_log: Any,
 ) -> None:
     try:
-        lag_bytes, lag_files = hook.lag(position)
+        lag_bytes, lag_files = source.lag(position)
         lag = f"{lag_bytes} bytes / {lag_files} files behind the binlog end"
     except Exception as err:  # noqa: BLE001 - progress must never stop the capture
         lag = f"lag unknown ({err.__class__.__name__})"

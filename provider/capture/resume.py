@@ -39,7 +39,7 @@ from exactly_once_provider.source import gtid
 
 if TYPE_CHECKING:
     from exactly_once_provider.capture.loop import CaptureRequest
-    from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
+    from exactly_once_provider.source.server import MySqlBinlogSource
 
 
 class DivergedSourceError(AirflowException):
@@ -59,7 +59,7 @@ def failover_base(offset: dict) -> int:
     return int(offset.get("version_base") or 0) + parse_position(offset).version
 
 
-def full_load_version_base(hook: MySqlBinlogHook, committed: Any) -> tuple[int, int]:
+def full_load_version_base(hook: MySqlBinlogSource, committed: Any) -> tuple[int, int]:
     """
     Return ``(version_base, server_id)`` a full load's rows must carry to compare with the capture's changes.
 
@@ -149,7 +149,7 @@ class Resume:
     how: str = ""
 
 
-def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> Resume:
+def resolve(hook: MySqlBinlogSource, request: CaptureRequest, committed: Any) -> Resume:
     """
     Return where to resume, after the divergence check; refuse a resume that would lose or repeat changes.
 
@@ -251,7 +251,7 @@ def resolve(hook: MySqlBinlogHook, request: CaptureRequest, committed: Any) -> R
     )
 
 
-def committed_position_on(hook: MySqlBinlogHook, offset: dict, dump_server_id: int) -> tuple[BinlogPosition, str]:
+def committed_position_on(hook: MySqlBinlogSource, offset: dict, dump_server_id: int) -> tuple[BinlogPosition, str]:
     """
     Return the ledger record's position on the server the connection names, and how it was found.
 
@@ -285,7 +285,7 @@ def committed_position_on(hook: MySqlBinlogHook, offset: dict, dump_server_id: i
     )
 
 
-def _gtids_at(hook: MySqlBinlogHook, position: BinlogPosition) -> gtid.GtidPosition | None:
+def _gtids_at(hook: MySqlBinlogSource, position: BinlogPosition) -> gtid.GtidPosition | None:
     """Return the GTID position at ``position``, None where the server cannot tell (a purged file: the capture's
     own check then asks for a full reload)."""
     from exactly_once_provider.source.binlog import PurgedPositionError

@@ -5,10 +5,12 @@ Two ways in:
 * ``--spec <file>``: the driver of :class:`~exactly_once_provider.operators.full_load.MySqlFullLoadOperator`
   (submitted by spark-submit, locally or on a cluster's worker). The spec's ``params`` are the operator's
   :class:`~exactly_once_provider.full_load.job.FullLoadRequest` plus ``mysql_conn_id``, or ``requests`` (a list
-  of them: several tables in this one application); the MySQL connection comes from the 0600 secrets file only.
+  of them: several tables in this one application); the MySQL connection's settings come from the 0600 secrets
+  file only, resolved by the operator (:func:`~exactly_once_provider.source.server.source_from_secrets`).
   The result goes to the spec's result file (``{"loads": [...]}`` for ``requests``: None for a table skipped).
 * ``python -m exactly_once_provider.full_load --schema ... --table ... --sink ...`` on its own, with the source
-  connection from Airflow's connection lookup (``AIRFLOW_CONN_<ID>`` or a secrets backend), and, for a sink or
+  connection from Airflow's connection lookup (``AIRFLOW_CONN_<ID>`` or a secrets backend, read by
+  :meth:`~exactly_once_provider.source.snapshot.ConnectionSettings.of_connection`), and, for a sink or
   staging area on S3, the ``aws`` connection ``--aws-conn-id`` the same way (read in this process, never a
   command-line value). Prints the published handoff as one line: ``full-load-result: {json}``.
 """
@@ -30,7 +32,8 @@ from exactly_once_provider.full_load.job import (
     run_full_load,
     run_full_loads,
 )
-from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.source.server import MySqlSource, source_from_secrets
+from exactly_once_provider.source.snapshot import ConnectionSettings
 
 RESULT_PREFIX = "full-load-result: "
 JOB = "full_load"
@@ -70,9 +73,7 @@ def _driver(spec, secrets) -> dict[str, Any]:
     requests = [request_from_json(r) for r in spec.params["requests"]] if several else [request_from_json(spec.params)]
     spark = driver_session(spec)
     try:
-        results = run_full_loads(
-            spark, MySqlSourceHook(mysql_conn_id=spec.params["mysql_conn_id"]), requests, _progress
-        )
+        results = run_full_loads(spark, source_from_secrets(secrets), requests, _progress)
     finally:
         spark.stop()
     if several:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-rows", type=int, default=10_000)
     parser.add_argument("--reader", choices=("native", "rows"), default="native")
     parser.add_argument("--full-reload", action="store_true")
-    parser.add_argument("--mysql-conn-id", default=MySqlSourceHook.default_conn_name)
+    parser.add_argument("--mysql-conn-id", default="mysql_default")
     parser.add_argument("--aws-conn-id", default="aws_default", help="the aws connection of an s3:// sink or staging")
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
@@ -132,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         reader=args.reader,
         full_reload=args.full_reload,
     )
-    result = run_full_load(spark, MySqlSourceHook(mysql_conn_id=args.mysql_conn_id), request)
+    source = MySqlSource(
+        ConnectionSettings.of_connection(args.mysql_conn_id), f"MySQL connection {args.mysql_conn_id!r}"
+    )
+    result = run_full_load(spark, source, request)
     h = result.handoff
     print(
         RESULT_PREFIX

@@ -44,8 +44,8 @@ from exactly_once_provider.source.identifiers import quote_table
 from exactly_once_provider.source.snapshot import plan_chunks
 from exactly_once_provider.storage import is_s3
 
-if TYPE_CHECKING:  # the hook is the caller's; the domain only calls its public methods
-    from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+if TYPE_CHECKING:
+    from exactly_once_provider.source.server import MySqlSource
 
 log = logging.getLogger(__name__)
 MANIFEST_FORMAT = 1
@@ -232,16 +232,16 @@ def _log_progress(p: Progress) -> None:
 
 
 def run_full_load(
-    spark, hook: MySqlSourceHook, request: FullLoadRequest, progress: Callable[[Progress], None] = _log_progress
+    spark, source: MySqlSource, request: FullLoadRequest, progress: Callable[[Progress], None] = _log_progress
 ) -> FullLoadResult:
     """Load ``request.table`` into ``request.sink_path``, resuming a crashed load; return the handoff.
 
     :param spark: the SparkSession (local or cluster) to run on.
-    :param hook: the source hook (its connection is resolved on the driver; executors get its settings).
+    :param source: the source server (its settings came with the job; executors get them in their options).
     :param request: what to load.
     :param progress: called after each finished wave.
     """
-    result = run_full_loads(spark, hook, [request], progress)[0]
+    result = run_full_loads(spark, source, [request], progress)[0]
     if result is None:
         raise ValueError(f"skip_loaded left {request.table} as it is: it has a full load; nothing to return.")
     return result
@@ -249,7 +249,7 @@ def run_full_load(
 
 def run_full_loads(
     spark,
-    hook: MySqlSourceHook,
+    source: MySqlSource,
     requests: list[FullLoadRequest],
     progress: Callable[[Progress], None] = _log_progress,
 ) -> list[FullLoadResult | None]:
@@ -263,7 +263,7 @@ def run_full_loads(
     not read again (their manifests say so) and the others resume at their unfinished chunks.
 
     :param spark: the SparkSession (local or cluster) to run on.
-    :param hook: the source hook (its connection is resolved on the driver; executors get its settings).
+    :param source: the source server (its settings came with the job; executors get them in their options).
     :param requests: what to load, one request per table (a table named twice is refused).
     :param progress: called for a table after each wave that read some of its chunks.
     """
@@ -272,20 +272,20 @@ def run_full_loads(
         raise ValueError(f"A full load names a table twice: {names}.")
     results: list[FullLoadResult | None] = [None] * len(requests)
     loads: dict[int, _TableLoad] = {}
-    retained = functools.cache(hook.binary_logs)  # asked once, after the first preflight checked the binlog is on
+    retained = functools.cache(source.binary_logs)  # asked once, after the first preflight checked the binlog is on
     cores = int(spark.sparkContext.defaultParallelism)
-    with hook.cursor() as cur:
+    with source.cursor() as cur:
         cur.execute("SELECT @@server_id")
         server_id = int(cur.fetchone()[0])
     for i, request in enumerate(requests):
-        prepared = _prepare(hook, request, server_id, retained, cores)
+        prepared = _prepare(source, request, server_id, retained, cores)
         if isinstance(prepared, _TableLoad):
             loads[i] = prepared
         else:
             results[i] = prepared
     if not loads:
         return results
-    settings = hook.connection_settings()
+    settings = source.connection_settings()
     if any(load.is_mariadb and load.request.reader == "native" for load in loads.values()):
         connectorx_tls_query(settings.ssl, settings.ssl_mode)  # TLS it cannot take: refused now, not on an executor
     for load in loads.values():
@@ -377,7 +377,7 @@ def left_as_is(request: FullLoadRequest, manifest: dict | None) -> bool:
 
 
 def _prepare(
-    hook: MySqlSourceHook,
+    source: MySqlSource,
     request: FullLoadRequest,
     server_id: int,
     retained: Callable[[], list[str]],
@@ -404,7 +404,7 @@ def _prepare(
     if left_as_is(request, manifest):
         log.info("full load %s.%s: the table holds a full load already; left as it is", request.schema, request.table)
         return None
-    checked = hook.preflight(
+    checked = source.preflight(
         request.schema, request.table, request.chunk_key, request.expected_rows_per_second, request.require_replication
     )
     if request.server_id is not None and server_id != request.server_id:
@@ -412,7 +412,7 @@ def _prepare(
             f"The full load's version base {request.version_base} was found for server_id {request.server_id},"
             f" but the connection now reaches server_id {server_id} (it changed during the task): retry it."
         )
-    with hook.cursor() as cur:
+    with source.cursor() as cur:
         columns = [c.to_json() for c in table_columns(cur, request.schema, request.table)]
         _check_column_names(request.schema, request.table, [c["name"] for c in columns])
         if manifest is None:

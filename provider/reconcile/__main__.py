@@ -2,7 +2,8 @@
 
 Submitted by :class:`~exactly_once_provider.operators.reconcile.ReconcileOperator`. The spec's ``params``: the
 sink spec, the source table, its key and compared columns, the captured position (CDC), the engine's settings
-and ``mysql_conn_id``, whose connection comes from the 0600 secrets file only. The Delta side is pinned at the
+and ``mysql_conn_id``, whose connection's settings come from the 0600 secrets file only, resolved by the operator
+(:func:`~exactly_once_provider.source.server.source_from_secrets`). The Delta side is pinned at the
 table's current version before the source snapshot opens; the report goes to the result file.
 """
 
@@ -12,12 +13,12 @@ import sys
 from typing import Any
 
 from exactly_once_provider.full_load.columns import Column
-from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.positions import parse_position
 from exactly_once_provider.reconcile import sides
 from exactly_once_provider.reconcile.keys import Key
 from exactly_once_provider.reconcile.run import compare, report_to_json, sink_spec_from_json
 from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.source.server import source_from_secrets
 from exactly_once_provider.spark_jobs.driver import run_job
 from exactly_once_provider.spark_jobs.spec import JobSpec
 
@@ -42,7 +43,7 @@ def _driver(job: JobSpec, secrets: dict) -> dict[str, Any]:
             columns = [c for c in columns if c.name not in pending]
         sink_side = sides.delta_side(spark, spec, key, columns, scope, version if version >= 0 else None)
         report, common = compare(
-            MySqlSourceHook(p["mysql_conn_id"]),
+            source_from_secrets(secrets),
             sink_side,
             p["schema"],
             p["table"],

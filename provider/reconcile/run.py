@@ -16,14 +16,14 @@ from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.reconcile import engine, position, sides
 from exactly_once_provider.reconcile.keys import HASHED_LEAF_WIDTH, Key
 
-if TYPE_CHECKING:  # the hook is the caller's; the domain only calls its public methods
-    from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+if TYPE_CHECKING:
+    from exactly_once_provider.source.server import MySqlSource
 
 log = logging.getLogger(__name__)
 
 
 def compare(
-    source_hook: MySqlSourceHook,
+    server: MySqlSource,
     sink_side: Any,
     schema: str,
     table: str,
@@ -39,7 +39,7 @@ def compare(
 ) -> tuple[engine.Report, position.CommonPosition | None]:
     """Open the source snapshot and compare it with the (already pinned) sink side.
 
-    :param source_hook: the source.
+    :param server: the source server.
     :param sink_side: the sink side, pinned before this call.
     :param schema: the source database.
     :param table: the source table.
@@ -53,11 +53,11 @@ def compare(
     :param leaf_width: key width compared key by key.
     :param scope: compare only the keys in these ranges (None: the whole table).
     """
-    with source_hook.consistent_snapshot() as snapshot:
+    with server.consistent_snapshot() as snapshot:
         common = None
         if captured is not None:
             keys, changes = position.keys_changed_between(
-                source_hook.connection_settings().replication_settings(),
+                server.connection_settings().replication_settings(),
                 schema,
                 table,
                 key,

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import MySQLdb
 import MySQLdb.cursors
 
-from exactly_once_provider.connections import mysql_tls_required, pymysql_tls
+from exactly_once_provider.connections import mysql_connect_kwargs, mysql_tls_required, pymysql_tls
 from exactly_once_provider.errors import ServiceAccessError, SourceConfigurationError
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.source.identifiers import quote_identifier, quote_table
@@ -279,12 +279,48 @@ class ConnectionSettings:
     host: str
     port: int
     user: str
-    password: str
+    password: str = field(repr=False)  # never in a log line, not even through a repr
     database: str
     connect_timeout: int = 10
     # TLS as the MySQL provider's MySqlHook reads it from the connection's Extra (connections.mysql_connect_kwargs).
     ssl: dict | None = None
     ssl_mode: str | None = None
+
+    @classmethod
+    def of_connection(cls, mysql_conn_id: str) -> ConnectionSettings:
+        """Return the settings of the Airflow ``mysql`` connection ``mysql_conn_id`` (in the process that has it).
+
+        Read as the MySQL provider's ``MySqlHook`` reads the connection: TLS from the Extra ``ssl`` dict and
+        ``ssl_mode`` (:func:`~exactly_once_provider.connections.mysql_connect_kwargs`).
+
+        :param mysql_conn_id: the ``mysql`` connection.
+        """
+        kwargs = mysql_connect_kwargs(mysql_conn_id)
+        return cls(
+            host=kwargs["host"],
+            port=kwargs["port"],
+            user=kwargs["user"],
+            password=kwargs["passwd"],
+            database=kwargs["db"],
+            connect_timeout=kwargs["connect_timeout"],
+            ssl=kwargs.get("ssl"),
+            ssl_mode=kwargs.get("ssl_mode"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the settings as JSON, password included: for a 0600 secrets file only, never a log or a spec."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ConnectionSettings:
+        """Return the settings :meth:`to_json` wrote.
+
+        :param data: the JSON object.
+        """
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"MySQL connection settings with unknown fields {unknown}; expected those of to_json().")
+        return cls(**data)
 
     def connect(self, conv: dict | None = None) -> MySQLdb.connections.Connection:
         """Open a UTC, utf8mb4 connection with autocommit on.

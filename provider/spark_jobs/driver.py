@@ -51,8 +51,8 @@ def exit_with_the_jvm() -> None:
 def run_job(job: str, body: Callable[[JobSpec, dict[str, Any]], Any], argv: list[str]) -> int:
     """Run ``body(spec, secrets)`` as the driver of ``job``; write its result, or the error that stopped it.
 
-    The secrets file's ``env`` (e.g. ``AIRFLOW_CONN_<ID>`` of the one connection the job needs) goes into this
-    process's environment only: spark-submit never had it.
+    The secrets file holds the settings of the connections the job needs, resolved by the operator (the driver
+    reads no Airflow connection): ``body`` takes them from ``secrets``; spark-submit never had them.
 
     :param job: the job's name (the spec must be for it).
     :param body: the job.
@@ -65,7 +65,6 @@ def run_job(job: str, body: Callable[[JobSpec, dict[str, Any]], Any], argv: list
     spec = JobSpec.read(parser.parse_args(argv).spec, job)
     try:
         secrets = read_secret_file(spec.secrets_file)
-        os.environ.update(secrets.get("env", {}))
         register_storage(secrets)
         result = body(spec, secrets)
     except BaseException as err:

@@ -1,8 +1,8 @@
 """The package's layers: imports point one way (templates -> operators -> hooks -> domain -> core).
 
 Read from the source with ``ast`` (nothing is imported). ``if TYPE_CHECKING:`` blocks are annotations only and
-do not count; a ``__main__`` module is an entry point (it builds hooks from connection ids) and sits with the
-templates on top.
+do not count; a ``__main__`` module is an entry point and sits with the templates on top, but, like the capture
+loop, imports neither hooks nor Airflow (:func:`test_drivers_import_neither_hooks_nor_airflow`).
 """
 
 from __future__ import annotations
@@ -138,6 +138,42 @@ def test_hooks_folder_holds_hooks_only():
 
 # Small result records a hook returns (its public API), not domain logic.
 _RESULT_TYPES = {"ServerInfo", "Snapshot", "Preflight"}
+
+
+# What runs away from Airflow's connections: every ``__main__`` module (a Spark driver, or a command run on its
+# own), and the capture loop (the operator hands it the source). A driver gets its connections' settings from
+# the job's 0600 secrets file, resolved by the operator through its hooks (source.server.source_secrets).
+DRIVERS = sorted({*(ROOT / "provider").rglob("__main__.py"), ROOT / "provider" / "capture" / "loop.py"})
+
+
+def _all_imports(path: Path):
+    """Every module ``path`` imports, ``if TYPE_CHECKING:`` blocks and function bodies included."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+def test_drivers_import_neither_hooks_nor_airflow():
+    assert len(DRIVERS) >= 3  # full_load, reconcile, the capture loop
+    found = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in DRIVERS
+        for name in _all_imports(path)
+        if name.split(".")[0] == "airflow" or name.startswith("exactly_once_provider.hooks")
+    }
+    assert found == set()
+
+
+def test_the_driver_check_catches_a_hook_import(tmp_path):
+    driver = tmp_path / "__main__.py"
+    driver.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from exactly_once_provider import hooks\n"
+        "def f():\n    import airflow.sdk\n"
+    )
+    assert {"exactly_once_provider.hooks", "airflow.sdk"} <= set(_all_imports(driver))
 
 
 def test_package_root_is_the_provider_folder():

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import MySQLdb
 import pytest
 
 from exactly_once_provider.errors import SourceConfigurationError
-from exactly_once_provider.hooks import mysql_source
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook, parse_server_version
 from exactly_once_provider.positions import BinlogPosition
 from tests.unit.hooks.fake_db import FakeConnection, FakeCursor
@@ -95,7 +95,7 @@ def test_connection_uses_utc_sessions(monkeypatch):
         "AIRFLOW_CONN_SRC",
         '{"conn_type": "mysql", "host": "db", "port": 3307, "login": "u", "password": "secret", "schema": "shop"}',
     )
-    monkeypatch.setattr(mysql_source.MySQLdb, "connect", lambda **kwargs: seen.update(kwargs) or "conn")
+    monkeypatch.setattr(MySQLdb, "connect", lambda **kwargs: seen.update(kwargs) or "conn")
     assert MySqlSourceHook(mysql_conn_id="src").get_conn() == "conn"
     assert seen["init_command"] == "SET time_zone = '+00:00'"
     assert (seen["host"], seen["port"], seen["database"], seen["charset"]) == ("db", 3307, "shop", "utf8mb4")

@@ -100,7 +100,7 @@ def test_a_sink_on_s3_is_checked_first_and_its_connection_reaches_the_driver_in_
     params = op.job_params({})
     secrets = op.job_secrets()
     assert (secrets["s3"]["access_key_id"], secrets["s3"]["secret_access_key"]) == ("AKIA-lake", "lake-s3cret")
-    assert "AIRFLOW_CONN_MYSQL_DEFAULT" in secrets["env"] and "lake-s3cret" not in str(params)
+    assert secrets["mysql"]["settings"]["host"] == "h" and "lake-s3cret" not in str(params)
     assert any(p.startswith("org.apache.hadoop:hadoop-aws:") for p in op.default_packages())
     op.before_submit()
     assert checked == ["s3://lake/t"] and s3_module.registered_settings().conn_id == "aws_lake"

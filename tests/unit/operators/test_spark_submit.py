@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.spark_submit import DriverEndedError, DriverKilledError, PackagedSparkJobOperator
+from exactly_once_provider.source.server import source_from_secrets
 from exactly_once_provider.spark_jobs.spec import JobSpec, report_error
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -154,8 +155,12 @@ def test_the_mysql_connection_goes_to_the_secrets_only(spark_connection):
     params = op.job_params({})
     assert params["schema"] == "eo" and params["chunk_key"] == ("a", "b") and params["mysql_conn_id"] == "mysql_default"
     assert "pw-MARKER" not in json.dumps(params)
-    secrets = op.job_secrets()["env"]["AIRFLOW_CONN_MYSQL_DEFAULT"]
-    assert json.loads(secrets)["password"] == "pw-MARKER"
+    secrets = op.job_secrets()["mysql"]  # resolved here, through the hook: the driver reads no connection
+    assert secrets["settings"]["password"] == "pw-MARKER" and secrets["label"] == "MySQL connection 'mysql_default'"
+    source = source_from_secrets(json.loads(json.dumps(op.job_secrets())))  # as the driver reads the file
+    assert source.connection_settings().password == "pw-MARKER" and "pw-MARKER" not in repr(
+        source.connection_settings()
+    )
 
 
 def test_on_kill_before_anything_was_submitted_is_harmless(spark_connection):
