@@ -53,6 +53,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEve
 
 from exactly_once_provider.errors import SourceConfigurationError
 from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.source import ddl
 from exactly_once_provider.source.row_decoder import RowDecoder, library_columns, row_decoder
 
 # Server error 1236: "Could not find first log file name in binary log index file" (and other fatal
@@ -340,50 +341,23 @@ class SchemaChange:
     end: BinlogPosition
 
 
-_DDL = re.compile(
-    r"^\s*(?:/\*.*?\*/\s*)*(ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE|DROP\s+(?:TEMPORARY\s+)?TABLE|"
-    r"TRUNCATE(?:\s+TABLE)?|RENAME\s+TABLE|CREATE\s+(?:OR\s+REPLACE\s+)?TABLE)\s+(.*)$",
-    re.IGNORECASE | re.DOTALL,
-)
-_IDENT = r"(?:`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
-_QUALIFIED = re.compile(rf"({_IDENT})(?:\s*\.\s*({_IDENT}))?")
-
-
-def _unquote(name: str) -> str:
-    return name[1:-1].replace("``", "`") if name.startswith("`") else name
-
-
 def ddl_tables(query: str, default_schema: str) -> tuple[str, list[TableName]]:
     """
     Return ``(kind, tables)`` a DDL statement touches, ``kind`` ``""`` when it is not table DDL.
 
     ``kind`` is ``"alter"`` for ALTER TABLE (rows keep flowing with a new schema version) and ``"rewrite"`` for
     statements that change or remove rows without row events (TRUNCATE, DROP, RENAME, CREATE OR REPLACE,
-    ALTER ... RENAME).
+    ALTER ... RENAME). Read by :func:`exactly_once_provider.source.ddl.parse`.
 
     :param query: the statement text from the binlog.
     :param default_schema: the session's current database (the query event's schema).
     """
-    match = _DDL.match(query)
-    if not match:
+    statement = ddl.parse(query, default_schema)
+    if statement is None:
         return "", []
-    verb = match.group(1).split()[0].upper()
-    rest = re.sub(r"^IF\s+(?:NOT\s+)?EXISTS\s+", "", match.group(2), flags=re.IGNORECASE)
-    names: list[TableName] = []
-    if verb in ("DROP", "RENAME"):
-        for part in re.split(r",(?=(?:[^`]*`[^`]*`)*[^`]*$)", rest):
-            for token in re.split(r"\s+TO\s+", part.strip(), flags=re.IGNORECASE):
-                found = _QUALIFIED.match(token.strip())
-                if found:
-                    names.append(_qualified(found, default_schema))
-    else:
-        found = _QUALIFIED.match(rest.strip())
-        if found:
-            names.append(_qualified(found, default_schema))
     # ALTER ... RENAME [TO|AS] new_name moves the table; RENAME COLUMN / INDEX / KEY keep its rows (followed).
-    renames = re.search(r"\bRENAME\s+(?!(?:COLUMN|INDEX|KEY)\s)", rest, re.IGNORECASE)
-    kind = "alter" if verb == "ALTER" and not renames else "rewrite"
-    return kind, names
+    kind = "alter" if statement.verb == "ALTER" and not statement.renames_table else "rewrite"
+    return kind, list(statement.tables)
 
 
 def removes_tables(query: str) -> bool:
@@ -392,19 +366,8 @@ def removes_tables(query: str) -> bool:
 
     :param query: the statement text from the binlog.
     """
-    match = _DDL.match(query)
-    if not match:
-        return False
-    verb = match.group(1).split()[0].upper()
-    return verb in ("DROP", "RENAME") or (
-        verb == "ALTER"
-        and re.search(r"\bRENAME\s+(?!(?:COLUMN|INDEX|KEY)\s)", match.group(2), re.IGNORECASE) is not None
-    )
-
-
-def _qualified(found: re.Match, default_schema: str) -> TableName:
-    first, second = found.group(1), found.group(2)
-    return (_unquote(first), _unquote(second)) if second else (default_schema, _unquote(first))
+    statement = ddl.parse(query)
+    return statement is not None and statement.removes_tables
 
 
 def first_transaction_after(connection: dict[str, Any], gtid_position: str, server_id: int) -> BinlogPosition | None:

@@ -3,7 +3,9 @@
 The binlog capture writes each ``ALTER TABLE`` of a captured table into the table's topic as a schema record
 (:func:`exactly_once_provider.capture.change_record.schema_record`: the statement, its binlog position and its
 ``version``, in binlog order with the change records). A typed sink (the current table) reads the statement
-here, against the columns it holds, and either follows it or refuses it. Where the rule lives: :func:`evolve`.
+here, against the columns it holds, and either follows it or refuses it. Where the rule lives: :func:`evolve`; the
+statement and its clauses are read by :mod:`exactly_once_provider.source.ddl` (comments, quoted names), the one DDL
+reader the capture uses too.
 
 What is followed (docs/schema-changes.md has the table):
 
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from exactly_once_provider.full_load.columns import Column, arrow_type
+from exactly_once_provider.source import ddl
 
 DDL_OP = "ddl"  # the "op" of a schema record in a table's topic
 _INTS = ("tinyint", "smallint", "mediumint", "int", "bigint")
@@ -96,37 +99,7 @@ def refusal(record: SchemaRecord, table: str, why: str) -> RefusedSchemaChange:
     )
 
 
-def _split(text: str, sep: str = ",") -> list[str]:
-    """Split at top-level ``sep`` (outside quotes and parentheses)."""
-    parts, depth, quote, start = [], 0, "", 0
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == sep and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-        i += 1
-    parts.append(text[start:].strip())
-    return [p for p in parts if p]
-
-
-_IDENT = r"(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
-_TABLE_HEAD = re.compile(
-    r"^\s*(?:/\*.*?\*/\s*)*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?"
-    rf"{_IDENT}(?:\s*\.\s*{_IDENT})?\s*(?:WAIT\s+\d+\s+|NOWAIT\s+)?(.*)$",
-    re.IGNORECASE | re.DOTALL,
-)
+_IDENT = f"({ddl.IDENT})"  # one identifier, captured
 _TYPE = re.compile(
     r"^([A-Za-z]+)\s*(\(((?:[^()'\"]|'(?:[^'\\]|\\.|'')*')*)\))?\s*((?:UNSIGNED|SIGNED|ZEROFILL|"
     r"\s)*)(.*)$",
@@ -134,10 +107,6 @@ _TYPE = re.compile(
 )
 _STRING = re.compile(r"^'((?:[^'\\]|\\.|'')*)'", re.DOTALL)
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?(?=\s|$)", re.IGNORECASE)
-
-
-def _name(token: str) -> str:
-    return token[1:-1].replace("``", "`") if token.startswith("`") else token
 
 
 def _unescape(text: str) -> str:
@@ -364,8 +333,8 @@ def evolve(
     def why(reason: str) -> RefusedSchemaChange:
         return refusal(record, table, reason)
 
-    head = _TABLE_HEAD.match(record.query)
-    if not head:
+    statement = ddl.parse(record.query)
+    if statement is None or statement.verb != "ALTER":
         raise why("it is not an ALTER TABLE statement the sink understands")
     by_name = {c.name.lower(): c for c in columns}
     order = [c.name for c in columns]
@@ -382,7 +351,7 @@ def evolve(
         order.append(new.name)
         fills.extend([Fill(new.name, record.version, None, old.name), Fill(old.name, record.version, None)])
 
-    for clause in _split(head.group(3)):
+    for clause in statement.clauses:
         if re.match(
             r"^(ADD|DROP|MODIFY|CHANGE|ALTER|RENAME)\s+PRIMARY\b|^(ADD|DROP)\s+(CONSTRAINT\s+\S+\s+)?"
             r"PRIMARY\s+KEY\b",
@@ -405,7 +374,7 @@ def evolve(
             rf"^ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?{_IDENT}\s+(.*)$", clause, re.IGNORECASE | re.DOTALL
         )
         if found and not found.group(2).lstrip().startswith("("):
-            name = _name(found.group(1))
+            name = ddl.unquote(found.group(1))
             if name.lower() in by_name:
                 raise why(f"column {name!r} is already in the table")
             definition = _definition(name, found.group(2), why)
@@ -420,13 +389,13 @@ def evolve(
             rf"^(MODIFY|CHANGE)\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?{_IDENT}\s+(.*)$", clause, re.IGNORECASE | re.DOTALL
         )
         if found:
-            old_name, rest = _name(found.group(2)), found.group(3)
+            old_name, rest = ddl.unquote(found.group(2)), found.group(3)
             new_name = old_name
             if found.group(1).upper() == "CHANGE":
                 renamed = re.match(rf"^{_IDENT}\s+(.*)$", rest, re.DOTALL)
                 if not renamed:
                     raise why(f"the clause {clause[:80]!r} is not understood")
-                new_name, rest = _name(renamed.group(1)), renamed.group(2)
+                new_name, rest = ddl.unquote(renamed.group(1)), renamed.group(2)
             old = by_name.get(old_name.lower())
             if old is None:
                 raise why(f"column {old_name!r} is not a column the sink holds")
@@ -459,7 +428,7 @@ def evolve(
             rf"^DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?{_IDENT}\s*(RESTRICT|CASCADE)?$", clause, re.IGNORECASE
         )
         if found:
-            name = _name(found.group(1))
+            name = ddl.unquote(found.group(1))
             old = by_name.get(name.lower())
             if old is None:
                 raise why(f"column {name!r} is not a column the sink holds")
@@ -469,10 +438,10 @@ def evolve(
             continue
         found = re.match(rf"^RENAME\s+COLUMN\s+{_IDENT}\s+TO\s+{_IDENT}$", clause, re.IGNORECASE)
         if found:
-            old = by_name.get(_name(found.group(1)).lower())
+            old = by_name.get(ddl.unquote(found.group(1)).lower())
             if old is None:
-                raise why(f"column {_name(found.group(1))!r} is not a column the sink holds")
-            rename(old, replace(old, name=_name(found.group(2))))
+                raise why(f"column {ddl.unquote(found.group(1))!r} is not a column the sink holds")
+            rename(old, replace(old, name=ddl.unquote(found.group(2))))
             continue
         raise why(f"the clause {clause[:80]!r} is not one the sink follows")
     return [by_name[n.lower()] for n in order], fills

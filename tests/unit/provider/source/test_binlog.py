@@ -160,6 +160,9 @@ def test_a_missing_key_column_is_a_clear_error():
         ("RENAME TABLE a TO b, c TO d", ("rewrite", [("db", "a"), ("db", "b"), ("db", "c"), ("db", "d")])),
         ("CREATE OR REPLACE TABLE t (id int)", ("rewrite", [("db", "t")])),
         ("CREATE TABLE IF NOT EXISTS t (id int)", ("rewrite", [("db", "t")])),
+        ("ALTER TABLE t ADD c INT COMMENT 'RENAME TO x later'", ("alter", [("db", "t")])),  # a string, no clause
+        ("ALTER TABLE t WAIT 2 ADD c INT /* , RENAME TO x */", ("alter", [("db", "t")])),  # a comment
+        ("/*!40000 ALTER TABLE `t` DISABLE KEYS */", ("alter", [("db", "t")])),  # an executable comment runs
         ("GRANT SELECT ON *.* TO x", ("", [])),
         ("INSERT INTO t VALUES (1)", ("", [])),
     ],

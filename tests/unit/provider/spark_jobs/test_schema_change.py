@@ -46,6 +46,10 @@ def _evolve(query: str):
             ("dt", "datetime"),
             [Fill("dt", 77, "2025-01-01 10:00:00")],
         ),
+        # comments anywhere and hostile names (source/ddl.py reads the statement)
+        ("ALTER TABLE t ADD COLUMN c INT /* why, here */ NOT NULL DEFAULT 7", ("c", "int"), [Fill("c", 77, "7")]),
+        ("ALTER ONLINE TABLE `t` WAIT 5 /*!50100 ADD COLUMN c INT DEFAULT 2 */", ("c", "int"), [Fill("c", 77, "2")]),
+        ("ALTER TABLE t ADD COLUMN `c``,x` INT DEFAULT 1 -- done", ("c`,x", "int"), [Fill("c`,x", 77, "1")]),
     ],
 )
 def test_add_column_is_followed_with_the_value_old_rows_hold(query, added, fills):
