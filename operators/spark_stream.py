@@ -94,6 +94,19 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     :param key_field: CDC: JSON field of the record value holding the primary key.
     :param version_field: CDC: JSON field holding the change's source version (e.g. its binlog position).
     :param op_field: CDC: JSON field holding the operation (``d`` or ``delete`` deletes).
+    :param on_bad_record: a record the sink cannot store (a key or value that is not valid UTF-8; for
+        PostgreSQL, text holding a NUL character): ``fail`` (the default) stops the job before its batch
+        commits and names it; ``dead_letter`` commits it to the dead-letter store with its batch, in the same
+        exactly-once step as the batch's good records (append mode, ``postgres`` and ``delta`` sinks;
+        docs/dead-letters.md). The task log counts each batch's dead letters.
+    :param max_dead_letters: ``dead_letter``: bad records allowed in one batch (default 100); a batch holding
+        more fails with nothing of it committed, and the error names the limit and the store.
+    :param max_dead_letter_ratio: ``dead_letter``: the share of a batch's records allowed to be bad
+        (0 < ratio <= 1), checked as well.
+    :param dead_letter_store: ``dead_letter``: the PostgreSQL table (``postgres``, default
+        ``<sink_table>_dead_letters``, created if missing, written in the batch's transaction) or the Delta
+        table's location (``delta``, default ``<sink_path>_dead_letters``, committed before the batch's sink
+        commit under an offset watermark); with ``streams``, leave it unset (each table's default).
     :param delivery: ``exactly-once``; ``at-least-once`` is a plain append without sink-side progress (a
         benchmark baseline, never a fallback).
     :param packages: Maven coordinates for ``--packages``; default :data:`~exactly_once_provider.spark_jobs.packages.SPARK_PACKAGES`
@@ -126,6 +139,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         "max_offsets_per_trigger",
         "max_runtime",
         "mode",
+        "on_bad_record",
+        "max_dead_letters",
+        "max_dead_letter_ratio",
+        "dead_letter_store",
         "conf",
     )
     ui_color = "#e8f4d9"
@@ -167,6 +184,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         version_field: str = "version",
         op_field: str = "op",
         delivery: str = "exactly-once",
+        on_bad_record: str = "fail",
+        max_dead_letters: int | str | None = None,
+        max_dead_letter_ratio: float | str | None = None,
+        dead_letter_store: str | None = None,
         packages: Sequence[str] | None = None,
         jars: Sequence[str] | None = None,
         conf: dict[str, Any] | None = None,
@@ -206,6 +227,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         self.version_field = version_field
         self.op_field = op_field
         self.delivery = delivery
+        self.on_bad_record = on_bad_record
+        self.max_dead_letters = max_dead_letters
+        self.max_dead_letter_ratio = max_dead_letter_ratio
+        self.dead_letter_store = dead_letter_store
         self._before: dict | None = None
         self._before_version = -1
 
@@ -279,6 +304,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             version_field=self.version_field,
             op_field=self.op_field,
             delivery=self.delivery,
+            on_bad_record=self.on_bad_record,
+            max_dead_letters=_number(self.max_dead_letters, int, "max_dead_letters"),
+            max_dead_letter_ratio=_number(self.max_dead_letter_ratio, float, "max_dead_letter_ratio"),
+            dead_letter_store=self.dead_letter_store or None,
         ).validate()
 
     def _runtime_left(self) -> float | None:
@@ -455,3 +484,15 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         # Lineage of a run that committed nothing still says what it wrote: 0 rows (the XCom stays None).
         self.openlineage_result = after if after is not None else {"rows_this_run": 0}
         return after
+
+
+def _number(value: Any, kind: type, name: str) -> Any:
+    """Return a templated number (a rendered template is a string) as ``kind``; None when unset."""
+    if value in (None, "", "None"):
+        return None
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {value!r}.") from None
+    return value

@@ -198,7 +198,11 @@ class Sink(Protocol):
         """Make the sink ready for the job's first batch (create tables, remove a crash's unpublished files)."""
 
     def commit(self, df: Any, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
-        """Commit ``df`` and ``commit`` in one atomic step; return False if the batch was already committed."""
+        """Commit ``df`` and ``commit`` in one atomic step; return False if the batch was already committed.
+
+        The PostgreSQL and Delta sinks also take ``letters``, the batch's dead letters, committed with it
+        (:mod:`~exactly_once_provider.sinks.dead_letters`).
+        """
 
     def commit_windows(
         self, df: Any, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
@@ -221,6 +225,7 @@ def open_sink(
     key: tuple[str, ...] = (),
     s3: Any = None,
     topics: Sequence[str] = (),
+    dead_letter_store: str | None = None,
 ) -> Sink:
     """Return the sink of ``kind`` at ``location`` for ``pipeline``: THE dispatch on the sink kind.
 
@@ -240,11 +245,16 @@ def open_sink(
         the process registered).
     :param topics: ``postgres``: the topics the writer reads (its state is theirs; see
         :class:`~.postgres.PostgresSink`); empty for a reader.
+    :param dead_letter_store: ``postgres``/``delta`` append mode with ``on_bad_record="dead_letter"``: the
+        dead-letter table / Delta location its commits write the batch's letters to
+        (:mod:`~exactly_once_provider.sinks.dead_letters`).
     """
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
 
-        return DeltaSink(location, pipeline, mode, commit_with=commit_with, key=key, s3=s3)
+        return DeltaSink(
+            location, pipeline, mode, commit_with=commit_with, key=key, s3=s3, dead_letter_store=dead_letter_store
+        )
     if kind == "files":
         from exactly_once_provider.sinks.files import FilesSink
         from exactly_once_provider.storage import open_storage
@@ -255,6 +265,12 @@ def open_sink(
 
         connect = postgres_connect() if callable(postgres_connect) else postgres_connect
         return PostgresSink(
-            location or OFFSETS_TABLE, pipeline, connect, mode=mode, conn_id=postgres_conn_id, topics=topics
+            location or OFFSETS_TABLE,
+            pipeline,
+            connect,
+            mode=mode,
+            conn_id=postgres_conn_id,
+            topics=topics,
+            dead_letter_store=dead_letter_store,
         )
     raise ValueError(f"sink must be one of {', '.join(SINK_KINDS)}, got {kind!r}.")

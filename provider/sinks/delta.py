@@ -29,6 +29,10 @@ replaces the rows of the
 published windows with ``replaceWhere window_id IN (...)`` in the same single commit (same txn id); the
 marker carries the cumulative ``windows`` map (window id -> version, rows) the version check reads.
 
+Dead letters (``dead_letter_store``, append mode): the batch's records the table cannot store go to a Delta
+table next to it, committed BEFORE the sink's commit under an offset watermark, so a replay writes them neither
+twice nor never (the order and the fence: :mod:`exactly_once_provider.sinks.dead_letters`).
+
 The marker also carries ``rows_before`` (this pipeline's rows before the commit), so :meth:`committed`
 reads ONE commit file (the newest with the marker) instead of summing the whole log.
 """
@@ -40,7 +44,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from exactly_once_provider import faults
-from exactly_once_provider.sinks import current_table, delta_commit, delta_log, delta_merge
+from exactly_once_provider.sinks import current_table, dead_letters, delta_commit, delta_log, delta_merge
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     BatchCommit,
@@ -72,6 +76,8 @@ class DeltaSink:
     :param key: ``current`` mode: the source table's primary key columns.
     :param s3: an ``s3://`` path: its :class:`~exactly_once_provider.storage.s3.S3Settings` (default: those the
         process registered, as a Spark driver does from its secrets file).
+    :param dead_letter_store: append mode with ``on_bad_record="dead_letter"``: the dead-letter Delta table's
+        location (next to the sink), committed before each batch's sink commit.
     """
 
     kind = "delta"
@@ -86,6 +92,7 @@ class DeltaSink:
         commit_with: str = "own",
         key: tuple[str, ...] = (),
         s3: object = None,
+        dead_letter_store: str | None = None,
     ) -> None:
         if commit_with not in ("own", "delta"):
             raise ValueError(f"commit_with must be 'own' or 'delta', got {commit_with!r}.")
@@ -102,6 +109,8 @@ class DeltaSink:
         self.pipeline = pipeline
         self.mode = mode
         self.commit_with = commit_with
+        # the store is a Delta table with a marker of its own (its watermark): a sink of this class
+        self.letter_store = DeltaSink(dead_letter_store, pipeline, s3=s3) if dead_letter_store else None
         self.key = f"eo_stream:{pipeline}"
         # Current mode: set for each batch by spark_jobs.current_changes.CurrentChanges (the schema the
         # commit records, whether it evolves the table, the fills of the changes it follows: the batch then
@@ -201,18 +210,31 @@ class DeltaSink:
                 "driver (a zombie of an earlier run, or two jobs on one pipeline)."
             ) from None
 
-    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+    def commit(
+        self,
+        df,
+        commit: BatchCommit,
+        expected: object = UNCHECKED,
+        letters: dead_letters.DeadLetters | None = None,
+    ) -> bool:
         """Write the batch and its marker in one Delta commit; return False if it was already committed.
 
         A replay is recognised by the Delta txn ``(app id, batch id)`` (:func:`~.base.replayed`'s rule as Delta
         enforces it), here and again by Delta's writer / the own commit at its put-if-absent.
 
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        :param letters: the batch's dead letters (``on_bad_record="dead_letter"``): committed to the
+            ``dead_letter_store`` table first (:meth:`_commit_letters`); ``letters.written`` is set to the
+            number that commit added.
         """
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
         if delta_commit.find_commit(self.table, app_id, commit.batch_id) is not None:
             return False
         previous, fence = self._planned_on(commit, expected)
+        if letters is not None:
+            letters.written = self._commit_letters(df.sparkSession, letters, commit)
+            # EO_FAULT_AT=sink_written_<batch>: the letters committed, the sink's commit not yet
+            faults.fault_point(f"sink_written_{commit.batch_id}")
         marker = {self.key: dict(commit.to_json(), rows_before=previous.rows_total if previous else 0)}
         fence = None if expected is UNCHECKED else fence
         if self.mode == "append" and self.commit_with == "own":
@@ -288,6 +310,32 @@ class DeltaSink:
             update_when="s.source_version > t.source_version",
         )
         return True
+
+    def _commit_letters(self, spark, letters: dead_letters.DeadLetters, commit: BatchCommit) -> int:
+        """Commit the letters the store does not hold yet, raising its watermark to the batch's end; return
+        how many (0: the store holds them all, e.g. a replay after a crash between the two commits).
+
+        The store's own commit: txn ``<pipeline>:<checkpoint id>`` / batch id like the sink's, its marker's
+        offsets the watermark, fenced on the store's newest commit read here (a zombie's concurrent store commit
+        fails this batch; see :mod:`~exactly_once_provider.sinks.dead_letters`).
+        """
+        store = self.letter_store
+        if store is None:
+            raise ValueError("letters to commit, but the Delta sink was opened without a dead_letter_store.")
+        held = store.committed()
+        watermark = held.offsets if held else {}
+        fresh = dead_letters.unheld(letters.rows, watermark)
+        if not fresh:  # every letter of the batch is below the watermark: held already (or the batch has none)
+            return 0
+        mark = BatchCommit(
+            self.pipeline, commit.checkpoint_id, commit.batch_id, dead_letters.raised(watermark, commit.offsets)
+        )
+        if not store.commit(dead_letters.spark_frame(spark, fresh), mark, expected=held):
+            raise delta_commit.CommitMarkerError(
+                f"The dead-letter store {store.path} holds the txn of batch {commit.batch_id} of checkpoint "
+                f"{commit.checkpoint_id} but its watermark {watermark} is below letters of that batch."
+            )
+        return len(fresh)
 
     def commit_windows(
         self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED

@@ -1,18 +1,20 @@
 """Poison records: Kafka records a sink cannot store as they are. The job stops cleanly and names them.
 
-Decision: a clean stop, not a dead letter. Every sink stores ``record_key``/``record_value`` as text, so a
-key or value that is not valid UTF-8 (and, for PostgreSQL, text holding a NUL character) cannot be written
-without changing it. The micro-batch holding it fails BEFORE its sink commit, so the sink's offsets stay at
-the end of the last good batch: nothing is committed past the poison record (and nothing before it in the
-same batch either; those are written by the run after the fix, exactly once). The error names the topic,
+Decision: by default (``on_bad_record="fail"``) a clean stop. Every sink stores ``record_key``/``record_value``
+as text, so a key or value that is not valid UTF-8 (and, for PostgreSQL, text holding a NUL character) cannot
+be written without changing it. The micro-batch holding it fails BEFORE its sink commit, so the sink's offsets
+stay at the end of the last good batch: nothing is committed past the poison record (and nothing before it in
+the same batch either; those are written by the run after the fix, exactly once). The error names the topic,
 partition and offset of the first such records and a hex preview, so the producer can be fixed. A rerun
 stops at the same place until the record is dealt with; the job never drops a record silently.
 
-Why not a dead-letter store: the three sinks cannot put a second table in the same atomic commit in the
-same way (Delta commits one table), and an exactly-once pipeline that moves records aside must commit
-that move with the batch; until that exists for every sink, stopping is the only answer that loses
-nothing. CDC and window mode are stricter still: a record without the key/version fields (CDC) or outside
-a framed settlement batch (window) stops the job the same way (``cdc_changes``, ``settlement``).
+The alternative, ``on_bad_record="dead_letter"``, moves such records aside only where that move commits with
+the batch: in the PostgreSQL batch's transaction, and for Delta in a dead-letter table committed before the
+sink under an offset watermark (:mod:`~exactly_once_provider.sinks.dead_letters`), for the append mode, up to
+a per-batch limit past which the batch stops as here. The files sink and the CDC, current and window modes
+have no such commit yet and keep the clean stop; so do CDC and window mode's stricter checks: a record without
+the key/version fields (CDC) or outside a framed settlement batch (window) stops the job the same way
+(``cdc_changes``, ``settlement``).
 
 Detection costs no extra pass: the job's projection wraps both columns in Spark's ``validate_utf8``, which
 fails the write itself; only then is the batch's range read again to locate the records (:func:`locate`).

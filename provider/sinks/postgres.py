@@ -21,6 +21,10 @@ into ``table`` (primary key ``pk``) only where the change's ``source_version`` i
 same transaction. Deletes are kept as tombstones (``deleted = true``) so an older change replayed after the
 delete cannot bring the row back; readers filter ``NOT deleted``.
 
+Dead letters (``dead_letter_store``, append mode): the batch's records the table cannot store go to the
+store table in the SAME transaction, after the rows and before the offsets
+(:mod:`exactly_once_provider.sinks.dead_letters`).
+
 Current mode (``mode="current"``) keeps the typed current table of one source table, built on the Delta full
 load and following its schema changes: :mod:`exactly_once_provider.sinks.postgres_current`.
 
@@ -40,7 +44,8 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from exactly_once_provider.sinks import current_table, poison
+from exactly_once_provider import faults
+from exactly_once_provider.sinks import current_table, dead_letters, poison
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     WINDOW_COLUMNS,
@@ -93,6 +98,8 @@ class PostgresSink:
     :param topics: the topics this writer reads (the job's query): its state is the pipeline's rows of these
         topics, so the queries of one application (routes, disjoint topics) each commit their own batches.
         Empty: every topic of the pipeline (a reader: the status page, the lag trigger).
+    :param dead_letter_store: append mode with ``on_bad_record="dead_letter"``: the dead-letter table
+        (``schema.table`` allowed), created if missing; its letters commit in each batch's transaction.
     """
 
     kind = "postgres"
@@ -107,8 +114,10 @@ class PostgresSink:
         mode: str = "append",
         conn_id: str | None = None,
         topics: Sequence[str] = (),
+        dead_letter_store: str | None = None,
     ) -> None:
         self.table = sql.Identifier(*table.split("."))
+        self.dead_letter_store = dead_letter_store
         self.pipeline = pipeline
         self.topics = list(topics)
         self.connect_kwargs = connect_kwargs or {}
@@ -191,6 +200,8 @@ class PostgresSink:
                         " kafka_offset bigint NOT NULL, record_key text, record_value text)"
                     ).format(self.table)
                 )
+            if self.dead_letter_store:
+                cur.execute(sql.SQL(dead_letters.POSTGRES_DDL).format(self._store()))
         conn.close()
 
     def _read_state(self, cur) -> BatchCommit | None:
@@ -322,10 +333,21 @@ class PostgresSink:
         finally:
             conn.close()
 
-    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
-        """Write rows + offsets in one transaction; return False if the batch was already committed.
+    def _store(self) -> sql.Identifier:
+        return sql.Identifier(*self.dead_letter_store.split("."))
+
+    def commit(
+        self,
+        df,
+        commit: BatchCommit,
+        expected: object = UNCHECKED,
+        letters: dead_letters.DeadLetters | None = None,
+    ) -> bool:
+        """Write rows (+ dead letters) + offsets in one transaction; return False if the batch was already committed.
 
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        :param letters: the batch's dead letters (``on_bad_record="dead_letter"``), inserted into the
+            ``dead_letter_store`` table in the same transaction; ``letters.written`` is set to their number.
         """
         if self.current is not None:
             return self._commit_current(df, commit, expected)
@@ -333,6 +355,10 @@ class PostgresSink:
             if batch.done:
                 return False
             batch.rows_total = batch.rows_before + self._copy(batch.cur, df)
+            if letters is not None:
+                letters.written = dead_letters.insert_postgres(batch.cur, self._store(), letters)
+            # EO_FAULT_AT=sink_written_<batch>: rows (and letters) written in the open transaction, not committed
+            faults.fault_point(f"sink_written_{commit.batch_id}")
         return True
 
     def _commit_current(self, df, commit: BatchCommit, expected: object) -> bool:

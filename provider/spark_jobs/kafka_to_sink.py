@@ -13,6 +13,9 @@ Where the guarantees live:
   never write a row twice: :func:`process_batch`;
 * at start, a checkpoint that does not match the sink (missing, behind or ahead) is set aside and the query
   starts from the sink's offsets: :func:`reconcile_start`;
+* ``on_bad_record="dead_letter"``: a batch's records the sink cannot store are committed to the dead-letter
+  store in the same exactly-once step as its good ones, up to a limit: :func:`process_batch` and
+  :mod:`~exactly_once_provider.sinks.dead_letters`;
 * window mode (settlement batches replace their window whole, newer versions win, incomplete batches wait):
   :func:`process_window_batch` and :mod:`~exactly_once_provider.spark_jobs.settlement`.
 """
@@ -32,7 +35,7 @@ from typing import Any
 
 from exactly_once_provider.connections import read_secret_file
 from exactly_once_provider.kafka_config import admin_config, spark_kafka_options
-from exactly_once_provider.sinks import poison
+from exactly_once_provider.sinks import dead_letters, poison
 from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
 from exactly_once_provider.spark_jobs.batch import (
     checkpoint_id,
@@ -114,6 +117,22 @@ def parse_args(argv: list[str]) -> StreamSpec:
         choices=("exactly-once", "at-least-once"),
         help="at-least-once = plain append, no sink-side progress (benchmark baseline only)",
     )
+    parser.add_argument(
+        "--on-bad-record",
+        default="fail",
+        choices=dead_letters.POLICIES,
+        help="a record the sink cannot store: stop the job before its batch commits (fail), or commit it to "
+        "the dead-letter store with its batch (dead_letter; append mode, postgres and delta sinks)",
+    )
+    parser.add_argument("--max-dead-letters", type=int, default=None, help="dead_letter: bad records allowed per batch")
+    parser.add_argument(
+        "--max-dead-letter-ratio", type=float, default=None, help="dead_letter: share of a batch allowed to be bad"
+    )
+    parser.add_argument(
+        "--dead-letter-store",
+        default=None,
+        help="dead_letter: the PostgreSQL table / Delta location (default <table>_dead_letters / <path>_dead_letters)",
+    )
     args = parser.parse_args(argv)
     try:  # the same rules the operator checks: one StreamSpec, one validation
         return StreamSpec(
@@ -134,6 +153,10 @@ def parse_args(argv: list[str]) -> StreamSpec:
             delta_commit=args.delta_commit,
             delivery=args.delivery,
             secrets_file=args.secrets_file,
+            on_bad_record=args.on_bad_record,
+            max_dead_letters=args.max_dead_letters,
+            max_dead_letter_ratio=args.max_dead_letter_ratio,
+            dead_letter_store=args.dead_letter_store,
             routes=tuple(Route.from_json(r) for r in json.loads(args.routes)) if args.routes else (),
         ).validate()
     except ValueError as err:
@@ -145,6 +168,7 @@ def make_sink(args: StreamSpec, source: Any = None) -> Sink:
 
     :param source: ``current`` mode: the handoff of the full load the current table builds on.
     """
+    policy = args.dead_letter_policy()
     sink = open_sink(
         args.sink,
         args.table if args.sink == "postgres" else args.path,
@@ -153,6 +177,7 @@ def make_sink(args: StreamSpec, source: Any = None) -> Sink:
         commit_with=args.delta_commit,
         key=source.key if source else (),
         topics=args.topics,
+        dead_letter_store=policy.store if policy else None,
     )
     if source is not None and args.sink == "postgres":  # built from the Delta full load: delta-rs reads it
         from exactly_once_provider.sinks.delta_log import table_storage
@@ -441,6 +466,7 @@ def process_batch(
     kafka_options: dict[str, str] | None = None,
     topics: tuple[str, ...] | None = None,
     batch_end: Offsets | None = None,
+    policy: dead_letters.DeadLetterPolicy | None = None,
 ) -> None:
     """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline).
 
@@ -448,6 +474,9 @@ def process_batch(
     ``topics``: the sink's topics when the query reads more (a shared query, :func:`process_routes`: ``df`` holds
     only their records, and the sink commits only their offsets); ``batch_end``: the batch's planned end offsets
     when the caller has read them already (default: read from the checkpoint's offsets log).
+    ``policy``: ``on_bad_record="dead_letter"`` (``df`` then holds the raw :data:`~.dead_letters.RAW_SELECT`
+    columns): the batch is split into good records and dead letters (:func:`~.dead_letters.split`, which fails
+    the batch past the limit, before anything is written), and the sink commits both in its one step.
     """
     started = time.monotonic()
     changes = to_changes or (lambda frame: frame)
@@ -468,20 +497,43 @@ def process_batch(
         return
     if previous is not None:
         df = _not_yet_committed(df, previous.offsets)
-    with _stop_at_poison(sink, df.sparkSession, kafka_options, previous, end, batch_id):
-        changed = changes(df)
-        planned = time.monotonic()
-        fault_point("before_sink_commit", batch_id)
-        try:
-            written = sink.commit(changed, commit, expected=previous)  # only if the sink still holds previous
-        except Exception as err:
-            if not schema_change_ahead(err):
-                raise
-            # Rare: the batch holds a schema change (current mode plans a batch without reading its schema
-            # records). Nothing of it was written: plan it again, following the change.
-            log.info("batch %d holds a schema change: planned again with it", batch_id)
-            written = sink.commit(changes(df, schema_records=True), commit, expected=previous)
+    letters = raw = None
+    if policy is not None:  # one read of Kafka for the letters and the good records
+        raw = df.persist()
+    try:
+        if raw is not None:
+            df, letters = dead_letters.split(
+                raw, sink.kind, policy, pipeline, commit.checkpoint_id, batch_id, previous.offsets if previous else None
+            )
+        with _stop_at_poison(sink, df.sparkSession, kafka_options, previous, end, batch_id):
+            changed = changes(df)
+            planned = time.monotonic()
+            fault_point("before_sink_commit", batch_id)
+            with_letters = {"letters": letters} if letters is not None else {}
+            try:
+                # only if the sink still holds previous
+                written = sink.commit(changed, commit, expected=previous, **with_letters)
+            except Exception as err:
+                if not schema_change_ahead(err):
+                    raise
+                # Rare: the batch holds a schema change (current mode plans a batch without reading its schema
+                # records). Nothing of it was written: plan it again, following the change.
+                log.info("batch %d holds a schema change: planned again with it", batch_id)
+                written = sink.commit(changes(df, schema_records=True), commit, expected=previous)
+    finally:
+        if raw is not None:
+            raw.unpersist()
     fault_point("after_sink_commit", batch_id)
+    if letters is not None and letters.rows and written:
+        # The count per batch is what a user watching the task log needs; the letters are in the store.
+        log.info(
+            "batch %d: %d dead letters %s committed with it to %s (%d held there already: a replay)",
+            batch_id,
+            len(letters.rows),
+            json.dumps(letters.by_class()),
+            letters.store,
+            len(letters.rows) - letters.written,
+        )
     state = sink.committed()
     # Where a batch's time goes (planning: the changes step's own reads; commit: the sink's write) is what a
     # user tuning the trigger interval needs.
@@ -693,7 +745,17 @@ def _start_query(
         if args.mode == "window":
             process_window_batch(sink, args.pipeline, args.checkpoint, kafka_options, spark, batch_id)
         else:
-            process_batch(sink, args.pipeline, args.checkpoint, df, batch_id, exactly_once, to_changes, kafka_options)
+            process_batch(
+                sink,
+                args.pipeline,
+                args.checkpoint,
+                df,
+                batch_id,
+                exactly_once,
+                to_changes,
+                kafka_options,
+                policy=args.dead_letter_policy(),
+            )
 
     # Query names are unique within a session: a routed query is named after its topics too.
     name = f"{args.pipeline}[{','.join(args.topics)}]" if named else args.pipeline
@@ -726,7 +788,8 @@ def _start(spark, args: StreamSpec, topics, starting: str, kafka_options: dict[s
     )
     if args.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
-    frame = reader.load().selectExpr(*SELECT)
+    # dead_letter: the raw bytes, split per batch into records and letters (process_batch)
+    frame = reader.load().selectExpr(*(dead_letters.RAW_SELECT if args.on_bad_record == "dead_letter" else SELECT))
     writer = (
         frame.writeStream.queryName(name)
         .option("checkpointLocation", checkpoint_storage(args.checkpoint).spark_uri())
@@ -765,7 +828,17 @@ def process_routes(
         spec, sink, to_changes = route
         part = df.filter(F.col("kafka_topic").isin(*spec.topics))
         process_batch(
-            sink, pipeline, checkpoint, part, batch_id, exactly_once, to_changes, kafka_options, spec.topics, end
+            sink,
+            pipeline,
+            checkpoint,
+            part,
+            batch_id,
+            exactly_once,
+            to_changes,
+            kafka_options,
+            spec.topics,
+            end,
+            policy=spec.dead_letter_policy(),
         )
 
     if len(touched) == 1:

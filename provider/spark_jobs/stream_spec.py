@@ -62,6 +62,12 @@ class StreamSpec:
     :param delta_commit: Delta append: the provider's own commit (``own``) or Delta's writer (``delta``).
     :param delivery: ``exactly-once`` or ``at-least-once`` (benchmark baseline).
     :param secrets_file: the command line's 0600 secrets file (a submitted job gets it from its job spec).
+    :param on_bad_record: ``fail`` (stop at a record the sink cannot store, nothing of its batch committed) or
+        ``dead_letter`` (commit it to the dead-letter store with its batch: :mod:`~exactly_once_provider.sinks.dead_letters`).
+    :param max_dead_letters: ``dead_letter``: bad records allowed per batch (default 100); more fail the batch.
+    :param max_dead_letter_ratio: ``dead_letter``: share of a batch's records allowed to be bad (0 < r <= 1).
+    :param dead_letter_store: ``dead_letter``: the PostgreSQL table / Delta location of the letters (default
+        ``<table>_dead_letters`` / ``<path>_dead_letters``); with routes, each route's default.
     :param routes: several tables in ONE Spark application, each :class:`Route` with its own topics and sink
         (then ``topics``, ``path`` and ``table`` stay empty); every other setting is shared. With ``checkpoint``
         set, the routes share ONE streaming query over all their topics, split per table inside each
@@ -87,7 +93,25 @@ class StreamSpec:
     delta_commit: str = "own"
     delivery: str = "exactly-once"
     secrets_file: str | None = None
+    on_bad_record: str = "fail"
+    max_dead_letters: int | None = None
+    max_dead_letter_ratio: float | None = None
+    dead_letter_store: str | None = None
     routes: tuple[Route, ...] = ()
+
+    def dead_letter_policy(self):
+        """Return this one-route spec's :class:`~exactly_once_provider.sinks.dead_letters.DeadLetterPolicy`, or
+        None with ``on_bad_record="fail"``."""
+        from exactly_once_provider.sinks import dead_letters
+
+        if self.on_bad_record != "dead_letter":
+            return None
+        location = self.table if self.sink == "postgres" else self.path
+        return dead_letters.DeadLetterPolicy(
+            store=self.dead_letter_store or dead_letters.default_store(self.sink, location),
+            max_letters=self.max_dead_letters or dead_letters.DEFAULT_MAX_LETTERS,
+            max_ratio=self.max_dead_letter_ratio,
+        )
 
     @property
     def shared(self) -> bool:
@@ -152,6 +176,19 @@ class StreamSpec:
             raise ValueError("mode='cdc' needs sink='delta' or 'postgres': the files sink only appends.")
         if not self.checkpoint:
             raise ValueError("checkpoint_location is required: one checkpoint directory per pipeline.")
+        from exactly_once_provider.sinks import dead_letters
+
+        dead_letters.check_policy(
+            self.on_bad_record,
+            self.max_dead_letters,
+            self.max_dead_letter_ratio,
+            self.dead_letter_store,
+            self.sink,
+            self.mode,
+            self.delivery,
+        )
+        if self.on_bad_record == "dead_letter" and self.dead_letter_policy().store in (self.path, self.table):
+            raise ValueError(f"dead_letter_store {self.dead_letter_store!r} is the sink itself: name another.")
         return self
 
     def _validate_routes(self) -> StreamSpec:
@@ -169,6 +206,11 @@ class StreamSpec:
             raise ValueError("checkpoint_location is required: one for the query all routes share, or one per route.")
         if self.mode == "window":
             raise ValueError("mode='window' runs one query per application: it takes no routes.")
+        if self.dead_letter_store:
+            raise ValueError(
+                "dead_letter_store names one store: with streams, leave it unset (each table gets "
+                "'<its table or path>_dead_letters')."
+            )
         queries = [q.validate() for q in self.queries()]
         for what, values in (
             ("checkpoint", [] if self.shared else [q.checkpoint for q in queries]),

@@ -78,6 +78,17 @@ def _op(**kwargs):
         ({"mode": "upsert"}, "mode must be"),
         ({"mode": "cdc", "sink": "files"}, "files sink only appends"),
         ({"mode": "window", "delivery": "at-least-once"}, "needs delivery='exactly-once'"),
+        ({"on_bad_record": "skip"}, "on_bad_record must be one of"),
+        ({"max_dead_letters": 5}, "apply with on_bad_record='dead_letter' only"),
+        ({"on_bad_record": "dead_letter", "max_dead_letters": 0}, "max_dead_letters must be a whole number"),
+        ({"on_bad_record": "dead_letter", "max_dead_letters": "many"}, "max_dead_letters must be a number"),
+        (
+            {"on_bad_record": "dead_letter", "max_dead_letter_ratio": 1.5},
+            r"max_dead_letter_ratio must be a number in \(0, 1\]",
+        ),
+        ({"on_bad_record": "dead_letter", "sink": "files"}, "not yet for 'files'"),
+        ({"on_bad_record": "dead_letter", "mode": "cdc"}, "mode='append' only"),
+        ({"on_bad_record": "dead_letter", "dead_letter_store": "/tmp/x"}, "is the sink itself"),
     ],
 )
 def test_bad_input_is_a_value_error_naming_the_setting(connections, kwargs, message):
@@ -213,6 +224,19 @@ def test_package_zip_holds_the_job_and_its_imports(tmp_path):
         "sinks/delta.py",
     ):
         assert f"exactly_once_provider/{module}" in names
+
+
+def test_dead_letter_policy_reaches_the_job_with_the_default_store(connections, monkeypatch):
+    op = _op(on_bad_record="dead_letter", max_dead_letters="{{ 3 }}", sink="postgres", sink_table="s.orders")
+    op.max_dead_letters = "3"  # as rendered
+    params = _submitted(monkeypatch, op)["spec"]["params"]
+    assert (params["on_bad_record"], params["max_dead_letters"], params["dead_letter_store"]) == (
+        "dead_letter",
+        3,
+        None,
+    )
+    policy = kafka_to_sink.StreamSpec.from_json(params).dead_letter_policy()
+    assert (policy.store, policy.max_letters, policy.max_ratio) == ("s.orders_dead_letters", 3, None)
 
 
 def test_window_mode_is_passed_to_the_job(connections, monkeypatch):

@@ -1,0 +1,357 @@
+"""Dead letters: the records a sink cannot store, committed with the batch they came in (issue 41).
+
+Policy (``on_bad_record`` of the Kafka -> sink job and its operator): ``"fail"`` (the default) stops the job at
+the batch holding a bad record, before its commit (:mod:`~exactly_once_provider.sinks.poison`);
+``"dead_letter"`` commits the batch's good records to the sink and its bad ones to the pipeline's dead-letter
+store, in the same exactly-once step. Past :attr:`DeadLetterPolicy.max_letters` bad records in one batch (or
+:attr:`DeadLetterPolicy.max_ratio` of its records) the batch fails as in ``"fail"``, with nothing of it committed
+anywhere, and the error names the limit and the store. Bad records (:func:`rules`): a key or value that is not
+valid UTF-8 (every sink), text holding a NUL character (PostgreSQL). Append mode only, PostgreSQL and Delta
+only, for now (docs/dead-letters.md says what is not built yet).
+
+Every dead letter keeps :data:`COLUMNS`: the pipeline, the batch (checkpoint id, batch id), the record's topic,
+partition, offset and Kafka timestamp, its raw key and value bytes, the error class and message, and when it
+was dead-lettered. A record is dead-lettered at most once per pipeline: (pipeline, topic, partition, offset) is
+the store's key.
+
+PostgreSQL: the store is a table (default ``<table>_dead_letters``, created if missing) written in the batch's
+ONE transaction, after the rows and before the offsets (:meth:`~.postgres.PostgresSink.commit`): rows, letters and
+offsets commit together or not at all; the primary key refuses a second copy.
+
+Delta: two Delta tables cannot share one commit, so the store is a Delta table NEXT to the sink (default
+``<path>_dead_letters``, a :class:`~.delta.DeltaSink` of its own) and the order and the fence make the pair
+exact (:meth:`~.delta.DeltaSink.commit`):
+
+1. the STORE commits first, then the SINK; the sink's commit (txn ``<pipeline>:<checkpoint id>`` / batch id, its
+   marker's offsets) is the batch's commit, the only one that moves the pipeline on. The other order could lose
+   letters: after a crash between them the sink holds the batch, so its replay is skipped whole and its
+   letters would never be written.
+2. the store carries its own marker with a WATERMARK: per partition, the offset below which it holds every
+   letter (the end of the last batch it committed letters for, never lowered). A batch writes only its letters
+   at or past the watermark and raises it to the batch's end, in one store commit, fenced like the sink's
+   (the predecessor read, re-checked at the put-if-absent: a zombie driver's concurrent store commit fails
+   this one; the store's txn is the batch's too).
+3. a crash between the two commits leaves the store ahead of the sink: it holds the letters of a batch the
+   sink does not hold yet. The replay of that batch (same checkpoint, same ids) finds them below the
+   watermark and writes no letter again; the sink's commit then completes the batch. Because the watermark is
+   by OFFSET, not by batch id, the same holds when the replay comes under another checkpoint (set aside,
+   lost) with other batch bounds: a Kafka record at an offset never changes, nor does its verdict, so a letter
+   below the watermark is the very letter this batch would write. Never twice (only letters past the
+   watermark are written, and it moves past them in the same commit), never lost (the sink commits a batch
+   only after the store holds every letter of it).
+
+So a reader of the Delta store may see letters at offsets at or past the sink's committed offsets: those of the
+batch in flight (or of one a crash interrupted), which the next run's commit of that batch completes.
+
+Files sink: not built yet (its manifest commit could carry the letters' file; see docs/dead-letters.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from exactly_once_provider.sinks import poison
+from exactly_once_provider.sinks.base import Offsets, offsets_to_json
+
+POLICIES = ("fail", "dead_letter")
+DEFAULT_MAX_LETTERS = 100
+SUFFIX = "_dead_letters"
+
+# The columns of a dead letter, in every store.
+COLUMNS = (
+    "pipeline",
+    "checkpoint_id",
+    "batch_id",
+    "kafka_topic",
+    "kafka_partition",
+    "kafka_offset",
+    "kafka_timestamp",
+    "record_key",
+    "record_value",
+    "error_class",
+    "error_message",
+    "dead_lettered_at",
+)
+SPARK_SCHEMA = (
+    "pipeline STRING, checkpoint_id STRING, batch_id BIGINT, kafka_topic STRING, kafka_partition INT, "
+    "kafka_offset BIGINT, kafka_timestamp TIMESTAMP, record_key BINARY, record_value BINARY, "
+    "error_class STRING, error_message STRING, dead_lettered_at TIMESTAMP"
+)
+POSTGRES_DDL = (
+    "CREATE TABLE IF NOT EXISTS {} (pipeline text NOT NULL, checkpoint_id text NOT NULL, batch_id bigint NOT NULL,"
+    " kafka_topic text NOT NULL, kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL,"
+    " kafka_timestamp timestamptz, record_key bytea, record_value bytea, error_class text NOT NULL,"
+    " error_message text NOT NULL, dead_lettered_at timestamptz NOT NULL,"
+    " PRIMARY KEY (pipeline, kafka_topic, kafka_partition, kafka_offset))"
+)
+
+# The streaming query's projection in dead-letter mode: the raw bytes, classified per batch (:func:`split`).
+RAW_SELECT = (
+    "topic AS kafka_topic",
+    "partition AS kafka_partition",
+    "offset AS kafka_offset",
+    "timestamp AS kafka_timestamp",
+    "key",
+    "value",
+)
+
+
+class DeadLetterLimitError(poison.PoisonRecordError):
+    """Raise when a batch holds more bad records than the policy allows; nothing of the batch was committed."""
+
+
+@dataclass(frozen=True)
+class DeadLetterPolicy:
+    """``on_bad_record="dead_letter"`` of one query.
+
+    :param store: the dead-letter store: a PostgreSQL table or a Delta table's location.
+    :param max_letters: bad records allowed in one batch; more fail the batch.
+    :param max_ratio: share of a batch's records allowed to be bad (0 < r <= 1); None: no ratio limit.
+    """
+
+    store: str
+    max_letters: int = DEFAULT_MAX_LETTERS
+    max_ratio: float | None = None
+
+
+@dataclass
+class DeadLetters:
+    """One batch's dead letters, collected on the driver (at most the policy's limit), for the sink's commit.
+
+    :param store: where they go (the policy's store).
+    :param rows: one dict per letter, keyed by :data:`COLUMNS`.
+    """
+
+    store: str
+    rows: list[dict] = field(default_factory=list)
+    written: int = 0  # set by the sink: letters this commit added (0 for a replay the store already held)
+
+    def by_class(self) -> dict[str, int]:
+        """Return error class -> letters of this batch."""
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row["error_class"]] = counts.get(row["error_class"], 0) + 1
+        return dict(sorted(counts.items()))
+
+
+def default_store(sink: str, location: str) -> str:
+    """Return the default dead-letter store of a sink: ``<table>_dead_letters`` / ``<path>_dead_letters``."""
+    if sink == "postgres":
+        return location + SUFFIX
+    return location.rstrip("/") + SUFFIX
+
+
+def check_policy(
+    on_bad_record: str,
+    max_letters: Any,
+    max_ratio: Any,
+    store: str | None,
+    sink: str,
+    mode: str,
+    delivery: str,
+) -> None:
+    """Raise ValueError naming the first dead-letter setting that is wrong (a StreamSpec's validation)."""
+    if on_bad_record not in POLICIES:
+        raise ValueError(f"on_bad_record must be one of {POLICIES}, got {on_bad_record!r}.")
+    if on_bad_record == "fail":
+        if max_letters is not None or max_ratio is not None or store:
+            raise ValueError(
+                "max_dead_letters, max_dead_letter_ratio and dead_letter_store apply with "
+                "on_bad_record='dead_letter' only; on_bad_record='fail' stops at the first bad record."
+            )
+        return
+    if sink not in ("postgres", "delta"):
+        raise ValueError(
+            f"on_bad_record='dead_letter' is built for the 'postgres' and 'delta' sinks, not yet for {sink!r} "
+            "(docs/dead-letters.md): use on_bad_record='fail'."
+        )
+    if mode != "append":
+        raise ValueError(
+            f"on_bad_record='dead_letter' is built for mode='append' only, not yet for mode={mode!r} "
+            "(docs/dead-letters.md): use on_bad_record='fail'."
+        )
+    if delivery != "exactly-once":
+        raise ValueError(
+            "on_bad_record='dead_letter' commits the letters with the batch: it needs delivery='exactly-once'."
+        )
+    if max_letters is not None and (
+        isinstance(max_letters, bool) or not isinstance(max_letters, int) or max_letters < 1
+    ):
+        raise ValueError(f"max_dead_letters must be a whole number of at least 1, got {max_letters!r}.")
+    if max_ratio is not None and (
+        isinstance(max_ratio, bool) or not isinstance(max_ratio, int | float) or not 0 < max_ratio <= 1
+    ):
+        raise ValueError(f"max_dead_letter_ratio must be a number in (0, 1], got {max_ratio!r}.")
+    if store is not None and not str(store).strip():
+        raise ValueError("dead_letter_store is empty: name a table / location, or leave it unset for the default.")
+
+
+def rules(sink_kind: str) -> list[tuple[Any, str, str]]:
+    """Return ``(condition, error class, message)`` per bad-record kind the sink cannot store, in order.
+
+    Conditions are Spark columns over the raw ``key``/``value`` bytes; the first that holds names the error.
+    """
+    from pyspark.sql import functions as F
+
+    found = []
+    for column in ("key", "value"):
+        text = F.col(column).cast("string")
+        found.append(
+            (F.col(column).isNotNull() & ~F.is_valid_utf8(text), "invalid_utf8", f"the {column} is not valid UTF-8")
+        )
+    if sink_kind == "postgres":
+        for column in ("key", "value"):
+            text = F.col(column).cast("string")
+            found.append(
+                (
+                    F.col(column).isNotNull() & F.is_valid_utf8(text) & (F.instr(text, "\x00") > 0),
+                    "nul_character",
+                    f"the {column} holds a NUL character (PostgreSQL text cannot store it)",
+                )
+            )
+    return found
+
+
+def split(
+    df,
+    sink_kind: str,
+    policy: DeadLetterPolicy,
+    pipeline: str,
+    checkpoint_id: str,
+    batch_id: int,
+    committed: Offsets | None,
+):
+    """Return ``(good records, dead letters)`` of a raw batch (:data:`RAW_SELECT` columns; persist it first).
+
+    The good records have the columns every mode reads (``kafka_topic``, ``kafka_partition``,
+    ``kafka_offset``, ``record_key``, ``record_value``), still through ``validate_utf8`` (a record the rules
+    missed fails the batch, never lands changed). The letters are collected on the driver: at most the
+    policy's limit, else :class:`DeadLetterLimitError` (nothing written yet).
+
+    :param committed: the sink's committed offsets (named in the limit's message).
+    """
+    from pyspark.sql import functions as F
+
+    error_class, message = F.lit(None).cast("string"), F.lit(None).cast("string")
+    for condition, name, text in reversed(rules(sink_kind)):
+        error_class = F.when(condition, F.lit(name)).otherwise(error_class)
+        message = F.when(condition, F.lit(text)).otherwise(message)
+    flagged = df.withColumn("_eo_error_class", error_class).withColumn("_eo_error_message", message)
+    good = flagged.filter(F.col("_eo_error_class").isNull()).selectExpr(
+        "kafka_topic",
+        "kafka_partition",
+        "kafka_offset",
+        f"{poison.KEY_TEXT} AS record_key",
+        f"{poison.VALUE_TEXT} AS record_value",
+    )
+    bad = flagged.filter(F.col("_eo_error_class").isNotNull())
+    count = bad.count()
+    total = df.count() if policy.max_ratio is not None and count else None
+    over_ratio = total is not None and count > policy.max_ratio * total
+    if count > policy.max_letters or over_ratio:
+        found = [
+            (t, p, o, c, "")
+            for t, p, o, c in bad.select("kafka_topic", "kafka_partition", "kafka_offset", "_eo_error_class")
+            .orderBy("kafka_topic", "kafka_partition", "kafka_offset")
+            .limit(5)
+            .collect()
+        ]
+        limit = (
+            f"{count} of its {total} records, more than max_dead_letter_ratio={policy.max_ratio}"
+            if over_ratio
+            else f"{count}, more than max_dead_letters={policy.max_letters}"
+        )
+        raise limit_error(found, limit, sink_kind, policy.store, batch_id, committed)
+    now = datetime.datetime.now(datetime.UTC)
+    rows = [
+        {
+            "pipeline": pipeline,
+            "checkpoint_id": checkpoint_id,
+            "batch_id": batch_id,
+            "kafka_topic": r["kafka_topic"],
+            "kafka_partition": r["kafka_partition"],
+            "kafka_offset": r["kafka_offset"],
+            "kafka_timestamp": _utc(r["ts_ms"]),
+            "record_key": None if r["key"] is None else bytes(r["key"]),
+            "record_value": None if r["value"] is None else bytes(r["value"]),
+            "error_class": r["_eo_error_class"],
+            "error_message": r["_eo_error_message"],
+            "dead_lettered_at": now,
+        }
+        for r in bad.select(
+            "kafka_topic",
+            "kafka_partition",
+            "kafka_offset",
+            # epoch milliseconds: the session's time zone plays no part in the instant stored
+            F.unix_millis("kafka_timestamp").alias("ts_ms"),
+            "key",
+            "value",
+            "_eo_error_class",
+            "_eo_error_message",
+        )
+        .orderBy("kafka_topic", "kafka_partition", "kafka_offset")
+        .collect()
+    ]
+    return good, DeadLetters(policy.store, rows)
+
+
+def _utc(millis: int | None) -> datetime.datetime | None:
+    return None if millis is None else datetime.datetime.fromtimestamp(millis / 1000, datetime.UTC)
+
+
+def limit_error(
+    found: list[tuple], limit: str, sink_kind: str, store: str, batch_id: int, committed: Offsets | None
+) -> DeadLetterLimitError:
+    """Return the error that fails a batch holding more bad records than the policy allows (raise it)."""
+    where = ", ".join(f"{t}/{p}@{o} ({c})" for t, p, o, c, _ in found)
+    return DeadLetterLimitError(
+        f"Batch {batch_id} holds bad records the {sink_kind} sink cannot store: {limit} "
+        f"(on_bad_record='dead_letter'), e.g. at {where}. Nothing of this batch was committed, neither to the "
+        f"sink nor to the dead-letter store {store}; the sink stays at offsets "
+        f"{json.dumps(offsets_to_json(committed or {}))} and every rerun stops here. Fix the producer, or raise "
+        "the limit to dead-letter them."
+    )
+
+
+def unheld(rows: list[dict], watermark: Offsets) -> list[dict]:
+    """Return the letters at or past the store's watermark (the ones it does not hold yet)."""
+    return [r for r in rows if r["kafka_offset"] >= watermark.get(r["kafka_topic"], {}).get(r["kafka_partition"], 0)]
+
+
+def raised(watermark: Offsets, end: Offsets) -> Offsets:
+    """Return the watermark moved to the batch's end where that is further (a watermark is never lowered)."""
+    merged = {t: dict(parts) for t, parts in watermark.items()}
+    for topic, parts in end.items():
+        for partition, offset in parts.items():
+            held = merged.setdefault(topic, {})
+            held[partition] = max(held.get(partition, 0), offset)
+    return merged
+
+
+def insert_postgres(cur, table, letters: DeadLetters) -> int:
+    """Insert the letters in the open transaction ``cur`` (the batch's); return how many.
+
+    :param table: the store's ``psycopg2.sql`` identifier.
+    """
+    if not letters.rows:
+        return 0
+    import psycopg2
+    from psycopg2 import sql
+    from psycopg2.extras import execute_values
+
+    binary = ("record_key", "record_value")
+    values = [
+        tuple(psycopg2.Binary(r[c]) if c in binary and r[c] is not None else r[c] for c in COLUMNS)
+        for r in letters.rows
+    ]
+    statement = sql.SQL("INSERT INTO {} ({}) VALUES %s").format(table, sql.SQL(", ").join(map(sql.Identifier, COLUMNS)))
+    execute_values(cur, statement.as_string(cur), values)
+    return len(values)
+
+
+def spark_frame(spark, rows: list[dict]):
+    """Return the letters as a Spark DataFrame of :data:`SPARK_SCHEMA` (a Delta store's commit)."""
+    return spark.createDataFrame([tuple(r[c] for c in COLUMNS) for r in rows], SPARK_SCHEMA)
