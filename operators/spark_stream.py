@@ -97,8 +97,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     :param on_bad_record: a record the sink cannot store (a key or value that is not valid UTF-8; for
         PostgreSQL, text holding a NUL character): ``fail`` (the default) stops the job before its batch
         commits and names it; ``dead_letter`` commits it to the dead-letter store with its batch, in the same
-        exactly-once step as the batch's good records (append mode, ``postgres`` and ``delta`` sinks;
-        docs/dead-letters.md). The task log counts each batch's dead letters.
+        exactly-once step as the batch's good records (append mode; docs/dead-letters.md). The task log counts each batch's dead letters.
     :param max_dead_letters: ``dead_letter``: bad records allowed in one batch (default 100); a batch holding
         more fails with nothing of it committed, and the error names the limit and the store.
     :param max_dead_letter_ratio: ``dead_letter``: the share of a batch's records allowed to be bad
@@ -106,7 +105,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     :param dead_letter_store: ``dead_letter``: the PostgreSQL table (``postgres``, default
         ``<sink_table>_dead_letters``, created if missing, written in the batch's transaction) or the Delta
         table's location (``delta``, default ``<sink_path>_dead_letters``, committed before the batch's sink
-        commit under an offset watermark); with ``streams``, leave it unset (each table's default).
+        commit under an offset watermark); the ``files`` sink lists its letters in the batch's manifest (not
+        settable); with ``streams``, leave it unset (each table's default).
     :param delivery: ``exactly-once``; ``at-least-once`` is a plain append without sink-side progress (a
         benchmark baseline, never a fallback).
     :param packages: Maven coordinates for ``--packages``; default :data:`~exactly_once_provider.spark_jobs.packages.SPARK_PACKAGES`

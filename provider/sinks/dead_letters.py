@@ -6,8 +6,8 @@ the batch holding a bad record, before its commit (:mod:`~exactly_once_provider.
 store, in the same exactly-once step. Past :attr:`DeadLetterPolicy.max_letters` bad records in one batch (or
 :attr:`DeadLetterPolicy.max_ratio` of its records) the batch fails as in ``"fail"``, with nothing of it committed
 anywhere, and the error names the limit and the store. Bad records (:func:`rules`): a key or value that is not
-valid UTF-8 (every sink), text holding a NUL character (PostgreSQL). Append mode only, PostgreSQL and Delta
-only, for now (docs/dead-letters.md says what is not built yet).
+valid UTF-8 (every sink), text holding a NUL character (PostgreSQL). Append mode only, for now
+(docs/dead-letters.md says what is not built yet).
 
 Every dead letter keeps :data:`COLUMNS`: the pipeline, the batch (checkpoint id, batch id), the record's topic,
 partition, offset and Kafka timestamp, its raw key and value bytes, the error class and message, and when it
@@ -43,7 +43,10 @@ exact (:meth:`~.delta.DeltaSink.commit`):
 So a reader of the Delta store may see letters at offsets at or past the sink's committed offsets: those of the
 batch in flight (or of one a crash interrupted), which the next run's commit of that batch completes.
 
-Files sink: not built yet (its manifest commit could carry the letters' file; see docs/dead-letters.md).
+Files sink: the letters are a Parquet file of the batch under ``<root>/dead_letters/<batch>/``, listed in the
+batch's manifest (key ``dead_letters``, cumulative like ``files``): the manifest's put-if-absent publishes rows,
+letters and offsets at once (:meth:`~.files.FilesSink.commit`); a crash before it leaves orphans only, removed at
+the next start.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from exactly_once_provider.sinks.base import Offsets, offsets_to_json
 POLICIES = ("fail", "dead_letter")
 DEFAULT_MAX_LETTERS = 100
 SUFFIX = "_dead_letters"
+FILES_FOLDER = "dead_letters"  # the files sink's letters: <root>/dead_letters/<batch>/, listed by its manifest
 
 # The columns of a dead letter, in every store.
 COLUMNS = (
@@ -138,9 +142,12 @@ class DeadLetters:
 
 
 def default_store(sink: str, location: str) -> str:
-    """Return the default dead-letter store of a sink: ``<table>_dead_letters`` / ``<path>_dead_letters``."""
+    """Return the dead-letter store of a sink by default: ``<table>_dead_letters`` / ``<path>_dead_letters``; the
+    files sink's is its own ``dead_letters/`` folder, published by its manifest (no other choice)."""
     if sink == "postgres":
         return location + SUFFIX
+    if sink == "files":
+        return f"{location.rstrip('/')}/{FILES_FOLDER}"
     return location.rstrip("/") + SUFFIX
 
 
@@ -163,10 +170,10 @@ def check_policy(
                 "on_bad_record='dead_letter' only; on_bad_record='fail' stops at the first bad record."
             )
         return
-    if sink not in ("postgres", "delta"):
+    if sink == "files" and store:
         raise ValueError(
-            f"on_bad_record='dead_letter' is built for the 'postgres' and 'delta' sinks, not yet for {sink!r} "
-            "(docs/dead-letters.md): use on_bad_record='fail'."
+            "dead_letter_store: the files sink keeps its dead letters in its own manifest commit "
+            f"(<sink_path>/{FILES_FOLDER}/); leave it unset."
         )
     if mode != "append":
         raise ValueError(
@@ -353,5 +360,6 @@ def insert_postgres(cur, table, letters: DeadLetters) -> int:
 
 
 def spark_frame(spark, rows: list[dict]):
-    """Return the letters as a Spark DataFrame of :data:`SPARK_SCHEMA` (a Delta store's commit)."""
-    return spark.createDataFrame([tuple(r[c] for c in COLUMNS) for r in rows], SPARK_SCHEMA)
+    """Return the letters as a one-partition Spark DataFrame of :data:`SPARK_SCHEMA` (a Delta store's commit, a
+    files sink's letters file): a batch's few letters in one file."""
+    return spark.createDataFrame([tuple(r[c] for c in COLUMNS) for r in rows], SPARK_SCHEMA).coalesce(1)

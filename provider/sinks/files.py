@@ -3,13 +3,15 @@
 Layout under ``root`` (a local path or an ``s3://``/``s3a://`` URI, :mod:`~exactly_once_provider.storage`)::
 
     data/<checkpoint id>-<batch id>-<nonce>/part-*.parquet       Spark writes a batch here (invisible to readers)
+    dead_letters/<checkpoint id>-<batch id>-<nonce>/             its dead letters (``on_bad_record="dead_letter"``)
     windows/<window slug>/<checkpoint id>-<batch id>-<nonce>/    a window version (window mode)
     _manifests/<sequence, 20 digits>.json                        published state; the newest one wins
     _manifests/_latest.json                                      pointer to the newest (a verified hint)
 
 A manifest is the commit: ``{"format": 1, "sequence": n, "pipeline", "checkpoint_id", "batch_id",
 "offsets": {topic: {partition: next offset}}, "rows_total", "files": [{"path": "data/...", "rows": n}, ...]}``
-with the CUMULATIVE list of published files. It is created with the storage's put-if-absent (locally a fsynced
+with the CUMULATIVE list of published files (and, once a batch had dead letters, ``"dead_letters"``: the
+cumulative list of their files, :mod:`~exactly_once_provider.sinks.dead_letters`). It is created with the storage's put-if-absent (locally a fsynced
 temporary file hard-linked to its name, on S3 a PutObject with ``If-None-Match: *``), so two writers can never
 both publish sequence n. Then the pointer ``_latest.json`` is overwritten (a plain PUT: no rename anywhere) with
 the sequence and the commit, and the manifest ``KEEP_MANIFESTS`` behind is deleted. Readers take the pointer's
@@ -35,6 +37,7 @@ from pathlib import Path
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.faults import fault_point
+from exactly_once_provider.sinks import dead_letters
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     BatchCommit,
@@ -221,13 +224,16 @@ class FilesSink:
         ``_staging/`` (where sinks written before the storage layer staged batches) goes whole.
         """
         manifest = latest_manifest(self.storage)
-        referenced = {str(Path(f["path"]).parent) for f in manifest["files"]} if manifest else set()
+        published = (manifest["files"] + manifest.get("dead_letters", [])) if manifest else []
+        referenced = {str(Path(f["path"]).parent) for f in published}
         self.storage.delete_prefix("_staging/")
         if manifest is None:
             return []
-        # a batch folder is data/<batch>/ or windows/<window>/<batch>/: the key's parent
-        folders = {key.rsplit("/", 1)[0] for key in self.storage.list("data/") + self.storage.list("windows/")}
-        folders = {f for f in folders if f.count("/") == (1 if f.startswith("data/") else 2)}
+        # a batch folder is data/<batch>/, dead_letters/<batch>/ or windows/<window>/<batch>/: the key's parent
+        letters = f"{dead_letters.FILES_FOLDER}/"
+        keys = self.storage.list("data/") + self.storage.list(letters) + self.storage.list("windows/")
+        folders = {key.rsplit("/", 1)[0] for key in keys}
+        folders = {f for f in folders if f.count("/") == (2 if f.startswith("windows/") else 1)}
         removed = sorted(folders - referenced)
         for folder in removed:
             self.storage.delete_prefix(folder + "/")
@@ -287,23 +293,40 @@ class FilesSink:
         require_predecessor(found, expected, commit, self.kind)
         return previous, False
 
-    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
-        """Write the batch's files, then publish them; return False if this batch is already published.
+    def commit(
+        self,
+        df,
+        commit: BatchCommit,
+        expected: object = UNCHECKED,
+        letters: dead_letters.DeadLetters | None = None,
+    ) -> bool:
+        """Write the batch's files (and its dead letters' file), then publish them; return False if this batch is
+        already published.
 
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        :param letters: the batch's dead letters (``on_bad_record="dead_letter"``): one Parquet file under
+            ``dead_letters/``, listed in the same manifest; ``letters.written`` is set to their number.
         """
         previous, done = self._previous(commit, expected)
         if done:
             return False
-        files = self._write(df, f"data/{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}")
-        self._publish(
-            previous,
-            {
-                **commit.to_json(),
-                "rows_total": (previous["rows_total"] if previous else 0) + sum(f["rows"] for f in files),
-                "files": (previous["files"] if previous else []) + files,
-            },
-        )
+        name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
+        files = self._write(df, f"data/{name}")
+        fields = {
+            **commit.to_json(),
+            "rows_total": (previous["rows_total"] if previous else 0) + sum(f["rows"] for f in files),
+            "files": (previous["files"] if previous else []) + files,
+        }
+        held = (previous or {}).get("dead_letters", [])
+        if letters is not None and letters.rows:
+            frame = dead_letters.spark_frame(df.sparkSession, letters.rows)
+            held = held + self._write(frame, f"{dead_letters.FILES_FOLDER}/{name}")
+            letters.written = len(letters.rows)
+        if held:
+            fields["dead_letters"] = held
+        # EO_FAULT_AT=sink_written_<batch>: the batch's files (and letters) written, its manifest not published
+        fault_point(f"sink_written_{commit.batch_id}")
+        self._publish(previous, fields)
         return True
 
     def published_windows(self) -> dict[str, int]:

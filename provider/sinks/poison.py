@@ -9,10 +9,10 @@ partition and offset of the first such records and a hex preview, so the produce
 stops at the same place until the record is dealt with; the job never drops a record silently.
 
 The alternative, ``on_bad_record="dead_letter"``, moves such records aside only where that move commits with
-the batch: in the PostgreSQL batch's transaction, and for Delta in a dead-letter table committed before the
-sink under an offset watermark (:mod:`~exactly_once_provider.sinks.dead_letters`), for the append mode, up to
-a per-batch limit past which the batch stops as here. The files sink and the CDC, current and window modes
-have no such commit yet and keep the clean stop; so do CDC and window mode's stricter checks: a record without
+the batch: in the PostgreSQL batch's transaction, in the files sink's manifest, and for Delta in a dead-letter
+table committed before the sink under an offset watermark (:mod:`~exactly_once_provider.sinks.dead_letters`),
+for the append mode, up to a per-batch limit past which the batch stops as here. The CDC, current and window
+modes have no such step yet and keep the clean stop; so do CDC and window mode's stricter checks: a record without
 the key/version fields (CDC) or outside a framed settlement batch (window) stops the job the same way
 (``cdc_changes``, ``settlement``).
 

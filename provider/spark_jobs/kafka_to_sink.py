@@ -122,7 +122,7 @@ def parse_args(argv: list[str]) -> StreamSpec:
         default="fail",
         choices=dead_letters.POLICIES,
         help="a record the sink cannot store: stop the job before its batch commits (fail), or commit it to "
-        "the dead-letter store with its batch (dead_letter; append mode, postgres and delta sinks)",
+        "the dead-letter store with its batch (dead_letter; append mode)",
     )
     parser.add_argument("--max-dead-letters", type=int, default=None, help="dead_letter: bad records allowed per batch")
     parser.add_argument(

@@ -67,7 +67,8 @@ class StreamSpec:
     :param max_dead_letters: ``dead_letter``: bad records allowed per batch (default 100); more fail the batch.
     :param max_dead_letter_ratio: ``dead_letter``: share of a batch's records allowed to be bad (0 < r <= 1).
     :param dead_letter_store: ``dead_letter``: the PostgreSQL table / Delta location of the letters (default
-        ``<table>_dead_letters`` / ``<path>_dead_letters``); with routes, each route's default.
+        ``<table>_dead_letters`` / ``<path>_dead_letters``; files: its manifest, not settable); with routes, each
+        route's default.
     :param routes: several tables in ONE Spark application, each :class:`Route` with its own topics and sink
         (then ``topics``, ``path`` and ``table`` stay empty); every other setting is shared. With ``checkpoint``
         set, the routes share ONE streaming query over all their topics, split per table inside each

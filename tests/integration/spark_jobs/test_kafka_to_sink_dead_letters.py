@@ -3,9 +3,10 @@
 Three transactions of five records, one micro-batch each (``max_offsets=6``: five records and the commit marker):
 all good, then two bad records among three good ones, then one bad among four good. A first run (spark-submit)
 is SIGKILLed in batch 1 after its sink wrote rows and letters and before the batch's commit (PostgreSQL: inside
-the open transaction; Delta: after the dead-letter table's commit, before the sink's); a second run (in this
-process, on the session's SparkSession) finishes. Sink and store are read back with readers the provider does
-not commit with (psycopg 3, delta-rs): every good record in the sink once, every bad one in the store once,
+the open transaction; Delta: after the dead-letter table's commit, before the sink's; files, in the matrix run:
+before the manifest); a second run (in this process, on the session's SparkSession) finishes. Sink and store
+are read back with readers the provider does not commit with (psycopg 3, delta-rs, the manifest's JSON and
+pyarrow): every good record in the sink once, every bad one in the store once,
 with its raw bytes. Over the limit: nothing of the batch anywhere, the message names the limit and the store.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import pytest
 
@@ -72,7 +74,23 @@ def _pg(stack):
 
 
 def _read(stack, sink: str, location: str, columns: list[str]) -> list[tuple]:
-    """Read a table back without the provider: psycopg 3 for PostgreSQL, delta-rs for Delta ([] if absent)."""
+    """Read a table back without the provider: psycopg 3 for PostgreSQL, delta-rs for Delta, the newest manifest's
+    JSON and pyarrow for files (its ``files``, or for the store its ``dead_letters``); [] if absent."""
+    if sink == "files":
+        import pyarrow.parquet as pq
+
+        root, key = (
+            (location.removesuffix("/dead_letters"), "dead_letters")
+            if location.endswith("/dead_letters")
+            else (location, "files")
+        )
+        manifests = sorted(Path(root, "_manifests").glob("0*.json"))
+        listed = json.loads(manifests[-1].read_text()).get(key, []) if manifests else []
+        rows = []
+        for file in listed:
+            table = pq.read_table(Path(root, file["path"]), columns=columns)
+            rows += list(zip(*(table.column(c).to_pylist() for c in columns)))
+        return rows
     if sink == "postgres":
         with _pg(stack) as conn:
             if conn.execute("SELECT to_regclass(%s)", (location,)).fetchone()[0] is None:
@@ -97,7 +115,13 @@ def _args(stack, pipeline, topic, tmp_path, sink, location, *policy: str) -> lis
 # delta-lost-checkpoint: the rerun starts without the checkpoint (set aside) and without the per-batch cap, so the
 # replay has another checkpoint id and other batch bounds: only the store's offset watermark keeps it exact.
 @pytest.mark.parametrize(
-    "variant", ["postgres", "delta", pytest.param("delta-lost-checkpoint", marks=pytest.mark.matrix)]
+    "variant",
+    [
+        "postgres",
+        "delta",
+        pytest.param("delta-lost-checkpoint", marks=pytest.mark.matrix),
+        pytest.param("files", marks=pytest.mark.matrix),
+    ],
 )
 def test_dead_letters_land_once_with_their_batch_across_a_driver_killed_before_the_commit(
     stack, spark, tmp_path, monkeypatch, capsys, caplog, variant
@@ -129,7 +153,7 @@ def test_dead_letters_land_once_with_their_batch_across_a_driver_killed_before_t
     assert run.returncode in (-9, 137), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
     assert sorted(_read(stack, sink, location, sink_columns)) == good[:5]
     letters = _read(stack, sink, store, letter_columns)
-    if sink == "postgres":  # the batch's one transaction died with the driver
+    if sink in ("postgres", "files"):  # the batch's one transaction / manifest died with the driver
         assert letters == []
     else:  # the store commits first: it holds batch 1's letters, the sink does not hold batch 1 yet
         assert sorted(row[:3] for row in letters) == bad[:2]
@@ -154,7 +178,7 @@ def test_dead_letters_land_once_with_their_batch_across_a_driver_killed_before_t
     if lost:  # one batch [6, 18) of the new checkpoint: batch 1's two letters were in the store already
         assert re.search(r"batch 0: 3 dead letters .* \(2 held there already: a replay\)", caplog.text), caplog.text
         return
-    held = "0" if sink == "postgres" else "2"  # Delta: batch 1's letters were committed by the killed run
+    held = "2" if sink == "delta" else "0"  # Delta: batch 1's letters were committed by the killed run
     assert re.search(rf"batch 1: 2 dead letters .* \({held} held there already: a replay\)", caplog.text), caplog.text
     assert re.search(r"batch 2: 1 dead letters \{\"invalid_utf8\": 1\}", caplog.text), caplog.text
 

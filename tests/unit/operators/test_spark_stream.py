@@ -86,7 +86,7 @@ def _op(**kwargs):
             {"on_bad_record": "dead_letter", "max_dead_letter_ratio": 1.5},
             r"max_dead_letter_ratio must be a number in \(0, 1\]",
         ),
-        ({"on_bad_record": "dead_letter", "sink": "files"}, "not yet for 'files'"),
+        ({"on_bad_record": "dead_letter", "sink": "files", "dead_letter_store": "/x"}, "in its own manifest"),
         ({"on_bad_record": "dead_letter", "mode": "cdc"}, "mode='append' only"),
         ({"on_bad_record": "dead_letter", "dead_letter_store": "/tmp/x"}, "is the sink itself"),
     ],

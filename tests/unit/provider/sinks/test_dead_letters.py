@@ -30,6 +30,7 @@ def test_the_watermark_moves_to_the_batch_end_and_never_back():
 def test_default_stores_sit_next_to_the_sink():
     assert dead_letters.default_store("postgres", "s.orders") == "s.orders_dead_letters"
     assert dead_letters.default_store("delta", "s3://b/lake/orders/") == "s3://b/lake/orders_dead_letters"
+    assert dead_letters.default_store("files", "/lake/orders") == "/lake/orders/dead_letters"  # in its manifest
 
 
 def test_the_limit_error_names_the_limit_the_store_and_the_offsets():
