@@ -256,6 +256,8 @@ def split(
     )
     bad = flagged.filter(F.col("_eo_error_class").isNotNull())
     count = bad.count()
+    if not count:  # the usual batch: one Spark job over the cached batch, nothing to collect
+        return good, DeadLetters(policy.store)
     total = df.count() if policy.max_ratio is not None and count else None
     over_ratio = total is not None and count > policy.max_ratio * total
     if count > policy.max_letters or over_ratio:
