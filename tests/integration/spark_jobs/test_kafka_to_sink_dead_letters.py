@@ -4,7 +4,7 @@ Three transactions of five records, one micro-batch each (``max_offsets=6``: fiv
 all good, then two bad records among three good ones, then one bad among four good. A first run (spark-submit)
 is SIGKILLed in batch 1 after its sink wrote rows and letters and before the batch's commit (PostgreSQL: inside
 the open transaction; Delta: after the dead-letter table's commit, before the sink's; files, in the matrix run:
-before the manifest); a second run (in this process, on the session's SparkSession) finishes. Sink and store
+before the manifest; Delta on MinIO in the matrix run too); a second run (in this process, on the session's SparkSession) finishes. Sink and store
 are read back with readers the provider does not commit with (psycopg 3, delta-rs, the manifest's JSON and
 pyarrow): every good record in the sink once, every bad one in the store once,
 with its raw bytes. Over the limit: nothing of the batch anywhere, the message names the limit and the store.
@@ -100,20 +100,23 @@ def _read(stack, sink: str, location: str, columns: list[str]) -> list[tuple]:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    options = stack.minio_settings().delta_rs_options() if location.startswith("s3://") else None
     try:
-        table = DeltaTable(location).to_pyarrow_table(columns=columns)
+        table = DeltaTable(location, storage_options=options).to_pyarrow_table(columns=columns)
     except TableNotFoundError:
         return []
     return list(zip(*(table.column(c).to_pylist() for c in columns)))
 
 
 def _args(stack, pipeline, topic, tmp_path, sink, location, *policy: str) -> list[str]:
-    args = jobs.job_args(stack, pipeline, topic, tmp_path / "checkpoint", sink, location, max_offsets=6)
+    s3 = stack.minio_settings().to_json() if location.startswith("s3://") else None
+    args = jobs.job_args(stack, pipeline, topic, tmp_path / "checkpoint", sink, location, max_offsets=6, s3=s3)
     return [*args, "--on-bad-record", "dead_letter", *policy]
 
 
 # delta-lost-checkpoint: the rerun starts without the checkpoint (set aside) and without the per-batch cap, so the
 # replay has another checkpoint id and other batch bounds: only the store's offset watermark keeps it exact.
+# delta-s3: sink and store on MinIO.
 @pytest.mark.parametrize(
     "variant",
     [
@@ -121,18 +124,19 @@ def _args(stack, pipeline, topic, tmp_path, sink, location, *policy: str) -> lis
         "delta",
         pytest.param("delta-lost-checkpoint", marks=pytest.mark.matrix),
         pytest.param("files", marks=pytest.mark.matrix),
+        pytest.param("delta-s3", marks=pytest.mark.matrix),
     ],
 )
 def test_dead_letters_land_once_with_their_batch_across_a_driver_killed_before_the_commit(
     stack, spark, tmp_path, monkeypatch, capsys, caplog, variant
 ):
-    sink = variant.removesuffix("-lost-checkpoint")
+    sink = variant.removesuffix("-lost-checkpoint").removesuffix("-s3")
     for key, value in jobs.pg_env(stack).items():
         monkeypatch.setenv(key, value)
     caplog.set_level(logging.INFO, logger="exactly_once_provider.kafka_to_sink")
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap)
-    location = target_for(sink, tmp_path, topic, stack)
+    location = target_for(variant.removesuffix("-lost-checkpoint"), tmp_path, topic, stack)
     store = dead_letters.default_store(sink, location)
     pipeline = f"dl-{topic}"
     transactions = _transactions(sink)
