@@ -4,9 +4,9 @@ Three transactions of five records, one micro-batch each (``max_offsets=6``: fiv
 all good, then two bad records among three good ones, then one bad among four good. A first run (spark-submit)
 is SIGKILLed in batch 1 after its sink wrote rows and letters and before the batch's commit (PostgreSQL: inside
 the open transaction; Delta: after the dead-letter table's commit, before the sink's; files, in the matrix run:
-before the manifest; Delta on MinIO in the matrix run too); a second run (in this process, on the session's SparkSession) finishes. Sink and store
-are read back with readers the provider does not commit with (psycopg 3, delta-rs, the manifest's JSON and
-pyarrow): every good record in the sink once, every bad one in the store once,
+before the manifest; Delta on MinIO in the matrix run too); a second run (in this process, on the session's
+SparkSession) finishes. Sink and store are read back with readers the provider does not commit with (psycopg 3,
+delta-rs, the manifest's JSON and pyarrow): every good record in the sink once, every bad one in the store once,
 with its raw bytes. Over the limit: nothing of the batch anywhere, the message names the limit and the store.
 """
 
