@@ -76,7 +76,7 @@ def get_provider_info() -> dict:
         "triggers": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": [f"{PACKAGE}.triggers.consumer_lag"],
+                "python-modules": [f"{PACKAGE}.triggers.consumer_lag", f"{PACKAGE}.triggers.sink_commits"],
             }
         ],
         "extra-links": [

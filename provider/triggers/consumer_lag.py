@@ -17,6 +17,26 @@ def sink_locations(value: str | Sequence[str] | None) -> list[str]:
     return [] if not value else [value] if isinstance(value, str) else list(value)
 
 
+async def sink_connections(
+    sink: str | None, locations: list[str], postgres_conn_id: str | None, aws_conn_id: str | None
+) -> tuple[dict | None, Any]:
+    """Resolve, in the triggerer, what a sink reader needs: ``(psycopg2 arguments, S3 settings)``, either None.
+
+    Airflow's connection API is synchronous: it is called off the event loop.
+    """
+    from asgiref.sync import sync_to_async
+
+    from exactly_once_provider.connections import connect_kwargs
+    from exactly_once_provider.storage import is_s3
+    from exactly_once_provider.storage.s3 import S3Settings
+
+    if sink == "postgres":
+        return await sync_to_async(connect_kwargs)(postgres_conn_id or "postgres_default"), None
+    if sink in ("files", "delta") and any(is_s3(location) for location in locations):
+        return None, await sync_to_async(S3Settings.from_connection)(aws_conn_id or "aws_default")
+    return None, None
+
+
 def measure_lag(
     client_config: dict[str, Any],
     topics: list[str],
@@ -117,16 +137,12 @@ class ConsumerLagTrigger(BaseTrigger):
         """Read the connections in the triggerer (Airflow's connection API is synchronous: off the event loop)."""
         from asgiref.sync import sync_to_async
 
-        from exactly_once_provider.connections import connect_kwargs, kafka_client_config
-        from exactly_once_provider.storage import is_s3
-        from exactly_once_provider.storage.s3 import S3Settings
+        from exactly_once_provider.connections import kafka_client_config
 
         kafka = await sync_to_async(kafka_client_config)(self.kafka_config_id)
-        connect = s3 = None
-        if self.sink == "postgres":
-            connect = await sync_to_async(connect_kwargs)(self.postgres_conn_id or "postgres_default")
-        elif self.sink in ("files", "delta") and any(is_s3(loc) for loc in sink_locations(self.sink_location)):
-            s3 = await sync_to_async(S3Settings.from_connection)(self.aws_conn_id or "aws_default")
+        connect, s3 = await sink_connections(
+            self.sink, sink_locations(self.sink_location), self.postgres_conn_id, self.aws_conn_id
+        )
         return kafka, connect, s3
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

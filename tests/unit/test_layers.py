@@ -39,6 +39,7 @@ LAYER = {
     "triggers": 3,
     "plugins": 3,
     "operators": 4,
+    "assets": 4,  # sink_commits: an Asset watched by a trigger, for users' DAGs
     "templates": 5,
     "entry": 5,
 }

@@ -1,7 +1,10 @@
 """ConsumerLagSensor under a real Airflow: while the sink is more than ``max_lag`` records behind its topic, the
 sensor defers to the triggerer (the task instance is ``deferred`` and holds no worker slot); when a Spark apply in
 another DAG, triggered through the REST API, catches the sink up, the trigger fires and the task resumes and
-succeeds. The sink is read with pyarrow from the Delta log's live files, the topic with a raw consumer."""
+succeeds. The sink is read with pyarrow from the Delta log's live files, the topic with a raw consumer.
+
+A third DAG is scheduled on the sink's commits (``sink_commits``: an AssetWatcher in the triggerer): the apply's
+commit starts it through the scheduler, with the batch's figures (rows, offsets) in the Asset event's extra."""
 
 from __future__ import annotations
 
@@ -74,7 +77,28 @@ def test_lag_sensor_defers_to_the_triggerer_and_resumes_when_the_sink_catches_up
                                  conf={{"spark.jars": {stack.spark_conf()["spark.jars"]!r}}})
         """,
     )
-    for dag_id in (gate, apply):
+    downstream = f"eo_on_commit_{tag}"
+    (airflow_server.dags / f"{downstream}.py").write_text(
+        textwrap.dedent(f"""\
+        # An airflow DAG written by a test: it runs on each commit of the apply's sink.
+        import pendulum
+        from airflow.sdk import DAG, task
+
+        from exactly_once_provider.assets import sink_commits
+
+        # Unpaused at creation: Airflow registers an Asset's watchers when it parses an unpaused DAG.
+        with DAG(dag_id={downstream!r}, start_date=pendulum.datetime(2026, 1, 1), catchup=False,
+                 is_paused_upon_creation=False,
+                 schedule=[sink_commits("delta", {sink!r}, {pipeline!r}, poll_interval=1)]):
+            @task
+            def refresh(triggering_asset_events=None):
+                for asset, events in triggering_asset_events.items():
+                    print("refresh on", asset.uri, [e.extra["payload"]["rows_total"] for e in events])
+
+            refresh()
+        """)
+    )
+    for dag_id in (gate, apply, downstream):
         client.wait_dag(dag_id)
         client.unpause(dag_id)
 
@@ -100,3 +124,23 @@ def test_lag_sensor_defers_to_the_triggerer_and_resumes_when_the_sink_catches_up
     # 3. Independent checks: the sink holds every committed record once, and it is at the topic's end.
     jobs.assert_exactly(jobs.delta_rows(sink), committed)
     assert len(jobs.delta_rows(sink)) == len(committed) > MAX_LAG
+
+    # 4. The sink's commit ran the downstream DAG, its Asset event carrying the batch's figures.
+    end = jobs.end_offsets(bootstrap, topic, 2)
+    deadline, extras = time.monotonic() + 180, []
+    while time.monotonic() < deadline:
+        runs = [r for r in client.runs(downstream) if r["state"] == "success"]
+        extras = [
+            event["extra"]["payload"]  # a watcher's event: Airflow puts the trigger's payload under "payload"
+            for r in runs
+            for event in client.request("GET", f"/dags/{downstream}/dagRuns/{r['dag_run_id']}/upstreamAssetEvents")[
+                "asset_events"
+            ]
+        ]
+        if any(e.get("rows_total") == len(committed) for e in extras):
+            break
+        time.sleep(2)
+    last = max(extras, key=lambda e: e["batch_id"], default={})
+    assert last.get("rows_total") == len(committed) and last["pipeline"] == pipeline, extras
+    assert {int(p): o for p, o in last["offsets"][topic].items()} == end, (last, end)
+    assert len({(e["checkpoint"], e["batch_id"]) for e in extras}) == len(extras), extras  # each announced once

@@ -1,0 +1,68 @@
+"""Assets that announce each sink commit, for DAGs scheduled on data arrival.
+
+A DAG that should run when a pipeline's table changed schedules on the Asset this returns::
+
+    from exactly_once_provider.assets import sink_commits
+
+    with DAG(dag_id="refresh_orders_mart", schedule=[sink_commits("delta", "s3://lake/orders", "shop-orders-apply")]):
+        ...
+
+The Asset carries an :class:`~airflow.sdk.AssetWatcher` whose trigger
+(:class:`~exactly_once_provider.triggers.sink_commits.SinkCommitTrigger`) reads the sink's commit marker in the
+triggerer and emits an Asset event per new commit, the batch's figures in the event's ``extra["payload"]`` (Airflow
+puts a watcher's event there, next to ``"from_trigger": True``); the DAG reads them from
+``triggering_asset_events``. Give ``name`` (and for a Delta or files sink leave ``uri`` to this
+function) to share the Asset a template declares as its task's outlet: the templates name theirs
+``<dag_id>.table`` (one table) or ``<dag_id>.<table>`` (several).
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Asset, AssetWatcher
+
+from exactly_once_provider import lineage
+from exactly_once_provider.triggers.sink_commits import SinkCommitTrigger
+
+SINKS = ("delta", "postgres", "files")
+
+
+def sink_commits(
+    sink: str,
+    location: str,
+    pipeline: str,
+    *,
+    name: str | None = None,
+    postgres_conn_id: str | None = None,
+    aws_conn_id: str | None = None,
+    poll_interval: float = 10.0,
+) -> Asset:
+    """
+    Return the Asset of a pipeline's sink, with a watcher that emits an event per commit.
+
+    :param sink: ``delta``, ``postgres`` or ``files``.
+    :param location: the Delta table or files directory (absolute path or ``s3://``), or the PostgreSQL table.
+    :param pipeline: the Kafka -> sink pipeline's name (the ``pipeline`` of its operator).
+    :param name: the Asset's name; default the location's URI (``<pipeline>.<table>`` for PostgreSQL).
+    :param postgres_conn_id: ``postgres`` sink: its connection (default ``postgres_default``).
+    :param aws_conn_id: a Delta or files sink on ``s3://``: its ``aws`` connection (default ``aws_default``).
+    :param poll_interval: seconds between two reads of the sink's commit marker.
+    """
+    if sink not in SINKS:
+        raise ValueError(f"sink={sink!r}: use one of {', '.join(SINKS)}.")
+    if not location or not pipeline:
+        raise ValueError("sink_commits needs the sink's location and the pipeline's name.")
+    if poll_interval <= 0:
+        raise ValueError(f"poll_interval={poll_interval!r}: use a positive number of seconds.")
+    trigger = SinkCommitTrigger(
+        sink=sink,
+        sink_location=location,
+        sink_pipeline=pipeline,
+        postgres_conn_id=postgres_conn_id,
+        aws_conn_id=aws_conn_id,
+        poll_interval=poll_interval,
+    )
+    watcher = AssetWatcher(name=f"{pipeline}-commits", trigger=trigger)
+    if sink == "postgres":  # a table has no URI of its own here; the name identifies it
+        return Asset(name=name or f"{pipeline}.{location}", watchers=[watcher])
+    uri = lineage.storage_path(location).asset_uri
+    return Asset(name=name or uri, uri=uri, watchers=[watcher])
