@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -210,6 +211,20 @@ def run_job(
         with open(log_file, "a") as handle:
             handle.write(result.stdout + result.stderr)
     return result
+
+
+def run_in_session(args: list[str], caplog) -> tuple[dict | None, str]:
+    """Run the job to its end in this test process's shared Spark session (the ``spark`` fixture).
+
+    For a restart after a killed driver: what it proves is what the dead driver left on disk, in the sink and in
+    the checkpoint, and a run here reads exactly that, without another application's start-up (~9 s of JVM and
+    session each, the largest fixed cost of the suite). The kills themselves stay in spark-submit processes.
+    Returns the job's committed state and what it logged.
+    """
+    with caplog.at_level(logging.INFO, logger=kafka_to_sink.log.name):
+        start = len(caplog.text)
+        state = kafka_to_sink.run(kafka_to_sink.parse_args(args))
+        return state, caplog.text[start:]
 
 
 def start_job(stack, args: list[str], log_file: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -2,8 +2,9 @@
 
 Kill points: right after the sink commit of batch 1 and before Spark's checkpoint commit of it (the replay must
 be recognised and skipped), right before the sink commit of batch 3, and at a random instant of a running job
-(an external SIGKILL of the whole process group). A last run finishes the input; the sink must then hold every
-committed record exactly once and no aborted one. The "short" chain (default suite) has only the first kill.
+(an external SIGKILL of the whole process group). A last run finishes the input (in the test's Spark session: a
+restart reads what the dead drivers left, and another spark-submit would only add its start-up); the sink must
+then hold every committed record exactly once and no aborted one. The "short" chain (default suite) has only the first kill.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def killed(result) -> bool:
     + [pytest.param("delta-s3", "short", marks=pytest.mark.matrix)],
 )
 def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(
-    stack, airflow_connections, tmp_path, sink, chain, fault_outcome
+    stack, spark, airflow_connections, tmp_path, caplog, sink, chain, fault_outcome
 ):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
@@ -89,12 +90,10 @@ def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(
         partial = jobs.sink_rows(stack, sink, target)
         assert len(partial) < len(committed), "the kill came too late to interrupt the job"
 
-    # 4. The last run finishes: exactly the committed input, offsets at the topic's end.
-    final = jobs.run_job(stack, args, log_file=log)
-    assert final.returncode == 0, final.stderr[-4000:]
+    # 4. The last run finishes (in this process's Spark session): exactly the committed input, offsets at the end.
+    state, logged = jobs.run_in_session(args, caplog)
     if chain == "short":
-        assert re.search(replay_skipped, final.stdout), final.stdout[-3000:]
-    state = jobs.result_line(final.stdout)
+        assert re.search(replay_skipped, logged), logged[-3000:]
     assert state["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(bootstrap, topic, 2).items()}}
     assert state["rows_total"] == len(committed)
     rows = jobs.sink_rows(stack, sink, target)
@@ -105,7 +104,7 @@ def test_driver_sigkilled_mid_batch_then_restarted_gives_the_exact_result(
 
 @pytest.mark.matrix
 def test_window_mode_driver_killed_between_sink_and_checkpoint_commit_settles_each_window_once(
-    stack, airflow_connections, tmp_path, fault_outcome
+    stack, spark, airflow_connections, tmp_path, caplog, fault_outcome
 ):
     """Window mode, Delta: SIGKILL right after the sink commit of batch 1, restart: one copy per window, v2 wins."""
     from tests.integration.spark_jobs.test_kafka_to_sink_window import Source, assert_windows, window_rows
@@ -127,10 +126,9 @@ def test_window_mode_driver_killed_between_sink_and_checkpoint_commit_settles_ea
 
     run = jobs.run_job(stack, args, jobs.kill_driver_at("after_sink_commit", 1))
     assert killed(run), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
-    final = jobs.run_job(stack, args)
-    assert final.returncode == 0, final.stderr[-4000:]
+    _, logged = jobs.run_in_session(args, caplog)  # the restart, in this process's Spark session
     # batch 1 committed a carry (a window cut by the read), so the checkpoint disagrees and is set aside
-    assert re.search(r"batch 1 already committed|disagrees with the sink", final.stdout), final.stdout[-3000:]
+    assert re.search(r"batch 1 already committed|disagrees with the sink", logged), logged[-3000:]
     rows = window_rows(stack, "delta", target)
     expected = source.rows()
     fault_outcome(
