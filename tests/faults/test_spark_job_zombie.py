@@ -42,7 +42,7 @@ def _wait_for(path, timeout: float = 240) -> None:
     "sink", ["delta"] + [pytest.param(s, marks=pytest.mark.matrix) for s in (*SINKS, "delta-s3") if s != "delta"]
 )
 def test_a_zombie_of_an_older_checkpoint_commits_nothing_after_the_next_run(
-    stack, airflow_connections, tmp_path, sink, fault_outcome
+    stack, spark, airflow_connections, tmp_path, caplog, sink, fault_outcome
 ):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
@@ -68,15 +68,12 @@ def test_a_zombie_of_an_older_checkpoint_commits_nothing_after_the_next_run(
         _wait_for(paused)
         assert sink_state(stack, kind, target, pipeline).batch_id == 1
 
-        # B: A's checkpoint is not there for it (a new checkpoint): it starts from the sink and commits everything.
-        run = jobs.run_job(
-            stack,
-            jobs.job_args(stack, pipeline, topic, checkpoint_b, kind, location, max_offsets=60, **secrets),
-            log_file=tmp_path / "next.log",
+        # B (in this process's Spark session, while A waits in its own): A's checkpoint is not there for it (a
+        # new checkpoint), so it starts from the sink and commits everything.
+        state, logged = jobs.run_in_session(
+            jobs.job_args(stack, pipeline, topic, checkpoint_b, kind, location, max_offsets=60, **secrets), caplog
         )
-        assert run.returncode == 0, run.stderr[-4000:]
-        assert "starting from the sink's committed offsets" in run.stdout
-        state = jobs.result_line(run.stdout)
+        assert "starting from the sink's committed offsets" in logged, logged[-3000:]
         jobs.assert_exactly(jobs.sink_rows(stack, kind, target), committed)
 
         # A wakes up and tries to commit its batch 2: refused, nothing written.

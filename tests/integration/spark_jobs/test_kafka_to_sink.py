@@ -80,7 +80,9 @@ def sink_state(stack, sink: str, target, pipeline: str):
 
 
 @pytest.mark.parametrize("sink", LOCATIONS)
-def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack, airflow_connections, tmp_path, sink):
+def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(
+    stack, spark, airflow_connections, tmp_path, caplog, sink
+):
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap, partitions=2)
     location = target_for(sink, tmp_path, topic, stack)
@@ -123,18 +125,15 @@ def test_sink_holds_exactly_the_committed_records_across_a_lost_checkpoint(stack
     else:
         shutil.rmtree(checkpoint)
     committed += jobs.produce_interleaved(bootstrap, topic, transactions=3, per_transaction=40, partitions=2, tag="s")
-    second = jobs.run_job(stack, args, log_file=log)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "starting from the sink's committed offsets" in second.stdout
-    state2 = jobs.result_line(second.stdout)
+    # The later runs in this process's Spark session: the first one proved the submitted path.
+    state2, logged = jobs.run_in_session(args, caplog)
+    assert "starting from the sink's committed offsets" in logged, logged[-3000:]
     assert state2["checkpoint_id"] != state["checkpoint_id"]
     assert state2["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(bootstrap, topic, 2).items()}}
     assert state2["rows_total"] == len(committed)
     jobs.assert_exactly(jobs.sink_rows(stack, sink, target), committed)
 
     # Nothing new: the rerun is a no-op.
-    third = jobs.run_job(stack, args, log_file=log)
-    assert third.returncode == 0, third.stderr[-4000:]
-    assert jobs.result_line(third.stdout) == state2
+    assert jobs.run_in_session(args, caplog)[0] == state2
     assert sink_state(stack, sink, target, pipeline).to_json() == state2
     jobs.assert_exactly(jobs.sink_rows(stack, sink, target), committed)
