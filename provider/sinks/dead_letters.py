@@ -6,8 +6,17 @@ the batch holding a bad record, before its commit (:mod:`~exactly_once_provider.
 store, in the same exactly-once step. Past :attr:`DeadLetterPolicy.max_letters` bad records in one batch (or
 :attr:`DeadLetterPolicy.max_ratio` of its records) the batch fails as in ``"fail"``, with nothing of it committed
 anywhere, and the error names the limit and the store. Bad records (:func:`rules`): a key or value that is not
-valid UTF-8 (every sink), text holding a NUL character (PostgreSQL). Append mode only, for now
+valid UTF-8 (every sink), text holding a NUL character (PostgreSQL; in the current table's change records the
+JSON escape ``\\u0000`` of a text value). Modes ``append``, ``cdc`` and ``current``; not yet ``window``
 (docs/dead-letters.md says what is not built yet).
+
+In ``cdc`` and ``current`` mode a letter is a CHANGE of a key: the key is held back from the batch's changes only
+when the letter is that key's newest version in the batch (:func:`held_back`, :func:`hold_back`): an older bad
+version followed by a good newer one lets the good one apply (the bad one is still dead-lettered), while a bad
+newest version keeps every change of its key in this batch out, so the table never shows a state older than
+one the batch says came after it. A later batch's good change of the key applies as usual (it is newer than
+the row). The key and version of a letter are read from its value's JSON (undecodable bytes replaced): a
+letter whose key or version cannot be read holds nothing back.
 
 Every dead letter keeps :data:`COLUMNS`: the pipeline, the batch (checkpoint id, batch id), the record's topic,
 partition, offset and Kafka timestamp, its raw key and value bytes, the error class and message, and when it
@@ -60,6 +69,7 @@ from exactly_once_provider.sinks import poison
 from exactly_once_provider.sinks.base import Offsets, offsets_to_json
 
 POLICIES = ("fail", "dead_letter")
+MODES = ("append", "cdc", "current")  # the modes dead letters are built for
 DEFAULT_MAX_LETTERS = 100
 SUFFIX = "_dead_letters"
 FILES_FOLDER = "dead_letters"  # the files sink's letters: <root>/dead_letters/<batch>/, listed by its manifest
@@ -92,6 +102,9 @@ POSTGRES_DDL = (
     " PRIMARY KEY (pipeline, kafka_topic, kafka_partition, kafka_offset))"
 )
 
+# A JSON string's escape of NUL, not preceded by an odd number of backslashes (``\\\\u0000`` is text, no NUL).
+JSON_NUL = r"(^|[^\\])(\\\\)*\\u0000"
+
 # The streaming query's projection in dead-letter mode: the raw bytes, classified per batch (:func:`split`).
 RAW_SELECT = (
     "topic AS kafka_topic",
@@ -114,11 +127,13 @@ class DeadLetterPolicy:
     :param store: the dead-letter store: a PostgreSQL table or a Delta table's location.
     :param max_letters: bad records allowed in one batch; more fail the batch.
     :param max_ratio: share of a batch's records allowed to be bad (0 < r <= 1); None: no ratio limit.
+    :param mode: the query's mode (``append``, ``cdc``, ``current``): which bad-record kinds apply (:func:`rules`).
     """
 
     store: str
     max_letters: int = DEFAULT_MAX_LETTERS
     max_ratio: float | None = None
+    mode: str = "append"
 
 
 @dataclass
@@ -175,10 +190,10 @@ def check_policy(
             "dead_letter_store: the files sink keeps its dead letters in its own manifest commit "
             f"(<sink_path>/{FILES_FOLDER}/); leave it unset."
         )
-    if mode != "append":
+    if mode not in MODES:
         raise ValueError(
-            f"on_bad_record='dead_letter' is built for mode='append' only, not yet for mode={mode!r} "
-            "(docs/dead-letters.md): use on_bad_record='fail'."
+            f"on_bad_record='dead_letter' is built for mode={' / '.join(repr(m) for m in MODES)}, not yet for "
+            f"mode={mode!r} (docs/dead-letters.md): use on_bad_record='fail'."
         )
     if delivery != "exactly-once":
         raise ValueError(
@@ -196,10 +211,12 @@ def check_policy(
         raise ValueError("dead_letter_store is empty: name a table / location, or leave it unset for the default.")
 
 
-def rules(sink_kind: str) -> list[tuple[Any, str, str]]:
+def rules(sink_kind: str, mode: str = "append") -> list[tuple[Any, str, str]]:
     """Return ``(condition, error class, message)`` per bad-record kind the sink cannot store, in order.
 
     Conditions are Spark columns over the raw ``key``/``value`` bytes; the first that holds names the error.
+    The PostgreSQL current table stores the change record's values, decoded from its JSON: a text value holding
+    the escape ``\\u0000`` (not itself escaped) is a NUL character there.
     """
     from pyspark.sql import functions as F
 
@@ -217,6 +234,15 @@ def rules(sink_kind: str) -> list[tuple[Any, str, str]]:
                     F.col(column).isNotNull() & F.is_valid_utf8(text) & (F.instr(text, "\x00") > 0),
                     "nul_character",
                     f"the {column} holds a NUL character (PostgreSQL text cannot store it)",
+                )
+            )
+        if mode == "current":
+            text = F.col("value").cast("string")
+            found.append(
+                (
+                    F.col("value").isNotNull() & F.is_valid_utf8(text) & F.regexp(text, F.lit(JSON_NUL)),
+                    "nul_character",
+                    "a value of the change holds a NUL character (PostgreSQL text cannot store it)",
                 )
             )
     return found
@@ -243,16 +269,18 @@ def split(
     from pyspark.sql import functions as F
 
     error_class, message = F.lit(None).cast("string"), F.lit(None).cast("string")
-    for condition, name, text in reversed(rules(sink_kind)):
+    for condition, name, text in reversed(rules(sink_kind, policy.mode)):
         error_class = F.when(condition, F.lit(name)).otherwise(error_class)
         message = F.when(condition, F.lit(text)).otherwise(message)
     flagged = df.withColumn("_eo_error_class", error_class).withColumn("_eo_error_message", message)
+    # The decoding only where no rule held: the optimizer may evaluate it before the filter (a later filter on
+    # record_value, e.g. the current mode's, is pushed below this projection), and a letter must not fail it.
     good = flagged.filter(F.col("_eo_error_class").isNull()).selectExpr(
         "kafka_topic",
         "kafka_partition",
         "kafka_offset",
-        f"{poison.KEY_TEXT} AS record_key",
-        f"{poison.VALUE_TEXT} AS record_value",
+        f"CASE WHEN _eo_error_class IS NULL THEN {poison.KEY_TEXT} END AS record_key",
+        f"CASE WHEN _eo_error_class IS NULL THEN {poison.VALUE_TEXT} END AS record_value",
     )
     bad = flagged.filter(F.col("_eo_error_class").isNotNull())
     count = bad.count()
@@ -365,3 +393,144 @@ def spark_frame(spark, rows: list[dict]):
     """Return the letters as a one-partition Spark DataFrame of :data:`SPARK_SCHEMA` (a Delta store's commit, a
     files sink's letters file): a batch's few letters in one file."""
     return spark.createDataFrame([tuple(r[c] for c in COLUMNS) for r in rows], SPARK_SCHEMA).coalesce(1)
+
+
+@dataclass(frozen=True)
+class ChangeKey:
+    """Where a change record's value names its key and version (``cdc`` and ``current`` modes).
+
+    :param parts: per key part, the JSON paths (each a tuple of field names) tried in order: the first present
+        one is the part's value, as text (a JSON string's characters, any other value's JSON).
+    :param version: the JSON path of the change's version (a whole number).
+    """
+
+    parts: tuple[tuple[tuple[str, ...], ...], ...]
+    version: tuple[str, ...]
+
+    @classmethod
+    def cdc(cls, key_field: str, version_field: str) -> ChangeKey:
+        """Return the key of the CDC mode's records: its ``key_field`` paths (comma-separated, dotted)."""
+        paths = [p.strip() for p in key_field.split(",") if p.strip()]
+        return cls(tuple((tuple(p.split(".")),) for p in paths), tuple(version_field.split(".")))
+
+    @classmethod
+    def current(cls, key: tuple[str, ...]) -> ChangeKey:
+        """Return the key of the binlog capture's change records: the key columns of the ``after`` image, or
+        of ``before`` (a delete)."""
+        return cls(tuple((("after", k), ("before", k)) for k in key), ("version",))
+
+    def columns(self, value: Any) -> tuple[list, Any]:
+        """Return the Spark columns ``(key parts, version)`` over a record's value (a string column)."""
+        from pyspark.sql import functions as F
+
+        def at(path: tuple[str, ...]):
+            return F.get_json_object(value, _json_path(path))
+
+        parts = [F.coalesce(*[at(p) for p in alternatives]) for alternatives in self.parts]
+        return parts, at(self.version).cast("bigint")
+
+    def of_record(self, value: bytes | None) -> tuple[tuple[str, ...], int] | None:
+        """Return ``(key, version)`` a letter's raw value names (undecodable bytes replaced), or None when it
+        names no key or no whole-number version (such a letter holds nothing back)."""
+        if value is None:
+            return None
+        try:
+            record = json.loads(value.decode("utf-8", errors="replace"))
+        except ValueError:
+            return None
+        parts = []
+        for alternatives in self.parts:
+            found = next((v for v in (_at(record, p) for p in alternatives) if v is not None), None)
+            if found is None:
+                return None
+            parts.append(_as_text(found))
+        version = _at(record, self.version)
+        if isinstance(version, str) and version.lstrip("-").isdigit():
+            version = int(version)
+        if isinstance(version, bool) or not isinstance(version, int):
+            return None
+        return tuple(parts), version
+
+
+def _json_path(path: tuple[str, ...]) -> str:
+    """Return Spark's ``get_json_object`` path of the fields ``path`` (bracketed names: any column name)."""
+    return "$" + "".join("['{}']".format(name.replace("\\", "\\\\").replace("'", "\\'")) for name in path)
+
+
+def _at(record: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        if not isinstance(record, dict):
+            return None
+        record = record.get(name)
+    return record
+
+
+def _as_text(value: Any) -> str:
+    """Return a JSON value as ``get_json_object`` gives it: a string's characters, else its compact JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def held_back(
+    bad: dict[tuple[str, ...], tuple[int, int]], good: dict[tuple[str, ...], tuple[int, int]]
+) -> set[tuple[str, ...]]:
+    """Return the keys whose batch changes stay out of the table: those whose newest version in the batch is bad.
+
+    :param bad: key -> the newest ``(version, offset)`` of its letters in the batch.
+    :param good: key -> the newest ``(version, offset)`` of its good changes in the batch (keys of ``bad`` only).
+    """
+    return {key for key, newest in bad.items() if key not in good or newest > good[key]}
+
+
+def hold_back(raw, good_df, letters: DeadLetters, change_key: ChangeKey):
+    """Return ``(good records, keys held back)``: ``good_df`` without the records of keys whose newest version in
+    this batch is a letter (:func:`held_back`); the keys in the letters' order, for the log.
+
+    One small Spark job, only for a batch with letters: the good records of the letters' keys, read from the raw
+    batch ``raw`` (:data:`RAW_SELECT` columns) with undecodable values as NULL, so no record can fail it (the good
+    records' own decoding, ``validate_utf8``, may be evaluated before their filter); they are then left out of
+    ``good_df`` by offset.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    bad: dict[tuple[str, ...], tuple[int, int]] = {}
+    for row in letters.rows:
+        found = change_key.of_record(row["record_value"])
+        if found is not None:
+            key, version = found
+            bad[key] = max(bad.get(key, (version, row["kafka_offset"])), (version, row["kafka_offset"]))
+    if not bad:
+        return good_df, []
+    spark = raw.sparkSession
+    where = ["kafka_topic", "kafka_partition", "kafka_offset"]
+    names = [f"_eo_key{i}" for i in range(len(change_key.parts))]
+    parts, version = change_key.columns(F.try_validate_utf8(F.col("value").cast("string")))
+    positions = StructType(
+        [
+            StructField("kafka_topic", StringType()),
+            StructField("kafka_partition", IntegerType()),
+            StructField("kafka_offset", LongType()),
+        ]
+    )
+    dead = spark.createDataFrame([tuple(r[c] for c in where) for r in letters.rows], positions)
+    wanted = spark.createDataFrame([list(k) for k in bad], StructType([StructField(n, StringType()) for n in names]))
+    found = (
+        raw.join(F.broadcast(dead), where, "left_anti")
+        .select(*where, version.alias("_eo_version"), *[p.alias(n) for p, n in zip(parts, names, strict=True)])
+        .join(F.broadcast(wanted), names)
+        .collect()
+    )
+    good: dict[tuple[str, ...], tuple[int, int]] = {}
+    for r in found:
+        key = tuple(r[n] for n in names)
+        if r["_eo_version"] is not None:
+            good[key] = max(good.get(key, (r["_eo_version"], r["kafka_offset"])), (r["_eo_version"], r["kafka_offset"]))
+    held = held_back(bad, good)
+    if not held:
+        return good_df, []
+    drop = [tuple(r[c] for c in where) for r in found if tuple(r[n] for n in names) in held]
+    if drop:
+        good_df = good_df.join(F.broadcast(spark.createDataFrame(drop, positions)), where, "left_anti")
+    return good_df, [k for k in bad if k in held]

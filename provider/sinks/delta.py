@@ -29,7 +29,7 @@ replaces the rows of the
 published windows with ``replaceWhere window_id IN (...)`` in the same single commit (same txn id); the
 marker carries the cumulative ``windows`` map (window id -> version, rows) the version check reads.
 
-Dead letters (``dead_letter_store``, append mode): the batch's records the table cannot store go to a Delta
+Dead letters (``dead_letter_store``; append, cdc and current modes): the batch's records the table cannot store go to a Delta
 table next to it, committed BEFORE the sink's commit under an offset watermark, so a replay writes them neither
 twice nor never (the order and the fence: :mod:`exactly_once_provider.sinks.dead_letters`).
 
@@ -76,7 +76,7 @@ class DeltaSink:
     :param key: ``current`` mode: the source table's primary key columns.
     :param s3: an ``s3://`` path: its :class:`~exactly_once_provider.storage.s3.S3Settings` (default: those the
         process registered, as a Spark driver does from its secrets file).
-    :param dead_letter_store: append mode with ``on_bad_record="dead_letter"``: the dead-letter Delta table's
+    :param dead_letter_store: ``on_bad_record="dead_letter"`` (append, cdc, current): the dead-letter Delta table's
         location (next to the sink), committed before each batch's sink commit.
     """
 

@@ -21,7 +21,7 @@ into ``table`` (primary key ``pk``) only where the change's ``source_version`` i
 same transaction. Deletes are kept as tombstones (``deleted = true``) so an older change replayed after the
 delete cannot bring the row back; readers filter ``NOT deleted``.
 
-Dead letters (``dead_letter_store``, append mode): the batch's records the table cannot store go to the
+Dead letters (``dead_letter_store``; append, cdc and current modes): the batch's records the table cannot store go to the
 store table in the SAME transaction, after the rows and before the offsets
 (:mod:`exactly_once_provider.sinks.dead_letters`).
 
@@ -98,7 +98,7 @@ class PostgresSink:
     :param topics: the topics this writer reads (the job's query): its state is the pipeline's rows of these
         topics, so the queries of one application (routes, disjoint topics) each commit their own batches.
         Empty: every topic of the pipeline (a reader: the status page, the lag trigger).
-    :param dead_letter_store: append mode with ``on_bad_record="dead_letter"``: the dead-letter table
+    :param dead_letter_store: ``on_bad_record="dead_letter"`` (append, cdc, current): the dead-letter table
         (``schema.table`` allowed), created if missing; its letters commit in each batch's transaction.
     """
 
@@ -350,7 +350,7 @@ class PostgresSink:
             ``dead_letter_store`` table in the same transaction; ``letters.written`` is set to their number.
         """
         if self.current is not None:
-            return self._commit_current(df, commit, expected)
+            return self._commit_current(df, commit, expected, letters)
         with self._batch_transaction(commit, expected) as batch:
             if batch.done:
                 return False
@@ -361,7 +361,9 @@ class PostgresSink:
             faults.fault_point(f"sink_written_{commit.batch_id}")
         return True
 
-    def _commit_current(self, df, commit: BatchCommit, expected: object) -> bool:
+    def _commit_current(
+        self, df, commit: BatchCommit, expected: object, letters: dead_letters.DeadLetters | None = None
+    ) -> bool:
         # before the transaction: a batch that fails to plan has written nothing
         changes = current_table.as_converted(df, self.new_fills).toArrow()
         with self._batch_transaction(commit, expected) as batch:
@@ -371,6 +373,10 @@ class PostgresSink:
                 batch.cur, changes, self.schema_state, self.new_fills, self.schema_changed, self.full_load[0].key
             )
             batch.rows_total = batch.rows_before + written
+            if letters is not None:
+                letters.written = dead_letters.insert_postgres(batch.cur, self._store(), letters)
+            # EO_FAULT_AT=sink_written_<batch>: changes (and letters) written in the open transaction, not committed
+            faults.fault_point(f"sink_written_{commit.batch_id}")
         return True
 
     def _write_offsets(self, cur, commit: BatchCommit, rows_total: int) -> None:

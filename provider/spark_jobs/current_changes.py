@@ -270,6 +270,13 @@ class CurrentChanges:
         self.sink = sink
         self.name = f"{source.schema}.{source.table}"
 
+    @property
+    def change_key(self) -> Any:
+        """Where a change record names its key and version (a dead letter's, read on the driver)."""
+        from exactly_once_provider.sinks.dead_letters import ChangeKey
+
+        return ChangeKey.current(tuple(self.source.key))
+
     def _state(self) -> tuple[list[Column], list[Fill], int]:
         previous = self.sink.committed()
         body = previous.extra.get(SCHEMA_MARKER) if previous else None

@@ -122,7 +122,7 @@ def parse_args(argv: list[str]) -> StreamSpec:
         default="fail",
         choices=dead_letters.POLICIES,
         help="a record the sink cannot store: stop the job before its batch commits (fail), or commit it to "
-        "the dead-letter store with its batch (dead_letter; append mode)",
+        "the dead-letter store with its batch (dead_letter; append, cdc and current modes)",
     )
     parser.add_argument("--max-dead-letters", type=int, default=None, help="dead_letter: bad records allowed per batch")
     parser.add_argument(
@@ -498,6 +498,7 @@ def process_batch(
     if previous is not None:
         df = _not_yet_committed(df, previous.offsets)
     letters = raw = None
+    held: list = []
     if policy is not None:  # one read of Kafka for the letters and the good records
         raw = df.persist()
     try:
@@ -505,6 +506,9 @@ def process_batch(
             df, letters = dead_letters.split(
                 raw, sink.kind, policy, pipeline, commit.checkpoint_id, batch_id, previous.offsets if previous else None
             )
+            change_key = getattr(to_changes, "change_key", None)
+            if letters.rows and change_key is not None:  # cdc / current: a bad newest version holds its key back
+                df, held = dead_letters.hold_back(raw, df, letters, change_key)
         with _stop_at_poison(sink, df.sparkSession, kafka_options, previous, end, batch_id):
             changed = changes(df)
             planned = time.monotonic()
@@ -519,7 +523,7 @@ def process_batch(
                 # Rare: the batch holds a schema change (current mode plans a batch without reading its schema
                 # records). Nothing of it was written: plan it again, following the change.
                 log.info("batch %d holds a schema change: planned again with it", batch_id)
-                written = sink.commit(changes(df, schema_records=True), commit, expected=previous)
+                written = sink.commit(changes(df, schema_records=True), commit, expected=previous, **with_letters)
     finally:
         if raw is not None:
             raw.unpersist()
@@ -533,6 +537,14 @@ def process_batch(
             json.dumps(letters.by_class()),
             letters.store,
             len(letters.rows) - letters.written,
+        )
+    if held and written:
+        # A key whose newest change of the batch is a letter keeps its row as it was (docs/dead-letters.md).
+        log.info(
+            "batch %d: %d keys held back (their newest change is a dead letter): %s",
+            batch_id,
+            len(held),
+            ", ".join(json.dumps(list(k)) for k in held[:20]) + (" ..." if len(held) > 20 else ""),
         )
     state = sink.committed()
     # Where a batch's time goes (planning: the changes step's own reads; commit: the sink's write) is what a
@@ -730,6 +742,8 @@ def _open_route(args: StreamSpec) -> tuple[Sink, Any]:
 
         def to_changes(df):
             return cdc_changes(df, args.key_field, args.version_field, args.op_field)
+
+        to_changes.change_key = dead_letters.ChangeKey.cdc(args.key_field, args.version_field)
     elif source is not None:
         to_changes = CurrentChanges(source, sink)
     return sink, to_changes

@@ -112,6 +112,7 @@ class StreamSpec:
             store=self.dead_letter_store or dead_letters.default_store(self.sink, location),
             max_letters=self.max_dead_letters or dead_letters.DEFAULT_MAX_LETTERS,
             max_ratio=self.max_dead_letter_ratio,
+            mode=self.mode,
         )
 
     @property

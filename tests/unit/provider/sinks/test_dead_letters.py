@@ -90,3 +90,40 @@ def test_routes_get_each_their_own_store_and_refuse_a_shared_one():
 def test_bad_policy_settings_are_value_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _spec(**kwargs).validate()
+
+
+def test_cdc_and_current_modes_take_the_policy_with_their_mode():
+    for mode in ("cdc", "current"):
+        policy = _spec(on_bad_record="dead_letter", mode=mode).validate().dead_letter_policy()
+        assert policy.mode == mode
+    with pytest.raises(ValueError, match="not yet for mode='window'"):
+        _spec(on_bad_record="dead_letter", mode="window").validate()
+
+
+# The newest-version rule of the cdc and current modes: key -> newest (version, offset) in the batch.
+@pytest.mark.parametrize(
+    "bad, good, held",
+    [
+        ({("1",): (7, 3)}, {}, {("1",)}),  # only bad changes of the key: held back
+        ({("1",): (7, 3)}, {("1",): (6, 2)}, {("1",)}),  # a good older change, the bad one newest: held back
+        ({("1",): (7, 3)}, {("1",): (8, 4)}, set()),  # a good newer change follows the bad one: it applies
+        ({("1",): (7, 3)}, {("1",): (7, 2)}, {("1",)}),  # equal versions: the later offset is the newer
+        ({("1",): (7, 3), ("2",): (5, 1)}, {("2",): (9, 9)}, {("1",)}),  # per key
+    ],
+)
+def test_a_key_is_held_back_only_when_its_newest_version_in_the_batch_is_a_letter(bad, good, held):
+    assert dead_letters.held_back(bad, good) == held
+
+
+def test_a_letters_key_and_version_are_read_from_its_value_despite_bad_bytes():
+    current = dead_letters.ChangeKey.current(("id", "region"))
+    update = b'{"op":"u","before":{"id":1,"region":"x"},"after":{"id":1,"region":"eu","s":"\xff"},"version":42}'
+    assert current.of_record(update) == (("1", "eu"), 42)
+    delete = b'{"op":"d","before":{"id":2,"region":"us"},"after":null,"version":"43"}'
+    assert current.of_record(delete) == (("2", "us"), 43)
+    assert current.of_record(b'{"after":{"id":1},"version":42}') is None  # a key part missing
+    assert current.of_record(b'{"after":{"id":1,"region":"eu"},"version":4.5}') is None  # no whole version
+    assert current.of_record(b"\xff\xfe not json") is None
+    assert current.of_record(None) is None
+    cdc = dead_letters.ChangeKey.cdc("source.table, pk", "meta.v")
+    assert cdc.of_record(b'{"source":{"table":"t"},"pk":{"id":3},"meta":{"v":7}}') == (("t", '{"id":3}'), 7)
