@@ -51,7 +51,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         costs what its changed tables cost, however many are followed. Without it, each stream names its own
         ``checkpoint_location`` and runs its own query (a failure of one stops the others). Each table commits
         exactly once as a one-table run does. XCom returns ``{"streams": {sink location: committed state}}``.
-    :param sink: ``delta``, ``postgres`` or ``files``.
+    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg`` (append mode; the table ``sink_table``,
+        ``namespace.table``, in the SQL catalog of ``iceberg_conn_id``, created at ``sink_path``: docs/iceberg.md).
     :param checkpoint_location: this pipeline's Spark checkpoint directory (with ``streams``: the query they
         share).
     :param sink_path: the Delta table or files sink directory (``delta`` / ``files``), local or on S3 or an
@@ -61,6 +62,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         and ``region_name`` in its extra); they reach the driver in the job's secrets file, never the command
         line. The location is checked before the job starts (reachable, credentials, bucket, conditional writes).
     :param sink_table: the PostgreSQL table (``postgres``); the offsets table ``eo_stream_offsets`` sits next to it.
+        ``iceberg``: the Iceberg table, ``namespace.table``.
+    :param iceberg_conn_id: ``iceberg``: the ``postgres`` connection of the database holding the SQL catalog (its
+        ``iceberg_tables`` table); its settings reach the driver in the job's secrets file.
+    :param iceberg_catalog: ``iceberg``: the catalog's name (a Java JDBC catalog of that name sees the same tables).
     :param kafka_conn_id: Kafka connection (its Extra is the confluent-kafka configuration, SASL/TLS included);
         the job gets it in a file only its owner can read, removed after the run, never on the command line.
     :param postgres_conn_id: PostgreSQL connection (``postgres`` sink); its settings (TLS included) reach the
@@ -174,6 +179,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         kafka_conn_id: str = "kafka_default",
         postgres_conn_id: str = "postgres_default",
         aws_conn_id: str = "aws_default",
+        iceberg_conn_id: str = "postgres_default",
+        iceberg_catalog: str = "eo",
         spark_conn_id: str = "spark_default",
         trigger: str = "available-now",
         interval: str = "30 seconds",
@@ -217,6 +224,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         self.kafka_conn_id = kafka_conn_id
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
+        self.iceberg_conn_id = iceberg_conn_id
+        self.iceberg_catalog = iceberg_catalog
         self._s3 = None
         self.trigger = trigger
         self.interval = interval
@@ -294,7 +303,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             routes=self._routes(),
             sink=self.sink,
             path=self.sink_path if self._reads_path() and not routed else None,
-            table=self.sink_table if self.sink == "postgres" and not routed else None,
+            table=self.sink_table if self.sink in ("postgres", "iceberg") and not routed else None,
             trigger=self.trigger,
             interval=self.interval,
             max_offsets_per_trigger=int(self.max_offsets_per_trigger) if self.max_offsets_per_trigger else None,
@@ -365,13 +374,21 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             secrets["libpq"] = libpq_environment(self.postgres_conn_id)
         if self._s3_settings() is not None:
             secrets["s3"] = self._s3_settings().to_json()
+        if self.sink == "iceberg":
+            secrets["iceberg"] = self._iceberg_catalog()
         return secrets
+
+    def _iceberg_catalog(self) -> dict[str, Any]:
+        """Return the settings of the Iceberg sink's catalog (they hold a password: the secrets file only)."""
+        from exactly_once_provider.sinks.iceberg import catalog_settings
+
+        return catalog_settings(self.iceberg_conn_id, self.iceberg_catalog)
 
     def default_packages(self) -> tuple[str, ...]:
         return SPARK_PACKAGES + (S3A_PACKAGES if self._on_s3() else ())
 
     def _sink_location(self) -> str | None:
-        return self.sink_table if self.sink == "postgres" else self.sink_path
+        return self.sink_table if self.sink in ("postgres", "iceberg") else self.sink_path
 
     def sink_state(self) -> dict | None:
         """Read the pipeline's committed state back from the sink (the source of truth), without Spark.
@@ -383,12 +400,12 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         from exactly_once_provider.connections import connect_kwargs
         from exactly_once_provider.sinks.base import open_sink
 
-        location = self.sink_table if self.sink == "postgres" else self.sink_path
         state = open_sink(
             self.sink,
-            location,
+            self._sink_location(),
             self.pipeline,
             s3=self._s3_settings(),
+            iceberg_catalog=self._iceberg_catalog if self.sink == "iceberg" else None,
             postgres_connect=lambda: connect_kwargs(self.postgres_conn_id),
             topics=split_topics(self.topics) if self.topics else (),
         ).committed()  # this query's

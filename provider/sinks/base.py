@@ -167,7 +167,7 @@ WINDOW_COLUMNS = (
 )
 
 
-SINK_KINDS = ("delta", "postgres", "files")
+SINK_KINDS = ("delta", "postgres", "files", "iceberg")
 
 
 @runtime_checkable
@@ -226,14 +226,17 @@ def open_sink(
     s3: Any = None,
     topics: Sequence[str] = (),
     dead_letter_store: str | None = None,
+    iceberg_catalog: dict | Callable[[], dict] | None = None,
+    iceberg_location: str | None = None,
 ) -> Sink:
     """Return the sink of ``kind`` at ``location`` for ``pipeline``: THE dispatch on the sink kind.
 
     Opening reads nothing and needs no Spark; only the writer methods use Spark.
 
-    :param kind: ``delta``, ``postgres`` or ``files``.
+    :param kind: ``delta``, ``postgres``, ``files`` or ``iceberg``.
     :param location: the Delta table / files directory (local path or ``file://``; files also ``s3://``), or
-        the PostgreSQL table (``schema.table`` allowed; empty: only the offsets table is read).
+        the PostgreSQL table (``schema.table`` allowed; empty: only the offsets table is read), or the Iceberg
+        table (``namespace.table`` in its catalog).
     :param pipeline: the pipeline's stable name.
     :param postgres_connect: ``postgres``: psycopg2 connection arguments, or a function returning them (called
         only for this kind); None = the libpq ``PG*`` environment (the Spark job).
@@ -248,7 +251,15 @@ def open_sink(
     :param dead_letter_store: ``postgres``/``delta`` append mode with ``on_bad_record="dead_letter"``: the
         dead-letter table / Delta location its commits write the batch's letters to
         (:mod:`~exactly_once_provider.sinks.dead_letters`).
+    :param iceberg_catalog: ``iceberg``: the catalog's settings (:func:`~.iceberg.catalog_settings`) or a function
+        returning them (called only when the catalog is first used); None = the one the process registered.
+    :param iceberg_location: ``iceberg`` writer: the table's location (local path or ``s3://``), where it is created
+        and Spark writes its data files; a reader needs only the catalog.
     """
+    if kind == "iceberg":
+        from exactly_once_provider.sinks.iceberg import IcebergSink
+
+        return IcebergSink(location, pipeline, iceberg_catalog, iceberg_location, s3)
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
 

@@ -1,4 +1,4 @@
-"""Streaming job: Kafka (read_committed) -> Delta table | PostgreSQL table | Parquet files, exactly once.
+"""Streaming job: Kafka (read_committed) -> Delta table | PostgreSQL table | Parquet files | Iceberg table, exactly once.
 
 Submitted as a file: ``spark-submit .../kafka_to_sink.py --spec <job spec>`` (the operator; the request is a
 :class:`~exactly_once_provider.spark_jobs.stream_spec.StreamSpec`) or ``... --pipeline ...`` (see ``--help``).
@@ -79,9 +79,13 @@ def parse_args(argv: list[str]) -> StreamSpec:
         help="several queries in one application, instead of --topics/--checkpoint/--path/--table: "
         'JSON [{"topics": [...], "checkpoint": ..., "path": ... | "table": ...}, ...]',
     )
-    parser.add_argument("--sink", required=True, choices=("delta", "postgres", "files"))
-    parser.add_argument("--path", help="Delta table or files sink directory")
-    parser.add_argument("--table", help="PostgreSQL table (connection: the secrets file's libpq PG* variables)")
+    parser.add_argument("--sink", required=True, choices=("delta", "postgres", "files", "iceberg"))
+    parser.add_argument("--path", help="Delta table or files sink directory; iceberg: the table's location")
+    parser.add_argument(
+        "--table",
+        help="PostgreSQL table (connection: the secrets file's libpq PG* variables); iceberg: namespace.table "
+        "in the catalog of the secrets file's 'iceberg' settings",
+    )
     parser.add_argument("--trigger", default="available-now", choices=("available-now", "processing-time"))
     parser.add_argument("--interval", default="10 seconds", help="processing-time trigger interval")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
@@ -171,13 +175,14 @@ def make_sink(args: StreamSpec, source: Any = None) -> Sink:
     policy = args.dead_letter_policy()
     sink = open_sink(
         args.sink,
-        args.table if args.sink == "postgres" else args.path,
+        args.table if args.sink in ("postgres", "iceberg") else args.path,
         args.pipeline,
         mode=args.mode,
         commit_with=args.delta_commit,
         key=source.key if source else (),
         topics=args.topics,
         dead_letter_store=policy.store if policy else None,
+        iceberg_location=args.path,
     )
     if source is not None and args.sink == "postgres":  # built from the Delta full load: delta-rs reads it
         from exactly_once_provider.sinks.delta_log import table_storage
@@ -666,6 +671,10 @@ def run(args: StreamSpec, secrets: dict | None = None, job: JobSpec | None = Non
         secrets = read_secret_file(args.secrets_file)
     os.environ.update(secrets.get("libpq", {}))  # the postgres sink connects with the libpq environment
     register_storage(secrets)  # an s3:// sink location: its settings, for the sink and for Spark's s3a
+    if args.sink == "iceberg":  # the catalog's settings, for the Iceberg sink's commits
+        from exactly_once_provider.sinks.iceberg import register_catalog
+
+        register_catalog(secrets.get("iceberg"))
     kafka_config = secrets["kafka"]
     # Every sink is prepared and every start position settled before the session starts the first query.
     if args.shared:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-SINKS = ("delta", "postgres", "files")
+SINKS = ("delta", "postgres", "files", "iceberg")
 TRIGGERS = ("available-now", "processing-time")
 DELIVERIES = ("exactly-once", "at-least-once")
 MODES = ("append", "cdc", "current", "window")
@@ -46,10 +46,10 @@ class StreamSpec:
     :param pipeline: stable pipeline name (part of every sink commit).
     :param topics: the Kafka topics.
     :param checkpoint: this pipeline's checkpoint directory.
-    :param sink: ``delta``, ``postgres`` or ``files``.
+    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg``.
     :param path: the Delta table or files sink directory; ``postgres`` in ``current`` mode: the Delta table the
-        full load published (the PostgreSQL current table is built from it).
-    :param table: the PostgreSQL table.
+        full load published (the PostgreSQL current table is built from it); ``iceberg``: the table's location.
+    :param table: the PostgreSQL table; ``iceberg``: the table in the catalog, ``namespace.table``.
     :param trigger: ``available-now`` or ``processing-time``.
     :param interval: processing-time trigger interval.
     :param max_offsets_per_trigger: cap on records per micro-batch.
@@ -150,6 +150,8 @@ class StreamSpec:
             raise ValueError(f"sink={self.sink!r} needs sink_path (the table or directory to write).")
         if self.sink == "postgres" and not self.table:
             raise ValueError("sink='postgres' needs sink_table.")
+        if self.sink == "iceberg":
+            self._validate_iceberg()
         if self.trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}.")
         if self.max_runtime is not None and (self.trigger != "processing-time" or self.max_runtime <= 0):
@@ -193,7 +195,21 @@ class StreamSpec:
             raise ValueError(f"dead_letter_store {self.dead_letter_store!r} is the sink itself: name another.")
         return self
 
+    def _validate_iceberg(self) -> None:
+        """The Iceberg sink's first slice: one table, append mode, ``on_bad_record="fail"`` (docs/iceberg.md)."""
+        if not self.table or self.table.count(".") < 1 or not self.path:
+            raise ValueError(
+                "sink='iceberg' needs sink_table (the table in the catalog, 'namespace.table') and sink_path "
+                f"(its location, local or s3://), got sink_table={self.table!r}, sink_path={self.path!r}."
+            )
+        if self.mode != "append":
+            raise ValueError(f"sink='iceberg' supports mode='append' only so far, got mode={self.mode!r}.")
+        if self.on_bad_record != "fail":
+            raise ValueError("sink='iceberg' has no dead-letter store yet: use on_bad_record='fail'.")
+
     def _validate_routes(self) -> StreamSpec:
+        if self.sink == "iceberg":
+            raise ValueError("sink='iceberg' writes one table per job so far: it takes no streams.")
         if self.topics or self.path or self.table:
             raise ValueError(
                 "routes name each table's topics and sink: leave topics, sink_path and sink_table unset beside them."

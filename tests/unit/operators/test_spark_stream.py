@@ -481,3 +481,31 @@ def test_a_killed_stream_driver_restarts_at_once_for_what_is_left_of_max_runtime
     op.execute({})
     assert len(runs) == 2 and runs[0] == 300 and 290 < runs[1] < 300
     assert not op.may_restart(301)
+
+
+def test_an_iceberg_sink_gets_its_catalog_in_the_secrets_file_only(connections, monkeypatch):
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_LAKE_CATALOG",
+        json.dumps(
+            {
+                "conn_type": "postgres",
+                "host": "catalog-db",
+                "login": "cat",
+                "password": "cat-s3cret",
+                "schema": "lake",
+                "extra": {"sslmode": "verify-full"},
+            }
+        ),
+    )
+    op = _op(sink="iceberg", sink_table="lake.orders", sink_path="/lake/orders", iceberg_conn_id="lake_catalog")
+    call = _submitted(monkeypatch, op)
+    params = call["spec"]["params"]
+    assert (params["sink"], params["table"], params["path"]) == ("iceberg", "lake.orders", "/lake/orders")
+    catalog = call["secrets"]["iceberg"]
+    assert (catalog["type"], catalog["name"]) == ("sql", "eo")
+    assert catalog["postgres"]["host"] == "catalog-db" and catalog["postgres"]["sslmode"] == "verify-full"
+    assert catalog["postgres"]["password"] == "cat-s3cret" and call["secrets_file_mode"] == 0o600
+    visible = " ".join(call["application_args"]) + json.dumps(call["spec"]) + json.dumps(call["conf"])
+    assert "cat-s3cret" not in visible
+    with pytest.raises(ValueError, match="mode='append' only so far"):
+        _op(sink="iceberg", sink_table="lake.orders", mode="cdc").execute({})

@@ -38,9 +38,11 @@ def test_open_sink_is_the_one_dispatch(tmp_path):
     assert pg.commit_location() == f"{OFFSETS_TABLE} (pg)" and asked == [1]
     open_sink("files", str(tmp_path / "f"), "p", postgres_connect=lambda: asked.append(2))
     assert asked == [1]  # the connection is resolved for a postgres sink only
-    for sink in (delta, pg):
+    iceberg = open_sink("iceberg", "lake.t", "p", postgres_connect=lambda: asked.append(3))
+    assert iceberg.kind == "iceberg" and asked == [1]
+    for sink in (delta, pg, iceberg):
         assert isinstance(sink, Sink)
-    with pytest.raises(ValueError, match="sink must be one of delta, postgres, files, got 'kafka'"):
+    with pytest.raises(ValueError, match="sink must be one of delta, postgres, files, iceberg, got 'kafka'"):
         open_sink("kafka", "x", "p")
 
 

@@ -1,0 +1,431 @@
+"""Apache Iceberg sink: Spark writes a batch's Parquet files, the driver commits them in ONE Iceberg snapshot.
+
+There is no Iceberg Spark runtime for the project's Spark (4.2), so Spark only writes plain Parquet files into the
+table's data folder (``<table location>/data/<checkpoint id>-<batch id>-<nonce>/``, invisible to readers until a
+snapshot lists them) and the driver commits them through pyiceberg's ``add_files`` into ONE snapshot whose summary
+carries the batch's fence, as Flink's IcebergSink keeps ``flink.max-committed-checkpoint-id`` and Iceberg's Kafka
+Connect sink ``kafka.connect.offsets.*`` there::
+
+    eo.pipeline       the pipeline's stable name (one pipeline per table)
+    eo.checkpoint-id  the streaming query id of the checkpoint that planned the batch
+    eo.batch-id       Spark's micro-batch id within it
+    eo.offsets        the batch's Kafka end offsets, JSON {topic: {partition: next offset}}
+    eo.rows-total     rows of this pipeline in the table after the commit
+
+The commit (:meth:`IcebergSink.commit`): load the table; its newest snapshot carrying ``eo.pipeline`` (snapshots of
+other writers, e.g. a compaction, are stepped over back to it: :func:`newest_commit`) is the batch's predecessor. A
+batch already there is skipped (:func:`~.base.replayed`), a batch planned on another predecessor is refused
+(:func:`~.base.require_predecessor`). Then the files are written and committed with the main branch's snapshot id
+ASSERTED to be the one read (pyiceberg's ``AssertRefSnapshotId``; the SQL catalog's compare-and-set of the metadata
+location besides): a commit of another driver in between fails this one with :class:`~.base.StaleBatchError`, and
+it is never retried blindly (a retry would append the batch on top of a snapshot it was not planned on).
+
+The catalog is a SQL catalog (pyiceberg's ``SqlCatalog``: the ``iceberg_tables`` table the Java JDBC catalog uses
+too) in a PostgreSQL database, given by an Airflow ``postgres`` connection (:func:`catalog_settings`); the Spark
+driver receives its settings in the job's secrets file (``iceberg``) and registers them (:func:`register_catalog`).
+Tables on ``s3://`` locations are written through the S3 settings of the job's ``aws`` connection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException
+
+from exactly_once_provider.faults import fault_point
+from exactly_once_provider.sinks.base import (
+    UNCHECKED,
+    BatchCommit,
+    StaleBatchError,
+    offsets_from_json,
+    offsets_to_json,
+    replayed,
+    require_predecessor,
+)
+from exactly_once_provider.storage import Storage, open_storage
+
+log = logging.getLogger(__name__)
+
+PIPELINE = "eo.pipeline"
+CHECKPOINT_ID = "eo.checkpoint-id"
+BATCH_ID = "eo.batch-id"
+OFFSETS = "eo.offsets"
+ROWS_TOTAL = "eo.rows-total"
+DATA = "data/"
+# The append mode's columns and their Iceberg types (what kafka_to_sink's SELECT gives Spark's Parquet writer).
+APPEND_COLUMNS = (
+    ("kafka_topic", "string"),
+    ("kafka_partition", "int32"),
+    ("kafka_offset", "int64"),
+    ("record_key", "string"),
+    ("record_value", "string"),
+)
+DEFAULT_CATALOG = "eo"
+# pyiceberg (0.12) retries a commit that lost the race by rebasing it on the new snapshot: a blind retry, which
+# would let a zombie driver append its batch a second time. The sink's tables turn it off, and each commit checks.
+NO_RETRY = {"commit.retry.num-retries": "0"}
+
+_registered: dict | None = None
+
+
+# ------------------------------------------------------------------------------------------- the fence
+def summary_properties(commit: BatchCommit) -> dict[str, str]:
+    """Return the snapshot summary properties that carry ``commit`` (Iceberg summary values are strings)."""
+    return {
+        PIPELINE: commit.pipeline,
+        CHECKPOINT_ID: commit.checkpoint_id,
+        BATCH_ID: str(commit.batch_id),
+        OFFSETS: json.dumps(offsets_to_json(commit.offsets), sort_keys=True, separators=(",", ":")),
+        ROWS_TOTAL: str(commit.rows_total),
+    }
+
+
+def commit_from_summary(summary: Mapping[str, str]) -> BatchCommit | None:
+    """Return the :class:`BatchCommit` a snapshot summary carries, or None for a snapshot of another writer."""
+    if PIPELINE not in summary:
+        return None
+    return BatchCommit(
+        summary[PIPELINE],
+        summary[CHECKPOINT_ID],
+        int(summary[BATCH_ID]),
+        offsets_from_json(json.loads(summary[OFFSETS])),
+        int(summary.get(ROWS_TOTAL, 0)),
+    )
+
+
+def newest_commit(summaries: Iterator[Mapping[str, str]], pipeline: str, table: str) -> BatchCommit | None:
+    """Return the pipeline's newest commit among ``summaries`` (newest first: the main branch's ancestry).
+
+    Snapshots without the fence (another writer's: a compaction, an expiry, a user's own insert) are stepped over;
+    a fence of another pipeline is refused, as the files sink refuses another pipeline's manifest.
+
+    :param summaries: the summaries of the current snapshot and its ancestors, newest first.
+    :param pipeline: this sink's pipeline.
+    :param table: the table's name, for the message.
+    """
+    for summary in summaries:
+        found = commit_from_summary(summary)
+        if found is None:
+            continue
+        if found.pipeline != pipeline:
+            raise ValueError(
+                f"Iceberg table {table} holds pipeline {found.pipeline!r}, not {pipeline!r}: "
+                "give each pipeline its own table."
+            )
+        return found
+    return None
+
+
+def plan_commit(found: BatchCommit | None, commit: BatchCommit, expected: object) -> bool:
+    """Return False when ``commit`` is already in the table (a replay: skip it); raise
+    :class:`~.base.StaleBatchError` when the table's newest commit is not the one the batch was planned on.
+
+    :param found: the pipeline's newest commit in the snapshot the commit will be based on.
+    :param commit: the batch about to be committed.
+    :param expected: the commit the batch was planned on, or :data:`~.base.UNCHECKED`.
+    """
+    if replayed(found, commit):
+        return False
+    require_predecessor(found, expected, commit, IcebergSink.kind)
+    return True
+
+
+# ------------------------------------------------------------------------------------------- the catalog
+def catalog_settings(conn_id: str, name: str = DEFAULT_CATALOG) -> dict[str, Any]:
+    """Return the settings of the SQL catalog in the PostgreSQL database of the Airflow connection ``conn_id``.
+
+    They hold the connection's password: they go to the job's 0600 secrets file only, never to a log line.
+
+    :param conn_id: a ``postgres`` connection (TLS settings in its Extra, as for the PostgreSQL sink).
+    :param name: the catalog's name (the ``catalog_name`` column of ``iceberg_tables``; a Java JDBC catalog of the
+        same name sees the same tables).
+    """
+    from exactly_once_provider.connections import connect_kwargs
+
+    return {"type": "sql", "name": name, "postgres": connect_kwargs(conn_id), "conn_id": conn_id}
+
+
+def register_catalog(settings: dict | None) -> None:
+    """Make ``settings`` (the secrets file's ``iceberg``) the catalog of every Iceberg sink this process opens."""
+    global _registered
+    _registered = settings
+
+
+def _sqlalchemy_uri(postgres: dict[str, Any]) -> str:
+    from sqlalchemy.engine import URL
+
+    query = {k: str(v) for k, v in postgres.items() if k not in ("host", "port", "dbname", "user", "password")}
+    url = URL.create(
+        "postgresql+psycopg2",
+        username=postgres.get("user"),
+        password=postgres.get("password"),
+        host=postgres.get("host"),
+        port=int(postgres["port"]) if postgres.get("port") else None,
+        database=postgres.get("dbname"),
+        query={k: v for k, v in query.items() if v not in ("None", "")},
+    )
+    return url.render_as_string(hide_password=False)
+
+
+def _file_io_properties(s3: Any) -> dict[str, str]:
+    """pyiceberg's FileIO settings for a table on S3 (``s3``: the :class:`~.storage.s3.S3Settings`)."""
+    if s3 is None:
+        return {}
+    props = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
+    for key, value in (
+        ("s3.endpoint", s3.endpoint_url),
+        ("s3.access-key-id", s3.access_key_id),
+        ("s3.secret-access-key", s3.secret_access_key),
+        ("s3.session-token", s3.session_token),
+        ("s3.region", s3.region_name or "us-east-1"),
+    ):
+        if value:
+            props[key] = value
+    if s3.addressing_style != "virtual":
+        props["s3.force-virtual-addressing"] = "false"
+    return props
+
+
+def open_catalog(settings: dict[str, Any], s3: Any = None) -> Any:
+    """Return the pyiceberg catalog of ``settings`` (:func:`catalog_settings`); ``s3``: the tables' S3 settings."""
+    if settings.get("type", "sql") != "sql":
+        raise ValueError(f"Iceberg catalog type {settings.get('type')!r} is not supported yet: use a SQL catalog.")
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    return SqlCatalog(
+        settings.get("name") or DEFAULT_CATALOG,
+        uri=_sqlalchemy_uri(settings["postgres"]),
+        # one connection at a time: a driver commits batch after batch, a reader reads once
+        pool_pre_ping="true",
+        **_file_io_properties(s3),
+    )
+
+
+def _iceberg_schema():
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64()}
+    return pa.schema([pa.field(name, types[kind], nullable=True) for name, kind in APPEND_COLUMNS])
+
+
+# ------------------------------------------------------------------------------------------- the sink
+class IcebergSink:
+    """Append a pipeline's batches to the Iceberg table ``identifier``, one snapshot per batch, fenced.
+
+    :param identifier: the table, ``namespace.table``.
+    :param pipeline: the pipeline's stable name.
+    :param catalog: the catalog's settings (:func:`catalog_settings`), a function returning them, or None: those
+        the process registered (:func:`register_catalog`, the Spark driver).
+    :param location: the table's location, a local path or ``s3://bucket/prefix``: where :meth:`prepare` creates
+        it and Spark writes its data files (the writer side; a reader needs only the catalog).
+    :param s3: the S3 settings of an ``s3://`` location (default: those the process registered).
+    """
+
+    kind = "iceberg"
+
+    def __init__(
+        self,
+        identifier: str,
+        pipeline: str,
+        catalog: dict | Callable[[], dict] | None = None,
+        location: str | None = None,
+        s3: Any = None,
+    ) -> None:
+        if identifier.count(".") < 1:
+            raise ValueError(f"An Iceberg table is named 'namespace.table', got {identifier!r}.")
+        self.identifier = identifier
+        self.pipeline = pipeline
+        self._catalog_settings = catalog
+        self._catalog = None
+        self.location = location
+        self._s3 = s3
+        self._storage: Storage | None = None
+
+    # -- plumbing
+    def catalog(self) -> Any:
+        if self._catalog is None:
+            settings = self._catalog_settings() if callable(self._catalog_settings) else self._catalog_settings
+            settings = settings or _registered
+            if settings is None:
+                raise ValueError(
+                    f"The Iceberg sink {self.identifier} has no catalog: name its connection (iceberg_conn_id)."
+                )
+            s3 = self._s3
+            if s3 is None:
+                from exactly_once_provider.storage.s3 import registered_settings
+
+                s3 = registered_settings()
+            self._catalog = open_catalog(settings, s3)
+        return self._catalog
+
+    def storage(self) -> Storage:
+        if self._storage is None:
+            if not self.location:
+                raise ValueError(f"The Iceberg sink {self.identifier} needs its table location (sink_path) to write.")
+            self._storage = open_storage(self.location, self._s3)
+        return self._storage
+
+    def _load(self) -> Any | None:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog().load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+
+    @staticmethod
+    def _summaries(table: Any) -> Iterator[Mapping[str, str]]:
+        """The summaries of the main branch's current snapshot and its ancestors, newest first."""
+        snapshot = table.current_snapshot()
+        while snapshot is not None:
+            yield snapshot.summary.additional_properties if snapshot.summary else {}
+            parent = snapshot.parent_snapshot_id
+            snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
+
+    def _commit_in(self, table: Any | None) -> BatchCommit | None:
+        return None if table is None else newest_commit(self._summaries(table), self.pipeline, self.identifier)
+
+    # -- reader side
+    def committed(self) -> BatchCommit | None:
+        """Return the pipeline's newest commit (None before the first, or before the table exists)."""
+        return self._commit_in(self._load())
+
+    def published_windows(self) -> dict[str, int]:
+        """Window mode is not built for Iceberg yet (the spec refuses it): no windows."""
+        return {}
+
+    def commit_location(self) -> str:
+        """Return ``snapshot <id> of <table>`` ("" before the first snapshot)."""
+        table = self._load()
+        snapshot = table.current_snapshot() if table is not None else None
+        return f"snapshot {snapshot.snapshot_id} of {self.identifier}" if snapshot else ""
+
+    # -- writer side
+    def prepare(self) -> None:
+        """Create the namespace and the table at :attr:`location` if missing; refuse a table elsewhere."""
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+
+        catalog = self.catalog()
+        namespace = self.identifier.rsplit(".", 1)[0]
+        try:
+            catalog.create_namespace(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        table = self._load()
+        location = self.storage().uri().rstrip("/")
+        if self.location and not location.startswith("s3://"):
+            location = "file://" + location
+        if table is None:
+            from pyiceberg.table.name_mapping import create_mapping_from_schema
+
+            try:
+                table = catalog.create_table(
+                    self.identifier,
+                    schema=_iceberg_schema(),
+                    location=location,
+                    properties={"format-version": "2", **NO_RETRY},
+                )
+            except TableAlreadyExistsError:  # another driver created it meanwhile
+                table = self._load()
+            else:
+                # Spark's files carry no Iceberg field ids: readers map their columns by name.
+                with table.transaction() as tx:
+                    tx.set_properties(
+                        **{"schema.name-mapping.default": create_mapping_from_schema(table.schema()).model_dump_json()}
+                    )
+                log.info("iceberg sink: created table %s at %s", self.identifier, location)
+        if table.location().rstrip("/") != location:
+            raise ValueError(
+                f"Iceberg table {self.identifier} lives at {table.location()}, not at sink_path {self.location}: "
+                "name the table's own location, or another table."
+            )
+        if not _retries_off(table):  # a table created by another tool: no blind retry for this sink's commits
+            with table.transaction() as tx:
+                tx.set_properties(**NO_RETRY)
+            log.info("iceberg sink: turned off pyiceberg's commit retry on %s (%s)", self.identifier, NO_RETRY)
+
+    def _write(self, df, folder: str) -> tuple[list[str], int]:
+        """Write ``df`` as Parquet into the new folder ``folder``; return the files' URIs and their rows."""
+        import pyarrow.parquet as pq
+
+        storage = self.storage()
+        df.write.mode("errorifexists").parquet(storage.spark_uri(folder))
+        files, rows = [], 0
+        for key in storage.list(folder + "/"):
+            name = key.removeprefix(folder + "/")
+            # the folder's own part files only: not what a failed task attempt left under _temporary/
+            if "/" not in name and name.startswith("part-") and name.endswith(".parquet"):
+                filesystem, path = storage.arrow_path(key)
+                rows += pq.read_metadata(path, filesystem=filesystem).num_rows
+                uri = storage.uri(key)
+                files.append(uri if uri.startswith("s3://") else "file://" + uri)
+        return files, rows
+
+    def _add_files(self, table: Any, files: list[str], properties: dict[str, str], what: str) -> None:
+        """Commit ``files`` in one snapshot based on the snapshot ``table`` was loaded at; refuse a moved branch."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        try:
+            # check_duplicate_files=False: the files are this batch's new folder (a scan of every manifest saved)
+            table.add_files(files, snapshot_properties=properties, check_duplicate_files=False)
+        except CommitFailedException as err:
+            raise StaleBatchError(
+                f"Iceberg table {self.identifier} got a new snapshot while {what} was being written (the commit "
+                f"asserted snapshot {_snapshot_id(table)}: {err}): another driver commits pipeline "
+                f"{self.pipeline!r}, or another writer commits this table. Nothing of this batch was committed "
+                "(its files are unreferenced); it is not retried on top of a snapshot it was not planned on."
+            ) from err
+
+    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+        """Write the batch's files, commit them in one snapshot carrying the fence; False if already committed.
+
+        :param df: the batch's rows (:data:`APPEND_COLUMNS`).
+        :param commit: the batch identity and the offsets the next read starts from.
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        """
+        table = self._load()  # THE snapshot this batch commits on top of: the commit asserts it
+        if table is None:
+            raise AirflowException(f"Iceberg table {self.identifier} does not exist: the sink was not prepared.")
+        if not _retries_off(table):
+            raise AirflowException(
+                f"Iceberg table {self.identifier} allows commit retries ({table.properties.get(_RETRIES)!r}): "
+                f"a retry rebases a batch on a snapshot it was not planned on. Set {NO_RETRY} on the table."
+            )
+        found = self._commit_in(table)
+        if not plan_commit(found, commit, expected):
+            return False
+        files, rows = self._write(df, f"data/{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}")
+        # EO_FAULT_AT=sink_written_<batch>: the batch's files written, its snapshot not committed
+        fault_point(f"sink_written_{commit.batch_id}")
+        fenced = replace(commit, rows_total=(found.rows_total if found else 0) + rows)
+        self._add_files(table, files, summary_properties(fenced), f"batch {commit.batch_id}")
+        return True
+
+    def commit_windows(
+        self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
+    ) -> bool:
+        raise ValueError("mode='window' is not built for the iceberg sink yet (docs/iceberg.md).")
+
+    def append(self, df) -> None:
+        """At-least-once baseline: the same files and snapshot, without the fence or its checks."""
+        table = self._load()
+        files, _rows = self._write(df, f"data/_at_least_once-{uuid.uuid4().hex}")
+        self._add_files(table, files, {}, "an at-least-once append")
+
+
+_RETRIES = "commit.retry.num-retries"
+
+
+def _retries_off(table: Any) -> bool:
+    """Whether pyiceberg commits to ``table`` without retrying (read from the metadata the commit is based on)."""
+    return table.properties.get(_RETRIES) == NO_RETRY[_RETRIES]
+
+
+def _snapshot_id(table: Any) -> int | None:
+    snapshot = table.current_snapshot()
+    return snapshot.snapshot_id if snapshot else None

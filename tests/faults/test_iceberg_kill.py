@@ -1,0 +1,85 @@
+"""SIGKILL the Kafka -> Iceberg job's driver between its steps, then rerun it: the table ends exact.
+
+Two kill points, one spark-submit each: after Spark wrote batch 1's data files and before its snapshot commit
+(``sink_written_1``: the files stay unreferenced, the rerun writes the batch again), and after the snapshot commit
+of batch 1 and before Spark's checkpoint commit of it (``after_sink_commit_1``: Spark replays batch 1 and the sink
+finds it in its newest snapshot's summary and skips it). The rerun runs in the test's Spark session. The table is
+read back by DuckDB's Iceberg reader and pyiceberg's scan; both must hold every committed record once, no aborted
+one, and the summary's offsets must be the topic's end. One kill on local disk, the other on the stack's MinIO.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pytest
+
+from exactly_once_provider.sinks.iceberg import IcebergSink, catalog_settings
+from exactly_once_provider.storage import open_storage
+from tests import spark_job_support as jobs
+from tests.fault_support import check
+from tests.integration.provider.sinks.test_iceberg import read_both
+from tests.integration.spark_jobs.test_kafka_to_sink import checkpoint_has
+from tests.kafka_support import new_topic
+
+pytestmark = pytest.mark.slow
+
+
+def iceberg_args(stack, pipeline: str, topic: str, checkpoint, table: str, location: str, s3=None, **kwargs) -> list:
+    """The job's arguments for the Iceberg sink: the catalog's settings join the 0600 secrets file."""
+    args = jobs.job_args(
+        stack, pipeline, topic, checkpoint, "iceberg", location, s3=s3.to_json() if s3 else None, **kwargs
+    )
+    secrets_file = args[args.index("--secrets-file") + 1]
+    with open(secrets_file) as handle:
+        secrets = json.load(handle)
+    secrets["iceberg"] = catalog_settings("postgres_default")  # the catalog over TLS, as an operator passes it
+    with open(secrets_file, "w") as handle:  # the file keeps its 0600 mode
+        json.dump(secrets, handle)
+    return [*args, "--table", table]
+
+
+@pytest.mark.parametrize("point,where", [("sink_written", "local"), ("after_sink_commit", "s3")])
+def test_driver_sigkilled_between_steps_then_rerun_gives_the_exact_table(
+    stack, spark, airflow_connections, tmp_path, caplog, fault_outcome, point, where
+):
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=2)
+    pipeline = f"fault-iceberg-{topic}"
+    table = f"fault_iceberg_{uuid.uuid4().hex[:10]}.events"
+    s3 = stack.minio_settings() if where == "s3" else None
+    location = f"s3://{stack.MINIO_BUCKETS[0]}/it-iceberg/{topic}" if s3 else str(tmp_path / "events")
+    checkpoint = tmp_path / "checkpoint"
+    args = iceberg_args(stack, pipeline, topic, checkpoint, table, location, s3, max_offsets=40)
+    sink = IcebergSink(table, pipeline, catalog_settings("postgres_default"), location, s3)
+    committed = jobs.produce_interleaved(bootstrap, topic, transactions=6, per_transaction=20, partitions=2)
+    try:
+        run = jobs.run_job(stack, args, jobs.kill_driver_at(point, 1), log_file=tmp_path / "job.log")
+        assert run.returncode in (-9, 137), f"expected a SIGKILL, got {run.returncode}:\n{run.stdout[-3000:]}"
+        state = sink.committed()
+        if point == "sink_written":  # batch 1's files are written, but no snapshot names them
+            assert state.batch_id == 0
+            folders = {key.split("/")[1] for key in sink.storage().list("data/")}
+            assert any(re.search(r"-1-[0-9a-f]{8}$", folder) for folder in folders), folders
+        else:  # the snapshot of batch 1 is committed, Spark's checkpoint commit of it is not
+            assert state.batch_id == 1
+            assert checkpoint_has(checkpoint, "offsets/1") and not checkpoint_has(checkpoint, "commits/1")
+
+        final, logged = jobs.run_in_session(args, caplog)
+        if point == "after_sink_commit":
+            assert re.search(r"batch 1 already committed to the iceberg sink \(replay after a crash\)", logged)
+        end = {topic: {str(p): o for p, o in jobs.end_offsets(bootstrap, topic, 2).items()}}
+        assert final["offsets"] == end
+        assert final["rows_total"] == len(committed)
+        rows = read_both(sink, s3)
+        check(fault_outcome, committed, [(key, value) for _, _, key, value in rows], "records")
+        jobs.assert_exactly(rows, committed)
+    finally:
+        catalog = sink.catalog()
+        if catalog.table_exists(table):
+            catalog.drop_table(table)
+        catalog.drop_namespace(table.split(".")[0])
+        if s3 is not None:
+            open_storage(location, s3).delete_prefix("")
