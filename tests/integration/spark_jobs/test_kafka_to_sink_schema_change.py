@@ -120,7 +120,9 @@ def alter_under_writer(stack, cur, table: str, pause: float) -> int:
     return len(written)
 
 
-def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, spark, airflow_connections, tmp_path):
+def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(
+    stack, spark, airflow_connections, tmp_path, caplog
+):
     table, pipeline = unique_name("sch"), unique_name("sch")
     path = _setup(stack, spark, tmp_path, table)
     conn = connect(stack)
@@ -138,11 +140,9 @@ def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, 
     before = spark.read.format("delta").load(path)
     assert "c" not in before.columns, "the schema changed without its batch"
     assert dict(before.dtypes)["id"] == "int", "the key widened without its batch"
-    final = jobs.run_job(stack, args)
-    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-4000:]
+    state, _ = jobs.run_in_session(args, caplog)  # the restart, in this process's Spark session
     # A batch is planned without reading its schema records; the one holding a statement is planned again.
     assert "holds a schema change: planned again with it" in killed.stdout + killed.stderr
-    state = jobs.result_line(final.stdout)
     assert state["offsets"] == {
         topic: {str(p): o for p, o in jobs.end_offsets(f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1).items()}
     }
@@ -170,9 +170,8 @@ def test_followed_alter_table_kinds_reach_the_current_table_exactly_once(stack, 
     pg_args = jobs.job_args(
         stack, f"{pipeline}-pg", topic, tmp_path / "pg-checkpoint", "postgres", pg_table, max_offsets=40, mode="current"
     ) + ["--path", path]
-    final = jobs.run_job(stack, pg_args)  # its SIGKILLs: tests/faults/test_schema_change_kill.py
-    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-4000:]
-    assert jobs.result_line(final.stdout)["offsets"] == state["offsets"]
+    pg_state, _ = jobs.run_in_session(pg_args, caplog)  # its SIGKILLs: tests/faults/test_schema_change_kill.py
+    assert pg_state["offsets"] == state["offsets"]
     assert_same_rows(_postgres_rows(stack, pg_table), source, COLUMNS)
     # The reconciliation reads it as a plain table with tombstones (the source's columns; v and d are not).
     result = ReconcileOperator(
