@@ -102,7 +102,10 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     :param on_bad_record: a record the sink cannot store (a key or value that is not valid UTF-8; for
         PostgreSQL, text holding a NUL character): ``fail`` (the default) stops the job before its batch
         commits and names it; ``dead_letter`` commits it to the dead-letter store with its batch, in the same
-        exactly-once step as the batch's good records (append mode; docs/dead-letters.md). The task log counts each batch's dead letters.
+        exactly-once step as the batch's good records (every mode, window mode not into ``files``; in ``cdc`` /
+        ``current`` mode a key is held back only when its newest change of the batch is the letter; a settlement
+        window settles without the bad record and counts it: docs/dead-letters.md). The task log counts each
+        batch's dead letters.
     :param max_dead_letters: ``dead_letter``: bad records allowed in one batch (default 100); a batch holding
         more fails with nothing of it committed, and the error names the limit and the store.
     :param max_dead_letter_ratio: ``dead_letter``: the share of a batch's records allowed to be bad

@@ -7,8 +7,8 @@ store, in the same exactly-once step. Past :attr:`DeadLetterPolicy.max_letters` 
 :attr:`DeadLetterPolicy.max_ratio` of its records) the batch fails as in ``"fail"``, with nothing of it committed
 anywhere, and the error names the limit and the store. Bad records (:func:`rules`): a key or value that is not
 valid UTF-8 (every sink), text holding a NUL character (PostgreSQL; in the current table's change records the
-JSON escape ``\\u0000`` of a text value). Modes ``append``, ``cdc`` and ``current``; not yet ``window``
-(docs/dead-letters.md says what is not built yet).
+JSON escape ``\\u0000`` of a text value). Every mode; window mode into PostgreSQL and Delta (docs/dead-letters.md
+says what is not built yet).
 
 In ``cdc`` and ``current`` mode a letter is a CHANGE of a key: the key is held back from the batch's changes only
 when the letter is that key's newest version in the batch (:func:`held_back`, :func:`hold_back`): an older bad
@@ -49,6 +49,15 @@ exact (:meth:`~.delta.DeltaSink.commit`):
    watermark are written, and it moves past them in the same commit), never lost (the sink commits a batch
    only after the store holds every letter of it).
 
+Window mode: a bad DATA record of a settlement window is dead-lettered when its window version is published, in
+the same step (its markers must be whole: a bad marker still fails the batch). The window settles with the
+letter: its record counts toward the markers' announced records, its row is not in the sink, and the sink's
+window state counts it (``dead_letters``), so a report can say the window settled with N letters. A window
+version that is not published (incomplete, stale) dead-letters nothing; it is read again. The Delta store's
+watermark cannot tell which letters of a re-read range it holds (an incomplete window's carry keeps the read
+before letters of a published one), so window mode writes the letters the store does not hold by offset,
+read from the store itself under the same fence.
+
 So a reader of the Delta store may see letters at offsets at or past the sink's committed offsets: those of the
 batch in flight (or of one a crash interrupted), which the next run's commit of that batch completes.
 
@@ -69,7 +78,7 @@ from exactly_once_provider.sinks import poison
 from exactly_once_provider.sinks.base import Offsets, offsets_to_json
 
 POLICIES = ("fail", "dead_letter")
-MODES = ("append", "cdc", "current")  # the modes dead letters are built for
+MODES = ("append", "cdc", "current", "window")  # the modes dead letters are built for
 DEFAULT_MAX_LETTERS = 100
 SUFFIX = "_dead_letters"
 FILES_FOLDER = "dead_letters"  # the files sink's letters: <root>/dead_letters/<batch>/, listed by its manifest
@@ -148,6 +157,13 @@ class DeadLetters:
     rows: list[dict] = field(default_factory=list)
     written: int = 0  # set by the sink: letters this commit added (0 for a replay the store already held)
 
+    def by_window(self) -> dict[str, int]:
+        """Return window id -> letters of this batch (window mode: each letter keeps its ``window_id``)."""
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row["window_id"]] = counts.get(row["window_id"], 0) + 1
+        return counts
+
     def by_class(self) -> dict[str, int]:
         """Return error class -> letters of this batch."""
         counts: dict[str, int] = {}
@@ -189,6 +205,11 @@ def check_policy(
         raise ValueError(
             "dead_letter_store: the files sink keeps its dead letters in its own manifest commit "
             f"(<sink_path>/{FILES_FOLDER}/); leave it unset."
+        )
+    if mode == "window" and sink == "files":
+        raise ValueError(
+            "on_bad_record='dead_letter' in mode='window' is built for the postgres and delta sinks, not yet for "
+            "files (docs/dead-letters.md): use on_bad_record='fail'."
         )
     if mode not in MODES:
         raise ValueError(
@@ -248,6 +269,30 @@ def rules(sink_kind: str, mode: str = "append") -> list[tuple[Any, str, str]]:
     return found
 
 
+def flag(df, sink_kind: str, mode: str = "append", where: Any = None):
+    """Return ``df`` (raw ``key``/``value`` bytes) with ``_eo_error_class`` and ``_eo_error_message``: the first
+    :func:`rules` kind a record is, NULL for a good one.
+
+    :param where: only records where this Spark condition holds can be bad (window mode: the data records; a
+        batch marker that is not UTF-8 still fails the batch).
+    """
+    from pyspark.sql import functions as F
+
+    error_class, message = F.lit(None).cast("string"), F.lit(None).cast("string")
+    for condition, name, text in reversed(rules(sink_kind, mode)):
+        condition = condition if where is None else where & condition
+        error_class = F.when(condition, F.lit(name)).otherwise(error_class)
+        message = F.when(condition, F.lit(text)).otherwise(message)
+    return df.withColumn("_eo_error_class", error_class).withColumn("_eo_error_message", message)
+
+
+# The good records' text: decoded only where no rule held. The optimizer may evaluate it before the filter on the
+# error class (a later filter on record_value, e.g. the current mode's, is pushed below the projection), and a
+# letter must not fail it. A record the rules missed still fails the batch in validate_utf8.
+GOOD_KEY = f"CASE WHEN _eo_error_class IS NULL THEN {poison.KEY_TEXT} END"
+GOOD_VALUE = f"CASE WHEN _eo_error_class IS NULL THEN {poison.VALUE_TEXT} END"
+
+
 def split(
     df,
     sink_kind: str,
@@ -268,25 +313,40 @@ def split(
     """
     from pyspark.sql import functions as F
 
-    error_class, message = F.lit(None).cast("string"), F.lit(None).cast("string")
-    for condition, name, text in reversed(rules(sink_kind, policy.mode)):
-        error_class = F.when(condition, F.lit(name)).otherwise(error_class)
-        message = F.when(condition, F.lit(text)).otherwise(message)
-    flagged = df.withColumn("_eo_error_class", error_class).withColumn("_eo_error_message", message)
-    # The decoding only where no rule held: the optimizer may evaluate it before the filter (a later filter on
-    # record_value, e.g. the current mode's, is pushed below this projection), and a letter must not fail it.
+    flagged = flag(df, sink_kind, policy.mode)
     good = flagged.filter(F.col("_eo_error_class").isNull()).selectExpr(
         "kafka_topic",
         "kafka_partition",
         "kafka_offset",
-        f"CASE WHEN _eo_error_class IS NULL THEN {poison.KEY_TEXT} END AS record_key",
-        f"CASE WHEN _eo_error_class IS NULL THEN {poison.VALUE_TEXT} END AS record_value",
+        f"{GOOD_KEY} AS record_key",
+        f"{GOOD_VALUE} AS record_value",
     )
     bad = flagged.filter(F.col("_eo_error_class").isNotNull())
+    return good, collect(bad, df, sink_kind, policy, pipeline, checkpoint_id, batch_id, committed)
+
+
+def collect(
+    bad,
+    batch,
+    sink_kind: str,
+    policy: DeadLetterPolicy,
+    pipeline: str,
+    checkpoint_id: str,
+    batch_id: int,
+    committed: Offsets | None,
+    extra: tuple[str, ...] = (),
+) -> DeadLetters:
+    """Return the letters of ``bad`` (the :func:`flag`-ged bad records of ``batch``), collected on the driver; past
+    the policy's limit raise :class:`DeadLetterLimitError` (nothing written yet).
+
+    :param extra: more columns of ``bad`` each letter keeps (not stored: e.g. its window, for the sink's count).
+    """
+    from pyspark.sql import functions as F
+
     count = bad.count()
     if not count:  # the usual batch: one Spark job over the cached batch, nothing to collect
-        return good, DeadLetters(policy.store)
-    total = df.count() if policy.max_ratio is not None and count else None
+        return DeadLetters(policy.store)
+    total = batch.count() if policy.max_ratio is not None else None
     over_ratio = total is not None and count > policy.max_ratio * total
     if count > policy.max_letters or over_ratio:
         found = [
@@ -317,6 +377,7 @@ def split(
             "error_class": r["_eo_error_class"],
             "error_message": r["_eo_error_message"],
             "dead_lettered_at": now,
+            **{c: r[c] for c in extra},
         }
         for r in bad.select(
             "kafka_topic",
@@ -328,11 +389,12 @@ def split(
             "value",
             "_eo_error_class",
             "_eo_error_message",
+            *extra,
         )
         .orderBy("kafka_topic", "kafka_partition", "kafka_offset")
         .collect()
     ]
-    return good, DeadLetters(policy.store, rows)
+    return DeadLetters(policy.store, rows)
 
 
 def _utc(millis: int | None) -> datetime.datetime | None:

@@ -311,9 +311,15 @@ class DeltaSink:
         )
         return True
 
-    def _commit_letters(self, spark, letters: dead_letters.DeadLetters, commit: BatchCommit) -> int:
+    def _commit_letters(
+        self, spark, letters: dead_letters.DeadLetters, commit: BatchCommit, by_offset: bool = False
+    ) -> int:
         """Commit the letters the store does not hold yet, raising its watermark to the batch's end; return
         how many (0: the store holds them all, e.g. a replay after a crash between the two commits).
+
+        ``by_offset`` (window mode, whose read can start before letters it committed): the letters the store
+        holds are read from the store instead of judged by the watermark; the store's commit is fenced on the
+        store commit read before (a later one, another driver's, fails it).
 
         The store's own commit: txn ``<pipeline>:<checkpoint id>`` / batch id like the sink's, its marker's
         offsets the watermark, fenced on the store's newest commit read here (a zombie's concurrent store commit
@@ -324,7 +330,10 @@ class DeltaSink:
             raise ValueError("letters to commit, but the Delta sink was opened without a dead_letter_store.")
         held = store.committed()
         watermark = held.offsets if held else {}
-        fresh = dead_letters.unheld(letters.rows, watermark)
+        if by_offset:
+            fresh = self._not_in_store(spark, letters.rows, held)
+        else:
+            fresh = dead_letters.unheld(letters.rows, watermark)
         if not fresh:  # every letter of the batch is below the watermark: held already (or the batch has none)
             return 0
         mark = BatchCommit(
@@ -337,8 +346,31 @@ class DeltaSink:
             )
         return len(fresh)
 
+    def _not_in_store(self, spark, rows: list[dict], held: BatchCommit | None) -> list[dict]:
+        """Return the letters of ``rows`` the store does not hold (by pipeline, topic, partition, offset)."""
+        if held is None or not rows:
+            return list(rows)
+        from pyspark.sql import functions as F
+
+        where = ("kafka_topic", "kafka_partition", "kafka_offset")
+        found = (
+            spark.read.format("delta")
+            .load(delta_commit.spark_path(self.letter_store.table))
+            .where((F.col("pipeline") == self.pipeline) & F.col("kafka_offset").isin([r["kafka_offset"] for r in rows]))
+            .select(*where)
+            .collect()
+        )
+        stored = {tuple(r) for r in found}
+        return [r for r in rows if tuple(r[c] for c in where) not in stored]
+
     def commit_windows(
-        self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
+        self,
+        df,
+        windows: dict[str, int],
+        rows: dict[str, int],
+        commit: BatchCommit,
+        expected: object = UNCHECKED,
+        letters: dead_letters.DeadLetters | None = None,
     ) -> bool:
         """Replace the rows of ``windows`` by ``df`` and commit the offsets in ONE Delta commit.
 
@@ -347,16 +379,26 @@ class DeltaSink:
         :param rows: window id -> rows of that version.
         :param commit: the batch identity and the offsets the next read starts from.
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        :param letters: the published windows' dead letters (each with its ``window_id``): committed to the store
+            first (those it does not hold by offset: :meth:`_commit_letters`), each window's count recorded in its
+            state (``dead_letters``).
         :return: False if the batch was already committed.
         """
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
         if delta_commit.find_commit(self.table, app_id, commit.batch_id) is not None:
             return False
         previous, _ = self._planned_on(commit, expected)  # window mode: its marker holds the table's windows
+        counted = letters.by_window() if letters is not None else {}
+        if letters is not None:
+            letters.written = self._commit_letters(df.sparkSession, letters, commit, by_offset=True)
+            # EO_FAULT_AT=sink_written_<batch>: the letters committed, the sink's commit not yet
+            faults.fault_point(f"sink_written_{commit.batch_id}")
         state = dict(previous.extra.get("windows", {})) if previous else {}
         require_newer_windows(windows, {w: int(v["version"]) for w, v in state.items()})
         for window, version in windows.items():
             state[window] = {"version": version, "rows": rows[window]}
+            if counted.get(window):
+                state[window]["dead_letters"] = counted[window]
         body = dict(commit.to_json(), rows_total=sum(w["rows"] for w in state.values()), windows=state)
         marker = {self.key: body}
         if windows:

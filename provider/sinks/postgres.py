@@ -202,6 +202,10 @@ class PostgresSink:
                 )
             if self.dead_letter_store:
                 cur.execute(sql.SQL(dead_letters.POSTGRES_DDL).format(self._store()))
+                if self.mode == "window":  # each window's letters, counted with its version (tables of 0.x lack it)
+                    cur.execute(
+                        f"ALTER TABLE {WINDOWS_TABLE} ADD COLUMN IF NOT EXISTS dead_letters bigint NOT NULL DEFAULT 0"
+                    )
         conn.close()
 
     def _read_state(self, cur) -> BatchCommit | None:
@@ -239,10 +243,16 @@ class PostgresSink:
                         state.extra["schema"] = schema
                 cur.execute("SELECT to_regclass(%s)", (WINDOWS_TABLE,))
                 if state is not None and cur.fetchone()[0] is not None:
+                    # to_jsonb: the dead_letters column exists only where a pipeline dead-letters (NULL elsewhere)
                     cur.execute(
-                        f"SELECT window_id, version, rows FROM {WINDOWS_TABLE} WHERE pipeline = %s", (self.pipeline,)
+                        f"SELECT window_id, version, rows, (to_jsonb(w) ->> 'dead_letters')::bigint"
+                        f" FROM {WINDOWS_TABLE} w WHERE pipeline = %s",
+                        (self.pipeline,),
                     )
-                    windows = {w: {"version": v, "rows": n} for w, v, n in cur.fetchall()}
+                    windows = {
+                        w: {"version": v, "rows": n, **({"dead_letters": d} if d else {})}
+                        for w, v, n, d in cur.fetchall()
+                    }
                     if windows:
                         state.extra["windows"] = windows
                 return state
@@ -403,7 +413,13 @@ class PostgresSink:
             conn.close()
 
     def commit_windows(
-        self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
+        self,
+        df,
+        windows: dict[str, int],
+        rows: dict[str, int],
+        commit: BatchCommit,
+        expected: object = UNCHECKED,
+        letters: dead_letters.DeadLetters | None = None,
     ) -> bool:
         """Delete the rows of ``windows``, insert ``df``, record the versions and the offsets: ONE transaction.
 
@@ -412,8 +428,11 @@ class PostgresSink:
         :param rows: window id -> rows of that version.
         :param commit: the batch identity and the offsets the next read starts from.
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        :param letters: the published windows' dead letters (each with its ``window_id``): inserted into the
+            store in the same transaction, and each window's count recorded with its version.
         :return: False if the batch was already committed.
         """
+        counted = letters.by_window() if letters is not None else {}
         with self._batch_transaction(commit, expected) as batch:
             if batch.done:
                 return False
@@ -433,6 +452,15 @@ class PostgresSink:
                     " rows = EXCLUDED.rows, committed_at = now()",
                     (self.pipeline, window, version, rows[window]),
                 )
+                if letters is not None:
+                    cur.execute(
+                        f"UPDATE {WINDOWS_TABLE} SET dead_letters = %s WHERE pipeline = %s AND window_id = %s",
+                        (counted.get(window, 0), self.pipeline, window),
+                    )
+            if letters is not None:
+                letters.written = dead_letters.insert_postgres(cur, self._store(), letters)
+                # EO_FAULT_AT=sink_written_<batch>: windows and letters written in the open transaction
+                faults.fault_point(f"sink_written_{commit.batch_id}")
             cur.execute(f"SELECT coalesce(sum(rows), 0) FROM {WINDOWS_TABLE} WHERE pipeline = %s", (self.pipeline,))
             batch.rows_total = int(cur.fetchone()[0])
         return True

@@ -568,13 +568,25 @@ def process_batch(
 
 
 def process_window_batch(
-    sink, pipeline: str, checkpoint: str, kafka_options: dict[str, str], spark, batch_id: int
+    sink,
+    pipeline: str,
+    checkpoint: str,
+    kafka_options: dict[str, str],
+    spark,
+    batch_id: int,
+    policy: dead_letters.DeadLetterPolicy | None = None,
 ) -> None:
     """Settle the window versions completed by this micro-batch (window mode; see ``settlement``).
 
     The records are read again from Kafka from the sink's committed offsets to the micro-batch's end, so a
     batch cut by an earlier micro-batch is read whole; the streaming DataFrame itself is never scanned.
+
+    ``policy`` (``on_bad_record="dead_letter"``): a bad data record of a window version published now is a dead
+    letter, committed with the window; the window settles without its row, and the sink's window state counts
+    it (:func:`_window_letters`).
     """
+    from pyspark.sql import functions as F
+
     from exactly_once_provider.spark_jobs import settlement
 
     started = time.monotonic()
@@ -588,7 +600,22 @@ def process_window_batch(
     if _covered(end, start):
         log.info("batch %d ends at %s, the sink already holds %s: skipped", batch_id, end, start)
         return
-    records = settlement.read_range(spark, kafka_options, start, end).persist()
+    read = settlement.read_range(spark, kafka_options, start, end, raw=policy is not None)
+    if policy is not None:  # the data records' bad kinds flagged once, in the cached read
+        read = dead_letters.flag(read, sink.kind, policy.mode, where=F.col("eo_marker").isNull())
+    read = read.persist()
+    records = read
+    if policy is not None:
+        records = read.selectExpr(
+            "kafka_topic",
+            "kafka_partition",
+            "kafka_offset",
+            f"{dead_letters.GOOD_KEY} AS record_key",
+            f"{dead_letters.GOOD_VALUE} AS record_value",
+            "eo_marker",
+            "eo_batch",
+            "_eo_error_class",
+        )
     try:
         with _stop_at_poison(sink, spark, kafka_options, previous, end, batch_id):
             markers, counts, unframed = settlement.scan(records)
@@ -614,13 +641,33 @@ def process_window_batch(
             log.info("batch %d: nothing to settle (%d markers read)", batch_id, len(markers))
             return
         commit = BatchCommit(pipeline, commit_id, batch_id, plan.carry)
+        letters, with_letters = None, {}
+        if policy is not None:
+            letters = _window_letters(read, plan, policy, sink.kind, pipeline, commit_id, batch_id, start)
+            records = records.filter(F.col("_eo_error_class").isNull()).drop("_eo_error_class")
+            with_letters = {"letters": letters}
         fault_point("before_sink_commit", batch_id)
         written = sink.commit_windows(
-            settlement.window_rows(records, plan.publish), plan.publish, plan.rows, commit, expected=previous
+            settlement.window_rows(records, plan.publish),
+            plan.publish,
+            plan.rows,
+            commit,
+            expected=previous,
+            **with_letters,
         )
         fault_point("after_sink_commit", batch_id)
     finally:
-        records.unpersist()
+        read.unpersist()
+    if letters is not None and letters.rows and written:
+        log.info(
+            "batch %d: %d dead letters %s of windows %s committed with them to %s (%d held there already: a replay)",
+            batch_id,
+            len(letters.rows),
+            json.dumps(letters.by_class()),
+            json.dumps(letters.by_window(), sort_keys=True),
+            letters.store,
+            len(letters.rows) - letters.written,
+        )
     for window, version in sorted(plan.publish.items()):
         log.info(
             "window %s v%d published (%d rows, replacing v%s)",
@@ -637,6 +684,27 @@ def process_window_batch(
         time.monotonic() - started,
         json.dumps(commit.to_json()["offsets"]),
     )
+
+
+def _window_letters(read, plan, policy, sink_kind: str, pipeline: str, commit_id: str, batch_id: int, start: Offsets):
+    """Return the dead letters of the window versions ``plan`` publishes (each with its ``window_id``) and take them
+    out of ``plan.rows`` (the rows each window publishes); the window versions not published dead-letter nothing:
+    they are read again."""
+    from pyspark.sql import functions as F
+
+    from exactly_once_provider.spark_jobs import settlement
+
+    headers = [settlement.batch_header(w, v) for w, v in plan.publish.items()]
+    published = read.filter(F.col("eo_marker").isNull() & F.col("eo_batch").isin(headers))
+    bad = published.filter(F.col("_eo_error_class").isNotNull()).withColumn(
+        "window_id", F.regexp_extract("eo_batch", settlement.WINDOW_OF_HEADER, 1)
+    )
+    letters = dead_letters.collect(
+        bad, published, sink_kind, policy, pipeline, commit_id, batch_id, start, extra=("window_id",)
+    )
+    for window, count in letters.by_window().items():
+        plan.rows[window] -= count
+    return letters
 
 
 def build_session(args: StreamSpec, job: JobSpec | None = None):
@@ -766,7 +834,9 @@ def _start_query(
 
     def each_batch(df, batch_id: int) -> None:
         if args.mode == "window":
-            process_window_batch(sink, args.pipeline, args.checkpoint, kafka_options, spark, batch_id)
+            process_window_batch(
+                sink, args.pipeline, args.checkpoint, kafka_options, spark, batch_id, args.dead_letter_policy()
+            )
         else:
             process_batch(
                 sink,

@@ -172,22 +172,29 @@ def plan_windows(
     return plan
 
 
-def read_range(spark, kafka_options: dict[str, str], start: Offsets, end: Offsets):
+def read_range(spark, kafka_options: dict[str, str], start: Offsets, end: Offsets, raw: bool = False):
     """Return the committed records of ``[start, end)`` with their batch/marker headers (a Kafka batch read).
 
     Columns: ``kafka_topic, kafka_partition, kafka_offset, record_key, record_value, eo_marker, eo_batch``;
     key and value must be UTF-8 text (:mod:`~exactly_once_provider.sinks.poison`).
+
+    :param raw: ``on_bad_record="dead_letter"``: ``kafka_timestamp`` and the raw ``key``/``value`` bytes instead
+        of ``record_key``/``record_value`` (:func:`~exactly_once_provider.sinks.dead_letters.flag` decides).
     """
     from exactly_once_provider.sinks.poison import KEY_TEXT, VALUE_TEXT
     from exactly_once_provider.spark_jobs.batch import read_kafka_range
 
     header = "CAST(try_element_at(filter(headers, h -> h.key = '{}'), 1).value AS STRING)"
+    texts = (
+        ("timestamp AS kafka_timestamp", "key", "value")
+        if raw
+        else (f"{KEY_TEXT} AS record_key", f"{VALUE_TEXT} AS record_value")
+    )
     return read_kafka_range(spark, kafka_options, start, end).selectExpr(
         "topic AS kafka_topic",
         "partition AS kafka_partition",
         "offset AS kafka_offset",
-        f"{KEY_TEXT} AS record_key",
-        f"{VALUE_TEXT} AS record_value",
+        *texts,
         f"{header.format(MARKER_HEADER)} AS eo_marker",
         f"{header.format(BATCH_HEADER)} AS eo_batch",
     )
@@ -222,13 +229,16 @@ def scan(records) -> tuple[list[Marker], dict[tuple[str, str, int], int], list[t
     return markers, counts, unframed
 
 
+WINDOW_OF_HEADER = r"^(.*)/v\d+$"  # the window id of an eo.batch header
+
+
 def window_rows(records, publish: dict[str, int]):
     """Return the rows of the window versions in ``publish`` with the window-mode columns."""
     from pyspark.sql import functions as F
 
     headers = [batch_header(w, v) for w, v in publish.items()]
     version = F.regexp_extract("eo_batch", r"/v(\d+)$", 1).cast("bigint")
-    window = F.regexp_extract("eo_batch", r"^(.*)/v\d+$", 1)
+    window = F.regexp_extract("eo_batch", WINDOW_OF_HEADER, 1)
     return records.filter(F.col("eo_marker").isNull() & F.col("eo_batch").isin(headers)).select(
         window.alias("window_id"),
         version.alias("window_version"),

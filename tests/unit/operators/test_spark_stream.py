@@ -87,7 +87,7 @@ def _op(**kwargs):
             r"max_dead_letter_ratio must be a number in \(0, 1\]",
         ),
         ({"on_bad_record": "dead_letter", "sink": "files", "dead_letter_store": "/x"}, "in its own manifest"),
-        ({"on_bad_record": "dead_letter", "mode": "window"}, "not yet for mode='window'"),
+        ({"on_bad_record": "dead_letter", "mode": "window", "sink": "files"}, "not yet for files"),
         ({"on_bad_record": "dead_letter", "dead_letter_store": "/tmp/x"}, "is the sink itself"),
     ],
 )

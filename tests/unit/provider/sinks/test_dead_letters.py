@@ -92,12 +92,12 @@ def test_bad_policy_settings_are_value_errors(kwargs, message):
         _spec(**kwargs).validate()
 
 
-def test_cdc_and_current_modes_take_the_policy_with_their_mode():
-    for mode in ("cdc", "current"):
+def test_cdc_current_and_window_modes_take_the_policy_with_their_mode():
+    for mode in ("cdc", "current", "window"):
         policy = _spec(on_bad_record="dead_letter", mode=mode).validate().dead_letter_policy()
         assert policy.mode == mode
-    with pytest.raises(ValueError, match="not yet for mode='window'"):
-        _spec(on_bad_record="dead_letter", mode="window").validate()
+    with pytest.raises(ValueError, match="not yet for files"):
+        _spec(on_bad_record="dead_letter", mode="window", sink="files", path="/lake/f").validate()
 
 
 # The newest-version rule of the cdc and current modes: key -> newest (version, offset) in the batch.
