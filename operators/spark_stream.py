@@ -51,7 +51,7 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         costs what its changed tables cost, however many are followed. Without it, each stream names its own
         ``checkpoint_location`` and runs its own query (a failure of one stops the others). Each table commits
         exactly once as a one-table run does. XCom returns ``{"streams": {sink location: committed state}}``.
-    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg`` (append mode; the table ``sink_table``,
+    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg`` (append and window modes; the table ``sink_table``,
         ``namespace.table``, in the SQL catalog of ``iceberg_conn_id``, created at ``sink_path``: docs/iceberg.md).
     :param checkpoint_location: this pipeline's Spark checkpoint directory (with ``streams``: the query they
         share).

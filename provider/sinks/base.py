@@ -259,7 +259,7 @@ def open_sink(
     if kind == "iceberg":
         from exactly_once_provider.sinks.iceberg import IcebergSink
 
-        return IcebergSink(location, pipeline, iceberg_catalog, iceberg_location, s3)
+        return IcebergSink(location, pipeline, iceberg_catalog, iceberg_location, s3, mode)
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
 

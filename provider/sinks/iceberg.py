@@ -11,6 +11,7 @@ Connect sink ``kafka.connect.offsets.*`` there::
     eo.batch-id       Spark's micro-batch id within it
     eo.offsets        the batch's Kafka end offsets, JSON {topic: {partition: next offset}}
     eo.rows-total     rows of this pipeline in the table after the commit
+    eo.windows        window mode: every window the table holds, JSON {window id: {"version", "rows"}}
 
 The commit (:meth:`IcebergSink.commit`): load the table; its newest snapshot carrying ``eo.pipeline`` (snapshots of
 other writers, e.g. a compaction, are stepped over back to it: :func:`newest_commit`) is the batch's predecessor. A
@@ -24,6 +25,12 @@ The catalog is a SQL catalog (pyiceberg's ``SqlCatalog``: the ``iceberg_tables``
 too) in a PostgreSQL database, given by an Airflow ``postgres`` connection (:func:`catalog_settings`); the Spark
 driver receives its settings in the job's secrets file (``iceberg``) and registers them (:func:`register_catalog`).
 Tables on ``s3://`` locations are written through the S3 settings of the job's ``aws`` connection.
+
+Window mode (:meth:`IcebergSink.commit_windows`, settlement): each published window version is written to its own
+files, and ONE catalog commit deletes the window's previous rows (a delete by ``window_id``: whole files, since a
+window's files hold that window only and the column keeps full min/max metrics) and adds the new files, the fence
+(with ``eo.windows``) on its snapshots; a version not newer than the one held is refused
+(:func:`~.base.require_newer_windows`).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from exactly_once_provider.sinks.base import (
     offsets_from_json,
     offsets_to_json,
     replayed,
+    require_newer_windows,
     require_predecessor,
 )
 from exactly_once_provider.storage import Storage, open_storage
@@ -56,6 +64,7 @@ CHECKPOINT_ID = "eo.checkpoint-id"
 BATCH_ID = "eo.batch-id"
 OFFSETS = "eo.offsets"
 ROWS_TOTAL = "eo.rows-total"
+WINDOWS = "eo.windows"
 DATA = "data/"
 # The append mode's columns and their Iceberg types (what kafka_to_sink's SELECT gives Spark's Parquet writer).
 APPEND_COLUMNS = (
@@ -65,6 +74,9 @@ APPEND_COLUMNS = (
     ("record_key", "string"),
     ("record_value", "string"),
 )
+# Window mode's columns (:data:`~.base.WINDOW_COLUMNS`, as settlement.window_rows gives them).
+WINDOW_MODE_COLUMNS = (("window_id", "string"), ("window_version", "int64"), *APPEND_COLUMNS)
+MODE_COLUMNS = {"append": APPEND_COLUMNS, "window": WINDOW_MODE_COLUMNS}
 DEFAULT_CATALOG = "eo"
 # pyiceberg (0.12) retries a commit that lost the race by rebasing it on the new snapshot: a blind retry, which
 # would let a zombie driver append its batch a second time. The sink's tables turn it off, and each commit checks.
@@ -76,13 +88,16 @@ _registered: dict | None = None
 # ------------------------------------------------------------------------------------------- the fence
 def summary_properties(commit: BatchCommit) -> dict[str, str]:
     """Return the snapshot summary properties that carry ``commit`` (Iceberg summary values are strings)."""
-    return {
+    summary = {
         PIPELINE: commit.pipeline,
         CHECKPOINT_ID: commit.checkpoint_id,
         BATCH_ID: str(commit.batch_id),
         OFFSETS: json.dumps(offsets_to_json(commit.offsets), sort_keys=True, separators=(",", ":")),
         ROWS_TOTAL: str(commit.rows_total),
     }
+    if "windows" in commit.extra:
+        summary[WINDOWS] = json.dumps(commit.extra["windows"], sort_keys=True, separators=(",", ":"))
+    return summary
 
 
 def commit_from_summary(summary: Mapping[str, str]) -> BatchCommit | None:
@@ -95,6 +110,7 @@ def commit_from_summary(summary: Mapping[str, str]) -> BatchCommit | None:
         int(summary[BATCH_ID]),
         offsets_from_json(json.loads(summary[OFFSETS])),
         int(summary.get(ROWS_TOTAL, 0)),
+        {"windows": json.loads(summary[WINDOWS])} if WINDOWS in summary else {},
     )
 
 
@@ -206,11 +222,11 @@ def open_catalog(settings: dict[str, Any], s3: Any = None) -> Any:
     )
 
 
-def _iceberg_schema():
+def _iceberg_schema(mode: str):
     import pyarrow as pa
 
     types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64()}
-    return pa.schema([pa.field(name, types[kind], nullable=True) for name, kind in APPEND_COLUMNS])
+    return pa.schema([pa.field(name, types[kind], nullable=True) for name, kind in MODE_COLUMNS[mode]])
 
 
 # ------------------------------------------------------------------------------------------- the sink
@@ -224,6 +240,7 @@ class IcebergSink:
     :param location: the table's location, a local path or ``s3://bucket/prefix``: where :meth:`prepare` creates
         it and Spark writes its data files (the writer side; a reader needs only the catalog).
     :param s3: the S3 settings of an ``s3://`` location (default: those the process registered).
+    :param mode: ``append`` or ``window`` (the writer side's mode: the table's columns).
     """
 
     kind = "iceberg"
@@ -235,9 +252,12 @@ class IcebergSink:
         catalog: dict | Callable[[], dict] | None = None,
         location: str | None = None,
         s3: Any = None,
+        mode: str = "append",
     ) -> None:
         if identifier.count(".") < 1:
             raise ValueError(f"An Iceberg table is named 'namespace.table', got {identifier!r}.")
+        if mode not in MODE_COLUMNS:
+            raise ValueError(f"The iceberg sink writes mode {' or '.join(MODE_COLUMNS)}, not {mode!r}.")
         self.identifier = identifier
         self.pipeline = pipeline
         self._catalog_settings = catalog
@@ -245,6 +265,7 @@ class IcebergSink:
         self.location = location
         self._s3 = s3
         self._storage: Storage | None = None
+        self.mode = mode
 
     # -- plumbing
     def catalog(self) -> Any:
@@ -296,8 +317,9 @@ class IcebergSink:
         return self._commit_in(self._load())
 
     def published_windows(self) -> dict[str, int]:
-        """Window mode is not built for Iceberg yet (the spec refuses it): no windows."""
-        return {}
+        """Return window id -> version the table holds (window mode), from the newest fence."""
+        found = self.committed()
+        return {w: int(v["version"]) for w, v in (found.extra.get("windows", {}) if found else {}).items()}
 
     def commit_location(self) -> str:
         """Return ``snapshot <id> of <table>`` ("" before the first snapshot)."""
@@ -324,11 +346,13 @@ class IcebergSink:
             from pyiceberg.table.name_mapping import create_mapping_from_schema
 
             try:
+                # window mode: full min/max of window_id, so a window's files are deleted whole, never rewritten
+                metrics = {"write.metadata.metrics.column.window_id": "full"} if self.mode == "window" else {}
                 table = catalog.create_table(
                     self.identifier,
-                    schema=_iceberg_schema(),
+                    schema=_iceberg_schema(self.mode),
                     location=location,
-                    properties={"format-version": "2", **NO_RETRY},
+                    properties={"format-version": "2", **NO_RETRY, **metrics},
                 )
             except TableAlreadyExistsError:  # another driver created it meanwhile
                 table = self._load()
@@ -343,6 +367,12 @@ class IcebergSink:
             raise ValueError(
                 f"Iceberg table {self.identifier} lives at {table.location()}, not at sink_path {self.location}: "
                 "name the table's own location, or another table."
+            )
+        columns = [field.name for field in table.schema().fields]
+        if columns != [name for name, _ in MODE_COLUMNS[self.mode]]:
+            raise ValueError(
+                f"Iceberg table {self.identifier} has the columns {columns}, not those of mode={self.mode!r}: "
+                "give each pipeline and mode its own table."
             )
         if not _retries_off(table):  # a table created by another tool: no blind retry for this sink's commits
             with table.transaction() as tx:
@@ -374,21 +404,12 @@ class IcebergSink:
             # check_duplicate_files=False: the files are this batch's new folder (a scan of every manifest saved)
             table.add_files(files, snapshot_properties=properties, check_duplicate_files=False)
         except CommitFailedException as err:
-            raise StaleBatchError(
-                f"Iceberg table {self.identifier} got a new snapshot while {what} was being written (the commit "
-                f"asserted snapshot {_snapshot_id(table)}: {err}): another driver commits pipeline "
-                f"{self.pipeline!r}, or another writer commits this table. Nothing of this batch was committed "
-                "(its files are unreferenced); it is not retried on top of a snapshot it was not planned on."
-            ) from err
+            raise self._stale(table, what, err) from err
 
-    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
-        """Write the batch's files, commit them in one snapshot carrying the fence; False if already committed.
-
-        :param df: the batch's rows (:data:`APPEND_COLUMNS`).
-        :param commit: the batch identity and the offsets the next read starts from.
-        :param expected: the sink's commit the batch was planned on; another one fails the batch.
-        """
-        table = self._load()  # THE snapshot this batch commits on top of: the commit asserts it
+    def _planned(self, commit: BatchCommit, expected: object) -> tuple[Any, BatchCommit | None, bool]:
+        """Load the table (THE snapshot the batch commits on top of: the commit asserts it); return it, the
+        pipeline's newest commit in it, and whether ``commit`` is to be committed (False: a replay)."""
+        table = self._load()
         if table is None:
             raise AirflowException(f"Iceberg table {self.identifier} does not exist: the sink was not prepared.")
         if not _retries_off(table):
@@ -397,7 +418,17 @@ class IcebergSink:
                 f"a retry rebases a batch on a snapshot it was not planned on. Set {NO_RETRY} on the table."
             )
         found = self._commit_in(table)
-        if not plan_commit(found, commit, expected):
+        return table, found, plan_commit(found, commit, expected)
+
+    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+        """Write the batch's files, commit them in one snapshot carrying the fence; False if already committed.
+
+        :param df: the batch's rows (:data:`APPEND_COLUMNS`).
+        :param commit: the batch identity and the offsets the next read starts from.
+        :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        """
+        table, found, planned = self._planned(commit, expected)
+        if not planned:
             return False
         files, rows = self._write(df, f"data/{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}")
         # EO_FAULT_AT=sink_written_<batch>: the batch's files written, its snapshot not committed
@@ -409,7 +440,51 @@ class IcebergSink:
     def commit_windows(
         self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
     ) -> bool:
-        raise ValueError("mode='window' is not built for the iceberg sink yet (docs/iceberg.md).")
+        """Replace the rows of ``windows`` by ``df`` and commit versions and offsets in ONE catalog commit; return
+        False if the batch was already committed (the parameters: :meth:`~.base.Sink.commit_windows`, whose
+        ``windows`` may be empty: the offsets move on alone)."""
+        from pyspark.sql import functions as F
+
+        table, found, planned = self._planned(commit, expected)
+        if not planned:
+            return False
+        state = dict(found.extra.get("windows", {})) if found else {}
+        require_newer_windows(windows, {w: int(v["version"]) for w, v in state.items()})
+        replaced = sorted(w for w in windows if w in state)  # the table holds an older version of these
+        name = f"{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
+        files: list[str] = []
+        for n, window in enumerate(sorted(windows)):  # a window's own files: replaced whole by a newer version
+            written, _rows = self._write(df.filter(F.col("window_id") == window).coalesce(1), f"data/{name}-w{n}")
+            files += written
+            state[window] = {"version": windows[window], "rows": rows[window]}
+        fenced = replace(commit, rows_total=sum(w["rows"] for w in state.values()), extra={"windows": state})
+        fault_point(f"sink_written_{commit.batch_id}")
+        self._replace_windows(table, replaced, files, summary_properties(fenced), f"batch {commit.batch_id}")
+        return True
+
+    def _replace_windows(
+        self, table: Any, windows: list[str], files: list[str], properties: dict[str, str], what: str
+    ) -> None:
+        """Delete the rows of ``windows`` and add ``files`` in ONE catalog commit on the snapshot ``table`` was
+        loaded at (pyiceberg stages a delete and an append snapshot; readers see both or neither)."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.expressions import In
+
+        try:
+            with table.transaction() as tx:
+                if windows:
+                    tx.delete(In("window_id", windows), snapshot_properties=properties)
+                tx.add_files(files, snapshot_properties=properties, check_duplicate_files=False)
+        except CommitFailedException as err:
+            raise self._stale(table, what, err) from err
+
+    def _stale(self, table: Any, what: str, err: Exception) -> StaleBatchError:
+        return StaleBatchError(
+            f"Iceberg table {self.identifier} got a new snapshot while {what} was being written (the commit "
+            f"asserted snapshot {_snapshot_id(table)}: {err}): another driver commits pipeline "
+            f"{self.pipeline!r}, or another writer commits this table. Nothing of this batch was committed "
+            "(its files are unreferenced); it is not retried on top of a snapshot it was not planned on."
+        )
 
     def append(self, df) -> None:
         """At-least-once baseline: the same files and snapshot, without the fence or its checks."""

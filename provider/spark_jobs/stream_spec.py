@@ -196,14 +196,14 @@ class StreamSpec:
         return self
 
     def _validate_iceberg(self) -> None:
-        """The Iceberg sink's first slice: one table, append mode, ``on_bad_record="fail"`` (docs/iceberg.md)."""
+        """The Iceberg sink so far: one table, append or window mode, ``on_bad_record="fail"`` (docs/iceberg.md)."""
         if not self.table or self.table.count(".") < 1 or not self.path:
             raise ValueError(
                 "sink='iceberg' needs sink_table (the table in the catalog, 'namespace.table') and sink_path "
                 f"(its location, local or s3://), got sink_table={self.table!r}, sink_path={self.path!r}."
             )
-        if self.mode != "append":
-            raise ValueError(f"sink='iceberg' supports mode='append' only so far, got mode={self.mode!r}.")
+        if self.mode not in ("append", "window"):
+            raise ValueError(f"sink='iceberg' supports mode='append' or 'window' so far, got mode={self.mode!r}.")
         if self.on_bad_record != "fail":
             raise ValueError("sink='iceberg' has no dead-letter store yet: use on_bad_record='fail'.")
 

@@ -10,7 +10,6 @@ one, and the summary's offsets must be the topic's end. One kill on local disk, 
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 
@@ -22,23 +21,10 @@ from tests import spark_job_support as jobs
 from tests.fault_support import check
 from tests.integration.provider.sinks.test_iceberg import read_both
 from tests.integration.spark_jobs.test_kafka_to_sink import checkpoint_has
+from tests.integration.spark_jobs.test_kafka_to_sink_iceberg import drop, iceberg_args
 from tests.kafka_support import new_topic
 
 pytestmark = pytest.mark.slow
-
-
-def iceberg_args(stack, pipeline: str, topic: str, checkpoint, table: str, location: str, s3=None, **kwargs) -> list:
-    """The job's arguments for the Iceberg sink: the catalog's settings join the 0600 secrets file."""
-    args = jobs.job_args(
-        stack, pipeline, topic, checkpoint, "iceberg", location, s3=s3.to_json() if s3 else None, **kwargs
-    )
-    secrets_file = args[args.index("--secrets-file") + 1]
-    with open(secrets_file) as handle:
-        secrets = json.load(handle)
-    secrets["iceberg"] = catalog_settings("postgres_default")  # the catalog over TLS, as an operator passes it
-    with open(secrets_file, "w") as handle:  # the file keeps its 0600 mode
-        json.dump(secrets, handle)
-    return [*args, "--table", table]
 
 
 @pytest.mark.parametrize("point,where", [("sink_written", "local"), ("after_sink_commit", "s3")])
@@ -77,9 +63,6 @@ def test_driver_sigkilled_between_steps_then_rerun_gives_the_exact_table(
         check(fault_outcome, committed, [(key, value) for _, _, key, value in rows], "records")
         jobs.assert_exactly(rows, committed)
     finally:
-        catalog = sink.catalog()
-        if catalog.table_exists(table):
-            catalog.drop_table(table)
-        catalog.drop_namespace(table.split(".")[0])
+        drop(sink)
         if s3 is not None:
             open_storage(location, s3).delete_prefix("")

@@ -21,7 +21,7 @@ from exactly_once_provider.storage import open_storage
 COLUMNS = ("kafka_partition", "kafka_offset", "record_key", "record_value")
 
 
-def duckdb_rows(metadata_location: str, s3=None) -> list[tuple]:
+def duckdb_rows(metadata_location: str, s3=None, columns=COLUMNS) -> list[tuple]:
     """Rows of the table's current snapshot through DuckDB's Iceberg reader (the duckdb-ext-* packages, offline)."""
     import duckdb
 
@@ -39,22 +39,22 @@ def duckdb_rows(metadata_location: str, s3=None) -> list[tuple]:
                 f"CREATE SECRET minio (TYPE s3, KEY_ID '{s3.access_key_id}', SECRET '{s3.secret_access_key}', "
                 f"ENDPOINT '{endpoint}', URL_STYLE 'path', USE_SSL false, REGION '{s3.region_name}')"
             )
-        return con.execute(f"SELECT {', '.join(COLUMNS)} FROM iceberg_scan(?)", [metadata_location]).fetchall()
+        return con.execute(f"SELECT {', '.join(columns)} FROM iceberg_scan(?)", [metadata_location]).fetchall()
     finally:
         con.close()
 
 
-def pyiceberg_rows(table) -> list[tuple]:
+def pyiceberg_rows(table, columns=COLUMNS) -> list[tuple]:
     """Rows of the table's current snapshot through pyiceberg's scan (its own planning over the manifests)."""
-    arrow = table.scan(selected_fields=COLUMNS).to_arrow()
-    return list(zip(*(arrow.column(c).to_pylist() for c in COLUMNS)))
+    arrow = table.scan(selected_fields=tuple(columns)).to_arrow()
+    return list(zip(*(arrow.column(c).to_pylist() for c in columns)))
 
 
-def read_both(sink: IcebergSink, s3=None) -> list[tuple]:
+def read_both(sink: IcebergSink, s3=None, columns=COLUMNS) -> list[tuple]:
     """The rows both readers see; fail unless they see the same rows (as multisets)."""
     table = sink.catalog().load_table(sink.identifier)
-    from_duckdb = duckdb_rows(table.metadata_location, s3)
-    from_pyiceberg = pyiceberg_rows(table)
+    from_duckdb = duckdb_rows(table.metadata_location, s3, columns)
+    from_pyiceberg = pyiceberg_rows(table, columns)
     assert Counter(from_duckdb) == Counter(from_pyiceberg), "DuckDB and pyiceberg read different rows"
     return from_pyiceberg
 
@@ -171,3 +171,63 @@ def test_a_table_at_another_location_is_refused(iceberg_table, tmp_path):
     elsewhere = IcebergSink(identifier, "p", settings, str(tmp_path / "elsewhere"), s3)
     with pytest.raises(ValueError, match="lives at"):
         elsewhere.prepare()
+
+
+def _window(spark, window: str, version: int, start: int, count: int, tag: str = "a"):
+    """``count`` records of a window version, window-mode columns (offsets from ``start``)."""
+    return spark.range(start, start + count, numPartitions=2).selectExpr(
+        f"'{window}' AS window_id",
+        f"CAST({version} AS BIGINT) AS window_version",
+        "'settle' AS kafka_topic",
+        "CAST(id % 2 AS INT) AS kafka_partition",
+        "id AS kafka_offset",
+        "concat('k', id) AS record_key",
+        f'concat(\'{{"n":\', id, \',"v":{version},"tag":"{tag}"}}\') AS record_value',
+    )
+
+
+@pytest.mark.parametrize("iceberg_table", ["local"], indirect=True)
+def test_a_window_version_replaces_its_window_whole_and_an_older_one_never_wins(spark, iceberg_table):
+    identifier, location, s3 = iceberg_table
+    pipeline = f"win-{uuid.uuid4().hex[:8]}"
+    sink = open_sink(
+        "iceberg",
+        identifier,
+        pipeline,
+        mode="window",
+        iceberg_catalog=catalog_settings("postgres_default"),
+        iceberg_location=location,
+        s3=s3,
+    )
+    sink.prepare()
+    d1, d2 = "settle/orders/2026-11-01", "settle/orders/2026-11-02"  # longer than a truncated string bound
+
+    first = _window(spark, d1, 1, 0, 6).unionByName(_window(spark, d2, 1, 6, 4))
+    assert sink.commit_windows(first, {d1: 1, d2: 1}, {d1: 6, d2: 4}, BatchCommit(pipeline, "c1", 0, {"s": {0: 10}}))
+    held = sink.committed()
+    # d1 re-extracted: v2 replaces v1 whole
+    again = _window(spark, d1, 2, 10, 6, tag="b")
+    assert sink.commit_windows(again, {d1: 2}, {d1: 6}, BatchCommit(pipeline, "c1", 1, {"s": {0: 16}}), held)
+    second = sink.committed()
+    assert not sink.commit_windows(again, {d1: 2}, {d1: 6}, BatchCommit(pipeline, "c1", 1, {"s": {0: 16}}), held)
+    # an older version of d2 never wins: nothing of it is committed
+    with pytest.raises(ValueError, match="not newer than the table's v1"):
+        stale = _window(spark, d2, 1, 16, 4)
+        sink.commit_windows(stale, {d2: 1}, {d2: 4}, BatchCommit(pipeline, "c1", 2, {"s": {0: 20}}), second)
+    # nothing to publish: the offsets move on alone
+    empty = _window(spark, d2, 1, 0, 0)
+    assert sink.commit_windows(empty, {}, {}, BatchCommit(pipeline, "c1", 2, {"s": {0: 20}}), second)
+
+    state = sink.committed()
+    assert (state.batch_id, state.offsets, state.rows_total) == (2, {"s": {0: 20}}, 10)
+    assert state.extra["windows"] == {d1: {"version": 2, "rows": 6}, d2: {"version": 1, "rows": 4}}
+    assert sink.published_windows() == {d1: 2, d2: 1}
+    table = sink.catalog().load_table(identifier)
+    from_duckdb = duckdb_rows(table.metadata_location, s3)  # (partition, offset, key, value)
+    assert Counter(from_duckdb) == Counter(pyiceberg_rows(table)), "DuckDB and pyiceberg read different rows"
+    windows = table.scan(selected_fields=("window_id", "window_version", "kafka_offset")).to_arrow().to_pylist()
+    assert sorted((r["window_id"], r["window_version"], r["kafka_offset"]) for r in windows) == sorted(
+        [(d1, 2, n) for n in range(10, 16)] + [(d2, 1, n) for n in range(6, 10)]
+    ), "a window is missing, doubled or at an older version"
+    # v1 of d1 was deleted as whole files (its window's own), not rewritten: one file per published window
+    assert len(list(table.scan().plan_files())) == 2

@@ -160,8 +160,8 @@ def _spec(**kwargs) -> StreamSpec:
         ({"table": None}, "needs sink_table"),
         ({"table": "orders"}, "'namespace.table'"),
         ({"path": None}, "and sink_path"),
-        ({"mode": "cdc"}, "mode='append' only so far"),
-        ({"mode": "window"}, "mode='append' only so far"),
+        ({"mode": "cdc"}, "mode='append' or 'window' so far"),
+        ({"mode": "current"}, "mode='append' or 'window' so far"),
         ({"on_bad_record": "dead_letter"}, "no dead-letter store yet"),
         (
             {"topics": (), "path": None, "table": None, "routes": (Route(("t",), "/cp1", "/lake/o"),)},
@@ -174,5 +174,20 @@ def test_the_stream_spec_refuses_what_the_iceberg_sink_does_not_do_yet(kwargs, m
         _spec(**kwargs).validate()
 
 
-def test_the_stream_spec_takes_an_iceberg_append():
+def test_the_stream_spec_takes_an_iceberg_append_and_window_mode():
     assert _spec().validate().table == "lake.o"
+    assert _spec(mode="window").validate().mode == "window"
+
+
+def test_window_mode_carries_every_window_in_the_summary():
+    windows = {"settle/t/d1": {"version": 2, "rows": 6}, "settle/t/d2": {"version": 1, "rows": 4}}
+    commit = BatchCommit("p1", "c1", 3, OFFSETS, 10, {"windows": windows})
+    summary = summary_properties(commit)
+    assert summary["eo.windows"] == '{"settle/t/d1":{"rows":6,"version":2},"settle/t/d2":{"rows":4,"version":1}}'
+    assert commit_from_summary(summary) == commit
+    assert "eo.windows" not in summary_properties(_commit())  # append mode: no windows
+
+
+def test_a_mode_the_sink_does_not_write_is_refused():
+    with pytest.raises(ValueError, match="append or window, not 'cdc'"):
+        iceberg.IcebergSink("lake.o", "p1", mode="cdc")
