@@ -1,16 +1,18 @@
-"""The Kafka -> sink job with ``--sink iceberg`` in window mode, run in the session's Spark (no spark-submit).
+"""The Kafka -> sink job with ``--sink iceberg``, run in the session's Spark (no spark-submit).
 
-WatermarkExtractOperator publishes two settlement windows of a MariaDB table, then a re-extracted v2 of the
-first; the job (tiny micro-batches, so a window is cut by a read) must leave one copy of each window at its
+Append mode: the checkpoint is lost between two runs; the second starts from the offsets in the table's newest
+snapshot summary. Window mode: WatermarkExtractOperator publishes two settlement windows of a MariaDB table,
+then a re-extracted v2 of the first; the job (tiny micro-batches, so a window is cut by a read) must leave one copy of each window at its
 newest version, equal to the source table row by row, read by DuckDB's Iceberg reader and pyiceberg's scan. A
-second re-extraction replaces only its window; a rerun with nothing new changes nothing. The append mode goes
-through spark-submit in tests/faults/test_iceberg_kill.py.
+second re-extraction replaces only its window; a rerun with nothing new changes nothing. The append mode's
+kills go through spark-submit in tests/faults/test_iceberg_kill.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import uuid
 
 from exactly_once_provider.sinks.iceberg import IcebergSink, catalog_settings
@@ -81,5 +83,35 @@ def test_window_versions_replace_whole_windows_in_an_iceberg_table(
 
         assert run_job(args, capsys) == state2  # nothing new: a rerun changes nothing
         assert sink.committed().to_json() == state2
+    finally:
+        drop(sink)
+
+
+def test_append_resumes_from_the_tables_offsets_after_a_lost_checkpoint(
+    stack, airflow_connections, spark, tmp_path, caplog
+):
+    """Append mode: the checkpoint is deleted between two runs; the second run starts from the offsets in the newest
+    snapshot's summary, and the table holds every committed record once (read by both readers)."""
+    bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
+    topic = new_topic(bootstrap, partitions=2)
+    pipeline, table = f"it-iceberg-{topic}", f"it_iceberg_{uuid.uuid4().hex[:10]}.records"
+    location, checkpoint = str(tmp_path / "records"), tmp_path / "checkpoint"
+    args = iceberg_args(stack, pipeline, topic, checkpoint, table, location, max_offsets=60)
+    sink = IcebergSink(table, pipeline, catalog_settings("postgres_default"), location)
+    try:
+        committed = jobs.produce_interleaved(bootstrap, topic, transactions=4, per_transaction=30, partitions=2)
+        state, _ = jobs.run_in_session(args, caplog)
+        assert state["batch_id"] >= 1 and state["rows_total"] == len(committed)
+
+        shutil.rmtree(checkpoint)
+        committed += jobs.produce_interleaved(
+            bootstrap, topic, transactions=3, per_transaction=30, partitions=2, tag="s"
+        )
+        state2, logged = jobs.run_in_session(args, caplog)
+        assert "starting from the sink's committed offsets" in logged
+        assert state2["checkpoint_id"] != state["checkpoint_id"]
+        assert state2["offsets"] == {topic: {str(p): o for p, o in jobs.end_offsets(bootstrap, topic, 2).items()}}
+        assert state2["rows_total"] == len(committed)
+        jobs.assert_exactly(read_both(sink), committed)
     finally:
         drop(sink)
