@@ -33,15 +33,16 @@ class ConsumerLagSensor(BaseSensorOperator):
 
     :param topics: the topics the reader consumes.
     :param max_lag: the highest acceptable lag (records, transaction markers included).
-    :param sink: ``delta``, ``postgres`` or ``files``; None with ``consumer_group``.
+    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg``; None with ``consumer_group``.
     :param sink_location: the sink's path (delta/files) or table (postgres); or a list of them when one reader
         commits each table's offsets in its own sink (one streaming query over several tables: the lag is the
         sum over the tables).
     :param sink_pipeline: the Spark job's pipeline name.
     :param consumer_group: a consumer group instead of a sink.
     :param kafka_config_id: the ``kafka`` connection.
-    :param postgres_conn_id: the ``postgres`` connection (``postgres`` sink).
-    :param aws_conn_id: the ``aws`` connection of a files or Delta sink on ``s3://``.
+    :param postgres_conn_id: the ``postgres`` connection (``postgres`` sink; ``iceberg``: its SQL catalog's database).
+    :param aws_conn_id: the ``aws`` connection of a files or Delta sink on ``s3://`` (default ``aws_default``), or of
+        an Iceberg table on ``s3://`` (name it: the table's location is the catalog's, not known here).
     :param missing_topics_ok: a topic the producer has not created yet has no lag (first run of a pipeline).
     :param deferrable: wait in the triggerer.
     """
@@ -61,7 +62,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         postgres_conn_id: str = "postgres_default",
         missing_topics_ok: bool = False,
         deferrable: bool = True,
-        aws_conn_id: str = "aws_default",
+        aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 10)
@@ -90,10 +91,12 @@ class ConsumerLagSensor(BaseSensorOperator):
 
     def _measure(self, topics: list[str]):
         connect = s3 = None
-        if self.sink == "postgres":
+        if self.sink in ("postgres", "iceberg"):  # iceberg: its SQL catalog's database
             connect = connect_kwargs(self.postgres_conn_id)
-        elif self.sink in ("files", "delta") and any(is_s3(loc) for loc in sink_locations(self.sink_location)):
+        if self.sink == "iceberg" and self.aws_conn_id:
             s3 = S3Settings.from_connection(self.aws_conn_id)
+        elif self.sink in ("files", "delta") and any(is_s3(loc) for loc in sink_locations(self.sink_location)):
+            s3 = S3Settings.from_connection(self.aws_conn_id or "aws_default")
         return measure_lag(
             checked_kafka_config(self.kafka_config_id),
             topics,

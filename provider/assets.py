@@ -23,7 +23,7 @@ from airflow.sdk import Asset, AssetWatcher
 from exactly_once_provider import lineage
 from exactly_once_provider.triggers.sink_commits import SinkCommitTrigger
 
-SINKS = ("delta", "postgres", "files")
+SINKS = ("delta", "postgres", "files", "iceberg")
 
 
 def sink_commits(
@@ -39,12 +39,15 @@ def sink_commits(
     """
     Return the Asset of a pipeline's sink, with a watcher that emits an event per commit.
 
-    :param sink: ``delta``, ``postgres`` or ``files``.
-    :param location: the Delta table or files directory (absolute path or ``s3://``), or the PostgreSQL table.
+    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg``.
+    :param location: the Delta table or files directory (absolute path or ``s3://``), the PostgreSQL table, or the
+        Iceberg table (``namespace.table`` in the SQL catalog ``eo`` of ``postgres_conn_id``).
     :param pipeline: the Kafka -> sink pipeline's name (the ``pipeline`` of its operator).
     :param name: the Asset's name; default the location's URI (``<pipeline>.<table>`` for PostgreSQL).
-    :param postgres_conn_id: ``postgres`` sink: its connection (default ``postgres_default``).
-    :param aws_conn_id: a Delta or files sink on ``s3://``: its ``aws`` connection (default ``aws_default``).
+    :param postgres_conn_id: ``postgres`` sink: its connection; ``iceberg``: the catalog's database (default
+        ``postgres_default``).
+    :param aws_conn_id: a Delta or files sink on ``s3://``: its ``aws`` connection (default ``aws_default``); an
+        Iceberg table on ``s3://``: name it (the location is the catalog's, not known here).
     :param poll_interval: seconds between two reads of the sink's commit marker.
     """
     if sink not in SINKS:
@@ -62,7 +65,7 @@ def sink_commits(
         poll_interval=poll_interval,
     )
     watcher = AssetWatcher(name=f"{pipeline}-commits", trigger=trigger)
-    if sink == "postgres":  # a table has no URI of its own here; the name identifies it
+    if sink in ("postgres", "iceberg"):  # a table has no URI of its own here; the name identifies it
         return Asset(name=name or f"{pipeline}.{location}", watchers=[watcher])
     uri = lineage.storage_path(location).asset_uri
     return Asset(name=name or uri, uri=uri, watchers=[watcher])

@@ -76,10 +76,12 @@ def sink_offsets(
 ) -> Offsets:
     """Return the Kafka offsets a pipeline's sink committed (empty before its first commit).
 
-    :param sink: ``delta``, ``postgres`` or ``files``.
-    :param location: the Delta table / files directory (local or ``s3://``), or the PostgreSQL table.
+    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg``.
+    :param location: the Delta table / files directory (local or ``s3://``), the PostgreSQL table, or the Iceberg
+        table (``namespace.table``).
     :param pipeline: the Spark job's pipeline name.
-    :param postgres_connect: psycopg2 connection arguments (``postgres`` sink).
+    :param postgres_connect: psycopg2 connection arguments (``postgres`` sink; ``iceberg``: its SQL catalog's
+        database).
     :param s3: a files or Delta sink on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
     """
     from exactly_once_provider.sinks.base import open_sink

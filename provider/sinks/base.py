@@ -252,14 +252,20 @@ def open_sink(
         dead-letter table / Delta location its commits write the batch's letters to
         (:mod:`~exactly_once_provider.sinks.dead_letters`).
     :param iceberg_catalog: ``iceberg``: the catalog's settings (:func:`~.iceberg.catalog_settings`) or a function
-        returning them (called only when the catalog is first used); None = the one the process registered.
+        returning them (called only when the catalog is first used); None = the SQL catalog ``eo`` in the database
+        of ``postgres_connect`` (a reader: the lag sensor, Asset events), else the one the process registered.
     :param iceberg_location: ``iceberg`` writer: the table's location (local path or ``s3://``), where it is created
         and Spark writes its data files; a reader needs only the catalog.
     """
     if kind == "iceberg":
-        from exactly_once_provider.sinks.iceberg import IcebergSink
+        from functools import partial
 
-        return IcebergSink(location, pipeline, iceberg_catalog, iceberg_location, s3, mode)
+        from exactly_once_provider.sinks.iceberg import IcebergSink, sql_catalog
+
+        catalog = iceberg_catalog
+        if catalog is None and postgres_connect:  # resolved when the catalog is first used, as for postgres
+            catalog = partial(sql_catalog, postgres_connect)
+        return IcebergSink(location, pipeline, catalog, iceberg_location, s3, mode)
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
 

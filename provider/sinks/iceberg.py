@@ -163,7 +163,13 @@ def catalog_settings(conn_id: str, name: str = DEFAULT_CATALOG) -> dict[str, Any
     """
     from exactly_once_provider.connections import connect_kwargs
 
-    return {"type": "sql", "name": name, "postgres": connect_kwargs(conn_id), "conn_id": conn_id}
+    return {**sql_catalog(connect_kwargs(conn_id), name), "conn_id": conn_id}
+
+
+def sql_catalog(postgres: dict[str, Any] | Callable[[], dict], name: str = DEFAULT_CATALOG) -> dict[str, Any]:
+    """Return the settings of the SQL catalog ``name`` in the database of ``postgres`` (psycopg2 arguments, or a
+    function returning them)."""
+    return {"type": "sql", "name": name, "postgres": postgres() if callable(postgres) else postgres}
 
 
 def register_catalog(settings: dict | None) -> None:

@@ -32,6 +32,9 @@ async def sink_connections(
 
     if sink == "postgres":
         return await sync_to_async(connect_kwargs)(postgres_conn_id or "postgres_default"), None
+    if sink == "iceberg":  # the SQL catalog's database; a table on s3:// needs the aws connection named
+        connect = await sync_to_async(connect_kwargs)(postgres_conn_id or "postgres_default")
+        return connect, await sync_to_async(S3Settings.from_connection)(aws_conn_id) if aws_conn_id else None
     if sink in ("files", "delta") and any(is_s3(location) for location in locations):
         return None, await sync_to_async(S3Settings.from_connection)(aws_conn_id or "aws_default")
     return None, None

@@ -60,10 +60,12 @@ def describe_commit(commit: Any, previous: dict | None, sink: str, location: str
 class SinkCommitTrigger(BaseEventTrigger):
     """Yield an event each time the sink of ``sink_pipeline`` commits a new batch (for an AssetWatcher).
 
-    :param sink: ``delta``, ``postgres`` or ``files``.
-    :param sink_location: the Delta table / files directory (local or ``s3://``), or the PostgreSQL table.
+    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg``.
+    :param sink_location: the Delta table / files directory (local or ``s3://``), the PostgreSQL table, or the
+        Iceberg table (``namespace.table``).
     :param sink_pipeline: the Spark job's pipeline name.
-    :param postgres_conn_id: ``postgres`` sink: the connection, resolved in the triggerer.
+    :param postgres_conn_id: ``postgres`` sink: the connection, resolved in the triggerer; ``iceberg``: the
+        database of its SQL catalog.
     :param aws_conn_id: a files or Delta sink on ``s3://``: the ``aws`` connection, resolved in the triggerer.
     :param poll_interval: seconds between reads of the sink's commit marker.
     """

@@ -8,6 +8,7 @@ Both must hold exactly the committed rows, row by row: none lost, none doubled, 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections import Counter
@@ -162,6 +163,32 @@ def test_batches_commit_once_each_and_zombies_commit_nothing(spark, iceberg_tabl
     if s3 is not None:  # the data files and the metadata are objects in the bucket
         assert table.metadata_location.startswith(location + "/metadata/")
         assert all(task.file.file_path.startswith(location + "/data/") for task in table.scan().plan_files())
+    _readers_outside_the_job_see(identifier, pipeline, final, "aws_default" if s3 else None)
+
+
+def _readers_outside_the_job_see(identifier: str, pipeline: str, commit: BatchCommit, aws_conn_id) -> None:
+    """The lag sensor's reader and the Asset events' trigger find ``commit`` through the catalog's connection."""
+    from exactly_once_provider.kafka.lag import sink_offsets
+    from exactly_once_provider.triggers.consumer_lag import sink_connections
+    from exactly_once_provider.triggers.sink_commits import SinkCommitTrigger
+
+    connect, s3 = asyncio.run(sink_connections("iceberg", [identifier], "postgres_default", aws_conn_id))
+    assert sink_offsets("iceberg", identifier, pipeline, connect, s3) == commit.offsets
+    trigger = SinkCommitTrigger("iceberg", identifier, pipeline, "postgres_default", aws_conn_id, poll_interval=0.01)
+
+    async def first_event():
+        events = trigger.run()
+        try:
+            return (await asyncio.wait_for(events.__anext__(), 60)).payload
+        finally:
+            await events.aclose()
+
+    event = asyncio.run(first_event())
+    assert (event["checkpoint"], event["batch_id"], event["rows_total"]) == (
+        commit.checkpoint_id,
+        commit.batch_id,
+        commit.rows_total,
+    )
 
 
 def test_a_table_at_another_location_is_refused(iceberg_table, tmp_path):

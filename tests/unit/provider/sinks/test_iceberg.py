@@ -138,6 +138,13 @@ def test_open_sink_maps_iceberg_and_reads_nothing_when_opened():
         open_sink("iceberg", "orders", "p1")
 
 
+def test_a_reader_opened_with_postgres_arguments_reads_the_sql_catalog_in_that_database():
+    asked = []
+    sink = open_sink("iceberg", "lake.orders", "p1", postgres_connect=lambda: asked.append(1) or {"host": "db"})
+    assert asked == []  # resolved when the catalog is first used
+    assert sink._catalog_settings() == {"type": "sql", "name": "eo", "postgres": {"host": "db"}} and asked == [1]
+
+
 def test_a_sink_without_a_catalog_says_which_setting_is_missing(monkeypatch):
     monkeypatch.setattr(iceberg, "_registered", None)
     with pytest.raises(ValueError, match="has no catalog: name its connection"):

@@ -101,3 +101,15 @@ def test_the_lag_of_one_reader_over_several_tables_adds_up_their_sinks(monkeypat
     lag = consumer_lag.measure_lag({}, ["p.s.a", "p.s.b"], "delta", ["/lake/a", "/lake/b"], "p-apply")
     assert (lag.total, lag.per_partition) == (8, {"p.s.a": {0: 0, 1: 3}, "p.s.b": {0: 5}})
     assert consumer_lag.measure_lag({}, ["p.s.a"], "delta", "/lake/a", "p-apply").committed == held["/lake/a"]
+
+
+def test_an_iceberg_reader_gets_its_catalogs_database_and_the_named_aws_connection(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_CATALOG", json.dumps(POSTGRES))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_LAKE",
+        json.dumps({"conn_type": "aws", "login": "AK", "password": "SK", "extra": {"endpoint_url": "http://m:9"}}),
+    )
+    connect, s3 = asyncio.run(consumer_lag.sink_connections("iceberg", ["lake.orders"], "lake_catalog", None))
+    assert (connect["host"], connect["password"], connect["sslmode"], s3) == ("db", "pg-MARKER-pw", "verify-full", None)
+    _, s3 = asyncio.run(consumer_lag.sink_connections("iceberg", ["lake.orders"], "lake_catalog", "aws_lake"))
+    assert (s3.access_key_id, s3.endpoint_url) == ("AK", "http://m:9")

@@ -100,3 +100,14 @@ def test_sink_commits_builds_a_watched_asset_and_refuses_bad_arguments():
         sink_commits("kafka", "/x", "p")
     with pytest.raises(ValueError, match="positive"):
         sink_commits("delta", "/x", "p", poll_interval=0)
+
+
+def test_an_iceberg_tables_asset_is_named_after_the_pipeline_and_table():
+    asset = sink_commits("iceberg", "lake.orders", "shop-apply", postgres_conn_id="lake_catalog")
+    assert asset.name == "shop-apply.lake.orders"
+    _, kwargs = asset.watchers[0].trigger.serialize()
+    assert (kwargs["sink"], kwargs["sink_location"], kwargs["postgres_conn_id"]) == (
+        "iceberg",
+        "lake.orders",
+        "lake_catalog",
+    )
