@@ -3,7 +3,9 @@
 #   1. a demo shop database (orders, payments, refunds; five currencies) and a live writer;
 #   2. the history -> stream template on `orders`: the full load while the writer runs, then increments;
 #   3. the settlement template on `payments`: one nightly window, then a UI-style rerun with {"reextract": true};
-#   4. the writer stops, a last increment, and the reconciliation table (source vs sink, missing, duplicates).
+#   4. the whole shop database by pattern (orders, payments, refunds, shop_*): one run loads its six tables, a
+#      table created while the writer runs (shop_reviews) joins at the next run, the others streaming on;
+#   5. the writer stops, a last increment, and the reconciliation table (source vs sink, missing, duplicates).
 # STORAGE=s3 (make demo STORAGE=s3) keeps the Delta tables and Spark checkpoints in the stack's MinIO (bucket
 # eo-demo, the aws_default connection); the full load still stages its chunks under the run's data directory.
 set -euo pipefail
@@ -50,32 +52,39 @@ echo "[demo] Airflow home: $AIRFLOW_HOME; data: $EO_DATA_DIR; tables and checkpo
 "$AIRFLOW" db migrate >/dev/null
 "$AIRFLOW" providers get airflow-provider-exactly-once
 
-step "1/4 demo shop database and a live writer"
+step "1/5 demo shop database and a live writer"
 $PY docker/local/demo_shop.py seed --orders ${EO_DEMO_ORDERS:-20000}
 $PY docker/local/demo_shop.py writer --rate 20 >"$LOGS/writer.log" 2>&1 &
 WRITER=$!
 trap 'kill $WRITER 2>/dev/null || true' EXIT
 sleep 2
 
-step "2/4 history -> stream on orders: full load while the writer runs, then increments"
+step "2/5 history -> stream on orders: full load while the writer runs, then increments"
 run_dag eo_history_stream first-run-full-load
 for i in 1 2; do
   sleep 5
   run_dag eo_history_stream increment-$i
 done
 
-step "3/4 settlement of payments: the window that ended at the last 02:00 Asia/Shanghai, then a UI-style rerun"
+step "3/5 settlement of payments: the window that ended at the last 02:00 Asia/Shanghai, then a UI-style rerun"
 END=$($PY -c "import pendulum; n = pendulum.now('Asia/Shanghai'); e = n.start_of('day').add(hours=2); e = e if e <= n else e.subtract(days=1); print(e.in_tz('UTC').isoformat())")
 run_dag eo_settlement window "$END"
 run_dag eo_settlement rerun-reextract "$END" --conf '{"reextract": true}'
 
-step "4/4 the writer stops; a last increment reconciles the whole table (the full_reconcile Param; increments check the changed keys)"
+step "4/5 the whole shop database by pattern: six tables in one run, then shop_reviews is created and joins"
+run_dag eo_shop_database whole-database-first-run
+$PY docker/local/demo_shop.py add-table
+sleep 5
+run_dag eo_shop_database a-table-joins
+
+step "5/5 the writer stops; a last increment reconciles the whole table (the full_reconcile Param; increments check the changed keys)"
 # A writer that stopped early (e.g. the shared MariaDB restarted under it) is reported with its log; the last
 # increment and the reconciliation still run over whatever it wrote.
 kill $WRITER 2>/dev/null || echo "[demo] the writer had already stopped (its log below)"
 wait $WRITER || true
 cat "$LOGS/writer.log"
 run_dag eo_history_stream final-increment --conf '{"full_reconcile": true}'
+run_dag eo_shop_database whole-database-final --conf '{"full_reconcile": true}'
 
 step "reconciliation (latest per pipeline; CDC compared at the common position)"
 $PY docker/local/demo_shop.py report

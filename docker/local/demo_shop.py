@@ -1,10 +1,13 @@
-"""The demo shop database: orders, payments and refunds in several currencies, and a live writer.
+"""The demo shop database: orders, payments and refunds in several currencies, the shop's customers, products
+and shipments (three more key shapes: integer, text, composite), and a live writer.
 
 Usage (the stack's connection env must be set, see ``stack.py env``)::
 
     python docker/local/demo_shop.py seed [--orders 20000]   # recreate the tables; history over 3 past days
     python docker/local/demo_shop.py writer                  # write until SIGTERM/SIGINT (orders, payments,
-                                                             # refunds, status updates, cancellations)
+                                                             # refunds, status updates, cancellations, customers,
+                                                             # prices, shipments; reviews once that table exists)
+    python docker/local/demo_shop.py add-table               # create shop_reviews while the writer runs
     python docker/local/demo_shop.py report                  # print the latest reconciliation per pipeline
 """
 
@@ -23,6 +26,17 @@ import MySQLdb
 
 CURRENCIES = ("EUR", "USD", "CNY", "JPY", "GBP")
 STATUSES = ("new", "paid", "shipped", "delivered")
+PRODUCTS = 500
+# The shop's other tables: three more key shapes for the whole-database DAG (eo_shop_database, tables "shop_*").
+SHOP_TABLES = {
+    "shop_customers": "CREATE TABLE shop_customers (id INT PRIMARY KEY, name VARCHAR(64) NOT NULL,"
+    " country CHAR(2) NOT NULL)",
+    "shop_products": "CREATE TABLE shop_products (sku VARCHAR(16) PRIMARY KEY, name VARCHAR(64) NOT NULL,"
+    " price DECIMAL(10,2) NOT NULL)",
+    "shop_shipments": "CREATE TABLE shop_shipments (order_id BIGINT NOT NULL, parcel_no SMALLINT NOT NULL,"
+    " sku VARCHAR(16) NOT NULL, carrier VARCHAR(8) NOT NULL, PRIMARY KEY (order_id, parcel_no))",
+}
+REVIEWS = "shop_reviews"  # created while the writer runs (demo_shop.py add-table)
 
 
 def _mysql():
@@ -42,7 +56,7 @@ def seed(orders: int) -> None:
     """Recreate the shop tables with ``orders`` orders (and their payments and refunds) over the past 3 days."""
     conn = _mysql()
     cur = conn.cursor()
-    for table in ("refunds", "payments", "orders"):
+    for table in ("refunds", "payments", "orders", *SHOP_TABLES, REVIEWS):
         cur.execute(f"DROP TABLE IF EXISTS {table}")
     cur.execute(
         "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, customer_id INT NOT NULL,"
@@ -58,6 +72,16 @@ def seed(orders: int) -> None:
             " updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6),"
             " KEY (updated_at))"
         )
+    for ddl in SHOP_TABLES.values():
+        cur.execute(ddl)
+    cur.executemany(
+        "INSERT INTO shop_customers (id, name, country) VALUES (%s, %s, %s)",
+        [(i, f"customer {i}", ("DE", "FR", "CN", "JP", "GB")[i % 5]) for i in range(1, 5000)],
+    )
+    cur.executemany(
+        "INSERT INTO shop_products (sku, name, price) VALUES (%s, %s, %s)",
+        [(f"SKU-{i:05d}", f"product {i}", Decimal(100 + i) / 100) for i in range(PRODUCTS)],
+    )
     rng = random.Random(42)
     now = time.time()
     for start in range(0, orders, 1000):
@@ -68,7 +92,7 @@ def seed(orders: int) -> None:
     cur.execute("SET TIMESTAMP = DEFAULT")
     conn.commit()
     conn.close()
-    print(f"[shop] seeded {orders} orders with payments and refunds over the past 3 days")
+    print(f"[shop] seeded {orders} orders with payments, refunds and shipments over the past 3 days")
 
 
 def _new_order(cur, rng: random.Random, historic: bool = False) -> None:
@@ -94,6 +118,54 @@ def _new_order(cur, rng: random.Random, historic: bool = False) -> None:
             "INSERT INTO refunds (payment_id, amount, currency, method) VALUES (%s, %s, %s, 'card')",
             (cur.lastrowid, amount / 2, currency),
         )
+    cur.execute(
+        "INSERT INTO shop_shipments (order_id, parcel_no, sku, carrier) VALUES (%s, 1, %s, %s)",
+        (order_id, f"SKU-{rng.randrange(PRODUCTS):05d}", rng.choice(["dhl", "ups", "sf"])),
+    )
+
+
+def _shop_change(cur, rng: random.Random, reviews: bool) -> str:
+    """Change one of the shop's other tables; return what it did."""
+    roll = rng.random()
+    if roll < 0.4:
+        cur.execute(
+            "UPDATE shop_customers SET country = %s WHERE id = %s", (rng.choice(["DE", "CN"]), rng.randrange(1, 5000))
+        )
+        return "customers"
+    if roll < 0.7:
+        cur.execute(
+            "UPDATE shop_products SET price = price + 0.10 WHERE sku = %s", (f"SKU-{rng.randrange(PRODUCTS):05d}",)
+        )
+        return "prices"
+    if reviews:
+        cur.execute("SELECT MAX(id) FROM orders")
+        cur.execute(
+            f"INSERT INTO {REVIEWS} (order_id, stars, text) VALUES (%s, %s, %s)",
+            (cur.fetchone()[0], rng.randint(1, 5), rng.choice(["great", "ok", "très bien", "slow"])),
+        )
+        return "reviews"
+    cur.execute(
+        "UPDATE shop_shipments SET carrier = %s WHERE order_id = (SELECT MAX(order_id) FROM shop_shipments)",
+        (rng.choice(["dhl", "ups", "sf"]),),
+    )
+    return "shipments"
+
+
+def add_table() -> None:
+    """Create the shop_reviews table (it matches the whole-database DAG's pattern) with a few reviews."""
+    conn = _mysql()
+    cur = conn.cursor()
+    cur.execute(
+        f"CREATE TABLE {REVIEWS} (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id BIGINT NOT NULL,"
+        " stars TINYINT NOT NULL, text VARCHAR(64) CHARACTER SET utf8mb4 NOT NULL)"
+    )
+    cur.executemany(
+        f"INSERT INTO {REVIEWS} (order_id, stars, text) VALUES (%s, %s, %s)",
+        [(i, 1 + i % 5, "seed") for i in range(1, 200)],
+    )
+    conn.commit()
+    conn.close()
+    print(f"[shop] created {REVIEWS} with 199 reviews")
 
 
 def writer(rate: float) -> None:
@@ -105,7 +177,21 @@ def writer(rate: float) -> None:
     cur = conn.cursor()
     rng = random.Random(os.getpid())
     counts = {"orders": 0, "updates": 0, "deletes": 0, "rollbacks": 0}
+    reviews, step = False, 0
     while not stop["now"]:
+        step += 1
+        if not reviews and step % 50 == 0:  # the table the demo creates while the writer runs
+            cur.execute(
+                "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+                (REVIEWS,),
+            )
+            reviews = cur.fetchone()[0] == 1
+        if rng.random() < 0.3:
+            done = _shop_change(cur, rng, reviews)
+            counts[done] = counts.get(done, 0) + 1
+            conn.commit()
+            time.sleep(1 / rate)
+            continue
         roll = rng.random()
         cur.execute("SELECT MIN(id), MAX(id) FROM orders")
         low, high = cur.fetchone()
@@ -144,7 +230,7 @@ def report() -> int:
     from exactly_once_provider.reconcile.results import latest_results
 
     run = os.environ.get("EO_DEMO_RUN", "")
-    rows = [r for r in latest_results(pg) if r["name"].endswith(run)]
+    rows = [r for r in latest_results(pg) if run in r["name"]]  # a whole-database DAG's: <pipeline>.<table>
     pg.close()
     print(
         f"\n{'pipeline':<28} {'source rows':>11} {'sink rows':>10} {'checksums':>9} {'missing':>7} "
@@ -166,12 +252,15 @@ def main() -> int:
     p_seed.add_argument("--orders", type=int, default=20_000)
     p_writer = sub.add_parser("writer")
     p_writer.add_argument("--rate", type=float, default=20.0, help="transactions per second")
+    sub.add_parser("add-table")
     sub.add_parser("report")
     args = parser.parse_args()
     if args.command == "seed":
         seed(args.orders)
     elif args.command == "writer":
         writer(args.rate)
+    elif args.command == "add-table":
+        add_table()
     else:
         return report()
     return 0
