@@ -20,15 +20,7 @@ from tests.mysql_support import load_time_zone
 
 @pytest.fixture
 def conn(stack):
-    conn = MySQLdb.connect(
-        host=stack.HOST,
-        port=stack.MARIADB_PORT,
-        user=stack.DB_USER,
-        password=stack.DB_PASSWORD,
-        database=stack.DB_NAME,
-        autocommit=True,
-        init_command="SET time_zone = '+00:00'",
-    )
+    conn = _connect(stack, init_command="SET time_zone = '+00:00'")
     yield conn
     conn.close()
 
@@ -136,14 +128,7 @@ def test_without_the_process_privilege_the_log_says_the_guard_is_off_and_the_lag
         autocommit=True,
         init_command="SET time_zone = '+00:00'",
     )
-    other = MySQLdb.connect(
-        host=stack.HOST,
-        port=stack.MARIADB_PORT,
-        user=stack.DB_USER,
-        password=stack.DB_PASSWORD,
-        database=stack.DB_NAME,
-        autocommit=True,
-    )
+    other = _connect(stack)
     try:
         other.cursor().execute("BEGIN")
         other.cursor().execute(f"INSERT INTO {name} (id) VALUES (1)")  # an open writer the guard cannot see
@@ -171,23 +156,8 @@ def test_a_writer_begun_right_after_another_reader_of_innodb_trx_still_holds_the
     conn.cursor().execute(f"INSERT INTO {name} (id, u) VALUES (1, NOW(6) - INTERVAL 5 SECOND)")
     spec = preflight(conn, name, "u" if cursor_kind == "timestamp" else "id", cursor_kind)
     monitor = conn.cursor()
-    writer = MySQLdb.connect(
-        host=stack.HOST,
-        port=stack.MARIADB_PORT,
-        user=stack.DB_USER,
-        password=stack.DB_PASSWORD,
-        database=stack.DB_NAME,
-        autocommit=True,
-    )
-    reader = MySQLdb.connect(
-        host=stack.HOST,
-        port=stack.MARIADB_PORT,
-        user=stack.DB_USER,
-        password=stack.DB_PASSWORD,
-        database=stack.DB_NAME,
-        autocommit=True,
-        init_command="SET time_zone = '+00:00'",
-    )
+    writer = _connect(stack)
+    reader = _connect(stack, init_command="SET time_zone = '+00:00'")
     try:
         monitor.execute("SELECT COUNT(*) FROM information_schema.innodb_trx")  # fills the cache without the writer
         writer.cursor().execute("BEGIN")
@@ -292,14 +262,7 @@ def test_a_monitor_keeping_innodb_trx_stale_turns_the_guard_off_with_a_warning_a
 
 
 def _begin_writer(stack, name, row_id):
-    writer = MySQLdb.connect(
-        host=stack.HOST,
-        port=stack.MARIADB_PORT,
-        user=stack.DB_USER,
-        password=stack.DB_PASSWORD,
-        database=stack.DB_NAME,
-        autocommit=True,
-    )
+    writer = _connect(stack)
     writer.cursor().execute("BEGIN")
     writer.cursor().execute(f"INSERT INTO {name} (id) VALUES ({row_id})")
     return writer
