@@ -20,11 +20,12 @@ from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.positions import BinlogPosition, parse_position
-from exactly_once_provider.reconcile import engine, results, sides
+from exactly_once_provider.reconcile import engine, letters, results, sides
 from exactly_once_provider.reconcile import scope as change_scope
 from exactly_once_provider.reconcile.canonical import kind_of
 from exactly_once_provider.reconcile.keys import Key
 from exactly_once_provider.reconcile.run import compare, report_from_json
+from exactly_once_provider.sinks import dead_letters
 from exactly_once_provider.sinks.base import offsets_from_json, offsets_to_json
 from exactly_once_provider.source.server import source_secrets
 from exactly_once_provider.storage import is_s3, open_storage
@@ -108,7 +109,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     :param capture_pipeline: CDC: the capture's pipeline name in the offsets ledger (enables the common position).
     :param capture_source_partition: CDC: the capture's source partition in the ledger (the capture's default).
     :param topics: CDC: the data topics the sink applies (their stable end offsets must be applied).
-    :param sink_pipeline: CDC: the Spark job's pipeline name whose sink-committed offsets are checked.
+    :param sink_pipeline: CDC: the Spark job's pipeline name whose sink-committed offsets are checked; with or
+        without CDC, the pipeline whose dead letters are read (``dead_letter_store``).
     :param full_load_path: CDC before the first capture: the full-load table whose smallest chunk position
         is the captured position; default ``base_path``.
     :param scope: ``full`` compares the whole table; ``changed`` (CDC) compares only the keys of the change
@@ -121,6 +123,10 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         ``changed`` scope of a plain table (local or on S3) and for a whole plain table of up to
         :data:`DELTA_RS_MAX_ROWS` rows (its log's row counts), ``spark`` otherwise.
     :param fail_on_mismatch: fail the task when a real mismatch is found (in-flight keys never fail it).
+    :param dead_letter_store: the dead-letter store of ``sink_pipeline`` (``on_bad_record="dead_letter"``): a
+        differing key of one of its letters is reported as ``dead_lettered``, named, not as a mismatch
+        (:mod:`~exactly_once_provider.reconcile.letters`); default the sink's default store
+        (``<sink_table>_dead_letters`` / ``<sink_path>_dead_letters``), read when ``sink_pipeline`` is set.
     :param store_result: insert the result row into PostgreSQL (``postgres_conn_id``).
     :param fanout: sub-segments per bisection step.
     :param max_segments: segments of the first, full-table pass.
@@ -187,6 +193,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         scope: str = "full",
         delta_reader: str = "auto",
         fail_on_mismatch: bool | str = True,
+        dead_letter_store: str | None = None,
         store_result: bool = True,
         fanout: int = 16,
         max_segments: int = 256,
@@ -224,6 +231,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.topics, self.sink_pipeline, self.full_load_path = topics, sink_pipeline, full_load_path
         self.scope, self.fail_on_mismatch, self.store_result = scope, fail_on_mismatch, store_result
         self.delta_reader = delta_reader
+        self.dead_letter_store = dead_letter_store
         self.fanout, self.max_segments, self.leaf_width = fanout, max_segments, leaf_width
         self.mysql_conn_id, self.postgres_conn_id, self.spark_conn_id = mysql_conn_id, postgres_conn_id, spark_conn_id
         self.kafka_config_id, self.offsets_topic, self.spark_conf = kafka_config_id, offsets_topic, spark_conf or {}
@@ -684,6 +692,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 if ranges is None
                 else {"kind": "changed", "ranges": len(ranges), "keys_covered": sum(hi - lo for lo, hi in ranges)}
             )
+        dead_lettered = letters.relabel(report, self._dead_lettered(spec, r["key"], pg_conn))
         finished_at = datetime.now(UTC)
         self.log.info(
             "\n%s",
@@ -723,10 +732,19 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             finally:
                 if store is not pg_conn:
                     store.close()
+        if dead_lettered:
+            self.log.info(
+                "%s apart from %d dead-lettered key(s), in the dead-letter store of %s: %s",
+                "Clean" if report.clean else "Mismatches too",
+                len(dead_lettered),
+                self.sink_pipeline,
+                ", ".join(dead_lettered[:100]),
+            )
         summary = {
             "name": self.name,
             "result_id": result_id,
             **report.summary(),
+            "dead_lettered_keys": dead_lettered[:100],
             "position": common,
             "pending_columns": pending,
             "differences": [d.__dict__ for d in report.differences[:100]],
@@ -766,6 +784,24 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             pipeline=self.name, position=None if position is None else json.dumps(position, sort_keys=True, default=str)
         )
         return inputs, [facets.output_dataset(results_table, rows=1 if result["result_id"] else 0, commit=commit)]
+
+    def _dead_lettered(self, spec: sides.SinkSpec, key: Key, pg_conn: Any = None) -> dict[int, str]:
+        """Return the keys of ``sink_pipeline``'s dead letters (bisected integer -> label); {} without a pipeline."""
+        if not self.sink_pipeline:
+            return {}
+        store = self.dead_letter_store or dead_letters.default_store(spec.kind, spec.location)
+        if spec.kind == "postgres":
+            conn = pg_conn if pg_conn is not None else self._postgres()
+            try:
+                values = letters.store_values("postgres", store, self.sink_pipeline, pg_conn=conn)
+            finally:
+                if conn is not pg_conn:
+                    conn.close()
+        else:
+            s3 = self._s3_settings()
+            options = s3.delta_rs_options() if s3 is not None else None
+            values = letters.store_values("delta", store, self.sink_pipeline, storage_options=options)
+        return letters.letter_keys(values, key, spec)
 
     def _postgres(self):
         import psycopg2

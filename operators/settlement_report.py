@@ -44,6 +44,9 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
     :param spark_conf: extra Spark settings.
     :param aws_conn_id: the standard ``aws`` connection of a ``sink_path`` on S3 (credentials, ``endpoint_url``);
         they reach the driver in its owner-only secrets file, never the command line.
+    :param sink_pipeline: the window load's pipeline (``on_bad_record="dead_letter"``): the report then says how
+        many of the window's records were dead-lettered (the sink's window state, read without Spark), in the
+        task log and the XCom (``dead_letters``); the window settled without them (docs/dead-letters.md).
 
     An ``AssetAlias`` among the task's ``outlets`` receives the report table's Asset, named by its OpenLineage
     URI ``postgres://host:port/database/schema/table`` (known from the connection only when the task runs).
@@ -68,6 +71,7 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         spark_conn_id: str = "spark_default",
         spark_conf: dict[str, str] | None = None,
         aws_conn_id: str = "aws_default",
+        sink_pipeline: str | None = None,
         **kwargs: Any,
     ) -> None:
         # The groups exist only in this try's result file: a retry runs the read-only job again.
@@ -83,6 +87,7 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         self.mysql_conn_id, self.postgres_conn_id = mysql_conn_id, postgres_conn_id
         self.spark_conn_id, self.spark_conf = spark_conn_id, spark_conf or {}
         self.aws_conn_id, self._s3 = aws_conn_id, None
+        self.sink_pipeline = sink_pipeline
 
     @property
     def status_pipeline(self) -> str:
@@ -141,9 +146,27 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
             written["window_version"],
             "\n".join("  " + "  ".join(f"{str(v):>14}" for v in line) for line in [header] + written["lines"]),
         )
+        if self.sink_pipeline:
+            written["dead_letters"] = self._dead_letters()
+            if written["dead_letters"]:
+                self.log.info(
+                    "Window %s settled with %d dead-lettered record(s), not in its rows above: they are in the "
+                    "dead-letter store of %s (docs/dead-letters.md).",
+                    self.window_id,
+                    written["dead_letters"],
+                    self.sink_pipeline,
+                )
         self._name_report_asset(context)
         self.openlineage_result = written
         return written
+
+    def _dead_letters(self) -> int:
+        """Return the window's dead-lettered records, as the sink's window state counts them (its newest commit)."""
+        from exactly_once_provider.sinks.delta import DeltaSink
+
+        state = DeltaSink(self.sink_path, self.sink_pipeline, s3=self._s3_settings()).committed()
+        window = (state.extra.get("windows") or {}).get(self.window_id, {}) if state else {}
+        return int(window.get("dead_letters", 0))
 
     def _name_report_asset(self, context: Any) -> None:
         """Add the report table's Asset (its OpenLineage URI, from the connection) to each AssetAlias outlet."""

@@ -34,6 +34,8 @@ T = TypeVar("T")
 
 Ranges = list[tuple[int, int]]  # half-open key ranges [lo, hi)
 MISMATCH_KINDS = ("missing", "extra", "duplicate", "changed")
+# Differences that are no mismatch: changed after the sink's position, or a key the pipeline dead-lettered.
+EXPLAINED_KINDS = ("in_flight", "dead_lettered")
 
 
 class Side(Protocol):
@@ -68,7 +70,7 @@ class Difference:
     """One differing key."""
 
     key: int
-    kind: str  # missing | extra | duplicate | changed | in_flight
+    kind: str  # missing | extra | duplicate | changed | in_flight | dead_lettered (:mod:`.letters`)
     source_rows: int
     sink_rows: int
     label: str | None = None  # a hashed key's text (:mod:`.keys`): ``key`` is then its hash
@@ -110,7 +112,7 @@ class Report:
             "sink_rows": self.sink_rows,
             "source_checksum": f"{self.source_checksum:x}",
             "sink_checksum": f"{self.sink_checksum:x}",
-            **{kind: self.count(kind) for kind in (*MISMATCH_KINDS, "in_flight")},
+            **{kind: self.count(kind) for kind in (*MISMATCH_KINDS, *EXPLAINED_KINDS)},
             "clean": self.clean,
             "queries": len(self.queries),
             "full_scans": self.full_scans,
@@ -276,7 +278,7 @@ def summary_table(report: Report, title: str = "reconciliation") -> str:
     ]
     lines = [f"{title}: {'CLEAN' if report.clean else 'MISMATCH'}"]
     lines += [f"  {str(a):<10} {str(b):>20} {str(c):>20}" for a, b, c in rows]
-    lines.append("  " + "  ".join(f"{k} {s[k]}" for k in (*MISMATCH_KINDS, "in_flight")))
+    lines.append("  " + "  ".join(f"{k} {s[k]}" for k in (*MISMATCH_KINDS, *EXPLAINED_KINDS)))
     lines.append(f"  cost: {s['queries']} queries, {s['full_scans']} full scans, {s['levels']} levels, {s['seconds']}s")
     shown = list(report.differences)[:20]
     if shown:

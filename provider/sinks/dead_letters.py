@@ -232,6 +232,20 @@ def check_policy(
         raise ValueError("dead_letter_store is empty: name a table / location, or leave it unset for the default.")
 
 
+def operator_settings(on_bad_record: str, max_letters: int | None, max_ratio: float | None) -> dict[str, Any]:
+    """Return the Kafka -> sink operator's arguments of a template's policy ({} for ``"fail"``, the default).
+
+    :raises ValueError: an unknown policy, or limits with ``"fail"`` (when the DAG is built, not when it runs).
+    """
+    if on_bad_record not in POLICIES:
+        raise ValueError(f"on_bad_record must be one of {POLICIES}, got {on_bad_record!r}.")
+    if on_bad_record == "fail":
+        if max_letters is not None or max_ratio is not None:
+            raise ValueError("max_dead_letters and max_dead_letter_ratio apply with on_bad_record='dead_letter' only.")
+        return {}
+    return {"on_bad_record": on_bad_record, "max_dead_letters": max_letters, "max_dead_letter_ratio": max_ratio}
+
+
 def rules(sink_kind: str, mode: str = "append") -> list[tuple[Any, str, str]]:
     """Return ``(condition, error class, message)`` per bad-record kind the sink cannot store, in order.
 
@@ -502,11 +516,11 @@ class ChangeKey:
             return None
         parts = []
         for alternatives in self.parts:
-            found = next((v for v in (_at(record, p) for p in alternatives) if v is not None), None)
+            found = next((v for v in (json_at(record, p) for p in alternatives) if v is not None), None)
             if found is None:
                 return None
             parts.append(_as_text(found))
-        version = _at(record, self.version)
+        version = json_at(record, self.version)
         if isinstance(version, str) and version.lstrip("-").isdigit():
             version = int(version)
         if isinstance(version, bool) or not isinstance(version, int):
@@ -519,7 +533,8 @@ def _json_path(path: tuple[str, ...]) -> str:
     return "$" + "".join("['{}']".format(name.replace("\\", "\\\\").replace("'", "\\'")) for name in path)
 
 
-def _at(record: Any, path: tuple[str, ...]) -> Any:
+def json_at(record: Any, path: tuple[str, ...]) -> Any:
+    """Return the value at ``path`` (field names) of a parsed JSON record, None where there is none."""
     for name in path:
         if not isinstance(record, dict):
             return None

@@ -534,15 +534,7 @@ def process_batch(
             raw.unpersist()
     fault_point("after_sink_commit", batch_id)
     if letters is not None and letters.rows and written:
-        # The count per batch is what a user watching the task log needs; the letters are in the store.
-        log.info(
-            "batch %d: %d dead letters %s committed with it to %s (%d held there already: a replay)",
-            batch_id,
-            len(letters.rows),
-            json.dumps(letters.by_class()),
-            letters.store,
-            len(letters.rows) - letters.written,
-        )
+        _log_letters(batch_id, letters)
     if held and written:
         # A key whose newest change of the batch is a letter keeps its row as it was (docs/dead-letters.md).
         log.info(
@@ -659,15 +651,7 @@ def process_window_batch(
     finally:
         read.unpersist()
     if letters is not None and letters.rows and written:
-        log.info(
-            "batch %d: %d dead letters %s of windows %s committed with them to %s (%d held there already: a replay)",
-            batch_id,
-            len(letters.rows),
-            json.dumps(letters.by_class()),
-            json.dumps(letters.by_window(), sort_keys=True),
-            letters.store,
-            len(letters.rows) - letters.written,
-        )
+        _log_letters(batch_id, letters, windows=True)
     for window, version in sorted(plan.publish.items()):
         log.info(
             "window %s v%d published (%d rows, replacing v%s)",
@@ -683,6 +667,20 @@ def process_window_batch(
         sink.kind,
         time.monotonic() - started,
         json.dumps(commit.to_json()["offsets"]),
+    )
+
+
+def _log_letters(batch_id: int, letters: dead_letters.DeadLetters, windows: bool = False) -> None:
+    """Log a committed batch's letters: the count per batch is what a user watching the task log needs (the letters
+    themselves are in the store); window mode names their windows."""
+    log.info(
+        "batch %d: %d dead letters %s%s committed with it to %s (%d held there already: a replay)",
+        batch_id,
+        len(letters.rows),
+        json.dumps(letters.by_class()),
+        f" of windows {json.dumps(letters.by_window(), sort_keys=True)}" if windows else "",
+        letters.store,
+        len(letters.rows) - letters.written,
     )
 
 

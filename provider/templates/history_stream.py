@@ -53,6 +53,7 @@ from exactly_once_provider.operators.backpressure import BinlogRetentionGuardOpe
 from exactly_once_provider.operators.full_load import MySqlFullLoadOperator
 from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
+from exactly_once_provider.sinks import dead_letters
 from exactly_once_provider.sinks.current_table import DELETED_COLUMN
 from exactly_once_provider.source.table_patterns import is_pattern
 
@@ -113,6 +114,9 @@ def history_stream_dag(
     spark_conn_id: str = "spark_default",
     aws_conn_id: str = "aws_default",
     spark_conf: dict[str, str] | None = None,
+    on_bad_record: str = "fail",
+    max_dead_letters: int | None = None,
+    max_dead_letter_ratio: float | None = None,
     retries: int | None = None,
     retry_delay: timedelta | None = None,
     tags: Sequence[str] = (),
@@ -180,6 +184,12 @@ def history_stream_dag(
         ``staging_path`` on S3 (credentials, ``endpoint_url`` in its extra); the ``preflight`` task checks those
         locations with it.
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the connectors).
+    :param on_bad_record: a change record the current table cannot store: ``fail`` (the apply stops before its
+        batch commits) or ``dead_letter`` (committed to each table's dead-letter store with its batch; its key is
+        held back only when it is the key's newest change of the batch; the reconciliations name such keys as
+        dead-lettered, not as mismatches: docs/dead-letters.md). Both applies (Delta and ``postgres_table``).
+    :param max_dead_letters: ``dead_letter``: bad records allowed per micro-batch (default 100).
+    :param max_dead_letter_ratio: ``dead_letter``: the share of a micro-batch's records allowed to be bad.
     :param retries: retries per task (every step is idempotent, so retries are safe); default 2, in continuous
         mode 20: there they restart a capture or stream that died, and a few kills in one run must not end it.
     :param retry_delay: delay before the first retry; default 1 minute, in continuous mode 2 seconds doubling
@@ -450,6 +460,8 @@ def history_stream_dag(
             on_drop="stop" if matched else "fail",  # tables by pattern come and go
         )
         # [END howto_operator_binlog_capture]
+        # on_bad_record="dead_letter": both applies' settings (the reconciliations read the letters by sink_pipeline)
+        bad_records = dead_letters.operator_settings(on_bad_record, max_dead_letters, max_dead_letter_ratio)
         # Several tables: one Spark application, ONE query split per table into each current table.
         where = {"streams": each("streams")} if several else per_table(table)["stream"]
         # [START howto_operator_spark_kafka_to_sink_current]
@@ -464,6 +476,7 @@ def history_stream_dag(
             interval=stream_interval,
             max_runtime=seconds if continuous else None,
             driver_restarts=CONTINUOUS_DRIVER_RESTARTS if continuous else 0,
+            **bad_records,
             kafka_conn_id=kafka_config_id,
             spark_conn_id=spark_conn_id,
             aws_conn_id=aws_conn_id,
@@ -486,6 +499,7 @@ def history_stream_dag(
                 interval=stream_interval,
                 max_runtime=seconds if continuous else None,
                 driver_restarts=CONTINUOUS_DRIVER_RESTARTS if continuous else 0,
+                **bad_records,
                 kafka_conn_id=kafka_config_id,
                 postgres_conn_id=postgres_conn_id,
                 spark_conn_id=spark_conn_id,

@@ -28,6 +28,7 @@ from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.operators.settlement_report import SettlementReportOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.operators.watermark_extract import WatermarkExtractOperator
+from exactly_once_provider.sinks import dead_letters
 from exactly_once_provider.source.identifiers import quote_identifier
 
 _WINDOW = "ti.xcom_pull(task_ids='extract_window')"
@@ -58,6 +59,9 @@ def settlement_dag(
     spark_conn_id: str = "spark_default",
     aws_conn_id: str = "aws_default",
     spark_conf: dict[str, str] | None = None,
+    on_bad_record: str = "fail",
+    max_dead_letters: int | None = None,
+    max_dead_letter_ratio: float | None = None,
     retries: int = 2,
     retry_delay: timedelta = timedelta(minutes=1),
     tags: Sequence[str] = (),
@@ -89,6 +93,12 @@ def settlement_dag(
     :param aws_conn_id: the standard ``aws`` connection of a ``sink_path`` or ``checkpoint_location`` on S3
         (credentials, ``endpoint_url`` in its extra); ``ensure_topic`` checks those locations with it first.
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the connectors).
+    :param on_bad_record: a data record the window's sink cannot store: ``fail`` (the load stops before the window
+        settles) or ``dead_letter`` (the window settles without it, the record committed to the dead-letter store
+        with the window; the reconciliation names its key as dead-lettered, the report counts it:
+        docs/dead-letters.md).
+    :param max_dead_letters: ``dead_letter``: bad records allowed per micro-batch of the load (default 100).
+    :param max_dead_letter_ratio: ``dead_letter``: the share of a micro-batch's records allowed to be bad.
     :param retries: retries per task (every step is idempotent, so retries are safe).
     :param retry_delay: delay between retries.
     :param tags: extra DAG tags.
@@ -164,6 +174,9 @@ def settlement_dag(
             kafka_config_id=kafka_config_id,
         )
         # [END howto_operator_watermark_extract_template]
+        # on_bad_record="dead_letter": the load's settings, and the reconciliation and report read its letters
+        bad_records = dead_letters.operator_settings(on_bad_record, max_dead_letters, max_dead_letter_ratio)
+        letters_of = {"sink_pipeline": f"{pipeline}-load"} if bad_records else {}
         # [START howto_operator_spark_kafka_to_sink_window]
         load = SparkKafkaToSinkOperator(
             task_id="load_window",
@@ -174,6 +187,7 @@ def settlement_dag(
             checkpoint_location=checkpoint_location,
             mode="window",
             trigger="available-now",
+            **bad_records,
             kafka_conn_id=kafka_config_id,
             spark_conn_id=spark_conn_id,
             aws_conn_id=aws_conn_id,
@@ -204,6 +218,7 @@ def settlement_dag(
             spark_conn_id=spark_conn_id,
             aws_conn_id=aws_conn_id,
             spark_conf=spark_conf,
+            **letters_of,
         )
         # [END howto_operator_reconcile_window]
         # [START howto_operator_settlement_report]
@@ -221,6 +236,7 @@ def settlement_dag(
             aws_conn_id=aws_conn_id,
             spark_conf=spark_conf,
             outlets=[report_asset],
+            **letters_of,
         )
         # [END howto_operator_settlement_report]
         ensure_topic() >> extract >> load >> reconcile >> report

@@ -15,7 +15,8 @@ NUL (the JSON escape, which the table cannot store). The Delta current table's f
 in batch 1 after the dead-letter table's commit and before the MERGE (fault point ``sink_written_1``); the rerun,
 and the PostgreSQL runs, are in this process on the session's SparkSession. Tables and stores are read back with
 delta-rs (its time travel for the state after batch 1) and psycopg 3: every good change applied once, every bad
-record in the store once with its raw bytes.
+record in the store once with its raw bytes. Then the reconciliation of each current table against the source
+(as the changes left it) is clean apart from the held key, which it names as dead-lettered.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ import pytest
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.sinks import dead_letters
+from exactly_once_provider.sinks.current_table import DELETED_COLUMN
 from tests import spark_job_support as jobs
-from tests.integration.spark_jobs.test_kafka_to_sink_dead_letters import _pg, _produce
+from tests.integration.spark_jobs.test_kafka_to_sink_dead_letters import _pg, _produce, _read
 from tests.integration.spark_jobs.test_kafka_to_sink_window import run_job
 from tests.kafka_support import new_topic
 from tests.mysql_support import connect, unique_name
@@ -98,15 +101,7 @@ def _postgres_rows(stack, table: str, mode: str) -> dict[int, str]:
 
 
 def _letters(stack, sink: str, store: str) -> list[tuple]:
-    columns = ["kafka_offset", "record_key", "record_value", "error_class", "batch_id"]
-    if sink == "postgres":
-        with _pg(stack) as conn:
-            rows = conn.execute(f"SELECT {', '.join(columns)} FROM {store}").fetchall()
-        return sorted(tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in rows)
-    from deltalake import DeltaTable
-
-    table = DeltaTable(store).to_pyarrow_table(columns=columns)
-    return sorted(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
+    return sorted(_read(stack, sink, store, ["kafka_offset", "record_key", "record_value", "error_class", "batch_id"]))
 
 
 # delta-current: the SIGKILL between the store's commit and the MERGE; the PostgreSQL variants commit letters in
@@ -127,7 +122,6 @@ def test_a_bad_newest_version_holds_its_key_back_and_letters_land_once(
         cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, s VARCHAR(20))")
         cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s)", [(i, f"s{i}") for i in range(1, 7)])
         run_full_load(spark, MySqlSourceHook(), FullLoadRequest(schema=stack.DB_NAME, table=table, sink_path=path))
-        cur.execute(f"DROP TABLE `{table}`")
         base = read_handoff(path).max_position.version + 10
     bootstrap = f"{stack.HOST}:{stack.KAFKA_PORT}"
     topic = new_topic(bootstrap)
@@ -168,3 +162,28 @@ def test_a_bad_newest_version_holds_its_key_back_and_letters_land_once(
         assert re.search(rf"batch {batch}: 1 keys held back .*: {held}", caplog.text), caplog.text[-3000:]
     replayed = "2" if sink == "delta" else "0"
     assert re.search(rf"batch 1: 2 dead letters .* \({replayed} held there already", caplog.text), caplog.text[-3000:]
+    if mode == "current":
+        _reconcile_names_the_dead_lettered_key(stack, table, sink, location, f"dl-{mode}-{topic}")
+
+
+def _reconcile_names_the_dead_lettered_key(stack, table: str, sink: str, location: str, pipeline: str) -> None:
+    """The source as the changes left it (id 5's newest change, the letter, set s = 'z5'): the reconciliation is
+    clean apart from key 5, which it names as dead-lettered (the letters of ids 2 and 3 name keys the table holds
+    as the source does: no difference)."""
+    cur = connect(stack).cursor()
+    for id_, s in {**FINAL, 5: "z5"}.items():
+        cur.execute(f"UPDATE `{table}` SET s = %s WHERE id = %s", (s, id_))
+    cur.execute(f"DELETE FROM `{table}` WHERE id = 6")
+    target = {"sink_path": location, "delta_reader": "delta-rs"} if sink == "delta" else {"sink_table": location}
+    summary = ReconcileOperator(
+        task_id="reconcile",
+        name=pipeline,
+        table=table,
+        sink=sink,
+        sink_deleted_column=DELETED_COLUMN,
+        sink_pipeline=pipeline,
+        **target,
+    ).execute({})
+    cur.execute(f"DROP TABLE `{table}`")
+    assert summary["clean"] and summary["changed"] == 0 and summary["missing"] == 0, summary
+    assert (summary["dead_lettered"], summary["dead_lettered_keys"]) == (1, ["5"]), summary

@@ -9,7 +9,8 @@ publishes ``b`` (its read also holds ``a`` v2's begin marker: incomplete, carrie
 not UTF-8. Delta: the first run (spark-submit) is SIGKILLed in micro-batch 1 after the store's commit and before the
 sink's (fault point ``sink_written_1``), the rerun in this process; PostgreSQL: one run in this process (its
 letters are in the window's one transaction). Read back with delta-rs and psycopg 3: each window once at its
-version without the bad rows, each letter once, and the window state saying how many letters each window has.
+version without the bad rows, each letter once, and the window state (and the settlement report reading it) saying
+how many letters each window has.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import re
 
 import pytest
 
+from exactly_once_provider.operators.settlement_report import SettlementReportOperator
 from exactly_once_provider.sinks import dead_letters
 from tests import spark_job_support as jobs
 from tests.integration.spark_jobs.test_kafka_to_sink import target_for
-from tests.integration.spark_jobs.test_kafka_to_sink_dead_letters import _pg
+from tests.integration.spark_jobs.test_kafka_to_sink_dead_letters import _pg, _read
 from tests.integration.spark_jobs.test_kafka_to_sink_window import run_job
 from tests.kafka_support import new_topic, transactional_producer
 
@@ -84,15 +86,7 @@ def test_a_window_settles_with_its_bad_records_dead_lettered_once_and_counted(
         return {w: (v, sorted(offsets)) for w, (v, offsets) in found.items()}
 
     def letters() -> list[tuple]:
-        columns = ["kafka_offset", "record_key", "record_value", "error_class"]
-        if sink == "postgres":
-            with _pg(stack) as conn:
-                rows = conn.execute(f"SELECT {', '.join(columns)} FROM {store}").fetchall()
-            return sorted(tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in rows)
-        from deltalake import DeltaTable
-
-        table = DeltaTable(store).to_pyarrow_table(columns=columns)
-        return sorted(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
+        return sorted(_read(stack, sink, store, ["kafka_offset", "record_key", "record_value", "error_class"]))
 
     if sink == "delta":
         # 1. Killed in micro-batch 1 after the store's commit of b's letter, before the sink's commit.
@@ -113,6 +107,21 @@ def test_a_window_settles_with_its_bad_records_dead_lettered_once_and_counted(
     replayed = "1" if sink == "delta" else "0"
     logged = rf'batch 1: 1 dead letters \{{"{second[0]}": 1\}} of windows \{{"{b}": 1\}} committed .* \({replayed} held'
     assert re.search(logged, caplog.text), caplog.text[-3000:]
+    if sink == "delta":  # the settlement report's count: the sink's window state, read without Spark
+
+        def report(window: str) -> SettlementReportOperator:
+            return SettlementReportOperator(
+                task_id="report",
+                window_id=window,
+                sink_path=location,
+                report_table="unused",
+                source_table="unused",
+                group_by=["id"],
+                sum_columns=[],
+                sink_pipeline=pipeline,
+            )
+
+        assert (report(b)._dead_letters(), report(a)._dead_letters()) == (1, 0)
     if sink == "postgres":  # the windows table counts them beside the version (read without the provider)
         with _pg(stack) as conn:
             counted = conn.execute(

@@ -340,3 +340,22 @@ def test_tables_by_pattern_fail_the_preflight_when_nothing_matches(monkeypatch):
         dag.get_task("preflight").python_callable()
     with pytest.raises(ValueError, match="exclude_tables"):
         _dag(exclude_tables=["x"])  # beside one table
+
+
+def test_the_dead_letter_policy_reaches_both_applies_and_the_reconciliations_read_their_letters():
+    dag = _dag(postgres_table="analytics.orders_current", on_bad_record="dead_letter", max_dead_letters=3)
+    for task_id, store in (
+        ("apply", "/data/t_dead_letters"),
+        ("apply_postgres", "analytics.orders_current_dead_letters"),
+    ):
+        spec = dag.get_task(task_id)._stream_spec()
+        assert (spec.on_bad_record, spec.max_dead_letters, spec.dead_letter_policy().store) == ("dead_letter", 3, store)
+    assert (dag.get_task("reconcile").sink_pipeline, dag.get_task("reconcile_postgres").sink_pipeline) == (
+        "p-apply",
+        "p-apply-postgres",
+    )
+    assert _dag().get_task("apply").on_bad_record == "fail"
+    with pytest.raises(ValueError, match="on_bad_record='dead_letter' only"):
+        _dag(max_dead_letters=3)
+    with pytest.raises(ValueError, match="on_bad_record must be one of"):
+        _dag(on_bad_record="skip")

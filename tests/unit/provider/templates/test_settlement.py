@@ -68,3 +68,15 @@ def test_a_sink_and_checkpoint_on_s3_reach_the_load_reconcile_and_report_with_th
     assert {t: dag.get_task(t).aws_conn_id for t in users} == dict.fromkeys(users, "aws_lake")
     assert dag.get_task("settlement_report").sink_path == "s3://lake/windows"
     assert {o.uri for t in dag.tasks for o in t.outlets if hasattr(o, "uri")} == {"s3://lake/windows"}
+
+
+def test_the_dead_letter_policy_reaches_the_load_and_the_reconciliation_and_report_read_the_letters():
+    dag = _dag(on_bad_record="dead_letter", max_dead_letter_ratio=0.01)
+    load = dag.get_task("load_window")
+    assert (load.on_bad_record, load.max_dead_letter_ratio, load.pipeline) == ("dead_letter", 0.01, "p-load")
+    assert dag.get_task("reconcile_window").sink_pipeline == "p-load"
+    assert dag.get_task("settlement_report").sink_pipeline == "p-load"
+    plain = _dag()
+    assert plain.get_task("load_window").on_bad_record == "fail"
+    assert plain.get_task("reconcile_window").sink_pipeline is None
+    assert plain.get_task("settlement_report").sink_pipeline is None
