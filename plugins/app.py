@@ -63,6 +63,8 @@ def _to_json(overview) -> dict[str, Any]:
                 "history": [p.__dict__ for p in f.history],
                 "notes": f.notes,
                 "tables": f.tables,
+                "dead_letters": f.dead_letters,
+                "newest_dead_letter": f.newest_letter,
             }
             for f in overview.flows
         ],

@@ -126,6 +126,18 @@ def render_flow(flow: Flow, colours: dict, pipeline_card: Callable) -> str:
         ),
         _figure(
             flow.name,
+            "dead_letters",
+            "—" if flow.dead_letters is None else f"{flow.dead_letters:,}",
+            "open dead letters",
+            (
+                f"newest: {flow.newest_letter['error class']} at {flow.newest_letter['record']}, "
+                f"{flow.newest_letter['dead-lettered at']}"
+                if flow.newest_letter
+                else ""
+            ),
+        ),
+        _figure(
+            flow.name,
             "position",
             escape(position.text) if position else "—",
             "committed position",

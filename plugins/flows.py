@@ -59,6 +59,8 @@ class Flow:
     history: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     tables: list[dict] = field(default_factory=list)  # a flow of several tables: one row per table
+    dead_letters: int | None = None  # open dead letters of the members' stores (None: no store holds any)
+    newest_letter: dict | None = None  # the newest of them (its error), for the card's figure
 
     @property
     def state(self) -> str:
@@ -284,6 +286,11 @@ def build(
             for row in _rows(member, "reconciliation")[:1]:
                 if flow.reconciliation is None or row["finished at"] > flow.reconciliation["finished at"]:
                     flow.reconciliation = row
+            for row in _rows(member, "dead_letters"):
+                flow.dead_letters = (flow.dead_letters or 0) + row["open letters"]
+            for row in _rows(member, "dead_letter_errors"):
+                if flow.newest_letter is None or row["dead-lettered at"] > flow.newest_letter["dead-lettered at"]:
+                    flow.newest_letter = row
             conn_id = sorted(member.spec.kafka_conn_ids)[0] if member.spec.kafka_conn_ids else "kafka_default"
             try:
                 _plan(flow, member, live.setdefault(conn_id, _Live()), limit, s3_for)

@@ -28,10 +28,11 @@ from exactly_once_provider.plugins.discovery import (
     add_ledger_keys,
     add_postgres_pipelines,
 )
-from exactly_once_provider.sinks import delta_commit
+from exactly_once_provider.sinks import dead_letters, delta_commit
 from exactly_once_provider.sinks.base import open_sink
 from exactly_once_provider.storage import open_storage
 
+NEWEST_LETTERS = 5  # the newest dead letters shown per store (their errors)
 ACCESS_TIMEOUT = 5.0  # seconds a page waits for a Kafka connection's brokers before its cards show the error
 
 OK, BEHIND, EMPTY, ERROR, MISMATCH = "ok", "behind", "empty", "error", "mismatch"
@@ -494,6 +495,80 @@ def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Sect
     return _guard(section, read)
 
 
+def dead_letters_section(spec: PipelineSpec, connections: Connections) -> tuple[Section, Section]:
+    """Return the open dead letters of each sink of ``spec`` (``on_bad_record="dead_letter"``; none is closed:
+    there is no repair yet) per store, and the newest :data:`NEWEST_LETTERS` errors of each store.
+
+    The store is the sink's default one (``<table>_dead_letters`` / ``<path>_dead_letters``), read without the
+    sink's bookkeeping (:func:`~exactly_once_provider.sinks.dead_letters.store_rows`); a sink whose store does not
+    exist (the default policy) or holds no letter of the pipeline shows no row.
+    """
+    counts = Section("dead_letters", "Dead letters (open)", ("sink", "store", "open letters", "newest at"))
+    errors = Section(
+        "dead_letter_errors",
+        "Newest dead letters",
+        ("store", "record", "error class", "error", "dead-lettered at"),
+    )
+    columns = ("kafka_topic", "kafka_partition", "kafka_offset", "error_class", "error_message", "dead_lettered_at")
+
+    def read() -> None:
+        failed = []
+        for sink in sorted(spec.sinks, key=lambda s: (s.kind, s.location)):
+            if sink.kind not in ("postgres", "delta") or not sink.location:
+                if sink.kind == "files":
+                    counts.note = "A files sink lists its dead letters in its manifest; this page does not read them."
+                continue
+            store = dead_letters.default_store(sink.kind, sink.location)
+            try:
+                rows = _letters_of(sink, store, spec.name, columns, connections)
+            except Exception as err:
+                failed.append(f"{store}: {type(err).__name__}: {err}")
+                continue
+            if not rows:
+                continue
+            rows.sort(key=lambda r: (r["dead_lettered_at"], r["kafka_offset"]), reverse=True)
+            newest = rows[0]["dead_lettered_at"]
+            counts.rows.append(
+                {
+                    "sink": sink.kind,
+                    "store": store,
+                    "open letters": len(rows),
+                    "newest at": newest.isoformat(timespec="seconds") if newest else None,
+                }
+            )
+            for r in rows[:NEWEST_LETTERS]:
+                errors.rows.append(
+                    {
+                        "store": store,
+                        "record": f"{r['kafka_topic']}/{r['kafka_partition']}@{r['kafka_offset']}",
+                        "error class": r["error_class"],
+                        "error": r["error_message"],
+                        "dead-lettered at": r["dead_lettered_at"].isoformat(timespec="seconds"),
+                    }
+                )
+        if failed:
+            raise RuntimeError("; ".join(failed))
+
+    guarded = _guard(counts, read)
+    errors.error = guarded.error
+    return guarded, errors
+
+
+def _letters_of(sink: SinkSpec, store: str, pipeline: str, columns: tuple[str, ...], connections: Connections) -> list:
+    if sink.kind == "postgres":
+        import psycopg2
+
+        conn = psycopg2.connect(**connections.postgres(sink.conn_id or "postgres_default"))
+        try:
+            return dead_letters.store_rows("postgres", store, pipeline, columns, pg_conn=conn)
+        finally:
+            conn.close()
+    s3 = connections.s3(sink)
+    return dead_letters.store_rows(
+        "delta", store, pipeline, columns, storage_options=s3.delta_rs_options() if s3 is not None else None
+    )
+
+
 def read_overview(
     dags: list[Any],
     connections: Connections | None = None,
@@ -565,6 +640,7 @@ def read_overview(
         spec = found.pipelines[name]
         sinks = sinks_section(spec, connections)
         lag, total = lag_section(spec, sinks.rows, connections)
+        letters, letter_errors = dead_letters_section(spec, connections)
         sections = [
             ledger_section(spec, ledger, connections.refused),
             lag,
@@ -572,6 +648,8 @@ def read_overview(
             reconciliation_section(spec, connections),
             windows_section(spec, ledger),
             sink_windows_section(sinks.rows),
+            letters,
+            letter_errors,
             full_loads_section(spec, connections),
         ]
         statuses.append(PipelineStatus(spec, sections, total))

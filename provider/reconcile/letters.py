@@ -19,7 +19,7 @@ from typing import Any
 from exactly_once_provider.reconcile import engine
 from exactly_once_provider.reconcile.keys import Key, from_json
 from exactly_once_provider.reconcile.sides import SinkSpec
-from exactly_once_provider.sinks.dead_letters import json_at
+from exactly_once_provider.sinks.dead_letters import json_at, store_rows
 
 KIND = "dead_lettered"
 
@@ -81,29 +81,7 @@ def store_values(
     """Return the raw values of ``pipeline``'s letters in its store ([] while it has none: no store yet).
 
     :param kind: ``postgres`` (the table ``store``, read through ``pg_conn``) or ``delta`` (the Delta table at
-        ``store``, read with delta-rs).
+        ``store``, read with delta-rs): :func:`~exactly_once_provider.sinks.dead_letters.store_rows`.
     """
-    if kind == "postgres":
-        from psycopg2 import sql
-
-        with pg_conn.cursor() as cur:
-            cur.execute("SELECT to_regclass(%s)", (store,))
-            if cur.fetchone()[0] is None:
-                return []
-            table = sql.Identifier(*store.split("."))
-            cur.execute(sql.SQL("SELECT record_value FROM {} WHERE pipeline = %s").format(table), (pipeline,))
-            values = [None if v is None else bytes(v) for (v,) in cur.fetchall()]
-        pg_conn.rollback()
-        return values
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = DeltaTable(store.replace("s3a://", "s3://", 1), storage_options=storage_options)
-    except TableNotFoundError:
-        return []
-    import pyarrow.compute as pc
-
-    # filtered here: to_pyarrow_table(filters=[("pipeline", "=", ...)]) returned no rows (deltalake 1.6.6)
-    found = table.to_pyarrow_table(columns=["pipeline", "record_value"])
-    return found.filter(pc.equal(found["pipeline"], pipeline)).column("record_value").to_pylist()
+    rows = store_rows(kind, store, pipeline, ("record_value",), pg_conn, storage_options)
+    return [r["record_value"] for r in rows]

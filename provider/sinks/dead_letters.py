@@ -611,3 +611,54 @@ def hold_back(raw, good_df, letters: DeadLetters, change_key: ChangeKey):
     if drop:
         good_df = good_df.join(F.broadcast(spark.createDataFrame(drop, positions)), where, "left_anti")
     return good_df, [k for k in bad if k in held]
+
+
+def store_rows(
+    kind: str,
+    store: str,
+    pipeline: str,
+    columns: tuple[str, ...],
+    pg_conn: Any = None,
+    storage_options: dict | None = None,
+) -> list[dict]:
+    """Return ``columns`` of every letter of ``pipeline`` in its store, as dicts ([] while there is no store yet).
+
+    Read without the sink's bookkeeping: a PostgreSQL ``SELECT`` through ``pg_conn`` (its transaction rolled
+    back), or the Delta table with delta-rs (a Delta store may hold letters of a batch the sink has not committed
+    yet: the module docstring). The files sink's letters are in its manifest, not a store this reads.
+
+    :param kind: ``postgres`` (``store`` is a table) or ``delta`` (``store`` is a location).
+    """
+    if kind == "postgres":
+        from psycopg2 import sql
+
+        with pg_conn.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s)", (store,))
+            if cur.fetchone()[0] is None:
+                pg_conn.rollback()
+                return []
+            cur.execute(
+                sql.SQL("SELECT {} FROM {} WHERE pipeline = %s").format(
+                    sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(*store.split("."))
+                ),
+                (pipeline,),
+            )
+            rows = [
+                {c: bytes(v) if isinstance(v, memoryview) else v for c, v in zip(columns, row, strict=True)}
+                for row in cur.fetchall()
+            ]
+        pg_conn.rollback()
+        return rows
+    if kind != "delta":
+        raise ValueError(f"a dead-letter store is a postgres table or a delta location, not {kind!r}.")
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(store.replace("s3a://", "s3://", 1), storage_options=storage_options)
+    except TableNotFoundError:
+        return []
+    # filtered here: to_pyarrow_table(filters=[("pipeline", "=", ...)]) returned no rows (deltalake 1.6.6)
+    found = table.to_pyarrow_table(columns=list(dict.fromkeys(("pipeline", *columns))))
+    return found.filter(pc.equal(found["pipeline"], pipeline)).select(list(columns)).to_pylist()

@@ -98,6 +98,7 @@ def test_flow_card_shows_the_figures_and_both_charts():
         "lag": "12",
         "throughput": "150 rows/s",
         "reconciliation": "clean",
+        "dead_letters": "—",  # no store holds letters of the flow
         "position": "binlog.000001:18146205",
     }
     assert 'data-figure="position" title="GTID 0-1-77"' in html
@@ -222,3 +223,24 @@ def test_a_flow_of_several_tables_shows_one_sortable_row_per_table():
     html = render_page(Overview([capture, apply, *reconciled], [], [], [], "now", [flow], 0.5))
     assert html.count('<tr data-table="') == 3 and "3 tables" in html and "table.sortable" in html
     assert '<td class="num lagbad" data-column="lag">7</td>' in html
+
+
+def test_a_flows_open_dead_letters_add_up_over_its_stores_and_the_newest_error_is_on_the_card():
+    from exactly_once_provider.plugins.flows import build
+
+    def sections(count: int, at: str, error: str) -> list[Section]:
+        counts = Section("dead_letters", "Dead letters (open)", ("sink", "store", "open letters", "newest at"))
+        counts.rows = [{"sink": "postgres", "store": "s", "open letters": count, "newest at": at}]
+        errors = Section("dead_letter_errors", "Newest dead letters", ("store", "record", "error class"))
+        errors.rows = [{"store": "s", "record": "t/0@7", "error class": error, "dead-lettered at": at}]
+        return [counts, errors]
+
+    capture = _status("shop", topics={"shop.eo.orders"}, sources={"eo.orders"})
+    delta = _status("shop-apply", topics={"shop.eo.orders"}, sinks={SinkSpec("delta", "/lake/orders")})
+    delta.sections = sections(2, "2026-11-29T00:01:00+00:00", "invalid_utf8")
+    pg = _status("shop-apply-postgres", topics={"shop.eo.orders"}, sinks={SinkSpec("postgres", "orders")})
+    pg.sections = sections(3, "2026-11-29T00:02:00+00:00", "nul_character")
+    [flow] = build([capture, delta, pg], consumer_for=None)
+    assert (flow.dead_letters, flow.newest_letter["error class"]) == (5, "nul_character")
+    html = render_page(Overview([capture, delta, pg], [], [], [], "now", [flow], 0.5))
+    assert re.search(r'data-figure="dead_letters" title="newest: nul_character at t/0@7, [^"]+"><b>5</b>', html)
