@@ -496,8 +496,8 @@ def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Sect
 
 
 def dead_letters_section(spec: PipelineSpec, connections: Connections) -> tuple[Section, Section]:
-    """Return the open dead letters of each sink of ``spec`` (``on_bad_record="dead_letter"``; none is closed:
-    there is no repair yet) per store, and the newest :data:`NEWEST_LETTERS` errors of each store.
+    """Return the open dead letters of each sink of ``spec`` (``on_bad_record="dead_letter"``; a letter a repair
+    closed is not open) per store, and the newest :data:`NEWEST_LETTERS` errors of each store.
 
     The store is the sink's default one (``<table>_dead_letters`` / ``<path>_dead_letters``), read without the
     sink's bookkeeping (:func:`~exactly_once_provider.sinks.dead_letters.store_rows`); a sink whose store does not

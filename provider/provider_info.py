@@ -56,6 +56,7 @@ def get_provider_info() -> dict:
                 "python-modules": [
                     f"{PACKAGE}.operators.backpressure",
                     f"{PACKAGE}.operators.binlog_capture",
+                    f"{PACKAGE}.operators.dead_letter_repair",
                     f"{PACKAGE}.operators.full_load",
                     f"{PACKAGE}.operators.kafka_produce",
                     f"{PACKAGE}.operators.reconcile",

@@ -621,7 +621,7 @@ def store_rows(
     pg_conn: Any = None,
     storage_options: dict | None = None,
 ) -> list[dict]:
-    """Return ``columns`` of every letter of ``pipeline`` in its store, as dicts ([] while there is no store yet).
+    """Return ``columns`` of every open letter of ``pipeline`` in its store, as dicts ([] while there is no store yet).
 
     Read without the sink's bookkeeping: a PostgreSQL ``SELECT`` through ``pg_conn`` (its transaction rolled
     back), or the Delta table with delta-rs (a Delta store may hold letters of a batch the sink has not committed
@@ -637,8 +637,10 @@ def store_rows(
             if cur.fetchone()[0] is None:
                 pg_conn.rollback()
                 return []
+            # open letters only: a repaired one is closed (closed_at, added by the first repair: to_jsonb reads it
+            # where it exists)
             cur.execute(
-                sql.SQL("SELECT {} FROM {} WHERE pipeline = %s").format(
+                sql.SQL("SELECT {} FROM {} AS s WHERE pipeline = %s AND (to_jsonb(s) ->> 'closed_at') IS NULL").format(
                     sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(*store.split("."))
                 ),
                 (pipeline,),

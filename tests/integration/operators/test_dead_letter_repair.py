@@ -1,0 +1,112 @@
+"""The repair of dead letters: each chosen letter applied to the PostgreSQL sink once and closed once, also when
+the repair is SIGKILLed between its writes and its commit.
+
+The sink table and its store are made as the append-mode sink makes them (``PostgresSink.ensure_tables``, the
+store's insert), holding three letters. A first repair runs in its own process and is SIGKILLed after it
+inserted the rows and closed the letters in its open transaction (fault point ``repair_written``); then repairs
+in this process: by error class with a fix, again (nothing left to do), an ``accept`` refused (a NUL), and by
+offset with a fix. Read back with psycopg 3: each repaired letter's row in the sink once, each letter closed once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+from psycopg2 import sql
+
+from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.operators.dead_letter_repair import DeadLetterRepairOperator
+from exactly_once_provider.sinks import dead_letters
+from exactly_once_provider.sinks.postgres import PostgresSink
+from tests.integration.spark_jobs.test_kafka_to_sink_dead_letters import _pg
+
+LETTERS = [  # offset, key, value, error class
+    (7, b"b0", b'{"n": "\xff\xfe"}', "invalid_utf8"),
+    (8, b"b1", b'{"n": "a\x00b"}', "nul_character"),
+    (14, b"k\xc3(", b'{"n": 1}', "invalid_utf8"),
+]
+
+
+def _fix(letter: dict) -> tuple[str | None, str | None]:
+    """The user's fix: undecodable bytes replaced, NUL removed."""
+    key, value = (
+        None if data is None else data.decode("utf-8", "replace").replace("\x00", "")
+        for data in (letter["record_key"], letter["record_value"])
+    )
+    return key, value
+
+
+def _state(stack, table: str, store: str) -> tuple[list, list]:
+    with _pg(stack) as conn:
+        rows = conn.execute(f"SELECT kafka_offset, record_key, record_value FROM {table} ORDER BY 1").fetchall()
+        letters = conn.execute(
+            f"SELECT kafka_offset, (to_jsonb(s) ->> 'resolution'), (to_jsonb(s) ->> 'closed_at') IS NOT NULL"
+            f" FROM {store} s ORDER BY 1"
+        ).fetchall()
+    return rows, letters
+
+
+def test_repaired_letters_land_once_and_close_once_across_a_repair_killed_before_its_commit(stack, airflow_connections):
+    pipeline, table = f"repair-{uuid.uuid4().hex[:8]}", f"repair_{uuid.uuid4().hex[:8]}"
+    store = dead_letters.default_store("postgres", table)
+    sink = PostgresSink(table, pipeline, connect_kwargs("postgres_default"), dead_letter_store=store)
+    sink.ensure_tables()
+    now = dt.datetime.now(dt.UTC)
+    rows = [
+        dict(zip(dead_letters.COLUMNS, (pipeline, "c", 1, "t", 0, o, now, k, v, c, f"{c}!", now), strict=True))
+        for o, k, v, c in LETTERS
+    ]
+    conn = sink._connect()
+    with conn, conn.cursor() as cur:
+        dead_letters.insert_postgres(cur, sql.Identifier(store), dead_letters.DeadLetters(store, rows))
+    conn.close()
+
+    # 1. Killed after its inserts and closes, before its commit: nothing applied, nothing closed.
+    script = textwrap.dedent(
+        f"""
+        from exactly_once_provider.operators.dead_letter_repair import DeadLetterRepairOperator
+        from tests.integration.operators.test_dead_letter_repair import _fix
+        DeadLetterRepairOperator(task_id="r", pipeline={pipeline!r}, sink_table={table!r},
+                                 error_classes=["invalid_utf8"], fix=_fix).execute({{}})
+        """
+    )
+    env = {**os.environ, "EO_FAULT_AT": "repair_written", "EO_FAULT_ACTION": "kill"}
+    killed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-3000:]
+    assert _state(stack, table, store) == ([], [(7, None, False), (8, None, False), (14, None, False)])
+
+    # 2. The rerun applies the two invalid_utf8 letters once and closes them; a third run finds nothing to do.
+    def repair(**kwargs) -> dict:
+        return DeadLetterRepairOperator(task_id="r", pipeline=pipeline, sink_table=table, **kwargs).execute({})
+
+    done = repair(error_classes=["invalid_utf8"], fix=_fix)
+    assert (done["applied"], done["left_open"], done["resolution"]) == (["t/0@7", "t/0@14"], [], "repaired")
+    assert repair(error_classes=["invalid_utf8"], fix=_fix)["applied"] == []
+    conn = sink._connect()
+    try:  # the status page and the reconciliation see the one letter still open
+        assert dead_letters.store_rows("postgres", store, pipeline, ("kafka_offset",), pg_conn=conn) == [
+            {"kafka_offset": 8}
+        ]
+    finally:
+        conn.close()
+
+    # 3. Accepting the NUL letter as it is is refused, and changes nothing; fixed by its offset it lands.
+    with pytest.raises(ValueError, match="NUL character"):
+        repair(offsets=["t/0@8"], accept=True)
+    assert repair(offsets=["t/0@8"], fix=_fix)["applied"] == ["t/0@8"]
+
+    sink_rows, letters = _state(stack, table, store)
+    assert sink_rows == [(7, "b0", '{"n": "\ufffd\ufffd"}'), (8, "b1", '{"n": "ab"}'), (14, "k\ufffd(", '{"n": 1}')]
+    assert letters == [(7, "repaired", True), (8, "repaired", True), (14, "repaired", True)]
+    # every letter closed: none is open for the status page or the reconciliation
+    conn = sink._connect()
+    try:
+        assert dead_letters.store_rows("postgres", store, pipeline, ("kafka_offset",), pg_conn=conn) == []
+    finally:
+        conn.close()
