@@ -83,7 +83,7 @@ GUARD_MARGIN = timedelta(seconds=1)
 # innodb_trx is refilled only after 100 ms without a reader; waiting a little longer makes our read refill it.
 TRX_CACHE_IDLE = 0.12
 # How long a guard read retries before it gives up on a fresh innodb_trx (someone else keeps it stale).
-GUARD_FRESH_TIMEOUT = 3.0
+GUARD_FRESH_TIMEOUT = 5.0
 CURSOR_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 
 

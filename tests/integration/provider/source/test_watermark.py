@@ -226,6 +226,7 @@ def test_guard_readers_reading_at_once_each_see_a_writer_begun_just_before(conn,
             reader.close()
 
 
+@pytest.mark.exclusive  # its 20 ms poller keeps the server's innodb_trx stale for every other test's guard
 def test_a_monitor_keeping_innodb_trx_stale_turns_the_guard_off_with_a_warning_and_the_lag_holds(conn, stack, caplog):
     name = table(conn, "id INT AUTO_INCREMENT PRIMARY KEY")
     conn.cursor().execute(f"INSERT INTO {name} (id) VALUES (1)")
