@@ -1,4 +1,4 @@
-"""Assets that announce each sink commit, for DAGs scheduled on data arrival.
+"""Assets that announce each sink commit (DAGs scheduled on data arrival) and each new dead letter (alerts).
 
 A DAG that should run when a pipeline's table changed schedules on the Asset this returns::
 
@@ -14,6 +14,9 @@ puts a watcher's event there, next to ``"from_trigger": True``); the DAG reads t
 ``triggering_asset_events``. Give ``name`` (and for a Delta or files sink leave ``uri`` to this
 function) to share the Asset a template declares as its task's outlet: the templates name theirs
 ``<dag_id>.table`` (one table) or ``<dag_id>.<table>`` (several).
+
+A DAG that should alert when a pipeline dead-letters records (``on_bad_record="dead_letter"``) schedules on
+:func:`dead_letters`: an event per poll that found new open letters, their records and errors in the payload.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 from airflow.sdk import Asset, AssetWatcher
 
 from exactly_once_provider import lineage
+from exactly_once_provider.triggers.dead_letters import DeadLetterTrigger
 from exactly_once_provider.triggers.sink_commits import SinkCommitTrigger
 
 SINKS = ("delta", "postgres", "files", "iceberg")
@@ -69,3 +73,49 @@ def sink_commits(
         return Asset(name=name or f"{pipeline}.{location}", watchers=[watcher])
     uri = lineage.storage_path(location).asset_uri
     return Asset(name=name or uri, uri=uri, watchers=[watcher])
+
+
+def dead_letters(
+    sink: str,
+    location: str,
+    pipeline: str,
+    *,
+    store: str | None = None,
+    name: str | None = None,
+    postgres_conn_id: str | None = None,
+    aws_conn_id: str | None = None,
+    poll_interval: float = 30.0,
+) -> Asset:
+    """
+    Return the Asset of a pipeline's dead letters, with a watcher that emits an event when new ones are stored.
+
+    :param sink: ``postgres`` or ``delta`` (a files sink lists its letters in its manifest: not watched here).
+    :param location: the sink's PostgreSQL table or Delta table location (absolute path or ``s3://``).
+    :param pipeline: the Kafka -> sink pipeline's name (the ``pipeline`` of its operator).
+    :param store: the operator's ``dead_letter_store``; default the sink's default store.
+    :param name: the Asset's name; default ``<pipeline>.dead_letters``.
+    :param postgres_conn_id: ``postgres`` sink: its connection (default ``postgres_default``).
+    :param aws_conn_id: a Delta sink on ``s3://``: its ``aws`` connection (default ``aws_default``).
+    :param poll_interval: seconds between two reads of the store.
+    """
+    if sink not in ("postgres", "delta"):
+        raise ValueError(
+            f"sink={sink!r}: dead letters are watched in a postgres or delta store; a files sink's letters are "
+            "listed in its manifest (docs/dead-letters.md)."
+        )
+    if not location or not pipeline:
+        raise ValueError("dead_letters needs the sink's location and the pipeline's name.")
+    if poll_interval <= 0:
+        raise ValueError(f"poll_interval={poll_interval!r}: use a positive number of seconds.")
+    trigger = DeadLetterTrigger(
+        sink=sink,
+        sink_location=location,
+        sink_pipeline=pipeline,
+        store=store,
+        postgres_conn_id=postgres_conn_id,
+        aws_conn_id=aws_conn_id,
+        poll_interval=poll_interval,
+    )
+    return Asset(
+        name=name or f"{pipeline}.dead_letters", watchers=[AssetWatcher(name=f"{pipeline}-letters", trigger=trigger)]
+    )
