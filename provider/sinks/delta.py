@@ -59,10 +59,9 @@ def _sql_string(value: str) -> str:
 
 
 def _output_rows(info: dict) -> int:
+    # A MERGE counts its changes (Delta's, and the own rewrite's that delta-rs records as a WRITE), a write its rows.
     metrics = info.get("operationMetrics", {})
-    if info.get("operation") == "MERGE":
-        return int(metrics.get("numSourceRows", 0))
-    return int(metrics.get("numOutputRows", metrics.get("numSourceRows", 0)))
+    return int(metrics.get("numSourceRows", metrics.get("numOutputRows", 0)))
 
 
 class DeltaSink:

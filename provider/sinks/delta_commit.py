@@ -8,44 +8,34 @@ it) is skipped, so a retry after a crash between the commit and the caller's boo
 returns the same commit.
 
 Markers are read back from the transaction log's JSON commit files with plain Python (no Spark needed), so
-a capture process can read them. Every file of the log is read and written through the storage layer
-(:mod:`exactly_once_provider.storage`): a table is a local path or an ``s3://``/``s3a://`` URI (or the
-:class:`~exactly_once_provider.storage.Storage` rooted at it), and the commit step is the storage's put-if-absent
-(a hard link locally, ``If-None-Match: *`` on S3), never a rename.
+a capture process can read them (:mod:`exactly_once_provider.sinks.delta_log`). A table is a local path or an
+``s3://``/``s3a://`` URI (or the :class:`~exactly_once_provider.storage.Storage` rooted at it).
 
-Two ways to write the commit:
+Two ways to write the commit, neither of which writes a log entry itself:
 
 * Delta's own writer (:func:`commit_with_marker`, :func:`merge_with_marker`: overwrite, replaceWhere, MERGE;
   the streaming sink's CDC and window modes) with the ``txnAppId``/``txnVersion`` write option. Its txn check
   reconstructs the whole state of every new snapshot, extra Spark jobs per commit that no Delta setting avoids
-  (the call chain and the figures: docs/benchmarks.md, "Kafka → Spark → sink"). The same call registers the app
-  id as read, so a concurrent commit of the same ``(app id, version)`` fails with ``ConcurrentTransactionException``.
-* The own commit for blind appends (:func:`append_with_marker` -> :func:`append_with_files`; the first
-  commit of a new table: :func:`create_with_files`): Spark writes plain Parquet files, they are moved into
-  the table and this process writes ``<L+1>.json`` itself, as the Delta protocol specifies: ``commitInfo``
-  (WRITE, mode Append, ``readVersion`` L, ``isBlindAppend``, ``operationMetrics``, ``userMetadata``), the
-  ``txn`` and one ``add`` per file (``dataChange``, ``stats``: ``numRecords``, and min/max/null counts of
-  the integer columns from the Parquet footers; none for strings, so no data skipping on those). L, the protocol, the metadata and the txn versions come from the newest checkpoint plus the
-  JSON commits after it (:mod:`exactly_once_provider.sinks.delta_log`), no Spark job. **The fence is kept**: the
-  file is created with put-if-absent (hard link of an fsynced file; on S3 ``If-None-Match: *``); a writer that
-  loses ``L+1`` reads the
-  winning commit, and if it carries the same app id with the same or a newer version it writes nothing (a
-  zombie driver replaying a batch can never add a second copy), with a lower version it fails like Delta;
-  otherwise it re-checks protocol and metadata and retries at ``L+2``. Every ``delta.checkpointInterval``
-  versions a checkpoint is written (:func:`checkpoint_if_due`, by delta-rs), as Delta's writer's post-commit
-  step does; own commits write no ``.crc`` (optional in the protocol). **Refused**
+  (docs/pitfalls.md). The same call registers the app id as read, so a concurrent commit of the same
+  ``(app id, version)`` fails with ``ConcurrentTransactionException``.
+* Files Spark wrote, committed by delta-rs (:func:`append_with_marker` -> :func:`append_with_files`; the first
+  commit of a new table: :func:`create_with_files`; the commit step:
+  :func:`exactly_once_provider.sinks.delta_rs.commit`): Spark writes plain Parquet files into a new directory of
+  the table, and delta-rs commits them where they are (``commitInfo`` WRITE/Append with the marker, the ``txn``,
+  one ``add`` per file with ``numRecords`` and min/max/null counts of the integer columns from the Parquet
+  footers; none for strings, so no data skipping on those). What no library does stays here: the txn check on
+  the state the commit builds on (:func:`txn_committed`; delta-rs commits a replay of a committed ``(app id,
+  version)`` from a fresh snapshot), the marker fence (:func:`check_fence`) and, after a lost race, both again on
+  the newer state: a zombie driver replaying a batch can never add a second copy; a lower version of the same app
+  id fails like Delta. Every ``delta.checkpointInterval`` versions a checkpoint is written
+  (:func:`checkpoint_if_due`, by delta-rs), as Delta's writer's post-commit step does. **Refused**
   (:func:`check_appendable`; :func:`append_with_marker` then commits through Delta's writer with a WARNING
   naming the reason): column mapping, deletion vectors, row tracking, in-commit timestamps, change data
   feed, clustering / domain metadata, V2 checkpoints, generated / identity / default columns, partitioning,
-  CHECK constraints, invariants, NOT NULL columns, unknown ``delta.*`` table properties, and a batch whose
-  columns differ from the table's.
+  CHECK constraints, invariants, NOT NULL columns (the files' rows are never checked), unknown ``delta.*``
+  table properties, and a batch whose columns differ from the table's.
 
-On S3 too the own commit stays the append path rather than delta-rs (``deltalake`` 1.6.6, which commits safely
-with ``conditional_put=etag`` and refuses a same-app txn from a stale snapshot, but accepts a REPLAY of an
-already committed ``(app id, version)`` from a fresh snapshot, so the caller's txn check is needed anyway, and
-it would need Spark's rows on the driver as Arrow); per commit they cost about the same (docs/benchmarks.md,
-"Kafka → Spark → sink"). Delta's own writer (MERGE, replaceWhere, the
-txn-id option) goes through Delta's ``S3SingleDriverLogStore`` on ``s3a://``: its put-if-absent is an
+Delta's own writer goes through Delta's ``S3SingleDriverLogStore`` on ``s3a://``: its put-if-absent is an
 existence check then a plain PUT (safe for one driver at a time, not atomic across drivers: hadoop-aws 3.5.0's
 conditional create is only reachable through ``createFile()`` options Delta does not pass). The modes that use
 it are idempotent per key (a MERGE by source version, a window replaced whole), every such commit is verified
@@ -57,12 +47,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from exactly_once_provider.sinks import delta_log
+from exactly_once_provider.sinks import delta_log, delta_rs
 from exactly_once_provider.sinks.delta_log import Table, spark_path, table_storage
 
 log = logging.getLogger(__name__)
@@ -318,18 +309,15 @@ def create_with_files(
     marker: dict,
     app_id: str,
     version: int,
-    engine: str = "exactly-once-provider",
 ) -> int:
     """Create a NEW Delta table at ``path`` from Parquet files already in it, in one commit carrying ``marker``.
 
     The publish of a first full load (added for its speed): the files are adopted where they are, nothing is
-    rewritten. This writes the table's first commit, ``00000000000000000000.json``, as the Delta protocol
-    specifies (the same actions Delta's own first WRITE has: ``commitInfo`` with ``userMetadata``,
-    ``metaData``, ``protocol``, ``txn`` = ``(app_id, version)``, one ``add`` per file with its row count as
-    ``stats``) and creates it with put-if-absent (a hard link of the fsynced file: the same atomic step
-    Delta's local log store takes), so the table appears with every file at once or not at all, and a
-    concurrent creator makes one of the two fail. Before it the directory is no Delta table; files in it
-    that ``files`` does not list stay invisible.
+    rewritten. delta-rs writes the table's first commit (:func:`~exactly_once_provider.sinks.delta_rs.create`:
+    ``metaData``, ``protocol``, the ``txn`` ``(app_id, version)``, one ``add`` per file with its row count and
+    integer-column bounds as ``stats``, the marker as ``commitInfo.userMetadata``) with put-if-absent, so the
+    table appears with every file at once or not at all, and of two concurrent creators exactly one succeeds.
+    Before it the directory is no Delta table; files in it that ``files`` does not list stay invisible.
 
     Only for a table that has no commit yet (an existing one raises: replace it with
     :func:`commit_with_marker`). Idempotent per ``(app_id, version)`` like :func:`commit_with_marker`.
@@ -340,7 +328,7 @@ def create_with_files(
     :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
     :param app_id: stable id of the writer (Delta ``txnAppId``).
     :param version: the writer's version for this commit (Delta ``txnVersion``).
-    :param engine: the ``engineInfo`` recorded in the commit.
+    :raises TableExistsError: the table has a commit already (before the call, or another writer's first).
     """
     done = find_commit(path, app_id, version)
     if done is not None:
@@ -348,71 +336,20 @@ def create_with_files(
     storage = table_storage(path)
     if newest_version(storage) >= 0:
         raise TableExistsError(f"{storage.uri()} already is a Delta table: replace it with commit_with_marker().")
-    import time
-    import uuid
-
     now = int(time.time() * 1000)
-    # Delta upgrades a new table with a TIMESTAMP_NTZ column to table features (reader 3, writer 7) and
-    # lists the legacy writer features of writer version 2 with it; otherwise the table is (1, 2).
-    if '"timestamp_ntz"' in schema_json:
-        protocol = {
-            "minReaderVersion": 3,
-            "minWriterVersion": 7,
-            "readerFeatures": ["timestampNtz"],
-            "writerFeatures": ["timestampNtz", "invariants", "appendOnly"],
-        }
-    else:
-        protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
-    actions = [
-        {"commitInfo": _commit_info(now, "ErrorIfExists", files, marker, engine)},
-        {
-            "metaData": {
-                "id": str(uuid.uuid4()),
-                "format": {"provider": "parquet", "options": {}},
-                "schemaString": schema_json,
-                "partitionColumns": [],
-                "configuration": {},
-                "createdTime": now,
-            }
-        },
-        {"protocol": protocol},
-        {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
-        *add_actions(storage, files, now),
-    ]
-    if not put_commit(storage, 0, actions):
+    adds = add_actions(storage, files, now)
+    if not delta_rs.create(storage, schema_json, adds, marker, app_id, version, now, _write_metrics(files)):
         raise TableExistsError(f"Another writer created the Delta table at {storage.uri()} first.")
     return 0
 
 
-def _commit_info(
-    now: int, mode: str, files: list[dict], marker: dict, engine: str, read_version: int | None = None
-) -> dict:
-    """Return the ``commitInfo`` of a blind WRITE of ``files`` (what Delta's own WRITE records)."""
-    import uuid
+def add_actions(storage: Any, files: list[dict], now: int) -> list[Any]:
+    """Return one delta-rs ``AddAction`` per file (its row count and optional column ``stats`` as ``stats``),
+    checking each file's size in storage (one listing-free stat per file: local ``stat``, S3 ``HEAD``).
 
-    info = {
-        "timestamp": now,
-        "operation": "WRITE",
-        "operationParameters": {"mode": mode, "partitionBy": "[]"},
-        **({"readVersion": read_version} if read_version is not None else {}),
-        "isolationLevel": "Serializable",
-        "isBlindAppend": True,
-        "operationMetrics": {
-            "numFiles": str(len(files)),
-            "numOutputRows": str(sum(f["rows"] for f in files)),
-            "numOutputBytes": str(sum(f["bytes"] for f in files)),
-        },
-        "userMetadata": json.dumps(marker, sort_keys=True),
-        "engineInfo": engine,
-        "txnId": str(uuid.uuid4()),
-    }
-    return info
-
-
-def add_actions(storage: Any, files: list[dict], now: int) -> list[dict]:
-    """Return one ``add`` per file (row count and the file's optional column ``stats`` as ``stats``), checking
-    each file's size in storage (one listing-free stat per file: local ``stat``, S3 ``HEAD``)."""
-    from urllib.parse import quote
+    :param files: ``{"name", "bytes", "rows"[, "stats"]}`` per Parquet file, ``name`` relative to the table.
+    """
+    from deltalake.transaction import AddAction
 
     adds = []
     for f in files:
@@ -421,30 +358,26 @@ def add_actions(storage: Any, files: list[dict], now: int) -> list[dict]:
         if info.size != f["bytes"]:
             raise CommitMarkerError(f"{storage.uri(f['name'])} has {info.size} bytes, not {f['bytes']}.")
         mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else now
-        adds.append(
-            {
-                "add": {
-                    "path": quote(f["name"]),
-                    "partitionValues": {},
-                    "size": f["bytes"],
-                    "modificationTime": mtime,
-                    "dataChange": True,
-                    "stats": json.dumps({"numRecords": f["rows"], **f.get("stats", {})}),
-                }
-            }
-        )
+        stats = json.dumps({"numRecords": f["rows"], **f.get("stats", {})})
+        adds.append(AddAction(f["name"], f["bytes"], {}, mtime, True, stats))  # delta-rs URL-encodes the path
     return adds
 
 
-def put_commit(storage: Any, version: int, actions: list[dict]) -> bool:
-    """Create the commit file of ``version`` with ``actions``; return False if it already exists.
+def remove_actions(files: list[dict], now: int) -> list[Any]:
+    """Return one delta-rs ``RemoveAction`` per data file of :func:`~.delta_log.active_files` (its path as the log
+    names it)."""
+    from deltalake.transaction import RemoveAction
 
-    The storage's put-if-absent (:meth:`~exactly_once_provider.storage.Storage.put_if_absent`: a hard link
-    locally, ``If-None-Match: *`` on S3): of two writers of the same version exactly one wins, and a reader
-    never sees a partial commit. THE commit step of every own commit.
-    """
-    data = "".join(json.dumps(a) + "\n" for a in actions).encode()
-    return storage.put_if_absent(f"{delta_log.LOG}{version:020d}.json", data)
+    return [RemoveAction(f["path"], True, now, int(f["size"]), dict(f["partitionValues"])) for f in files]
+
+
+def _write_metrics(files: list[dict]) -> dict[str, str]:
+    """Return the ``operationMetrics`` Delta's own WRITE records (readers count a commit's rows with them)."""
+    return {
+        "numFiles": str(len(files)),
+        "numOutputRows": str(sum(f["rows"] for f in files)),
+        "numOutputBytes": str(sum(f["bytes"] for f in files)),
+    }
 
 
 # ------------------------------------------------------------------------------------- own append commits
@@ -625,19 +558,18 @@ def append_with_files(
     marker: dict,
     app_id: str,
     version: int,
-    engine: str = "exactly-once-provider",
     fence: tuple[str, int] | None = None,
 ) -> tuple[int, bool]:
     """Append Parquet files already in the table's directory as ONE commit carrying ``marker``.
 
-    The commit Delta's own blind append would write (``commitInfo`` WRITE/Append with ``userMetadata``,
-    ``txn`` = ``(app_id, version)``, one ``add`` per file with its row count), written by this process as
-    ``<L+1>.json`` with put-if-absent, where ``L`` is the table's newest version. Delta's fence is kept: the
-    txn is checked against the state of version ``L`` right before the put; when another writer took
-    ``L+1`` first, its commit is read and checked (txn, protocol, metadata) and the put retried at the next
-    version. So two writers of the same ``(app_id, version)`` (a zombie driver replaying a batch) never both
-    commit: the loser finds the winner's txn and writes nothing. A concurrent commit of the same app id with
-    a lower version fails the call, as Delta's ``ConcurrentTransactionException`` does.
+    The commit Delta's own blind append would write (``commitInfo`` WRITE/Append with ``userMetadata``, ``txn`` =
+    ``(app_id, version)``, one ``add`` per file with its row count), committed by delta-rs as version ``L + 1``
+    on the snapshot of ``L``, the table's newest version (:func:`~exactly_once_provider.sinks.delta_rs.commit`).
+    Delta's fence is kept: the txn is checked on the state of ``L`` right before the commit; when another writer
+    took ``L + 1`` first, the table is read again and checked again (txn, protocol, metadata, the marker fence)
+    before the next try. So two writers of the same ``(app_id, version)`` (a zombie driver replaying a batch)
+    never both commit: the loser finds the winner's txn and writes nothing. A concurrent commit of the same app id
+    with a lower version fails the call, as Delta's ``ConcurrentTransactionException`` does.
 
     :param path: the table's location (or its storage); the files are in it.
     :param schema_json: the files' Spark schema as JSON; it must be the table's (:func:`check_appendable`).
@@ -645,18 +577,15 @@ def append_with_files(
     :param marker: JSON-serialisable progress marker stored in ``commitInfo.userMetadata``.
     :param app_id: stable id of the writer (Delta ``txnAppId``).
     :param version: the writer's version for this commit (Delta ``txnVersion``).
-    :param engine: the ``engineInfo`` recorded in the commit.
     :param fence: ``(marker key, read version)``: fail with :class:`ForeignProgressError` (nothing committed)
         if any commit after the read version carries that marker key, checked against every commit up to
-        the one this call writes put-if-absent, so it is a compare-and-set of the marker's predecessor.
+        the one this call commits, so it is a compare-and-set of the marker's predecessor.
     :return: ``(table version, written)``: ``written`` is False when ``(app_id, version)`` was already
         committed (the version is then the one that recorded it, or the table's newest when a higher txn
         version of the app superseded it) and the files were NOT added: the caller removes them.
     :raises UnsupportedTableError: the table (or a concurrent change of it) has a feature the commit does
         not write correctly; nothing was committed.
     """
-    import time
-
     storage = table_storage(path)
     state = delta_log.table_state(storage)
     if state is None:
@@ -670,12 +599,8 @@ def append_with_files(
         check_appendable(state, schema_json)
         check_fence(storage, fence, state.version)
         now = int(time.time() * 1000)
-        actions = [
-            {"commitInfo": _commit_info(now, "Append", files, marker, engine, read_version=state.version)},
-            {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
-            *adds,
-        ]
-        if put_commit(storage, state.version + 1, actions):
+        info = {"operationMetrics": _write_metrics(files), "isBlindAppend": True}
+        if delta_rs.commit(storage, state.version, adds, marker, app_id, version, now, info):
             return state.version + 1, True
         lost_to = state.version + 1
         state = delta_log.table_state(storage)
@@ -858,10 +783,8 @@ def checkpoint_if_due(spark: Any, path: Table, version: int) -> bool:
     interval = int(state.configuration.get("delta.checkpointInterval", 10))
     if version - (state.checkpoint or 0) < interval:
         return False
-    settings = getattr(storage, "settings", None)
-    options = settings.delta_rs_options() if settings is not None else None
     try:
-        table = DeltaTable(storage.uri(), version=version, storage_options=options)
+        table = DeltaTable(storage.uri(), version=version, storage_options=delta_rs.storage_options(storage))
         table.create_checkpoint()
         table.cleanup_metadata()
     except Exception as err:  # an optimisation: the table is complete without it, the next commit tries again

@@ -1,4 +1,4 @@
-"""The current table's own MERGE commit: rewrite only the files that hold a batch's keys, commit in Python.
+"""The current table's own MERGE: rewrite only the files that hold a batch's keys, commit them by delta-rs.
 
 Where a streaming batch's changes reach the current table (:mod:`~exactly_once_provider.sinks.current_table`)
 when the provider writes the commit (the default; ``commit_with="delta"`` keeps Delta's MERGE,
@@ -21,14 +21,16 @@ The steps, each a plain Spark job or a Python read of the log:
    such file is a small one rewritten anyway;
 4. those files rewritten with the changes merged in: a row is replaced only by a NEWER version of its key
    (:func:`~exactly_once_provider.sinks.current_table.merge_condition`'s rule), new keys are inserted;
-5. ``<L+1>.json`` written put-if-absent: ``commitInfo`` (MERGE, ``numSourceRows``, the marker), ``txn``,
-   one ``remove`` per rewritten file, one ``add`` per new file (row count and integer-column bounds).
+5. version ``L+1`` committed by delta-rs (:func:`~exactly_once_provider.sinks.delta_rs.commit`) on the snapshot of
+   ``L``: ``commitInfo`` (``numSourceRows``, the marker), ``txn``, one ``remove`` per rewritten file, one ``add``
+   per new file (row count and integer-column bounds).
 
 **The fence** is the own append's (:func:`~exactly_once_provider.sinks.delta_commit.append_with_files`): the txn
-is checked on the state the commit builds on; a writer that loses ``L+1`` drops its files and plans the batch
-again on the newer state (a winner with this txn means the batch is already in: nothing is written), so two
-drivers replaying one batch never both commit, and no commit removes a file another commit already rewrote. A
-table with a feature the own commit does not write
+is checked on the state the commit builds on; a writer that loses ``L+1`` (delta-rs does not rebase it: a
+concurrent writer may have added a key of the batch) drops its files and plans the batch again on the newer
+state (a winner with this txn means the batch is already in: nothing is written), so two drivers replaying one
+batch never both commit, and no commit removes a file another commit already rewrote. A table with a feature
+the own commit does not write
 (:func:`~exactly_once_provider.sinks.delta_commit.check_appendable`) is merged by Delta instead, with a WARNING
 naming it.
 """
@@ -43,7 +45,7 @@ import uuid
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
-from exactly_once_provider.sinks import delta_commit, delta_log
+from exactly_once_provider.sinks import delta_commit, delta_log, delta_rs
 from exactly_once_provider.sinks.current_table import VERSION_COLUMN, merge_condition, quoted
 from exactly_once_provider.sinks.delta_log import Table, table_storage
 
@@ -168,16 +170,11 @@ def _merge_plan(context: Any, schema_json: str, key: tuple[str, ...], replace_eq
     return _MergePlan(source, on, merged)
 
 
-def _merge_info(
-    now: int, read_version: int, source_rows: int, removed: list[dict], added: list[dict], marker: dict, on: str
-) -> dict:
-    """Return the ``commitInfo`` of the own MERGE (the fields Delta's MERGE records that readers use)."""
+def _merge_info(source_rows: int, removed: list[dict], added: list[dict], on: str) -> dict:
+    """Return the ``commitInfo`` fields of the own MERGE that Delta's MERGE records and readers use (delta-rs
+    records the operation as a WRITE: ``numSourceRows`` tells the sink's row count it is a MERGE's)."""
     return {
-        "timestamp": now,
-        "operation": "MERGE",
-        "operationParameters": {"predicate": json.dumps([on]), "matchedPredicates": "[]", "notMatchedPredicates": "[]"},
-        "readVersion": read_version,
-        "isolationLevel": "Serializable",
+        "operationParameters": {"mode": "Append", "partitionBy": "[]", "predicate": json.dumps([on])},
         "isBlindAppend": False,
         "operationMetrics": {
             "numSourceRows": str(source_rows),
@@ -187,9 +184,6 @@ def _merge_info(
             "numTargetBytesRemoved": str(sum(int(f["size"]) for f in removed)),
             "numTargetBytesAdded": str(sum(f["bytes"] for f in added)),
         },
-        "userMetadata": json.dumps(marker, sort_keys=True),
-        "engineInfo": "exactly-once-provider",
-        "txnId": str(uuid.uuid4()),
     }
 
 
@@ -389,25 +383,9 @@ def _rewrite_and_commit(
         added = delta_commit.written_files(storage, folder, json.loads(table_schema.json())) if source_rows else []
         now = int(time.time() * 1000)
         removed = [files[p] for p in touched]
-        actions = [
-            {"commitInfo": _merge_info(now, state.version, source_rows, removed, added, marker, on)},
-            {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
-            *(
-                {
-                    "remove": {
-                        "path": f["path"],
-                        "deletionTimestamp": now,
-                        "dataChange": True,
-                        "extendedFileMetadata": True,
-                        "partitionValues": f["partitionValues"],
-                        "size": f["size"],
-                    }
-                }
-                for f in removed
-            ),
-            *delta_commit.add_actions(storage, added, now),
-        ]
-        written = delta_commit.put_commit(storage, state.version + 1, actions)
+        actions = [*delta_rs.remove_actions(removed, now), *delta_commit.add_actions(storage, added, now)]
+        info = _merge_info(source_rows, removed, added, on)
+        written = delta_rs.commit(storage, state.version, actions, marker, app_id, version, now, info)
         return state.version + 1 if written else None
     finally:
         if not written:  # a lost race or a failure: no commit names these files

@@ -67,10 +67,12 @@ def test_create_with_files_writes_one_first_commit_with_marker_txn_and_file_stat
     )
     marker = {"eo_full_load": {"load_id": "L"}}
     assert delta_commit.create_with_files(str(tmp_path), schema, names, marker, "eo-full-load-L", 1) == 0
-    log = [json.loads(line) for line in (tmp_path / "_delta_log" / f"{0:020d}.json").read_text().splitlines()]
-    assert [next(iter(a)) for a in log] == ["commitInfo", "metaData", "protocol", "txn", "add", "add"]
-    assert log[2]["protocol"] == {"minReaderVersion": 1, "minWriterVersion": 2}
-    assert [(a["add"]["path"], json.loads(a["add"]["stats"])["numRecords"]) for a in log[4:]] == [
+    log = _kinds(_actions(tmp_path, 0))
+    assert {k: len(v) for k, v in log.items()} == {"commitInfo": 1, "metaData": 1, "protocol": 1, "txn": 1, "add": 2}
+    assert log["protocol"][0] == {"minReaderVersion": 1, "minWriterVersion": 2}
+    assert (log["txn"][0]["appId"], log["txn"][0]["version"]) == ("eo-full-load-L", 1)
+    assert log["commitInfo"][0]["operationMetrics"]["numOutputRows"] == "3"
+    assert [(a["path"], json.loads(a["stats"])["numRecords"]) for a in log["add"]] == [
         ("chunk%200.parquet", 3),
         ("chunk%201.parquet", 0),
     ]
@@ -96,8 +98,7 @@ def test_create_with_files_takes_table_features_for_timestamp_ntz_and_checks_fil
         )
     assert not any((tmp_path / "_delta_log").glob("*.json"))
     delta_commit.create_with_files(str(tmp_path), schema, [{"name": "a.parquet", "bytes": 10, "rows": 1}], {}, "app", 1)
-    log = [json.loads(line) for line in (tmp_path / "_delta_log" / f"{0:020d}.json").read_text().splitlines()]
-    assert log[2]["protocol"]["readerFeatures"] == ["timestampNtz"]
+    assert _kinds(_actions(tmp_path, 0))["protocol"][0]["readerFeatures"] == ["timestampNtz"]
 
 
 # ------------------------------------------------------------------------------- own append commits
@@ -116,13 +117,44 @@ def _actions(tmp_path, version):
     return [json.loads(line) for line in (tmp_path / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
 
 
+def _kinds(actions):
+    """Return action kind -> the actions of that kind, in the commit's order (delta-rs orders kinds its own way)."""
+    kinds = {}
+    for action in actions:
+        (kind, body), *_ = action.items()
+        kinds.setdefault(kind, []).append(body)
+    return kinds
+
+
+def _another_writer(tmp_path, version, actions):
+    """Write another writer's commit ``version`` into the log (put-if-absent, as every Delta writer commits)."""
+    with open(tmp_path / "_delta_log" / f"{version:020d}.json", "x") as commit:
+        commit.write("".join(json.dumps(a) + "\n" for a in actions))
+
+
+def _first(monkeypatch, tmp_path, winners):
+    """Let another writer commit each of ``winners`` just before the next delta-rs commits of the test's writer."""
+    from exactly_once_provider.sinks import delta_rs
+
+    real_commit = delta_rs.commit
+    winners = iter(winners)
+
+    def another_writer_first(storage, read_version, *args):
+        winner = next(winners, None)
+        if winner is not None:
+            _another_writer(tmp_path, read_version + 1, winner)
+        return real_commit(storage, read_version, *args)
+
+    monkeypatch.setattr(delta_rs, "commit", another_writer_first)
+
+
 def test_append_with_files_writes_the_next_commit_and_skips_a_replayed_txn(tmp_path):
     delta_commit.create_with_files(str(tmp_path), ID_SCHEMA, [_parquet(tmp_path, "a.parquet", 2)], {"m": 0}, "app", 0)
     files = [_parquet(tmp_path, "b.parquet", 3), _parquet(tmp_path, "c.parquet", 1)]
     assert delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, files, {"m": 1}, "app", 1) == (1, True)
-    actions = _actions(tmp_path, 1)
-    assert [next(iter(a)) for a in actions] == ["commitInfo", "txn", "add", "add"]
-    info = actions[0]["commitInfo"]
+    actions = _kinds(_actions(tmp_path, 1))
+    assert {k: len(v) for k, v in actions.items()} == {"commitInfo": 1, "txn": 1, "add": 2}
+    info = actions["commitInfo"][0]
     assert (info["operation"], info["operationParameters"]["mode"], info["readVersion"], info["isBlindAppend"]) == (
         "WRITE",
         "Append",
@@ -130,8 +162,8 @@ def test_append_with_files_writes_the_next_commit_and_skips_a_replayed_txn(tmp_p
         True,
     )
     assert info["operationMetrics"]["numOutputRows"] == "4" and json.loads(info["userMetadata"]) == {"m": 1}
-    assert actions[1]["txn"]["appId"] == "app" and actions[1]["txn"]["version"] == 1
-    assert [json.loads(a["add"]["stats"])["numRecords"] for a in actions[2:]] == [3, 1]
+    assert actions["txn"][0]["appId"] == "app" and actions["txn"][0]["version"] == 1
+    assert [json.loads(a["stats"])["numRecords"] for a in actions["add"]] == [3, 1]
     # the same (app id, version) again, or a lower version (Delta: already executed): nothing is written
     assert delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, files, {"m": 1}, "app", 1) == (1, False)
     assert delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, files, {"m": 0}, "app", 0) == (0, False)
@@ -141,16 +173,8 @@ def test_append_with_files_writes_the_next_commit_and_skips_a_replayed_txn(tmp_p
 def test_append_with_files_after_losing_the_race_checks_the_winner_and_retries(tmp_path, monkeypatch):
     delta_commit.create_with_files(str(tmp_path), ID_SCHEMA, [], {}, "app", 0)
     files = [_parquet(tmp_path, "b.parquet", 3)]
-    real_put = delta_commit.put_commit
-    winners = iter([{"txn": {"appId": "other", "version": 7}}, {"txn": {"appId": "app", "version": 1}}])
-
-    def another_writer_first(log_dir, version, actions):
-        winner = next(winners, None)
-        if winner is not None:  # another writer takes this version just before us
-            assert real_put(log_dir, version, [{"commitInfo": {"operation": "WRITE"}}, winner])
-        return real_put(log_dir, version, actions)
-
-    monkeypatch.setattr(delta_commit, "put_commit", another_writer_first)
+    winners = [{"txn": {"appId": "other", "version": 7}}, {"txn": {"appId": "app", "version": 1}}]
+    _first(monkeypatch, tmp_path, [[{"commitInfo": {"operation": "WRITE"}}, winner] for winner in winners])
     # version 1 taken by another app id: retried at 2; version 2 taken by a zombie of the same (app, 1): skipped
     assert delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, files, {}, "app", 1) == (2, False)
     assert not any("add" in a for v in (1, 2) for a in _actions(tmp_path, v))
@@ -158,13 +182,7 @@ def test_append_with_files_after_losing_the_race_checks_the_winner_and_retries(t
 
 def test_append_with_files_fails_when_the_same_app_id_commits_another_version_meanwhile(tmp_path, monkeypatch):
     delta_commit.create_with_files(str(tmp_path), ID_SCHEMA, [], {}, "app", 0)
-    real_put = delta_commit.put_commit
-
-    def zombie_first(log_dir, version, actions):
-        real_put(log_dir, version, [{"txn": {"appId": "app", "version": 1}}])
-        return real_put(log_dir, version, actions)
-
-    monkeypatch.setattr(delta_commit, "put_commit", zombie_first)
+    _first(monkeypatch, tmp_path, [[{"txn": {"appId": "app", "version": 1}}]])
     with pytest.raises(delta_commit.CommitMarkerError, match=r"committed txn \(app, 1\).*two writers share one app id"):
         delta_commit.append_with_files(str(tmp_path), ID_SCHEMA, [], {}, "app", 2)
 
@@ -298,23 +316,11 @@ def test_append_with_files_fenced_on_a_marker_fails_if_the_marker_moved_after_th
             fence=("eo_stream:p", read_version),
         )
     # and when the newer driver's commit wins the put-if-absent race itself, the loser re-checks and fails too
-    real_put = delta_commit.put_commit
-    newer = iter(
-        [
-            [
-                {"commitInfo": {"userMetadata": json.dumps({"eo_stream:p": {"batch_id": 2}})}},
-                {"txn": {"appId": "p:c1", "version": 2}},
-            ]
-        ]
-    )
-
-    def newer_driver_first(log_dir, version, actions):
-        winner = next(newer, None)
-        if winner is not None:
-            assert real_put(log_dir, version, winner)
-        return real_put(log_dir, version, actions)
-
-    monkeypatch.setattr(delta_commit, "put_commit", newer_driver_first)
+    newer = [
+        {"commitInfo": {"userMetadata": json.dumps({"eo_stream:p": {"batch_id": 2}})}},
+        {"txn": {"appId": "p:c1", "version": 2}},
+    ]
+    _first(monkeypatch, tmp_path, [newer])
     with pytest.raises(delta_commit.ForeignProgressError, match="Version 3 "):
         delta_commit.append_with_files(
             str(tmp_path),
