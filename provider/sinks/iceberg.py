@@ -45,6 +45,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.faults import fault_point
+from exactly_once_provider.sinks import iceberg_merge
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     BatchCommit,
@@ -55,6 +56,7 @@ from exactly_once_provider.sinks.base import (
     require_newer_windows,
     require_predecessor,
 )
+from exactly_once_provider.sinks.current_table import VERSION_COLUMN
 from exactly_once_provider.storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,11 @@ BATCH_ID = "eo.batch-id"
 OFFSETS = "eo.offsets"
 ROWS_TOTAL = "eo.rows-total"
 WINDOWS = "eo.windows"
+SCHEMA = "eo.schema"
+LOAD_ID = "eo.load-id"
+BUILT_BY = "eo.built-by"
+# the key of the schema state in a commit's extra, as spark_jobs.current_changes.SCHEMA_MARKER names it
+SCHEMA_MARKER = "schema"
 DATA = "data/"
 # The append mode's columns and their Iceberg types (what kafka_to_sink's SELECT gives Spark's Parquet writer).
 APPEND_COLUMNS = (
@@ -76,7 +83,21 @@ APPEND_COLUMNS = (
 )
 # Window mode's columns (:data:`~.base.WINDOW_COLUMNS`, as settlement.window_rows gives them).
 WINDOW_MODE_COLUMNS = (("window_id", "string"), ("window_version", "int64"), *APPEND_COLUMNS)
-MODE_COLUMNS = {"append": APPEND_COLUMNS, "window": WINDOW_MODE_COLUMNS}
+# CDC mode's columns (what kafka_to_sink.cdc_changes gives): the newest change per ``pk``, deletes as tombstones.
+CDC_COLUMNS = (
+    ("pk", "string"),
+    ("source_version", "int64"),
+    ("deleted", "bool"),
+    ("record_value", "string"),
+    ("kafka_topic", "string"),
+    ("kafka_partition", "int32"),
+    ("kafka_offset", "int64"),
+)
+# current mode: the full load's columns (iceberg_current), so no fixed list
+MODE_COLUMNS = {"append": APPEND_COLUMNS, "window": WINDOW_MODE_COLUMNS, "cdc": CDC_COLUMNS}
+MODES = (*MODE_COLUMNS, "current")
+# Plans of one keyed batch when another writer (a compaction, say) commits first; each re-reads the table.
+ATTEMPTS = 3
 DEFAULT_CATALOG = "eo"
 # pyiceberg (0.12) retries a commit that lost the race by rebasing it on the new snapshot: a blind retry, which
 # would let a zombie driver append its batch a second time. The sink's tables turn it off, and each commit checks.
@@ -97,6 +118,8 @@ def summary_properties(commit: BatchCommit) -> dict[str, str]:
     }
     if "windows" in commit.extra:
         summary[WINDOWS] = json.dumps(commit.extra["windows"], sort_keys=True, separators=(",", ":"))
+    if SCHEMA_MARKER in commit.extra:  # current mode: the columns the table follows (CurrentChanges' state)
+        summary[SCHEMA] = json.dumps(commit.extra[SCHEMA_MARKER], sort_keys=True, separators=(",", ":"))
     return summary
 
 
@@ -104,13 +127,16 @@ def commit_from_summary(summary: Mapping[str, str]) -> BatchCommit | None:
     """Return the :class:`BatchCommit` a snapshot summary carries, or None for a snapshot of another writer."""
     if PIPELINE not in summary:
         return None
+    extra = {"windows": json.loads(summary[WINDOWS])} if WINDOWS in summary else {}
+    if SCHEMA in summary:
+        extra[SCHEMA_MARKER] = json.loads(summary[SCHEMA])
     return BatchCommit(
         summary[PIPELINE],
         summary[CHECKPOINT_ID],
         int(summary[BATCH_ID]),
         offsets_from_json(json.loads(summary[OFFSETS])),
         int(summary.get(ROWS_TOTAL, 0)),
-        {"windows": json.loads(summary[WINDOWS])} if WINDOWS in summary else {},
+        extra,
     )
 
 
@@ -231,7 +257,7 @@ def open_catalog(settings: dict[str, Any], s3: Any = None) -> Any:
 def _iceberg_schema(mode: str):
     import pyarrow as pa
 
-    types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64()}
+    types = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "bool": pa.bool_()}
     return pa.schema([pa.field(name, types[kind], nullable=True) for name, kind in MODE_COLUMNS[mode]])
 
 
@@ -246,10 +272,13 @@ class IcebergSink:
     :param location: the table's location, a local path or ``s3://bucket/prefix``: where :meth:`prepare` creates
         it and Spark writes its data files (the writer side; a reader needs only the catalog).
     :param s3: the S3 settings of an ``s3://`` location (default: those the process registered).
-    :param mode: ``append`` or ``window`` (the writer side's mode: the table's columns).
+    :param mode: ``append``, ``window``, ``cdc`` or ``current`` (the writer side's mode: the table's columns).
+    :param key: ``current`` mode: the source table's primary key columns.
     """
 
     kind = "iceberg"
+    # current mode: a schema change is refused for now (CurrentChanges then never reads the table to fill it)
+    fills_in_place = True
 
     def __init__(
         self,
@@ -259,11 +288,15 @@ class IcebergSink:
         location: str | None = None,
         s3: Any = None,
         mode: str = "append",
+        key: tuple[str, ...] = (),
     ) -> None:
         if identifier.count(".") < 1:
             raise ValueError(f"An Iceberg table is named 'namespace.table', got {identifier!r}.")
-        if mode not in MODE_COLUMNS:
-            raise ValueError(f"The iceberg sink writes mode {' or '.join(MODE_COLUMNS)}, not {mode!r}.")
+        if mode not in MODES:
+            raise ValueError(f"The iceberg sink writes mode {', '.join(MODES)}, not {mode!r}.")
+        if mode == "current" and not key:
+            raise ValueError("mode='current' needs the source table's key columns.")
+        self.key_columns = tuple(key) if mode == "current" else ("pk",)
         self.identifier = identifier
         self.pipeline = pipeline
         self._catalog_settings = catalog
@@ -272,6 +305,13 @@ class IcebergSink:
         self._s3 = s3
         self._storage: Storage | None = None
         self.mode = mode
+        # current mode: the full load the table is built from (builds_on), and what CurrentChanges sets per batch
+        self.source: Any = None
+        self.source_location: str | None = None
+        self.source_options: dict | None = None
+        self.schema_state: dict | None = None
+        self.schema_changed = False
+        self.new_fills: list = []
 
     # -- plumbing
     def catalog(self) -> Any:
@@ -429,10 +469,12 @@ class IcebergSink:
     def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
         """Write the batch's files, commit them in one snapshot carrying the fence; False if already committed.
 
-        :param df: the batch's rows (:data:`APPEND_COLUMNS`).
+        :param df: the batch's rows (:data:`APPEND_COLUMNS`; cdc and current modes: the newest change per key).
         :param commit: the batch identity and the offsets the next read starts from.
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
         """
+        if self.mode in ("cdc", "current"):
+            return self._commit_changes(df, commit, expected)
         table, found, planned = self._planned(commit, expected)
         if not planned:
             return False
@@ -442,6 +484,92 @@ class IcebergSink:
         fenced = replace(commit, rows_total=(found.rows_total if found else 0) + rows)
         self._add_files(table, files, summary_properties(fenced), f"batch {commit.batch_id}")
         return True
+
+    def _commit_changes(self, df, commit: BatchCommit, expected: object) -> bool:
+        """cdc / current mode: merge the batch's changes by key into ONE overwrite snapshot carrying the fence.
+
+        A commit that loses the race (another snapshot landed while Spark wrote) is planned again on the new
+        snapshot: the fence then tells a batch another driver committed (skipped), a zombie's stale plan
+        (:class:`~.base.StaleBatchError`), or another writer's snapshot, e.g. a compaction (merged again on it).
+        """
+        from pyiceberg.exceptions import CommitFailedException
+
+        self._refuse_schema_change()
+        changes = df.persist()  # read from Kafka once: its bounds, the key scan and the rewrite use it
+        try:
+            for attempt in range(1, ATTEMPTS + 1):
+                table, found, planned = self._planned(commit, expected)
+                if not planned:
+                    return False
+                extra = {SCHEMA_MARKER: self.schema_state} if self.mode == "current" and self.schema_state else {}
+                try:
+                    self._merge(table, changes, replace(commit, extra=extra), found)
+                    return True
+                except CommitFailedException as err:
+                    if attempt == ATTEMPTS:
+                        raise self._stale(table, f"batch {commit.batch_id}", err) from err
+                    log.info(
+                        "iceberg sink: %s got a new snapshot while batch %d was merged (%s): planned again",
+                        self.identifier,
+                        commit.batch_id,
+                        err,
+                    )
+        finally:
+            changes.unpersist()
+        raise AssertionError("unreachable")
+
+    def _refuse_schema_change(self) -> None:
+        if self.mode == "current" and (self.schema_changed or self.new_fills):
+            raise AirflowException(
+                f"The source table of the Iceberg current table {self.identifier} changed its schema (ALTER TABLE): "
+                "the Iceberg sink does not follow schema changes yet. Nothing of this batch was committed; run a "
+                "full reload (full_reload=true) to build the table in the new columns, or use the Delta sink."
+            )
+
+    def _merge(self, table: Any, changes, commit: BatchCommit, found: BatchCommit | None) -> None:
+        """Rewrite the files holding the batch's keys and commit them in one snapshot on ``table``'s snapshot."""
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+        from pyspark.sql.types import StructType
+
+        # Iceberg reads no INT96 timestamps (Spark's default): the rewritten files store microseconds
+        changes.sparkSession.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        columns = [field.name for field in table.schema().fields]
+        schema = StructType([changes.schema[name] for name in columns])
+        count, bounds = iceberg_merge.key_bounds(changes, self.key_columns)
+        every = [task.file for task in table.scan().plan_files()]
+        touched = []
+        if count:
+            candidates = iceberg_merge.candidate_files(table, bounds)
+            touched = iceberg_merge.files_holding(changes, candidates, self.key_columns, schema, _spark_uri)
+            touched = iceberg_merge.with_small_files(touched, every)
+        merged = iceberg_merge.merged_rows(
+            changes,
+            [_spark_uri(f.file_path) for f in touched],
+            self.key_columns,
+            _VERSION[self.mode],
+            schema,
+        )
+        folder = f"data/{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
+        files, rows = (self._write(merged.coalesce(max(1, len(touched))), folder)) if count else ([], 0)
+        # EO_FAULT_AT=sink_written_<batch>: the batch's files written, its snapshot not committed
+        fault_point(f"sink_written_{commit.batch_id}")
+        rows_total = _total_records(table) - sum(f.record_count for f in touched) + rows
+        properties = summary_properties(replace(commit, rows_total=rows_total))
+        with table.transaction() as tx:
+            with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+                for data_file in touched:
+                    overwrite.delete_data_file(data_file)
+                for uri in files:
+                    overwrite.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, uri))
+        log.info(
+            "iceberg sink: batch %d merged %d changes into %s: %d files rewritten, %d written, %d rows in the table",
+            commit.batch_id,
+            count,
+            self.identifier,
+            len(touched),
+            len(files),
+            rows_total,
+        )
 
     def commit_windows(
         self, df, windows: dict[str, int], rows: dict[str, int], commit: BatchCommit, expected: object = UNCHECKED
@@ -505,6 +633,21 @@ _RETRIES = "commit.retry.num-retries"
 def _retries_off(table: Any) -> bool:
     """Whether pyiceberg commits to ``table`` without retrying (read from the metadata the commit is based on)."""
     return table.properties.get(_RETRIES) == NO_RETRY[_RETRIES]
+
+
+# the version column of each keyed mode: a change replaces a row only if its version is newer
+_VERSION = {"cdc": "source_version", "current": VERSION_COLUMN}
+
+
+def _total_records(table: Any) -> int:
+    """Rows of the table's current snapshot (its summary's ``total-records``; 0 before the first snapshot)."""
+    snapshot = table.current_snapshot()
+    return int(snapshot.summary["total-records"] or 0) if snapshot and snapshot.summary else 0
+
+
+def _spark_uri(location: str) -> str:
+    """Return a manifest's file location as Spark reads it (``s3a://`` for ``s3://``)."""
+    return "s3a://" + location.removeprefix("s3://") if location.startswith("s3://") else location
 
 
 def _snapshot_id(table: Any) -> int | None:

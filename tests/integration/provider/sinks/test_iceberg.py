@@ -258,3 +258,122 @@ def test_a_window_version_replaces_its_window_whole_and_an_older_one_never_wins(
     ), "a window is missing, doubled or at an older version"
     # v1 of d1 was deleted as whole files (its window's own), not rewritten: one file per published window
     assert len(list(table.scan().plan_files())) == 2
+
+
+CDC_READ = ("pk", "source_version", "deleted", "record_value")
+
+
+def _changes(spark, topic: str, changes: list[tuple[str, int, bool]], first_offset: int):
+    """CDC mode's columns for ``(key, version, deleted)`` changes, newest per key as the job's cdc step gives them."""
+    rows = [
+        (pk, version, deleted, f'{{"pk":"{pk}","v":{version}}}', topic, 0, first_offset + n)
+        for n, (pk, version, deleted) in enumerate(changes)
+    ]
+    schema = (
+        "pk string, source_version bigint, deleted boolean, record_value string, kafka_topic string, "
+        "kafka_partition int, kafka_offset bigint"
+    )
+    return spark.createDataFrame(rows, schema).repartition(2)
+
+
+def test_cdc_changes_out_of_order_keep_the_newest_version_per_key_in_one_snapshot_each(spark, iceberg_table):
+    """Inserts, updates and deletes of keys across batches, older versions arriving after newer ones: each batch is
+    ONE overwrite snapshot (the rewritten files out, the new ones in, the fence on it); the table holds the newest
+    version of each key (deletes as tombstones), read row by row by DuckDB and pyiceberg. A replay, a zombie and a
+    driver that loses the race to its own batch commit nothing; one that loses it to another writer merges again."""
+    identifier, location, s3 = iceberg_table
+    pipeline, topic = f"cdc-{uuid.uuid4().hex[:8]}", "changes"
+    sink = open_sink(
+        "iceberg",
+        identifier,
+        pipeline,
+        mode="cdc",
+        iceberg_catalog=catalog_settings("postgres_default"),
+        iceberg_location=location,
+        s3=s3,
+    )
+    sink.prepare()
+    batches = [
+        [("k1", 5, False), ("k2", 3, False), ("k3", 4, False), ("k4", 2, True)],  # a delete of a key never seen
+        [("k1", 2, False), ("k2", 6, False), ("k3", 7, True), ("k5", 1, False), ("k4", 1, False)],  # older k1, k4
+        [("k3", 6, False), ("k6", 8, False), ("k1", 9, False), ("k5", 3, True)],  # k3 older than its tombstone
+    ]
+    expected: dict[str, tuple[int, bool]] = {}
+    previous, offset, held = None, 0, []
+    for batch_id, changes in enumerate(batches):
+        commit = BatchCommit(pipeline, "c1", batch_id, {topic: {0: offset + len(changes)}})
+        assert sink.commit(_changes(spark, topic, changes, offset), commit, expected=previous)
+        previous, offset = sink.committed(), offset + len(changes)
+        held.append(previous)
+        for pk, version, deleted in changes:
+            if pk not in expected or expected[pk][0] < version:
+                expected[pk] = (version, deleted)
+
+    def assert_table() -> None:
+        rows = read_both(sink, s3, CDC_READ)
+        assert len({r[0] for r in rows}) == len(rows), "a key is in the table twice"
+        assert sorted(rows) == sorted((pk, v, d, f'{{"pk":"{pk}","v":{v}}}') for pk, (v, d) in expected.items()), (
+            "a change lost, doubled, or an older version won"
+        )
+
+    assert_table()
+    assert expected["k1"] == (9, False) and expected["k3"] == (7, True) and expected["k4"] == (2, True)
+    table = sink.catalog().load_table(identifier)
+    fenced = [s for s in table.snapshots() if PIPELINE in s.summary.additional_properties]
+    # one snapshot per batch: the first only adds files (Iceberg calls it an append), the others rewrite files
+    assert [s.summary.operation.value for s in fenced] == ["append", "overwrite", "overwrite"], "not one per batch"
+    assert previous.rows_total == len(expected) == int(table.current_snapshot().summary["total-records"])
+    snapshot = sink.commit_location()
+
+    # A replay of batch 2 (crash after the sink commit, before the checkpoint): skipped, no new snapshot.
+    replay = BatchCommit(pipeline, "c1", 2, previous.offsets)
+    assert not sink.commit(_changes(spark, topic, batches[2], 9), replay, expected=previous)
+    # A zombie of an older checkpoint planned on an older commit: refused before it writes anything.
+    with pytest.raises(StaleBatchError, match="another driver commits this pipeline"):
+        zombie = BatchCommit(pipeline, "c0", 5, {topic: {0: 14}})
+        sink.commit(_changes(spark, topic, [("k1", 1, True)], 13), zombie, expected=held[0])
+    assert sink.commit_location() == snapshot
+
+    # Two drivers of one checkpoint replay batch 3 at once: the one whose snapshot moved while it wrote is planned
+    # again on the other's snapshot, finds its batch there and commits nothing.
+    batch3 = [("k2", 10, True), ("k7", 11, False)]
+    commit3 = BatchCommit(pipeline, "c1", 3, {topic: {0: 15}})
+    other = open_sink(
+        "iceberg",
+        identifier,
+        pipeline,
+        mode="cdc",
+        iceberg_catalog=catalog_settings("postgres_default"),
+        iceberg_location=location,
+        s3=s3,
+    )
+    write = sink._write
+
+    def write_then_lose_the_race(df, folder):
+        written = write(df, folder)
+        assert other.commit(_changes(spark, topic, batch3, 13), commit3, expected=previous)
+        return written
+
+    sink._write = write_then_lose_the_race
+    assert not sink.commit(_changes(spark, topic, batch3, 13), commit3, expected=previous)
+    sink._write = write
+    expected.update(k2=(10, True), k7=(11, False))
+    third = sink.committed()
+    assert (third.batch_id, third.offsets) == (3, {topic: {0: 15}})
+    assert_table()
+
+    # Another writer's snapshot (no fence: a user's empty append) lands while batch 4 is written: merged again on it.
+    def write_then_other_writer(df, folder):
+        written = write(df, folder)
+        sink._write = write  # once: the second plan commits
+        sink.catalog().load_table(identifier).add_files([], check_duplicate_files=False)
+        return written
+
+    sink._write = write_then_other_writer
+    commit4 = BatchCommit(pipeline, "c1", 4, {topic: {0: 16}})
+    assert sink.commit(_changes(spark, topic, [("k6", 12, True)], 15), commit4, expected=third)
+    expected["k6"] = (12, True)
+    assert sink.committed().batch_id == 4
+    assert_table()
+    # the small files are rewritten with each batch: the table does not keep a file per micro-batch
+    assert len(list(sink.catalog().load_table(identifier).scan().plan_files())) <= 2

@@ -196,5 +196,15 @@ def test_window_mode_carries_every_window_in_the_summary():
 
 
 def test_a_mode_the_sink_does_not_write_is_refused():
-    with pytest.raises(ValueError, match="append or window, not 'cdc'"):
-        iceberg.IcebergSink("lake.o", "p1", mode="cdc")
+    with pytest.raises(ValueError, match="append, window, cdc, current, not 'upsert'"):
+        iceberg.IcebergSink("lake.o", "p1", mode="upsert")
+    with pytest.raises(ValueError, match="needs the source table's key columns"):
+        iceberg.IcebergSink("lake.o", "p1", mode="current")
+
+
+def test_the_summary_carries_the_current_tables_schema_state():
+    state = {"load_id": "L1", "columns": [{"name": "id"}], "fills": [], "applied": 41}
+    commit = BatchCommit("p1", "c1", 2, OFFSETS, 9, {"schema": state})
+    summary = summary_properties(commit)
+    assert summary["eo.schema"] == '{"applied":41,"columns":[{"name":"id"}],"fills":[],"load_id":"L1"}'
+    assert commit_from_summary(summary) == commit
