@@ -150,7 +150,7 @@ def main() -> int:
     stack = _support.start_stack(only=("kafka",))
     log = tempfile.NamedTemporaryFile(prefix="eo-bench-task-", suffix=".log")  # deleted at exit
     task_log(log.name)
-    from exactly_once_provider.connections import kafka_client_config
+    from exactly_once_provider.hooks.kafka_client import kafka_client_config
     from tests.kafka_support import new_topic
 
     config = kafka_client_config("kafka_default")

@@ -10,7 +10,8 @@ from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.capture.resume import committed_position_on
-from exactly_once_provider.connections import checked_kafka_config, connect_kwargs
+from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.hooks.kafka_client import checked_kafka_config
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
 from exactly_once_provider.source.binlog import GtidNotInBinlogError, replica_server_id

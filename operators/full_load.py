@@ -235,7 +235,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if not self.capture_source_partition:
             raise ValueError("capture_pipeline needs capture_source_partition (the capture's ledger partition).")
         from exactly_once_provider.capture.resume import full_load_version_base
-        from exactly_once_provider.connections import checked_kafka_config
+        from exactly_once_provider.hooks.kafka_client import checked_kafka_config
         from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
         from exactly_once_provider.kafka.offsets import read_committed_offset
 

@@ -14,8 +14,9 @@ from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
-from exactly_once_provider.connections import checked_kafka_config, connect_kwargs
+from exactly_once_provider.connections import connect_kwargs
 from exactly_once_provider.full_load.columns import Column, table_columns
+from exactly_once_provider.hooks.kafka_client import checked_kafka_config
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.plugins.links import PipelineStatusLink

@@ -16,7 +16,8 @@ from typing import Any
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
-from exactly_once_provider.connections import checked_kafka_config, libpq_environment
+from exactly_once_provider.connections import libpq_environment
+from exactly_once_provider.hooks.kafka_client import checked_kafka_config
 from exactly_once_provider.kafka_config import portable_kafka_config, spark_kafka_options
 from exactly_once_provider.operators.spark_submit import (  # noqa: F401 - their historic home
     PYTHON_RUNNER,

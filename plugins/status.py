@@ -99,7 +99,7 @@ class Connections:
         if conn_id in self.refused:
             raise self.refused[conn_id]
         if conn_id not in self._kafka:
-            from exactly_once_provider.connections import kafka_client_config
+            from exactly_once_provider.hooks.kafka_client import kafka_client_config
 
             self._kafka[conn_id] = kafka_client_config(conn_id)
         return self._kafka[conn_id]

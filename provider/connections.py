@@ -1,10 +1,9 @@
 """The one connection layer: Airflow connections -> the settings of every client of the product.
 
-* **Kafka** -- :func:`kafka_client_config`: the confluent-kafka configuration of the one ``kafka`` connection,
-  built by the Kafka provider's ``KafkaBaseHook`` (its Extra JSON is the librdkafka configuration: SASL and
-  TLS included, allow-listed callbacks resolved, managed OAuth tokens added). The producer, admin clients,
-  consumers, the ledger reader, the lag trigger, the status page and the Spark job's Kafka source all use it,
-  each through the one rule of :mod:`exactly_once_provider.kafka_config` (which settings each client role keeps).
+* **Kafka** -- :func:`check_kafka_access`: a connection's settings tried on its brokers, a refusal named with its
+  fix. The settings themselves are built in one place,
+  :meth:`~exactly_once_provider.hooks.kafka_client.KafkaClientHook.client_config`, and each client role keeps its
+  share by the one rule of :mod:`exactly_once_provider.kafka_config`.
 * **MySQL/MariaDB** -- :func:`mysql_connect_kwargs`: the ``mysql`` connection read as the MySQL provider's
   ``MySqlHook`` reads it for mysqlclient (Extra ``ssl`` dict, ``ssl_mode``); :func:`pymysql_tls` and
   :func:`connectorx_tls_query` give the same TLS settings to the binlog reader (PyMySQL) and the native reader
@@ -44,42 +43,6 @@ from exactly_once_provider.kafka_config import admin_config
 SPARK_REDACTION_REGEX = r"(?i)secret|password|passwd|token|access[.]?key|jaas|sasl[.]|ssl[.].*(key|password)"
 
 
-def kafka_client_config(kafka_config_id: str) -> dict[str, Any]:
-    """Return the confluent-kafka configuration of the Airflow ``kafka`` connection ``kafka_config_id``.
-
-    Built by the Kafka provider's ``KafkaBaseHook`` so its semantics hold: the Extra JSON is the librdkafka
-    configuration (``bootstrap.servers``, ``security.protocol``, ``sasl.*``, ``ssl.*``...), string callbacks
-    are resolved through ``[apache_kafka] callback_allowlist``, managed OAuth tokens (Google, Amazon MSK IAM)
-    are added. It holds secrets: never log it.
-
-    :param kafka_config_id: the ``kafka`` connection.
-    """
-    from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
-
-    try:
-        # KafkaBaseHook has no public accessor for the configuration it builds for its clients; _build_config
-        # is what its own get_conn and test_connection use.
-        return KafkaBaseHook(kafka_config_id=kafka_config_id)._build_config()
-    except ValueError as err:  # the provider's message does not say which connection is wrong
-        raise ValueError(
-            f"Kafka connection {kafka_config_id!r} cannot be used: {err} Put the brokers into its Extra JSON, e.g. "
-            '{"bootstrap.servers": "host:9092"}, or pass the id of a kafka connection.'
-        ) from None
-
-
-def checked_kafka_config(kafka_config_id: str) -> dict[str, Any]:
-    """Return the confluent-kafka settings of a ``kafka`` connection once its brokers accepted them.
-
-    What every task opening a Kafka client calls first: a wrong password, an untrusted CA or a plaintext client on
-    a TLS listener fails the task in seconds, naming the connection and the fix (:func:`check_kafka_access`).
-
-    :param kafka_config_id: the ``kafka`` connection.
-    """
-    config = kafka_client_config(kafka_config_id)
-    check_kafka_access(config, kafka_config_id)
-    return config
-
-
 def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: float = 20.0) -> Any:
     """Reach the brokers with a connection's settings; when they refuse, raise an error that says what to fix.
 
@@ -87,7 +50,8 @@ def check_kafka_access(config: dict[str, Any], kafka_config_id: str, timeout: fl
     only as "Broker transport failure" after its timeout, with the cause in its error callback and log lines:
     this reads them and names the cause. One metadata request when everything is right.
 
-    :param config: the connection's confluent-kafka settings (:func:`kafka_client_config`); the admin client
+    :param config: the connection's confluent-kafka settings
+        (:meth:`~exactly_once_provider.hooks.kafka_client.KafkaClientHook.client_config`); the admin client
         keeps what :func:`~exactly_once_provider.kafka_config.admin_config` keeps.
     :param kafka_config_id: the connection id, for the message.
     :param timeout: seconds to wait for the brokers.

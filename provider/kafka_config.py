@@ -1,6 +1,6 @@
 """The one rule for Kafka client settings: a ``kafka`` connection's configuration -> each client role's settings.
 
-A connection's Extra is ONE librdkafka configuration (:func:`~exactly_once_provider.connections.kafka_client_config`
+A connection's Extra is ONE librdkafka configuration (:func:`~exactly_once_provider.hooks.kafka_client.kafka_client_config`
 reads it). Every client of the product takes it whole, minus the settings that belong to another role:
 
 ================================  ====================================================  ==========================
@@ -193,7 +193,7 @@ def spark_kafka_options(config: dict[str, Any]) -> dict[str, str]:
     out (they do not concern the job's read_committed source). Anything else raises ValueError naming the
     setting. The result holds secrets: never log it or put it on a command line.
 
-    :param config: the connection's configuration (:func:`~exactly_once_provider.connections.kafka_client_config`).
+    :param config: the connection's configuration (:func:`~exactly_once_provider.hooks.kafka_client.kafka_client_config`).
     """
     settings = for_role(config, SPARK_SOURCE)
     options: dict[str, str] = {}
@@ -277,7 +277,7 @@ def spark_kafka_options(config: dict[str, Any]) -> dict[str, str]:
 def portable_kafka_config(config: dict[str, Any]) -> dict[str, Any]:
     """Return ``config`` without observability callbacks, for a client in another process (JSON-serialisable).
 
-    :param config: the connection's configuration (:func:`~exactly_once_provider.connections.kafka_client_config`).
+    :param config: the connection's configuration (:func:`~exactly_once_provider.hooks.kafka_client.kafka_client_config`).
     """
     portable = {k: v for k, v in config.items() if k not in OBSERVABILITY_CALLBACKS}
     if callable(portable.get("oauth_cb")):

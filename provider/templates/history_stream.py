@@ -329,9 +329,9 @@ def history_stream_dag(
             from exactly_once_provider.connections import (
                 check_kafka_access,
                 explain_kafka_denials,
-                kafka_client_config,
                 postgres_connection,
             )
+            from exactly_once_provider.hooks.kafka_client import kafka_client_config
             from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
             from exactly_once_provider.kafka.topics import partitions_of
             from exactly_once_provider.source.table_patterns import resolve_tables

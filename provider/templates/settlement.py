@@ -139,9 +139,9 @@ def settlement_dag(
             from exactly_once_provider.connections import (
                 check_kafka_access,
                 explain_kafka_denials,
-                kafka_client_config,
                 postgres_connection,
             )
+            from exactly_once_provider.hooks.kafka_client import kafka_client_config
             from exactly_once_provider.kafka.topics import ensure_topics
             from exactly_once_provider.storage.preflight import preflight_locations
             from exactly_once_provider.storage.s3 import settings_for

@@ -54,7 +54,7 @@ def measure_lag(
     """Return the lag of a sink (read from the sink's own commits) or of a consumer group.
 
     :param client_config: the ``kafka`` connection's client settings
-        (:func:`~exactly_once_provider.connections.kafka_client_config`).
+        (:func:`~exactly_once_provider.hooks.kafka_client.kafka_client_config`).
     :param topics: the topics the reader consumes.
     :param sink: ``delta``, ``postgres`` or ``files`` (with ``sink_location`` and ``sink_pipeline``).
     :param sink_location: the sink's path or table; or a list of them, one per table, when one reader (one
@@ -140,7 +140,7 @@ class ConsumerLagTrigger(BaseTrigger):
         """Read the connections in the triggerer (Airflow's connection API is synchronous: off the event loop)."""
         from asgiref.sync import sync_to_async
 
-        from exactly_once_provider.connections import kafka_client_config
+        from exactly_once_provider.hooks.kafka_client import kafka_client_config
 
         kafka = await sync_to_async(kafka_client_config)(self.kafka_config_id)
         connect, s3 = await sink_connections(

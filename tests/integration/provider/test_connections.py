@@ -14,7 +14,8 @@ import psycopg2
 import pymysql
 import pytest
 
-from exactly_once_provider.connections import connect_kwargs, kafka_client_config
+from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.hooks.kafka_client import kafka_client_config
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.lag import group_offsets, stable_end_offsets
 from exactly_once_provider.kafka_config import spark_kafka_options

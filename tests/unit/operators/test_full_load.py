@@ -46,7 +46,7 @@ def test_the_version_base_comes_from_the_capture_s_ledger_on_the_server_read(mon
     from exactly_once_provider.kafka import offsets
 
     monkeypatch.setenv("AIRFLOW_CONN_MYSQL_DEFAULT", '{"conn_type": "mysql", "host": "h", "schema": "eo"}')
-    monkeypatch.setattr("exactly_once_provider.connections.checked_kafka_config", lambda conn_id: {})
+    monkeypatch.setattr("exactly_once_provider.hooks.kafka_client.checked_kafka_config", lambda conn_id: {})
     asked = []
 
     def committed(config, pipeline, partition, topic):

@@ -12,7 +12,6 @@ import pytest
 from exactly_once_provider.connections import (
     connect_kwargs,
     connectorx_tls_query,
-    kafka_client_config,
     libpq_environment,
     mysql_connect_kwargs,
     pymysql_tls,
@@ -44,16 +43,7 @@ def _conn(monkeypatch, conn_id: str, body: dict) -> None:
 # ------------------------------------------------------------------------------------------------ Kafka
 
 
-def test_kafka_client_config_is_the_whole_connection(monkeypatch):
-    extra = {k: v for k, v in SASL_SSL_SCRAM.items() if k != "error_cb"}
-    _conn(monkeypatch, "kafka_secure", {"conn_type": "kafka", "extra": extra})
-    assert kafka_client_config("kafka_secure") == extra
-
-
-def test_kafka_connection_without_brokers_is_named(monkeypatch):
-    _conn(monkeypatch, "kafka_empty", {"conn_type": "kafka", "extra": {"security.protocol": "SSL"}})
-    with pytest.raises(ValueError, match="Kafka connection 'kafka_empty' cannot be used"):
-        kafka_client_config("kafka_empty")
+# The connection's reading itself: tests/unit/hooks/test_kafka_client.py.
 
 
 def test_sasl_ssl_scram_maps_to_the_java_clients_options():

@@ -251,6 +251,7 @@ def test_resnapshot_loads_only_the_named_tables_and_a_name_the_dag_does_not_foll
 def _fake_preflight(monkeypatch, existing: list[str]) -> list[str]:
     """Stand in for the server, storage, Kafka and PostgreSQL checks of the preflight; return the checked tables."""
     from exactly_once_provider import connections
+    from exactly_once_provider.hooks import kafka_client
     from exactly_once_provider.kafka import topics
     from exactly_once_provider.storage import preflight as storage_preflight
     from exactly_once_provider.templates import history_stream
@@ -271,7 +272,7 @@ def _fake_preflight(monkeypatch, existing: list[str]) -> list[str]:
 
     monkeypatch.setattr(history_stream, "MySqlSourceHook", Hook)
     monkeypatch.setattr(storage_preflight, "preflight_locations", lambda locations, s3: [])
-    monkeypatch.setattr(connections, "kafka_client_config", lambda conn_id: {})
+    monkeypatch.setattr(kafka_client, "kafka_client_config", lambda conn_id: {})
     monkeypatch.setattr(connections, "check_kafka_access", lambda config, conn_id: None)
     monkeypatch.setattr(topics, "partitions_of", lambda admin, names: {})
     monkeypatch.setattr(connections, "postgres_connection", lambda conn_id: SimpleNamespace(close=lambda: None))
