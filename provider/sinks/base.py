@@ -243,7 +243,7 @@ def open_sink(
     :param postgres_conn_id: ``postgres``: the Airflow connection's id, named in :meth:`Sink.commit_location`.
     :param mode: ``append``, ``cdc``, ``current`` or ``window`` (the writer side's mode).
     :param commit_with: Delta append mode: ``own`` or ``delta`` (see :class:`~.delta.DeltaSink`).
-    :param key: Delta ``current`` mode: the source table's primary key columns.
+    :param key: ``current`` mode (Delta, Iceberg): the source table's primary key columns.
     :param s3: ``files``/``delta`` on ``s3://``: the :class:`~exactly_once_provider.storage.s3.S3Settings` (default: those
         the process registered).
     :param topics: ``postgres``: the topics the writer reads (its state is theirs; see
@@ -265,7 +265,7 @@ def open_sink(
         catalog = iceberg_catalog
         if catalog is None and postgres_connect:  # resolved when the catalog is first used, as for postgres
             catalog = partial(sql_catalog, postgres_connect)
-        return IcebergSink(location, pipeline, catalog, iceberg_location, s3, mode)
+        return IcebergSink(location, pipeline, catalog, iceberg_location, s3, mode, key)
     if kind == "delta":
         from exactly_once_provider.sinks.delta import DeltaSink
 

@@ -45,7 +45,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.faults import fault_point
-from exactly_once_provider.sinks import iceberg_merge
+from exactly_once_provider.sinks import iceberg_current, iceberg_merge
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     BatchCommit,
@@ -388,6 +388,11 @@ class IcebergSink:
         location = self.storage().uri().rstrip("/")
         if self.location and not location.startswith("s3://"):
             location = "file://" + location
+        dataset = None
+        if self.mode == "current":  # the full load the table is built from (builds_on)
+            if self.source is None:
+                raise ValueError(f"The Iceberg current table {self.identifier} needs its full load (builds_on).")
+            dataset = iceberg_current.full_load_dataset(self.source, self.source_location, self.source_options)
         if table is None:
             from pyiceberg.table.name_mapping import create_mapping_from_schema
 
@@ -396,7 +401,9 @@ class IcebergSink:
                 metrics = {"write.metadata.metrics.column.window_id": "full"} if self.mode == "window" else {}
                 table = catalog.create_table(
                     self.identifier,
-                    schema=_iceberg_schema(self.mode),
+                    schema=(
+                        iceberg_current.table_schema(self.source, dataset) if dataset else _iceberg_schema(self.mode)
+                    ),
                     location=location,
                     properties={"format-version": "2", **NO_RETRY, **metrics},
                 )
@@ -415,7 +422,7 @@ class IcebergSink:
                 "name the table's own location, or another table."
             )
         columns = [field.name for field in table.schema().fields]
-        if columns != [name for name, _ in MODE_COLUMNS[self.mode]]:
+        if dataset is None and columns != [name for name, _ in MODE_COLUMNS[self.mode]]:
             raise ValueError(
                 f"Iceberg table {self.identifier} has the columns {columns}, not those of mode={self.mode!r}: "
                 "give each pipeline and mode its own table."
@@ -424,6 +431,15 @@ class IcebergSink:
             with table.transaction() as tx:
                 tx.set_properties(**NO_RETRY)
             log.info("iceberg sink: turned off pyiceberg's commit retry on %s (%s)", self.identifier, NO_RETRY)
+            table = self._load()
+        if dataset is not None:
+            iceberg_current.build(self, table, dataset)
+
+    def builds_on(self, source: Any, location: str, storage_options: dict | None = None) -> None:
+        """current mode: build the table from the full load ``source`` (a
+        :class:`~exactly_once_provider.full_load.handoff.Handoff`) of the Delta table at ``location`` (a URI
+        delta-rs opens, with its ``storage_options``) when :meth:`prepare` finds it does not hold that load."""
+        self.source, self.source_location, self.source_options = source, location, storage_options
 
     def _write(self, df, folder: str) -> tuple[list[str], int]:
         """Write ``df`` as Parquet into the new folder ``folder``; return the files' URIs and their rows."""

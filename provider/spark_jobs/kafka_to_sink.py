@@ -37,6 +37,7 @@ from exactly_once_provider.connections import read_secret_file
 from exactly_once_provider.kafka_config import admin_config, spark_kafka_options
 from exactly_once_provider.sinks import dead_letters, poison
 from exactly_once_provider.sinks.base import BatchCommit, Offsets, Sink, open_sink, replayed
+from exactly_once_provider.sinks.iceberg_current import current_location
 from exactly_once_provider.spark_jobs.batch import (
     checkpoint_id,
     checkpoint_positions,
@@ -182,9 +183,10 @@ def make_sink(args: StreamSpec, source: Any = None) -> Sink:
         key=source.key if source else (),
         topics=args.topics,
         dead_letter_store=policy.store if policy else None,
-        iceberg_location=args.path,
+        # current mode: the path is the Delta full load the Iceberg table is built from, beside it
+        iceberg_location=current_location(args.path) if source is not None else args.path,
     )
-    if source is not None and args.sink == "postgres":  # built from the Delta full load: delta-rs reads it
+    if source is not None and args.sink in ("postgres", "iceberg"):  # built from the Delta full load: delta-rs reads it
         from exactly_once_provider.sinks.delta_log import table_storage
 
         storage = table_storage(args.path.removeprefix("file://"))

@@ -168,7 +168,7 @@ class StreamSpec:
         if self.mode == "window" and self.delivery != "exactly-once":
             raise ValueError("mode='window' replaces windows by version: it needs delivery='exactly-once'.")
         if self.mode == "current" and self.sink == "files":
-            raise ValueError("mode='current' keeps one row per key: it needs sink='delta' or 'postgres'.")
+            raise ValueError("mode='current' keeps one row per key: it needs sink='delta', 'postgres' or 'iceberg'.")
         if self.mode == "current" and self.sink == "postgres" and not self.path:
             raise ValueError(
                 "mode='current' with sink='postgres' builds the table from the full load: set "
@@ -177,7 +177,7 @@ class StreamSpec:
         if self.mode == "current" and self.delivery != "exactly-once":
             raise ValueError("mode='current' merges by source version: it needs delivery='exactly-once'.")
         if self.mode == "cdc" and self.sink == "files":
-            raise ValueError("mode='cdc' needs sink='delta' or 'postgres': the files sink only appends.")
+            raise ValueError("mode='cdc' needs sink='delta', 'postgres' or 'iceberg': the files sink only appends.")
         if not self.checkpoint:
             raise ValueError("checkpoint_location is required: one checkpoint directory per pipeline.")
         from exactly_once_provider.sinks import dead_letters
@@ -196,14 +196,13 @@ class StreamSpec:
         return self
 
     def _validate_iceberg(self) -> None:
-        """The Iceberg sink so far: one table, append or window mode, ``on_bad_record="fail"`` (docs/iceberg.md)."""
+        """The Iceberg sink so far: one table, ``on_bad_record="fail"`` (docs/iceberg.md). ``current`` mode builds the
+        table from the Delta full load at ``path`` (as the PostgreSQL current table does), at ``<path>_iceberg``."""
         if not self.table or self.table.count(".") < 1 or not self.path:
             raise ValueError(
                 "sink='iceberg' needs sink_table (the table in the catalog, 'namespace.table') and sink_path "
                 f"(its location, local or s3://), got sink_table={self.table!r}, sink_path={self.path!r}."
             )
-        if self.mode not in ("append", "window"):
-            raise ValueError(f"sink='iceberg' supports mode='append' or 'window' so far, got mode={self.mode!r}.")
         if self.on_bad_record != "fail":
             raise ValueError("sink='iceberg' has no dead-letter store yet: use on_bad_record='fail'.")
 

@@ -14,6 +14,9 @@ import json
 import logging
 import shutil
 import uuid
+from collections import Counter
+
+import pytest
 
 from exactly_once_provider.sinks.iceberg import IcebergSink, catalog_settings
 from tests import spark_job_support as jobs
@@ -115,3 +118,100 @@ def test_append_resumes_from_the_tables_offsets_after_a_lost_checkpoint(
         jobs.assert_exactly(read_both(sink), committed)
     finally:
         drop(sink)
+
+
+CURRENT_ROWS = 120
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_the_iceberg_current_table_is_built_from_the_full_load_and_follows_every_change(
+    stack, spark, airflow_connections, tmp_path, caplog, where
+):
+    """mode="current": the table is built from the Delta full load in one snapshot, then every change of every
+    column type (updates, deletes as tombstones, inserts, a key change, a delete then re-insert of one key) merges in
+    by key, in several micro-batches and two runs; both readers equal the source row by row, each key once. A rerun
+    with nothing new commits nothing, and the build is not repeated."""
+    from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
+    from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+    from exactly_once_provider.operators.binlog_capture import BinlogCaptureOperator
+    from exactly_once_provider.sinks.current_table import DELETED_COLUMN
+    from exactly_once_provider.sinks.iceberg_current import current_location
+    from exactly_once_provider.storage import open_storage
+    from exactly_once_provider.storage.s3 import register_settings, registered_settings
+    from tests.integration.spark_jobs.test_kafka_to_sink_current import _change_the_source
+    from tests.mysql_support import (
+        ALL_TYPES,
+        ALL_TYPES_COLUMNS,
+        all_types_rows,
+        assert_same_rows,
+        connect,
+        normalise,
+        source_rows,
+        unique_name,
+    )
+
+    source, pipeline = unique_name("icecur"), unique_name("icecur")
+    table = f"it_iceberg_{uuid.uuid4().hex[:10]}.{source.lower()}"
+    s3, before = (stack.minio_settings() if where == "s3" else None), registered_settings()
+    if s3 is not None:  # the full load and the table on MinIO (the full load stages locally)
+        register_settings(s3)
+        prefix = f"s3://{stack.MINIO_BUCKETS[0]}/it-iceberg-current/{uuid.uuid4().hex}"
+        path, checkpoint = f"{prefix}/current", f"{prefix}/checkpoint"
+    else:
+        path, checkpoint = str(tmp_path / "current"), tmp_path / "checkpoint"
+    conn = connect(stack)
+    cur = conn.cursor()
+    sink = IcebergSink(table, f"{pipeline}-ice", catalog_settings("postgres_default"), s3=s3)
+    try:
+        cur.execute(f"CREATE TABLE `{source}` {ALL_TYPES}")
+        cur.executemany(f"INSERT INTO `{source}` VALUES (" + ", ".join(["%s"] * 20) + ")", all_types_rows(CURRENT_ROWS))
+        request = FullLoadRequest(
+            schema=stack.DB_NAME, table=source, sink_path=path, staging_path=str(tmp_path / "staging")
+        )
+        run_full_load(spark, MySqlSourceHook(), request)
+
+        def capture() -> str:
+            operator = BinlogCaptureOperator(
+                task_id="capture", tables=[source], pipeline=pipeline, full_load_paths={source: path}
+            )
+            return operator.execute({})["topics"][f"{stack.DB_NAME}.{source}"]
+
+        def assert_current() -> None:
+            columns = (*ALL_TYPES_COLUMNS, DELETED_COLUMN)
+            rows = read_both(sink, s3, columns)
+            assert len({r[0] for r in rows}) == len(rows), "a key is in the Iceberg current table twice"
+            live = Counter(tuple(normalise(v) for v in r[:-1]) for r in rows if not r[-1])
+            assert_same_rows(live, source_rows(stack, source, ALL_TYPES_COLUMNS), ALL_TYPES_COLUMNS)
+
+        topic = capture()  # nothing changed yet: the first run only builds the table
+        args = iceberg_args(
+            stack, f"{pipeline}-ice", topic, checkpoint, table, path, s3, max_offsets=40, mode="current"
+        )
+        state, logged = jobs.run_in_session(args, caplog)
+        assert "built from full load" in logged
+        assert sink.catalog().load_table(table).location() == (
+            current_location(path) if s3 else "file://" + current_location(path)
+        )
+        assert_current()
+
+        _change_the_source(cur, source)
+        capture()
+        jobs.wait_for_committed_end(f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1)
+        state, logged = jobs.run_in_session(args, caplog)
+        assert state["batch_id"] >= 2, "the changes should take several micro-batches"
+        assert "built from full load" not in logged, "a restarted job built the table again"
+        end = jobs.end_offsets(f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1)
+        assert state["offsets"] == {topic: {str(p): o for p, o in end.items()}}
+        assert_current()
+        deleted = sink.catalog().load_table(table).scan(row_filter=f"{DELETED_COLUMN} = true").to_arrow()
+        assert set(deleted.column("id").to_pylist()) == set(range(51, 81)) | {100}
+        snapshot = sink.commit_location()
+        assert jobs.run_in_session(args, caplog)[0] == state  # nothing new: nothing committed
+        assert sink.commit_location() == snapshot
+    finally:
+        cur.execute(f"DROP TABLE IF EXISTS `{source}`")
+        conn.close()
+        drop(sink)
+        if s3 is not None:
+            open_storage(prefix, s3).delete_prefix("")
+        register_settings(before)

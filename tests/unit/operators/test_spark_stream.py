@@ -507,5 +507,5 @@ def test_an_iceberg_sink_gets_its_catalog_in_the_secrets_file_only(connections, 
     assert catalog["postgres"]["password"] == "cat-s3cret" and call["secrets_file_mode"] == 0o600
     visible = " ".join(call["application_args"]) + json.dumps(call["spec"]) + json.dumps(call["conf"])
     assert "cat-s3cret" not in visible
-    with pytest.raises(ValueError, match="mode='append' or 'window' so far"):
-        _op(sink="iceberg", sink_table="lake.orders", mode="cdc").execute({})
+    with pytest.raises(ValueError, match="no dead-letter store yet"):
+        _op(sink="iceberg", sink_table="lake.orders", on_bad_record="dead_letter").execute({})

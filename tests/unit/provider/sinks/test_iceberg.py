@@ -167,8 +167,7 @@ def _spec(**kwargs) -> StreamSpec:
         ({"table": None}, "needs sink_table"),
         ({"table": "orders"}, "'namespace.table'"),
         ({"path": None}, "and sink_path"),
-        ({"mode": "cdc"}, "mode='append' or 'window' so far"),
-        ({"mode": "current"}, "mode='append' or 'window' so far"),
+        ({"mode": "current", "delivery": "at-least-once"}, "mode='current' merges by source version"),
         ({"on_bad_record": "dead_letter"}, "no dead-letter store yet"),
         (
             {"topics": (), "path": None, "table": None, "routes": (Route(("t",), "/cp1", "/lake/o"),)},
@@ -181,9 +180,11 @@ def test_the_stream_spec_refuses_what_the_iceberg_sink_does_not_do_yet(kwargs, m
         _spec(**kwargs).validate()
 
 
-def test_the_stream_spec_takes_an_iceberg_append_and_window_mode():
+def test_the_stream_spec_takes_every_iceberg_mode():
     assert _spec().validate().table == "lake.o"
     assert _spec(mode="window").validate().mode == "window"
+    assert _spec(mode="cdc").validate().mode == "cdc"
+    assert _spec(mode="current").validate().path == "/lake/o"  # the Delta full load the table is built from
 
 
 def test_window_mode_carries_every_window_in_the_summary():
