@@ -1,8 +1,8 @@
 """The history -> stream template under a real Airflow, driven through the REST API, following its tables by
-pattern (``tables=["<prefix>_*"]``, one excluded): a table created between two runs is loaded and followed
-from the next run on, under a writer, while the other streams on; an ``ALTER TABLE ... ADD COLUMN ... DEFAULT``
-between two runs; a re-snapshot of one table through the trigger form's ``resnapshot`` Param; the current tables
-kept in PostgreSQL too (``postgres_table``). Checks read MariaDB and PostgreSQL with plain SQL and the Delta
+pattern (``tables=["<prefix>_*"]``, one excluded). A first run loads two tables; ONE second run then loads a
+table created since (under a writer, while the others stream on), streams an ``ALTER TABLE ... ADD COLUMN ...
+DEFAULT`` and re-snapshots the third table through the trigger form's ``resnapshot`` Param; the current tables
+are kept in PostgreSQL too (``postgres_table``). Checks read MariaDB and PostgreSQL with plain SQL and the Delta
 current tables with pyarrow from the Delta log's live files — never through the product's handoff, version or
 reconciliation readers."""
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -78,7 +79,7 @@ def _write(stack, tables: list[str], stop: threading.Event, done: list[int]) -> 
     """Insert, update and delete in every table in turn, one transaction each, until ``stop``."""
     conn = connect(stack)
     cur = conn.cursor()
-    while not stop.is_set() or done[0] < 40:
+    while not stop.is_set():
         table = tables[done[0] % len(tables)]
         cur.execute(f"INSERT INTO {table} (amount, currency, note) VALUES (7.25, 'GBP', 'w')")
         cur.execute(f"UPDATE {table} SET amount = amount + 1, note = 'w' WHERE id = %s", (done[0] % 30 + 1,))
@@ -86,6 +87,22 @@ def _write(stack, tables: list[str], stop: threading.Event, done: list[int]) -> 
         done[0] += 1
         stop.wait(0.05)
     conn.close()
+
+
+def _stop_writer_when_loaded(client, dag_id: str, run: str, stop: threading.Event, writer: threading.Thread) -> None:
+    """Let the writer run through the run's full load (snapshots taken under writes), and stop it before the
+    capture starts (``lag_gate`` runs in between): the capture reads up to the binlog end it sees at its start, so
+    every write is in this run and the current tables can be compared with the source row by row afterwards."""
+    try:
+        while client.run(dag_id, run)["state"] in ("queued", "running"):
+            states = _states(client, dag_id, run)
+            if states.get("full_load") in ("success", "failed", "upstream_failed", "skipped"):
+                assert states.get("capture") in (None, "none", "scheduled", "queued"), states
+                break
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        writer.join()
 
 
 def _states(client, dag_id: str, run: str) -> dict[str, str]:
@@ -97,10 +114,11 @@ def test_history_stream_by_pattern_through_rest_a_new_table_joins_and_one_is_res
 ):
     client = airflow_server.client
     prefix = f"afhs_{uuid.uuid4().hex[:6]}"
-    first, joining, excluded = f"{prefix}_a", f"{prefix}_b", f"{prefix}_skip"
+    first, joining, reloaded, excluded = f"{prefix}_a", f"{prefix}_b", f"{prefix}_c", f"{prefix}_skip"
     conn = connect(stack)
     cur = conn.cursor()
     _create(cur, first, ROWS)
+    _create(cur, reloaded, 80)
     cur.execute(
         f"CREATE TABLE {excluded} (v INT)"
     )  # no primary key: the preflight would refuse it, were it not excluded
@@ -126,67 +144,63 @@ def test_history_stream_by_pattern_through_rest_a_new_table_joins_and_one_is_res
             "postgres_table": "{table}_current",
         },
     )
-    path = {t: str(tmp_path / t) for t in (first, joining)}
+    path = {t: str(tmp_path / t) for t in (first, joining, reloaded)}
     client.wait_dag(dag_id)
     client.unpause(dag_id)
 
-    # 1. The first run loads the one table the pattern matches (no writes meanwhile: the load equals the source).
+    # 1. The first run loads the two tables the pattern matches (no writes meanwhile: the load equals the source).
     run = client.trigger(dag_id)
     client.wait_run(dag_id, run, timeout=1800)
     states = _states(client, dag_id, run)
     assert states["full_load"] == "success" and states["retention_guard"] == "skipped", states
     assert states["apply_postgres"] == states["reconcile_postgres"] == "success", states
-    assert _current(path[first]) == _source(cur, first) and _full_loads(path[first]) == 1
-    assert _postgres_current(stack, f"{first}_current") == _source(cur, first)
+    for table in (first, reloaded):
+        assert _current(path[table]) == _source(cur, table) and _full_loads(path[table]) == 1
+        assert _postgres_current(stack, f"{table}_current") == _source(cur, table)
 
-    # 2. A new table matching the pattern, an added column with a DEFAULT on the first (MariaDB gives every
-    # existing row the default without a row event) and changes; a writer changes both tables during the run.
+    # 2. In ONE run: a new table matching the pattern joins; an added column with a DEFAULT on the first table
+    # (MariaDB gives every existing row the default without a row event) and changes stream on; the third table
+    # is re-snapshotted through the trigger form's Param after changes and deletes (the new snapshot holds them:
+    # no tombstone). A writer changes all three tables through the full load of the run (so its snapshots).
     cur.execute(f"ALTER TABLE {first} ADD COLUMN flag SMALLINT NOT NULL DEFAULT 3")
     _create(cur, joining, 120)
     cur.execute(f"DELETE FROM {first} WHERE id IN (3, 250, 251)")
+    cur.execute(f"UPDATE {reloaded} SET note = 'reload' WHERE id <= 30")  # the writer's ids there: 3, 6, ... 30
+    cur.execute(f"DELETE FROM {reloaded} WHERE id IN (5, 6)")
     stop, done = threading.Event(), [0]
-    writer = threading.Thread(target=_write, args=(stack, [first, joining], stop, done))
+    writer = threading.Thread(target=_write, args=(stack, [first, joining, reloaded], stop, done))
     writer.start()
-    try:
-        run = client.trigger(dag_id)
-        client.wait_run(dag_id, run, timeout=1800)
-    finally:
-        stop.set()
-        writer.join()
+    run = client.trigger(dag_id, conf={"resnapshot": [reloaded]})
+    _stop_writer_when_loaded(client, dag_id, run, stop, writer)
+    client.wait_run(dag_id, run, timeout=1800)
     states = _states(client, dag_id, run)
     assert states["full_load"] == "success" and states["retention_guard"] == "success", states
     assert states["reconcile"] == "success", states
-    assert f"reconciliation 2 of 2: hs-{prefix}.{joining}" in client.task_log(dag_id, run, "reconcile")
-    assert _full_loads(path[first]) == 1, "a table loaded before must not be loaded again"
-    assert _full_loads(path[joining]) == 1
-    assert "CLEAN" in client.task_log(dag_id, run, "reconcile_postgres")
-
-    # 3. A re-snapshot of the first table through the trigger form's Param; the joined table streams its
-    # writer's last changes (those after the capture's end in step 2).
-    cur.execute(f"UPDATE {first} SET note = 'reload' WHERE id <= 20")
-    run = client.trigger(dag_id, conf={"resnapshot": [first]})
-    client.wait_run(dag_id, run, timeout=1800)
-    states = _states(client, dag_id, run)
-    assert states["full_load"] == "success", states
-    assert client.run(dag_id, run)["conf"] == {"resnapshot": [first]}
-    assert (_full_loads(path[first]), _full_loads(path[joining])) == (2, 1)
+    assert client.run(dag_id, run)["conf"] == {"resnapshot": [reloaded]}
+    assert f"of 3: hs-{prefix}.{joining}" in client.task_log(dag_id, run, "reconcile")
+    loads = {t: _full_loads(path[t]) for t in (first, joining, reloaded)}
+    assert loads == {first: 1, joining: 1, reloaded: 2}, "a table loaded before must not be loaded again"
     source = _source(cur, first, ALTERED)
     assert {row[-1] for row in source.values()} == {3}
-    assert _current(path[first], ALTERED) == source and _tombstones(path[first]) == set()  # the new snapshot
-    assert _postgres_current(stack, f"{first}_current", ALTERED) == source  # rebuilt from it
+    assert _current(path[first], ALTERED) == source == _postgres_current(stack, f"{first}_current", ALTERED)
+    again = _source(cur, reloaded)
+    assert {again[k][2] for k in (1, 2, 4)} == {"reload"} and not {5, 6} & set(again)
+    assert _current(path[reloaded]) == again and not {5, 6} & _tombstones(path[reloaded])  # the new snapshot's
+    assert _postgres_current(stack, f"{reloaded}_current") == again  # rebuilt from it
     joined = _source(cur, joining)
     conn.close()
     assert done[0] >= 40 and _current(path[joining]) == joined == _postgres_current(stack, f"{joining}_current")
     assert _tombstones(path[joining]) and _tombstones(path[joining]).isdisjoint(joined)  # deletes after its load
     logs = client.task_log(dag_id, run, "reconcile") + client.task_log(dag_id, run, "reconcile_postgres")
-    assert logs.count("CLEAN") >= 4, logs[-3000:]
+    assert logs.count("CLEAN") >= 6, logs[-3000:]
     # The status page shows the tables the newest run matched (the DAG file names only the pattern).
     client.dag(dag_id)  # signs in
     page = client._http.get("/exactly-once/api/pipelines", params={"pipeline": f"hs-{prefix}"})
     assert page.status_code == 200, page.text
     flow = next(f for f in page.json()["flows"] if f"hs-{prefix}" in f["pipelines"])
-    assert flow["sources"] == [f"{stack.DB_NAME}.{t}" for t in (first, joining)], flow
-    assert {f"delta {path[first]}", f"delta {path[joining]}"} <= set(flow["sinks"]), flow
+    tables = [f"{stack.DB_NAME}.{t}" for t in (first, joining, reloaded)]
+    assert flow["sources"] == tables, flow
+    assert {f"delta {p}" for p in path.values()} <= set(flow["sinks"]), flow
     shown = {t["table"]: t for t in flow["tables"]}  # one row per table, its reconciliation on it
-    assert sorted(shown) == [f"{stack.DB_NAME}.{t}" for t in (first, joining)], flow["tables"]
+    assert sorted(shown) == tables, flow["tables"]
     assert {t["last reconciliation"] for t in shown.values()} == {"clean"} and {t["lag"] for t in shown.values()} == {0}
