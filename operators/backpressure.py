@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.capture.resume import committed_position_on
 from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.hooks.kafka_client import checked_kafka_config
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
@@ -214,6 +215,8 @@ class BinlogRetentionGuardOperator(BaseOperator):
                 f"{err}. The capture cannot resume on this server: its binlog no longer holds "
                 "the capture's GTID position. Trigger the DAG with full_reload=true."
             ) from None
+        except PipelineError as err:  # the source code also runs without Airflow: the task fails with its message
+            raise AirflowException(str(err)) from err
         self.log.info("Binlog retention of the capture's position: %s", how)
         found = headroom(position, hook.binary_log_sizes())
         if found.purged:

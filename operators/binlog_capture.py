@@ -14,6 +14,7 @@ from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
 from exactly_once_provider.capture.loop import MODES, CaptureRequest, CaptureStoppedError, run_capture
 from exactly_once_provider.connections import check_kafka_access, explain_kafka_denials
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
@@ -134,6 +135,14 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         self._stop = threading.Event()
 
     def execute(self, context: Any) -> dict[str, Any]:
+        try:
+            return self._capture()
+        except (CaptureStoppedError, PipelineError) as err:
+            # The capture loop and the source and Kafka code under it run without Airflow (they raise these); the
+            # task fails with their message: a statement the stream cannot follow, a fenced writer, a lost stream.
+            raise AirflowException(str(err)) from err
+
+    def _capture(self) -> dict[str, Any]:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}: use 'bounded' or 'continuous'.")
         if self.on_drop not in ("fail", "stop"):
@@ -194,8 +203,6 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         writer = producer.open_writer(track_partition_offsets=False)  # the ledger record is the progress shown
         try:
             result = run_capture(hook, writer, request, should_stop=self._stop.is_set, progress_log=self.log)
-        except CaptureStoppedError as err:  # a statement the stream cannot follow: the task fails, saying why
-            raise AirflowException(str(err)) from err
         finally:
             writer.close()
             for locator in request.chunk_locators.values():

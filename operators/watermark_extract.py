@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
@@ -236,6 +238,8 @@ class WatermarkExtractOperator(facets.OpenLineageMixin, BaseOperator):
                 return self._result(hook, source_partition, record, skipped=False)
             finally:
                 writer.close()
+        except PipelineError as err:  # the Kafka writer also runs without Airflow: the task fails with its message
+            raise AirflowException(str(err)) from err
         finally:
             conn.close()
 

@@ -1,7 +1,8 @@
 """Errors that tell the user what to change.
 
-Bad input raises ``ValueError`` (or a subclass below); runtime failures raise ``AirflowException``.
-Each message names the setting, object or privilege to fix.
+Bad input raises ``ValueError`` (or a subclass below); runtime failures raise ``AirflowException``, or
+:class:`PipelineError` in the modules that also run without Airflow. Each message names the setting, object or
+privilege to fix.
 """
 
 from __future__ import annotations
@@ -16,4 +17,13 @@ class ServiceAccessError(ValueError):
 
     A ``ValueError``: the fix is in the connection (or the server's grants), not a retry. The message names the
     connection and what to change, never a secret.
+    """
+
+
+class PipelineError(RuntimeError):
+    """Raise for a runtime failure in code that also runs without Airflow: the Spark drivers and the capture loop.
+
+    Those modules import no Airflow, not even indirectly (``tests/unit/test_layers.py``), so they cannot raise
+    ``AirflowException``; an operator that calls them fails its task with an ``AirflowException`` carrying the
+    same message (``raise AirflowException(str(err)) from err``).
     """

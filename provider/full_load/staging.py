@@ -25,8 +25,7 @@ import re
 import shutil
 from pathlib import Path
 
-from airflow.sdk.exceptions import AirflowException
-
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.storage import Storage, is_s3, open_storage
 
 MANIFESTS = "_manifests/"
@@ -36,7 +35,7 @@ KEEP_MANIFESTS = 3
 _MANIFEST_KEY = re.compile(r"^_manifests/(\d{20})\.json$")
 
 
-class StagingFencedError(AirflowException):
+class StagingFencedError(PipelineError):
     """Another loader saved the staging manifest since this one read it: two loads of one table at once."""
 
 
@@ -69,7 +68,7 @@ class Staging:
                 self._sequence = sequences[-1]
                 return json.loads(data)
             # deleted by a newer save between the listing and the read: look again
-        raise AirflowException(
+        raise PipelineError(
             f"The staging manifests of {self.root} kept disappearing while being read: is "
             "another full load of this table running?"
         )

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from airflow.sdk.exceptions import AirflowException
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.kafka.offsets import (
     MARKER_HEADER,
@@ -152,11 +152,11 @@ def _as_message(record: Sequence[Any]) -> Message:
     return Message(record[0], record[1]) if len(record) == 2 else Message(*record[:4])
 
 
-class ProducerFencedError(AirflowException):
+class ProducerFencedError(PipelineError):
     """Raise when a newer producer with the same transactional id took over (this attempt is the zombie)."""
 
 
-class DeliveryError(AirflowException):
+class DeliveryError(PipelineError):
     """Raise when a record could not be delivered; its transaction was aborted."""
 
 
@@ -435,7 +435,7 @@ class PipelineWriter:
                 )
                 if self._abort():
                     if replays > self.max_replays:
-                        raise AirflowException(
+                        raise PipelineError(
                             f"Batch {committed.batch_id} of {self.pipeline}/{self.source_partition} was "
                             f"aborted {replays} times, last because of {failure.error}; nothing of it is "
                             "visible. Check the broker and retry the task."
@@ -445,7 +445,7 @@ class PipelineWriter:
             recreate_error, failure = failure.error, None
             recreates += 1
             if recreates > self.max_recreates:
-                raise AirflowException(
+                raise PipelineError(
                     f"Producer of {self.pipeline}/{self.source_partition} failed fatally {recreates} times, "
                     f"last: {recreate_error}. The ledger still says offset "
                     f"{before.offset if before else None!r}; retry the task to resume from there."
@@ -461,7 +461,7 @@ class PipelineWriter:
                 self.log.info("Batch %s turned out committed before the failure", committed.batch_id)
                 return self.last_committed
             if self.last_committed != before:
-                raise AirflowException(
+                raise PipelineError(
                     f"The ledger of {self.pipeline}/{self.source_partition} moved to "
                     f"{self.last_committed} while this writer held batch {committed.batch_id}: another writer "
                     "uses the same pipeline and source_partition. Give each writer its own source_partition."
@@ -599,7 +599,7 @@ class PipelineWriter:
                     raise self._undeliverable([exc.error]) from None
                 raise
             if deliveries.errors:  # librdkafka never commits a transaction with a failed delivery
-                raise AirflowException(
+                raise PipelineError(
                     f"Batch {committed.batch_id} of {self.pipeline}/{self.source_partition} was committed although "
                     f"records failed ({deliveries.errors[0]}); the topic may miss them. Report this as a bug."
                 )

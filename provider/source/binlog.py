@@ -38,7 +38,6 @@ from operator import itemgetter, methodcaller
 from typing import Any
 
 import pymysql
-from airflow.sdk.exceptions import AirflowException
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.event import (
@@ -51,7 +50,7 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
-from exactly_once_provider.errors import SourceConfigurationError
+from exactly_once_provider.errors import PipelineError, SourceConfigurationError
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.source import ddl
 from exactly_once_provider.source.row_decoder import RowDecoder, library_columns, row_decoder
@@ -230,7 +229,7 @@ class TableShape:
                 if why == _EMPTY_SET and name in self.empty_sets:
                     row[name] = []
                 elif why.startswith(_OUT_OF_RANGE):
-                    raise AirflowException(
+                    raise PipelineError(
                         f"Column {name!r} of {self.schema}.{self.table} holds a zero or invalid date ({why}), which "
                         "has no date value: the capture refuses to turn it into NULL. Fix the row in the source "
                         "(and set sql_mode NO_ZERO_DATE,NO_ZERO_IN_DATE), then run a full reload of the table."
@@ -242,7 +241,7 @@ class TableShape:
         try:
             return self._key_getter(values)
         except KeyError as missing:
-            raise AirflowException(
+            raise PipelineError(
                 f"Key column {missing} of {self.schema}.{self.table} is not in the binlog row (columns "
                 f"{list(self.columns)}): was it dropped or renamed by an ALTER TABLE? The capture cannot tell "
                 "rows apart without it; restore the key or run a full reload with the new key."
@@ -412,7 +411,7 @@ def first_transaction_after(connection: dict[str, Any], gtid_position: str, serv
     return None
 
 
-class GtidNotInBinlogError(AirflowException):
+class GtidNotInBinlogError(PipelineError):
     """Raise when the server's binlog does not hold a GTID position the capture must resume from."""
 
 
@@ -523,7 +522,7 @@ class BinlogReader:
             now = time.monotonic()
             failing_since = failing_since or now
             if now - failing_since > self.reconnect_timeout:
-                raise AirflowException(
+                raise PipelineError(
                     f"Lost the binlog stream ({reason}) and could not resume it for {self.reconnect_timeout:.0f}s; "
                     f"nothing after {boundary} was captured. Retry the task once the server is back."
                 )
@@ -593,7 +592,7 @@ class BinlogReader:
                 current = None
                 continue
             if isinstance(event, XAPrepareEvent):
-                raise AirflowException(
+                raise PipelineError(
                     f"XA transaction at {file}:{event_start}: XA PREPARE writes rows to the binlog before the "
                     "outcome is known, which this capture does not support. Avoid XA on captured tables."
                 )

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import MySQLdb
-from airflow.sdk.exceptions import AirflowException
 
-from exactly_once_provider.errors import ServiceAccessError, SourceConfigurationError
+from exactly_once_provider.errors import PipelineError, ServiceAccessError, SourceConfigurationError
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.source import gtid, preflight
 from exactly_once_provider.source.binlog import (
@@ -315,7 +314,7 @@ class MySqlBinlogSource(MySqlSource):
             if at_end and attempt < attempts:
                 continue  # a transaction may have been written after the dump ended: look again
             break
-        raise AirflowException(
+        raise PipelineError(
             f"GTID position {text} is at {found} in this server's binlog, but the GTID position there is "
             f"{gtid.format_position(at) or 'empty'}: the binlog before it holds transactions of other domains (or "
             "other GTIDs) the capture never delivered. Resuming there would skip them; check the replication "

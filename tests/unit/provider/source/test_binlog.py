@@ -8,9 +8,9 @@ import decimal
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowException
 from pymysqlreplication.constants import FIELD_TYPE
 
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.source.binlog import TableShape, column_converter, ddl_tables, replica_server_id
 
 
@@ -112,7 +112,7 @@ def test_the_key_is_read_as_the_snapshot_reads_it():
     assert _shape().key_of({"id": 7, "s": None}) == (7,)
     assert _shape(key=("s", "id"), key_fixes=(None, None)).key_of({"id": 7, "s": "a"}) == ("a", 7)
     assert _shape(key=("s", "id"), key_fixes=(pad, None)).key_of({"id": 7, "s": b"a"}) == (b"a\x00\x00\x00", 7)
-    with pytest.raises(AirflowException, match="dropped or renamed"):
+    with pytest.raises(PipelineError, match="dropped or renamed"):
         _shape(key=("s", "id"), key_fixes=(None, None)).key_of({"s": 1})
 
 
@@ -137,12 +137,12 @@ def test_empty_set_is_an_empty_array_and_null_stays_null():
 
 
 def test_a_zero_date_is_an_error_not_a_null():
-    with pytest.raises(AirflowException, match="zero or invalid date"):
+    with pytest.raises(PipelineError, match="zero or invalid date"):
         _shape().convert({"id": 1, "s": None}, {"s": "out of datetime2 range"})
 
 
 def test_a_missing_key_column_is_a_clear_error():
-    with pytest.raises(AirflowException, match="dropped or renamed"):
+    with pytest.raises(PipelineError, match="dropped or renamed"):
         _shape().key_of({"s": 1})
 
 
