@@ -149,6 +149,26 @@ class S3Settings:
             options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "true"
         return {k: v for k, v in options.items() if v}
 
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """Return pyiceberg's FileIO properties (``s3.*``) with these settings, secrets included (never log them).
+
+        pyiceberg's S3 FileIO needs a region even for MinIO, so ``us-east-1`` stands in when none is set; it
+        defaults to virtual-hosted addressing, which an S3-compatible endpoint on one host cannot serve.
+        """
+        props = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
+        for key, value in (
+            ("s3.endpoint", self.endpoint_url),
+            ("s3.access-key-id", self.access_key_id),
+            ("s3.secret-access-key", self.secret_access_key),
+            ("s3.session-token", self.session_token),
+            ("s3.region", self.region_name or "us-east-1"),
+        ):
+            if value:
+                props[key] = value
+        if self.addressing_style != "virtual":
+            props["s3.force-virtual-addressing"] = "false"
+        return props
+
     def hadoop_conf(self) -> dict[str, str]:
         """Return Spark's s3a settings (``spark.hadoop.fs.s3a.*``), secrets included: for in-process config only."""
         conf = {"fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
@@ -181,6 +201,23 @@ def register_settings(settings: S3Settings | None) -> None:
 
 def registered_settings() -> S3Settings | None:
     return _registered
+
+
+def s3_settings(place: Any = None) -> S3Settings | None:
+    """Return the S3 settings that reach ``place``, None for a local one: the one answer every reader asks.
+
+    Each client renders them itself (:meth:`S3Settings.delta_rs_options`, :meth:`~S3Settings.hadoop_conf`,
+    :meth:`~S3Settings.pyiceberg_properties`, :meth:`~S3Settings.client`, :meth:`~S3Settings.arrow_filesystem`).
+
+    :param place: a storage (:func:`~exactly_once_provider.storage.open_storage`: an S3 storage's own settings),
+        an ``s3://``/``s3a://`` location (the settings this process registered, :func:`register_settings`), the
+        settings themselves, or a local path or None (no settings).
+    """
+    if place is None or isinstance(place, S3Settings):
+        return place
+    if isinstance(place, str):
+        return registered_settings() if place.startswith(S3_SCHEMES) else None
+    return getattr(place, "settings", None)  # an S3Storage carries its own; a local storage has none
 
 
 def settings_for(aws_conn_id: str, *locations: str | None) -> S3Settings | None:

@@ -13,7 +13,14 @@ from exactly_once_provider.errors import ServiceAccessError
 from exactly_once_provider.storage import open_storage
 from exactly_once_provider.storage import preflight as preflight_module
 from exactly_once_provider.storage.preflight import preflight, preflight_locations
-from exactly_once_provider.storage.s3 import S3Settings, S3Storage, register_settings, settings_for, split_uri
+from exactly_once_provider.storage.s3 import (
+    S3Settings,
+    S3Storage,
+    register_settings,
+    s3_settings,
+    settings_for,
+    split_uri,
+)
 
 SETTINGS = S3Settings("AKIA-test", "secret-test", None, "http://127.0.0.1:1", "us-east-1", "path", None, "aws_x")
 
@@ -164,3 +171,35 @@ def test_preflight_of_a_task_s_locations_checks_each_s3_place_once_and_leaves_lo
     assert preflight_locations(["/lake/t", "file:///lake/c"], None) == []
     with pytest.raises(ValueError, match=r"s3://lake/t is on S3: name the `aws` Airflow connection \(aws_conn_id\)"):
         preflight_locations(["s3://lake/t"], None)
+
+
+def test_one_function_answers_which_s3_settings_reach_a_place(tmp_path):
+    register_settings(SETTINGS)
+    try:
+        assert s3_settings(S3Storage("s3://bucket/t", SETTINGS)) is SETTINGS  # a storage's own
+        assert s3_settings("s3a://bucket/t") is SETTINGS  # a location: the process's (a driver's secrets file)
+        assert s3_settings(SETTINGS) is SETTINGS
+        assert s3_settings(open_storage(str(tmp_path))) is None  # local: none
+        assert s3_settings(str(tmp_path)) is None and s3_settings(None) is None
+    finally:
+        register_settings(None)
+    assert s3_settings("s3://bucket/t") is None  # nothing registered
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SETTINGS,
+        S3Settings("AKIA-test", "secret-test", "token-test", None, None, "virtual", None, "aws_y"),
+        S3Settings(None, None, None, "https://s3.example", "eu-west-1", None, "/ca.pem", "aws_z"),
+    ],
+    ids=["minio", "aws-session", "default-chain"],
+)
+def test_pyiceberg_gets_its_file_io_properties_from_the_settings(settings):
+    props = settings.pyiceberg_properties()
+    assert props["py-io-impl"] == "pyiceberg.io.pyarrow.PyArrowFileIO"
+    assert props["s3.region"] == (settings.region_name or "us-east-1")  # pyiceberg needs one, MinIO too
+    assert props.get("s3.endpoint") == settings.endpoint_url
+    assert props.get("s3.access-key-id") == settings.access_key_id
+    assert props.get("s3.session-token") == settings.session_token
+    assert ("s3.force-virtual-addressing" in props) == (settings.addressing_style != "virtual")
