@@ -375,7 +375,9 @@ def lag_section(spec: PipelineSpec, sink_rows: list[dict[str, Any]], connections
                 continue
             for partition, end in ends.items():
                 sink_next = committed.get(topic, {}).get(str(partition))
-                lag = None if sink_next is None else end - sink_next
+                # a partition nothing was ever written to has nothing to lag behind, whether or not the sink
+                # committed from it (an idle table of a whole database: its changes were all in its snapshot)
+                lag = 0 if end == 0 else None if sink_next is None else end - sink_next
                 total += lag or 0
                 section.rows.append(
                     {

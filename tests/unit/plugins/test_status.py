@@ -18,6 +18,7 @@ from exactly_once_provider.plugins.status import (
     PipelineStatus,
     Section,
     full_loads_section,
+    lag_section,
     ledger_section,
     sink_commit,
     sink_windows_section,
@@ -178,3 +179,14 @@ def test_window_mode_sink_commits_show_the_version_each_window_settled_at(tmp_pa
         ("settle/orders/2026-11-20", 2, 12),
         ("settle/orders/2026-11-19", 1, 10),
     ]
+
+
+def test_an_empty_partition_lags_by_nothing_even_before_the_sink_committed_from_it():
+    class Ends(Connections):
+        def end_offsets(self, conn_id, topic):
+            return {"t.idle": {0: 0, 1: 0}, "t.busy": {0: 9, 1: 4}}[topic]
+
+    spec = PipelineSpec("p", topics={"t.idle", "t.busy"}, sinks={SinkSpec("delta", "/lake/t")})
+    section, total = lag_section(spec, [{"next offsets": {"t.busy": {"0": 7}}}], Ends())
+    lags = {(r["topic"], r["partition"]): r["lag"] for r in section.rows}
+    assert lags == {("t.busy", 0): 2, ("t.busy", 1): "—", ("t.idle", 0): 0, ("t.idle", 1): 0} and total == 2
