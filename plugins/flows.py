@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from exactly_once_provider.kafka.change_times import unapplied_since
 from exactly_once_provider.plugins.status import BEHIND, EMPTY, ERROR, MISMATCH, OK, PipelineStatus, Position
 
 HISTORY = 30  # sink commits per chart
@@ -150,7 +150,6 @@ def delta_history(location: str, pipeline: str, limit: int = HISTORY, s3: Any = 
     :param limit: how many commits.
     :param s3: a table on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
     """
-    import json
 
     from exactly_once_provider.sinks.delta import DeltaSink, _output_rows
     from exactly_once_provider.sinks.delta_commit import commits
@@ -199,51 +198,6 @@ def offsets_at_times(consumer: Any, asks: list[tuple[str, int, int]], ends: dict
                 tp.offset if tp.offset >= 0 else ends[(ask.topic, ask.partition)]
             )
     return found
-
-
-def unapplied_since(consumer: Any, lagging: list[tuple[str, int, int]], wait: float = 2.0) -> dict:
-    """Return ``{(topic, partition): epoch seconds}`` of the first record at each sink's next offset: its source
-    commit time if it is a binlog change record, else (or if earlier) its Kafka time.
-
-    One fetch for all the partitions, at most ``wait`` seconds (a partition whose next records are in an open
-    transaction has none to read yet and is left out).
-
-    :param consumer: a read_committed Kafka consumer.
-    :param lagging: ``(topic, partition, sink next offset)`` of partitions with lag.
-    :param wait: the most seconds to wait for the records.
-    """
-    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, TopicPartition
-
-    consumer.assign([TopicPartition(t, p, o) for t, p, o in lagging])
-    pending, found = {(t, p) for t, p, _ in lagging}, {}
-    deadline = time.monotonic() + wait
-    try:
-        while pending and time.monotonic() < deadline:
-            message = consumer.poll(max(0.0, deadline - time.monotonic()))
-            if message is None or message.error() or (message.topic(), message.partition()) not in pending:
-                continue
-            pending.discard((message.topic(), message.partition()))
-            kind, stamp = message.timestamp()
-            times = [stamp / 1000] if kind != TIMESTAMP_NOT_AVAILABLE else []
-            committed = source_commit_time(message.value())
-            if committed is not None:
-                times.append(committed)
-            if times:
-                found[(message.topic(), message.partition())] = min(times)
-    finally:
-        consumer.unassign()
-    return found
-
-
-def source_commit_time(value: bytes | None) -> float | None:
-    """Return the source commit time (epoch seconds) of a binlog change record's value, None for other records."""
-    if not value or not value.startswith(b'{"'):
-        return None
-    try:
-        stamp = json.loads(value).get("commit_ts")
-        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except (ValueError, TypeError, AttributeError):
-        return None
 
 
 @dataclass

@@ -39,6 +39,7 @@ def sink_commits(
     postgres_conn_id: str | None = None,
     aws_conn_id: str | None = None,
     poll_interval: float = 10.0,
+    kafka_config_id: str | None = None,
 ) -> Asset:
     """
     Return the Asset of a pipeline's sink, with a watcher that emits an event per commit.
@@ -53,6 +54,8 @@ def sink_commits(
     :param aws_conn_id: a Delta or files sink on ``s3://``: its ``aws`` connection (default ``aws_default``); an
         Iceberg table on ``s3://``: name it (the location is the catalog's, not known here).
     :param poll_interval: seconds between two reads of the sink's commit marker.
+    :param kafka_config_id: the pipeline's ``kafka`` connection: each event then also holds the binlog position
+        and commit time of the newest change applied and the sink's freshness (read from the change records).
     """
     if sink not in SINKS:
         raise ValueError(f"sink={sink!r}: use one of {', '.join(SINKS)}.")
@@ -67,6 +70,7 @@ def sink_commits(
         postgres_conn_id=postgres_conn_id,
         aws_conn_id=aws_conn_id,
         poll_interval=poll_interval,
+        kafka_config_id=kafka_config_id,
     )
     watcher = AssetWatcher(name=f"{pipeline}-commits", trigger=trigger)
     if sink in ("postgres", "iceberg"):  # a table has no URI of its own here; the name identifies it

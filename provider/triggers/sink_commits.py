@@ -10,7 +10,10 @@ What an event says: the newest committed batch (pipeline, checkpoint, batch id, 
 batch starts at, rows in the sink) and what changed since the previous event (rows added, Kafka records
 passed, the first and last batch ids). Commits made between two polls are announced together, in one event
 naming both batch ids: a downstream "refresh when orders changed" needs the newest state, not one run per
-micro-batch.
+micro-batch. With the pipeline's Kafka connection (``kafka_config_id``) an event also says where the source is in
+the sink (:func:`~exactly_once_provider.kafka.change_times.source_state`): the binlog position and commit time of
+the newest change applied, and the freshness (seconds since the source commit of the oldest change not applied,
+0 when caught up), read from the change records around the sink's offsets.
 
 Announced at least once: the last announced commit is kept in the Asset's state store (Airflow 3.3), written
 after the event is handed to the triggerer, so a triggerer restart resumes after it. A restart between the two
@@ -68,6 +71,8 @@ class SinkCommitTrigger(BaseEventTrigger):
         database of its SQL catalog.
     :param aws_conn_id: a files or Delta sink on ``s3://``: the ``aws`` connection, resolved in the triggerer.
     :param poll_interval: seconds between reads of the sink's commit marker.
+    :param kafka_config_id: the pipeline's ``kafka`` connection: adds the source position and freshness to each
+        event (None: the sink's figures only).
     """
 
     def __init__(
@@ -78,8 +83,10 @@ class SinkCommitTrigger(BaseEventTrigger):
         postgres_conn_id: str | None = None,
         aws_conn_id: str | None = None,
         poll_interval: float = 10.0,
+        kafka_config_id: str | None = None,
     ) -> None:
         super().__init__()
+        self.kafka_config_id = kafka_config_id
         self.sink, self.sink_location, self.sink_pipeline = sink, sink_location, sink_pipeline
         self.postgres_conn_id, self.aws_conn_id, self.poll_interval = postgres_conn_id, aws_conn_id, poll_interval
 
@@ -93,6 +100,7 @@ class SinkCommitTrigger(BaseEventTrigger):
                 "postgres_conn_id": self.postgres_conn_id,
                 "aws_conn_id": self.aws_conn_id,
                 "poll_interval": self.poll_interval,
+                "kafka_config_id": self.kafka_config_id,
             },
         )
 
@@ -104,6 +112,16 @@ class SinkCommitTrigger(BaseEventTrigger):
         if self.asset_state_store is not None:
             await self.asset_state_store.aset(STATE_KEY, announced)
 
+    async def _source(self, config: dict, commit: Any) -> dict[str, Any]:
+        """Return the event's source figures; a Kafka that cannot be read is named in the event, not fatal."""
+        from exactly_once_provider.kafka.change_times import source_state
+
+        try:
+            return await asyncio.to_thread(source_state, config, commit.offsets)
+        except Exception as err:  # the commit is announced all the same: it happened
+            self.log.warning("sink %s: source position not read from Kafka: %s", self.sink_location, err)
+            return {"source": None, "freshness_s": None, "source_error": f"{type(err).__name__}: {err}"}
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from exactly_once_provider.sinks.base import open_sink
         from exactly_once_provider.triggers.consumer_lag import sink_connections
@@ -111,10 +129,19 @@ class SinkCommitTrigger(BaseEventTrigger):
         connect, s3 = await sink_connections(self.sink, [self.sink_location], self.postgres_conn_id, self.aws_conn_id)
         reader = open_sink(self.sink, self.sink_location, self.sink_pipeline, postgres_connect=connect or {}, s3=s3)
         announced = await self._stored()
+        config = None
+        if self.kafka_config_id:
+            from asgiref.sync import sync_to_async
+
+            from exactly_once_provider.hooks.kafka_client import kafka_client_config
+
+            config = await sync_to_async(kafka_client_config)(self.kafka_config_id)
         while True:
             commit = await asyncio.to_thread(reader.committed)
             if commit is not None and (announced is None or announced.get("identity") != commit_identity(commit)):
                 extra = describe_commit(commit, announced, self.sink, self.sink_location)
+                if config is not None:
+                    extra.update(await self._source(config, commit))
                 self.log.info(
                     "sink %s %s: batch %d committed (%d rows added, %d records)",
                     self.sink,

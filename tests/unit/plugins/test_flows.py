@@ -135,55 +135,6 @@ def test_a_producer_in_a_flow_points_at_the_streams_for_its_lag():
     assert (flow.freshness, flow.lag, flow.history) == (0.0, 0, [])
 
 
-def test_freshness_counts_from_a_change_records_source_commit_and_other_records_from_kafka_time():
-    from exactly_once_provider.capture.change_record import records_of
-    from exactly_once_provider.plugins.flows import source_commit_time, unapplied_since
-    from tests.unit.provider.capture.test_change_record import TOPICS, row, txn
-
-    (change,) = records_of(txn(row("c", None, {"id": 5, "v": 1})), TOPICS)  # committed at 1763694000
-    assert source_commit_time(change.value) == 1763694000.0
-    assert [source_commit_time(v) for v in (b'{"op":"upsert"}', b"plain", None, b'{"commit_ts":"x"}')] == [None] * 4
-
-    class Message:
-        def __init__(self, partition, value, stamp):
-            self.partition_, self.value_, self.stamp = partition, value, stamp
-
-        def topic(self):
-            return "t"
-
-        def partition(self):
-            return self.partition_
-
-        def error(self):
-            return None
-
-        def value(self):
-            return self.value_
-
-        def timestamp(self):
-            return 1, self.stamp
-
-    class Consumer:  # the first unapplied record of each partition, as a read_committed consumer returns them
-        def __init__(self):
-            self.queue = [Message(0, change.value, 1763694007_000), Message(1, b"plain", 1763694009_500)]
-
-        def assign(self, partitions):
-            self.assigned = [(p.topic, p.partition, p.offset) for p in partitions]
-
-        def poll(self, timeout):
-            return self.queue.pop(0) if self.queue else None
-
-        def unassign(self):
-            pass
-
-    consumer = Consumer()
-    assert unapplied_since(consumer, [("t", 0, 40), ("t", 1, 7)], wait=1) == {
-        ("t", 0): 1763694000.0,
-        ("t", 1): 1763694009.5,
-    }
-    assert consumer.assigned == [("t", 0, 40), ("t", 1, 7)]
-
-
 def test_a_flow_of_several_tables_shows_one_sortable_row_per_table():
     from exactly_once_provider.plugins.flows import table_rows
 

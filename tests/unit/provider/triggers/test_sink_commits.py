@@ -111,3 +111,33 @@ def test_an_iceberg_tables_asset_is_named_after_the_pipeline_and_table():
         "lake.orders",
         "lake_catalog",
     )
+
+
+def test_with_the_kafka_connection_an_event_says_where_the_source_is_and_a_kafka_error_does_not_hide_it(monkeypatch):
+    monkeypatch.setattr("exactly_once_provider.hooks.kafka_client.kafka_client_config", lambda conn_id: {"c": conn_id})
+    answers = [{"source": {"file": "binlog.000002", "pos": 77}, "freshness_s": 1.5}, RuntimeError("no broker")]
+
+    def source_state(config, offsets):
+        assert config == {"c": "kafka_eo"} and offsets == {"t": {0: offsets["t"][0], 1: offsets["t"][1]}}
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr("exactly_once_provider.kafka.change_times.source_state", source_state)
+    sink = FakeSink([commit(0, 10, 10), commit(1, 20, 20)])
+    monkeypatch.setattr("exactly_once_provider.sinks.base.open_sink", lambda *a, **k: sink)
+    trigger = SinkCommitTrigger("delta", "/lake/t", "p", poll_interval=0.001, kafka_config_id="kafka_eo")
+    trigger.asset_state_store = FakeStore()
+    assert trigger.serialize()[1]["kafka_config_id"] == "kafka_eo"
+
+    async def two():
+        gen = trigger.run()
+        got = [(await gen.__anext__()).payload, (await gen.__anext__()).payload]
+        await gen.aclose()
+        return got
+
+    first, second = asyncio.run(two())
+    assert (first["source"], first["freshness_s"]) == ({"file": "binlog.000002", "pos": 77}, 1.5)
+    assert second["source"] is None and second["source_error"] == "RuntimeError: no broker"
+    assert second["batch_id"] == 1 and second["rows_added"] == 10
