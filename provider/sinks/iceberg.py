@@ -12,6 +12,7 @@ Connect sink ``kafka.connect.offsets.*`` there::
     eo.offsets        the batch's Kafka end offsets, JSON {topic: {partition: next offset}}
     eo.rows-total     rows of this pipeline in the table after the commit
     eo.windows        window mode: every window the table holds, JSON {window id: {"version", "rows"}}
+    eo.schema         current mode: the columns the table follows (load id, columns, fills, last statement)
 
 The commit (:meth:`IcebergSink.commit`): load the table; its newest snapshot carrying ``eo.pipeline`` (snapshots of
 other writers, e.g. a compaction, are stepped over back to it: :func:`newest_commit`) is the batch's predecessor. A
@@ -31,6 +32,13 @@ files, and ONE catalog commit deletes the window's previous rows (a delete by ``
 window's files hold that window only and the column keeps full min/max metrics) and adds the new files, the fence
 (with ``eo.windows``) on its snapshots; a version not newer than the one held is refused
 (:func:`~.base.require_newer_windows`).
+
+CDC and current modes (:meth:`IcebergSink._commit_changes`): the batch's newest change per key is merged
+copy-on-write (:mod:`~exactly_once_provider.sinks.iceberg_merge`: the files holding its keys rewritten, a newer
+version wins, deletes as tombstones) into ONE overwrite snapshot carrying the fence; a commit that lost the race
+is planned again on the new snapshot, where the fence tells a replay, a zombie or another writer apart. The
+current table is first built from the Delta full load (:mod:`~exactly_once_provider.sinks.iceberg_current`), its
+schema state in the summary (``eo.schema``).
 """
 
 from __future__ import annotations
@@ -42,8 +50,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException
-
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.sinks import iceberg_current, iceberg_merge
 from exactly_once_provider.sinks.base import (
@@ -473,9 +480,9 @@ class IcebergSink:
         pipeline's newest commit in it, and whether ``commit`` is to be committed (False: a replay)."""
         table = self._load()
         if table is None:
-            raise AirflowException(f"Iceberg table {self.identifier} does not exist: the sink was not prepared.")
+            raise PipelineError(f"Iceberg table {self.identifier} does not exist: the sink was not prepared.")
         if not _retries_off(table):
-            raise AirflowException(
+            raise PipelineError(
                 f"Iceberg table {self.identifier} allows commit retries ({table.properties.get(_RETRIES)!r}): "
                 f"a retry rebases a batch on a snapshot it was not planned on. Set {NO_RETRY} on the table."
             )
@@ -512,12 +519,13 @@ class IcebergSink:
 
         self._refuse_schema_change()
         changes = df.persist()  # read from Kafka once: its bounds, the key scan and the rewrite use it
+        extra = {SCHEMA_MARKER: self.schema_state} if self.mode == "current" and self.schema_state else {}
+        attempt = 1
         try:
-            for attempt in range(1, ATTEMPTS + 1):
+            while True:
                 table, found, planned = self._planned(commit, expected)
                 if not planned:
                     return False
-                extra = {SCHEMA_MARKER: self.schema_state} if self.mode == "current" and self.schema_state else {}
                 try:
                     self._merge(table, changes, replace(commit, extra=extra), found)
                     return True
@@ -530,13 +538,13 @@ class IcebergSink:
                         commit.batch_id,
                         err,
                     )
+                    attempt += 1
         finally:
             changes.unpersist()
-        raise AssertionError("unreachable")
 
     def _refuse_schema_change(self) -> None:
         if self.mode == "current" and (self.schema_changed or self.new_fills):
-            raise AirflowException(
+            raise PipelineError(
                 f"The source table of the Iceberg current table {self.identifier} changed its schema (ALTER TABLE): "
                 "the Iceberg sink does not follow schema changes yet. Nothing of this batch was committed; run a "
                 "full reload (full_reload=true) to build the table in the new columns, or use the Delta sink."
