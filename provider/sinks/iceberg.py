@@ -579,12 +579,20 @@ class IcebergSink:
         fault_point(f"sink_written_{commit.batch_id}")
         rows_total = _total_records(table) - sum(f.record_count for f in touched) + rows
         properties = summary_properties(replace(commit, rows_total=rows_total))
-        with table.transaction() as tx:
-            with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
-                for data_file in touched:
-                    overwrite.delete_data_file(data_file)
-                for uri in files:
-                    overwrite.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, uri))
+        from pyiceberg.exceptions import CommitFailedException
+
+        try:
+            with table.transaction() as tx:
+                with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+                    for data_file in touched:
+                        overwrite.delete_data_file(data_file)
+                    for uri in files:
+                        overwrite.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, uri))
+        except CommitFailedException:
+            # The catalog refused the snapshot (its compare-and-set): no snapshot lists these files, and the next
+            # plan writes its own. Any other failure may have committed them: those are left for orphan removal.
+            self.storage().delete_prefix(folder + "/")
+            raise
         log.info(
             "iceberg sink: batch %d merged %d changes into %s: %d files rewritten, %d written, %d rows in the table",
             commit.batch_id,

@@ -376,4 +376,11 @@ def test_cdc_changes_out_of_order_keep_the_newest_version_per_key_in_one_snapsho
     assert sink.committed().batch_id == 4
     assert_table()
     # the small files are rewritten with each batch: the table does not keep a file per micro-batch
-    assert len(list(sink.catalog().load_table(identifier).scan().plan_files())) <= 2
+    live = [task.file.file_path for task in sink.catalog().load_table(identifier).scan().plan_files()]
+    assert len(live) <= 2
+    # the files of a commit the catalog refused are deleted at once: one folder per committed batch 3 and 4
+    folders = {key.split("/")[1] for key in sink.storage().list("data/")}
+    assert sorted(f.rsplit("-", 1)[0] for f in folders if f.startswith(("c1-3-", "c1-4-"))) == [
+        "c1-3",
+        "c1-4",
+    ], folders
