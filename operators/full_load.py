@@ -17,6 +17,7 @@ from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.source.server import source_secrets
+from exactly_once_provider.source.table_patterns import split_name
 from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
 
 TABLE = "{table}"  # in sink_path and staging_path of a load of several tables
@@ -40,7 +41,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
     failed or killed run resumes at the unfinished chunks when retried.
 
     :param table: source table name (or ``tables``).
-    :param tables: several source tables of ``schema``, loaded in one application.
+    :param tables: several source tables of ``schema``, loaded in one application (``other.table`` for a table of
+        another schema of the server; ``{table}`` in the locations is then ``other.table``).
     :param sink_path: the Delta table to publish into (replaced atomically): a local path or ``s3://bucket/prefix``
         (written through ``s3a``; checked before the job starts: reachable, credentials, bucket, conditional writes);
         with ``tables``, with a ``{table}`` placeholder.
@@ -182,8 +184,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         base = self._version_base()
         requests = [
             FullLoadRequest(
-                schema=schema,
-                table=name,
+                schema=split_name(name, schema)[0],
+                table=split_name(name, schema)[1],
                 sink_path=self._location(self.sink_path, name),
                 staging_path=self._location(self.staging_path, name),
                 chunk_rows=self.chunk_rows,
@@ -213,8 +215,8 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             self._s3_settings()  # the tables' logs and staging manifests are read through them
             requests = [
                 FullLoadRequest(
-                    schema=self.schema or "-",
-                    table=n,
+                    schema=split_name(n, self.schema or "-")[0],
+                    table=split_name(n, self.schema or "-")[1],
                     sink_path=self._location(self.sink_path, n),
                     staging_path=self._location(self.staging_path, n),
                     skip_loaded=True,

@@ -8,11 +8,16 @@ without a server.
 Patterns are :mod:`fnmatch` globs matched case-sensitively against the table name: ``*`` any run of
 characters, ``?`` one, ``[abc]`` one of a set (``[*]`` matches a literal ``*``). An entry without those
 characters is a plain table name.
+
+Several schemas of one server: an entry ``schema.table`` (split at its FIRST dot) names or matches tables of that
+schema; an entry without a dot is one of the DAG's ``schema``. Tables of the DAG's schema keep their bare names,
+those of another schema are named ``schema.table`` (:func:`split_name`), everywhere the pipeline names them.
+A table whose name holds a dot is named with its schema (``eo.a.b``: table ``a.b`` of ``eo``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from fnmatch import fnmatchcase
 
 PATTERN_CHARACTERS = frozenset("*?[")
@@ -60,3 +65,44 @@ def _sample(names: Sequence[str], shown: int = 10) -> str:
     """Return up to ``shown`` names for an error message, saying how many more there are."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return (", ".join(names[:shown]) or "none") + more
+
+
+def split_name(name: str, schema: str) -> tuple[str, str]:
+    """Return ``(schema, table)`` of a table as a DAG names it: ``schema.table``, or a bare name of ``schema``."""
+    if "." in name:
+        owner, table = name.split(".", 1)
+        if owner and table:
+            return owner, table
+        raise ValueError(f"table {name!r}: name a table of another schema as schema.table, both non-empty.")
+    return schema, name
+
+
+def resolve_schema_tables(
+    base_tables: Callable[[str], Iterable[str]],
+    include: Sequence[str],
+    exclude: Sequence[str],
+    schema: str,
+) -> list[str]:
+    """
+    Return the tables ``include`` names or matches across schemas, minus ``exclude``: bare names for ``schema``'s,
+    ``schema.table`` for another's; those of ``schema`` first, each schema's sorted.
+
+    :param base_tables: lists a schema's base tables (one query per schema an entry names).
+    :param include: table names and patterns; ``other.pattern`` for another schema.
+    :param exclude: table names and patterns to leave out, qualified the same way.
+    :param schema: the DAG's schema.
+    :raises ValueError: as :func:`resolve_tables`, naming the schema.
+    """
+    by_schema: dict[str, tuple[list[str], list[str]]] = {}
+    for entries, side in ((include, 0), (exclude, 1)):
+        for entry in entries:
+            owner, table = split_name(entry, schema)
+            by_schema.setdefault(owner, ([], []))[side].append(table)
+    kept: list[str] = []
+    for owner in sorted(by_schema, key=lambda s: (s != schema, s)):
+        wanted, unwanted = by_schema[owner]
+        if not wanted:
+            continue  # exclusions of a schema nothing includes: nothing to leave out
+        for table in resolve_tables(base_tables(owner), wanted, unwanted, schema=owner):
+            kept.append(table if owner == schema and "." not in table else f"{owner}.{table}")
+    return kept

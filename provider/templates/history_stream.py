@@ -55,7 +55,7 @@ from exactly_once_provider.operators.reconcile import ReconcileOperator
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.sinks import dead_letters
 from exactly_once_provider.sinks.current_table import DELETED_COLUMN
-from exactly_once_provider.source.table_patterns import is_pattern
+from exactly_once_provider.source.table_patterns import is_pattern, split_name
 
 CAPTURE_SOURCE_PARTITION = "binlog"
 
@@ -141,8 +141,12 @@ def history_stream_dag(
         created later is loaded and followed from the next run on (in continuous mode: the next ``run_for``
         period). With patterns the per-table tasks are mapped tasks, ``lag_gate`` and ``reconcile``, one instance
         per matched table, named by it; a pattern matching nothing, or a matched table without a primary key
-        (exclude it), fails the preflight.
-    :param exclude_tables: names and patterns of ``schema``'s tables to leave out of ``tables``.
+        (exclude it), fails the preflight. Other schemas of the same server: ``"billing.*"``, ``"billing.invoices"``
+        (split at the first dot); such a table is named ``billing.invoices`` everywhere (``{table}`` in the
+        locations, the ``resnapshot`` Param, the reconciliation names) and ``billing_invoices`` in
+        ``postgres_table``.
+    :param exclude_tables: names and patterns of tables to leave out of ``tables`` (``other.pattern`` for another
+        schema's).
     :param pipeline: the pipeline name; the capture uses it (topic ``<pipeline>.<schema>.<table>``), the apply
         ``<pipeline>-apply``.
     :param table_path: the current table: the full load's Delta table the changes are merged into (declared as an
@@ -237,16 +241,18 @@ def history_stream_dag(
     # Several tables share ONE streaming query, so one checkpoint (a {table} placeholder names it ALL_TABLES).
     checkpoint = checkpoint_location.replace(TABLE, ALL_TABLES)
     for n in [EXAMPLE_TABLE] if matched else names:  # matched tables: the locations' form, checked on a stand-in
-        FullLoadRequest(schema=schema, table=n, sink_path=path_of(n), staging_path=staging_of(n)).validate()
+        owner, bare = split_name(n, schema)
+        FullLoadRequest(schema=owner, table=bare, sink_path=path_of(n), staging_path=staging_of(n)).validate()
     continuous = mode == "continuous"
     apply_pipeline = f"{pipeline}-apply"
 
     # [START howto_template_per_table]
     def per_table(name: str) -> dict[str, Any]:
-        """Return what the tasks need of table ``name``."""
-        topic, path = f"{pipeline}.{schema}.{name}", path_of(name)  # the capture's default topic template
+        """Return what the tasks need of table ``name`` (``schema.table`` for another schema's)."""
+        owner, source_table = split_name(name, schema)
+        topic, path = f"{pipeline}.{owner}.{source_table}", path_of(name)  # the capture's default topic template
         checked = {
-            "table": f"{schema}.{name}",
+            "table": f"{owner}.{source_table}",
             "key_column": _per_table(key_column, name),
             "columns": _per_table(reconcile_columns, name),
             "topics": [topic],
@@ -259,7 +265,7 @@ def history_stream_dag(
             "reconcile": {**checked, "name": f"{pipeline}.{name}" if several else pipeline, "sink_path": path},
         }
         if postgres_table is not None:
-            sink_table = postgres_table.replace(TABLE, name)
+            sink_table = postgres_table.replace(TABLE, name.replace(".", "_"))  # not a PostgreSQL schema
             found["pg_stream"] = {**found["stream"], "sink_table": sink_table}
             found["reconcile_postgres"] = {
                 **checked,
@@ -272,10 +278,12 @@ def history_stream_dag(
         """Return what the tasks take of the tables ``current``: ONE rule for tables named here and tables matched
         at run time (the preflight pushes these as XComs for the matched ones)."""
         tasks = [per_table(n) for n in current]
+        if postgres_table is not None:
+            _require_distinct("postgres_table", [t["pg_stream"]["sink_table"] for t in tasks], current)
         found = {
             "tables": current,
-            "capture_tables": [f"{schema}.{n}" for n in current],
-            "full_load_paths": {f"{schema}.{n}": t["path"] for n, t in zip(current, tasks, strict=True)},
+            "capture_tables": [t["reconcile"]["table"] for t in tasks],
+            "full_load_paths": {t["reconcile"]["table"]: t["path"] for t in tasks},
             "topics": [t["topic"] for t in tasks],
             "paths": [t["path"] for t in tasks],
             "streams": [t["stream"] for t in tasks],
@@ -334,20 +342,21 @@ def history_stream_dag(
             from exactly_once_provider.hooks.kafka_client import kafka_client_config
             from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
             from exactly_once_provider.kafka.topics import partitions_of
-            from exactly_once_provider.source.table_patterns import resolve_tables
+            from exactly_once_provider.source.table_patterns import resolve_schema_tables
             from exactly_once_provider.storage.preflight import preflight_locations
             from exactly_once_provider.storage.s3 import settings_for
 
             current = names
-            if matched:
-                existing = MySqlSourceHook(mysql_conn_id).base_tables(schema)
-                current = resolve_tables(existing, names, exclude_tables, schema=schema)
+            if matched:  # one query per schema the entries name
+                current = resolve_schema_tables(
+                    MySqlSourceHook(mysql_conn_id).base_tables, names, exclude_tables, schema
+                )
                 if ALL_TABLES in current:
                     raise ValueError(f"Table {ALL_TABLES!r} names the apply's checkpoint of all tables; exclude it.")
                 print(f"preflight ok: tables={names} exclude_tables={list(exclude_tables)}: {len(current)} table(s)")
             found = {}
             for name in current:
-                checked = MySqlSourceHook(mysql_conn_id).preflight(schema, name)
+                checked = MySqlSourceHook(mysql_conn_id).preflight(*split_name(name, schema))
                 print(
                     f"preflight ok: {name}: {checked.server.version_string}, key {list(checked.key.columns)}, "
                     f"~{checked.estimated_rows} rows"
@@ -362,7 +371,10 @@ def history_stream_dag(
                 print(f"preflight ok: {storage}")
             config = kafka_client_config(kafka_config_id)
             admin = check_kafka_access(config, kafka_config_id)
-            topics = [DEFAULT_OFFSETS_TOPIC, *(topic_for(DEFAULT_TOPIC_TEMPLATE, pipeline, schema, n) for n in current)]
+            topics = [
+                DEFAULT_OFFSETS_TOPIC,
+                *(topic_for(DEFAULT_TOPIC_TEMPLATE, pipeline, *split_name(n, schema)) for n in current),
+            ]
             with explain_kafka_denials(
                 kafka_config_id, config, f"Describe on topics {topics!r}, and the rest docs/security.md lists"
             ):
@@ -597,6 +609,17 @@ def history_stream_dag(
         if apply_postgres is not None:
             apply >> apply_postgres  # one Spark application at a time on the workers
     return dag
+
+
+def _require_distinct(argument: str, rendered: list[str], tables: list[str]) -> None:
+    """Raise ValueError when two tables would share one location (``billing.a_b`` and ``billing_a.b``)."""
+    seen: dict[str, str] = {}
+    for value, table in zip(rendered, tables, strict=True):
+        if value in seen:
+            raise ValueError(
+                f"{argument}: tables {seen[value]!r} and {table!r} would both write {value!r}; rename one."
+            )
+        seen[value] = table
 
 
 def _retry_policy(continuous: bool, retries: int | None, retry_delay: timedelta | None) -> dict[str, object]:

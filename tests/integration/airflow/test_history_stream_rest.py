@@ -1,7 +1,7 @@
 """The history -> stream template under a real Airflow, driven through the REST API, following its tables by
-pattern (``tables=["<prefix>_*"]``, one excluded). A first run loads two tables; ONE second run then loads a
-table created since (under a writer, while the others stream on), streams an ``ALTER TABLE ... ADD COLUMN ...
-DEFAULT`` and re-snapshots the third table through the trigger form's ``resnapshot`` Param; the current tables
+pattern over two schemas (``tables=["<prefix>_*", "<other schema>.<prefix>_*"]``, one excluded). A first run loads
+two tables; ONE second run then loads a table created since (under a writer, while the others stream on), streams an ``ALTER TABLE ... ADD COLUMN ...
+DEFAULT`` and re-snapshots the other schema's table through the trigger form's ``resnapshot`` Param; the current tables
 are kept in PostgreSQL too (``postgres_table``). Checks read MariaDB and PostgreSQL with plain SQL and the Delta
 current tables with pyarrow from the Delta log's live files — never through the product's handoff, version or
 reconciliation readers."""
@@ -47,6 +47,11 @@ def _postgres_current(stack, table: str, columns=COLUMNS) -> dict[int, tuple]:
     """The PostgreSQL current table's rows, tombstones out (its primary key holds each key once)."""
     rows = jobs.postgres_rows(stack, f"{table} WHERE NOT _eo_deleted", columns)
     return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def _pg(table: str) -> str:
+    """The PostgreSQL current table of ``postgres_table="{table}_current"``: another schema's as ``schema_table``."""
+    return f"{table.replace('.', '_')}_current"
 
 
 def _tombstones(path: str) -> set[int]:
@@ -114,9 +119,11 @@ def test_history_stream_by_pattern_through_rest_a_new_table_joins_and_one_is_res
 ):
     client = airflow_server.client
     prefix = f"afhs_{uuid.uuid4().hex[:6]}"
-    first, joining, reloaded, excluded = f"{prefix}_a", f"{prefix}_b", f"{prefix}_c", f"{prefix}_skip"
+    other = f"{stack.DB_NAME}_{prefix}"  # a second schema of the server: the re-snapshotted table's
+    first, joining, reloaded, excluded = f"{prefix}_a", f"{prefix}_b", f"{other}.{prefix}_c", f"{prefix}_skip"
     conn = connect(stack)
     cur = conn.cursor()
+    cur.execute(f"CREATE DATABASE {other}")
     _create(cur, first, ROWS)
     _create(cur, reloaded, 80)
     cur.execute(
@@ -130,7 +137,7 @@ def test_history_stream_by_pattern_through_rest_a_new_table_joins_and_one_is_res
         {
             "dag_id": dag_id,
             "schema": stack.DB_NAME,
-            "tables": [f"{prefix}_*"],
+            "tables": [f"{prefix}_*", f"{other}.{prefix}_*"],
             "exclude_tables": [excluded],
             "key_column": "id",
             "pipeline": f"hs-{prefix}",
@@ -156,11 +163,11 @@ def test_history_stream_by_pattern_through_rest_a_new_table_joins_and_one_is_res
     assert states["apply_postgres"] == states["reconcile_postgres"] == "success", states
     for table in (first, reloaded):
         assert _current(path[table]) == _source(cur, table) and _full_loads(path[table]) == 1
-        assert _postgres_current(stack, f"{table}_current") == _source(cur, table)
+        assert _postgres_current(stack, _pg(table)) == _source(cur, table)
 
     # 2. In ONE run: a new table matching the pattern joins; an added column with a DEFAULT on the first table
     # (MariaDB gives every existing row the default without a row event) and changes stream on; the third table
-    # is re-snapshotted through the trigger form's Param after changes and deletes (the new snapshot holds them:
+    # (of the other schema) is re-snapshotted through the trigger form's Param after changes and deletes (the new snapshot holds them:
     # no tombstone). A writer changes all three tables through the full load of the run (so its snapshots).
     cur.execute(f"ALTER TABLE {first} ADD COLUMN flag SMALLINT NOT NULL DEFAULT 3")
     _create(cur, joining, 120)
@@ -186,8 +193,9 @@ def test_history_stream_by_pattern_through_rest_a_new_table_joins_and_one_is_res
     again = _source(cur, reloaded)
     assert {again[k][2] for k in (1, 2, 4)} == {"reload"} and not {5, 6} & set(again)
     assert _current(path[reloaded]) == again and not {5, 6} & _tombstones(path[reloaded])  # the new snapshot's
-    assert _postgres_current(stack, f"{reloaded}_current") == again  # rebuilt from it
+    assert _postgres_current(stack, _pg(reloaded)) == again  # rebuilt from it
     joined = _source(cur, joining)
+    cur.execute(f"DROP DATABASE {other}")
     conn.close()
     assert done[0] >= 40 and _current(path[joining]) == joined == _postgres_current(stack, f"{joining}_current")
     assert _tombstones(path[joining]) and _tombstones(path[joining]).isdisjoint(joined)  # deletes after its load
@@ -198,7 +206,7 @@ def test_history_stream_by_pattern_through_rest_a_new_table_joins_and_one_is_res
     page = client._http.get("/exactly-once/api/pipelines", params={"pipeline": f"hs-{prefix}"})
     assert page.status_code == 200, page.text
     flow = next(f for f in page.json()["flows"] if f"hs-{prefix}" in f["pipelines"])
-    tables = [f"{stack.DB_NAME}.{t}" for t in (first, joining, reloaded)]
+    tables = sorted([f"{stack.DB_NAME}.{first}", f"{stack.DB_NAME}.{joining}", reloaded])
     assert flow["sources"] == tables, flow
     assert {f"delta {p}" for p in path.values()} <= set(flow["sinks"]), flow
     shown = {t["table"]: t for t in flow["tables"]}  # one row per table, its reconciliation on it

@@ -45,3 +45,23 @@ def test_the_error_lists_at_most_ten_tables():
     many = [f"t{i:03d}" for i in range(25)]
     with pytest.raises(ValueError, match=r"t009 and 15 more"):
         resolve_tables(many, ["x*"])
+
+
+def test_entries_of_another_schema_are_resolved_there_and_named_with_it():
+    from exactly_once_provider.source.table_patterns import resolve_schema_tables, split_name
+
+    servers = {"eo": ["orders", "tmp_x", "users", "v.2"], "billing": ["invoices", "invoice_lines", "tmp_y"], "x": ["a.b"]}
+    asked = []
+
+    def base_tables(schema):
+        asked.append(schema)
+        return servers[schema]
+
+    found = resolve_schema_tables(base_tables, ["*", "billing.invoice*", "x.a.b"], ["tmp_*", "billing.tmp_*"], "eo")
+    assert found == ["orders", "users", "eo.v.2", "billing.invoice_lines", "billing.invoices", "x.a.b"]
+    assert asked == ["eo", "billing", "x"]
+    assert split_name("x.a.b", "eo") == ("x", "a.b") and split_name("orders", "eo") == ("eo", "orders")
+    with pytest.raises(ValueError, match="of schema 'billing'"):
+        resolve_schema_tables(base_tables, ["billing.nope*"], [], "eo")
+    with pytest.raises(ValueError, match="schema.table"):
+        split_name(".orders", "eo")

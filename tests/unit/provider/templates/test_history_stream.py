@@ -248,7 +248,7 @@ def test_resnapshot_loads_only_the_named_tables_and_a_name_the_dag_does_not_foll
     assert _loaded(dag.get_task("reconcile"), ("lines",)) == ["lines"]
 
 
-def _fake_preflight(monkeypatch, existing: list[str]) -> list[str]:
+def _fake_preflight(monkeypatch, existing: list[str] | dict[str, list[str]]) -> list[str]:
     """Stand in for the server, storage, Kafka and PostgreSQL checks of the preflight; return the checked tables."""
     from exactly_once_provider import connections
     from exactly_once_provider.hooks import kafka_client
@@ -263,10 +263,10 @@ def _fake_preflight(monkeypatch, existing: list[str]) -> list[str]:
             pass
 
         def base_tables(self, schema):
-            return existing
+            return existing[schema] if isinstance(existing, dict) else existing
 
         def preflight(self, schema, table):
-            checked.append(table)
+            checked.append(table if schema == "shop" else f"{schema}.{table}")
             server = SimpleNamespace(version_string="11.8.3-MariaDB")
             return SimpleNamespace(server=server, key=SimpleNamespace(columns=("id",)), estimated_rows=10)
 
@@ -332,6 +332,25 @@ def test_tables_by_pattern_are_resolved_at_every_run_and_each_task_takes_them_fr
     assert choose(params={"full_reload": False, "resnapshot": []}, ti=ti) == ["full_load", "retention_guard"]
     with pytest.raises(ValueError, match=r"resnapshot names \['users'\]"):
         choose(params={"full_reload": False, "resnapshot": ["users"]}, ti=ti)
+
+
+def test_tables_of_another_schema_are_followed_by_their_qualified_name(monkeypatch):
+    dag = _tables_dag(
+        tables=["orders", "billing.inv*"], exclude_tables=["billing.inv_tmp"], postgres_table="pg_{table}"
+    )
+    checked = _fake_preflight(monkeypatch, {"shop": ["orders", "users"], "billing": ["invoices", "inv_tmp"]})
+    out = {}
+    dag.get_task("preflight").python_callable(ti=SimpleNamespace(xcom_push=lambda key, value: out.update({key: value})))
+    assert out["tables"] == checked == ["orders", "billing.invoices"]
+    assert out["capture_tables"] == ["shop.orders", "billing.invoices"]
+    assert out["full_load_paths"] == {"shop.orders": "/data/orders", "billing.invoices": "/data/billing.invoices"}
+    assert out["streams"][1] == {"topics": ["p.billing.invoices"], "sink_path": "/data/billing.invoices"}
+    assert out["pg_streams"][1]["sink_table"] == "pg_billing_invoices"  # not a PostgreSQL schema
+    assert (out["reconciles"][1]["table"], out["reconciles"][1]["name"]) == ("billing.invoices", "p.billing.invoices")
+    named = _tables_dag(tables=["orders", "billing.invoices"])  # named, not matched: known when the DAG is parsed
+    assert named.get_task("capture").tables == ["shop.orders", "billing.invoices"]
+    with pytest.raises(ValueError, match="would both write 'pg_a_b_c'"):
+        _tables_dag(tables=["a.b_c", "a_b.c"], postgres_table="pg_{table}")
 
 
 def test_tables_by_pattern_fail_the_preflight_when_nothing_matches(monkeypatch):
