@@ -50,13 +50,15 @@ class SinkSpec:
     """Where a streaming job commits: ``kind`` is delta/postgres/files, ``location`` a path or table.
 
     ``conn_id`` is the PostgreSQL connection of a ``postgres`` sink; ``aws_conn_id`` the ``aws`` connection of a
-    Delta table or files sink on ``s3://`` (the task's own, so the page reads the bucket the job writes).
+    Delta table or files sink on ``s3://`` (the task's own, so the page reads the bucket the job writes);
+    ``dead_letter_store`` the task's ``dead_letter_store`` when it names one (None: the sink's default store).
     """
 
     kind: str
     location: str
     conn_id: str | None = None
     aws_conn_id: str | None = None
+    dead_letter_store: str | None = None
 
 
 @dataclass
@@ -145,12 +147,14 @@ def _add_stream(spec: PipelineSpec, task: Any, params: Mapping[str, Any]) -> Non
         spec.topics |= _topics([render(t, params) for t in ([topics] if isinstance(topics, str) else topics or ())])
         location = render(query.get("sink_table") if sink == "postgres" else query.get("sink_path"), params)
         on_s3 = sink != "postgres" and is_s3(location or "")
+        store = render(getattr(task, "dead_letter_store", None), params) or None  # one query only (streams: unset)
         spec.sinks.add(
             SinkSpec(
                 sink,
                 location,
                 getattr(task, "postgres_conn_id", None),
                 render(getattr(task, "aws_conn_id", None) or "aws_default", params) if on_s3 else None,
+                store,
             )
         )
     spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))

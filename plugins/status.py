@@ -501,7 +501,8 @@ def dead_letters_section(spec: PipelineSpec, connections: Connections) -> tuple[
     """Return the open dead letters of each sink of ``spec`` (``on_bad_record="dead_letter"``; a letter a repair
     closed is not open) per store, and the newest :data:`NEWEST_LETTERS` errors of each store.
 
-    The store is the sink's default one (``<table>_dead_letters`` / ``<path>_dead_letters``), read without the
+    The store is the task's ``dead_letter_store``, else the sink's default one (``<table>_dead_letters`` /
+    ``<path>_dead_letters``), read without the
     sink's bookkeeping (:func:`~exactly_once_provider.sinks.dead_letters.store_rows`); a sink whose store does not
     exist (the default policy) or holds no letter of the pipeline shows no row.
     """
@@ -520,7 +521,7 @@ def dead_letters_section(spec: PipelineSpec, connections: Connections) -> tuple[
                 if sink.kind == "files":
                     counts.note = "A files sink lists its dead letters in its manifest; this page does not read them."
                 continue
-            store = dead_letters.default_store(sink.kind, sink.location)
+            store = sink.dead_letter_store or dead_letters.default_store(sink.kind, sink.location)
             try:
                 rows = _letters_of(sink, store, spec.name, columns, connections)
             except Exception as err:

@@ -69,12 +69,15 @@ def test_open_letters_per_store_and_the_newest_errors_of_the_pipeline_only(stack
     )
     letters = [_letter(pipeline, 40, "invalid_utf8", 30), _letter(other, 41, "invalid_utf8", 31)]
     write_deltalake(dead_letters.default_store("delta", path), pa.Table.from_pylist(letters, schema))
+    named = str(tmp_path / "letters_elsewhere")  # a store the operator names (dead_letter_store)
+    write_deltalake(named, pa.Table.from_pylist([_letter(pipeline, 50, "invalid_utf8", 40)], schema))
     spec = PipelineSpec(
         pipeline,
         sinks={
             SinkSpec("postgres", table, "postgres_default"),
             SinkSpec("delta", path),
             SinkSpec("delta", str(tmp_path / "no-letters")),
+            SinkSpec("delta", str(tmp_path / "named"), dead_letter_store=named),
         },
     )
 
@@ -82,10 +85,12 @@ def test_open_letters_per_store_and_the_newest_errors_of_the_pipeline_only(stack
 
     assert counts.error is None and errors.error is None, (counts.error, errors.error)
     assert [(r["sink"], r["store"], r["open letters"], r["newest at"]) for r in counts.rows] == [
+        ("delta", named, 1, "2026-11-29T00:40:00+00:00"),  # the sink at tmp_path / "named"
         ("delta", f"{path}_dead_letters", 1, "2026-11-29T00:30:00+00:00"),
         ("postgres", f"{table}_dead_letters", 7, "2026-11-29T00:07:00+00:00"),
     ]
-    assert [(r["record"], r["error class"]) for r in errors.rows] == [("t/0@40", "invalid_utf8")] + [
-        (f"t/0@{o}", "nul_character") for o in (7, 6, 5, 4, 3)
-    ]
-    assert errors.rows[1]["error"] == "nul_character message"
+    assert [(r["record"], r["error class"]) for r in errors.rows] == [
+        ("t/0@50", "invalid_utf8"),
+        ("t/0@40", "invalid_utf8"),
+    ] + [(f"t/0@{o}", "nul_character") for o in (7, 6, 5, 4, 3)]
+    assert errors.rows[2]["error"] == "nul_character message"

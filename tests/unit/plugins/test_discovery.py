@@ -68,6 +68,8 @@ def _dags():
             sink="postgres",
             sink_table="public.settled",
             checkpoint_location="/ck2",
+            on_bad_record="dead_letter",
+            dead_letter_store="public.settled_{{ params.region }}_letters",
         )
         WatermarkExtractOperator(
             task_id="extract_named",
@@ -134,7 +136,9 @@ def test_dag_tasks_declare_pipelines_with_params_rendered_and_runtime_templates_
     assert orders.full_loads == {SinkSpec("delta", "/lake/orders_full")}
     assert orders.dag_ids == {"stream"} and orders.found_in == {"dag"}
     assert orders.result_conn_ids == {"results_pg"}  # where its reconciliation results are stored
-    assert found.pipelines["settle_pg"].sinks == {SinkSpec("postgres", "public.settled", None)}
+    assert found.pipelines["settle_pg"].sinks == {
+        SinkSpec("postgres", "public.settled", None, dead_letter_store="public.settled_eu_letters")
+    }
     assert found.pipelines["history_only"].full_loads == {SinkSpec("delta", "/lake/customers")}
     cdc = found.pipelines["shop_cdc"]
     assert cdc.topics == {"shop_cdc.eo.orders", "shop_cdc.eo.items"} and cdc.offsets_topics == {"eo-cdc"}
@@ -155,7 +159,7 @@ def test_ledger_keys_and_postgres_rows_add_pipelines_no_dag_names():
 
     assert found.pipelines["orders"].found_in == {"dag", "ledger"}
     assert found.pipelines["external"].offsets_topics == {"eo-offsets"}
-    assert found.pipelines["settle_pg"].sinks == {SinkSpec("postgres", "public.settled", None)}  # not twice
+    assert [s.location for s in found.pipelines["settle_pg"].sinks] == ["public.settled"]  # not twice
     assert found.pipelines["pg_only"].sinks == {SinkSpec("postgres", "", "postgres_default")}
 
 
