@@ -587,9 +587,10 @@ def append_with_files(
         not write correctly; nothing was committed.
     """
     storage = table_storage(path)
-    state = delta_log.table_state(storage)
-    if state is None:
+    found = delta_rs.snapshot(storage, app_id)
+    if found is None:
         raise CommitMarkerError(f"No Delta table at {storage.uri()}: create it with create_with_files().")
+    table, state = found
     adds = add_actions(storage, files, int(time.time() * 1000))
     seen = state.txns.get(app_id)
     while True:
@@ -600,10 +601,10 @@ def append_with_files(
         check_fence(storage, fence, state.version)
         now = int(time.time() * 1000)
         info = {"operationMetrics": _write_metrics(files), "isBlindAppend": True}
-        if delta_rs.commit(storage, state.version, adds, marker, app_id, version, now, info):
+        if delta_rs.commit(storage, state.version, adds, marker, app_id, version, now, info, table=table):
             return state.version + 1, True
         lost_to = state.version + 1
-        state = delta_log.table_state(storage)
+        table, state = delta_rs.snapshot(storage, app_id)
         if state.version < lost_to:
             raise CommitMarkerError(
                 f"{storage.uri(delta_log.LOG)} holds commit {lost_to} but lists only up to {state.version}."

@@ -49,6 +49,45 @@ def _properties(marker: dict, app_id: str, version: int, now: int, metadata: dic
     )
 
 
+def snapshot(storage: Any, app_id: str) -> tuple[Any, delta_log.TableState] | None:
+    """Return the table at its newest version (a delta-rs ``DeltaTable``, to commit on) and the state a commit on it
+    is checked against (:func:`~exactly_once_provider.sinks.delta_commit.check_appendable`,
+    :func:`~exactly_once_provider.sinks.delta_commit.txn_committed`); None when there is no table yet.
+
+    One read of the log for both: the state is the snapshot's own, so the checks hold for the version committed on.
+
+    :param app_id: the writer's app id: the state's ``txns`` holds its newest txn version only.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(storage.uri(), storage_options=storage_options(storage))
+    except TableNotFoundError:
+        return None
+    protocol, metadata, txn = table.protocol(), table.metadata(), table.transaction_version(app_id)
+    state = delta_log.TableState(
+        path=storage,
+        version=table.version(),
+        protocol={
+            "minReaderVersion": protocol.min_reader_version,
+            "minWriterVersion": protocol.min_writer_version,
+            "readerFeatures": protocol.reader_features,
+            "writerFeatures": protocol.writer_features,
+        },
+        metadata={
+            "schemaString": table.schema().to_json(),
+            "partitionColumns": list(metadata.partition_columns),
+            "configuration": dict(metadata.configuration),
+            # delta-rs does not expose the format; the protocol defines none but Parquet
+            "format": {"provider": "parquet"},
+        },
+        checkpoint=None,  # not read: no caller of a snapshot's state needs it
+        txns={} if txn is None else {app_id: txn},
+    )
+    return table, state
+
+
 def remove_actions(files: list[dict], now: int) -> list[Any]:
     """Return one delta-rs ``RemoveAction`` per data file of :func:`~.delta_log.active_files`."""
     from deltalake.transaction import RemoveAction
@@ -97,6 +136,7 @@ def commit(
     version: int,
     now: int,
     metadata: dict,
+    table: Any = None,
 ) -> bool:
     """Commit ``actions`` (adds, removes) as version ``read_version + 1``; return False if another writer took it.
 
@@ -104,10 +144,14 @@ def commit(
     ``read_version`` (the one the caller checked), no retry (see the module docstring).
 
     :param metadata: extra ``commitInfo`` fields (``operationMetrics``, ``isBlindAppend``...).
+    :param table: the ``DeltaTable`` at ``read_version`` (:func:`snapshot`); default: loaded at it.
     """
     from deltalake import DeltaTable
 
-    table = DeltaTable(storage.uri(), version=read_version, storage_options=storage_options(storage))
+    if table is None:
+        table = DeltaTable(storage.uri(), version=read_version, storage_options=storage_options(storage))
+    elif table.version() != read_version:
+        raise ValueError(f"the table given is at version {table.version()}, not {read_version}.")
     try:
         table.create_write_transaction(
             actions,

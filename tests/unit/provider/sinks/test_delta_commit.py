@@ -139,11 +139,11 @@ def _first(monkeypatch, tmp_path, winners):
     real_commit = delta_rs.commit
     winners = iter(winners)
 
-    def another_writer_first(storage, read_version, *args):
+    def another_writer_first(storage, read_version, *args, **kwargs):
         winner = next(winners, None)
         if winner is not None:
             _another_writer(tmp_path, read_version + 1, winner)
-        return real_commit(storage, read_version, *args)
+        return real_commit(storage, read_version, *args, **kwargs)
 
     monkeypatch.setattr(delta_rs, "commit", another_writer_first)
 
