@@ -3,7 +3,7 @@
 Three transactions of five records, one micro-batch each (``max_offsets=6``: five records and the commit marker):
 all good, then two bad records among three good ones, then one bad among four good. A first run (spark-submit)
 is SIGKILLed in batch 1 after its sink wrote rows and letters and before the batch's commit (PostgreSQL: inside
-the open transaction; Delta: after the dead-letter table's commit, before the sink's; files, in the matrix run:
+the open transaction; Delta: after the dead-letter table's commit, before the sink's; files (local and MinIO), in the matrix run:
 before the manifest; Delta on MinIO in the matrix run too); a second run (in this process, on the session's
 SparkSession) finishes. Sink and store are read back with readers the provider does not commit with (psycopg 3,
 delta-rs, the manifest's JSON and pyarrow): every good record in the sink once, every bad one in the store once,
@@ -12,6 +12,7 @@ with its raw bytes. Over the limit: nothing of the batch anywhere, the message n
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -73,6 +74,20 @@ def _pg(stack):
     )
 
 
+def _s3_reader(stack, root: str):
+    """Read objects under ``root`` (``s3://bucket/prefix``) with boto3, not the provider's storage layer."""
+    bucket, prefix = root.removeprefix("s3://").split("/", 1)
+    client = stack.minio_client()
+    return lambda name: client.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"].read()
+
+
+def _s3_names(stack, root: str) -> list[str]:
+    """The object names in ``<root>/_manifests/``."""
+    bucket, prefix = root.removeprefix("s3://").split("/", 1)
+    found = stack.minio_client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/_manifests/")
+    return [item["Key"].rsplit("/", 1)[1] for item in found.get("Contents", [])]
+
+
 def _read(stack, sink: str, location: str, columns: list[str]) -> list[tuple]:
     """Read a table back without the provider: psycopg 3 for PostgreSQL, delta-rs for Delta, the newest manifest's
     JSON and pyarrow for files (its ``files``, or for the store its ``dead_letters``); [] if absent."""
@@ -84,11 +99,15 @@ def _read(stack, sink: str, location: str, columns: list[str]) -> list[tuple]:
             if location.endswith("/dead_letters")
             else (location, "files")
         )
-        manifests = sorted(Path(root, "_manifests").glob("0*.json"))
-        listed = json.loads(manifests[-1].read_text()).get(key, []) if manifests else []
+        read = _s3_reader(stack, root) if root.startswith("s3://") else lambda name: Path(root, name).read_bytes()
+        names = (
+            _s3_names(stack, root) if root.startswith("s3://") else [p.name for p in Path(root, "_manifests").glob("*")]
+        )
+        manifests = sorted(n for n in names if n.startswith("0") and n.endswith(".json"))
+        listed = json.loads(read(f"_manifests/{manifests[-1]}")).get(key, []) if manifests else []
         rows = []
         for file in listed:
-            table = pq.read_table(Path(root, file["path"]), columns=columns)
+            table = pq.read_table(io.BytesIO(read(file["path"])), columns=columns)
             rows += list(zip(*(table.column(c).to_pylist() for c in columns)))
         return rows
     if sink == "postgres":
@@ -116,7 +135,7 @@ def _args(stack, pipeline, topic, tmp_path, sink, location, *policy: str) -> lis
 
 # delta-lost-checkpoint: the rerun starts without the checkpoint (set aside) and without the per-batch cap, so the
 # replay has another checkpoint id and other batch bounds: only the store's offset watermark keeps it exact.
-# delta-s3: sink and store on MinIO.
+# delta-s3, files-s3: sink and store on MinIO.
 @pytest.mark.parametrize(
     "variant",
     [
@@ -124,6 +143,7 @@ def _args(stack, pipeline, topic, tmp_path, sink, location, *policy: str) -> lis
         "delta",
         pytest.param("delta-lost-checkpoint", marks=pytest.mark.matrix),
         pytest.param("files", marks=pytest.mark.matrix),
+        pytest.param("files-s3", marks=pytest.mark.matrix),
         pytest.param("delta-s3", marks=pytest.mark.matrix),
     ],
 )
