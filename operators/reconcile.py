@@ -15,17 +15,17 @@ from airflow.sdk.exceptions import AirflowException
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.connections import connect_kwargs
-from exactly_once_provider.full_load.columns import Column, table_columns
+from exactly_once_provider.errors import PipelineError
+from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.hooks.kafka_client import checked_kafka_config
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.plugins.links import PipelineStatusLink
-from exactly_once_provider.positions import BinlogPosition, parse_position
-from exactly_once_provider.reconcile import engine, letters, results, sides
+from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.reconcile import catalog, engine, letters, position, results, run, sides
 from exactly_once_provider.reconcile import scope as change_scope
-from exactly_once_provider.reconcile.canonical import kind_of
 from exactly_once_provider.reconcile.keys import Key
-from exactly_once_provider.reconcile.run import compare, report_from_json
+from exactly_once_provider.reconcile.run import report_from_json
 from exactly_once_provider.sinks import dead_letters
 from exactly_once_provider.sinks.base import offsets_from_json, offsets_to_json
 from exactly_once_provider.source.server import source_secrets
@@ -286,34 +286,6 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             )
         return spec
 
-    def _columns(self, cur: Any, schema: str, table: str) -> tuple[Key, list[Column]]:
-        found = table_columns(cur, schema, table)
-        by_name = {c.name: c for c in found}
-        key_names = [self.key_column] if isinstance(self.key_column, str) else list(self.key_column or ())
-        if not key_names:
-            cur.execute(
-                "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND "
-                "TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
-                (schema, table),
-            )
-            key_names = [r[0] for r in cur.fetchall()]
-            if not key_names:
-                raise ValueError(
-                    f"{schema}.{table} has no primary key; pass key_column (a unique column, or a "
-                    "list of columns that are unique together)."
-                )
-        unknown = [n for n in key_names if n not in by_name]
-        if unknown:
-            raise ValueError(f"key_column {unknown} is not in {schema}.{table} (it has {list(by_name)}).")
-        wanted = list(self.columns) if self.columns else [c.name for c in found]
-        unknown = [n for n in wanted if n not in by_name]
-        if unknown:
-            raise ValueError(f"columns {unknown} are not in {schema}.{table} (it has {list(by_name)}).")
-        chosen = [by_name[n] for n in wanted]
-        for column in chosen:
-            kind_of(column)  # refuses types without one canonical text, naming the column
-        return Key.of([by_name[n] for n in key_names]), chosen
-
     # ------------------------------------------------------------------------------------------ run
     def _request(self) -> dict[str, Any]:
         """Check the arguments and read what the comparison needs from the source's catalog (in this task)."""
@@ -324,7 +296,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         if not schema:
             raise ValueError(f"table={self.table!r} has no schema and connection {self.mysql_conn_id!r} has none.")
         with source_hook.cursor() as cur:
-            key, columns = self._columns(cur, schema, table)
+            key, columns = catalog.key_and_columns(cur, schema, table, self.key_column, self.columns)
         columns, pending = self._sink_columns(spec, key, columns)
         self._sink_offsets: dict | None = None
         captured = self._captured_position(table) if self.capture_pipeline or self.full_load_path else None
@@ -343,25 +315,10 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         }
 
     def _sink_columns(self, spec: sides.SinkSpec, key: Key, columns: list[Column]) -> tuple[list[Column], list[str]]:
-        """Return the compared columns the sink's table has, and the source columns it does not have yet.
-
-        An ``ALTER TABLE ... ADD COLUMN`` reaches the current table (Delta or PostgreSQL) with the first batch
-        applied after it (docs/schema-changes.md): in between, the source has a column the sink does not.
-        Comparing every source column would fail on it; the reconciliation compares the columns both sides have
-        and reports the others as pending. Only for the default column list of a plain table: columns named in
-        ``columns=`` must be on the sink.
-        """
-        if spec.json_column or (self.columns and spec.kind != "postgres"):
-            return columns, []
-        held = self._held_columns(spec)
-        if held is None:
-            return columns, []
-        pending = [c.name for c in columns if c.name not in held and c.name not in key.names]
-        if self.columns and pending:
-            raise ValueError(
-                f"The PostgreSQL table {spec.location} has no column(s) {pending}: reconcile the "
-                "columns it has (leave columns= unset to compare every column both sides have)."
-            )
+        """Return the compared columns the sink's table has, and those it does not have yet (catalog.split_pending)."""
+        columns, pending = catalog.split_pending(
+            spec, key, columns, lambda: self._held_columns(spec), bool(self.columns)
+        )
         if pending:
             self.log.warning(
                 "Columns %s of %s are not in the sink %s yet (an ADD COLUMN its apply has not reached):"
@@ -371,31 +328,17 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 self.table,
                 spec.location,
             )
-        return [c for c in columns if c.name not in pending], pending
+        return columns, pending
 
     def _held_columns(self, spec: sides.SinkSpec) -> set[str] | None:
         """Return the column names of the sink's table (None: no table yet)."""
-        if spec.kind == "postgres":
-            from psycopg2 import sql
-
-            conn = self._postgres()
-            try:
-                with conn.cursor() as cur:
-                    table = sql.Identifier(*spec.location.split("."))
-                    cur.execute("SELECT to_regclass(%s)", (table.as_string(cur),))
-                    if cur.fetchone()[0] is None:
-                        return None
-                    cur.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(table))
-                    return {d[0] for d in cur.description}
-            finally:
-                conn.close()
-        from exactly_once_provider.sinks.delta_log import table_state
-
-        s3 = self._s3_settings()
-        state = table_state(open_storage(spec.location, s3) if s3 is not None else spec.location)
-        if state is None:
-            return None
-        return {f["name"] for f in json.loads(state.metadata["schemaString"])["fields"]}
+        if spec.kind != "postgres":
+            return catalog.sink_column_names(spec, table=self._delta_table(spec.location))
+        conn = self._postgres()
+        try:
+            return catalog.sink_column_names(spec, pg_conn=conn)
+        finally:
+            conn.close()
 
     def _scope_ranges(self, key: Key) -> engine.Ranges | None:
         """Return the key ranges of a ``changed`` reconciliation, or None to compare the whole table."""
@@ -444,20 +387,28 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         return ranges is not None or self._delta_rows(spec.location) <= DELTA_RS_MAX_ROWS
 
     def _delta_rows(self, location: str) -> float:
-        """Return the rows of the Delta table's newest version from its log's file statistics (infinite when a
-        file has none, or there is no table yet: the Spark application then reads it and says so)."""
-        from exactly_once_provider.sinks import delta_log
+        """Return the rows of the Delta table's newest version (:func:`~exactly_once_provider.reconcile.catalog.delta_rows`)."""
+        return catalog.delta_rows(self._delta_table(location))
 
+    def _delta_table(self, location: str) -> Any:
+        """Return a Delta sink's location, or its storage on S3 (with ``aws_conn_id``'s settings)."""
         s3 = self._s3_settings()
-        state = delta_log.table_state(open_storage(location, s3) if s3 is not None else location)
-        if state is None:
-            return float("inf")
-        rows = 0
-        for add in delta_log.active_files(state).values():
-            if not add.get("stats") or "numRecords" not in add["stats"]:
-                return float("inf")
-            rows += int(json.loads(add["stats"])["numRecords"])
-        return rows
+        return open_storage(location, s3) if s3 is not None else location
+
+    def _comparison(self, r: dict[str, Any]) -> run.Comparison:
+        return run.Comparison(
+            r["source_hook"],
+            r["schema"],
+            r["table"],
+            r["key"],
+            r["columns"],
+            self.source_filter,
+            r["captured"],
+            self.fanout,
+            self.max_segments,
+            self.leaf_width,
+            r["scope"],
+        )
 
     # ------------------------------------------------------------------------------------------ several tables
     def table_views(self) -> list[ReconcileOperator]:
@@ -545,75 +496,17 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         r = self._request()
         pg_conn = self._postgres()
         try:
-            # The sink is pinned BEFORE the source snapshot opens (position rule step 3 -> 4).
-            pg_conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
-            pg_cur = pg_conn.cursor()
-            sink_side = sides.postgres_side(pg_cur, spec, r["key"], r["columns"])
-            pg_cur.execute("SELECT 1")  # the transaction's snapshot is taken by its first statement
-            report, common = compare(
-                r["source_hook"],
-                sink_side,
-                r["schema"],
-                r["table"],
-                r["key"],
-                r["columns"],
-                self.source_filter,
-                r["captured"],
-                fanout=self.fanout,
-                max_segments=self.max_segments,
-                leaf_width=self.leaf_width,
-                scope=r["scope"],
-            )
-            pg_conn.rollback()
-            pg_conn.set_session(isolation_level="READ COMMITTED", readonly=False)
+            report, common = run.compare_with_postgres(self._comparison(r), spec, pg_conn)
             return self._finish(context, r, report, common.to_json() if common else None, pg_conn)
         finally:
             pg_conn.close()
 
     def _compare_with_delta_rs(self, context: Any, r: dict[str, Any]) -> dict:
         """Compare a Delta sink read in this task with delta-rs (no Spark application)."""
-        from exactly_once_provider.reconcile.deltars_side import delta_rs_side
-        from exactly_once_provider.sinks import delta_commit
-
         spec: sides.SinkSpec = r["spec"]
         s3 = self._s3_settings()
-        table = open_storage(spec.location, s3) if s3 is not None else spec.location
-        version = delta_commit.newest_version(table)  # pinned BEFORE the source snapshot opens
-        if version < 0:
-            raise ValueError(f"{spec.location} is not a Delta table (no _delta_log commits): check sink_path.")
-        self.log.info(
-            "Reading the Delta sink %s at version %d in the task with delta-rs (%s)",
-            spec.location,
-            version,
-            "the whole table" if r["scope"] is None else f"{len(r['scope'])} key ranges",
-        )
-        sink_side = delta_rs_side(
-            spec.location.replace("s3a://", "s3://", 1),
-            version,
-            r["key"],
-            r["columns"],
-            spec.key_column,
-            spec.deleted_column,
-            r["scope"],
-            s3.delta_rs_options() if s3 is not None else None,
-        )
-        try:
-            report, common = compare(
-                r["source_hook"],
-                sink_side,
-                r["schema"],
-                r["table"],
-                r["key"],
-                r["columns"],
-                self.source_filter,
-                r["captured"],
-                fanout=self.fanout,
-                max_segments=self.max_segments,
-                leaf_width=self.leaf_width,
-                scope=r["scope"],
-            )
-        finally:
-            sink_side.close()
+        options = s3.delta_rs_options() if s3 is not None else None
+        report, common = run.compare_with_delta_rs(self._comparison(r), spec, self._delta_table(spec.location), options)
         return self._finish(context, r, report, common.to_json() if common else None)
 
     def job_params(self, context: Any) -> dict[str, Any]:
@@ -813,38 +706,22 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         return hook.connection_settings().replication_settings()
 
     def _captured_position(self, table: str):
-        """Return ``P``: the capture's committed position, after checking the sink applied all of it."""
-        from exactly_once_provider.kafka import lag
-        from exactly_once_provider.kafka.offsets import read_committed_offset
-
-        if not self.capture_pipeline:
-            from exactly_once_provider.full_load.handoff import read_handoff
-
-            return read_handoff(self.full_load_path).min_position
-        kafka = checked_kafka_config(self.kafka_config_id)
-        committed = read_committed_offset(
-            kafka, self.capture_pipeline, self.capture_source_partition, self.offsets_topic
-        )
-        if committed is None:
-            path = self.full_load_path or self.base_path
-            if not path:
-                raise AirflowException(f"Capture {self.capture_pipeline!r} never committed; pass full_load_path.")
-            from exactly_once_provider.full_load.handoff import read_handoff
-
-            return read_handoff(path).min_position
-        captured = parse_position(committed.offset)
-        end = lag.stable_end_offsets(kafka, list(self.topics))
+        """Return ``P``: the capture's committed position, once the sink applied all of it (position.captured_position)."""
+        capture = None
+        if self.capture_pipeline:
+            capture = (self.capture_pipeline, self.capture_source_partition, self.offsets_topic)
         location = self.sink_path if self.sink == "delta" else self.sink_table
-        connect = None
-        if self.sink == "postgres":
-            connect = connect_kwargs(self.postgres_conn_id)
-        self._sink_offsets = lag.sink_offsets(self.sink, location, self.sink_pipeline, connect)
-        behind = lag.Lag(end, self._sink_offsets)
-        if behind.total:
-            raise AirflowException(
-                f"The sink has not applied everything the capture committed (lag {behind.describe()}); run the "
-                "apply first. Comparing now would report changes still in Kafka as mismatches."
+        connect = connect_kwargs(self.postgres_conn_id) if capture and self.sink == "postgres" else None
+        try:
+            captured, self._sink_offsets = position.captured_position(
+                checked_kafka_config(self.kafka_config_id) if capture else {},
+                capture,
+                list(self.topics or ()),
+                (self.sink, location, self.sink_pipeline, connect),
+                self.full_load_path or self.base_path,
             )
+        except PipelineError as err:
+            raise AirflowException(str(err)) from err
         return captured
 
 

@@ -97,3 +97,45 @@ def keys_changed_between(
     finally:
         stream.close()
     return frozenset(keys), changes
+
+
+def captured_position(
+    kafka: dict[str, Any],
+    capture: tuple[str, str, str] | None,
+    topics: list[str],
+    sink: tuple[str, str, str, dict | None],
+    full_load_path: str | None,
+) -> tuple[BinlogPosition, dict[str, dict[int, int]] | None]:
+    """Return ``P`` (steps 1 to 3 above) and the sink's committed offsets, once the sink applied all of ``P``.
+
+    Without a capture, or before its first commit, ``P`` is the full load's smallest chunk position (no offsets).
+    A sink behind the capture raises :class:`~exactly_once_provider.errors.PipelineError`: comparing then would
+    report changes still in Kafka as mismatches.
+
+    :param kafka: the ``kafka`` connection's client settings.
+    :param capture: ``(pipeline, source_partition, offsets_topic)`` of the capture; None: a plain full load.
+    :param topics: the data topics the sink applies.
+    :param sink: ``(kind, location, pipeline, psycopg2 arguments or None)`` of the sink.
+    :param full_load_path: the full load's Delta table (the handoff), for ``P`` before the capture's first commit.
+    """
+    from exactly_once_provider.errors import PipelineError
+    from exactly_once_provider.full_load.handoff import read_handoff
+    from exactly_once_provider.kafka import lag
+    from exactly_once_provider.kafka.offsets import read_committed_offset
+    from exactly_once_provider.positions import parse_position
+
+    committed = read_committed_offset(kafka, *capture) if capture else None
+    if committed is None:
+        if not full_load_path:
+            raise PipelineError(f"Capture {capture[0] if capture else None!r} never committed; pass full_load_path.")
+        return read_handoff(full_load_path).min_position, None
+    captured = parse_position(committed.offset)
+    end = lag.stable_end_offsets(kafka, list(topics))  # E, read after P
+    applied = lag.sink_offsets(*sink)
+    behind = lag.Lag(end, applied)
+    if behind.total:
+        raise PipelineError(
+            f"The sink has not applied everything the capture committed (lag {behind.describe()}); run the "
+            "apply first. Comparing now would report changes still in Kafka as mismatches."
+        )
+    return captured, applied

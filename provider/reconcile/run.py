@@ -8,7 +8,7 @@ driver and the operator (:func:`report_to_json`, :func:`report_from_json`).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from exactly_once_provider.full_load.columns import Column
@@ -85,6 +85,104 @@ def compare(
             scope=scope,
         )
     return report, common
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One table's comparison, without its sink side: the arguments of :func:`compare` (see there)."""
+
+    server: Any
+    schema: str
+    table: str
+    key: Key
+    columns: list[Column]
+    source_filter: str | None
+    captured: BinlogPosition | None
+    fanout: int
+    max_segments: int
+    leaf_width: int
+    scope: engine.Ranges | None = None
+
+    def against(self, sink_side: Any) -> tuple[engine.Report, position.CommonPosition | None]:
+        """Compare with ``sink_side``, pinned before this call (:func:`compare`)."""
+        return compare(
+            self.server,
+            sink_side,
+            self.schema,
+            self.table,
+            self.key,
+            self.columns,
+            self.source_filter,
+            self.captured,
+            fanout=self.fanout,
+            max_segments=self.max_segments,
+            leaf_width=self.leaf_width,
+            scope=self.scope,
+        )
+
+
+def compare_with_postgres(
+    comparison: Comparison, spec: sides.SinkSpec, pg_conn: Any
+) -> tuple[engine.Report, position.CommonPosition | None]:
+    """Compare with a PostgreSQL sink read in ONE ``REPEATABLE READ`` read-only transaction of ``pg_conn``.
+
+    The sink's snapshot is taken BEFORE the source snapshot opens (position rule, step 3 -> 4). On success the
+    connection is back in ``READ COMMITTED`` read-write, for the caller's result row; on an error the caller
+    closes it.
+
+    :param comparison: the comparison.
+    :param spec: the sink.
+    :param pg_conn: a psycopg2 connection to the sink's database, no transaction open.
+    """
+    pg_conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+    cur = pg_conn.cursor()
+    sink_side = sides.postgres_side(cur, spec, comparison.key, comparison.columns)
+    cur.execute("SELECT 1")  # the transaction's snapshot is taken by its first statement
+    found = comparison.against(sink_side)
+    pg_conn.rollback()
+    pg_conn.set_session(isolation_level="READ COMMITTED", readonly=False)
+    return found
+
+
+def compare_with_delta_rs(
+    comparison: Comparison, spec: sides.SinkSpec, table: Any, storage_options: dict[str, str] | None
+) -> tuple[engine.Report, position.CommonPosition | None]:
+    """Compare with a Delta sink read in this process by delta-rs, at its newest version (no Spark application).
+
+    The version is pinned BEFORE the source snapshot opens (position rule).
+
+    :param comparison: the comparison.
+    :param spec: the sink (``location``: the table's URI).
+    :param table: the table's location or storage (its log is read through it).
+    :param storage_options: delta-rs storage options (S3: :meth:`~exactly_once_provider.storage.s3.S3Settings.delta_rs_options`).
+    """
+    from exactly_once_provider.reconcile.deltars_side import delta_rs_side
+    from exactly_once_provider.sinks import delta_commit
+
+    version = delta_commit.newest_version(table)
+    if version < 0:
+        raise ValueError(f"{spec.location} is not a Delta table (no _delta_log commits): check sink_path.")
+    scope = comparison.scope
+    log.info(
+        "Reading the Delta sink %s at version %d in the task with delta-rs (%s)",
+        spec.location,
+        version,
+        "the whole table" if scope is None else f"{len(scope)} key ranges",
+    )
+    sink_side = delta_rs_side(
+        spec.location.replace("s3a://", "s3://", 1),
+        version,
+        comparison.key,
+        comparison.columns,
+        spec.key_column,
+        spec.deleted_column,
+        scope,
+        storage_options,
+    )
+    try:
+        return comparison.against(sink_side)
+    finally:
+        sink_side.close()
 
 
 def report_to_json(report: engine.Report) -> dict[str, Any]:

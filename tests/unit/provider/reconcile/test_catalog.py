@@ -1,0 +1,44 @@
+"""What a reconciliation compares: the columns a sink lags behind the source, a Delta table's row count."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from exactly_once_provider.full_load.columns import Column
+from exactly_once_provider.reconcile.catalog import delta_rows, split_pending
+from exactly_once_provider.reconcile.keys import Key
+from exactly_once_provider.reconcile.sides import SinkSpec
+
+ID = Column("id", "int", "int(11)", 10, 0)
+A = Column("a", "varchar", "varchar(10)", None, None)
+B = Column("b", "int", "int(11)", 10, 0)
+KEY = Key.of(ID)
+PLAIN = SinkSpec("postgres", "s.t")
+
+
+def _never():
+    raise AssertionError("the sink's columns are read only when they matter")
+
+
+def test_columns_the_sink_has_not_received_yet_are_pending_the_key_never():
+    assert split_pending(PLAIN, KEY, [ID, A, B], lambda: {"a"}, named=False) == ([ID, A], ["b"])
+    assert split_pending(PLAIN, KEY, [ID, A, B], lambda: {"id", "a", "b"}, named=False) == ([ID, A, B], [])
+    assert split_pending(PLAIN, KEY, [ID, A], lambda: None, named=False) == ([ID, A], [])  # no table yet
+
+
+def test_named_columns_must_be_on_a_postgres_sink_and_record_sinks_are_not_asked():
+    with pytest.raises(ValueError, match=r"has no column\(s\) \['b'\]"):
+        split_pending(PLAIN, KEY, [ID, B], lambda: {"id"}, named=True)
+    records = SinkSpec("delta", "/lake/t", json_column="record_value", json_path=("after",))
+    assert split_pending(records, KEY, [ID, A], _never, named=False) == ([ID, A], [])
+    assert split_pending(SinkSpec("delta", "/lake/t"), KEY, [ID, A], _never, named=True) == ([ID, A], [])
+
+
+def test_a_delta_table_s_rows_come_from_its_log_statistics(tmp_path):
+    path = str(tmp_path / "t")
+    assert delta_rows(path) == float("inf")  # no table: a Spark application reads it and says so
+    write_deltalake(path, pa.table({"id": [1, 2, 3]}))
+    write_deltalake(path, pa.table({"id": [4]}), mode="append")
+    assert delta_rows(path) == 4
