@@ -93,7 +93,20 @@ CONSUMER_GROUP = frozenset(
 )
 # librdkafka diagnostics and tuning the Java client of the Spark source has no use for.
 LIBRDKAFKA_TUNING = frozenset(
-    {"debug", "log_level", "statistics.interval.ms", "api.version.request", "broker.address.family", "retry.backoff.ms"}
+    {"debug", "log_level", "statistics.interval.ms", "api.version.request", "broker.address.family"}
+)
+# Client settings with the same name and meaning in librdkafka and the Java client: passed to Spark's source as
+# they are (kafka.<name>), so a connection tuned for a slow or flaky network reads there as it writes here.
+SAME_IN_JAVA = frozenset(
+    {
+        "retry.backoff.ms",
+        "reconnect.backoff.ms",
+        "reconnect.backoff.max.ms",
+        "socket.connection.setup.timeout.ms",
+        "socket.connection.setup.timeout.max.ms",
+        "metadata.max.age.ms",
+        "connections.max.idle.ms",
+    }
 )
 # Callbacks the Kafka provider resolves from the Extra that only observe: safe to leave out of a client that runs
 # elsewhere. oauth_cb authenticates (a client without it cannot connect), so it is never among them.
@@ -189,7 +202,8 @@ def spark_kafka_options(config: dict[str, Any]) -> dict[str, str]:
     ``sasl.username``/``sasl.password`` (-> ``sasl.jaas.config``), ``ssl.ca.location``/``ssl.ca.pem`` (-> a PEM
     truststore), ``ssl.keystore.location``/``ssl.keystore.password`` (PKCS#12), a client certificate and key in
     one PEM file (``ssl.certificate.location`` == ``ssl.key.location``), ``ssl.key.password``,
-    ``ssl.endpoint.identification.algorithm``. The settings :data:`DROPPED` for :data:`SPARK_SOURCE` are left
+    ``ssl.endpoint.identification.algorithm``, and the settings named alike in both clients (:data:`SAME_IN_JAVA`,
+    e.g. ``retry.backoff.ms``). The settings :data:`DROPPED` for :data:`SPARK_SOURCE` are left
     out (they do not concern the job's read_committed source). Anything else raises ValueError naming the
     setting. The result holds secrets: never log it or put it on a command line.
 
@@ -264,6 +278,8 @@ def spark_kafka_options(config: dict[str, Any]) -> dict[str, str]:
             "Kafka setting enable.ssl.certificate.verification=false cannot be passed to the Spark job "
             "(the Java client always verifies): give the broker's CA in ssl.ca.location instead."
         )
+    for name in sorted(SAME_IN_JAVA & set(settings)):
+        options[f"kafka.{name}"] = str(take(name))
     if "oauth_cb" in settings:
         raise ValueError("Kafka setting oauth_cb (OAUTHBEARER) cannot be passed to the Spark job.")
     if settings:

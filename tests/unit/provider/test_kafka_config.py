@@ -91,3 +91,10 @@ def test_the_spark_source_drops_what_it_manages_and_refuses_what_it_cannot_take(
 def test_an_unknown_role_is_refused():
     with pytest.raises(ValueError, match="role 'reader'"):
         for_role(CONNECTION, "reader")
+
+
+def test_settings_named_alike_in_both_clients_reach_the_spark_source_as_they_are():
+    tuned = {"bootstrap.servers": "b:9092", "retry.backoff.ms": 250, "reconnect.backoff.max.ms": 5000}
+    options = spark_kafka_options(tuned)
+    assert (options["kafka.retry.backoff.ms"], options["kafka.reconnect.backoff.max.ms"]) == ("250", "5000")
+    assert "retry.backoff.ms" not in DROPPED[SPARK_SOURCE]
