@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import confluent_kafka
 import pytest
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 
@@ -12,6 +13,7 @@ from exactly_once_provider.hooks import kafka_client
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka import lag
 from exactly_once_provider.kafka_config import CONSUMER_GROUP, PRODUCER_ONLY
+from exactly_once_provider.plugins.status import Connections
 from exactly_once_provider.triggers.consumer_lag import ConsumerLagTrigger, measure_lag
 
 ALLOWED_CALLBACK = f"{__name__}.oauth_token"
@@ -157,7 +159,9 @@ def _recorder(kind: str, seen: dict):
 
 
 @pytest.mark.parametrize("name", sorted(WRITER_CONNECTIONS))
-def test_the_lag_sensor_takes_every_connection_the_writer_takes_with_the_same_settings(monkeypatch, allowlist, name):
+def test_the_lag_sensor_and_status_page_take_every_connection_the_writer_takes_with_the_same_settings(
+    monkeypatch, allowlist, name
+):
     conn_id = f"kafka_client_lag_{name}"
     _connection(monkeypatch, conn_id, WRITER_CONNECTIONS[name])
     writer = TransactionalProducerHook(conn_id, pipeline=f"lag_{name}", delivery_mode="exactly_once")
@@ -173,11 +177,16 @@ def test_the_lag_sensor_takes_every_connection_the_writer_takes_with_the_same_se
     with pytest.raises(_Built):
         lag.group_offsets(kafka, "g", ["t"])  # its consumer (the group's offsets)
 
+    monkeypatch.setattr(confluent_kafka, "Consumer", _recorder("status", seen))
+    with pytest.raises(_Built):
+        Connections().consumer(conn_id)  # the status page's consumer
+
     connection = writer.client_config()
     shared = {k: v for k, v in connection.items() if k not in PRODUCER_ONLY | CONSUMER_GROUP}
     assert shared and {k: producer[k] for k in shared} == shared  # the writer connects with these...
     assert seen["admin"] == shared  # ...the lag's admin with exactly these
     assert {k: seen["consumer"][k] for k in shared} == shared  # ...and its consumer too, plus its own group
     assert (seen["consumer"]["group.id"], seen["consumer"]["isolation.level"]) == ("g", "read_committed")
+    assert {k: seen["status"][k] for k in shared} == shared and seen["status"]["isolation.level"] == "read_committed"
     if name == "oauth":
         assert producer["oauth_cb"] is seen["admin"]["oauth_cb"] is oauth_token
