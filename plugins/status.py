@@ -468,6 +468,7 @@ def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Sect
             "changed",
             "duplicate",
             "in flight",
+            "dead-lettered",
             "full scans",
             "run",
         ),
@@ -489,6 +490,7 @@ def reconciliation_section(spec: PipelineSpec, connections: Connections) -> Sect
                         "changed": r["changed"],
                         "duplicate": r["duplicate"],
                         "in flight": r["in_flight"],
+                        "dead-lettered": r.get("dead_lettered"),
                         "full scans": (r["cost"] or {}).get("full_scans"),
                         "run": f"{r['dag_id'] or ''} {r['run_id'] or ''}".strip(),
                     }

@@ -9,6 +9,7 @@ One row per reconciliation run::
         status text NOT NULL,                                   -- 'clean' | 'mismatch'
         source_rows bigint, sink_rows bigint, source_checksum text, sink_checksum text,
         missing int, extra int, duplicate int, changed int, in_flight int,
+        dead_lettered int,                                      -- differing keys explained by open dead letters
         position jsonb,                                         -- CDC: captured P, snapshot S (see .position)
         cost jsonb,                                             -- queries, full scans, levels, seconds
         differences jsonb)                                      -- first 1000 differing keys {key, kind, ...}
@@ -34,8 +35,10 @@ CREATE TABLE IF NOT EXISTS {RESULT_TABLE} (
     started_at timestamptz NOT NULL, finished_at timestamptz NOT NULL, status text NOT NULL,
     source_rows bigint, sink_rows bigint, source_checksum text, sink_checksum text,
     missing int, extra int, duplicate int, changed int, in_flight int,
-    position jsonb, cost jsonb, differences jsonb)
+    position jsonb, cost jsonb, differences jsonb, dead_lettered int)
 """
+# a table created by a version without the column gets it (NULL in its older rows: not counted then)
+_ADD_DEAD_LETTERED = f"ALTER TABLE {RESULT_TABLE} ADD COLUMN IF NOT EXISTS dead_lettered int"
 
 
 def store_result(
@@ -64,10 +67,17 @@ def store_result(
     with conn.cursor() as cur:
         cur.execute(_DDL)
         cur.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s"
+            " AND column_name = 'dead_lettered'",
+            (RESULT_TABLE,),
+        )
+        if cur.fetchone() is None:  # an ALTER only then: it locks the table against every reader while it waits
+            cur.execute(_ADD_DEAD_LETTERED)
+        cur.execute(
             f"INSERT INTO {RESULT_TABLE} (name, dag_id, run_id, task_id, try_number, started_at, finished_at,"
             " status, source_rows, sink_rows, source_checksum, sink_checksum, missing, extra, duplicate, changed,"
-            " in_flight, position, cost, differences) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            " in_flight, dead_lettered, position, cost, differences) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            " %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
             (
                 name,
                 where.get("dag_id"),
@@ -83,6 +93,7 @@ def store_result(
                 s["sink_checksum"],
                 *(s[k] for k in MISMATCH_KINDS),
                 s["in_flight"],
+                s["dead_lettered"],
                 json.dumps(position) if position else None,
                 json.dumps(cost),
                 json.dumps(differences),

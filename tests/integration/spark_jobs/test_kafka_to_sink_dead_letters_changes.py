@@ -198,3 +198,9 @@ def _reconcile_names_the_dead_lettered_key(stack, table: str, sink: str, locatio
     cur.execute(f"DROP TABLE `{table}`")
     assert summary["clean"] and summary["changed"] == 0 and summary["missing"] == 0, summary
     assert (summary["dead_lettered"], summary["dead_lettered_keys"]) == (1, ["5"]), summary
+    with _pg(stack) as conn:  # the stored result counts it too (the status page shows that column)
+        stored = conn.execute(
+            "SELECT status, changed, dead_lettered FROM eo_reconciliation WHERE name = %s ORDER BY id DESC LIMIT 1",
+            (pipeline,),
+        ).fetchone()
+    assert stored == ("clean", 0, 1), stored
