@@ -1,10 +1,12 @@
 """A Delta table's current state read from its transaction log with plain Python (no Spark), local or on S3.
 
-What the own commits of :mod:`exactly_once_provider.sinks.delta_commit` need before writing version ``L + 1``: the
-newest version ``L``, the table's ``protocol`` and ``metaData`` and the newest ``txn`` version per app id.
-Like Delta's own snapshot it starts from the newest COMPLETE checkpoint (only its ``protocol``, ``metaData``
-and ``txn`` columns are read, once per checkpoint file) and replays the JSON commits after it; a table
-without a checkpoint is replayed from its first commit.
+Read only: every commit is written by Delta's writer or by delta-rs (:mod:`exactly_once_provider.sinks.delta_rs`).
+What the current table's rewrite (:mod:`exactly_once_provider.sinks.delta_merge`) and the reconciliation need: the
+newest version ``L``, the table's ``protocol`` and ``metaData``, the newest ``txn`` version per app id and the data
+files; and the commits' markers (:mod:`exactly_once_provider.sinks.delta_commit`). Like Delta's own snapshot it
+starts from the newest COMPLETE checkpoint (only its ``protocol``, ``metaData`` and ``txn`` columns are read, once
+per checkpoint file) and replays the JSON commits after it; a table without a checkpoint is replayed from its first
+commit.
 
 The log is read through the storage layer (:mod:`exactly_once_provider.storage`): a table is a local path,
 ``file://`` URI, ``s3://``/``s3a://`` URI (the process's registered S3 settings) or a
