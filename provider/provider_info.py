@@ -77,7 +77,11 @@ def get_provider_info() -> dict:
         "triggers": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": [f"{PACKAGE}.triggers.consumer_lag", f"{PACKAGE}.triggers.sink_commits"],
+                "python-modules": [
+                    f"{PACKAGE}.triggers.consumer_lag",
+                    f"{PACKAGE}.triggers.sink_commits",
+                    f"{PACKAGE}.triggers.dead_letters",
+                ],
             }
         ],
         "extra-links": [
