@@ -448,12 +448,16 @@ class IcebergSink:
         delta-rs opens, with its ``storage_options``) when :meth:`prepare` finds it does not hold that load."""
         self.source, self.source_location, self.source_options = source, location, storage_options
 
-    def _write(self, df, folder: str) -> tuple[list[str], int]:
-        """Write ``df`` as Parquet into the new folder ``folder``; return the files' URIs and their rows."""
+    def _write(self, df, folder: str, max_rows: int | None = None) -> tuple[list[str], int]:
+        """Write ``df`` as Parquet into the new folder ``folder`` (files of at most ``max_rows`` rows when given);
+        return the files' URIs and their rows."""
         import pyarrow.parquet as pq
 
         storage = self.storage()
-        df.write.mode("errorifexists").parquet(storage.spark_uri(folder))
+        writer = df.write.mode("errorifexists")
+        if max_rows:
+            writer = writer.option("maxRecordsPerFile", str(max_rows))
+        writer.parquet(storage.spark_uri(folder))
         files, rows = [], 0
         for key in storage.list(folder + "/"):
             name = key.removeprefix(folder + "/")
@@ -574,7 +578,10 @@ class IcebergSink:
             schema,
         )
         folder = f"data/{commit.checkpoint_id}-{commit.batch_id}-{uuid.uuid4().hex[:8]}"
-        files, rows = (self._write(merged.coalesce(max(1, len(touched))), folder)) if count else ([], 0)
+        files, rows = ([], 0)
+        if count:
+            out = iceberg_merge.clustered(merged, self.key_columns, len(touched))
+            files, rows = self._write(out, folder, max_rows=iceberg_merge.FILE_ROWS)
         # EO_FAULT_AT=sink_written_<batch>: the batch's files written, its snapshot not committed
         fault_point(f"sink_written_{commit.batch_id}")
         rows_total = _total_records(table) - sum(f.record_count for f in touched) + rows

@@ -28,11 +28,11 @@ from dataclasses import replace
 from typing import Any
 
 from exactly_once_provider.sinks.current_table import META_COLUMNS
+from exactly_once_provider.sinks.iceberg_merge import FILE_ROWS
 
 log = logging.getLogger(__name__)
 
 BUILD_BATCH_ROWS = 50_000
-FILE_ROWS = 1_000_000  # rows per Parquet file of the build
 
 
 def current_location(path: str) -> str:
@@ -112,6 +112,8 @@ def build(sink: Any, table: Any, dataset: Any) -> bool:
     folder = f"data/load-{handoff.load_id}-{uuid.uuid4().hex[:8]}"
     files, rows, writer, path = [], 0, None, None
     for batch in dataset.to_batches(columns=schema.names, batch_size=BUILD_BATCH_ROWS):
+        # files of the merge's size; the full load's files are its chunks (key ranges), so these hold ranges too,
+        # as far as delta-rs lists them in chunk order
         if writer is None or rows >= FILE_ROWS * len(files):
             if writer is not None:
                 writer.close()

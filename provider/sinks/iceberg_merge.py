@@ -10,7 +10,8 @@ MERGE does (:mod:`~exactly_once_provider.sinks.delta_merge`), in Iceberg terms:
    leave a file per micro-batch (:func:`with_small_files`);
 2. Spark rewrites those files with the changes merged in (:func:`merged_rows`): a row is replaced only by a
    NEWER version of its key, new keys are inserted, deletes stay as tombstones (a later, older change of the key
-   must not bring the row back: :mod:`~exactly_once_provider.sinks.current_table`);
+   must not bring the row back: :mod:`~exactly_once_provider.sinks.current_table`); the new files hold key
+   ranges, sorted (:func:`clustered`), so the bounds of step 1 keep the next batches' rewrites small;
 3. the driver commits ONE ``overwrite`` snapshot that removes the rewritten files and adds the new ones, with the
    batch's fence in its summary (:meth:`~exactly_once_provider.sinks.iceberg.IcebergSink.commit`).
 
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # Key types whose batch bounds pyiceberg prunes files with (other key types: every file is a candidate).
 BOUNDED_TYPES = ("int", "bigint", "string")
+# Rows per rewritten file: the files hold key ranges, so a batch of recent keys rewrites the newest files only.
+FILE_ROWS = 500_000
 # Untouched files below this size are rewritten with a batch, smallest first, up to the total.
 SMALL_FILE_BYTES = 4 << 20
 SMALL_FILES_TOTAL_BYTES = 16 << 20
@@ -131,3 +134,17 @@ def merged_rows(
     on = [F.col(f"t.{quoted(k)}") == F.col(f"s.{quoted(k)}") for k in key]
     merged = [F.when(take, F.col(f"s.{quoted(c)}")).otherwise(F.col(f"t.{quoted(c)}")).alias(c) for c in columns]
     return target.alias("t").join(source.alias("s"), on, "full_outer").select(*merged)
+
+
+def clustered(rows: Any, key: tuple[str, ...], files: int) -> Any:
+    """Return ``rows`` sorted by key in ``files`` partitions, range-partitioned when more than one: each file Spark
+    writes (split at :data:`FILE_ROWS`) then holds one key range, which :func:`candidate_files` prunes by.
+
+    :param files: the number of files the batch rewrites (at least one partition).
+    """
+    from pyspark.sql import functions as F
+
+    columns = [F.col(quoted(k)) for k in key]
+    if files <= 1:  # one partition: no sampling job for the range bounds
+        return rows.coalesce(1).sortWithinPartitions(*columns)
+    return rows.repartitionByRange(files, *columns).sortWithinPartitions(*columns)

@@ -349,8 +349,8 @@ def test_cdc_changes_out_of_order_keep_the_newest_version_per_key_in_one_snapsho
     )
     write = sink._write
 
-    def write_then_lose_the_race(df, folder):
-        written = write(df, folder)
+    def write_then_lose_the_race(df, folder, **kwargs):
+        written = write(df, folder, **kwargs)
         assert other.commit(_changes(spark, topic, batch3, 13), commit3, expected=previous)
         return written
 
@@ -363,8 +363,8 @@ def test_cdc_changes_out_of_order_keep_the_newest_version_per_key_in_one_snapsho
     assert_table()
 
     # Another writer's snapshot (no fence: a user's empty append) lands while batch 4 is written: merged again on it.
-    def write_then_other_writer(df, folder):
-        written = write(df, folder)
+    def write_then_other_writer(df, folder, **kwargs):
+        written = write(df, folder, **kwargs)
         sink._write = write  # once: the second plan commits
         sink.catalog().load_table(identifier).add_files([], check_duplicate_files=False)
         return written
