@@ -2,8 +2,8 @@
 
 Append mode commits through :func:`exactly_once_provider.sinks.delta_commit.append_with_marker` with
 ``txnAppId = "<pipeline>:<checkpoint id>"`` and ``txnVersion = <batch id>``: Spark writes the batch as Parquet
-and this process writes the Delta commit itself (no Delta state reconstruction per batch); a replayed batch is
-recognised by its txn and skipped, also when a zombie driver races the commit. ``commit_with="delta"`` (job
+and this process commits those files through delta-rs (no Delta state reconstruction per batch); a replayed batch
+is recognised by its txn and skipped, also when a zombie driver races the commit. ``commit_with="delta"`` (job
 option ``--delta-commit delta``) commits through Delta's own writer instead
 (:func:`~exactly_once_provider.sinks.delta_commit.commit_with_marker`, same txn id and marker), and so does a table
 with a feature the own commit does not write (logged). The marker lives under the key
@@ -17,8 +17,8 @@ older change replayed after the delete cannot bring the row back; readers filter
 Current mode (``mode="current"``, :mod:`~exactly_once_provider.sinks.current_table`) MERGEs each batch's newest
 change per key into the full load's own table, typed like its rows, on the source key: a change applies only if
 its ``_eo_version`` is newer than the row's; deletes are tombstones (``_eo_deleted``). Same txn id and marker.
-The provider writes that commit (:func:`~exactly_once_provider.sinks.delta_merge.merge_newer`: only the files
-holding a batch's keys rewritten, no Delta state reconstruction); Delta's MERGE writes it with
+The provider rewrites the files and delta-rs commits them (:func:`~exactly_once_provider.sinks.delta_merge.merge_newer`:
+only the files holding a batch's keys rewritten, no Delta state reconstruction); Delta's MERGE writes it with
 ``commit_with="delta"`` and for the batch that evolves the table's schema. The batch after a followed
 widening (``INT`` -> ``BIGINT``, a larger ``DECIMAL``, ``FLOAT`` -> ``DOUBLE``, key columns included) rewrites the
 table in the wider types in its one commit (:func:`~exactly_once_provider.sinks.delta_merge.merge_widening`), or,
@@ -187,7 +187,7 @@ class DeltaSink:
         """Return the pipeline's newest commit, failing unless it is ``expected``, and the fence for the commit.
 
         The fence is ``(marker key, the table version read before that check)``: the own append commit
-        re-checks every commit after it up to its put-if-absent (:func:`delta_commit.append_with_files`), so
+        re-checks every commit after it up to the one it commits (:func:`delta_commit.append_with_files`), so
         a commit of this pipeline by another driver in between fails this one. Delta's own writer (MERGE,
         window replace, tables the own commit does not write) gets the check before the write only; MERGE by
         source version and the window replace rewrite the same rows if a zombie commits them again.
@@ -219,7 +219,7 @@ class DeltaSink:
         """Write the batch and its marker in one Delta commit; return False if it was already committed.
 
         A replay is recognised by the Delta txn ``(app id, batch id)`` (:func:`~.base.replayed`'s rule as Delta
-        enforces it), here and again by Delta's writer / the own commit at its put-if-absent.
+        enforces it), here and again by Delta's writer / the own commit on the snapshot it commits on.
 
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
         :param letters: the batch's dead letters (``on_bad_record="dead_letter"``): committed to the

@@ -1,7 +1,7 @@
 """The current table's own MERGE: rewrite only the files that hold a batch's keys, commit them by delta-rs.
 
 Where a streaming batch's changes reach the current table (:mod:`~exactly_once_provider.sinks.current_table`)
-when the provider writes the commit (the default; ``commit_with="delta"`` keeps Delta's MERGE,
+when the provider rewrites the files (the default; ``commit_with="delta"`` keeps Delta's MERGE,
 :func:`~exactly_once_provider.sinks.delta_commit.merge_with_marker`). Same rows, same commit contents as Delta's
 MERGE (``remove`` of each rewritten file, ``add`` of its new version, the ``txn`` and the marker), without what
 makes Delta's MERGE cost ~1.5 s per batch on 2 cores whatever the batch size: two snapshot state
