@@ -52,8 +52,9 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         costs what its changed tables cost, however many are followed. Without it, each stream names its own
         ``checkpoint_location`` and runs its own query (a failure of one stops the others). Each table commits
         exactly once as a one-table run does. XCom returns ``{"streams": {sink location: committed state}}``.
-    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg`` (append and window modes; the table ``sink_table``,
-        ``namespace.table``, in the SQL catalog of ``iceberg_conn_id``, created at ``sink_path``: docs/iceberg.md).
+    :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg`` (the table ``sink_table``, ``namespace.table``, in
+        the SQL catalog of ``iceberg_conn_id``, created at ``sink_path``; ``mode="current"``: built from the Delta
+        full load at ``sink_path``, at ``<sink_path>_iceberg``: docs/iceberg.md).
     :param checkpoint_location: this pipeline's Spark checkpoint directory (with ``streams``: the query they
         share).
     :param sink_path: the Delta table or files sink directory (``delta`` / ``files``), local or on S3 or an
