@@ -19,14 +19,20 @@ class DeadLetterRepairOperator(BaseOperator):
     the same PostgreSQL transaction (:mod:`~exactly_once_provider.sinks.repair`), so a repair that dies before
     its commit applied and closed nothing, and a rerun never applies a letter twice.
 
-    Built for the PostgreSQL sink in append mode (docs/dead-letters.md). Choose the letters by ``error_classes``,
+    Built for the PostgreSQL sink in append and CDC mode (docs/dead-letters.md). Choose the letters by ``error_classes``,
     ``offsets`` and/or ``keys`` (every given criterion must hold; none: every open letter), and either ``fix``
     them with a function or ``accept`` them as they are. Returns ``{"applied": [...], "left_open": [...],
-    "resolution": ...}`` with each letter as ``topic/partition@offset``.
+    "resolution": ..., "superseded": [...]}`` with each letter as ``topic/partition@offset`` (CDC: a repaired change
+    older than its key's row in the table is closed as superseded, not applied).
 
     :param pipeline: the stream's pipeline name (its letters, its advisory lock).
     :param sink_table: the sink table the stream appends to.
     :param sink: ``postgres`` (the only one built so far).
+    :param mode: the stream's mode: ``append`` (rows of key and value) or ``cdc`` (change records by key, the
+        newer version wins, as the stream writes them).
+    :param key_field: ``cdc``: the stream's ``key_field`` (JSON path(s) of the key in the record).
+    :param version_field: ``cdc``: the stream's ``version_field``.
+    :param op_field: ``cdc``: the stream's ``op_field`` (``d`` / ``delete``: a delete).
     :param dead_letter_store: the store table; default ``<sink_table>_dead_letters``.
     :param error_classes: repair only letters of these classes (e.g. ``["invalid_utf8"]``).
     :param offsets: repair only these letters: ``"topic/partition@offset"`` strings or ``(topic, partition,
@@ -48,6 +54,10 @@ class DeadLetterRepairOperator(BaseOperator):
         pipeline: str,
         sink_table: str,
         sink: str = "postgres",
+        mode: str = "append",
+        key_field: str = "pk",
+        version_field: str = "version",
+        op_field: str = "op",
         dead_letter_store: str | None = None,
         error_classes: Sequence[str] | None = None,
         offsets: Sequence[str | Sequence[Any]] | None = None,
@@ -59,6 +69,7 @@ class DeadLetterRepairOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.pipeline, self.sink_table, self.sink = pipeline, sink_table, sink
+        self.mode, self.key_field, self.version_field, self.op_field = mode, key_field, version_field, op_field
         self.dead_letter_store = dead_letter_store
         self.error_classes, self.offsets, self.keys = error_classes, offsets, keys
         self.fix, self.accept = fix, accept
@@ -86,8 +97,13 @@ class DeadLetterRepairOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         if self.sink != "postgres":
             raise ValueError(
-                f"sink={self.sink!r}: the repair is built for the postgres sink (append mode) only so far "
+                f"sink={self.sink!r}: the repair is built for the postgres sink (append and cdc modes) only so far "
                 "(docs/dead-letters.md)."
+            )
+        if self.mode not in ("append", "cdc"):
+            raise ValueError(
+                f"mode={self.mode!r}: the repair is built for the append and cdc modes; the current table's "
+                "typed apply is not (docs/dead-letters.md)."
             )
         if not self.pipeline or not self.sink_table:
             raise ValueError("pipeline and sink_table must be non-empty.")
@@ -101,7 +117,8 @@ class DeadLetterRepairOperator(BaseOperator):
 
         conn = psycopg2.connect(**connect_kwargs(self.postgres_conn_id))
         try:
-            result = repair.repair_postgres(conn, self.sink_table, store, self.pipeline, selection, self.fix)
+            cdc = repair.CdcFields(self.key_field, self.version_field, self.op_field) if self.mode == "cdc" else None
+            result = repair.repair_postgres(conn, self.sink_table, store, self.pipeline, selection, self.fix, cdc)
         except psycopg2.Error as err:
             raise AirflowException(
                 f"The repair of {self.pipeline}'s dead letters in {store} failed and was rolled back (nothing "
@@ -111,6 +128,7 @@ class DeadLetterRepairOperator(BaseOperator):
             conn.close()
         applied = [f"{t}/{p}@{o}" for t, p, o in result.applied]
         left = [f"{t}/{p}@{o}" for t, p, o in result.left_open]
+        superseded = [f"{t}/{p}@{o}" for t, p, o in result.superseded]
         self.log.info(
             "%d dead letter(s) of %s %s into %s and closed in the same transaction: %s; %d left open by the fix: %s",
             len(applied),
@@ -121,4 +139,10 @@ class DeadLetterRepairOperator(BaseOperator):
             len(left),
             ", ".join(left[:50]) or "none",
         )
-        return {"applied": applied, "left_open": left, "resolution": result.resolution}
+        if superseded:
+            self.log.info(
+                "%d closed as superseded (older than their key's row: not applied): %s",
+                len(superseded),
+                ", ".join(superseded[:50]),
+            )
+        return {"applied": applied, "left_open": left, "resolution": result.resolution, "superseded": superseded}

@@ -85,6 +85,25 @@ class _Batch:
     rows_total: int | None = None  # set by the writer: the pipeline's rows_total after this batch
 
 
+def upsert_newer_changes(cur, table: sql.Identifier, staged: sql.Identifier, returning: bool = False) -> list[str]:
+    """Write the changes staged in ``staged`` (:data:`CDC_COLUMNS`, one per key) into the CDC table ``table``: a
+    change replaces a key's row only if its ``source_version`` is newer. The stream's batches and the dead-letter
+    repair both write through here.
+
+    :param returning: return the keys written (a change older than its row is not); else [].
+    """
+    columns = sql.SQL(", ").join(map(sql.Identifier, CDC_COLUMNS))
+    updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in CDC_COLUMNS[1:])
+    cur.execute(
+        sql.SQL(
+            "INSERT INTO {t} ({c}) SELECT {c} FROM {s} ON CONFLICT (pk) DO UPDATE SET {u}"
+            " WHERE {t}.source_version < EXCLUDED.source_version"
+        ).format(t=table, c=columns, s=staged, u=updates)
+        + (sql.SQL(" RETURNING {t}.pk").format(t=table) if returning else sql.SQL(""))
+    )
+    return [row[0] for row in cur.fetchall()] if returning else []
+
+
 class PostgresSink:
     """Append a pipeline's batches to ``table`` with the offsets in the same transaction.
 
@@ -278,15 +297,7 @@ class PostgresSink:
             sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(target, columns).as_string(cur), buffer
         )
         if self.mode == "cdc":
-            updates = sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in self.columns if c != "pk"
-            )
-            cur.execute(
-                sql.SQL(
-                    "INSERT INTO {t} ({c}) SELECT {c} FROM eo_changes ON CONFLICT (pk) DO UPDATE SET {u}"
-                    " WHERE {t}.source_version < EXCLUDED.source_version"
-                ).format(t=self.table, c=columns, u=updates)
-            )
+            upsert_newer_changes(cur, self.table, target)
         return table.num_rows
 
     def _refuse_nul(self, table) -> None:

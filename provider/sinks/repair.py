@@ -1,8 +1,8 @@
 """Repair of dead letters: chosen letters re-applied to their sink and closed in the SAME commit (issue 41).
 
-Built for the PostgreSQL sink in append mode (docs/dead-letters.md says what is not built yet). One repair is ONE
-PostgreSQL transaction, under the pipeline's advisory lock (the stream's batches take it too, so a repair and a
-batch never interleave):
+Built for the PostgreSQL sink in append and CDC mode (docs/dead-letters.md says what is not built yet). One repair
+is ONE PostgreSQL transaction, under the pipeline's advisory lock (the stream's batches take it too, so a repair
+and a batch never interleave):
 
 1. the store gets its two closing columns if it has none yet (``closed_at``, ``resolution``);
 2. the open letters chosen (:class:`Selection`: error classes, offsets, Kafka keys) are read ``FOR UPDATE``;
@@ -10,7 +10,10 @@ batch never interleave):
    open) or, with ``accept``, as it is (its bytes must then be text PostgreSQL can store: else a ValueError
    names it, and nothing is written);
 4. the rows are inserted into the sink table and their letters closed (``closed_at = now()``, ``resolution``
-   ``repaired`` or ``accepted``); the transaction commits both or neither.
+   ``repaired`` or ``accepted``); the transaction commits both or neither. CDC mode: each row is the change
+   record, keyed and versioned as the stream keys it (:class:`CdcFields`), and written by the stream's own rule
+   (:func:`~exactly_once_provider.sinks.postgres.upsert_newer_changes`: it replaces its key's row only if newer,
+   and a delete is a tombstone); a change older than its key's row is closed as ``superseded``, not applied.
 
 So a repair killed at any point before its commit applied nothing and closed nothing (the letters stay open,
 the next repair takes them again), and after its commit each chosen letter is applied once and closed once; a
@@ -43,13 +46,25 @@ class Selection:
     keys: tuple[bytes, ...] = ()
 
 
+@dataclass(frozen=True)
+class CdcFields:
+    """Where a CDC sink's change records name their key, version and operation (the stream's ``key_field``,
+    ``version_field``, ``op_field``)."""
+
+    key_field: str = "pk"
+    version_field: str = "version"
+    op_field: str = "op"
+
+
 @dataclass
 class Repaired:
-    """What one repair did: the letters applied and closed, and those the fix left open (their positions)."""
+    """What one repair did: the letters applied and closed, those closed as older than the sink's row (CDC), and
+    those the fix left open (their positions)."""
 
     applied: list[tuple[str, int, int]] = field(default_factory=list)
     left_open: list[tuple[str, int, int]] = field(default_factory=list)
     resolution: str = "repaired"
+    superseded: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 def ensure_closing_columns(cur, store) -> None:
@@ -70,6 +85,7 @@ def repair_postgres(
     pipeline: str,
     selection: Selection,
     fix: Callable[[dict[str, Any]], tuple[str | None, str | None] | None] | None = None,
+    cdc: CdcFields | None = None,
 ) -> Repaired:
     """Apply the chosen open letters of ``pipeline`` to ``sink_table`` and close them, in ONE transaction.
 
@@ -81,6 +97,7 @@ def repair_postgres(
     :param fix: ``fix(letter) -> (key text, value text)`` of the sink's row (None: leave it open); the letter is a
         dict of :data:`~exactly_once_provider.sinks.dead_letters.COLUMNS` with ``bytes`` key and value. None:
         accept each as it is (its bytes decoded as UTF-8 text without NUL, else a ValueError).
+    :param cdc: the sink is a CDC table (mode ``cdc``) whose change records name key, version and operation so.
     """
     from psycopg2 import sql
     from psycopg2.extras import execute_values
@@ -110,7 +127,9 @@ def repair_postgres(
                     continue
                 rows.append((*position, *_checked(row, position)))
                 result.applied.append(position)
-            if rows:
+            if rows and cdc is not None:
+                _write_changes(cur, table, rows, cdc, result)
+            elif rows:
                 execute_values(
                     cur,
                     sql.SQL(
@@ -120,17 +139,9 @@ def repair_postgres(
                     .as_string(cur),
                     rows,
                 )
-                topics, partitions, offsets = (list(column) for column in zip(*result.applied, strict=True))
-                cur.execute(
-                    sql.SQL(
-                        "UPDATE {} SET closed_at = now(), resolution = %s WHERE pipeline = %s AND closed_at IS NULL"
-                        " AND (kafka_topic, kafka_partition, kafka_offset) IN"
-                        " (SELECT * FROM unnest(%s::text[], %s::integer[], %s::bigint[]))"
-                    ).format(letters),
-                    (result.resolution, pipeline, topics, partitions, offsets),
-                )
-                if cur.rowcount != len(result.applied):
-                    raise RuntimeError(f"closed {cur.rowcount} letters of {len(result.applied)} applied: rolled back")
+            for resolution, closing in ((result.resolution, result.applied), ("superseded", result.superseded)):
+                if closing:
+                    _close(cur, letters, pipeline, resolution, closing)
             # EO_FAULT_AT=repair_written: rows inserted and letters closed in the open transaction, not committed
             faults.fault_point("repair_written")
         conn.commit()
@@ -138,6 +149,70 @@ def repair_postgres(
         conn.rollback()
         raise
     return result
+
+
+def _close(cur, letters, pipeline: str, resolution: str, positions: list[tuple[str, int, int]]) -> None:
+    """Close the letters at ``positions`` with ``resolution``; all of them, or the repair rolls back."""
+    from psycopg2 import sql
+
+    topics, partitions, offsets = (list(column) for column in zip(*positions, strict=True))
+    cur.execute(
+        sql.SQL(
+            "UPDATE {} SET closed_at = now(), resolution = %s WHERE pipeline = %s AND closed_at IS NULL"
+            " AND (kafka_topic, kafka_partition, kafka_offset) IN"
+            " (SELECT * FROM unnest(%s::text[], %s::integer[], %s::bigint[]))"
+        ).format(letters),
+        (resolution, pipeline, topics, partitions, offsets),
+    )
+    if cur.rowcount != len(positions):
+        raise RuntimeError(f"closed {cur.rowcount} letters of {len(positions)} {resolution}: rolled back")
+
+
+def change_row(value: str, position: tuple, cdc: CdcFields) -> tuple:
+    """Return the CDC table's row of a repaired change record, keyed as the stream keys it: one key field's value
+    as text (a JSON string's characters, else its JSON), several as the JSON array of those texts."""
+    import json
+
+    from exactly_once_provider.sinks.dead_letters import ChangeKey, json_at
+
+    found = ChangeKey.cdc(cdc.key_field, cdc.version_field).of_record(value.encode())
+    if found is None:
+        raise ValueError(
+            f"Dead letter {position[0]}/{position[1]}@{position[2]}: its repaired record names no '{cdc.key_field}' "
+            f"or no whole-number '{cdc.version_field}', which the CDC table keys its rows by. Nothing was repaired."
+        )
+    parts, version = found
+    pk = parts[0] if len(parts) == 1 else json.dumps(list(parts), separators=(",", ":"), ensure_ascii=False)
+    deleted = json_at(json.loads(value), tuple(cdc.op_field.split("."))) in ("d", "delete")
+    return (pk, version, deleted, value, *position)
+
+
+def _write_changes(cur, table, rows: list[tuple], cdc: CdcFields, result: Repaired) -> None:
+    """Write the repaired change records by the stream's rule; move those older than their key's row from
+    ``result.applied`` to ``result.superseded``."""
+    from psycopg2 import sql
+    from psycopg2.extras import execute_values
+
+    from exactly_once_provider.sinks.postgres import CDC_COLUMNS, upsert_newer_changes
+
+    newest: dict[str, tuple] = {}  # one change per key, the newest (as a batch's changes step keeps)
+    for topic, partition, offset, _, value in rows:
+        change = change_row(value, (topic, partition, offset), cdc)
+        if change[0] not in newest or (change[1], offset) > (newest[change[0]][1], newest[change[0]][6]):
+            newest[change[0]] = change
+    staged = sql.Identifier("eo_repaired_changes")
+    cur.execute(sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(staged, table))
+    execute_values(
+        cur,
+        sql.SQL("INSERT INTO {} ({}) VALUES %s")
+        .format(staged, sql.SQL(", ").join(map(sql.Identifier, CDC_COLUMNS)))
+        .as_string(cur),
+        list(newest.values()),
+    )
+    written = set(upsert_newer_changes(cur, table, staged, returning=True))
+    applied = {change[4:]: change[0] in written for change in newest.values()}
+    result.superseded = [p for p in result.applied if not applied.get(p, False)]
+    result.applied = [p for p in result.applied if applied.get(p, False)]
 
 
 def _where(pipeline: str, selection: Selection) -> tuple[str, list]:

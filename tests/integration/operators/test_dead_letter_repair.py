@@ -11,6 +11,7 @@ offset with a fix. Read back with psycopg 3: each repaired letter's row in the s
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -110,3 +111,73 @@ def test_repaired_letters_land_once_and_close_once_across_a_repair_killed_before
         assert dead_letters.store_rows("postgres", store, pipeline, ("kafka_offset",), pg_conn=conn) == []
     finally:
         conn.close()
+
+
+def _change(op: str, id_: int, s: str, version: int) -> bytes:
+    image = {"id": id_, "s": s}
+    after, before = (None, image) if op == "d" else (image, None)
+    record = {"op": op, "pk": {"id": id_}, "before": before, "after": after, "version": version}
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def test_repaired_change_records_apply_by_the_cdc_tables_version_rule(stack, airflow_connections):
+    pipeline, table = f"repair-cdc-{uuid.uuid4().hex[:8]}", f"repair_cdc_{uuid.uuid4().hex[:8]}"
+    store = dead_letters.default_store("postgres", table)
+    sink = PostgresSink(table, pipeline, connect_kwargs("postgres_default"), mode="cdc", dead_letter_store=store)
+    sink.ensure_tables()
+    held = [(1, "u", "one", 10), (2, "u", "two", 30), (3, "u", "three", 10)]  # the table as the stream left it
+    with _pg(stack) as conn:
+        for id_, op, s, version in held:
+            conn.execute(
+                f"INSERT INTO {table} VALUES (%s, %s, false, %s, 't', 0, %s)",
+                (
+                    json.dumps({"id": id_}, separators=(",", ":")),
+                    version,
+                    _change(op, id_, s, version).decode(),
+                    version,
+                ),
+            )
+    now = dt.datetime.now(dt.UTC)
+    letters = [  # offset, the bad change (a NUL in its text), the version it carries
+        (20, _change("u", 1, "one\x00fixed", 20)),  # newer than id 1's row: applied
+        (21, _change("u", 2, "two\x00old", 21)),  # older than id 2's row (30): superseded
+        (22, _change("d", 3, "three\x00", 22)),  # a delete, newer: a tombstone
+        (23, _change("u", 4, "four\x00", 23)),  # a key the table lacks: inserted
+        (24, _change("u", 4, "four\x00newer", 24)),  # the same key, newer: this one wins, 23 superseded
+    ]
+    rows = [
+        dict(
+            zip(
+                dead_letters.COLUMNS,
+                (pipeline, "c", 1, "t", 0, o, now, b"k", v, "nul_character", "NUL", now),
+                strict=True,
+            )
+        )
+        for o, v in letters
+    ]
+    conn = sink._connect()
+    with conn, conn.cursor() as cur:
+        dead_letters.insert_postgres(cur, sql.Identifier(store), dead_letters.DeadLetters(store, rows))
+    conn.close()
+
+    def fix(letter: dict) -> tuple[None, str]:
+        return None, letter["record_value"].decode().replace("\\u0000", " ")
+
+    done = DeadLetterRepairOperator(
+        task_id="r", pipeline=pipeline, sink_table=table, mode="cdc", key_field="pk", fix=fix
+    ).execute({})
+    assert (done["applied"], done["superseded"]) == (["t/0@20", "t/0@22", "t/0@24"], ["t/0@21", "t/0@23"]), done
+    with _pg(stack) as conn:
+        found = conn.execute(f"SELECT pk, source_version, deleted, record_value FROM {table} ORDER BY pk").fetchall()
+        closed = conn.execute(f"SELECT kafka_offset, resolution FROM {store} WHERE closed_at IS NOT NULL ORDER BY 1")
+        closed = closed.fetchall()
+    state = {json.loads(pk)["id"]: (v, d, (json.loads(r)["after"] or {}).get("s")) for pk, v, d, r in found}
+    assert state == {
+        1: (20, False, "one fixed"),
+        2: (30, False, "two"),
+        3: (22, True, None),
+        4: (24, False, "four newer"),
+    }
+    assert closed == [(20, "repaired"), (21, "superseded"), (22, "repaired"), (23, "superseded"), (24, "repaired")]
+    again = DeadLetterRepairOperator(task_id="r", pipeline=pipeline, sink_table=table, mode="cdc", fix=fix).execute({})
+    assert again["applied"] == again["superseded"] == []  # every letter closed once
