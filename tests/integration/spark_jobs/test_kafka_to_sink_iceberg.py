@@ -15,6 +15,7 @@ import logging
 import shutil
 import uuid
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -130,7 +131,8 @@ def test_the_iceberg_current_table_is_built_from_the_full_load_and_follows_every
     """mode="current": the table is built from the Delta full load in one snapshot, then every change of every
     column type (updates, deletes as tombstones, inserts, a key change, a delete then re-insert of one key) merges in
     by key, in several micro-batches and two runs; both readers equal the source row by row, each key once. A rerun
-    with nothing new (locally: its checkpoint lost) commits nothing, and the build is not repeated. A schema change (not followed yet) fails its
+    with nothing new (locally: its checkpoint lost) commits nothing, and the build is not repeated; a full reload
+    (locally) builds the table again from the new load, the stream going on from its offsets. A schema change (not followed yet) fails its
     batch with nothing committed."""
     from exactly_once_provider.full_load.job import FullLoadRequest, run_full_load
     from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
@@ -214,6 +216,23 @@ def test_the_iceberg_current_table_is_built_from_the_full_load_and_follows_every
         assert sink.commit_location() == snapshot
         if where == "local":
             assert "starting from the sink's committed offsets" in logged
+        if where == "local":  # a full reload: the table is built again from the new load in one snapshot
+            cur.execute(f"UPDATE `{source}` SET s = 'before the reload' WHERE id = 2")
+            capture()
+            reload = run_full_load(spark, MySqlSourceHook(), replace(request, full_reload=True)).handoff
+            cur.execute(f"UPDATE `{source}` SET s = 'after the reload' WHERE id = 3")
+            capture()
+            reloaded, logged = jobs.run_in_session(args, caplog)
+            assert f"built from full load {reload.load_id}" in logged
+            end = jobs.end_offsets(f"{stack.HOST}:{stack.KAFKA_PORT}", topic, 1)
+            assert reloaded["offsets"] == {topic: {str(p): o for p, o in end.items()}}
+            assert reloaded["schema"]["load_id"] == reload.load_id
+            assert_current()
+            live = [t.file.file_path for t in sink.catalog().load_table(table).scan().plan_files()]
+            assert not any(f"/data/load-{reload.load_id}" not in f and "/data/load-" in f for f in live), (
+                "a file of the older load is still in the table"
+            )
+            snapshot = sink.commit_location()
         if where == "local":  # a schema change is not followed yet: its batch fails, nothing of it committed
             cur.execute(f"ALTER TABLE `{source}` ADD COLUMN extra INT NOT NULL DEFAULT 7")
             cur.execute(f"UPDATE `{source}` SET s = 'after the change' WHERE id = 1")
