@@ -40,11 +40,21 @@ class DeadLetterRepairOperator(BaseOperator):
     :param keys: repair only letters with these raw Kafka keys (``str``: its UTF-8 bytes).
     :param fix: ``fix(letter) -> (key text, value text)`` of the sink's row, or None to leave that letter open;
         ``letter`` is a dict of the store's columns, its key and value as ``bytes``.
-    :param accept: apply the letters as they are (their bytes must be UTF-8 text without NUL); instead of ``fix``.
+    :param accept: apply the letters as they are (their bytes must be UTF-8 text without NUL); when true, ``fix``
+        is not used (a trigger form chooses between them: :func:`~exactly_once_provider.templates.
+        dead_letter_repair.dead_letter_repair_dag`). Templated: ``True``/``False`` or their text.
     :param postgres_conn_id: the ``postgres`` connection of the sink and its store.
     """
 
-    template_fields: Sequence[str] = ("pipeline", "sink_table", "dead_letter_store", "error_classes", "offsets", "keys")
+    template_fields: Sequence[str] = (
+        "pipeline",
+        "sink_table",
+        "dead_letter_store",
+        "error_classes",
+        "offsets",
+        "keys",
+        "accept",
+    )
     ui_color = "#f4e8e8"
     operator_extra_links = (PipelineStatusLink(),)
 
@@ -107,10 +117,16 @@ class DeadLetterRepairOperator(BaseOperator):
             )
         if not self.pipeline or not self.sink_table:
             raise ValueError("pipeline and sink_table must be non-empty.")
-        if (self.fix is None) == (not self.accept):
-            raise ValueError("Give either fix (a function returning each letter's text) or accept=True, not both.")
-        if self.fix is not None and not callable(self.fix):
-            raise ValueError(f"fix must be a function, got {self.fix!r}.")
+        accept = self.accept
+        if isinstance(accept, str):
+            if accept.strip().lower() not in ("true", "false"):
+                raise ValueError(f"accept must be true or false, got {accept!r}.")
+            accept = accept.strip().lower() == "true"
+        if not accept and self.fix is None:
+            raise ValueError("Give fix (a function returning each letter's text) or accept=True.")
+        fix = None if accept else self.fix
+        if fix is not None and not callable(fix):
+            raise ValueError(f"fix must be a function, got {fix!r}.")
         selection = self._selection()
         store = self.dead_letter_store or dead_letters.default_store("postgres", self.sink_table)
         import psycopg2
@@ -118,7 +134,7 @@ class DeadLetterRepairOperator(BaseOperator):
         conn = psycopg2.connect(**connect_kwargs(self.postgres_conn_id))
         try:
             cdc = repair.CdcFields(self.key_field, self.version_field, self.op_field) if self.mode == "cdc" else None
-            result = repair.repair_postgres(conn, self.sink_table, store, self.pipeline, selection, self.fix, cdc)
+            result = repair.repair_postgres(conn, self.sink_table, store, self.pipeline, selection, fix, cdc)
         except psycopg2.Error as err:
             raise AirflowException(
                 f"The repair of {self.pipeline}'s dead letters in {store} failed and was rolled back (nothing "

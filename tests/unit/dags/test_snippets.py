@@ -16,6 +16,7 @@ WHOLE_FILES = [
     ("README.md", "howto_template_settlement", "eo_settlement"),
     ("docs/templates/settlement.md", "howto_template_settlement", "eo_settlement"),
     ("docs/templates/history-stream.md", "howto_template_history_stream", "eo_history_stream"),
+    ("docs/dead-letters.md", "howto_template_dead_letter_repair", "eo_dead_letter_repair"),
 ]
 
 
