@@ -27,7 +27,6 @@ from exactly_once_provider.reconcile import scope as change_scope
 from exactly_once_provider.reconcile.keys import Key
 from exactly_once_provider.reconcile.run import report_from_json
 from exactly_once_provider.sinks import dead_letters
-from exactly_once_provider.sinks.base import offsets_from_json, offsets_to_json
 from exactly_once_provider.source.server import source_secrets
 from exactly_once_provider.storage import is_s3, open_storage
 
@@ -346,38 +345,9 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             return None
         store = self._postgres()
         try:
-            last = results.latest_clean(store, self.name)
+            return change_scope.changed_scope(store, self.name, self._kafka(), self._sink_offsets or {}, key)
         finally:
             store.close()
-        since = (last or {}).get("position") or {}
-        if "sink_offsets" not in since:
-            self.log.info(
-                "scope=changed: no clean reconciliation of %s to start from: comparing the whole table", self.name
-            )
-            return None
-        keys = change_scope.changed_keys(
-            checked_kafka_config(self.kafka_config_id),
-            offsets_from_json(since["sink_offsets"]),
-            self._sink_offsets or {},
-            key,
-        )
-        if keys is None:
-            self.log.info(
-                "scope=changed: an ALTER TABLE was applied since the clean reconciliation %s (its fill "
-                "may rewrite every older row): comparing the whole table",
-                last["id"],
-            )
-            return None
-        keys |= set(since.get("in_flight", ()))
-        ranges = change_scope.key_ranges(keys)
-        self.log.info(
-            "scope=changed: %d keys changed since the clean reconciliation %s (sink offsets %s): %d key ranges",
-            len(keys),
-            last["id"],
-            since["sink_offsets"],
-            len(ranges),
-        )
-        return ranges
 
     def _reads_with_delta_rs(self, spec: sides.SinkSpec, ranges: engine.Ranges | None) -> bool:
         if self.delta_reader != "auto":
@@ -571,21 +541,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         """Log the report, store it, return it for XCom; raise on a real mismatch when asked to."""
         spec, schema, table = r["spec"], r["schema"], r["table"]
         fail = str(self.fail_on_mismatch).strip().lower() in ("true", "1", "yes")
-        if common is not None and r.get("sink_offsets") is not None:  # where the next "changed" scope starts
-            common = dict(common, sink_offsets=offsets_to_json(r["sink_offsets"]))
         pending = r.get("pending_columns") or []
-        if common is not None and pending:
-            # Not a base for the next "changed" scope: the pending columns' values (fills of older rows
-            # included) were not compared, and no change record names the rows the fill rewrites.
-            common = {k: v for k, v in common.items() if k != "sink_offsets"}
-            common["pending_columns"] = pending
-        if common is not None:
-            ranges = r.get("scope")
-            common["scope"] = (
-                {"kind": "full"}
-                if ranges is None
-                else {"kind": "changed", "ranges": len(ranges), "keys_covered": sum(hi - lo for lo, hi in ranges)}
-            )
+        common = position.position_record(common, r.get("sink_offsets"), pending, r.get("scope"))
         dead_lettered = letters.relabel(report, self._dead_lettered(spec, r["key"], pg_conn))
         finished_at = datetime.now(UTC)
         self.log.info(
@@ -697,6 +654,12 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             values = letters.store_values("delta", store, self.sink_pipeline, storage_options=options)
         return letters.letter_keys(values, key, spec)
 
+    def _kafka(self) -> dict[str, Any]:
+        """Return the ``kafka`` connection's settings, checked on its brokers once per task (tables share them)."""
+        if getattr(self, "_kafka_checked", None) is None:
+            self._kafka_checked = checked_kafka_config(self.kafka_config_id)
+        return self._kafka_checked
+
     def _postgres(self):
         import psycopg2
 
@@ -714,7 +677,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         connect = connect_kwargs(self.postgres_conn_id) if capture and self.sink == "postgres" else None
         try:
             captured, self._sink_offsets = position.captured_position(
-                checked_kafka_config(self.kafka_config_id) if capture else {},
+                self._kafka() if capture else {},
                 capture,
                 list(self.topics or ()),
                 (self.sink, location, self.sink_pipeline, connect),

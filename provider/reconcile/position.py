@@ -139,3 +139,36 @@ def captured_position(
             "apply first. Comparing now would report changes still in Kafka as mismatches."
         )
     return captured, applied
+
+
+def position_record(
+    common: dict | None,
+    sink_offsets: dict[str, dict[int, int]] | None,
+    pending: list[str],
+    scope: list[tuple[int, int]] | None,
+) -> dict | None:
+    """Return the position a result stores (None without one): where the next ``changed`` scope starts.
+
+    :param common: the comparison's common position (:meth:`CommonPosition.to_json`), or None.
+    :param sink_offsets: the Kafka offsets the compared sink had applied (a CDC sink), or None.
+    :param pending: source columns the sink does not have yet, compared by neither side.
+    :param scope: the key ranges compared (None: the whole table).
+    """
+    from exactly_once_provider.sinks.base import offsets_to_json
+
+    if common is None:
+        return None
+    record = dict(common)
+    if sink_offsets is not None and not pending:
+        record["sink_offsets"] = offsets_to_json(sink_offsets)
+    if pending:
+        # Not a base for the next "changed" scope: the pending columns' values (fills of older rows included) were
+        # not compared, and no change record names the rows the fill rewrites.
+        record.pop("sink_offsets", None)
+        record["pending_columns"] = pending
+    record["scope"] = (
+        {"kind": "full"}
+        if scope is None
+        else {"kind": "changed", "ranges": len(scope), "keys_covered": sum(hi - lo for lo, hi in scope)}
+    )
+    return record

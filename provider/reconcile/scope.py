@@ -13,12 +13,15 @@ and ``in_flight`` (the keys).
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from typing import Any
 
 from exactly_once_provider.kafka_config import consumer_config
 from exactly_once_provider.reconcile.engine import Ranges
 from exactly_once_provider.reconcile.keys import Key
+
+log = logging.getLogger(__name__)
 
 # Ranges are cheap: single keys become one IN list on every side (split_ranges). Closing gaps to reach a small
 # count made 1,000 random changes of a 1M-row table cover ~110k rows (512 ranges; make bench-increment).
@@ -100,3 +103,46 @@ def key_ranges(keys: set[int] | list[int], max_ranges: int = MAX_RANGES) -> Rang
                 merged.append(ranges[i])
         ranges = merged
     return [(lo, hi) for lo, hi in ranges]
+
+
+def changed_scope(
+    store: Any, name: str, kafka: dict[str, Any], sink_offsets: dict[str, dict[int, int]], key: Key
+) -> Ranges | None:
+    """Return the key ranges a ``changed`` reconciliation compares, or None to compare the whole table.
+
+    The keys are those of the change records the sink applied since the last clean result of ``name`` (its stored
+    sink offsets), plus the keys that were in flight then. The whole table when there is no clean result to start
+    from, or when an ``ALTER TABLE`` was applied since (its fill may rewrite every older row).
+
+    :param store: a psycopg2 connection to the results' database.
+    :param name: the reconciliation.
+    :param kafka: the ``kafka`` connection's client settings.
+    :param sink_offsets: the Kafka offsets the sink has applied now.
+    :param key: the table's key.
+    """
+    from exactly_once_provider.reconcile.results import latest_clean
+    from exactly_once_provider.sinks.base import offsets_from_json
+
+    last = latest_clean(store, name)
+    since = (last or {}).get("position") or {}
+    if "sink_offsets" not in since:
+        log.info("scope=changed: no clean reconciliation of %s to start from: comparing the whole table", name)
+        return None
+    keys = changed_keys(kafka, offsets_from_json(since["sink_offsets"]), sink_offsets, key)
+    if keys is None:
+        log.info(
+            "scope=changed: an ALTER TABLE was applied since the clean reconciliation %s (its fill "
+            "may rewrite every older row): comparing the whole table",
+            last["id"],
+        )
+        return None
+    keys |= set(since.get("in_flight", ()))
+    ranges = key_ranges(keys)
+    log.info(
+        "scope=changed: %d keys changed since the clean reconciliation %s (sink offsets %s): %d key ranges",
+        len(keys),
+        last["id"],
+        since["sink_offsets"],
+        len(ranges),
+    )
+    return ranges

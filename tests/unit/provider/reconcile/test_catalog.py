@@ -1,4 +1,4 @@
-"""What a reconciliation compares: the columns a sink lags behind the source, a Delta table's row count."""
+"""What a reconciliation compares and records: the columns a sink lags behind, a Delta row count, the position."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from deltalake import write_deltalake
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.reconcile.catalog import delta_rows, split_pending
 from exactly_once_provider.reconcile.keys import Key
+from exactly_once_provider.reconcile.position import position_record
 from exactly_once_provider.reconcile.sides import SinkSpec
+from exactly_once_provider.sinks.base import offsets_to_json
 
 ID = Column("id", "int", "int(11)", 10, 0)
 A = Column("a", "varchar", "varchar(10)", None, None)
@@ -42,3 +44,16 @@ def test_a_delta_table_s_rows_come_from_its_log_statistics(tmp_path):
     write_deltalake(path, pa.table({"id": [1, 2, 3]}))
     write_deltalake(path, pa.table({"id": [4]}), mode="append")
     assert delta_rows(path) == 4
+
+
+def test_a_stored_position_is_a_base_for_the_next_changed_scope_only_when_no_column_was_left_out():
+    common = {"captured": "binlog.000001:4", "in_flight": [3]}
+    offsets = {"t": {0: 12}}
+    based = position_record(common, offsets, [], [(1, 5), (9, 10)])
+    assert based["sink_offsets"] == offsets_to_json(offsets) and based["in_flight"] == [3]
+    assert based["scope"] == {"kind": "changed", "ranges": 2, "keys_covered": 5}
+    pending = position_record(common, offsets, ["c"], None)
+    assert (
+        "sink_offsets" not in pending and pending["pending_columns"] == ["c"] and pending["scope"] == {"kind": "full"}
+    )
+    assert position_record(None, offsets, [], None) is None and "scope" not in common  # the caller's dict untouched
