@@ -34,8 +34,7 @@ import re
 import uuid
 from pathlib import Path
 
-from airflow.sdk.exceptions import AirflowException
-
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.sinks import dead_letters
 from exactly_once_provider.sinks.base import (
@@ -75,7 +74,7 @@ def latest_manifest(root: str | Path | Storage) -> dict | None:
         if data is not None:
             return json.loads(data)
         # retention removed it after a newer one was published: look again
-    raise AirflowException(
+    raise PipelineError(
         f"The newest manifest of {storage.uri(MANIFESTS)} kept disappearing while being read: "
         "is a manifest retention other than this provider's removing manifests?"
     )
