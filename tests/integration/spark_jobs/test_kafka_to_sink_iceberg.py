@@ -126,9 +126,10 @@ CURRENT_ROWS = 120
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_the_iceberg_current_table_is_built_from_the_full_load_and_follows_every_change(
-    stack, spark, airflow_connections, tmp_path, caplog, where
+    stack, spark, airflow_connections, tmp_path, caplog, monkeypatch, where
 ):
-    """mode="current": the table is built from the Delta full load in one snapshot, then every change of every
+    """mode="current": the table is built from the Delta full load in one snapshot (locally: after a crash between
+    the build's files and its snapshot), then every change of every
     column type (updates, deletes as tombstones, inserts, a key change, a delete then re-insert of one key) merges in
     by key, in several micro-batches and two runs; both readers equal the source row by row, each key once. A rerun
     with nothing new (locally: its checkpoint lost) commits nothing, and the build is not repeated; a full reload
@@ -190,6 +191,18 @@ def test_the_iceberg_current_table_is_built_from_the_full_load_and_follows_every
         args = iceberg_args(
             stack, f"{pipeline}-ice", topic, checkpoint, table, path, s3, max_offsets=60, mode="current"
         )
+        if where == "local":  # a crash between the build's files and its snapshot (as a SIGKILL there leaves it)
+            from exactly_once_provider import faults
+
+            def crash(step: str) -> None:
+                if step == "iceberg_current_built":
+                    raise RuntimeError("crashed after the build's files were written")
+
+            monkeypatch.setattr(faults, "fault_point", crash)
+            with pytest.raises(RuntimeError, match="crashed after the build"):
+                jobs.run_in_session(args, caplog)
+            monkeypatch.undo()
+            assert sink.commit_location() == "", "no snapshot lists the crashed build's files"
         state, logged = jobs.run_in_session(args, caplog)
         assert "built from full load" in logged
         assert sink.catalog().load_table(table).location() == (
