@@ -102,12 +102,15 @@ def group(statuses: list[PipelineStatus]) -> list[list[PipelineStatus]]:
     ]
 
 
-TABLE_COLUMNS = ("table", "rows in sink", "lag", "last commit", "last reconciliation", "reconciled at")
+TABLE_COLUMNS = ("table", "rows in sink", "lag", "freshness (s)", "last commit", "last reconciliation", "reconciled at")
+FRESHNESS = "freshness (s)"  # whole seconds: the page sorts the column as numbers
 
 
 def table_rows(members: list[PipelineStatus]) -> list[dict]:
     """Return one row per source table of a flow that follows several (a database): its rows in the sink, lag,
-    last commit and last reconciliation, read from the members' sections (no further reads); empty for one table.
+    freshness, last commit and last reconciliation, read from the members' sections (no further reads); empty for
+    one table. Freshness is 0 for a table without lag here; a lagging table's is filled in by :func:`build` from
+    the first record its sinks have not applied (:func:`table_of_topic`).
 
     A table is found by its topic (the capture's topics end with ``.<schema>.<table>``): the sinks' committed
     offsets, the lag rows and the reconciliations (by the topics they check) name it.
@@ -134,7 +137,14 @@ def table_rows(members: list[PipelineStatus]) -> list[dict]:
                 if row.get("last reconciliation") != "mismatch":
                     row["last reconciliation"] = result["result"]
                 row["reconciled at"] = max(row.get("reconciled at") or "", result["finished at"])
+    for row in rows.values():
+        row[FRESHNESS] = 0 if row["lag"] == 0 else None
     return list(rows.values())
+
+
+def table_of_topic(tables: list[dict], topic: str) -> dict | None:
+    """Return the row of ``tables`` whose table the capture's ``topic`` (``...<schema>.<table>``) carries."""
+    return next((row for row in tables if topic.endswith(f".{row['table']}")), None)
 
 
 def _rows(status: PipelineStatus, slug: str) -> list[dict]:
@@ -284,6 +294,10 @@ def _plan(flow: Flow, member: PipelineStatus, live: _Live, limit: int, s3_for: A
         waited = [now - since[(t, p)] for t, p, _ in lagging if (t, p) in since]
         if waited:
             flow.freshness = max(flow.freshness or 0.0, max(0.0, *waited))
+        for t, p, _ in lagging:  # a database's tables: each its own
+            row = table_of_topic(flow.tables, t) if (t, p) in since else None
+            if row is not None:
+                row[FRESHNESS] = max(row[FRESHNESS] or 0, round(max(0.0, now - since[(t, p)])))
 
     live.fill.append(freshness)
     for sink in member.spec.sinks:

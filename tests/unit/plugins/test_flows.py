@@ -163,12 +163,17 @@ def test_a_flow_of_several_tables_shows_one_sortable_row_per_table():
         "table": "eo.orders",
         "rows in sink": 10,
         "lag": 0,
+        "freshness (s)": 0,  # no lag: fresh; a lagging table's is filled in from Kafka by build()
         "last commit": "version 0",
         "last reconciliation": "clean",
         "reconciled at": "2026-11-28T10:00:00+00:00",
     }
     assert (rows["eo.lines"]["lag"], rows["eo.lines"]["last reconciliation"]) == (7, "mismatch")
-    assert (rows["eo.users"]["rows in sink"], rows["eo.users"]["lag"]) == (None, 3)
+    assert (rows["eo.users"]["rows in sink"], rows["eo.users"]["lag"], rows["eo.users"]["freshness (s)"]) == (
+        None,
+        3,
+        None,
+    )
     assert table_rows([capture]) and not table_rows([_status("one", sources={"eo.orders"})])  # one table: none
     flow = Flow("shop", [capture, apply, *reconciled], tables=list(rows.values()))
     html = render_page(Overview([capture, apply, *reconciled], [], [], [], "now", [flow], 0.5))
@@ -195,3 +200,34 @@ def test_a_flows_open_dead_letters_add_up_over_its_stores_and_the_newest_error_i
     assert (flow.dead_letters, flow.newest_letter["error class"]) == (5, "nul_character")
     html = render_page(Overview([capture, delta, pg], [], [], [], "now", [flow], 0.5))
     assert re.search(r'data-figure="dead_letters" title="newest: nul_character at t/0@7, [^"]+"><b>5</b>', html)
+
+
+def test_a_lagging_table_of_a_database_gets_its_own_freshness(monkeypatch):
+    import time
+
+    from exactly_once_provider.plugins import flows
+
+    tables = ("eo.orders", "eo.lines")
+    capture = _status("shop", topics={f"shop.{t}" for t in tables}, sources=set(tables))
+    lag = [
+        {"topic": "shop.eo.orders", "partition": 0, "end offset": 5, "sink next offset": 5, "lag": 0},
+        {"topic": "shop.eo.lines", "partition": 0, "end offset": 9, "sink next offset": 2, "lag": 7},
+    ]
+    apply = _status(
+        "shop-apply",
+        topics={f"shop.{t}" for t in tables},
+        sinks={SinkSpec("postgres", "orders")},
+        sections=[Section("lag", "lag", (), rows=lag)],
+        lag=7,
+    )
+    asked = []
+
+    def unapplied_since(consumer, lagging, wait=2.0):
+        asked.extend(lagging)
+        return {("shop.eo.lines", 0): time.time() - 42}  # the first unapplied record's source commit
+
+    monkeypatch.setattr(flows, "unapplied_since", unapplied_since)
+    [flow] = flows.build([capture, apply], consumer_for=lambda conn_id: object())
+    shown = {r["table"]: r["freshness (s)"] for r in flow.tables}
+    assert asked == [("shop.eo.lines", 0, 2)] and shown["eo.orders"] == 0 and 41 <= shown["eo.lines"] <= 43
+    assert 41 <= flow.freshness <= 43  # the flow's: its stalest table's
