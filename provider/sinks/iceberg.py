@@ -75,7 +75,6 @@ OFFSETS = "eo.offsets"
 ROWS_TOTAL = "eo.rows-total"
 WINDOWS = "eo.windows"
 SCHEMA = "eo.schema"
-LOAD_ID = "eo.load-id"
 BUILT_BY = "eo.built-by"
 # the key of the schema state in a commit's extra, as spark_jobs.current_changes.SCHEMA_MARKER names it
 SCHEMA_MARKER = "schema"
@@ -556,6 +555,7 @@ class IcebergSink:
 
     def _merge(self, table: Any, changes, commit: BatchCommit, found: BatchCommit | None) -> None:
         """Rewrite the files holding the batch's keys and commit them in one snapshot on ``table``'s snapshot."""
+        from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
         from pyspark.sql.types import StructType
 
@@ -586,8 +586,6 @@ class IcebergSink:
         fault_point(f"sink_written_{commit.batch_id}")
         rows_total = _total_records(table) - sum(f.record_count for f in touched) + rows
         properties = summary_properties(replace(commit, rows_total=rows_total))
-        from pyiceberg.exceptions import CommitFailedException
-
         try:
             with table.transaction() as tx:
                 with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:

@@ -375,6 +375,11 @@ def test_cdc_changes_out_of_order_keep_the_newest_version_per_key_in_one_snapsho
     expected["k6"] = (12, True)
     assert sink.committed().batch_id == 4
     assert_table()
+    # A batch of no changes (only aborted records, say) still moves the offsets, in its own snapshot.
+    fourth = sink.committed()
+    assert sink.commit(_changes(spark, topic, [], 16), BatchCommit(pipeline, "c1", 5, {topic: {0: 18}}), fourth)
+    assert (sink.committed().batch_id, sink.committed().offsets) == (5, {topic: {0: 18}})
+    assert_table()
     # the small files are rewritten with each batch: the table does not keep a file per micro-batch
     live = [task.file.file_path for task in sink.catalog().load_table(identifier).scan().plan_files()]
     assert len(live) <= 2
