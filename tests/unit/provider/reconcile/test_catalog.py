@@ -6,10 +6,11 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.reconcile.catalog import delta_rows, split_pending
 from exactly_once_provider.reconcile.keys import Key
-from exactly_once_provider.reconcile.position import position_record
+from exactly_once_provider.reconcile.position import captured_position, position_record
 from exactly_once_provider.reconcile.sides import SinkSpec
 from exactly_once_provider.sinks.base import offsets_to_json
 
@@ -57,3 +58,31 @@ def test_a_stored_position_is_a_base_for_the_next_changed_scope_only_when_no_col
         "sink_offsets" not in pending and pending["pending_columns"] == ["c"] and pending["scope"] == {"kind": "full"}
     )
     assert position_record(None, offsets, [], None) is None and "scope" not in common  # the caller's dict untouched
+
+
+def _ledger(monkeypatch, committed, end, applied):
+    from types import SimpleNamespace
+
+    from exactly_once_provider.kafka import lag, offsets
+
+    monkeypatch.setattr(
+        offsets, "read_committed_offset", lambda kafka, *capture: committed and SimpleNamespace(offset=committed)
+    )
+    monkeypatch.setattr(lag, "stable_end_offsets", lambda kafka, topics: end)
+    monkeypatch.setattr(lag, "sink_offsets", lambda kind, location, pipeline, connect: applied)
+
+
+CAPTURE = ("cat_capture", "0", "eo_offsets")
+SINK = ("delta", "/lake/t", "cat_apply", None)
+
+
+def test_the_capture_position_counts_only_once_the_sink_applied_all_of_it(monkeypatch):
+    _ledger(monkeypatch, {"file": "binlog.000002", "pos": 400}, {"t": {0: 10}}, {"t": {0: 10}})
+    captured, applied = captured_position({}, CAPTURE, ["t"], SINK, None)
+    assert (str(captured), applied) == ("binlog.000002:400", {"t": {0: 10}})
+    _ledger(monkeypatch, {"file": "binlog.000002", "pos": 400}, {"t": {0: 12}}, {"t": {0: 10}})
+    with pytest.raises(PipelineError, match="has not applied everything the capture committed"):
+        captured_position({}, CAPTURE, ["t"], SINK, None)
+    _ledger(monkeypatch, None, {}, {})
+    with pytest.raises(PipelineError, match="'cat_capture' never committed; pass full_load_path"):
+        captured_position({}, CAPTURE, ["t"], SINK, None)
