@@ -15,8 +15,9 @@ def _op(**kwargs) -> DeadLetterRepairOperator:
     "kwargs, message",
     [
         ({"sink": "delta", "accept": True}, "built for the postgres sink"),
-        ({}, "either fix"),
-        ({"accept": True, "fix": lambda letter: ("k", "v")}, "either fix"),
+        ({}, "Give fix"),
+        ({"accept": "maybe"}, "accept must be true or false"),
+        ({"accept": True, "mode": "current"}, "built for the append and cdc modes"),
         ({"fix": "not a function"}, "fix must be a function"),
         ({"accept": True, "offsets": ["t@7"]}, "is not 'topic/partition@offset'"),
         ({"accept": True, "sink_table": ""}, "must be non-empty"),

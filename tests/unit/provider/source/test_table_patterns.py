@@ -50,7 +50,11 @@ def test_the_error_lists_at_most_ten_tables():
 def test_entries_of_another_schema_are_resolved_there_and_named_with_it():
     from exactly_once_provider.source.table_patterns import resolve_schema_tables, split_name
 
-    servers = {"eo": ["orders", "tmp_x", "users", "v.2"], "billing": ["invoices", "invoice_lines", "tmp_y"], "x": ["a.b"]}
+    servers = {
+        "eo": ["orders", "tmp_x", "users", "v.2"],
+        "billing": ["invoices", "invoice_lines", "tmp_y"],
+        "x": ["a.b"],
+    }
     asked = []
 
     def base_tables(schema):
