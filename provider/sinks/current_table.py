@@ -25,7 +25,8 @@ reads the newest commit and the one it points to, never the whole log; and when 
 commit file, the full load's staging manifest still holds the same marker
 (:func:`exactly_once_provider.full_load.handoff.read_handoff`).
 
-Where the guarantee lives: :func:`merge_condition` (newer version wins) and
+Where the guarantee lives: :mod:`~exactly_once_provider.sinks.version_rule` (newer version wins, in every form),
+through :func:`merge_condition`, and
 :meth:`exactly_once_provider.sinks.delta.DeltaSink.commit` (one Delta MERGE per micro-batch carrying its Kafka
 offsets and txn id). The change records are turned into typed rows by
 :func:`exactly_once_provider.spark_jobs.current_changes.typed_changes`.
@@ -34,6 +35,7 @@ offsets and txn id). The change records are turned into typed rows by
 from __future__ import annotations
 
 from exactly_once_provider.positions import BinlogPosition
+from exactly_once_provider.sinks import version_rule
 
 FULL_LOAD_MARKER = "eo_full_load"  # the full load's commit marker key (exactly_once_provider.full_load.handoff)
 POINTER = "full_load"  # in each stream commit's marker: the full-load commit its rows build on
@@ -70,7 +72,7 @@ def merge_condition(key: list[str] | tuple[str, ...], replace_equal: bool = Fals
         of one key (a change, or a full-load snapshot), so a row of equal version is the same row.
     """
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key)
-    return on, f"s.{VERSION_COLUMN} {'>=' if replace_equal else '>'} t.{VERSION_COLUMN}"
+    return on, version_rule.sql_condition(VERSION_COLUMN, replace_equal)
 
 
 def full_load_pointer(version: int, marker: dict) -> dict:

@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from exactly_once_provider import faults
-from exactly_once_provider.sinks import current_table, dead_letters, delta_commit, delta_log, delta_merge
+from exactly_once_provider.sinks import current_table, dead_letters, delta_commit, delta_log, delta_merge, version_rule
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     BatchCommit,
@@ -306,7 +306,7 @@ class DeltaSink:
             marker,
             app_id,
             commit.batch_id,
-            update_when="s.source_version > t.source_version",
+            update_when=version_rule.sql_condition("source_version"),
         )
         return True
 

@@ -45,7 +45,7 @@ import uuid
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
-from exactly_once_provider.sinks import delta_commit, delta_log, delta_rs
+from exactly_once_provider.sinks import delta_commit, delta_log, delta_rs, version_rule
 from exactly_once_provider.sinks.current_table import VERSION_COLUMN, merge_condition, quoted
 from exactly_once_provider.sinks.delta_log import Table, table_storage
 
@@ -160,12 +160,8 @@ def _merge_plan(context: Any, schema_json: str, key: tuple[str, ...], replace_eq
     columns = [f.name for f in table_schema.fields]
     source = [F.col(quoted(c)).cast(table_schema[c].dataType).alias(c) for c in columns]
     on = [F.col(f"t.{quoted(k)}") == F.col(f"s.{quoted(k)}") for k in key]
-    t_version, s_version = F.col(f"t.{quoted(VERSION_COLUMN)}"), F.col(f"s.{quoted(VERSION_COLUMN)}")
-    newer = (s_version >= t_version) if replace_equal else (s_version > t_version)
     # A key of the batch that is not in the touched files is new; one that is takes the change only if newer.
-    # (A row's key column is never null: the source's primary key; s_version is null only for rows the batch
-    # does not touch.)
-    take_change = s_version.isNotNull() & (t_version.isNull() | newer)
+    take_change = version_rule.takes_change(VERSION_COLUMN, replace_equal)
     merged = [F.when(take_change, F.col(f"s.{quoted(c)}")).otherwise(F.col(f"t.{quoted(c)}")).alias(c) for c in columns]
     return _MergePlan(source, on, merged)
 

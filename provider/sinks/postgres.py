@@ -45,7 +45,7 @@ import psycopg2
 from psycopg2 import sql
 
 from exactly_once_provider import faults
-from exactly_once_provider.sinks import current_table, dead_letters, poison
+from exactly_once_provider.sinks import current_table, dead_letters, poison, version_rule
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     WINDOW_COLUMNS,
@@ -95,10 +95,9 @@ def upsert_newer_changes(cur, table: sql.Identifier, staged: sql.Identifier, ret
     columns = sql.SQL(", ").join(map(sql.Identifier, CDC_COLUMNS))
     updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in CDC_COLUMNS[1:])
     cur.execute(
-        sql.SQL(
-            "INSERT INTO {t} ({c}) SELECT {c} FROM {s} ON CONFLICT (pk) DO UPDATE SET {u}"
-            " WHERE {t}.source_version < EXCLUDED.source_version"
-        ).format(t=table, c=columns, s=staged, u=updates)
+        sql.SQL("INSERT INTO {t} ({c}) SELECT {c} FROM {s} ON CONFLICT (pk) DO UPDATE SET {u} WHERE {newer}").format(
+            t=table, c=columns, s=staged, u=updates, newer=version_rule.postgres_condition(table, "source_version")
+        )
         + (sql.SQL(" RETURNING {t}.pk").format(t=table) if returning else sql.SQL(""))
     )
     return [row[0] for row in cur.fetchall()] if returning else []

@@ -35,6 +35,7 @@ import pyarrow as pa
 from psycopg2 import sql
 
 from exactly_once_provider import faults
+from exactly_once_provider.sinks import version_rule
 from exactly_once_provider.sinks.current_table import DELETED_COLUMN, META_COLUMNS, VERSION_COLUMN
 
 log = logging.getLogger(__name__)
@@ -369,15 +370,14 @@ class CurrentTable:
             )
             cur.execute(
                 sql.SQL(
-                    "INSERT INTO {t} ({c}) SELECT {c} FROM {s} ON CONFLICT ({k}) DO UPDATE SET {u}"
-                    " WHERE {t}.{v} < EXCLUDED.{v}"
+                    "INSERT INTO {t} ({c}) SELECT {c} FROM {s} ON CONFLICT ({k}) DO UPDATE SET {u} WHERE {newer}"
                 ).format(
                     t=self.table,
                     c=listed,
                     s=staged,
                     k=sql.SQL(", ").join(map(sql.Identifier, key)),
                     u=updates,
-                    v=sql.Identifier(VERSION_COLUMN),
+                    newer=version_rule.postgres_condition(self.table, VERSION_COLUMN),
                 )
             )
         self._write_state(cur, state)

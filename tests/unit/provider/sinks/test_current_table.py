@@ -26,7 +26,7 @@ def test_snapshot_version_is_below_every_later_change_and_not_below_an_earlier_o
 def test_merge_joins_every_key_column_quoted_and_only_newer_versions_win():
     on, newer = merge_condition(("a", "we`ird; col"))
     assert on == "t.`a` = s.`a` AND t.`we``ird; col` = s.`we``ird; col`"
-    assert newer == "s._eo_version > t._eo_version"
+    assert newer == "s.`_eo_version` > t.`_eo_version`"
 
 
 def test_current_mode_needs_a_delta_or_postgres_sink_exactly_once_and_the_key():

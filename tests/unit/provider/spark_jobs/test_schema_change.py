@@ -136,8 +136,8 @@ def test_the_schema_record_sits_between_the_changes_before_and_after_the_stateme
 
 
 def test_the_batch_after_a_schema_change_replaces_rows_of_equal_version():
-    assert merge_condition(["id"], replace_equal=True)[1] == "s._eo_version >= t._eo_version"
-    assert merge_condition(["id"])[1] == "s._eo_version > t._eo_version"
+    assert merge_condition(["id"], replace_equal=True)[1] == "s.`_eo_version` >= t.`_eo_version`"
+    assert merge_condition(["id"])[1] == "s.`_eo_version` > t.`_eo_version`"
 
 
 WIDE = [
