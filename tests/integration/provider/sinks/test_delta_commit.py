@@ -120,8 +120,8 @@ def test_delta_reads_writes_time_travels_and_vacuums_a_table_of_own_commits_acro
 
 
 def race(location: str, s3: dict | None, app_id: str, versions: list[int], writer: str, barrier, results) -> None:
-    """One writer process: per version, stage its own file, wait for the others, commit (its own storage client,
-    as a separate driver has)."""
+    """One writer process: create the table at once with the others, then per version stage its own file, wait
+    for the others, commit (its own storage client, as a separate driver has)."""
     import io
 
     import pyarrow as pa
@@ -131,6 +131,13 @@ def race(location: str, s3: dict | None, app_id: str, versions: list[int], write
     from exactly_once_provider.storage.s3 import S3Settings
 
     storage = open_storage(location, S3Settings.from_json(s3) if s3 else None)
+    barrier.wait(60)  # first all create the table at once: one creates it, the others find it created
+    try:
+        results.put(
+            (writer, "create", 0, delta_commit.create_with_files(storage, ROWS_SCHEMA, [], {}, writer, 0), True)
+        )
+    except delta_commit.TableExistsError:
+        results.put((writer, "create", 0, None, False))
     for version in versions:
         name = f"part-{writer}-{app_id}-{version}.parquet"
         buffer = io.BytesIO()
@@ -186,7 +193,6 @@ def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_
 ):
     spark = small_delta_jobs
     path, s3, storage = table_location
-    delta_commit.create_with_files(storage, ROWS_SCHEMA, [], {}, "setup", 0)
     # spawn, not fork: a child forked from this process (Spark's gateway threads, boto3 and Arrow pools) can
     # inherit a lock held by one of its threads and hang before its first commit
     ctx = multiprocessing.get_context("spawn")
@@ -202,7 +208,7 @@ def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_
     for w in writers:
         w.start()
     try:
-        outcomes = collect(results, writers, 4 * len(versions), timeout=300)
+        outcomes = collect(results, writers, 4 * (1 + len(versions)), timeout=300)
         for w in writers:
             w.join(30)
             assert w.exitcode == 0
@@ -210,6 +216,10 @@ def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_
         for w in writers:
             if w.is_alive():
                 w.kill()
+    creates = [o for o in outcomes if o[1] == "create"]
+    assert [o[3] for o in creates if o[4]] == [0], f"the table must be created once: {creates}"
+    creator = next(o[0] for o in creates if o[4])
+    outcomes = [o for o in outcomes if o[1] != "create"]
     for version in versions:
         zombies = [o for o in outcomes if o[1] == "zombie" and o[2] == version]
         assert sum(o[4] for o in zombies) == 1, f"(zombie, {version}) committed by {zombies}"
@@ -223,8 +233,8 @@ def test_writers_racing_for_one_txn_commit_it_once_and_other_app_ids_interleave_
         for a in delta_log.read_log_file(storage, f"{v:020d}.json")
         if "txn" in a
     ]
-    assert sorted((t["appId"], t["version"]) for t in txns if t["appId"] != "setup") == sorted(
-        [("zombie", v) for v in versions] + [("other", v) for v in versions]
+    assert sorted((t["appId"], t["version"]) for t in txns) == sorted(
+        [(creator, 0)] + [("zombie", v) for v in versions] + [("other", v) for v in versions]
     )
     rows = spark.read.format("delta").load(storage.spark_uri()).groupBy("n").agg({"writer": "collect_list"}).collect()
     per_version = {r["n"]: sorted(r[1]) for r in rows}
