@@ -226,25 +226,6 @@ def _sqlalchemy_uri(postgres: dict[str, Any]) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def _file_io_properties(s3: Any) -> dict[str, str]:
-    """pyiceberg's FileIO settings for a table on S3 (``s3``: the :class:`~.storage.s3.S3Settings`)."""
-    if s3 is None:
-        return {}
-    props = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
-    for key, value in (
-        ("s3.endpoint", s3.endpoint_url),
-        ("s3.access-key-id", s3.access_key_id),
-        ("s3.secret-access-key", s3.secret_access_key),
-        ("s3.session-token", s3.session_token),
-        ("s3.region", s3.region_name or "us-east-1"),
-    ):
-        if value:
-            props[key] = value
-    if s3.addressing_style != "virtual":
-        props["s3.force-virtual-addressing"] = "false"
-    return props
-
-
 def open_catalog(settings: dict[str, Any], s3: Any = None) -> Any:
     """Return the pyiceberg catalog of ``settings`` (:func:`catalog_settings`); ``s3``: the tables' S3 settings."""
     if settings.get("type", "sql") != "sql":
@@ -256,7 +237,7 @@ def open_catalog(settings: dict[str, Any], s3: Any = None) -> Any:
         uri=_sqlalchemy_uri(settings["postgres"]),
         # one connection at a time: a driver commits batch after batch, a reader reads once
         pool_pre_ping="true",
-        **_file_io_properties(s3),
+        **(s3.pyiceberg_properties() if s3 is not None else {}),
     )
 
 

@@ -25,6 +25,7 @@ import logging
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from exactly_once_provider.sinks import version_rule
 from exactly_once_provider.sinks.current_table import quoted
 
 log = logging.getLogger(__name__)
@@ -127,10 +128,7 @@ def merged_rows(
     if not files:
         return source
     target = changes.sparkSession.read.schema(schema).parquet(*files)
-    t_version, s_version = F.col(f"t.{quoted(version)}"), F.col(f"s.{quoted(version)}")
-    newer = (s_version >= t_version) if replace_equal else (s_version > t_version)
-    # s_version is null only for the rows of a rewritten file the batch does not change (a key is never null).
-    take = s_version.isNotNull() & (t_version.isNull() | newer)
+    take = version_rule.takes_change(version, replace_equal)  # a rewritten file's rows the batch leaves: kept
     on = [F.col(f"t.{quoted(k)}") == F.col(f"s.{quoted(k)}") for k in key]
     merged = [F.when(take, F.col(f"s.{quoted(c)}")).otherwise(F.col(f"t.{quoted(c)}")).alias(c) for c in columns]
     return target.alias("t").join(source.alias("s"), on, "full_outer").select(*merged)

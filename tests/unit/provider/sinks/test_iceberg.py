@@ -13,7 +13,6 @@ from exactly_once_provider.sinks.iceberg import (
     summary_properties,
 )
 from exactly_once_provider.spark_jobs.stream_spec import Route, StreamSpec
-from exactly_once_provider.storage.s3 import S3Settings
 
 OFFSETS = {"orders": {0: 12, 1: 7}, "refunds": {0: 3}}
 
@@ -116,19 +115,6 @@ def test_the_catalog_uri_keeps_the_connections_tls_settings_and_quotes_the_passw
     )
     assert url.password == "p@ss/w:rd"
     assert dict(url.query) == {"sslmode": "verify-full", "sslrootcert": "/ca.pem"}
-
-
-def test_a_table_on_s3_gets_the_connections_endpoint_and_path_style():
-    settings = S3Settings("AK", "SK", None, "http://minio:9000", "eu-west-1", "path", None, "aws_lake")
-    assert iceberg._file_io_properties(settings) == {
-        "py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
-        "s3.endpoint": "http://minio:9000",
-        "s3.access-key-id": "AK",
-        "s3.secret-access-key": "SK",
-        "s3.region": "eu-west-1",
-        "s3.force-virtual-addressing": "false",
-    }
-    assert iceberg._file_io_properties(None) == {}
 
 
 def test_open_sink_maps_iceberg_and_reads_nothing_when_opened():
