@@ -30,6 +30,14 @@ from exactly_once_provider.triggers.sink_commits import SinkCommitTrigger
 SINKS = ("delta", "postgres", "files", "iceberg")
 
 
+def _check(helper: str, location: str, pipeline: str, poll_interval: float) -> None:
+    """Raise ValueError for what every watched Asset needs: a location, a pipeline, a positive poll interval."""
+    if not location or not pipeline:
+        raise ValueError(f"{helper} needs the sink's location and the pipeline's name.")
+    if poll_interval <= 0:
+        raise ValueError(f"poll_interval={poll_interval!r}: use a positive number of seconds.")
+
+
 def sink_commits(
     sink: str,
     location: str,
@@ -59,10 +67,7 @@ def sink_commits(
     """
     if sink not in SINKS:
         raise ValueError(f"sink={sink!r}: use one of {', '.join(SINKS)}.")
-    if not location or not pipeline:
-        raise ValueError("sink_commits needs the sink's location and the pipeline's name.")
-    if poll_interval <= 0:
-        raise ValueError(f"poll_interval={poll_interval!r}: use a positive number of seconds.")
+    _check("sink_commits", location, pipeline, poll_interval)
     trigger = SinkCommitTrigger(
         sink=sink,
         sink_location=location,
@@ -107,10 +112,7 @@ def dead_letters(
             f"sink={sink!r}: dead letters are watched in a postgres or delta store; a files sink's letters are "
             "listed in its manifest (docs/dead-letters.md)."
         )
-    if not location or not pipeline:
-        raise ValueError("dead_letters needs the sink's location and the pipeline's name.")
-    if poll_interval <= 0:
-        raise ValueError(f"poll_interval={poll_interval!r}: use a positive number of seconds.")
+    _check("dead_letters", location, pipeline, poll_interval)
     trigger = DeadLetterTrigger(
         sink=sink,
         sink_location=location,

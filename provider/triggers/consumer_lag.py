@@ -10,6 +10,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from exactly_once_provider.kafka.lag import Lag, group_offsets, sink_offsets, stable_end_offsets
+from exactly_once_provider.triggers.arguments import SerializedByArguments
 
 
 def sink_locations(value: str | Sequence[str] | None) -> list[str]:
@@ -78,7 +79,7 @@ def measure_lag(
     return Lag(end, committed)
 
 
-class ConsumerLagTrigger(BaseTrigger):
+class ConsumerLagTrigger(SerializedByArguments, BaseTrigger):
     """Fire once the lag (records in ``topics`` not yet committed by the reader) is ``<= max_lag``.
 
     Lag counts offsets between the reader's committed position and the stable end (LSO), so transaction
@@ -118,23 +119,19 @@ class ConsumerLagTrigger(BaseTrigger):
         self.consumer_group, self.postgres_conn_id, self.poll_interval = consumer_group, postgres_conn_id, poll_interval
         self.missing_topics_ok, self.aws_conn_id = missing_topics_ok, aws_conn_id
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "kafka_config_id": self.kafka_config_id,
-                "topics": self.topics,
-                "max_lag": self.max_lag,
-                "sink": self.sink,
-                "sink_location": self.sink_location,
-                "sink_pipeline": self.sink_pipeline,
-                "consumer_group": self.consumer_group,
-                "postgres_conn_id": self.postgres_conn_id,
-                "poll_interval": self.poll_interval,
-                "missing_topics_ok": self.missing_topics_ok,
-                "aws_conn_id": self.aws_conn_id,
-            },
-        )
+    ARGUMENTS = (
+        "kafka_config_id",
+        "topics",
+        "max_lag",
+        "sink",
+        "sink_location",
+        "sink_pipeline",
+        "consumer_group",
+        "postgres_conn_id",
+        "poll_interval",
+        "missing_topics_ok",
+        "aws_conn_id",
+    )
 
     async def _connections(self) -> tuple[dict[str, Any], dict | None, Any]:
         """Read the connections in the triggerer (Airflow's connection API is synchronous: off the event loop)."""

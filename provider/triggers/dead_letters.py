@@ -29,6 +29,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from exactly_once_provider.triggers.arguments import SerializedByArguments
+
 STATE_KEY = "exactly_once_last_dead_letter"
 LISTED = 20  # letters named in one event; the counts cover all of them
 COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "error_class", "error_message", "dead_lettered_at")
@@ -71,7 +73,7 @@ def describe_letters(new: list[dict], open_letters: int, store: str, pipeline: s
     }
 
 
-class DeadLetterTrigger(BaseEventTrigger):
+class DeadLetterTrigger(SerializedByArguments, BaseEventTrigger):
     """Yield an event each time new dead letters of ``sink_pipeline`` are in its store (for an AssetWatcher).
 
     :param sink: ``postgres`` or ``delta`` (the sinks whose letters are in a store table).
@@ -97,19 +99,7 @@ class DeadLetterTrigger(BaseEventTrigger):
         self.sink, self.sink_location, self.sink_pipeline, self.store = sink, sink_location, sink_pipeline, store
         self.postgres_conn_id, self.aws_conn_id, self.poll_interval = postgres_conn_id, aws_conn_id, poll_interval
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "sink": self.sink,
-                "sink_location": self.sink_location,
-                "sink_pipeline": self.sink_pipeline,
-                "store": self.store,
-                "postgres_conn_id": self.postgres_conn_id,
-                "aws_conn_id": self.aws_conn_id,
-                "poll_interval": self.poll_interval,
-            },
-        )
+    ARGUMENTS = ("sink", "sink_location", "sink_pipeline", "store", "postgres_conn_id", "aws_conn_id", "poll_interval")
 
     def _read(self, store: str, connect: dict | None, s3: Any) -> list[dict]:
         from exactly_once_provider.sinks import dead_letters

@@ -29,6 +29,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from exactly_once_provider.triggers.arguments import SerializedByArguments
+
 STATE_KEY = "exactly_once_last_commit"
 
 
@@ -60,7 +62,7 @@ def describe_commit(commit: Any, previous: dict | None, sink: str, location: str
     }
 
 
-class SinkCommitTrigger(BaseEventTrigger):
+class SinkCommitTrigger(SerializedByArguments, BaseEventTrigger):
     """Yield an event each time the sink of ``sink_pipeline`` commits a new batch (for an AssetWatcher).
 
     :param sink: ``delta``, ``postgres``, ``files`` or ``iceberg``.
@@ -90,19 +92,15 @@ class SinkCommitTrigger(BaseEventTrigger):
         self.sink, self.sink_location, self.sink_pipeline = sink, sink_location, sink_pipeline
         self.postgres_conn_id, self.aws_conn_id, self.poll_interval = postgres_conn_id, aws_conn_id, poll_interval
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "sink": self.sink,
-                "sink_location": self.sink_location,
-                "sink_pipeline": self.sink_pipeline,
-                "postgres_conn_id": self.postgres_conn_id,
-                "aws_conn_id": self.aws_conn_id,
-                "poll_interval": self.poll_interval,
-                "kafka_config_id": self.kafka_config_id,
-            },
-        )
+    ARGUMENTS = (
+        "sink",
+        "sink_location",
+        "sink_pipeline",
+        "postgres_conn_id",
+        "aws_conn_id",
+        "poll_interval",
+        "kafka_config_id",
+    )
 
     async def _stored(self) -> dict | None:
         store = self.asset_state_store

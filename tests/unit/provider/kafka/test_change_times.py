@@ -6,54 +6,6 @@ from __future__ import annotations
 from exactly_once_provider.kafka.change_times import newest_applied, source_commit_time, unapplied_since
 
 
-def test_freshness_counts_from_a_change_records_source_commit_and_other_records_from_kafka_time():
-    from exactly_once_provider.capture.change_record import records_of
-    from tests.unit.provider.capture.test_change_record import TOPICS, row, txn
-
-    (change,) = records_of(txn(row("c", None, {"id": 5, "v": 1})), TOPICS)  # committed at 1763694000
-    assert source_commit_time(change.value) == 1763694000.0
-    assert [source_commit_time(v) for v in (b'{"op":"upsert"}', b"plain", None, b'{"commit_ts":"x"}')] == [None] * 4
-
-    class Message:
-        def __init__(self, partition, value, stamp):
-            self.partition_, self.value_, self.stamp = partition, value, stamp
-
-        def topic(self):
-            return "t"
-
-        def partition(self):
-            return self.partition_
-
-        def error(self):
-            return None
-
-        def value(self):
-            return self.value_
-
-        def timestamp(self):
-            return 1, self.stamp
-
-    class Consumer:  # the first unapplied record of each partition, as a read_committed consumer returns them
-        def __init__(self):
-            self.queue = [Message(0, change.value, 1763694007_000), Message(1, b"plain", 1763694009_500)]
-
-        def assign(self, partitions):
-            self.assigned = [(p.topic, p.partition, p.offset) for p in partitions]
-
-        def poll(self, timeout):
-            return self.queue.pop(0) if self.queue else None
-
-        def unassign(self):
-            pass
-
-    consumer = Consumer()
-    assert unapplied_since(consumer, [("t", 0, 40), ("t", 1, 7)], wait=1) == {
-        ("t", 0): 1763694000.0,
-        ("t", 1): 1763694009.5,
-    }
-    assert consumer.assigned == [("t", 0, 40), ("t", 1, 7)]
-
-
 class Error:
     def code(self):
         from confluent_kafka import KafkaError
@@ -62,8 +14,10 @@ class Error:
 
 
 class Record:
-    def __init__(self, partition, offset, value=None, eof=False):
-        self.partition_, self.offset_, self.value_, self.eof = partition, offset, value, eof
+    """A consumed record (or, with ``eof``, the end-of-partition event) as confluent-kafka's Message shows it."""
+
+    def __init__(self, partition, offset, value=None, stamp=None, eof=False):
+        self.partition_, self.offset_, self.value_, self.stamp, self.eof = partition, offset, value, stamp, eof
 
     def topic(self):
         return "t"
@@ -80,8 +34,13 @@ class Record:
     def error(self):
         return Error() if self.eof else None
 
+    def timestamp(self):
+        return 1, self.stamp
+
 
 class Replay:
+    """A consumer that returns ``records`` in order, as a read_committed consumer would, then nothing."""
+
     def __init__(self, records):
         self.records = list(records)
 
@@ -93,6 +52,22 @@ class Replay:
 
     def unassign(self):
         pass
+
+
+def test_freshness_counts_from_a_change_records_source_commit_and_other_records_from_kafka_time():
+    from exactly_once_provider.capture.change_record import records_of
+    from tests.unit.provider.capture.test_change_record import TOPICS, row, txn
+
+    (change,) = records_of(txn(row("c", None, {"id": 5, "v": 1})), TOPICS)  # committed at 1763694000
+    assert source_commit_time(change.value) == 1763694000.0
+    assert [source_commit_time(v) for v in (b'{"op":"upsert"}', b"plain", None, b'{"commit_ts":"x"}')] == [None] * 4
+
+    consumer = Replay([Record(0, 40, change.value, 1763694007_000), Record(1, 7, b"plain", 1763694009_500)])
+    assert unapplied_since(consumer, [("t", 0, 40), ("t", 1, 7)], wait=1) == {
+        ("t", 0): 1763694000.0,
+        ("t", 1): 1763694009.5,
+    }
+    assert consumer.assigned == [("t", 0, 40), ("t", 1, 7)]
 
 
 def change(version, pos, at):
