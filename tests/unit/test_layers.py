@@ -202,10 +202,7 @@ print(failed)
 sys.exit(1 if failed else 0)
 """
 # Modules still importing Airflow under a driver, each with the change that removes it. Remove an entry once done.
-_NOT_YET_FREE_OF_AIRFLOW = {
-    # CommitMarkerError(AirflowException) -> CommitMarkerError(errors.PipelineError): its owner's change (issue 45).
-    "exactly_once_provider.sinks.delta_commit",
-}
+_NOT_YET_FREE_OF_AIRFLOW: set[str] = set()
 
 
 def _driver_module(path: Path) -> str:
