@@ -55,9 +55,9 @@ def table_storage(table: Table) -> Storage:
     from exactly_once_provider.storage import is_s3, open_storage
 
     if is_s3(table):
-        from exactly_once_provider.storage.s3 import registered_settings
+        from exactly_once_provider.storage.s3 import s3_settings
 
-        return _s3_table(table, registered_settings())
+        return _s3_table(table, s3_settings(table))
     return open_storage(table)
 
 

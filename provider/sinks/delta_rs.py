@@ -28,7 +28,9 @@ from exactly_once_provider.sinks import delta_log
 
 def storage_options(storage: Any) -> dict[str, str] | None:
     """Return the delta-rs storage options of a table's storage (S3: its settings; local: none)."""
-    settings = getattr(storage, "settings", None)
+    from exactly_once_provider.storage.s3 import s3_settings
+
+    settings = s3_settings(storage)
     return settings.delta_rs_options() if settings is not None else None
 
 
