@@ -51,16 +51,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException
-
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.sinks import delta_log, delta_rs
 from exactly_once_provider.sinks.delta_log import Table, spark_path, table_storage
 
 log = logging.getLogger(__name__)
 
 
-class CommitMarkerError(AirflowException):
-    """Raise when a Delta commit and its marker disagree."""
+class CommitMarkerError(PipelineError):
+    """Raise when a Delta commit and its marker disagree (a :class:`PipelineError`: Spark drivers raise it, and
+    they import no Airflow)."""
 
 
 class TableExistsError(CommitMarkerError):

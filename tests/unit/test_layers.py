@@ -202,12 +202,7 @@ print(failed)
 sys.exit(1 if failed else 0)
 """
 # Modules still importing Airflow under a driver, each with the change that removes it. Remove an entry once done.
-_NOT_YET_FREE_OF_AIRFLOW = {
-    # CommitMarkerError(AirflowException) -> CommitMarkerError(errors.PipelineError): its owner's change (issue 45).
-    # Tried: then no test module imports Airflow at collection, Airflow configures logging mid-test and caplog
-    # loses the in-session driver's log (test_spark_job_zombie.py[delta-s3]); the tests need Airflow imported first.
-    "exactly_once_provider.sinks.delta_commit",
-}
+_NOT_YET_FREE_OF_AIRFLOW: set[str] = set()
 
 
 def _driver_module(path: Path) -> str:
