@@ -14,12 +14,16 @@ import sys
 import time
 from pathlib import Path
 
+import airflow.sdk.exceptions  # noqa: F401 - see below
 import pytest
 
 from tests import profiling
 from tests.profiling import pytest_runtest_makereport, pytest_runtest_protocol  # noqa: F401 - its hooks
 
 REPO = Path(__file__).resolve().parents[1]
+# Airflow sets up its logging when first imported (above, at collection): a test whose code imports Airflow
+# lazily (the Spark drivers run in this process import none, but a sink they open may) would otherwise lose
+# caplog's handler mid-test, however the suite is cut.
 
 
 def _load_stack_module():
