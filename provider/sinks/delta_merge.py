@@ -43,11 +43,12 @@ import logging
 import time
 import uuid
 from typing import Any, NamedTuple
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote
 
 from exactly_once_provider.sinks import delta_commit, delta_log, delta_rs, version_rule
 from exactly_once_provider.sinks.current_table import VERSION_COLUMN, merge_condition, quoted
 from exactly_once_provider.sinks.delta_log import Table, table_storage
+from exactly_once_provider.storage import comparable_location
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +60,6 @@ SMALL_FILES_TOTAL_BYTES = 16 << 20
 _FILE = "_eo_file"
 
 
-def _normalised(uri: str) -> str:
-    """Return a file's location without scheme and encoding: how Spark's and the log's names are compared."""
-    parsed = urlparse(uri)
-    path = unquote(parsed.path)
-    return (parsed.netloc + path) if parsed.scheme not in ("", "file") else "/" + path.lstrip("/")
-
-
 def _files_holding(
     changes: Any, storage: Any, files: dict[str, dict], key: tuple[str, ...], table_schema: Any
 ) -> list[str]:
@@ -74,7 +68,7 @@ def _files_holding(
         return []
     from pyspark.sql import functions as F
 
-    by_location = {_normalised(storage.spark_uri(unquote(path))): path for path in files}
+    by_location = {comparable_location(storage.spark_uri(unquote(path))): path for path in files}
     spark = changes.sparkSession
     keys = table_schema.__class__([table_schema[k] for k in key])
     target = spark.read.schema(keys).parquet(*[storage.spark_uri(unquote(p)) for p in files])
@@ -82,7 +76,7 @@ def _files_holding(
     on = [F.col(f"t.{quoted(k)}") == F.col(f"s.{quoted(k)}") for k in key]
     hits = target.join(changes.select(*[F.col(quoted(k)) for k in key]).alias("s"), on, "left_semi")
     found = [row[0] for row in hits.select(_FILE).distinct().collect()]
-    paths = [by_location.get(_normalised(location)) for location in found]
+    paths = [by_location.get(comparable_location(location)) for location in found]
     if None in paths:
         raise delta_commit.CommitMarkerError(
             f"Spark read {found[paths.index(None)]!r}, which no add action of {storage.uri()} names."

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from exactly_once_provider.sinks import version_rule
 from exactly_once_provider.sinks.current_table import quoted
+from exactly_once_provider.storage import comparable_location
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,6 @@ FILE_ROWS = 500_000
 SMALL_FILE_BYTES = 4 << 20
 SMALL_FILES_TOTAL_BYTES = 16 << 20
 _FILE = "_eo_file"
-
-
-def normalised(uri: str) -> str:
-    """Return a file's location without scheme and encoding: how Spark's and the manifests' names are compared."""
-    parsed = urlparse(uri)
-    path = unquote(parsed.path)
-    if parsed.scheme in ("", "file"):
-        return "/" + path.lstrip("/")
-    return parsed.netloc + path
 
 
 def key_bounds(changes: Any, key: tuple[str, ...]) -> tuple[int, dict[str, tuple[Any, Any]]]:
@@ -83,13 +74,13 @@ def files_holding(changes: Any, candidates: list[Any], key: tuple[str, ...], sch
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
-    by_location = {normalised(spark_uri(f.file_path)): f for f in candidates}
+    by_location = {comparable_location(spark_uri(f.file_path)): f for f in candidates}
     keys = StructType([schema[k] for k in key])
     target = changes.sparkSession.read.schema(keys).parquet(*[spark_uri(f.file_path) for f in candidates])
     target = target.select(*[F.col(quoted(k)) for k in key], F.col("_metadata.file_path").alias(_FILE)).alias("t")
     on = [F.col(f"t.{quoted(k)}") == F.col(f"s.{quoted(k)}") for k in key]
     hits = target.join(changes.select(*[F.col(quoted(k)) for k in key]).alias("s"), on, "left_semi")
-    found = [normalised(row[0]) for row in hits.select(_FILE).distinct().collect()]
+    found = [comparable_location(row[0]) for row in hits.select(_FILE).distinct().collect()]
     missing = [location for location in found if location not in by_location]
     if missing:
         raise RuntimeError(f"Spark read {missing[0]!r}, which no manifest of the snapshot names.")

@@ -28,6 +28,16 @@ def is_s3(location: str) -> bool:
     return location.startswith(S3_SCHEMES)
 
 
+def comparable_location(uri: str) -> str:
+    """Return a file's location without scheme and percent-encoding (``bucket/key`` on S3, ``/path`` locally): how
+    the names Spark reports (``_metadata.file_path``) and a table log's or manifest's names are compared."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    path = unquote(parsed.path)
+    return (parsed.netloc + path) if parsed.scheme not in ("", "file") else "/" + path.lstrip("/")
+
+
 @runtime_checkable
 class Storage(Protocol):
     """Objects under one root, with put-if-absent as the only atomic write."""

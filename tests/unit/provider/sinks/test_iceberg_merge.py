@@ -6,7 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from exactly_once_provider.sinks import iceberg_merge
-from exactly_once_provider.sinks.iceberg_merge import SMALL_FILE_BYTES, SMALL_FILES_TOTAL_BYTES, normalised
+from exactly_once_provider.sinks.iceberg_merge import SMALL_FILE_BYTES, SMALL_FILES_TOTAL_BYTES
+from exactly_once_provider.storage import comparable_location as normalised
 
 
 def test_spark_and_manifest_names_of_one_file_compare_equal():
