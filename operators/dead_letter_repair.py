@@ -8,7 +8,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.connections import postgres_connection
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.sinks import dead_letters, repair
 
@@ -131,7 +131,7 @@ class DeadLetterRepairOperator(BaseOperator):
         store = self.dead_letter_store or dead_letters.default_store("postgres", self.sink_table)
         import psycopg2
 
-        conn = psycopg2.connect(**connect_kwargs(self.postgres_conn_id))
+        conn = postgres_connection(self.postgres_conn_id)
         try:
             cdc = repair.CdcFields(self.key_field, self.version_field, self.op_field) if self.mode == "cdc" else None
             result = repair.repair_postgres(conn, self.sink_table, store, self.pipeline, selection, fix, cdc)

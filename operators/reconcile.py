@@ -14,7 +14,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
-from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.connections import connect_kwargs, postgres_connection
 from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.hooks.kafka_client import checked_kafka_config
@@ -661,9 +661,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         return self._kafka_checked
 
     def _postgres(self):
-        import psycopg2
-
-        return psycopg2.connect(**connect_kwargs(self.postgres_conn_id))
+        return postgres_connection(self.postgres_conn_id)
 
     def _replication_settings(self, hook: MySqlSourceHook) -> dict[str, Any]:
         return hook.connection_settings().replication_settings()

@@ -8,7 +8,7 @@ from typing import Any
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
-from exactly_once_provider.connections import connect_kwargs
+from exactly_once_provider.connections import postgres_connection
 from exactly_once_provider.full_load.columns import table_columns
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
@@ -204,10 +204,9 @@ class SettlementReportOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         return inputs, [facets.output_dataset(report, fields, rows=result["groups"], commit=commit)]
 
     def _replace(self, groups: list[dict]) -> dict[str, Any]:
-        import psycopg2
         from psycopg2 import sql
 
-        conn = psycopg2.connect(**connect_kwargs(self.postgres_conn_id))
+        conn = postgres_connection(self.postgres_conn_id)
         table = sql.Identifier(*self.report_table.split("."))
         group_cols = [sql.Identifier(c) for c in self.group_by]
         sum_cols = [sql.Identifier(f"{c}_sum") for c in self.sum_columns]

@@ -13,6 +13,13 @@
   PostgreSQL provider's ``PostgresHook`` reads it (every Extra key is a libpq parameter: ``sslmode``,
   ``sslrootcert``...).
 
+The MySQL and PostgreSQL readings are written here because neither provider has a public API that returns the
+connect arguments: ``MySqlHook`` builds them in a private method (``_get_conn_config_mysql_client``),
+``PostgresHook`` inside ``get_conn``, which connects (and may fetch a cloud token first). The unit tests read
+connections both ways, through those hooks, and compare (``tests/unit/provider/test_connections.py``); ours
+differ only where the product must: TCP always, no token authentication, its own charset and cursors, and a
+MySQL ``connect_timeout``.
+
 Secrets reach a Spark job through its environment (PostgreSQL) or a file only its owner may read
 (:func:`write_secret_file`, Kafka), never through a command line or a log line; :data:`SPARK_REDACTION_REGEX`
 keeps them out of Spark's UI and event log should one be echoed there.
@@ -245,9 +252,12 @@ def mysql_connect_kwargs(mysql_conn_id: str) -> dict[str, Any]:
 
     Read as the MySQL provider's ``MySqlHook`` reads a connection for mysqlclient: ``host``, ``port`` (default
     3306), ``user``, ``passwd``, ``db``; Extra ``ssl`` (a dict, or its JSON text: ``ca``, ``cert``, ``key``,
-    ``capath``, ``cipher``, ``check_hostname``), ``ssl_mode`` (``DISABLED`` ... ``VERIFY_IDENTITY``),
-    ``connect_timeout`` (default 10). The product sets charset, time zone and autocommit itself and always
-    connects over TCP; Extras that would change that (``iam``, ``unix_socket``, ``client``) are refused.
+    ``capath``, ``cipher``, ``check_hostname``; ``true``: ``ssl_mode`` ``REQUIRED``), ``ssl_mode``
+    (``DISABLED`` ... ``VERIFY_IDENTITY``, any case). Beyond the hook: Extra ``connect_timeout`` (default 10
+    seconds; the hook passes none, and an unreachable server would hold a task for the OS's TCP timeout). The
+    product sets charset, cursors, time zone and autocommit itself and always connects over TCP; Extras that
+    would change that (``iam``, ``unix_socket``, ``client``) are refused, and so is a connection without host
+    (the hook's ``localhost`` means the Unix socket to mysqlclient).
 
     :param mysql_conn_id: the ``mysql`` connection.
     """
@@ -277,17 +287,26 @@ def mysql_connect_kwargs(mysql_conn_id: str) -> dict[str, Any]:
         "connect_timeout": int(extra.get("connect_timeout", 10)),
     }
     ssl = extra.get("ssl")
+    if isinstance(ssl, str):  # Extra given as URL parameters arrives as text (as MySqlHook handles it)
+        ssl = json.loads(ssl)
+    if ssl is True:  # mysqlclient (>= 2.2.4) takes ssl=True for ssl_mode=REQUIRED: said as such here
+        ssl = None
+        kwargs["ssl_mode"] = "REQUIRED"
     if ssl:
-        if isinstance(ssl, str):  # Extra given as URL parameters arrives as text (as MySqlHook handles it)
-            ssl = json.loads(ssl)
+        if not isinstance(ssl, dict):
+            raise ValueError(
+                f"Connection {mysql_conn_id!r}: Extra ssl={ssl!r}; give a dict of {', '.join(_MYSQL_SSL_KEYS)} "
+                "(or true for ssl_mode REQUIRED)."
+            )
         unknown = sorted(set(ssl) - set(_MYSQL_SSL_KEYS))
-        if unknown:
+        if unknown:  # mysqlclient ignores an unknown key: a misspelt "ca" would silently not verify
             raise ValueError(
                 f"Connection {mysql_conn_id!r}: Extra ssl key {unknown[0]!r} is unknown; use "
                 f"{', '.join(_MYSQL_SSL_KEYS)}."
             )
         kwargs["ssl"] = dict(ssl)
     if extra.get("ssl_mode"):
+        # mysqlclient knows the upper-case names only; MySQL's own clients take any case (--ssl-mode=verify_ca)
         mode = str(extra["ssl_mode"]).upper().replace("-", "_")
         if mode not in _MYSQL_SSL_MODES:
             raise ValueError(
@@ -404,10 +423,11 @@ _LIBPQ_ENVIRONMENT = {
 def connect_kwargs(conn_id: str, **defaults: Any) -> dict[str, Any]:
     """Return ``psycopg2.connect`` keyword arguments for the Airflow ``postgres`` connection ``conn_id``.
 
-    Read as the PostgreSQL provider's ``PostgresHook.get_conn`` reads it: host, port (default 5432), dbname,
-    user, password, and every Extra key as a libpq parameter (``sslmode``, ``sslrootcert``, ``sslcert``,
-    ``sslkey``...) except the hook's own options (``cursor``, ``sqlalchemy_*``...). Unset fields are None,
-    which psycopg2 leaves out (libpq defaults apply). AWS/Azure token authentication (Extra ``iam``) is refused.
+    Read as the PostgreSQL provider's ``PostgresHook.get_conn`` reads it: host, port, dbname, user, password,
+    and every Extra key as a libpq parameter (``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey``...) except
+    the hook's own options (``cursor``, ``sqlalchemy_*``...: the product picks its cursors). Unset fields are
+    None, which psycopg2 leaves out: libpq's defaults apply (port 5432, or ``PGPORT``, or the Extra
+    ``service``'s). AWS/Azure token authentication (Extra ``iam``) is refused.
 
     :param conn_id: the ``postgres`` connection.
     :param defaults: connect arguments the connection's Extra may override, e.g. ``connect_timeout=10``.
@@ -425,7 +445,7 @@ def connect_kwargs(conn_id: str, **defaults: Any) -> dict[str, Any]:
     libpq = {k: v for k, v in extra.items() if k not in PostgresHook.ignored_extra_options}
     return {
         "host": conn.host or None,
-        "port": conn.port or 5432,
+        "port": conn.port or None,
         "dbname": conn.schema or None,
         "user": conn.login or None,
         "password": conn.password or None,
@@ -463,8 +483,9 @@ def postgres_connection(conn_id: str, **defaults: Any) -> Any:
             hint = "check the connection's login and password."
         else:
             raise
+        port = f":{kwargs['port']}" if kwargs.get("port") else ""
         raise ServiceAccessError(
-            f"PostgreSQL connection {conn_id!r} ({kwargs.get('host')}:{kwargs.get('port')}, "
+            f"PostgreSQL connection {conn_id!r} ({kwargs.get('host')}{port}, "
             f"user {kwargs.get('user')!r}) was refused: {message} -- {hint}"
         ) from None
 

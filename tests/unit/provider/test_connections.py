@@ -177,7 +177,9 @@ def test_mysql_tls_modes():
     [
         ({"ssl_mode": "sometimes"}, "ssl_mode='sometimes'"),
         ({"ssl": {"ca": "/ca", "verify": True}}, "ssl key 'verify'"),
+        ({"ssl": ["/ca.pem"]}, "Extra ssl=\\['/ca.pem'\\]"),
         ({"iam": True}, "'iam'"),
+        ({"unix_socket": "/run/mysqld/mysqld.sock"}, "'unix_socket'"),
         ({"client": "mysql-connector-python"}, "client='mysql-connector-python'"),
     ],
 )
@@ -185,6 +187,13 @@ def test_mysql_extras_the_readers_cannot_honour_are_refused(monkeypatch, extra, 
     _conn(monkeypatch, "mysql_bad", {"conn_type": "mysql", "host": "db", "extra": extra})
     with pytest.raises(ValueError, match=f"'mysql_bad'.*{message}"):
         mysql_connect_kwargs("mysql_bad")
+
+
+def test_a_mysql_connection_without_host_is_refused(monkeypatch):
+    # MySqlHook would take "localhost", which mysqlclient reads as its Unix socket: the readers connect over TCP.
+    _conn(monkeypatch, "mysql_no_host", {"conn_type": "mysql", "login": "u"})
+    with pytest.raises(ValueError, match="'mysql_no_host' has no host"):
+        mysql_connect_kwargs("mysql_no_host")
 
 
 # ------------------------------------------------------------------------------------------------ PostgreSQL
@@ -216,8 +225,8 @@ def test_full_connection(monkeypatch):
 
 def test_unset_fields_are_left_to_libpq_defaults(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_PG_BARE", json.dumps({"conn_type": "postgres", "host": "db"}))
-    assert connect_kwargs("pg_bare") == {"host": "db", "port": 5432, "dbname": None, "user": None, "password": None}
-    assert libpq_environment("pg_bare") == {"PGHOST": "db", "PGPORT": "5432"}
+    assert connect_kwargs("pg_bare") == {"host": "db", "port": None, "dbname": None, "user": None, "password": None}
+    assert libpq_environment("pg_bare") == {"PGHOST": "db"}  # the port too: 5432, PGPORT or the Extra service's
 
 
 def test_postgres_tls_extras_reach_psycopg2_and_the_libpq_environment(monkeypatch):
@@ -278,3 +287,110 @@ def test_a_refusal_no_retry_can_pass_is_decided_at_once_and_an_unreachable_broke
     down = ["b:9095/bootstrap: Connect to ipv4#127.0.0.1:9095 failed: Connection refused"]
     assert _decisive_refusal(config, down) is None
     assert "no broker answers at bootstrap.servers='b:9095'" in _kafka_refusal(config, down, "no answer in 20s")
+
+
+# ------------------------------------------------------------------------------------- parity with the providers
+# Neither provider returns the connect arguments through public API, so ours are written in connections.py; these
+# read each connection both ways and compare. The hooks' private methods serve here only as the reference.
+
+# What MySqlHook hands mysqlclient that the product sets itself (utf8mb4, its own cursors).
+_MYSQL_HOOK_ONLY = {"charset", "use_unicode", "cursorclass"}
+
+MYSQL_CONNECTIONS = {
+    "defaults": {"host": "db"},
+    "fields": {"host": "db", "port": 3307, "login": "u", "password": "MARKER", "schema": "s"},
+    "ssl-dict": {
+        "host": "db",
+        "extra": {"ssl": {"ca": "/ca.pem", "cert": "/c.pem", "key": "/k.pem", "cipher": "AES256-SHA"}},
+    },
+    "ssl-json-text": {"host": "db", "extra": {"ssl": json.dumps({"ca": "/ca.pem", "check_hostname": True})}},
+    "ssl-capath-mode": {"host": "db", "extra": {"ssl": {"capath": "/certs"}, "ssl_mode": "VERIFY_CA"}},
+    "ssl-true": {"host": "db", "extra": {"ssl": True}},  # mysqlclient: ssl=True is ssl_mode=REQUIRED
+    "ssl-false": {"host": "db", "extra": {"ssl": False, "ssl_mode": "DISABLED"}},
+    "connect-timeout": {"host": "db", "extra": {"connect_timeout": "3"}},
+    "hook-options": {"host": "db", "extra": {"charset": "utf8", "cursor": "SSDictCursor", "ssl_mode": "PREFERRED"}},
+}
+
+
+def _mysql_hook_config(conn_id: str) -> dict:
+    from airflow.providers.mysql.hooks.mysql import MySqlHook
+
+    hook = MySqlHook(mysql_conn_id=conn_id)
+    return hook._get_conn_config_mysql_client(hook.get_connection(conn_id))
+
+
+def _as_mysqlclient_takes_it(config: dict) -> dict:
+    """Return ``config`` without what only one side sets, in the one form of what mysqlclient reads alike."""
+    config = {k: v for k, v in config.items() if k not in _MYSQL_HOOK_ONLY and k != "connect_timeout"}
+    config["user"] = config.get("user") or ""  # None and "" both mean libmysqlclient's default user
+    if config.get("ssl") is True:
+        del config["ssl"]
+        config.setdefault("ssl_mode", "REQUIRED")
+    return config
+
+
+@pytest.mark.parametrize("fields", MYSQL_CONNECTIONS.values(), ids=MYSQL_CONNECTIONS)
+def test_a_mysql_connection_reads_as_mysqlhook_reads_it(monkeypatch, fields):
+    _conn(monkeypatch, "mysql_parity", {"conn_type": "mysql", **fields})
+    ours, theirs = mysql_connect_kwargs("mysql_parity"), _mysql_hook_config("mysql_parity")
+    assert _as_mysqlclient_takes_it(ours) == _as_mysqlclient_takes_it(theirs)
+    # Beyond the hook (it passes no timeout): the Extra's, else 10 seconds.
+    assert ours["connect_timeout"] == int(fields.get("extra", {}).get("connect_timeout", 10))
+    assert "connect_timeout" not in theirs
+
+
+def test_a_lower_case_ssl_mode_is_read_as_mysql_clients_read_it(monkeypatch):
+    # mysqlclient knows "VERIFY_CA" only (MySqlHook passes the text on, and the connection then fails).
+    _conn(monkeypatch, "mysql_mode_case", {"conn_type": "mysql", "host": "db", "extra": {"ssl_mode": "verify-ca"}})
+    assert mysql_connect_kwargs("mysql_mode_case")["ssl_mode"] == "VERIFY_CA"
+
+
+POSTGRES_CONNECTIONS = {
+    "defaults": {"host": "db"},
+    "fields": {"host": "db", "port": 5433, "login": "u", "password": "MARKER", "schema": "d"},
+    "tls": {
+        "host": "db",
+        "extra": {"sslmode": "verify-full", "sslrootcert": "/ca.pem", "sslcert": "/c.pem", "sslkey": "/k.pem"},
+    },
+    "libpq": {"host": "db", "extra": {"connect_timeout": 5, "keepalives_idle": 30, "application_name": "eo"}},
+    "service": {"extra": {"service": "ledger"}},  # host and port from the service file
+    "hook-options": {
+        "host": "db",
+        "extra": {
+            "cursor": "dictcursor",
+            "sqlalchemy_scheme": "postgresql",
+            "sqlalchemy_query": {"application_name": "x"},
+            "aws_conn_id": "aws_x",
+            "redshift": False,
+            "sslmode": "require",
+        },
+    },
+}
+
+
+def _postgres_hook_args(monkeypatch, conn_id: str) -> dict:
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+    captured: dict = {}
+    monkeypatch.setattr(PostgresHook, "_create_connection", lambda self, conn_args: captured.update(conn_args))
+    PostgresHook(postgres_conn_id=conn_id).get_conn()
+    return captured
+
+
+def _as_psycopg_takes_it(args: dict) -> dict:
+    """Return ``args`` without None (psycopg leaves it out) and the hook's cursor class (the product picks its own)."""
+    return {k: v for k, v in args.items() if v is not None and k not in ("cursor_factory", "row_factory")}
+
+
+@pytest.mark.parametrize("fields", POSTGRES_CONNECTIONS.values(), ids=POSTGRES_CONNECTIONS)
+def test_a_postgres_connection_reads_as_postgreshook_reads_it(monkeypatch, fields):
+    _conn(monkeypatch, "pg_parity", {"conn_type": "postgres", **fields})
+    ours, theirs = connect_kwargs("pg_parity"), _postgres_hook_args(monkeypatch, "pg_parity")
+    assert _as_psycopg_takes_it(ours) == _as_psycopg_takes_it(theirs)
+    assert ours.keys() >= {"host", "port", "dbname", "user", "password"}
+
+
+def test_postgres_token_authentication_is_refused(monkeypatch):
+    _conn(monkeypatch, "pg_iam", {"conn_type": "postgres", "host": "db", "extra": {"iam": True}})
+    with pytest.raises(ValueError, match="'pg_iam'.*'iam'"):
+        connect_kwargs("pg_iam")
