@@ -64,6 +64,26 @@ class BatchCommit:
         )
 
 
+@dataclass(frozen=True)
+class SchemaChange:
+    """The columns a current-mode batch commits in, passed with the batch to :meth:`Sink.commit`.
+
+    Decided per batch by :class:`~exactly_once_provider.spark_jobs.current_changes.CurrentChanges` from the state
+    the sink's last commit recorded and the schema records the batch follows.
+
+    :param state: the schema state the commit records (``load_id``, ``columns``, ``fills``, ``applied``): the
+        next batch starts from it.
+    :param changed: the batch follows a schema change: its commit evolves the table's columns with its rows.
+    :param new_fills: the :class:`~exactly_once_provider.spark_jobs.schema_change.Fill` of the statements this batch
+        follows first: the rows written before them take these values (a sink that does not fill in place gets
+        them with the batch, at their own version, and replaces a row by a change of an equal version).
+    """
+
+    state: dict
+    changed: bool = False
+    new_fills: tuple = ()
+
+
 class StaleBatchError(RuntimeError):
     """The sink moved on after the batch was planned: another driver commits the same pipeline."""
 
@@ -197,10 +217,14 @@ class Sink(Protocol):
     def prepare(self) -> None:
         """Make the sink ready for the job's first batch (create tables, remove a crash's unpublished files)."""
 
-    def commit(self, df: Any, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+    def commit(
+        self, df: Any, commit: BatchCommit, expected: object = UNCHECKED, schema: SchemaChange | None = None
+    ) -> bool:
         """Commit ``df`` and ``commit`` in one atomic step; return False if the batch was already committed.
 
-        The PostgreSQL and Delta sinks also take ``letters``, the batch's dead letters, committed with it
+        ``schema``: current mode (Delta, PostgreSQL, Iceberg), the batch's columns (:class:`SchemaChange`),
+        committed with it; the files sink has no current mode and refuses one. The PostgreSQL, Delta and files
+        sinks also take ``letters``, the batch's dead letters, committed with it
         (:mod:`~exactly_once_provider.sinks.dead_letters`).
         """
 

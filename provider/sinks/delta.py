@@ -48,6 +48,7 @@ from exactly_once_provider.sinks import current_table, dead_letters, delta_commi
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     BatchCommit,
+    SchemaChange,
     StaleBatchError,
     require_newer_windows,
     require_predecessor,
@@ -111,12 +112,6 @@ class DeltaSink:
         # the store is a Delta table with a marker of its own (its watermark): a sink of this class
         self.letter_store = DeltaSink(dead_letter_store, pipeline, s3=s3) if dead_letter_store else None
         self.key = f"eo_stream:{pipeline}"
-        # Current mode: set for each batch by spark_jobs.current_changes.CurrentChanges (the schema the
-        # commit records, whether it evolves the table, the fills of the changes it follows: the batch then
-        # carries the older rows filled, re-applied at an equal version).
-        self.schema_state: dict | None = None
-        self.schema_changed = False
-        self.new_fills: list = []
 
     def _latest(self) -> tuple[dict, dict, int] | None:
         """Return ``(marker body, commitInfo, table version)`` of the newest commit with this pipeline's marker."""
@@ -215,6 +210,7 @@ class DeltaSink:
         commit: BatchCommit,
         expected: object = UNCHECKED,
         letters: dead_letters.DeadLetters | None = None,
+        schema: SchemaChange | None = None,
     ) -> bool:
         """Write the batch and its marker in one Delta commit; return False if it was already committed.
 
@@ -225,6 +221,9 @@ class DeltaSink:
         :param letters: the batch's dead letters (``on_bad_record="dead_letter"``): committed to the
             ``dead_letter_store`` table first (:meth:`_commit_letters`); ``letters.written`` is set to the
             number that commit added.
+        :param schema: current mode: the columns the commit records in its marker; a batch that follows a schema
+            change evolves the table in its one commit, and carries the older rows its fills change (re-applied
+            at an equal version).
         """
         app_id = f"{self.pipeline}:{commit.checkpoint_id}"
         if delta_commit.find_commit(self.table, app_id, commit.batch_id) is not None:
@@ -245,11 +244,12 @@ class DeltaSink:
             return True
         if self.mode == "current":  # the full load created the table; a change merges only if it is newer
             marker[self.key][current_table.POINTER] = self._full_load_pointer()
-            if self.schema_state is not None:
-                marker[self.key]["schema"] = self.schema_state
-            on, newer = current_table.merge_condition(self.key_columns, replace_equal=bool(self.new_fills))
-            df = current_table.as_converted(df, self.new_fills)
-            widened = self._widened(df) if self.schema_changed else {}
+            if schema is not None:
+                marker[self.key]["schema"] = schema.state
+            changed, fills = (schema.changed, list(schema.new_fills)) if schema is not None else (False, [])
+            on, newer = current_table.merge_condition(self.key_columns, replace_equal=bool(fills))
+            df = current_table.as_converted(df, fills)
+            widened = self._widened(df) if changed else {}
             if widened and not delta_merge.widens_in_place(delta_log.table_state(self.table), widened):
                 # Delta's MERGE would cast the batch to the old types: the table is rewritten in the wider ones
                 # (the new schema, every row and the offsets in one commit), and the marker counts the batch's
@@ -265,14 +265,14 @@ class DeltaSink:
                         marker,
                         app_id,
                         commit.batch_id,
-                        replace_equal=bool(self.new_fills),
+                        replace_equal=bool(fills),
                     )
                 finally:
                     df.unpersist()
                 return True
-            if self.schema_changed:  # the new columns and the filled rows land in this one commit, or nothing
+            if changed:  # the new columns and the filled rows land in this one commit, or nothing
                 faults.fault_point("current_schema_changed")  # EO_FAULT_AT=current_schema_changed[:n]
-            if self.commit_with == "own" and not self.schema_changed:
+            if self.commit_with == "own" and not changed:
                 with self._fenced(commit):
                     delta_merge.merge_newer(
                         df,
@@ -281,7 +281,7 @@ class DeltaSink:
                         marker,
                         app_id,
                         commit.batch_id,
-                        replace_equal=bool(self.new_fills),
+                        replace_equal=bool(fills),
                         fence=fence,
                     )
             else:  # Delta's MERGE: the table's schema evolves in the same commit
@@ -293,7 +293,7 @@ class DeltaSink:
                     app_id,
                     commit.batch_id,
                     update_when=newer,
-                    evolve_schema=self.schema_changed,
+                    evolve_schema=changed,
                 )
             return True
         if next(delta_commit.commits(self.table), None) is None:

@@ -25,8 +25,8 @@ Two ways to write the commit, neither of which writes a log entry itself:
   one ``add`` per file with ``numRecords`` and min/max/null counts of the integer columns from the Parquet
   footers; none for strings, so no data skipping on those). What no library does stays here: the txn check on
   the state the commit builds on (:func:`txn_committed`; delta-rs commits a replay of a committed ``(app id,
-  version)`` from a fresh snapshot), the marker fence (:func:`check_fence`) and, after a lost race, both again on
-  the newer state: a zombie driver replaying a batch can never add a second copy; a lower version of the same app
+  version)`` from a fresh snapshot), the marker fence (:func:`check_fence`; both: :func:`fenced`) and, after a lost
+  race, both again on the newer state (the commit loop, :mod:`~exactly_once_provider.sinks.commit_loop`): a zombie driver replaying a batch can never add a second copy; a lower version of the same app
   id fails like Delta. Every ``delta.checkpointInterval`` versions a checkpoint is written
   (:func:`checkpoint_if_due`, by delta-rs), as Delta's writer's post-commit step does. **Refused**
   (:func:`check_appendable`; :func:`append_with_marker` then commits through Delta's writer with a WARNING
@@ -52,10 +52,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from exactly_once_provider.errors import PipelineError
-from exactly_once_provider.sinks import delta_log, delta_rs
+from exactly_once_provider.sinks import commit_loop, delta_log, delta_rs
 from exactly_once_provider.sinks.delta_log import Table, spark_path, table_storage
 
 log = logging.getLogger(__name__)
+
+# Commits of one append when other writers keep committing first: each lost race costs a read of the log only (the
+# same files are committed on the newer state), and writers of other app ids appending at once win in turn.
+APPEND_ATTEMPTS = 20
 
 
 class CommitMarkerError(PipelineError):
@@ -567,7 +571,8 @@ def append_with_files(
     on the snapshot of ``L``, the table's newest version (:func:`~exactly_once_provider.sinks.delta_rs.commit`).
     Delta's fence is kept: the txn is checked on the state of ``L`` right before the commit; when another writer
     took ``L + 1`` first, the table is read again and checked again (txn, protocol, metadata, the marker fence)
-    before the next try. So two writers of the same ``(app_id, version)`` (a zombie driver replaying a batch)
+    before the next try, up to :data:`APPEND_ATTEMPTS` tries (the commit loop:
+    :func:`~exactly_once_provider.sinks.commit_loop.commit_batch`). So two writers of the same ``(app_id, version)`` (a zombie driver replaying a batch)
     never both commit: the loser finds the winner's txn and writes nothing. A concurrent commit of the same app id
     with a lower version fails the call, as Delta's ``ConcurrentTransactionException`` does.
 
@@ -585,30 +590,63 @@ def append_with_files(
         version of the app superseded it) and the files were NOT added: the caller removes them.
     :raises UnsupportedTableError: the table (or a concurrent change of it) has a feature the commit does
         not write correctly; nothing was committed.
+    :raises ~exactly_once_provider.sinks.commit_loop.LostRacesError: other writers committed first on every try.
     """
     storage = table_storage(path)
     found = delta_rs.snapshot(storage, app_id)
     if found is None:
         raise CommitMarkerError(f"No Delta table at {storage.uri()}: create it with create_with_files().")
-    table, state = found
     adds = add_actions(storage, files, int(time.time() * 1000))
-    seen = state.txns.get(app_id)
-    while True:
-        done = txn_committed(storage, state, app_id, version, seen)
-        if done is not None:
-            return done, False
+
+    def plan_and_commit(snapshot: tuple[Any, delta_log.TableState]) -> int | None:
+        table, state = snapshot
         check_appendable(state, schema_json)
-        check_fence(storage, fence, state.version)
         now = int(time.time() * 1000)
         info = {"operationMetrics": _write_metrics(files), "isBlindAppend": True}
         if delta_rs.commit(storage, state.version, adds, marker, app_id, version, now, info, table=table):
-            return state.version + 1, True
-        lost_to = state.version + 1
-        table, state = delta_rs.snapshot(storage, app_id)
-        if state.version < lost_to:
+            return state.version + 1
+        return None  # the files stay: the same ones are committed on the newer state
+
+    def read_again(lost: tuple[Any, delta_log.TableState]) -> tuple[Any, delta_log.TableState]:
+        newer = delta_rs.snapshot(storage, app_id)
+        if newer is None or newer[1].version <= lost[1].version:
             raise CommitMarkerError(
-                f"{storage.uri(delta_log.LOG)} holds commit {lost_to} but lists only up to {state.version}."
+                f"{storage.uri(delta_log.LOG)} holds commit {lost[1].version + 1} but lists only up to "
+                f"{newer[1].version if newer else -1}."
             )
+        return newer
+
+    return commit_loop.commit_batch(
+        storage.uri(),
+        app_id,
+        version,
+        found,
+        lambda snapshot: fenced(storage, snapshot[1], app_id, version, found[1].txns.get(app_id), fence),
+        plan_and_commit,
+        read_again,
+        attempts=APPEND_ATTEMPTS,
+    )
+
+
+def fenced(
+    storage: Any,
+    state: delta_log.TableState,
+    app_id: str,
+    version: int,
+    seen: int | None,
+    fence: tuple[str, int] | None,
+) -> int | None:
+    """The fence of an own commit on ``state`` (:func:`~.commit_loop.commit_batch`'s ``committed``): return the
+    table version holding ``(app_id, version)`` (a replay), else check that no other writer committed this app id
+    (:func:`txn_committed`) or the marker (:func:`check_fence`) since the writer read the table, and return None.
+
+    :param seen: the app's newest txn version when the writer first read the table (None: none).
+    :param fence: ``(marker key, read version)`` or None (:func:`append_with_files`).
+    """
+    done = txn_committed(storage, state, app_id, version, seen)
+    if done is None:
+        check_fence(storage, fence, state.version)
+    return done
 
 
 def append_with_marker(

@@ -28,7 +28,9 @@ The steps, each a plain Spark job or a Python read of the log:
 **The fence** is the own append's (:func:`~exactly_once_provider.sinks.delta_commit.append_with_files`): the txn
 is checked on the state the commit builds on; a writer that loses ``L+1`` (delta-rs does not rebase it: a
 concurrent writer may have added a key of the batch) drops its files and plans the batch again on the newer
-state (a winner with this txn means the batch is already in: nothing is written), so two drivers replaying one
+state (a winner with this txn means the batch is already in: nothing is written; the commit loop,
+:func:`~exactly_once_provider.sinks.commit_loop.commit_batch`, gives up after
+:data:`~exactly_once_provider.sinks.commit_loop.ATTEMPTS` lost plans), so two drivers replaying one
 batch never both commit, and no commit removes a file another commit already rewrote. A table with a feature
 the own commit does not write
 (:func:`~exactly_once_provider.sinks.delta_commit.check_appendable`) is merged by Delta instead, with a WARNING
@@ -45,14 +47,13 @@ import uuid
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
-from exactly_once_provider.sinks import delta_commit, delta_log, delta_rs, version_rule
+from exactly_once_provider.sinks import commit_loop, delta_commit, delta_log, delta_rs, version_rule
 from exactly_once_provider.sinks.current_table import VERSION_COLUMN, merge_condition, quoted
 from exactly_once_provider.sinks.delta_log import Table, table_storage
 from exactly_once_provider.storage import comparable_location
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS = 3  # plans of one batch when other writers keep committing first (each one re-reads the table)
 # Small files the batch does not touch are rewritten with it (smallest first, up to a total): a stream of
 # inserts would otherwise add a file per micro-batch, every later batch's key scan opening each of them.
 SMALL_FILE_BYTES = 4 << 20
@@ -222,10 +223,8 @@ def merge_newer(
                 f"No Delta table at {storage.uri()}: the current table is created by the full load; run it first."
             )
         seen = state.txns.get(app_id)
-        for _ in range(ATTEMPTS):
-            done = delta_commit.txn_committed(storage, state, app_id, version, seen)
-            if done is not None:
-                return done
+
+        def plan_and_commit(state: delta_log.TableState) -> int | None:
             table_schema = StructType.fromJson(json.loads(state.metadata["schemaString"]))
             try:
                 delta_commit.check_appendable(state, delta_commit.nullable_schema(table_schema.json()))
@@ -238,38 +237,24 @@ def merge_newer(
                     app_id,
                     version,
                 )
-                delta_commit.check_fence(storage, fence, state.version)
                 return delta_commit.merge_with_marker(changes, storage, on, marker, app_id, version, update_when=newer)
-            delta_commit.check_fence(storage, fence, state.version)
             committed = _rewrite_and_commit(
-                changes,
-                storage,
-                state,
-                table_schema,
-                key,
-                marker,
-                app_id,
-                version,
-                replace_equal,
-                summary,
-                on,
+                changes, storage, state, table_schema, key, marker, app_id, version, replace_equal, summary, on
             )
             if committed is not None:
                 delta_commit.checkpoint_if_due(changes.sparkSession, storage, committed)
-                return committed
-            log.info(
-                "Another writer committed version %d of %s first: planning (%s, %d) again on the newer state.",
-                state.version + 1,
-                storage.uri(),
-                app_id,
-                version,
-            )
-            state = delta_log.table_state(storage)
-        raise delta_commit.CommitMarkerError(
-            f"Other writers committed to {storage.uri()} first {ATTEMPTS} times in a row while ({app_id}, {version}) "
-            "was merged; nothing of it was committed: stop the other writers (maintenance jobs on the current "
-            "table) and restart the stream."
+            return committed
+
+        table_version, _written = commit_loop.commit_batch(
+            storage.uri(),
+            app_id,
+            version,
+            state,
+            lambda state: delta_commit.fenced(storage, state, app_id, version, seen, fence),
+            plan_and_commit,
+            lambda lost: delta_log.table_state(storage),
         )
+        return table_version
     finally:
         changes.unpersist()
 

@@ -14,7 +14,8 @@ snapshot), the marker fence and the choice of files and their statistics. Every 
 of version ``L`` the caller checked, with ``max_commit_retries=0``: it lands as exactly ``L + 1`` or not at all.
 delta-rs's own retry would rebase it onto a newer version without the caller's checks (a MERGE's removes on a
 table another writer appended to meanwhile; with ``mode="error"``, a second CREATE TABLE as version 1:
-docs/pitfalls.md), so a lost race goes back to the caller, which reads the table again and checks again.
+docs/pitfalls.md), so a lost race goes back to the caller, which reads the table again and checks again (the
+commit loop, :func:`~exactly_once_provider.sinks.commit_loop.commit_batch`).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from exactly_once_provider.sinks import dead_letters
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     BatchCommit,
+    SchemaChange,
     StaleBatchError,
     replayed,
     require_newer_windows,
@@ -298,6 +299,7 @@ class FilesSink:
         commit: BatchCommit,
         expected: object = UNCHECKED,
         letters: dead_letters.DeadLetters | None = None,
+        schema: SchemaChange | None = None,
     ) -> bool:
         """Write the batch's files (and its dead letters' file), then publish them; return False if this batch is
         already published.
@@ -305,7 +307,10 @@ class FilesSink:
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
         :param letters: the batch's dead letters (``on_bad_record="dead_letter"``): one Parquet file under
             ``dead_letters/``, listed in the same manifest; ``letters.written`` is set to their number.
+        :param schema: refused: the files sink has no current mode (:class:`~.base.SchemaChange`).
         """
+        if schema is not None:
+            raise ValueError("The files sink has no current mode: a batch with a schema (SchemaChange) is refused.")
         previous, done = self._previous(commit, expected)
         if done:
             return False

@@ -36,7 +36,8 @@ window's files hold that window only and the column keeps full min/max metrics) 
 CDC and current modes (:meth:`IcebergSink._commit_changes`): the batch's newest change per key is merged
 copy-on-write (:mod:`~exactly_once_provider.sinks.iceberg_merge`: the files holding its keys rewritten, a newer
 version wins, deletes as tombstones) into ONE overwrite snapshot carrying the fence; a commit that lost the race
-is planned again on the new snapshot, where the fence tells a replay, a zombie or another writer apart. The
+is planned again on the new snapshot (:mod:`~exactly_once_provider.sinks.commit_loop`), where the fence tells a
+replay, a zombie or another writer apart. The
 current table is first built from the Delta full load (:mod:`~exactly_once_provider.sinks.iceberg_current`), its
 schema state in the summary (``eo.schema``).
 """
@@ -52,10 +53,11 @@ from typing import Any
 
 from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.faults import fault_point
-from exactly_once_provider.sinks import iceberg_current, iceberg_merge
+from exactly_once_provider.sinks import commit_loop, iceberg_current, iceberg_merge
 from exactly_once_provider.sinks.base import (
     UNCHECKED,
     BatchCommit,
+    SchemaChange,
     StaleBatchError,
     offsets_from_json,
     offsets_to_json,
@@ -102,8 +104,6 @@ CDC_COLUMNS = (
 # current mode: the full load's columns (iceberg_current), so no fixed list
 MODE_COLUMNS = {"append": APPEND_COLUMNS, "window": WINDOW_MODE_COLUMNS, "cdc": CDC_COLUMNS}
 MODES = (*MODE_COLUMNS, "current")
-# Plans of one keyed batch when another writer (a compaction, say) commits first; each re-reads the table.
-ATTEMPTS = 3
 DEFAULT_CATALOG = "eo"
 # pyiceberg (0.12) retries a commit that lost the race by rebasing it on the new snapshot: a blind retry, which
 # would let a zombie driver append its batch a second time. The sink's tables turn it off, and each commit checks.
@@ -292,13 +292,10 @@ class IcebergSink:
         self._s3 = s3
         self._storage: Storage | None = None
         self.mode = mode
-        # current mode: the full load the table is built from (builds_on), and what CurrentChanges sets per batch
+        # current mode: the full load the table is built from (builds_on)
         self.source: Any = None
         self.source_location: str | None = None
         self.source_options: dict | None = None
-        self.schema_state: dict | None = None
-        self.schema_changed = False
-        self.new_fills: list = []
 
     # -- plumbing
     def catalog(self) -> Any:
@@ -459,9 +456,9 @@ class IcebergSink:
         except CommitFailedException as err:
             raise self._stale(table, what, err) from err
 
-    def _planned(self, commit: BatchCommit, expected: object) -> tuple[Any, BatchCommit | None, bool]:
-        """Load the table (THE snapshot the batch commits on top of: the commit asserts it); return it, the
-        pipeline's newest commit in it, and whether ``commit`` is to be committed (False: a replay)."""
+    def _fenced_state(self) -> tuple[Any, BatchCommit | None]:
+        """Load the table (THE snapshot the batch commits on top of: the commit asserts it); return it and the
+        pipeline's newest commit in it (what the fence, :func:`plan_commit`, is checked on)."""
         table = self._load()
         if table is None:
             raise PipelineError(f"Iceberg table {self.identifier} does not exist: the sink was not prepared.")
@@ -470,18 +467,25 @@ class IcebergSink:
                 f"Iceberg table {self.identifier} allows commit retries ({table.properties.get(_RETRIES)!r}): "
                 f"a retry rebases a batch on a snapshot it was not planned on. Set {NO_RETRY} on the table."
             )
-        found = self._commit_in(table)
+        return table, self._commit_in(table)
+
+    def _planned(self, commit: BatchCommit, expected: object) -> tuple[Any, BatchCommit | None, bool]:
+        """Return the table, the pipeline's newest commit in it (:meth:`_fenced_state`) and whether ``commit`` is to
+        be committed on it (False: a replay)."""
+        table, found = self._fenced_state()
         return table, found, plan_commit(found, commit, expected)
 
-    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED) -> bool:
+    def commit(self, df, commit: BatchCommit, expected: object = UNCHECKED, schema: SchemaChange | None = None) -> bool:
         """Write the batch's files, commit them in one snapshot carrying the fence; False if already committed.
 
         :param df: the batch's rows (:data:`APPEND_COLUMNS`; cdc and current modes: the newest change per key).
         :param commit: the batch identity and the offsets the next read starts from.
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
+        :param schema: current mode: the columns the batch's commit records (its state goes into the snapshot
+            summary); a batch that follows a schema change is refused for now.
         """
         if self.mode in ("cdc", "current"):
-            return self._commit_changes(df, commit, expected)
+            return self._commit_changes(df, commit, expected, schema)
         table, found, planned = self._planned(commit, expected)
         if not planned:
             return False
@@ -492,42 +496,48 @@ class IcebergSink:
         self._add_files(table, files, summary_properties(fenced), f"batch {commit.batch_id}")
         return True
 
-    def _commit_changes(self, df, commit: BatchCommit, expected: object) -> bool:
+    def _commit_changes(self, df, commit: BatchCommit, expected: object, schema: SchemaChange | None) -> bool:
         """cdc / current mode: merge the batch's changes by key into ONE overwrite snapshot carrying the fence.
 
         A commit that loses the race (another snapshot landed while Spark wrote) is planned again on the new
-        snapshot: the fence then tells a batch another driver committed (skipped), a zombie's stale plan
-        (:class:`~.base.StaleBatchError`), or another writer's snapshot, e.g. a compaction (merged again on it).
+        snapshot (the commit loop, :func:`~exactly_once_provider.sinks.commit_loop.commit_batch`): the fence then
+        tells a batch another driver committed (skipped), a zombie's stale plan (:class:`~.base.StaleBatchError`),
+        or another writer's snapshot, e.g. a compaction (merged again on it).
         """
         from pyiceberg.exceptions import CommitFailedException
 
-        self._refuse_schema_change()
+        self._refuse_schema_change(schema)
         changes = df.persist()  # read from Kafka once: its bounds, the key scan and the rewrite use it
-        extra = {SCHEMA_MARKER: self.schema_state} if self.mode == "current" and self.schema_state else {}
-        attempt = 1
+        extra = {SCHEMA_MARKER: schema.state} if self.mode == "current" and schema and schema.state else {}
+
+        def plan_and_commit(planned: tuple[Any, BatchCommit | None]) -> bool | None:
+            table, found = planned
+            try:
+                self._merge(table, changes, replace(commit, extra=extra), found)
+            except CommitFailedException as err:  # the catalog's compare-and-set: another snapshot came first
+                log.info("iceberg sink: %s refused the snapshot of batch %d: %s", self.identifier, commit.batch_id, err)
+                return None
+            return True
+
+        def committed(planned: tuple[Any, BatchCommit | None]) -> bool | None:
+            return None if plan_commit(planned[1], commit, expected) else False
+
         try:
-            while True:
-                table, found, planned = self._planned(commit, expected)
-                if not planned:
-                    return False
-                try:
-                    self._merge(table, changes, replace(commit, extra=extra), found)
-                    return True
-                except CommitFailedException as err:
-                    if attempt == ATTEMPTS:
-                        raise self._stale(table, f"batch {commit.batch_id}", err) from err
-                    log.info(
-                        "iceberg sink: %s got a new snapshot while batch %d was merged (%s): planned again",
-                        self.identifier,
-                        commit.batch_id,
-                        err,
-                    )
-                    attempt += 1
+            _, written = commit_loop.commit_batch(
+                self.identifier,
+                f"{commit.pipeline}:{commit.checkpoint_id}",
+                commit.batch_id,
+                self._fenced_state(),
+                committed,
+                plan_and_commit,
+                lambda lost: self._fenced_state(),
+            )
+            return written
         finally:
             changes.unpersist()
 
-    def _refuse_schema_change(self) -> None:
-        if self.mode == "current" and (self.schema_changed or self.new_fills):
+    def _refuse_schema_change(self, schema: SchemaChange | None) -> None:
+        if self.mode == "current" and schema is not None and (schema.changed or schema.new_fills):
             raise PipelineError(
                 f"The source table of the Iceberg current table {self.identifier} changed its schema (ALTER TABLE): "
                 "the Iceberg sink does not follow schema changes yet. Nothing of this batch was committed; run a "

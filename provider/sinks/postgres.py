@@ -50,6 +50,7 @@ from exactly_once_provider.sinks.base import (
     UNCHECKED,
     WINDOW_COLUMNS,
     BatchCommit,
+    SchemaChange,
     replayed,
     require_newer_windows,
     require_predecessor,
@@ -143,12 +144,8 @@ class PostgresSink:
         self.columns = {"cdc": CDC_COLUMNS, "window": WINDOW_COLUMNS}.get(mode, COLUMNS)
         self.conn_id = conn_id
         self.current = CurrentTable(self.table, pipeline) if mode == "current" else None
-        # Current mode: the full load the table builds on (builds_on), and per batch what
-        # spark_jobs.current_changes.CurrentChanges decided (the schema state, whether it changed, the new fills).
+        # Current mode: the full load the table builds on (builds_on).
         self.full_load: tuple[Any, Any, dict | None] | None = None
-        self.schema_state: dict | None = None
-        self.schema_changed = False
-        self.new_fills: list = []
 
     def builds_on(self, handoff: Any, delta_location: str, storage_options: dict | None = None) -> None:
         """Name the full load the current table is built from (current mode; read by :meth:`prepare`).
@@ -362,15 +359,20 @@ class PostgresSink:
         commit: BatchCommit,
         expected: object = UNCHECKED,
         letters: dead_letters.DeadLetters | None = None,
+        schema: SchemaChange | None = None,
     ) -> bool:
         """Write rows (+ dead letters) + offsets in one transaction; return False if the batch was already committed.
 
         :param expected: the sink's commit the batch was planned on; another one fails the batch.
         :param letters: the batch's dead letters (``on_bad_record="dead_letter"``), inserted into the
             ``dead_letter_store`` table in the same transaction; ``letters.written`` is set to their number.
+        :param schema: current mode (required there): the columns the batch commits in; a schema change's new
+            columns and fills are applied in the batch's transaction (:meth:`~.postgres_current.CurrentTable.apply`).
         """
         if self.current is not None:
-            return self._commit_current(df, commit, expected, letters)
+            if schema is None:
+                raise ValueError("A batch of the PostgreSQL current table needs its schema (SchemaChange).")
+            return self._commit_current(df, commit, expected, schema, letters)
         with self._batch_transaction(commit, expected) as batch:
             if batch.done:
                 return False
@@ -382,16 +384,20 @@ class PostgresSink:
         return True
 
     def _commit_current(
-        self, df, commit: BatchCommit, expected: object, letters: dead_letters.DeadLetters | None = None
+        self,
+        df,
+        commit: BatchCommit,
+        expected: object,
+        schema: SchemaChange,
+        letters: dead_letters.DeadLetters | None = None,
     ) -> bool:
         # before the transaction: a batch that fails to plan has written nothing
-        changes = current_table.as_converted(df, self.new_fills).toArrow()
+        fills = list(schema.new_fills)
+        changes = current_table.as_converted(df, fills).toArrow()
         with self._batch_transaction(commit, expected) as batch:
             if batch.done:
                 return False
-            written = self.current.apply(
-                batch.cur, changes, self.schema_state, self.new_fills, self.schema_changed, self.full_load[0].key
-            )
+            written = self.current.apply(batch.cur, changes, schema.state, fills, schema.changed, self.full_load[0].key)
             batch.rows_total = batch.rows_before + written
             if letters is not None:
                 letters.written = dead_letters.insert_postgres(batch.cur, self._store(), letters)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from exactly_once_provider.full_load.columns import Column, is_binary
 from exactly_once_provider.full_load.spark_source import spark_schema
+from exactly_once_provider.sinks.base import SchemaChange
 from exactly_once_provider.sinks.current_table import DELETED_COLUMN, VERSION_COLUMN, quoted
 from exactly_once_provider.spark_jobs.schema_change import DDL_OP, Fill, SchemaRecord, evolve
 
@@ -250,10 +251,12 @@ class CurrentChanges:
     each commit's marker under :data:`SCHEMA_MARKER`: columns, fills, the version of the last statement applied,
     the full load they build on; a new full load starts again from its own columns). A batch holding a new
     schema record evolves the columns (:func:`~exactly_once_provider.spark_jobs.schema_change.evolve`, which also
-    refuses what cannot be followed, failing the batch before anything of it is committed) and hands the sink:
+    refuses what cannot be followed, failing the batch before anything of it is committed) and returns, with the
+    batch's changes, the :class:`~exactly_once_provider.sinks.base.SchemaChange` the caller passes to the sink's
+    ``commit`` with them:
 
-    * ``schema_state``: the state its commit records, and ``schema_changed``: the commit must evolve the table
-      (Delta schema evolution in the MERGE: a ``metaData`` action in the same commit as the batch);
+    * ``state``: the state the commit records, and ``changed``: the commit must evolve the table (Delta schema
+      evolution in the MERGE: a ``metaData`` action in the same commit as the batch);
     * ``new_fills``: the rows written before the statement take the value the server gave them without a row
       event (an added column's default, NULL in a dropped column). For Delta they are merged as part of the
       batch's source, rewritten in the same commit, with the update rule relaxed to ``>=``: a row equal in
@@ -285,8 +288,9 @@ class CurrentChanges:
         # A statement at or before the snapshot is in the full load's columns already (the capture skips it).
         return list(self.source.columns), [], self.source.min_version
 
-    def __call__(self, df: Any, schema_records: bool = False) -> Any:
-        """Return the batch's changes as rows of the current table (see the class).
+    def __call__(self, df: Any, schema_records: bool = False) -> tuple[Any, SchemaChange]:
+        """Return the batch's changes as rows of the current table and the columns their commit records (see the
+        class).
 
         :param df: the micro-batch.
         :param schema_records: read the batch's schema records first (one more pass over the batch) and follow
@@ -321,14 +325,16 @@ class CurrentChanges:
                 len(added),
             )
         fills = fills + new_fills
-        self.sink.schema_state = {
-            "load_id": self.source.load_id,
-            "columns": [c.to_json() for c in columns],
-            "fills": [[f.column, f.version, f.value, f.source] for f in fills],
-            "applied": applied,
-        }
-        self.sink.schema_changed = applied != started_at
-        self.sink.new_fills = new_fills
+        schema = SchemaChange(
+            state={
+                "load_id": self.source.load_id,
+                "columns": [c.to_json() for c in columns],
+                "fills": [[f.column, f.version, f.value, f.source] for f in fills],
+                "applied": applied,
+            },
+            changed=applied != started_at,
+            new_fills=tuple(new_fills),
+        )
         changes = typed_changes(
             df,
             columns,
@@ -340,8 +346,8 @@ class CurrentChanges:
             refuse_schema_after=None if schema_records else applied,
         )
         if not new_fills or self.sink.fills_in_place:  # PostgreSQL: an UPDATE in the batch's transaction
-            return changes
-        return self._with_backfill(changes, columns, new_fills)
+            return changes, schema
+        return self._with_backfill(changes, columns, new_fills), schema
 
     def _with_backfill(self, changes: Any, columns: list[Column], fills: list[Fill]) -> Any:
         """Add the table's rows older than the newest fill, filled, to ``changes`` (newest per key kept)."""

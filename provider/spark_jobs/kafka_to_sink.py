@@ -477,7 +477,9 @@ def process_batch(
 ) -> None:
     """Commit one micro-batch to the sink exactly once (or append it, for the at-least-once baseline).
 
-    ``to_changes`` turns the batch's records into CDC changes (``--mode cdc``); None appends records.
+    ``to_changes`` turns the batch's records into changes (``--mode cdc``, ``current``) and returns them with the
+    :class:`~exactly_once_provider.sinks.base.SchemaChange` the sink commits with them (current mode; else None);
+    None appends records.
     ``topics``: the sink's topics when the query reads more (a shared query, :func:`process_routes`: ``df`` holds
     only their records, and the sink commits only their offsets); ``batch_end``: the batch's planned end offsets
     when the caller has read them already (default: read from the checkpoint's offsets log).
@@ -486,9 +488,9 @@ def process_batch(
     the batch past the limit, before anything is written), and the sink commits both in its one step.
     """
     started = time.monotonic()
-    changes = to_changes or (lambda frame: frame)
+    changes = to_changes or _records
     if not exactly_once:
-        sink.append(changes(df))
+        sink.append(changes(df)[0])
         log.info("batch %d appended (at-least-once) in %.1fs", batch_id, time.monotonic() - started)
         return
     end = wal_offsets(checkpoint, batch_id) if batch_end is None else batch_end
@@ -517,20 +519,21 @@ def process_batch(
             if letters.rows and change_key is not None:  # cdc / current: a bad newest version holds its key back
                 df, held = dead_letters.hold_back(raw, df, letters, change_key)
         with _stop_at_poison(sink, df.sparkSession, kafka_options, previous, end, batch_id):
-            changed = changes(df)
+            changed, schema = changes(df)
             planned = time.monotonic()
             fault_point("before_sink_commit", batch_id)
             with_letters = {"letters": letters} if letters is not None else {}
             try:
                 # only if the sink still holds previous
-                written = sink.commit(changed, commit, expected=previous, **with_letters)
+                written = sink.commit(changed, commit, expected=previous, schema=schema, **with_letters)
             except Exception as err:
                 if not schema_change_ahead(err):
                     raise
                 # Rare: the batch holds a schema change (current mode plans a batch without reading its schema
                 # records). Nothing of it was written: plan it again, following the change.
                 log.info("batch %d holds a schema change: planned again with it", batch_id)
-                written = sink.commit(changes(df, schema_records=True), commit, expected=previous, **with_letters)
+                changed, schema = changes(df, schema_records=True)
+                written = sink.commit(changed, commit, expected=previous, schema=schema, **with_letters)
     finally:
         if raw is not None:
             raw.unpersist()
@@ -559,6 +562,11 @@ def process_batch(
         json.dumps(commit.to_json()["offsets"]),
         state.rows_total if state else 0,
     )
+
+
+def _records(frame, schema_records: bool = False) -> tuple:
+    """The change step of the append mode: the records as they are, no schema change."""
+    return frame, None
 
 
 def process_window_batch(
@@ -817,8 +825,8 @@ def _open_route(args: StreamSpec) -> tuple[Sink, Any]:
     to_changes = None
     if args.mode == "cdc":
 
-        def to_changes(df):
-            return cdc_changes(df, args.key_field, args.version_field, args.op_field)
+        def to_changes(df, schema_records: bool = False):
+            return cdc_changes(df, args.key_field, args.version_field, args.op_field), None
 
         to_changes.change_key = dead_letters.ChangeKey.cdc(args.key_field, args.version_field)
     elif source is not None:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from exactly_once_provider.full_load.columns import Column
-from exactly_once_provider.sinks.base import BatchCommit
+from exactly_once_provider.sinks.base import BatchCommit, SchemaChange
 from exactly_once_provider.sinks.postgres import PostgresSink
 
 
@@ -126,13 +126,19 @@ def _route(schema: dict, table: str, topic: str, load) -> PostgresSink:
     sink = PostgresSink(table, "p", schema, mode="current", topics=[topic])
     sink.builds_on(load.handoff, load.path)
     sink.prepare()
-    sink.schema_state = {
-        "load_id": load.handoff.load_id,
-        "columns": [c.to_json() for c in load.handoff.columns],
-        "fills": [],
-        "applied": load.handoff.min_version,
-    }
     return sink
+
+
+def _loaded(load) -> SchemaChange:
+    """The columns of a batch into the table of ``load``, no schema change followed."""
+    return SchemaChange(
+        {
+            "load_id": load.handoff.load_id,
+            "columns": [c.to_json() for c in load.handoff.columns],
+            "fills": [],
+            "applied": load.handoff.min_version,
+        }
+    )
 
 
 def test_routes_of_one_pipeline_each_commit_their_own_batches_and_skip_their_own_replays(stack, schema, tmp_path):
@@ -141,13 +147,20 @@ def test_routes_of_one_pipeline_each_commit_their_own_batches_and_skip_their_own
     its own load and schema state."""
     loads = _full_load(tmp_path, "load-a", 10), _full_load(tmp_path, "load-b", 20)
     a, b = _route(schema, "a_current", "topic-a", loads[0]), _route(schema, "b_current", "topic-b", loads[1])
-    assert a.commit(_Changes(range(3), 201), BatchCommit("p", "ckpt-a", 0, {"topic-a": {0: 3}}), None)
+    in_a, in_b = _loaded(loads[0]), _loaded(loads[1])
+    assert a.commit(_Changes(range(3), 201), BatchCommit("p", "ckpt-a", 0, {"topic-a": {0: 3}}), None, schema=in_a)
     planned_on = a.committed()  # a's next batch is planned; b commits meanwhile
-    assert b.commit(_Changes(range(5, 9), 202), BatchCommit("p", "ckpt-b", 0, {"topic-b": {0: 4}}), None)
-    assert a.commit(_Changes(range(3, 5), 203), BatchCommit("p", "ckpt-a", 1, {"topic-a": {0: 5}}), planned_on)
+    assert b.commit(_Changes(range(5, 9), 202), BatchCommit("p", "ckpt-b", 0, {"topic-b": {0: 4}}), None, schema=in_b)
+    assert a.commit(
+        _Changes(range(3, 5), 203), BatchCommit("p", "ckpt-a", 1, {"topic-a": {0: 5}}), planned_on, schema=in_a
+    )
     # a's driver died before its checkpoint commit: Spark replays a's batch 1, b has committed once more since
-    assert b.commit(_Changes(range(9, 10), 204), BatchCommit("p", "ckpt-b", 1, {"topic-b": {0: 5}}), b.committed())
-    assert not a.commit(_Changes(range(3, 5), 203), BatchCommit("p", "ckpt-a", 1, {"topic-a": {0: 5}}), a.committed())
+    assert b.commit(
+        _Changes(range(9, 10), 204), BatchCommit("p", "ckpt-b", 1, {"topic-b": {0: 5}}), b.committed(), schema=in_b
+    )
+    assert not a.commit(
+        _Changes(range(3, 5), 203), BatchCommit("p", "ckpt-a", 1, {"topic-a": {0: 5}}), a.committed(), schema=in_a
+    )
 
     assert (a.committed().checkpoint_id, a.committed().batch_id, a.committed().rows_total) == ("ckpt-a", 1, 5)
     assert (b.committed().checkpoint_id, b.committed().batch_id, b.committed().rows_total) == ("ckpt-b", 1, 5)
@@ -173,7 +186,9 @@ def test_routes_of_one_pipeline_each_commit_their_own_batches_and_skip_their_own
 def test_a_table_gone_or_renamed_after_changes_is_not_built_again_from_the_old_load(stack, schema, tmp_path):
     load = _full_load(tmp_path, "load-a", 10)
     sink = _route(schema, "orders_current", "topic-a", load)
-    assert sink.commit(_Changes(range(3), 201), BatchCommit("p", "ckpt", 0, {"topic-a": {0: 3}}), None)
+    assert sink.commit(
+        _Changes(range(3), 201), BatchCommit("p", "ckpt", 0, {"topic-a": {0: 3}}), None, schema=_loaded(load)
+    )
     with pytest.raises(ValueError, match='"orders_renamed" is new to it .*miss them.*full_reload=true'):
         _route(schema, "orders_renamed", "topic-a", load)
     conn = psycopg2.connect(**schema)
@@ -209,8 +224,8 @@ def test_a_widening_alters_the_column_types_in_the_batch_transaction_once(stack,
 
     load = _full_load(tmp_path, "load-a", 10)
     sink = _route(schema, "wide_current", "topic-a", load)
-    sink.schema_state = dict(
-        sink.schema_state,
+    state = dict(
+        _loaded(load).state,
         columns=[
             Column("id", "bigint", "bigint(20)", 19, 0).to_json(),
             Column("amount", "decimal", "decimal(18,4)", 18, 4).to_json(),
@@ -218,7 +233,7 @@ def test_a_widening_alters_the_column_types_in_the_batch_transaction_once(stack,
         ],
         applied=150,
     )
-    sink.schema_changed = True
+    widened = SchemaChange(state, changed=True)
     types = "SELECT column_name, data_type, numeric_precision, numeric_scale FROM information_schema.columns"
     types += " WHERE table_name = 'wide_current' AND column_name IN ('id', 'amount') ORDER BY 1"
     batch = _WideChanges([1, 5_000_000_000], 201)
@@ -229,10 +244,10 @@ def test_a_widening_alters_the_column_types_in_the_batch_transaction_once(stack,
 
     monkeypatch.setattr(faults, "fault_point", killed)
     with pytest.raises(RuntimeError, match="current_schema_changed"):
-        sink.commit(batch, commit, None)
+        sink.commit(batch, commit, None, schema=widened)
     assert _rows(schema, types) == [("amount", "numeric", 12, 2), ("id", "integer", 32, 0)]
     monkeypatch.undo()
-    assert sink.commit(batch, commit, None)
+    assert sink.commit(batch, commit, None, schema=widened)
     assert _rows(schema, types) == [("amount", "numeric", 18, 4), ("id", "bigint", 64, 0)]
     assert _rows(
         schema, "SELECT id, amount, _eo_version FROM wide_current WHERE id IN (1, 2, 5000000000) ORDER BY 1"
@@ -241,8 +256,7 @@ def test_a_widening_alters_the_column_types_in_the_batch_transaction_once(stack,
         (2, Decimal("2.5000"), 100),
         (5_000_000_000, Decimal("12345678901234.5678"), 201),
     ]
-    assert not sink.commit(batch, commit, sink.committed())  # a replay
-    sink.schema_changed = False  # the next batch: the table already holds the wider types
-    next_batch = BatchCommit("p", "ckpt", 1, {"topic-a": {0: 4}})
-    assert sink.commit(_WideChanges([5_000_000_000], 202), next_batch, sink.committed())
+    assert not sink.commit(batch, commit, sink.committed(), schema=widened)  # a replay
+    next_batch = BatchCommit("p", "ckpt", 1, {"topic-a": {0: 4}})  # the table already holds the wider types
+    assert sink.commit(_WideChanges([5_000_000_000], 202), next_batch, sink.committed(), schema=SchemaChange(state))
     assert _rows(schema, "SELECT note FROM wide_current WHERE id = 5000000000") == [("v202",)]

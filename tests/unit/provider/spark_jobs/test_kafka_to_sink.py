@@ -97,7 +97,7 @@ class _RecordingSink:
     def committed(self):
         return None
 
-    def commit(self, df, commit, expected):
+    def commit(self, df, commit, expected, schema=None):
         self.calls.append((commit, expected))
         return True
 
