@@ -11,10 +11,10 @@ from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.capture.resume import committed_position_on
 from exactly_once_provider.connections import connect_kwargs
-from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.hooks.kafka_client import checked_kafka_config
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, read_committed_offset
+from exactly_once_provider.operators.failures import fail_task_on_pipeline_error
 from exactly_once_provider.source.binlog import GtidNotInBinlogError, replica_server_id
 from exactly_once_provider.source.retention import headroom
 from exactly_once_provider.storage import is_s3
@@ -111,12 +111,14 @@ class ConsumerLagSensor(BaseSensorOperator):
             s3,
         )
 
+    @fail_task_on_pipeline_error()
     def poke(self, context: Any) -> bool:
         topics, max_lag = self._checked()
         lag = self._measure(topics)
         self.log.info("consumer lag %d (limit %d): %s", lag.total, max_lag, lag.describe())
         return lag.total <= max_lag
 
+    @fail_task_on_pipeline_error()
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
@@ -141,6 +143,7 @@ class ConsumerLagSensor(BaseSensorOperator):
             timeout=timedelta(seconds=self.timeout) if self.timeout else None,
         )
 
+    @fail_task_on_pipeline_error()
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") != "ok":
             raise AirflowException(f"Consumer lag trigger failed: {event}")
@@ -188,6 +191,7 @@ class BinlogRetentionGuardOperator(BaseOperator):
         self.warn_files, self.warn_bytes, self.fail_on_warning = warn_files, warn_bytes, fail_on_warning
         self.mysql_conn_id, self.kafka_config_id, self.offsets_topic = mysql_conn_id, kafka_config_id, offsets_topic
 
+    @fail_task_on_pipeline_error()
     def execute(self, context: Any) -> dict[str, Any] | None:
         committed = read_committed_offset(
             checked_kafka_config(self.kafka_config_id),
@@ -215,8 +219,6 @@ class BinlogRetentionGuardOperator(BaseOperator):
                 f"{err}. The capture cannot resume on this server: its binlog no longer holds "
                 "the capture's GTID position. Trigger the DAG with full_reload=true."
             ) from None
-        except PipelineError as err:  # the source code also runs without Airflow: the task fails with its message
-            raise AirflowException(str(err)) from err
         self.log.info("Binlog retention of the capture's position: %s", how)
         found = headroom(position, hook.binary_log_sizes())
         if found.purged:

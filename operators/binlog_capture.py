@@ -7,14 +7,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.capture.change_record import DEFAULT_TOPIC_TEMPLATE, topic_for
-from exactly_once_provider.capture.loop import MODES, CaptureRequest, CaptureStoppedError, run_capture
+from exactly_once_provider.capture.loop import MODES, CaptureRequest, run_capture
 from exactly_once_provider.connections import check_kafka_access, explain_kafka_denials
-from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.hooks.mysql_binlog import MySqlBinlogHook
@@ -22,6 +20,7 @@ from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, validate_name
 from exactly_once_provider.kafka.topics import ensure_topics
 from exactly_once_provider.kafka.writer import TransactionPolicy
+from exactly_once_provider.operators.failures import fail_task_on_pipeline_error
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.positions import parse_position
 from exactly_once_provider.source.binlog import replica_server_id
@@ -134,13 +133,11 @@ class BinlogCaptureOperator(facets.OpenLineageMixin, BaseOperator):
         self.aws_conn_id = aws_conn_id
         self._stop = threading.Event()
 
+    # The capture loop and the source and Kafka code under it run without Airflow: the task fails with their
+    # message (a statement the stream cannot follow, a fenced writer, a lost stream, a diverged source).
+    @fail_task_on_pipeline_error()
     def execute(self, context: Any) -> dict[str, Any]:
-        try:
-            return self._capture()
-        except (CaptureStoppedError, PipelineError) as err:
-            # The capture loop and the source and Kafka code under it run without Airflow (they raise these); the
-            # task fails with their message: a statement the stream cannot follow, a fenced writer, a lost stream.
-            raise AirflowException(str(err)) from err
+        return self._capture()
 
     def _capture(self) -> dict[str, Any]:
         if self.mode not in MODES:

@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.connections import postgres_connection
+from exactly_once_provider.operators.failures import fail_task_on_pipeline_error
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.sinks import dead_letters, repair
 
@@ -104,6 +105,7 @@ class DeadLetterRepairOperator(BaseOperator):
         keys = tuple(k.encode() if isinstance(k, str) else bytes(k) for k in self.keys or ())
         return repair.Selection(tuple(self.error_classes or ()), tuple(offsets), keys)
 
+    @fail_task_on_pipeline_error()
     def execute(self, context: Any) -> dict[str, Any]:
         if self.sink != "postgres":
             raise ValueError(

@@ -15,6 +15,7 @@ from exactly_once_provider.full_load.handoff import read_handoff
 from exactly_once_provider.full_load.job import FullLoadRequest, result_json
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
+from exactly_once_provider.operators.failures import fail_task_on_pipeline_error
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.source.server import source_secrets
 from exactly_once_provider.source.table_patterns import split_name
@@ -206,6 +207,7 @@ class MySqlFullLoadOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.log.info("loading %d tables of %s in one application: %s", len(names), schema, ", ".join(names))
         return {"requests": [asdict(r) for r in requests], "mysql_conn_id": self.mysql_conn_id}
 
+    @fail_task_on_pipeline_error()
     def execute(self, context: Any) -> Any:
         """Load the tables; with ``tables``, start no Spark application when every one is left as it is."""
         if self.tables is not None and str(self.full_reload).lower() != "true" and not self._reload():

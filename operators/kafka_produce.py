@@ -10,14 +10,13 @@ from typing import Any
 
 from airflow.providers.common.compat.module_loading import import_string
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
-from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC, DELIVERY_MODES, CommittedOffset
 from exactly_once_provider.kafka.writer import MIN_RECORDS_PER_TRANSACTION, PipelineWriter, TransactionPolicy
+from exactly_once_provider.operators.failures import fail_task_on_pipeline_error
 from exactly_once_provider.plugins.links import PipelineStatusLink
 
 PROGRESS_EVERY_S = 10.0
@@ -131,6 +130,7 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
         self.batch_markers = batch_markers
         self.producer_config = producer_config
 
+    @fail_task_on_pipeline_error()
     def execute(self, context: Any) -> dict[str, Any]:
         if self.delivery_mode not in DELIVERY_MODES:
             raise ValueError(
@@ -153,15 +153,12 @@ class TransactionalProduceOperator(facets.OpenLineageMixin, BaseOperator):
             producer_config=self.producer_config,
             batch_markers=self.batch_markers or self.batch_id is not None,
         )
+        writer = hook.open_writer()
         try:
-            writer = hook.open_writer()
-            try:
-                self.openlineage_result = self._run(writer, function, policy)
-                return self.openlineage_result
-            finally:
-                writer.close()
-        except PipelineError as err:  # the Kafka writer also runs without Airflow: the task fails with its message
-            raise AirflowException(str(err)) from err
+            self.openlineage_result = self._run(writer, function, policy)
+            return self.openlineage_result
+        finally:
+            writer.close()
 
     def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:
         """The topic out, with the source offset committed with it (the producer function's input is its own)."""

@@ -15,10 +15,10 @@ from airflow.sdk.exceptions import AirflowException
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.connections import connect_kwargs, postgres_connection
-from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.full_load.columns import Column
 from exactly_once_provider.hooks.kafka_client import checked_kafka_config
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
+from exactly_once_provider.operators.failures import fail_task_on_pipeline_error
 from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.positions import BinlogPosition
@@ -441,6 +441,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             raise (error or AirflowException)(message)
         return {"tables": results_by_name}
 
+    @fail_task_on_pipeline_error()
     def execute(self, context: Any) -> dict:
         if self.tables is not None:
             return self._execute_tables(context)
@@ -673,16 +674,13 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
             capture = (self.capture_pipeline, self.capture_source_partition, self.offsets_topic)
         location = self.sink_path if self.sink == "delta" else self.sink_table
         connect = connect_kwargs(self.postgres_conn_id) if capture and self.sink == "postgres" else None
-        try:
-            captured, self._sink_offsets = position.captured_position(
-                self._kafka() if capture else {},
-                capture,
-                list(self.topics or ()),
-                (self.sink, location, self.sink_pipeline, connect),
-                self.full_load_path or self.base_path,
-            )
-        except PipelineError as err:
-            raise AirflowException(str(err)) from err
+        captured, self._sink_offsets = position.captured_position(
+            self._kafka() if capture else {},
+            capture,
+            list(self.topics or ()),
+            (self.sink, location, self.sink_pipeline, connect),
+            self.full_load_path or self.base_path,
+        )
         return captured
 
 

@@ -36,6 +36,7 @@ from airflow.sdk.exceptions import AirflowException
 import exactly_once_provider
 from exactly_once_provider.connections import spark_redaction_regex, write_secret_file
 from exactly_once_provider.hooks.spark_submit import CleanEnvironmentSparkSubmitHook, clean_environment
+from exactly_once_provider.operators.failures import fail_task_on_pipeline_error
 from exactly_once_provider.plugins.links import SparkUILink, push_link
 from exactly_once_provider.spark_jobs.class_archive import ARCHIVE_DIR_EXTRA, DriverClassArchive, chosen_elsewhere
 from exactly_once_provider.spark_jobs.packages import SPARK_PACKAGES
@@ -300,6 +301,7 @@ class PackagedSparkJobOperator(SparkSubmitOperator):
         time budget says no once it is spent)."""
         return True
 
+    @fail_task_on_pipeline_error()
     def execute(self, context: Any) -> Any:
         first_submit = time.monotonic()
         restarts = 0

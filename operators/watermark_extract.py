@@ -8,11 +8,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider import lineage
 from exactly_once_provider import lineage_facets as facets
-from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.hooks.kafka_producer import TransactionalProducerHook
 from exactly_once_provider.hooks.mysql_source import MySqlSourceHook
 from exactly_once_provider.kafka.offsets import DEFAULT_OFFSETS_TOPIC
@@ -25,6 +23,7 @@ from exactly_once_provider.kafka.windows import (
     published_now,
 )
 from exactly_once_provider.kafka.writer import Message
+from exactly_once_provider.operators.failures import fail_task_on_pipeline_error
 from exactly_once_provider.plugins.links import PipelineStatusLink
 from exactly_once_provider.source.watermark import (
     checksum,
@@ -130,6 +129,7 @@ class WatermarkExtractOperator(facets.OpenLineageMixin, BaseOperator):
         self.offsets_topic = offsets_topic
         self.producer_config = producer_config
 
+    @fail_task_on_pipeline_error()
     def execute(self, context: Any) -> dict[str, Any]:
         reextract = _as_bool("reextract", self.reextract)
         safety_lag = float(self.safety_lag)
@@ -238,8 +238,6 @@ class WatermarkExtractOperator(facets.OpenLineageMixin, BaseOperator):
                 return self._result(hook, source_partition, record, skipped=False)
             finally:
                 writer.close()
-        except PipelineError as err:  # the Kafka writer also runs without Airflow: the task fails with its message
-            raise AirflowException(str(err)) from err
         finally:
             conn.close()
 

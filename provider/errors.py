@@ -25,5 +25,6 @@ class PipelineError(RuntimeError):
 
     Those modules import no Airflow, not even indirectly (``tests/unit/test_layers.py``), so they cannot raise
     ``AirflowException``; an operator that calls them fails its task with an ``AirflowException`` carrying the
-    same message (``raise AirflowException(str(err)) from err``).
+    same message, chained to it (:func:`~exactly_once_provider.operators.failures.fail_task_on_pipeline_error` on
+    each operator's ``execute``).
     """

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from exactly_once_provider.capture.change_record import records_of, schema_record
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.full_load.handoff import Handoff
 from exactly_once_provider.kafka.writer import Message, PipelineWriter, TransactionPolicy
@@ -60,10 +61,11 @@ CAPTURE_GC_THRESHOLD = 50_000
 log = logging.getLogger(__name__)
 
 
-class CaptureStoppedError(RuntimeError):
+class CaptureStoppedError(PipelineError):
     """Raise when the capture stops at a statement the stream cannot follow (everything before it is committed).
 
-    The operator fails its task with it (as an ``AirflowException``); this module stays free of Airflow.
+    A :class:`~exactly_once_provider.errors.PipelineError`: the operator fails its task with it (as an
+    ``AirflowException``); this module stays free of Airflow.
     """
 
 

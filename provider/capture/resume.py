@@ -25,6 +25,9 @@ there (``gtid_pos``: the last GTID of each domain). At every resume, before anyt
 
 Ledger records written before this (no ``server_id``/``gtid_pos``) resume on the same server as before; when they
 hold the last transaction's GTID, the position is checked against it with ``BINLOG_GTID_POS`` first.
+
+The capture loop runs this without Airflow: a refused resume raises :class:`~exactly_once_provider.errors.PipelineError`
+(the operator fails its task with it as an ``AirflowException``).
 """
 
 from __future__ import annotations
@@ -32,8 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowException
-
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.positions import BinlogPosition, parse_position
 from exactly_once_provider.source import gtid
 
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from exactly_once_provider.source.server import MySqlBinlogSource
 
 
-class DivergedSourceError(AirflowException):
+class DivergedSourceError(PipelineError):
     """Raise when the source server lacks transactions the capture already delivered downstream."""
 
 
@@ -113,7 +115,7 @@ def check_full_loads(version_base: int, server_id: int, pending: dict[tuple[str,
         f"{h.server_id if h.server_id is not None else 'not recorded'})"
         for (s, t), h in sorted(wrong.items())
     )
-    raise AirflowException(
+    raise PipelineError(
         f"Capture {pipeline!r} reads server_id {server_id} with version base {version_base}, but full loads "
         f"still to hand off were taken with another base or on another server: {tables}. Their rows' versions "
         "do not compare with the capture's, so changes could overwrite newer rows. Nothing was written. This "
@@ -204,7 +206,7 @@ def resolve(hook: MySqlBinlogSource, request: CaptureRequest, committed: Any) ->
         )
     where = f"server_id {recorded}" if recorded is not None else "a server whose binlog is at another GTID there"
     if not server.is_mariadb or not delivered:
-        raise AirflowException(
+        raise PipelineError(
             f"The capture's committed position {position} is on {where}, but the connection reaches server_id "
             f"{server.server_id}{'' if server.is_mariadb else ' (MySQL)'}: the same file/position names other "
             "transactions on another server, so the capture refuses to resume there. "
@@ -223,7 +225,7 @@ def resolve(hook: MySqlBinlogSource, request: CaptureRequest, committed: Any) ->
         f"{s}.{t}" for (s, t), h in old.items() if handed_off.get(f"{s}.{t}") != h.load_id and position < h.max_position
     )
     if late:
-        raise AirflowException(
+        raise PipelineError(
             f"The capture stopped at {position} on {where}, before the full load snapshots of {late} were all "
             "passed: their handoff positions are on that server's binlog and mean nothing on this one. Run a full "
             "reload of these tables (trigger the DAG with full_reload=true)."
@@ -271,7 +273,7 @@ def committed_position_on(hook: MySqlBinlogSource, offset: dict, dump_server_id:
         return position, f"committed offset (server_id {recorded})"
     delivered = _delivered(offset)
     if not server.is_mariadb or not delivered:
-        raise AirflowException(
+        raise PipelineError(
             f"The capture's committed position {position} is on server_id {recorded}, but the connection reaches "
             f"server_id {server.server_id}, and the ledger holds no GTID position to find it there: the capture "
             "will refuse to resume on this server. Point the connection back, or run a full reload (full_reload=true)."

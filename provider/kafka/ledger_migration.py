@@ -16,7 +16,9 @@ migration refuses a ledger that changed in the last ``quiet_s`` seconds or durin
 
 Command line: ``python -m exactly_once_provider.kafka.ledger_migration --bootstrap-servers HOST:PORT OLD NEW``
 (a local broker without credentials; with credentials call :func:`migrate_ledger` with the connection's
-client configuration).
+client configuration). It runs without Airflow: a refused migration raises
+:class:`~exactly_once_provider.errors.PipelineError` (a writer running, a partly migrated ledger) or
+``ValueError`` (topics named wrong).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ import logging
 import time
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException
 from confluent_kafka import Consumer, Producer
 
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.faults import fault_point
 from exactly_once_provider.kafka.offsets import (
     OFFSETS_SCHEMA_VERSION,
@@ -95,7 +97,7 @@ def migrate_ledger(
     fault_point("migration_copied")
     if topic_end_offsets(client_config, source) != ends:
         producer.abort_transaction(timeout)
-        raise AirflowException(
+        raise PipelineError(
             f"Ledger {source!r} changed during the migration: a writer is running. Nothing "
             "was migrated; stop the pipelines' DAGs and run it again."
         )
@@ -123,7 +125,7 @@ def _verify_finished(
     """Check a migration that already committed: every key moved to ``target`` and present there."""
     elsewhere = {moved_to(latest[k]) for k in moved} - {target}
     if elsewhere or len(moved) != len(latest) or not moved <= set(copied):
-        raise AirflowException(
+        raise PipelineError(
             f"Ledger {source!r} is partly migrated (moved to {sorted(elsewhere | {target})}, "
             f"{len(latest) - len(moved)} key(s) written after the move, {len(moved - set(copied))} missing in "
             f"{target!r}): a writer kept using the old ledger. Compare both ledgers before resuming."
@@ -153,7 +155,7 @@ def _refuse_recent_writes(
             newest = max(newest, message.timestamp()[1])
         age = time.time() - newest / 1000
         if newest and age < quiet_s:
-            raise AirflowException(
+            raise PipelineError(
                 f"Ledger {topic!r} received a record {age:.0f}s ago: a writer is running. Pause the "
                 f"pipelines' DAGs, wait {quiet_s:.0f}s and migrate again."
             )

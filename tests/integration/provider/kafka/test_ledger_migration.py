@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from airflow.sdk.exceptions import AirflowException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.kafka.ledger_migration import migrate_ledger
 from exactly_once_provider.kafka.offsets import (
     LEDGER_PARTITIONS,
@@ -69,7 +69,7 @@ def test_migration_copies_every_resume_point_and_fences_the_old_ledger(bootstrap
 def test_migration_refuses_a_ledger_written_recently_or_a_target_in_use(bootstrap):
     source, expected = legacy_ledger(bootstrap)
     config = {"bootstrap.servers": bootstrap}
-    with pytest.raises(AirflowException, match="a writer is running"):
+    with pytest.raises(PipelineError, match="a writer is running"):
         migrate_ledger(config, source, f"ledger-{uuid.uuid4().hex[:10]}", quiet_s=3600, timeout=60)
     used = f"ledger-{uuid.uuid4().hex[:10]}"
     migrate_ledger(config, legacy_ledger(bootstrap)[0], used, quiet_s=0, timeout=60)

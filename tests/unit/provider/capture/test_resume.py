@@ -7,9 +7,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.capture.resume import DivergedSourceError, committed_position_on, resolve
+from exactly_once_provider.errors import PipelineError
 from exactly_once_provider.positions import BinlogPosition
 from exactly_once_provider.source.gtid import ServerIdentity, parse_list, parse_position
 from tests.unit.provider.capture.test_loop import HANDOFF, pos, request
@@ -94,11 +94,11 @@ def test_the_divergence_check_runs_on_the_same_server_too():
 
 def test_file_position_on_another_server_without_gtids_is_refused():
     with pytest.raises(
-        AirflowException,
+        PipelineError,
         match="server_id 1, but the connection reaches server_id 2 .MySQL.*MySQL capture on another server",
     ):
         resolve(Server(server_id=2, mariadb=False), request(), ledger(server_id=1))
-    with pytest.raises(AirflowException, match="holds no GTID position"):
+    with pytest.raises(PipelineError, match="holds no GTID position"):
         resolve(Server(server_id=2), request(), ledger(server_id=1, gtid_pos=None, gtid=None))
 
 
@@ -120,7 +120,7 @@ def test_an_old_ledger_record_on_another_server_moves_by_its_last_gtid():
 def test_a_failover_before_the_full_load_snapshots_were_passed_is_refused():
     replica = Server(server_id=2, located=BinlogPosition("binlog.000001", 500))
     behind = ledger(server_id=1, gtid_pos="0-1-100", pos=600)  # HANDOFF's chunks end at 900
-    with pytest.raises(AirflowException, match=r"before the full load snapshots of \['eo.t'\]"):
+    with pytest.raises(PipelineError, match=r"before the full load snapshots of \['eo.t'\]"):
         resolve(replica, request(), behind)
 
 
@@ -149,7 +149,7 @@ def test_the_retention_guard_measures_the_committed_position_on_the_server_the_c
     assert found == BinlogPosition("binlog.000001", 900) and "at binlog.000001:900 on server_id 2" in how
     with pytest.raises(DivergedSourceError, match="0-1-96 .. 0-1-100"):
         committed_position_on(Server(server_id=2, state="0-1-95"), offset, 9)
-    with pytest.raises(AirflowException, match="no GTID position"):
+    with pytest.raises(PipelineError, match="no GTID position"):
         committed_position_on(Server(server_id=2, mariadb=False), ledger(server_id=1).offset, 9)
 
 
@@ -169,7 +169,7 @@ def test_handoffs_passed_before_a_failover_stay_passed_on_the_new_server():
         ledger(server_id=2, gtid_pos="0-1-100", handed_off={"eo.t": "load"}, file="binlog.000001", pos=10),
     ).position == BinlogPosition("binlog.000001", 500)
     # A full reload (a new load id) is not passed: on another server its positions cannot be placed.
-    with pytest.raises(AirflowException, match="before the full load snapshots"):
+    with pytest.raises(PipelineError, match="before the full load snapshots"):
         resolve(
             replica,
             request(),
@@ -260,12 +260,12 @@ def test_a_full_load_hands_off_only_with_the_capture_s_version_base_and_server()
     check_full_loads(2**40, 2, {("eo", "t"): loaded(version_base=2**40)}, "p")  # taken after a failover
     check_full_loads(2**40, 2, {}, "p")
     with pytest.raises(
-        AirflowException,
+        PipelineError,
         match=r"eo\.t \(load load-2: version base 0 on server_id 2\).*"
         r"without capture_pipeline.*full_reload=true",
     ):
         check_full_loads(2**40, 2, {("eo", "t"): loaded()}, "p")
-    with pytest.raises(AirflowException, match=r"version base 1099511627776 on server_id 1\)"):
+    with pytest.raises(PipelineError, match=r"version base 1099511627776 on server_id 1\)"):
         check_full_loads(2**40, 2, {("eo", "t"): loaded(version_base=2**40, server_id=1)}, "p")
 
 
