@@ -221,12 +221,19 @@ def _import_watched(modules: list[str], allowed: set[str], cwd: Path | None = No
     )
 
 
-# What a driver imports only when it runs (a sink opened by name, a job's step): checked like the drivers.
+# What a driver imports only when it runs (a sink opened by name, a job's step, the capture loop's resume
+# decision), and the ledger migration, a command run on its own: checked like the drivers.
 DRIVER_SIDE = sorted(
-    p
-    for folder in ("sinks", "spark_jobs")
-    for p in (ROOT / "provider" / folder).glob("*.py")
-    if p.name != "__main__.py"
+    [
+        *(
+            p
+            for folder in ("sinks", "spark_jobs")
+            for p in (ROOT / "provider" / folder).glob("*.py")
+            if p.name != "__main__.py"
+        ),
+        ROOT / "provider" / "capture" / "resume.py",
+        ROOT / "provider" / "kafka" / "ledger_migration.py",
+    ]
 )
 
 
