@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -28,7 +30,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,6 +145,19 @@ POSTGRES_SETTINGS = {
 
 def log(message: str, *args: object) -> None:
     print(f"[stack] {message % args if args else message}", flush=True)
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_file`` (created if missing) for the block: one process at a time.
+
+    Parallel test workers and ``stack.py`` commands share the stack home; what one of them builds there, the
+    others wait for, then find built (check again after acquiring). The lock goes with the process if it dies.
+    """
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 # ----------------------------------------------------------------------------------- process control
@@ -1220,35 +1235,41 @@ def _resolved_jars() -> list[Path]:
     pom = HERE / "spark" / "pom.xml"
     pom_hash = hashlib.sha256(pom.read_bytes()).hexdigest()[:8]
     target = HOME / "spark" / f"jars-{SPARK_VERSION}-delta-{delta_version}-{pom_hash}"
-    done = target / ".resolved"
-    if not done.exists():
-        log(
-            "resolving Spark connectors (Kafka %s, Delta %s, hadoop-aws %s) from Maven Central into %s",
-            SPARK_VERSION,
-            delta_version,
-            _pom_property("hadoop.version"),
-            target,
-        )
-        shutil.rmtree(target, ignore_errors=True)
-        run(
-            [
-                "mvn",
-                "-q",
-                "-B",
-                "-f",
-                str(pom),
-                "dependency:copy-dependencies",
-                f"-DoutputDirectory={target}",
-                "-DincludeScope=runtime",
-                f"-Dspark.version={SPARK_VERSION}",
-                f"-Ddelta.version={delta_version}",
-            ]
-        )
-        shipped = {_artifact(jar) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-        for jar in target.glob("*.jar"):
-            if _artifact(jar) in shipped:
-                jar.unlink()
-        done.touch()
+    done = target / ".resolved"  # written last: a folder with it is complete
+    if done.exists():
+        return sorted(target.glob("*.jar"))
+    # Two processes resolving at once delete each other's jars (the rmtree of a partial folder, Maven's copy, the
+    # unlink of the jars pyspark ships: "FileNotFoundError: parquet-encoding-1.16.0.jar"): one resolves, the
+    # others wait for it and find the folder done.
+    with exclusive(HOME / "spark" / "jars.lock"):
+        if not done.exists():
+            log(
+                "resolving Spark connectors (Kafka %s, Delta %s, hadoop-aws %s) from Maven Central into %s",
+                SPARK_VERSION,
+                delta_version,
+                _pom_property("hadoop.version"),
+                target,
+            )
+            shutil.rmtree(target, ignore_errors=True)  # what an interrupted resolution left
+            run(
+                [
+                    "mvn",
+                    "-q",
+                    "-B",
+                    "-f",
+                    str(pom),
+                    "dependency:copy-dependencies",
+                    f"-DoutputDirectory={target}",
+                    "-DincludeScope=runtime",
+                    f"-Dspark.version={SPARK_VERSION}",
+                    f"-Ddelta.version={delta_version}",
+                ]
+            )
+            shipped = {_artifact(jar) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+            for jar in target.glob("*.jar"):
+                if _artifact(jar) in shipped:
+                    jar.unlink()
+            done.touch()
     return sorted(target.glob("*.jar"))
 
 
@@ -1300,10 +1321,7 @@ def spark_class_archive(s3: bool = False) -> Path:
         if not archive.with_suffix(".pyspark").exists():  # dumped before archives named their checkout
             archive.with_suffix(".pyspark").write_text(str(pyspark_jars))
         return archive
-    import fcntl
-
-    with open(HOME / "spark" / "driver-classes.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers: one builds, the others wait for it
+    with exclusive(HOME / "spark" / "driver-classes.lock"):  # parallel test workers: one builds, the others wait
         if not archive.exists():
             _prune_class_archives()
             _build_class_archive(archive, jars, class_path)
@@ -1428,11 +1446,7 @@ def _runs_a_deleted_checkout(process: Process) -> bool:
 
 
 def start_spark_cluster(timeout: float = 90) -> None:
-    import fcntl
-
-    (HOME / "run").mkdir(parents=True, exist_ok=True)
-    with open(HOME / "run" / "spark-cluster.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers: one starts (or restarts) it, the others wait
+    with exclusive(HOME / "run" / "spark-cluster.lock"):  # parallel test workers: one starts (or restarts) it
         _start_spark_cluster(timeout)
 
 

@@ -50,3 +50,40 @@ def test_only_the_class_archives_of_deleted_checkouts_are_pruned(tmp_path, monke
         "driver-classes-live.jsa",
         "driver-classes-live.pyspark",
     ]
+
+
+def test_two_processes_resolving_the_jars_at_once_resolve_them_once(tmp_path, monkeypatch):
+    # One lock per stack home: the second caller waits, then finds the folder done (it used to delete the first's
+    # jars under it: "FileNotFoundError: parquet-encoding-1.16.0.jar"). Threads hold separate flocks as processes do.
+    import threading
+
+    monkeypatch.setattr(STACK, "HOME", tmp_path)
+    running, resolutions = [], []
+
+    def maven(cmd, **kwargs):  # what Maven's copy-dependencies does, slowly enough for the other caller to arrive
+        target = Path(next(arg for arg in cmd if arg.startswith("-DoutputDirectory=")).split("=", 1)[1])
+        running.append(1)
+        resolutions.append(len(running))
+        target.mkdir(parents=True, exist_ok=True)
+        for jar in ("delta-spark_2.13-4.4.0.jar", "parquet-encoding-1.16.0.jar", "spark-sql-kafka-0-10_2.13-4.2.0.jar"):
+            (target / jar).write_bytes(b"jar")
+            time.sleep(0.2)
+        running.pop()
+
+    monkeypatch.setattr(STACK, "run", maven)
+    found, failed = [], []
+
+    def resolve():
+        try:
+            found.append([jar.name for jar in STACK._resolved_jars()])
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            failed.append(err)
+
+    callers = [threading.Thread(target=resolve) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(30)
+    assert failed == [] and resolutions == [1]  # Maven ran once, never beside another resolution
+    # pyspark ships parquet-encoding (another version): its jar is not the connectors' to add
+    assert found == [["delta-spark_2.13-4.4.0.jar", "spark-sql-kafka-0-10_2.13-4.2.0.jar"]] * 2
