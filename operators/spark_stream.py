@@ -19,23 +19,10 @@ from exactly_once_provider import lineage_facets as facets
 from exactly_once_provider.connections import libpq_environment
 from exactly_once_provider.hooks.kafka_client import checked_kafka_config
 from exactly_once_provider.kafka_config import portable_kafka_config, spark_kafka_options
-from exactly_once_provider.operators.spark_submit import (  # noqa: F401 - their historic home
-    PYTHON_RUNNER,
-    PackagedSparkJobOperator,
-    package_zip,
-    python_runner_jar,
-)
+from exactly_once_provider.operators.spark_submit import PackagedSparkJobOperator
 from exactly_once_provider.plugins.links import PipelineStatusLink, SparkUILink
 from exactly_once_provider.spark_jobs.packages import S3A_PACKAGES, SPARK_PACKAGES
-from exactly_once_provider.spark_jobs.stream_spec import (  # noqa: F401
-    DELIVERIES,
-    MODES,
-    SINKS,
-    TRIGGERS,
-    Route,
-    StreamSpec,
-    split_topics,
-)
+from exactly_once_provider.spark_jobs.stream_spec import Route, StreamSpec, split_topics
 from exactly_once_provider.storage import is_s3
 
 

@@ -2,9 +2,10 @@
 
 Where the guarantees live:
 
-* **commit**: only :meth:`~exactly_once_provider.kafka.writer.PipelineWriter.write_batch` commits: the change records
-  of whole source transactions and the ledger record of the position after the last of them, in ONE Kafka
-  transaction. A Kafka transaction may hold many source transactions, never part of one.
+* **commit**: only the writer commits (:meth:`~exactly_once_provider.kafka.writer.PipelineWriter.submit_batch`,
+  committed by ``PipelineWriter._commit_batch`` while the next batch is read): the change records of whole
+  source transactions and the ledger record of the position after the last of them, in ONE Kafka transaction.
+  A Kafka transaction may hold many source transactions, never part of one.
 * **resume point**: the ledger (:mod:`exactly_once_provider.kafka.offsets`), read when the writer opens. Only a first
   run (no ledger record) starts from the full loads' handoff positions (the smallest chunk position).
 * **handoff**: :class:`HandoffFilter` drops a change at or before the snapshot position of the chunk holding its

@@ -39,10 +39,10 @@ from exactly_once_provider.full_load.plan import chunk_to_json
 from exactly_once_provider.full_load.spark_source import chunk_read_options, read_chunks, spark_schema
 from exactly_once_provider.full_load.staging import Staging
 from exactly_once_provider.sinks import delta_commit
-from exactly_once_provider.sinks.durable import fsync_dir
 from exactly_once_provider.source.identifiers import quote_table
 from exactly_once_provider.source.snapshot import plan_chunks
 from exactly_once_provider.storage import is_s3
+from exactly_once_provider.storage.durable import fsync_dir
 
 if TYPE_CHECKING:
     from exactly_once_provider.source.server import MySqlSource

@@ -14,7 +14,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowException
 
 from exactly_once_provider.hooks.spark_submit import CleanEnvironmentSparkSubmitHook
-from exactly_once_provider.operators import spark_stream
+from exactly_once_provider.operators import spark_submit
 from exactly_once_provider.operators.spark_stream import SparkKafkaToSinkOperator
 from exactly_once_provider.spark_jobs import kafka_to_sink
 from exactly_once_provider.spark_jobs.packages import SPARK_PACKAGES
@@ -188,7 +188,7 @@ def test_resolved_jars_replace_packages_and_postgres_credentials_go_to_the_secre
 def test_standalone_cluster_mode_submits_python_runner_and_tracks_the_driver(connections, monkeypatch):
     monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", "never-leaves-airflow")
     call = _submitted(monkeypatch, _op(spark_conn_id="spark_cluster", sink="postgres", sink_table="s.t"))
-    assert call["application"] == spark_stream.python_runner_jar() and "spark-core_" in call["application"]
+    assert call["application"] == spark_submit.python_runner_jar() and "spark-core_" in call["application"]
     assert call["java_class"] == "org.apache.spark.deploy.PythonRunner"
     job, py_files, *rest = call["application_args"]
     assert job == kafka_to_sink.__file__ and py_files.endswith("exactly_once_provider.zip") and rest[0] == "--spec"
@@ -212,7 +212,7 @@ def test_cluster_mode_driver_that_does_not_finish_fails_the_task(connections, mo
 
 
 def test_package_zip_holds_the_job_and_its_imports(tmp_path):
-    with zipfile.ZipFile(spark_stream.package_zip(str(tmp_path))) as archive:
+    with zipfile.ZipFile(spark_submit.package_zip(str(tmp_path))) as archive:
         names = set(archive.namelist())
     for module in (
         "__init__.py",
