@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STACK := $(PY) docker/local/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: test-profile lint format bench docs docs-tables setup stack-up stack-down stack-status stack-clean demo test test-all test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-freshness-operators bench-increment test-templates
+.PHONY: test-profile lint format bench docs docs-tables setup stack-up stack-down stack-status stack-clean demo test test-all test-fast test-unit faults faults-matrix constraints test-airflow bench-producer bench-full-load bench-watermark bench-spark-sinks bench-capture bench-reconcile bench-history bench-freshness bench-freshness-operators bench-increment bench-commits test-templates
 
 setup:  ## system packages + .venv (idempotent)
 	bash docker/local/setup.sh
@@ -128,6 +128,9 @@ bench-freshness-operators: stack-up  ## the same pipeline's operators outside Ai
 
 bench-wholedb: stack-up  ## the history -> stream template's first run under a real Airflow: 100 tables of mixed keys and skewed sizes (by pattern) vs one table, 2M rows each side (JSON in benchmarks/results/)
 	$(PY) benchmarks/bench_wholedb.py $(if $(BENCH_ROWS),--rows $(BENCH_ROWS))
+
+bench-commits: stack-up  ## one benchmark from two commits side by side, interleaved (BASE=<rev> [HEAD=<rev>] BENCH="bench_x.py <its args>"; JSON)
+	$(PY) benchmarks/compare_commits.py --base $(BASE) $(if $(HEAD),--head $(HEAD)) $(if $(REPEAT),--repeat $(REPEAT)) -- $(BENCH)
 
 bench-increment: stack-up  ## one increment of 1,000 changes of the scheduled history -> stream template at 10k and 1M rows: changed-keys vs full reconciliation (JSON in benchmarks/results/)
 	$(PY) benchmarks/bench_increment.py $(BENCH_ARGS)

@@ -25,6 +25,8 @@ KINDS = (
     "watermark",
     "spark_sinks",
     "reconcile",
+    "commits_spark_sinks",
+    "commits_freshness_dag",
     "matrix",
 )
 PAGES = {"matrix": "reliability.md"}
