@@ -54,7 +54,9 @@ def test_mysql_tls_settings_decide_whether_the_session_is_encrypted(stack, monke
         {"ssl": {"ca": str(stack.tls_files()["ca.pem"])}, "ssl_mode": "VERIFY_IDENTITY"},
     )
     _mysql(monkeypatch, stack, "mysql_tls_off", {"ssl_mode": "DISABLED"})
+    _mysql(monkeypatch, stack, "mysql_tls_true", {"ssl": True})  # mysqlclient's ssl=True: REQUIRED
     assert _mysql_cipher("mysql_tls_required") and _mysql_cipher("mysql_tls_verified")
+    assert _mysql_cipher("mysql_tls_true")
     assert _mysql_cipher("mysql_tls_off") == ""
 
 
