@@ -432,9 +432,11 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         return open_storage(self.sink_path, self._s3_settings()) if self._sink_on_s3() else self.sink_path
 
     def sink_dataset(self) -> lineage.DatasetName:
-        """Name the sink: the PostgreSQL table, or the Delta table / files directory by its location."""
+        """Name the sink: the PostgreSQL table, or the Delta / Iceberg table or files directory by its location."""
         if self.sink == "postgres":
             return lineage.postgres_table_of(self.postgres_conn_id, self.sink_table)
+        if self.sink == "iceberg":
+            return lineage.iceberg_table(self.sink_path, self.mode)
         return lineage.storage_path(self.sink_path)
 
     def openlineage_datasets(self, result: dict | None) -> tuple[list, list]:

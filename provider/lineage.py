@@ -9,7 +9,12 @@ MySQL/MariaDB table     ``mysql://host:port``            ``database.table``     
 Kafka topic             ``kafka://bootstrap:port``       ``topic``                     ``kafka://bootstrap:port/topic``
 PostgreSQL table        ``postgres://host:port``         ``database.schema.table``     ``postgres://host:port/db/s/t``
 Delta table, files      ``file`` / ``s3://bucket``       path / key                    ``file:///path`` / ``s3://b/key``
+Iceberg table           ``file`` / ``s3://bucket``       its location's path / key     ``file:///path`` / ``s3://b/key``
 ======================  ===============================  ============================  ==================================
+
+A Delta or Iceberg table is named by where it lives, as the spec names a dataset on a file system or object store
+(and as OpenLineage's Spark integration names both formats): never by a catalog's ``namespace.table``, which another
+catalog of the same files would name differently.
 
 The Asset URIs are those the Airflow MySQL, Kafka, PostgreSQL and common-io providers convert back into the
 same OpenLineage datasets, so Airflow's asset graph and the lineage agree. The facets and the operators' lineage
@@ -93,6 +98,19 @@ def storage_path(location: str) -> DatasetName:
     # s3a:// (Spark's name) is the same object as s3://: one dataset, named as the spec and the Amazon provider do.
     scheme = "s3" if parts.scheme in ("s3a", "s3n") else parts.scheme
     return DatasetName(f"{scheme}://{parts.netloc}", key or "/", f"{scheme}://{parts.netloc}/{key}")
+
+
+def iceberg_table(location: str, mode: str = "append") -> DatasetName:
+    """Name an Iceberg sink's table by its location, as a Delta table is named.
+
+    :param location: the operator's ``sink_path``: the table's location; in ``current`` mode the Delta full load
+        the table is built from, beside which the Iceberg table lives (``<sink_path>_iceberg``).
+    :param mode: the sink's mode.
+    """
+    from exactly_once_provider.sinks.iceberg_current import current_location
+
+    _require(location=location)
+    return storage_path(current_location(location) if mode == "current" else location)
 
 
 def _require(**values: Any) -> None:

@@ -107,6 +107,33 @@ def _no_schema_reads(monkeypatch):
             [(PG, "dw.fin.orders")],
         ),
         (
+            lambda: SparkKafkaToSinkOperator(
+                task_id="t",
+                pipeline="p",
+                topics="a",
+                sink="iceberg",
+                sink_table="lake.orders",
+                sink_path="s3a://lake/warehouse/orders",
+                checkpoint_location="/c",
+            ),
+            [(KAFKA, "a")],
+            [("s3://lake", "warehouse/orders")],
+        ),
+        (
+            lambda: SparkKafkaToSinkOperator(
+                task_id="t",
+                pipeline="p",
+                topics="p.shop.orders",
+                sink="iceberg",
+                mode="current",
+                sink_table="lake.orders",
+                sink_path="/lake/orders",
+                checkpoint_location="/c",
+            ),
+            [(KAFKA, "p.shop.orders")],
+            [("file", "/lake/orders_iceberg")],  # the Iceberg table beside its Delta full load, not the load
+        ),
+        (
             lambda: ReconcileOperator(
                 task_id="t", name="p", table="orders", sink="delta", sink_path="/lake/c", base_path="/lake/o"
             ),

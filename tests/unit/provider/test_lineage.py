@@ -39,6 +39,10 @@ def _converted(name: lineage.DatasetName) -> tuple[str, str]:
         (lineage.storage_path("file:///var/lake/orders/"), "file", "/var/lake/orders"),
         (lineage.storage_path("s3://lake/tables/orders"), "s3://lake", "tables/orders"),
         (lineage.storage_path("s3a://lake/tables/orders/"), "s3://lake", "tables/orders"),  # Spark's name, same object
+        # an Iceberg table by its location, as a Delta table; the current table lives beside its Delta full load
+        (lineage.iceberg_table("s3a://lake/warehouse/orders"), "s3://lake", "warehouse/orders"),
+        (lineage.iceberg_table("/var/lake/orders/", "current"), "file", "/var/lake/orders_iceberg"),
+        (lineage.iceberg_table("s3://lake/loads/orders", "current"), "s3://lake", "loads/orders_iceberg"),
     ],
 )
 def test_names_follow_the_spec_and_their_asset_uris_convert_back(name, namespace, dataset):
@@ -56,11 +60,19 @@ def test_names_follow_the_spec_and_their_asset_uris_convert_back(name, namespace
         (lambda: lineage.postgres_table("h", 1, "", "t"), "database"),
         (lambda: lineage.storage_path("relative/path"), "absolute path"),
         (lambda: lineage.storage_path("s3:///key"), "no bucket"),
+        (lambda: lineage.iceberg_table("", "current"), "location"),
     ],
 )
 def test_incomplete_names_are_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_the_iceberg_current_table_is_named_where_the_job_creates_it():
+    from exactly_once_provider.sinks.iceberg_current import current_location
+
+    assert lineage.iceberg_table("/var/lake/orders", "current").name == current_location("/var/lake/orders")
+    assert lineage.iceberg_table("/var/lake/orders", "cdc").name == "/var/lake/orders"
 
 
 def test_names_from_connections(monkeypatch):
