@@ -140,6 +140,8 @@ class SparkKafkaToSinkOperator(facets.OpenLineageMixin, PackagedSparkJobOperator
         "max_dead_letters",
         "max_dead_letter_ratio",
         "dead_letter_store",
+        "iceberg_conn_id",  # templated, so serialized: the status page reads the Iceberg sink through its catalog
+        "iceberg_catalog",
         "conf",
     )
     ui_color = "#e8f4d9"

@@ -47,11 +47,14 @@ NewestXCom = Callable[[str, str, str], Any]  # (dag_id, task_id, key) -> the new
 
 @dataclass(frozen=True)
 class SinkSpec:
-    """Where a streaming job commits: ``kind`` is delta/postgres/files, ``location`` a path or table.
+    """Where a streaming job commits: ``kind`` is delta/postgres/files/iceberg, ``location`` a path or table.
 
-    ``conn_id`` is the PostgreSQL connection of a ``postgres`` sink; ``aws_conn_id`` the ``aws`` connection of a
-    Delta table or files sink on ``s3://`` (the task's own, so the page reads the bucket the job writes);
-    ``dead_letter_store`` the task's ``dead_letter_store`` when it names one (None: the sink's default store).
+    ``conn_id`` is the PostgreSQL connection of a ``postgres`` sink, or the database of an ``iceberg`` sink's SQL
+    catalog; ``aws_conn_id`` the ``aws`` connection of a Delta table, files sink or Iceberg table on ``s3://`` (the
+    task's own, so the page reads the bucket the job writes); ``dead_letter_store`` the task's
+    ``dead_letter_store`` when it names one (None: the sink's default store); ``iceberg_catalog`` the name of an
+    ``iceberg`` sink's catalog. An Iceberg sink's ``location`` is its table, ``namespace.table``: the catalog
+    knows where the table lives, and its commits (snapshots) are read through the catalog.
     """
 
     kind: str
@@ -59,6 +62,7 @@ class SinkSpec:
     conn_id: str | None = None
     aws_conn_id: str | None = None
     dead_letter_store: str | None = None
+    iceberg_catalog: str | None = None
 
 
 @dataclass
@@ -145,16 +149,20 @@ def _add_stream(spec: PipelineSpec, task: Any, params: Mapping[str, Any]) -> Non
     for query in queries:
         topics = query.get("topics")
         spec.topics |= _topics([render(t, params) for t in ([topics] if isinstance(topics, str) else topics or ())])
-        location = render(query.get("sink_table") if sink == "postgres" else query.get("sink_path"), params)
-        on_s3 = sink != "postgres" and is_s3(location or "")
+        table = sink in ("postgres", "iceberg")  # named by its table; an Iceberg table's path is its catalog's
+        location = render(query.get("sink_table") if table else query.get("sink_path"), params)
+        # an Iceberg table lives on the store of sink_path (mode="current": beside the Delta full load there)
+        on_s3 = sink != "postgres" and is_s3(render(query.get("sink_path"), params) or "")
         store = render(getattr(task, "dead_letter_store", None), params) or None  # one query only (streams: unset)
+        iceberg = sink == "iceberg"
         spec.sinks.add(
             SinkSpec(
                 sink,
                 location,
-                getattr(task, "postgres_conn_id", None),
+                render(getattr(task, "iceberg_conn_id" if iceberg else "postgres_conn_id", None), params),
                 render(getattr(task, "aws_conn_id", None) or "aws_default", params) if on_s3 else None,
                 store,
+                render(getattr(task, "iceberg_catalog", None), params) if iceberg else None,
             )
         )
     spec.kafka_conn_ids.add(getattr(task, "kafka_conn_id", "kafka_default"))

@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from exactly_once_provider.kafka.offsets import CommittedOffset, read_ledger, topic_end_offsets
@@ -149,9 +150,13 @@ class Connections:
         if sink.aws_conn_id is None:
             return None
         if sink.aws_conn_id not in self._s3:
-            from exactly_once_provider.storage.s3 import settings_for
+            from exactly_once_provider.storage.s3 import S3Settings, settings_for
 
-            self._s3[sink.aws_conn_id] = settings_for(sink.aws_conn_id, sink.location)
+            # an Iceberg sink's location is its table's name: discovery named the connection for a table on S3
+            on_s3 = sink.kind == "iceberg"
+            self._s3[sink.aws_conn_id] = (
+                S3Settings.from_connection(sink.aws_conn_id) if on_s3 else settings_for(sink.aws_conn_id, sink.location)
+            )
         return self._s3[sink.aws_conn_id]
 
     def end_offsets(self, conn_id: str, topic: str) -> dict[int, int]:
@@ -282,6 +287,11 @@ def windows_section(spec: PipelineSpec, ledger: dict[str, CommittedOffset | Valu
 def sink_commit(sink: SinkSpec, pipeline: str, connections: Connections) -> dict[str, Any] | None:
     """Return the last commit of ``pipeline`` in ``sink`` as a page row (None before the first commit)."""
     conn_id = sink.conn_id or "postgres_default"
+    catalog = None
+    if sink.kind == "iceberg":  # the SQL catalog the task names, in its connection's database
+        from exactly_once_provider.sinks.iceberg import DEFAULT_CATALOG, sql_catalog
+
+        catalog = partial(sql_catalog, partial(connections.postgres, conn_id), sink.iceberg_catalog or DEFAULT_CATALOG)
     reader = open_sink(
         sink.kind,
         sink.location,
@@ -289,6 +299,7 @@ def sink_commit(sink: SinkSpec, pipeline: str, connections: Connections) -> dict
         postgres_connect=lambda: connections.postgres(conn_id),
         postgres_conn_id=conn_id,
         s3=connections.s3(sink) if sink.aws_conn_id else None,
+        iceberg_catalog=catalog,
     )
     committed = reader.committed()
     if committed is None:

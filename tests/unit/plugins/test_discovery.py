@@ -163,6 +163,39 @@ def test_ledger_keys_and_postgres_rows_add_pipelines_no_dag_names():
     assert found.pipelines["pg_only"].sinks == {SinkSpec("postgres", "", "postgres_default")}
 
 
+def test_an_iceberg_sink_is_found_by_its_table_in_the_catalog_the_task_names():
+    with DAG("lake", schedule=None, start_date=START, params={"ns": "lake"}) as dag:
+        SparkKafkaToSinkOperator(
+            task_id="to_iceberg",
+            pipeline="orders-lake",
+            topics="shop.orders",
+            sink="iceberg",
+            sink_table="{{ params.ns }}.orders",
+            sink_path="s3://bucket/warehouse/orders",
+            checkpoint_location="/ck",
+            iceberg_conn_id="lake_catalog",
+            iceberg_catalog="{{ params.ns }}",
+        )
+        SparkKafkaToSinkOperator(  # current mode on local disk: the table beside the full load, no aws connection
+            task_id="current",
+            pipeline="orders-current",
+            topics="shop.orders",
+            sink="iceberg",
+            mode="current",
+            sink_table="lake.orders_current",
+            sink_path="/lake/orders_full",
+            checkpoint_location="/ck2",
+        )
+    found = add_dags(Discovery(), [_serialized(dag)])
+
+    assert found.pipelines["orders-lake"].sinks == {
+        SinkSpec("iceberg", "lake.orders", "lake_catalog", "aws_default", iceberg_catalog="lake")
+    }
+    assert found.pipelines["orders-current"].sinks == {
+        SinkSpec("iceberg", "lake.orders_current", "postgres_default", None, iceberg_catalog="eo")
+    }
+
+
 def test_render_refuses_what_only_a_run_knows():
     assert render("{{ params.p }}-x", {"p": "a"}) == "a-x"
     assert render(5, {}) == 5

@@ -190,3 +190,43 @@ def test_an_empty_partition_lags_by_nothing_even_before_the_sink_committed_from_
     section, total = lag_section(spec, [{"next offsets": {"t.busy": {"0": 7}}}], Ends())
     lags = {(r["topic"], r["partition"]): r["lag"] for r in section.rows}
     assert lags == {("t.busy", 0): 2, ("t.busy", 1): "—", ("t.idle", 0): 0, ("t.idle", 1): 0} and total == 2
+
+
+def test_an_iceberg_sink_commit_is_read_from_its_snapshot_summary_in_the_tasks_catalog(tmp_path, monkeypatch):
+    """The page reads the fence as the sink does (newest snapshot carrying the pipeline), through the catalog the
+    task names in its connection's database; here a SQLite SqlCatalog stands in for the PostgreSQL one."""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from exactly_once_provider.sinks import iceberg
+    from exactly_once_provider.sinks.base import BatchCommit
+
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}")
+    opened = []
+
+    def open_catalog(settings, s3=None):
+        opened.append(settings)
+        return catalog
+
+    monkeypatch.setattr(iceberg, "open_catalog", open_catalog)
+    catalog.create_namespace("lake")
+    rows = pa.table({"n": pa.array([1, 2, 3], pa.int64())})
+    table = catalog.create_table("lake.orders", schema=rows.schema)
+    table.append(rows, snapshot_properties=iceberg.summary_properties(BatchCommit("p", "ck", 4, {"t": {0: 70}}, 3)))
+    table.append(rows, snapshot_properties={"written-by": "compaction"})  # another writer's snapshot: stepped over
+
+    class Database(Connections):
+        @staticmethod
+        def postgres(conn_id):
+            return {"host": "pg.example", "dbname": conn_id}
+
+    row = sink_commit(SinkSpec("iceberg", "lake.orders", "lake_pg", iceberg_catalog="lake"), "p", Database())
+    assert (row["checkpoint"], row["batch id"], row["rows in sink"], row["next offsets"]) == (
+        "ck",
+        4,
+        3,
+        {"t": {0: 70}},
+    )
+    assert row["commit"] == f"snapshot {table.refresh().current_snapshot().snapshot_id} of lake.orders"
+    assert opened[0]["name"] == "lake" and opened[0]["postgres"]["dbname"] == "lake_pg"
+    assert sink_commit(SinkSpec("iceberg", "lake.not_yet", "lake_pg"), "p", Database()) is None  # no table yet

@@ -167,13 +167,22 @@ def test_batches_commit_once_each_and_zombies_commit_nothing(spark, iceberg_tabl
 
 
 def _readers_outside_the_job_see(identifier: str, pipeline: str, commit: BatchCommit, aws_conn_id) -> None:
-    """The lag sensor's reader and the Asset events' trigger find ``commit`` through the catalog's connection."""
+    """The lag sensor's reader, the status page and the Asset events' trigger find ``commit`` through the catalog's
+    connection."""
     from exactly_once_provider.kafka.lag import sink_offsets
+    from exactly_once_provider.plugins.discovery import SinkSpec
+    from exactly_once_provider.plugins.status import Connections, sink_commit
     from exactly_once_provider.triggers.consumer_lag import sink_connections
     from exactly_once_provider.triggers.sink_commits import SinkCommitTrigger
 
     connect, s3 = asyncio.run(sink_connections("iceberg", [identifier], "postgres_default", aws_conn_id))
     assert sink_offsets("iceberg", identifier, pipeline, connect, s3) == commit.offsets
+    row = sink_commit(SinkSpec("iceberg", identifier, "postgres_default", aws_conn_id), pipeline, Connections())
+    assert (row["checkpoint"], row["batch id"], row["next offsets"]) == (
+        commit.checkpoint_id,
+        commit.batch_id,
+        commit.offsets,
+    )
     trigger = SinkCommitTrigger("iceberg", identifier, pipeline, "postgres_default", aws_conn_id, poll_interval=0.01)
 
     async def first_event():
