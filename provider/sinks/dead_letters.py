@@ -7,8 +7,10 @@ store, in the same exactly-once step. Past :attr:`DeadLetterPolicy.max_letters` 
 :attr:`DeadLetterPolicy.max_ratio` of its records) the batch fails as in ``"fail"``, with nothing of it committed
 anywhere, and the error names the limit and the store. Bad records (:func:`rules`): a key or value that is not
 valid UTF-8 (every sink), text holding a NUL character (PostgreSQL; in the current table's change records the
-JSON escape ``\\u0000`` of a text value). Every mode; window mode into PostgreSQL and Delta (docs/dead-letters.md
-says what is not built yet).
+JSON escape ``\\u0000`` of a text value), and in the current table the typed conversion's kinds
+(:mod:`~exactly_once_provider.sinks.bad_values`: a DECIMAL past its column, ``decimal_overflow``; a row image of a
+schema version the table does not follow, ``schema_version``; rules passed in by the changes step, :func:`flag`'s
+``extra``). Every mode; window mode into PostgreSQL and Delta (docs/dead-letters.md says what is not built yet).
 
 In ``cdc`` and ``current`` mode a letter is a CHANGE of a key: the key is held back from the batch's changes only
 when the letter is that key's newest version in the batch (:func:`held_back`, :func:`hold_back`): an older bad
@@ -283,20 +285,23 @@ def rules(sink_kind: str, mode: str = "append") -> list[tuple[Any, str, str]]:
     return found
 
 
-def flag(df, sink_kind: str, mode: str = "append", where: Any = None):
+def flag(df, sink_kind: str, mode: str = "append", where: Any = None, extra: Any = ()):
     """Return ``df`` (raw ``key``/``value`` bytes) with ``_eo_error_class`` and ``_eo_error_message``: the first
     :func:`rules` kind a record is, NULL for a good one.
 
     :param where: only records where this Spark condition holds can be bad (window mode: the data records; a
         batch marker that is not UTF-8 still fails the batch).
+    :param extra: more rules, after :func:`rules`' (their message may be a Spark column): the current table's
+        typed kinds, ``schema_version`` and ``decimal_overflow``
+        (:meth:`~exactly_once_provider.spark_jobs.current_changes.CurrentChanges.letter_rules`).
     """
     from pyspark.sql import functions as F
 
     error_class, message = F.lit(None).cast("string"), F.lit(None).cast("string")
-    for condition, name, text in reversed(rules(sink_kind, mode)):
+    for condition, name, text in reversed([*rules(sink_kind, mode), *extra]):
         condition = condition if where is None else where & condition
         error_class = F.when(condition, F.lit(name)).otherwise(error_class)
-        message = F.when(condition, F.lit(text)).otherwise(message)
+        message = F.when(condition, F.lit(text) if isinstance(text, str) else text).otherwise(message)
     return df.withColumn("_eo_error_class", error_class).withColumn("_eo_error_message", message)
 
 
@@ -315,6 +320,7 @@ def split(
     checkpoint_id: str,
     batch_id: int,
     committed: Offsets | None,
+    extra: Any = (),
 ):
     """Return ``(good records, dead letters)`` of a raw batch (:data:`RAW_SELECT` columns; persist it first).
 
@@ -324,10 +330,11 @@ def split(
     policy's limit, else :class:`DeadLetterLimitError` (nothing written yet).
 
     :param committed: the sink's committed offsets (named in the limit's message).
+    :param extra: more rules (:func:`flag`).
     """
     from pyspark.sql import functions as F
 
-    flagged = flag(df, sink_kind, policy.mode)
+    flagged = flag(df, sink_kind, policy.mode, extra=extra)
     good = flagged.filter(F.col("_eo_error_class").isNull()).selectExpr(
         "kafka_topic",
         "kafka_partition",

@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from typing import Any, NamedTuple
 
 from exactly_once_provider.full_load.columns import Column, is_binary
 from exactly_once_provider.full_load.spark_source import spark_schema
+from exactly_once_provider.sinks import bad_values
 from exactly_once_provider.sinks.base import SchemaChange
 from exactly_once_provider.sinks.current_table import DELETED_COLUMN, VERSION_COLUMN, quoted
 from exactly_once_provider.spark_jobs.schema_change import DDL_OP, Fill, SchemaRecord, evolve
@@ -25,16 +27,26 @@ log = logging.getLogger(__name__)
 DDL_PREFIX = '{"format":1,"op":"%s"' % DDL_OP
 # What a batch planned without reading its schema records fails with when it holds a newer one (CurrentChanges).
 SCHEMA_AHEAD = "EO_SCHEMA_RECORD_AHEAD"
+_SCHEMA_ERROR = "_eo_schema_error"  # a change's schema_version error (NULL: none), raised after the snapshot's filter
+# The end of the fail mode's messages of a bad value (sinks/bad_values.py).
+_STOPPED = (
+    ". Nothing of this batch was committed; with on_bad_record='dead_letter' such a record goes to the dead-letter "
+    "store instead."
+)
 
 
-def _typed(column: Column, text: Any, spark_type: Any) -> Any:
+def _typed(column: Column, text: Any, spark_type: Any, refuse: Any = None) -> Any:
     """Return the Spark expression turning the change record's JSON value of ``column`` into its loaded type.
 
     The JSON forms are :func:`exactly_once_provider.source.binlog.column_converter`'s: numbers, exact DECIMAL
     strings, ISO date-times (TIMESTAMP with ``Z``), base64 binary, SET as an array of strings.
+
+    :param refuse: ``refuse(column, text, spark_type)`` returns the ``raise_error`` of a DECIMAL value the type
+        cannot hold exactly (:func:`~exactly_once_provider.sinks.bad_values.bad_decimal`): Spark's cast would
+        round it, or give NULL (ANSI off); not relying on the ANSI setting, never a silent NULL.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, StringType
+    from pyspark.sql.types import ArrayType, DecimalType, StringType
 
     t = column.data_type
     if t == "set":
@@ -43,6 +55,10 @@ def _typed(column: Column, text: Any, spark_type: Any) -> Any:
         return F.unbase64(text)
     if t in ("float", "double"):  # NaN and the infinities arrive quoted by the JSON reader's text copy
         return F.regexp_replace(text, '"', "").cast(spark_type)
+    if isinstance(spark_type, DecimalType) and refuse is not None:
+        return F.when(bad_values.bad_decimal(text, spark_type), refuse(column, text, spark_type)).otherwise(
+            text.try_cast(spark_type)
+        )
     return text.cast(spark_type)
 
 
@@ -77,6 +93,7 @@ def typed_changes(
     fills: list[Fill] = (),
     since: int | str | None = None,
     refuse_schema_after: int | None = None,
+    applied: int | None = None,
 ) -> Any:
     """Return the newest change per key of ``records`` as rows of the current table.
 
@@ -86,7 +103,10 @@ def typed_changes(
     value the server gave the row by the statement, without a row event).
 
     A record of another source table, or without a version or an image, fails the batch before anything is
-    committed (Spark's ``raise_error``, evaluated while the MERGE reads its source: no extra pass over the batch).
+    committed (Spark's ``raise_error``, evaluated while the MERGE reads its source: no extra pass over the batch);
+    so does a bad value (:mod:`~exactly_once_provider.sinks.bad_values`): a DECIMAL the column cannot hold exactly
+    (``decimal_overflow``), a row image naming a column ``columns`` does not hold (``schema_version``; planned
+    without the batch's schema records, :data:`SCHEMA_AHEAD`: the batch is planned again with them first).
 
     :param records: the micro-batch (``record_value`` holds the change record JSON, plus the Kafka columns).
     :param columns: the source columns (the full load's, from its handoff).
@@ -103,6 +123,7 @@ def typed_changes(
         them anyway, but a key deleted before the snapshot has no row there, and its older change (still in
         Kafka, not merged before the full load replaced the table: a capture that was behind, a failover) would
         bring it back until the batch holding its delete is merged.
+    :param applied: the version of the last schema change ``columns`` follow (named by a ``schema_version`` error).
     """
     plan = _change_plan(
         records.sparkSession.sparkContext,
@@ -113,10 +134,14 @@ def typed_changes(
         tuple(fills),
         since,
         refuse_schema_after,
+        applied,
     )
     rows = records.filter(plan.keep).select(*plan.parsed).select(*plan.rows)
     if plan.since is not None:  # on the typed key, after the checks: bad records still fail
         rows = rows.where(plan.since)
+    # After the snapshot's filter: a change the snapshot holds may be of an older schema (a full reload after an
+    # ALTER TABLE the table could not follow), and is left out rather than refused.
+    rows = rows.where(plan.known)
     return rows.groupBy(*plan.key).agg(plan.newest.alias("c")).select(*plan.out)
 
 
@@ -130,6 +155,7 @@ class _ChangePlan(NamedTuple):
     key: list
     newest: Any
     out: list
+    known: Any
 
 
 @functools.lru_cache(maxsize=1024)
@@ -142,6 +168,7 @@ def _change_plan(
     fills: tuple[Fill, ...],
     since: int | str | None,
     refuse_schema_after: int | None,
+    applied: int | None = None,
 ) -> _ChangePlan:
     """Return :func:`typed_changes`' expressions, built once per table state and session and reused by every
     batch: they name columns only, and building them costs ~1,000 Py4J calls (~0.1 s a batch per table).
@@ -149,7 +176,7 @@ def _change_plan(
     :param context: the SparkContext the expressions belong to (a new one builds them again).
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import MapType, StringType
 
     types = {f.name: f.dataType for f in spark_schema(columns).fields}
     where = F.concat(
@@ -165,6 +192,15 @@ def _change_plan(
     source_table = F.get_json_object("record_value", "$.source.table")
     version = F.get_json_object("record_value", "$.version").cast("bigint")
     image = F.coalesce(F.get_json_object("record_value", "$.after"), F.get_json_object("record_value", "$.before"))
+    name = f"{schema}.{table}"
+    if refuse_schema_after is not None:  # the batch's schema records may add the column: plan again with them
+        unknown = F.lit(f"{SCHEMA_AHEAD}: a change names a column the plan does not hold; planned again with them.")
+    else:
+        unknown = F.concat(
+            F.lit(f"{bad_values.SCHEMA_VERSION}: "),
+            bad_values.schema_error(list(columns), applied, name, F.col("record_value"), F.to_json("image"), where),
+            F.lit(_STOPPED),
+        )
     checked = (
         F.when(
             (source_schema != F.lit(schema)) | (source_table != F.lit(table)) | source_schema.isNull(),
@@ -195,11 +231,14 @@ def _change_plan(
         )
         .otherwise(version)
     )
-    as_text = StructType([StructField(c.name, StringType()) for c in columns])
     by_name = {c.name: c for c in columns}
 
-    def image_value(name: str) -> Any:
-        return _typed(by_name[name], F.col("image")[name], types[name])
+    def refuse(column: Column, text: Any, spark_type: Any) -> Any:
+        message = bad_values.decimal_error(column, spark_type, name, text, where)
+        return F.raise_error(F.concat(F.lit(f"{bad_values.DECIMAL_OVERFLOW}: "), message, F.lit(_STOPPED)))
+
+    def image_value(column: str) -> Any:
+        return _typed(by_name[column], F.col("image")[column], types[column], refuse)
 
     ddl = F.col("record_value").startswith(DDL_PREFIX)
     keep = ~ddl
@@ -216,9 +255,15 @@ def _change_plan(
     parsed = [
         checked.alias(VERSION_COLUMN),
         (F.get_json_object("record_value", "$.op") == F.lit("d")).alias(DELETED_COLUMN),
-        F.from_json(image, as_text).alias("image"),
+        # one parse of the image, as a map: its values by column, and its names for the schema_version check
+        F.from_json(image, MapType(StringType(), StringType())).alias("image"),
         "kafka_offset",
+        "kafka_topic",  # with the partition and the record: named by the errors (pruned from the plan otherwise)
+        "kafka_partition",
+        "record_value",
     ]
+    names = F.array(*[F.lit(c.name) for c in columns])
+    unknown_names = F.array_except(F.map_keys(F.col("image")), names)
     rows = [
         *[
             _filled(c.name, list(fills), F.col(VERSION_COLUMN), image_value, types[c.name]).alias(c.name)
@@ -227,6 +272,7 @@ def _change_plan(
         VERSION_COLUMN,
         DELETED_COLUMN,
         "kafka_offset",
+        F.when(F.size(unknown_names) > 0, unknown).alias(_SCHEMA_ERROR),
     ]
     newer = None
     if since is not None:
@@ -238,7 +284,8 @@ def _change_plan(
         F.col("c")[VERSION_COLUMN].alias(VERSION_COLUMN),
         F.col("c")[DELETED_COLUMN].alias(DELETED_COLUMN),
     ]
-    return _ChangePlan(keep, parsed, rows, newer, [F.col(quoted(k)) for k in key], newest, out)
+    known = F.when(F.col(_SCHEMA_ERROR).isNull(), F.lit(True)).otherwise(F.raise_error(F.col(_SCHEMA_ERROR)))
+    return _ChangePlan(keep, parsed, rows, newer, [F.col(quoted(k)) for k in key], newest, out, known)
 
 
 SCHEMA_MARKER = "schema"  # in each stream commit's marker: the columns the current table follows (see below)
@@ -344,10 +391,78 @@ class CurrentChanges:
             fills,
             since=self.source.snapshot_version_sql(quoted(self.source.key[0])),
             refuse_schema_after=None if schema_records else applied,
+            applied=applied,
         )
         if not new_fills or self.sink.fills_in_place:  # PostgreSQL: an UPDATE in the batch's transaction
             return changes, schema
         return self._with_backfill(changes, columns, new_fills), schema
+
+    def letter_rules(self, raw: Any) -> list[tuple[Any, str, Any]]:
+        """Return the dead-letter rules of the typed conversion (:func:`~exactly_once_provider.sinks.dead_letters.flag`
+        form: condition, error class, message column) over a raw batch (binary ``value``): ``schema_version``, then
+        ``decimal_overflow`` per DECIMAL column (:mod:`~exactly_once_provider.sinks.bad_values`).
+
+        Judged on the columns as the batch's own schema records leave them (read here: one pass over the cached
+        batch), so a change after a followed ``ADD COLUMN`` is good. A schema change the table cannot follow still
+        stops the job (:class:`~exactly_once_provider.spark_jobs.schema_change.RefusedSchemaChange`): a full reload,
+        not a letter, is its fix. A change older than a fill of a column takes the fill's value there, so its own
+        value of it cannot be bad.
+        """
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import DecimalType, StringType, StructField, StructType
+
+        text = F.try_validate_utf8(F.col("value").cast("string"))
+        columns, fills, applied = self._state()
+        found = [
+            SchemaRecord.from_json(json.loads(row[0]))
+            for row in raw.select(text.alias("v")).filter(F.col("v").startswith(DDL_PREFIX)).collect()
+        ]
+        for record in sorted((r for r in found if r.version > applied), key=lambda r: r.version):
+            columns, added = evolve(columns, self.source.key, record, self.name)
+            fills, applied = fills + added, record.version
+        image = F.coalesce(F.get_json_object(text, "$.after"), F.get_json_object(text, "$.before"))
+        version = F.get_json_object(text, "$.version").try_cast("bigint")
+        change = (
+            ~text.startswith(DDL_PREFIX)
+            & (F.get_json_object(text, "$.source.schema") == F.lit(self.source.schema))
+            & (F.get_json_object(text, "$.source.table") == F.lit(self.source.table))
+            & image.isNotNull()
+            & (version >= self._snapshot_version())  # as typed_changes' since: older ones are left out, not judged
+        )
+        rules = [
+            (
+                change & bad_values.has_unknown_columns(image, [c.name for c in columns]),
+                bad_values.SCHEMA_VERSION,
+                bad_values.schema_error(columns, applied, self.name, text, image),
+            )
+        ]
+        types = {f.name: f.dataType for f in spark_schema(columns).fields}
+        decimals = [c for c in columns if isinstance(types[c.name], DecimalType)]
+        values = (
+            F.from_json(image, StructType([StructField(c.name, StringType()) for c in decimals])) if decimals else None
+        )
+        for column in decimals:
+            value = values[column.name]
+            bad = change & bad_values.bad_decimal(value, types[column.name])
+            newest_fill = max((f.version for f in fills if f.column == column.name), default=None)
+            if newest_fill is not None:  # an older change takes the fill's value in this column (_filled)
+                bad = bad & (version >= F.lit(newest_fill))
+            message = bad_values.decimal_error(column, types[column.name], self.name, value)
+            rules.append((bad, bad_values.DECIMAL_OVERFLOW, message))
+        return rules
+
+    def _snapshot_version(self) -> Any:
+        """Return the Spark column of a raw record's snapshot version (:meth:`Handoff.snapshot_version_sql` of its
+        image's key, as :func:`typed_changes` reads it): its chunk's for one integer key column, else the oldest
+        chunk's."""
+        from pyspark.sql import functions as F
+
+        name = self.source.key[0]
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # a name a JSON path cannot spell plainly
+            return F.lit(self.source.min_version)
+        text = "try_validate_utf8(CAST(value AS STRING))"
+        key = f"try_cast(coalesce(get_json_object({text}, '$.after.{name}'), get_json_object({text}, '$.before.{name}')) AS BIGINT)"
+        return F.expr(self.source.snapshot_version_sql(key))
 
     def _with_backfill(self, changes: Any, columns: list[Column], fills: list[Fill]) -> Any:
         """Add the table's rows older than the newest fill, filled, to ``changes`` (newest per key kept)."""

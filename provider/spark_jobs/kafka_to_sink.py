@@ -512,8 +512,17 @@ def process_batch(
         raw = df.persist()
     try:
         if raw is not None:
+            # current mode: the typed conversion's kinds too (a DECIMAL past its column, an unknown schema version)
+            typed_rules = getattr(to_changes, "letter_rules", None)
             df, letters = dead_letters.split(
-                raw, sink.kind, policy, pipeline, commit.checkpoint_id, batch_id, previous.offsets if previous else None
+                raw,
+                sink.kind,
+                policy,
+                pipeline,
+                commit.checkpoint_id,
+                batch_id,
+                previous.offsets if previous else None,
+                typed_rules(raw) if typed_rules is not None else (),
             )
             change_key = getattr(to_changes, "change_key", None)
             if letters.rows and change_key is not None:  # cdc / current: a bad newest version holds its key back
