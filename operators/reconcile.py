@@ -87,9 +87,11 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         ``{"tables": {name: result}}``.
     :param full_scope_tables: tables (``schema.table`` or bare names; a list or its JSON text) compared in full
         whatever ``scope`` says, e.g. the tables a full load loaded in this run.
-    :param sink: ``delta`` or ``postgres``.
-    :param sink_path: the Delta table (``delta``).
-    :param sink_table: the PostgreSQL table (``postgres``).
+    :param sink: ``delta``, ``postgres`` or ``iceberg`` (a plain table, e.g. the current table, read in this task
+        with pyiceberg at its current snapshot; its tombstones: ``sink_deleted_column="_eo_deleted"``).
+    :param sink_path: the Delta table (``delta``); ``iceberg``: the table's location (``<full load>_iceberg`` for a
+        current table), for its lineage and to read it on ``s3://`` with ``aws_conn_id``.
+    :param sink_table: the PostgreSQL table (``postgres``); ``iceberg``: the table, ``namespace.table``.
     :param key_column: the key: one column or a list of columns unique together; default: the table's primary
         key. A single integer column is bisected by value (index range reads on the source); any other key (text,
         composite) by the 60-bit hash of its canonical text (:mod:`~exactly_once_provider.reconcile.keys`: each
@@ -138,7 +140,10 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         arguments).
     :param kafka_config_id: the ``kafka`` connection (CDC).
     :param offsets_topic: the offsets ledger topic (CDC).
-    :param aws_conn_id: the standard ``aws`` connection of a Delta sink on ``s3://`` (credentials, ``endpoint_url``).
+    :param aws_conn_id: the standard ``aws`` connection of a Delta sink (or an Iceberg table) on ``s3://``
+        (credentials, ``endpoint_url``).
+    :param iceberg_conn_id: ``iceberg``: the ``postgres`` connection of the database holding the SQL catalog.
+    :param iceberg_catalog: ``iceberg``: the catalog's name.
     :param spark_conf: extra Spark settings (e.g. ``spark.jars`` with the Delta connector).
     """
 
@@ -204,6 +209,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         kafka_config_id: str = "kafka_default",
         offsets_topic: str = "eo-offsets",
         aws_conn_id: str = "aws_default",
+        iceberg_conn_id: str = "postgres_default",
+        iceberg_catalog: str = "eo",
         spark_conf: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -235,7 +242,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         self.fanout, self.max_segments, self.leaf_width = fanout, max_segments, leaf_width
         self.mysql_conn_id, self.postgres_conn_id, self.spark_conn_id = mysql_conn_id, postgres_conn_id, spark_conn_id
         self.kafka_config_id, self.offsets_topic, self.spark_conf = kafka_config_id, offsets_topic, spark_conf or {}
-        self.aws_conn_id = aws_conn_id
+        self.aws_conn_id, self.iceberg_conn_id, self.iceberg_catalog = aws_conn_id, iceberg_conn_id, iceberg_catalog
         self.tables, self.full_scope_tables = tables, full_scope_tables
         self._views: list[ReconcileOperator] | None = None
 
@@ -247,7 +254,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
     # ------------------------------------------------------------------------------------------ checks
     def _sink_spec(self) -> sides.SinkSpec:
-        location = self.sink_path if self.sink == "delta" else self.sink_table
+        location = self._sink_location()
         split = lambda p: tuple(part for part in (p or "").split(".") if part)
         spec = sides.SinkSpec(
             kind=self.sink,
@@ -331,6 +338,9 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
     def _held_columns(self, spec: sides.SinkSpec) -> set[str] | None:
         """Return the column names of the sink's table (None: no table yet)."""
+        if spec.kind == "iceberg":
+            table = self._iceberg_table()
+            return None if table is None else {f.name for f in table.schema().fields}
         if spec.kind != "postgres":
             return catalog.sink_column_names(spec, table=self._delta_table(spec.location))
         conn = self._postgres()
@@ -465,6 +475,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
                 return super().execute(context)  # the Spark application: job_params -> driver -> job_result
             return self._compare_with_delta_rs(context, r)
         r = self._request()
+        if spec.kind == "iceberg":
+            return self._compare_with_iceberg(context, r)
         pg_conn = self._postgres()
         try:
             report, common = run.compare_with_postgres(self._comparison(r), spec, pg_conn)
@@ -479,6 +491,31 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         options = s3.delta_rs_options() if s3 is not None else None
         report, common = run.compare_with_delta_rs(self._comparison(r), spec, self._delta_table(spec.location), options)
         return self._finish(context, r, report, common.to_json() if common else None)
+
+    def _compare_with_iceberg(self, context: Any, r: dict[str, Any]) -> dict:
+        """Compare an Iceberg sink read in this task with pyiceberg (no Spark application)."""
+        spec: sides.SinkSpec = r["spec"]
+        table = self._iceberg_table()
+        if table is None:
+            raise ValueError(f"The Iceberg table {spec.location} is not in catalog {self.iceberg_catalog!r}.")
+        report, common = run.compare_with_iceberg(self._comparison(r), spec, table)
+        return self._finish(context, r, report, common.to_json() if common else None)
+
+    def _iceberg_table(self) -> Any:
+        """Return the Iceberg sink's pyiceberg table, from the SQL catalog of ``iceberg_conn_id`` (None: not there)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        from exactly_once_provider.sinks.iceberg import catalog_settings, open_catalog
+
+        catalog = open_catalog(catalog_settings(self.iceberg_conn_id, self.iceberg_catalog), self._s3_settings())
+        try:
+            return catalog.load_table(self.sink_table)
+        except NoSuchTableError:
+            return None
+
+    def _sink_location(self) -> str | None:
+        """Return what names the sink to its reader: the Delta table's path, or the PostgreSQL / Iceberg table."""
+        return self.sink_path if self.sink == "delta" else self.sink_table
 
     def job_params(self, context: Any) -> dict[str, Any]:
         r = getattr(self, "_delta_request", None) or self._request()
@@ -503,8 +540,9 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         }
 
     def _s3_settings(self):
-        """Return the S3 settings of ``aws_conn_id`` for a Delta sink on S3 (read once per run), else None."""
-        if self.sink != "delta" or not self.sink_path or not is_s3(self.sink_path):
+        """Return the S3 settings of ``aws_conn_id`` for a Delta sink or an Iceberg table on S3 (read once per run), else
+        None."""
+        if self.sink not in ("delta", "iceberg") or not self.sink_path or not is_s3(self.sink_path):
             return None
         if getattr(self, "_s3", None) is None:
             from exactly_once_provider.storage.s3 import S3Settings
@@ -622,6 +660,8 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         inputs = [facets.input_dataset(lineage.mysql_table_of(self.mysql_conn_id, self.table))]
         if self.sink == "postgres":
             inputs.append(facets.input_dataset(lineage.postgres_table_of(self.postgres_conn_id, self.sink_table)))
+        elif self.sink == "iceberg":  # named by its location, when given (the catalog's is not read here)
+            inputs.extend([facets.input_dataset(lineage.iceberg_table(self.sink_path))] if self.sink_path else [])
         else:
             inputs.append(facets.input_dataset(lineage.storage_path(self.sink_path)))
         if self.base_path:
@@ -639,7 +679,7 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
 
     def _dead_lettered(self, spec: sides.SinkSpec, key: Key, pg_conn: Any = None) -> dict[int, str]:
         """Return the keys of ``sink_pipeline``'s dead letters (bisected integer -> label); {} without a pipeline."""
-        if not self.sink_pipeline:
+        if not self.sink_pipeline or spec.kind == "iceberg":  # the Iceberg sink dead-letters nothing yet
             return {}
         store = self.dead_letter_store or dead_letters.default_store(spec.kind, spec.location)
         if spec.kind == "postgres":
@@ -672,13 +712,14 @@ class ReconcileOperator(facets.OpenLineageMixin, PackagedSparkJobOperator):
         capture = None
         if self.capture_pipeline:
             capture = (self.capture_pipeline, self.capture_source_partition, self.offsets_topic)
-        location = self.sink_path if self.sink == "delta" else self.sink_table
-        connect = connect_kwargs(self.postgres_conn_id) if capture and self.sink == "postgres" else None
+        connect = None
+        if capture and self.sink in ("postgres", "iceberg"):  # iceberg: the SQL catalog's database
+            connect = connect_kwargs(self.iceberg_conn_id if self.sink == "iceberg" else self.postgres_conn_id)
         captured, self._sink_offsets = position.captured_position(
             self._kafka() if capture else {},
             capture,
             list(self.topics or ()),
-            (self.sink, location, self.sink_pipeline, connect),
+            (self.sink, self._sink_location(), self.sink_pipeline, connect, self._s3_settings(), self.iceberg_catalog),
             self.full_load_path or self.base_path,
         )
         return captured

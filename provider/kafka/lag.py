@@ -72,7 +72,12 @@ def _by_topic(partitions: list[TopicPartition]) -> Offsets:
 
 
 def sink_offsets(
-    sink: str, location: str, pipeline: str, postgres_connect: dict | None = None, s3: Any = None
+    sink: str,
+    location: str,
+    pipeline: str,
+    postgres_connect: dict | None = None,
+    s3: Any = None,
+    iceberg_catalog: str | None = None,
 ) -> Offsets:
     """Return the Kafka offsets a pipeline's sink committed (empty before its first commit).
 
@@ -83,10 +88,18 @@ def sink_offsets(
     :param postgres_connect: psycopg2 connection arguments (``postgres`` sink; ``iceberg``: its SQL catalog's
         database).
     :param s3: a files or Delta sink on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
+    :param iceberg_catalog: ``iceberg``: the SQL catalog's name; None: ``eo``.
     """
     from exactly_once_provider.sinks.base import open_sink
 
-    state = open_sink(sink, location, pipeline, postgres_connect=postgres_connect or {}, s3=s3).committed()
+    catalog = None
+    if sink == "iceberg" and iceberg_catalog:
+        from exactly_once_provider.sinks.iceberg import sql_catalog
+
+        catalog = sql_catalog(postgres_connect or {}, iceberg_catalog)
+    state = open_sink(
+        sink, location, pipeline, postgres_connect=postgres_connect or {}, s3=s3, iceberg_catalog=catalog
+    ).committed()
     return state.offsets if state else {}
 
 

@@ -12,6 +12,7 @@ provider's own commits write: a reconciliation through it checks the table as a 
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
 import pyarrow as pa
 
@@ -105,12 +106,7 @@ def delta_rs_side(
     """
     from deltalake import DeltaTable
 
-    ordered = list(key.columns) + [c for c in columns if c.name not in key.names]
-    names = [c.name for c in ordered]
-    if sink_key and not key.hashed:
-        names[0] = sink_key
-    elif sink_key and sink_key != names[0]:
-        key.expression(SPARK, sink_key)  # raises: a renamed key works for a single integer key only
+    ordered, names = sink_names(key, columns, sink_key)
     table = DeltaTable(path, version=version, storage_options=storage_options)
     missing = sorted(set(names) - {f.name for f in table.schema().fields})
     if missing:
@@ -123,14 +119,37 @@ def delta_rs_side(
         conditions.append(ranges_predicate(names[0], scope))
     # delta-rs hands back an Arrow C stream (arro3); pyarrow reads it without a copy
     reader = pa.RecordBatchReader.from_stream(table.scan(columns=names, predicate=" AND ".join(conditions) or None))
+    return hashed_side(reader, key, ordered, scope)
+
+
+def sink_names(key: Key, columns: list[Column], sink_key: str | None) -> tuple[list[Column], list[str]]:
+    """Return the compared columns, key first, and their names in the sink (a single integer key may be renamed)."""
+    ordered = list(key.columns) + [c for c in columns if c.name not in key.names]
+    names = [c.name for c in ordered]
+    if sink_key and not key.hashed:
+        names[0] = sink_key
+    elif sink_key and sink_key != names[0]:
+        key.expression(SPARK, sink_key)  # raises: a renamed key works for a single integer key only
+    return ordered, names
+
+
+def hashed_side(batches: Any, key: Key, ordered: list[Column], scope: Ranges | None) -> PairsSide:
+    """Return the side of ``batches`` (Arrow record batches of the ``ordered`` columns): each row's key and hash.
+
+    :param batches: the rows read, already without tombstones; a key outside ``scope`` is dropped here (a
+        pushed-down predicate may be wider).
+    :param key: the key.
+    :param ordered: the compared columns, key first (:func:`sink_names`).
+    :param scope: the key ranges compared; None: every key.
+    """
     width = len(key.columns)
     side = PairsSide([])
     pairs: list[tuple[int, int]] = []
-    for batch in reader:
-        values = [batch.column(i).to_pylist() for i in range(len(names))]
+    for batch in batches:
+        values = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
         for row in zip(*values):
             k = key.of_values(row[:width])
-            if scope is not None and not _in_ranges(k, scope):  # the pushed-down predicate may be wider
+            if scope is not None and not _in_ranges(k, scope):
                 continue
             pairs.append((k, python_row_hash(row, ordered)))
             if key.hashed:

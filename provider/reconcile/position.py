@@ -103,7 +103,7 @@ def captured_position(
     kafka: dict[str, Any],
     capture: tuple[str, str, str] | None,
     topics: list[str],
-    sink: tuple[str, str, str, dict | None],
+    sink: tuple,
     full_load_path: str | None,
 ) -> tuple[BinlogPosition, dict[str, dict[int, int]] | None]:
     """Return ``P`` (steps 1 to 3 above) and the sink's committed offsets, once the sink applied all of ``P``.
@@ -115,7 +115,8 @@ def captured_position(
     :param kafka: the ``kafka`` connection's client settings.
     :param capture: ``(pipeline, source_partition, offsets_topic)`` of the capture; None: a plain full load.
     :param topics: the data topics the sink applies.
-    :param sink: ``(kind, location, pipeline, psycopg2 arguments or None)`` of the sink.
+    :param sink: the sink's reader: the arguments of :func:`~exactly_once_provider.kafka.lag.sink_offsets`,
+        ``(kind, location, pipeline, psycopg2 arguments or None[, S3 settings[, Iceberg catalog name]])``.
     :param full_load_path: the full load's Delta table (the handoff), for ``P`` before the capture's first commit.
     """
     from exactly_once_provider.errors import PipelineError

@@ -185,6 +185,37 @@ def compare_with_delta_rs(
         sink_side.close()
 
 
+def compare_with_iceberg(
+    comparison: Comparison, spec: sides.SinkSpec, table: Any
+) -> tuple[engine.Report, position.CommonPosition | None]:
+    """Compare with an Iceberg sink read in this process by pyiceberg, at its current snapshot (no Spark application).
+
+    The snapshot is pinned BEFORE the source snapshot opens (position rule), as a Delta sink's version is.
+
+    :param comparison: the comparison.
+    :param spec: the sink (``location``: the table, ``namespace.table``).
+    :param table: the pyiceberg table, loaded through the sink's catalog.
+    """
+    from exactly_once_provider.reconcile.iceberg_side import iceberg_side
+
+    snapshot = table.current_snapshot()
+    snapshot_id = snapshot.snapshot_id if snapshot is not None else None
+    scope = comparison.scope
+    log.info(
+        "Reading the Iceberg sink %s at snapshot %s in the task with pyiceberg (%s)",
+        spec.location,
+        snapshot_id,
+        "the whole table" if scope is None else f"{len(scope)} key ranges",
+    )
+    sink_side = iceberg_side(
+        table, snapshot_id, comparison.key, comparison.columns, spec.key_column, spec.deleted_column, scope
+    )
+    try:
+        return comparison.against(sink_side)
+    finally:
+        sink_side.close()
+
+
 def report_to_json(report: engine.Report) -> dict[str, Any]:
     """Return the report as JSON (every difference and query)."""
     return asdict(report)

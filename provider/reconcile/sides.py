@@ -25,15 +25,16 @@ from exactly_once_provider.reconcile.engine import Ranges, split_ranges
 from exactly_once_provider.reconcile.keys import LABEL_SEPARATOR, Key
 from exactly_once_provider.sinks import delta_commit
 
-SINK_KINDS = ("delta", "postgres")
+SINK_KINDS = ("delta", "postgres", "iceberg")
 
 
 @dataclass(frozen=True)
 class SinkSpec:
     """Where the sink's rows are and how they are shaped.
 
-    :param kind: ``delta`` or ``postgres``.
-    :param location: the Delta table path, or the PostgreSQL table (``schema.table`` allowed).
+    :param kind: ``delta``, ``postgres`` or ``iceberg``.
+    :param location: the Delta table path, the PostgreSQL table (``schema.table`` allowed), or the Iceberg table
+        (``namespace.table`` in its catalog).
     :param key_column: the sink's key column for plain tables; default: the source key column.
     :param json_column: the column holding each row as JSON (record-shaped sinks).
     :param json_path: the path inside that JSON to the row's object, e.g. ``("after",)`` or ``("row",)``.
@@ -68,6 +69,11 @@ class SinkSpec:
             raise ValueError(f"binary_encoding must be 'hex' or 'base64', got {self.binary_encoding!r}.")
         if self.base_path and (self.kind != "delta" or not self.json_column):
             raise ValueError("base_path (CDC changes on top of a full load) needs a delta sink with json_column.")
+        if self.kind == "iceberg" and (self.json_column or self.filter):
+            raise ValueError(
+                "An Iceberg sink is reconciled as a plain table (the current table, read with pyiceberg): not a "
+                "JSON-record sink (sink_json_column) or a sink_filter."
+            )
 
 
 def _ranges_predicate(key: str, ranges: Ranges | None) -> str:

@@ -141,6 +141,18 @@ def _no_schema_reads(monkeypatch):
             [(PG, "dw.public.eo_reconciliation")],
         ),
         (
+            lambda: ReconcileOperator(
+                task_id="t",
+                name="p",
+                table="orders",
+                sink="iceberg",
+                sink_table="lake.orders",
+                sink_path="s3://lake/loads/orders_iceberg",
+            ),
+            [(MYSQL, "shop.orders"), ("s3://lake", "loads/orders_iceberg")],
+            [(PG, "dw.public.eo_reconciliation")],
+        ),
+        (
             lambda: SettlementReportOperator(
                 task_id="t",
                 window_id="p/pay/1",
