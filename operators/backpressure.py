@@ -45,6 +45,7 @@ class ConsumerLagSensor(BaseSensorOperator):
     :param postgres_conn_id: the ``postgres`` connection (``postgres`` sink; ``iceberg``: its SQL catalog's database).
     :param aws_conn_id: the ``aws`` connection of a files or Delta sink on ``s3://`` (default ``aws_default``), or of
         an Iceberg table on ``s3://`` (name it: the table's location is the catalog's, not known here).
+    :param iceberg_catalog: ``iceberg``: the SQL catalog's name (default ``eo``).
     :param missing_topics_ok: a topic the producer has not created yet has no lag (first run of a pipeline).
     :param deferrable: wait in the triggerer.
     """
@@ -65,6 +66,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         missing_topics_ok: bool = False,
         deferrable: bool = True,
         aws_conn_id: str | None = None,
+        iceberg_catalog: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 10)
@@ -72,7 +74,7 @@ class ConsumerLagSensor(BaseSensorOperator):
         self.topics, self.max_lag, self.sink, self.sink_location = topics, max_lag, sink, sink_location
         self.sink_pipeline, self.consumer_group, self.kafka_config_id = sink_pipeline, consumer_group, kafka_config_id
         self.postgres_conn_id, self.deferrable, self.missing_topics_ok = postgres_conn_id, deferrable, missing_topics_ok
-        self.aws_conn_id = aws_conn_id
+        self.aws_conn_id, self.iceberg_catalog = aws_conn_id, iceberg_catalog
 
     def _checked(self) -> tuple[list[str], int]:
         topics = [self.topics] if isinstance(self.topics, str) else list(self.topics)
@@ -109,6 +111,7 @@ class ConsumerLagSensor(BaseSensorOperator):
             connect,
             self.missing_topics_ok,
             s3,
+            self.iceberg_catalog,
         )
 
     @fail_task_on_pipeline_error()
@@ -138,6 +141,7 @@ class ConsumerLagSensor(BaseSensorOperator):
                 float(self.poke_interval),
                 self.missing_topics_ok,
                 self.aws_conn_id,
+                self.iceberg_catalog,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout) if self.timeout else None,

@@ -51,6 +51,7 @@ def measure_lag(
     postgres_connect: dict | None = None,
     missing_topics_ok: bool = False,
     s3: Any = None,
+    iceberg_catalog: str | None = None,
 ) -> Lag:
     """Return the lag of a sink (read from the sink's own commits) or of a consumer group.
 
@@ -65,6 +66,7 @@ def measure_lag(
     :param postgres_connect: psycopg2 connection arguments for a ``postgres`` sink.
     :param missing_topics_ok: a topic not created yet (the first run, before the producer) has no lag.
     :param s3: a files or Delta sink on ``s3://``: its :class:`~exactly_once_provider.storage.s3.S3Settings`.
+    :param iceberg_catalog: ``iceberg``: the SQL catalog's name in the database of ``postgres_connect``; None: ``eo``.
     """
     end = stable_end_offsets(client_config, topics, missing_ok=missing_topics_ok)
     if not end:
@@ -74,7 +76,8 @@ def measure_lag(
     else:
         committed = {}
         for location in sink_locations(sink_location) or [""]:
-            for topic, parts in sink_offsets(sink or "", location, sink_pipeline or "", postgres_connect, s3).items():
+            offsets = sink_offsets(sink or "", location, sink_pipeline or "", postgres_connect, s3, iceberg_catalog)
+            for topic, parts in offsets.items():
                 committed.setdefault(topic, {}).update(parts)
     return Lag(end, committed)
 
@@ -95,6 +98,7 @@ class ConsumerLagTrigger(SerializedByArguments, BaseTrigger):
     :param consumer_group: a consumer group instead of a sink.
     :param postgres_conn_id: ``postgres`` sink: the connection, resolved in the triggerer.
     :param aws_conn_id: a files or Delta sink on ``s3://``: the ``aws`` connection, resolved in the triggerer.
+    :param iceberg_catalog: ``iceberg``: the SQL catalog's name (default ``eo``).
     :param poll_interval: seconds between measurements.
     :param missing_topics_ok: a topic not created yet has no lag.
     """
@@ -112,12 +116,13 @@ class ConsumerLagTrigger(SerializedByArguments, BaseTrigger):
         poll_interval: float = 10.0,
         missing_topics_ok: bool = False,
         aws_conn_id: str | None = None,
+        iceberg_catalog: str | None = None,
     ) -> None:
         super().__init__()
         self.kafka_config_id, self.topics, self.max_lag = kafka_config_id, list(topics), int(max_lag)
         self.sink, self.sink_location, self.sink_pipeline = sink, sink_location, sink_pipeline
         self.consumer_group, self.postgres_conn_id, self.poll_interval = consumer_group, postgres_conn_id, poll_interval
-        self.missing_topics_ok, self.aws_conn_id = missing_topics_ok, aws_conn_id
+        self.missing_topics_ok, self.aws_conn_id, self.iceberg_catalog = missing_topics_ok, aws_conn_id, iceberg_catalog
 
     ARGUMENTS = (
         "kafka_config_id",
@@ -131,6 +136,7 @@ class ConsumerLagTrigger(SerializedByArguments, BaseTrigger):
         "poll_interval",
         "missing_topics_ok",
         "aws_conn_id",
+        "iceberg_catalog",
     )
 
     async def _connections(self) -> tuple[dict[str, Any], dict | None, Any]:
@@ -160,6 +166,7 @@ class ConsumerLagTrigger(SerializedByArguments, BaseTrigger):
                 connect,
                 self.missing_topics_ok,
                 s3,
+                self.iceberg_catalog,
             )
             if lag.total <= self.max_lag:
                 yield TriggerEvent(

@@ -49,7 +49,7 @@ def test_serialize_round_trip_carries_connection_ids_not_secrets(secure_connecti
 def test_run_reads_the_whole_connection_again_in_the_triggerer(secure_connections, monkeypatch):
     seen = []
 
-    def measure(config, topics, sink, location, pipeline, group, connect, missing_ok, s3):
+    def measure(config, topics, sink, location, pipeline, group, connect, missing_ok, s3, iceberg_catalog):
         seen.append((config, connect))
         return Lag({"t": {0: 5}}, {"t": {0: 5}})
 
@@ -113,3 +113,32 @@ def test_an_iceberg_reader_gets_its_catalogs_database_and_the_named_aws_connecti
     assert (connect["host"], connect["password"], connect["sslmode"], s3) == ("db", "pg-MARKER-pw", "verify-full", None)
     _, s3 = asyncio.run(consumer_lag.sink_connections("iceberg", ["lake.orders"], "lake_catalog", "aws_lake"))
     assert (s3.access_key_id, s3.endpoint_url) == ("AK", "http://m:9")
+
+
+def test_an_iceberg_sinks_lag_is_read_from_its_snapshot_summary_in_the_named_catalog(tmp_path, monkeypatch):
+    """The real reader (IcebergSink.committed) on a SQLite SqlCatalog standing in for the PostgreSQL one; the
+    catalog's name reaches it from the sensor's argument through the trigger's serialised arguments."""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from exactly_once_provider.sinks import iceberg
+    from exactly_once_provider.sinks.base import BatchCommit
+
+    catalogs = {}
+    for name in ("eo", "lake"):
+        catalogs[name] = SqlCatalog(name, uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}")
+    monkeypatch.setattr(iceberg, "open_catalog", lambda settings, s3=None: catalogs[settings["name"]])
+    catalogs["lake"].create_namespace("lake")
+    rows = pa.table({"n": pa.array([1, 2], pa.int64())})
+    table = catalogs["lake"].create_table("lake.orders", schema=rows.schema)
+    table.append(rows, snapshot_properties=iceberg.summary_properties(BatchCommit("p", "ck", 0, {"t": {0: 7}}, 2)))
+    monkeypatch.setattr(consumer_lag, "stable_end_offsets", lambda config, topics, missing_ok: {"t": {0: 10}})
+
+    trigger = ConsumerLagTrigger("kafka_default", ["t"], 0, "iceberg", "lake.orders", "p", iceberg_catalog="lake")
+    arguments = trigger.serialize()[1]
+    lag = consumer_lag.measure_lag(
+        {}, ["t"], "iceberg", "lake.orders", "p", None, {"host": "db"}, iceberg_catalog=arguments["iceberg_catalog"]
+    )
+    assert lag.committed == {"t": {0: 7}} and lag.total == 3
+    # the same table is not in catalog eo (the default): its whole topic is lag
+    assert consumer_lag.measure_lag({}, ["t"], "iceberg", "lake.orders", "p", None, {"host": "db"}).total == 10
