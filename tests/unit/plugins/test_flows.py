@@ -133,6 +133,9 @@ def test_a_producer_in_a_flow_points_at_the_streams_for_its_lag():
     assert lag.note == "The lag of this flow is measured at the sinks of shop-apply."
     assert flow.notes == ["postgres sink orders: keeps its newest commit only, no history"]
     assert (flow.freshness, flow.lag, flow.history) == (0.0, 0, [])
+    iceberg = _status("shop-lake", topics={"shop.eo.orders"}, sinks={SinkSpec("iceberg", "lake.orders")})
+    [flow] = build([capture, iceberg], consumer_for=None)
+    assert flow.notes == ["iceberg sink lake.orders: its commit history is not charted yet"]  # it has one
 
 
 def test_a_flow_of_several_tables_shows_one_sortable_row_per_table():
