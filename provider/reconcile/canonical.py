@@ -24,6 +24,7 @@ columns in ``columns`` to compare without them).
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -59,6 +60,12 @@ def kind_of(column: Column) -> str:
         f"Column {column.name!r} has type {column.column_type}, whose text form differs between MariaDB, "
         "PostgreSQL and Spark (FLOAT/DOUBLE/JSON/TIME); leave it out of `columns` to reconcile the others."
     )
+
+
+def _bit_bytes(column: Column) -> int:
+    """Return the bytes a ``BIT(M)`` value takes as binary (the full load's and every sink's form): ceil(M / 8)."""
+    found = re.search(r"\((\d+)\)", column.column_type)
+    return (int(found.group(1)) + 7) // 8 if found else 1
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,8 @@ class Dialect:
                 return f"lower({expr})"
             if from_text:  # base64 text (the binlog capture's change records)
                 return f"encode(decode({expr}, 'base64'), 'hex')" if p else f"lower(hex(unbase64({expr})))"
+            if m and column.data_type == "bit":  # HEX() renders a BIT as a number: b'\x01' is "1", not "01"
+                return f"LOWER(LPAD(HEX({expr}), {2 * _bit_bytes(column)}, '0'))"
             if m:
                 return f"LOWER(HEX({expr}))"
             if p:

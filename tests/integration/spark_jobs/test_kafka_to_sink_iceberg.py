@@ -231,8 +231,7 @@ def test_the_iceberg_current_table_is_built_from_the_full_load_and_follows_every
             sink_table=table,
             sink_path=current_location(path),
             sink_deleted_column=DELETED_COLUMN,
-            # TIME, JSON, FLOAT, DOUBLE have no canonical text; BIT(8) b'\x01' reads "01" here but HEX() gives "1"
-            columns=[c for c in ALL_TYPES_COLUMNS if c not in ("t", "j", "f", "db", "bt")],
+            columns=[c for c in ALL_TYPES_COLUMNS if c not in ("t", "j", "f", "db")],  # TIME, ...: no canonical text
             store_result=False,
         ).execute({})
         assert reconciled["clean"] and reconciled["source_rows"] == len(source_rows(stack, source, ("id",)))
