@@ -163,12 +163,7 @@ def compare_with_delta_rs(
     if version < 0:
         raise ValueError(f"{spec.location} is not a Delta table (no _delta_log commits): check sink_path.")
     scope = comparison.scope
-    log.info(
-        "Reading the Delta sink %s at version %d in the task with delta-rs (%s)",
-        spec.location,
-        version,
-        "the whole table" if scope is None else f"{len(scope)} key ranges",
-    )
+    _log_read("Delta", spec.location, f"version {version}", "delta-rs", scope)
     sink_side = delta_rs_side(
         spec.location.replace("s3a://", "s3://", 1),
         version,
@@ -179,6 +174,22 @@ def compare_with_delta_rs(
         scope,
         storage_options,
     )
+    return _against_then_close(comparison, sink_side)
+
+
+def _log_read(kind: str, location: str, at: str, reader: str, scope: Any) -> None:
+    log.info(
+        "Reading the %s sink %s at %s in the task with %s (%s)",
+        kind,
+        location,
+        at,
+        reader,
+        "the whole table" if scope is None else f"{len(scope)} key ranges",
+    )
+
+
+def _against_then_close(comparison: Comparison, sink_side: Any) -> tuple[engine.Report, position.CommonPosition | None]:
+    """Compare with a sink side read in this process, then release its reader (files, Arrow buffers)."""
     try:
         return comparison.against(sink_side)
     finally:
@@ -201,19 +212,11 @@ def compare_with_iceberg(
     snapshot = table.current_snapshot()
     snapshot_id = snapshot.snapshot_id if snapshot is not None else None
     scope = comparison.scope
-    log.info(
-        "Reading the Iceberg sink %s at snapshot %s in the task with pyiceberg (%s)",
-        spec.location,
-        snapshot_id,
-        "the whole table" if scope is None else f"{len(scope)} key ranges",
-    )
+    _log_read("Iceberg", spec.location, f"snapshot {snapshot_id}", "pyiceberg", scope)
     sink_side = iceberg_side(
         table, snapshot_id, comparison.key, comparison.columns, spec.key_column, spec.deleted_column, scope
     )
-    try:
-        return comparison.against(sink_side)
-    finally:
-        sink_side.close()
+    return _against_then_close(comparison, sink_side)
 
 
 def report_to_json(report: engine.Report) -> dict[str, Any]:
