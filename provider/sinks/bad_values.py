@@ -28,16 +28,17 @@ NAMED_COLUMNS = 20  # a message lists at most this many of the table's columns
 
 # Any decimal number as text (the capture writes Python's str(Decimal): "12.30", "-0.5", "1.20E-8", "0E-10"); its
 # groups: the digits before the point, after it, and the exponent. Java's regex reads it as Python's does.
-NUMBER = r"^[+-]?([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]{1,9}))?$"
+NUMBER = r"^[+-]?(?=\.?[0-9])([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]{1,9}))?$"
 
 
 def plain_pattern(precision: int, scale: int) -> str:
-    """Return the regex of a plain number (no exponent) whose digits fit ``decimal(precision, scale)``: leading
-    zeros, at most ``precision - scale`` integer digits, at most ``scale`` decimals, then zeros only.
+    """Return the regex of a plain number (no exponent) whose digits fit ``decimal(precision, scale)``: at least
+    one digit, leading zeros, at most ``precision - scale`` integer digits, at most ``scale`` decimals, then zeros.
 
-    The cheap test every value takes; only a value it refuses is measured by :func:`digits_fit`.
+    The cheap test every value takes (a match is a number Spark's cast reads exactly); only a value it refuses
+    is measured by :func:`digits_fit` and cast.
     """
-    return rf"^[+-]?0*[0-9]{{0,{precision - scale}}}(\.[0-9]{{0,{scale}}}0*)?$"
+    return rf"^[+-]?(?=\.?[0-9])0*[0-9]{{0,{precision - scale}}}(\.[0-9]{{0,{scale}}}0*)?$"
 
 
 def digits_fit(
@@ -87,8 +88,12 @@ def decimal_fits(text: Any, precision: int, scale: int) -> Any:
 def bad_decimal(text: Any, spark_type: Any) -> Any:
     """Return the Spark condition: ``text`` is a value the ``DecimalType`` ``spark_type`` cannot hold exactly (a
     NULL is no bad value)."""
+    from pyspark.sql import functions as F
+
+    plain = text.rlike(plain_pattern(spark_type.precision, spark_type.scale))
     fits = decimal_fits(text, spark_type.precision, spark_type.scale)
-    return text.isNotNull() & (text.try_cast(spark_type).isNull() | ~fits)
+    # the usual value is plain and fits: one regex match, no cast, decides it
+    return text.isNotNull() & F.when(plain, F.lit(False)).otherwise(text.try_cast(spark_type).isNull() | ~fits)
 
 
 def decimal_message(column: Column, spark_type: Any, table: str) -> tuple[str, str]:

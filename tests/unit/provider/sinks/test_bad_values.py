@@ -60,6 +60,9 @@ def _fits(text: str, precision: int, scale: int) -> bool:
         ("18446744073709551615", 20, 0, True),  # BIGINT UNSIGNED, loaded as decimal(20,0)
         ("184467440737095516150", 20, 0, False),
         ("abc", 6, 2, False),
+        ("", 6, 2, False),  # no digit: no number (the cast would give NULL)
+        ("-", 6, 2, False),
+        (".", 6, 2, False),
         ("1.2.3", 6, 2, False),
     ],
 )
